@@ -1,0 +1,37 @@
+// A small command-line parser for subcommands: flags, options with values (repeatable),
+// and positionals. Unknown options are an InputError naming the option.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rlhf::cli {
+
+struct OptionSpec {
+  std::string name;       // "--set"
+  bool takes_value;       // false: a flag
+  std::string help;       // one line for `rlhf CMD --help`
+  std::string value_name = "VALUE";
+};
+
+class Args {
+ public:
+  // Parses argv[first..]; throws InputError on an unknown option or a missing value.
+  Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& options);
+
+  bool flag(const std::string& name) const;
+  std::optional<std::string> value(const std::string& name) const;       // last occurrence
+  std::vector<std::string> values(const std::string& name) const;        // all occurrences
+  const std::vector<std::string>& positionals() const { return positionals_; }
+
+ private:
+  std::map<std::string, std::vector<std::string>> values_;
+  std::vector<std::string> positionals_;
+};
+
+// Formats the option list for a subcommand's --help.
+std::string format_options(const std::vector<OptionSpec>& options);
+
+}  // namespace rlhf::cli

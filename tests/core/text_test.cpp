@@ -1,0 +1,31 @@
+#include "core/text.h"
+
+#include <gtest/gtest.h>
+
+namespace rlhf {
+namespace {
+
+TEST(Text, EditDistanceTable) {
+  struct Case { const char* a; const char* b; size_t d; };
+  const Case cases[] = {{"", "", 0}, {"abc", "abc", 0}, {"abc", "abd", 1}, {"kitten", "sitting", 3},
+                        {"", "xyz", 3}, {"batch_size", "bach_size", 1}};
+  for (const auto& c : cases) EXPECT_EQ(edit_distance(c.a, c.b), c.d) << c.a << " vs " << c.b;
+}
+
+TEST(Text, ClosestMatchFindsTypoAndRejectsFarWords) {
+  std::vector<std::string> keys = {"rollout.batch_size", "rollout.n_samples_per_prompt"};
+  EXPECT_EQ(closest_match("rollout.n_sample_per_prompt", keys), "rollout.n_samples_per_prompt");
+  EXPECT_EQ(closest_match("zzzzzzzzzzzz", keys), "");
+}
+
+TEST(Text, LineColAndBytes) {
+  auto lc = line_col("ab\ncd\nef", 4);
+  EXPECT_EQ(lc.line, 2u);
+  EXPECT_EQ(lc.column, 2u);
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(3.0 * (1ull << 30)), "3.00 GiB");
+}
+
+}  // namespace
+}  // namespace rlhf
