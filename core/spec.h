@@ -1,0 +1,84 @@
+// The job spec: parse JSON, apply `--set` overrides, fill defaults, validate every key and
+// cross-field rule against the key table (core/spec_schema.h). Reports every problem at
+// once. Components read their settings from a validated JobSpec into their own config
+// structs; they never keep the whole spec.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/errors.h"
+
+namespace rlhf {
+
+enum class JobKind { kPpo, kDpo, kSft, kRm };
+const char* job_kind_name(JobKind kind);
+
+// The model roles, each on its own device group.
+enum class Role { kActor, kCritic, kReward, kRef, kRollout };
+constexpr Role kAllRoles[] = {Role::kActor, Role::kCritic, Role::kReward, Role::kRef,
+                              Role::kRollout};
+const char* role_name(Role role);
+// Throws InputError for an unknown name.
+Role parse_role(const std::string& name);
+
+// One problem found in a spec: the JSON path and what was found vs expected.
+struct SpecProblem {
+  std::string path;     // "rollout.batch_size", or "" for the whole document
+  std::string message;  // "expected an integer >= 1, found -3"
+};
+
+// Thrown with every problem found; what() is the full multi-line report.
+class SpecError : public InputError {
+ public:
+  SpecError(std::string source, std::vector<SpecProblem> problems);
+  const std::vector<SpecProblem>& problems() const { return problems_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+  std::vector<SpecProblem> problems_;
+};
+
+class JobSpec {
+ public:
+  // Reads, overrides (each "dotted.path=value"), fills defaults and validates.
+  // Throws SpecError listing every problem (exit code 2).
+  static JobSpec load(const std::string& path, const std::vector<std::string>& overrides = {});
+  // Same for text already in memory; `source` names it in messages.
+  static JobSpec parse(const std::string& text, const std::string& source,
+                       const std::vector<std::string>& overrides = {});
+
+  // The resolved document: every key of the table present, defaults filled.
+  const nlohmann::json& json() const { return resolved_; }
+  // Only the keys that differ from their defaults, nested (what `rlhf validate --print` shows).
+  nlohmann::json minimal_json() const;
+  const std::string& source() const { return source_; }
+  // Non-fatal notes (e.g. a configured role that this job kind does not use).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+  JobKind kind() const;
+  // Roles whose workers this job starts (depends on kind, estimator, reward source, loss).
+  std::vector<Role> used_roles() const;
+  bool uses(Role role) const;
+  // Trained roles (need optimizer state): actor/critic for ppo, actor for dpo/sft, reward for rm.
+  bool trains(Role role) const;
+
+  // Typed access by dotted path; throws std::logic_error for a path not in the table.
+  int64_t get_int(const std::string& path) const;
+  double get_float(const std::string& path) const;
+  bool get_bool(const std::string& path) const;
+  std::string get_string(const std::string& path) const;
+  std::vector<double> get_float_list(const std::string& path) const;
+  const nlohmann::json& at(const std::string& path) const;
+
+ private:
+  std::string source_;
+  nlohmann::json resolved_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace rlhf
