@@ -4,6 +4,9 @@ namespace rlhf::cli {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
+      {"validate", "check a job spec: every problem at once, or a one-line summary", cmd_validate},
+      {"plan", "show where every worker of a job will run", cmd_plan},
+      {"spec", "print the job-spec reference (--markdown) or defaults (--defaults)", cmd_spec},
   };
   return kCommands;
 }
