@@ -7,6 +7,8 @@ const std::vector<Command>& commands() {
       {"validate", "check a job spec: every problem at once, or a one-line summary", cmd_validate},
       {"plan", "show where every worker of a job will run", cmd_plan},
       {"spec", "print the job-spec reference (--markdown) or defaults (--defaults)", cmd_spec},
+      {"init-model", "write a randomly initialised model (preset) in Hugging Face format", cmd_init_model},
+      {"logprobs", "per-token log-probs of token-id sequences under a model (JSON lines)", cmd_logprobs},
   };
   return kCommands;
 }
