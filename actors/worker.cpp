@@ -171,7 +171,7 @@ int Worker::run() {
     if (items[1].revents & ZMQ_POLLIN) {
       if (auto reply = operations.recv(milliseconds(0))) scheduler.send(std::move(*reply));
     }
-    if (Clock::now() - last_contact > silence_limit) {
+    if (silence_limit.count() > 0 && Clock::now() - last_contact > silence_limit) {
       std::cerr << me << "no message from the scheduler for " << silence_limit.count()
                 << " ms: it is gone, exiting" << std::endl;
       std::fflush(nullptr);

@@ -9,6 +9,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/spec_args.h"
 #include "core/placement.h"
 #include "core/spec.h"
 #include "scheduler/scheduler.h"
@@ -39,22 +40,21 @@ int positive_int(const std::string& option, const std::string& text) {
 
 int cmd_run(const Argv& argv) {
   const std::vector<OptionSpec> options = {
-      {"--set", true, "override one spec value (repeatable)", "PATH=VALUE"},
+      set_option(),
       {"--smoke-rounds", true, "echo rounds of the built-in smoke driver (default 1)", "N"},
       {"--help", false, "show this help"}};
   Args args(argv, options);
-  if (args.flag("--help") || args.positionals().size() != 1) {
-    (args.flag("--help") ? std::cout : std::cerr)
-        << "usage: rlhf run SPEC [--set PATH=VALUE]...\n\n"
+  if (args.flag("--help")) {
+    std::cout << "usage: rlhf run SPEC [--set PATH=VALUE]...\n\n"
            "Places and starts one worker process per device, supervises them (a dead or silent\n"
            "worker stops the job within seconds, exit 1, with its role, rank, device, exit\n"
            "status and log tail), runs the job and stops every worker. Worker logs go to\n"
            "<logger.run_dir>/<name>/logs/<role>-<rank>.log.\n\n"
-        << format_options(options);
-    return args.flag("--help") ? 0 : static_cast<int>(ExitCode::kBadInput);
+              << format_options(options);
+    return 0;
   }
   const int rounds = args.value("--smoke-rounds") ? positive_int("--smoke-rounds", *args.value("--smoke-rounds")) : 1;
-  const JobSpec spec = JobSpec::load(args.positionals()[0], args.values("--set"));
+  const JobSpec spec = load_spec_arg(args, "run");
   for (const auto& w : spec.warnings()) std::cerr << "rlhf run: warning: " << w << '\n';
   const Placement placement = place(spec);
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);

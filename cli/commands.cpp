@@ -4,6 +4,9 @@ namespace rlhf::cli {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
+      {"validate", "check a job spec: every problem at once, or a one-line summary", cmd_validate},
+      {"plan", "show where every worker of a job will run", cmd_plan},
+      {"spec", "print the job-spec reference (--markdown) or defaults (--defaults)", cmd_spec},
       {"run", "start the workers of a job spec, run it, stop them (exit 1 names a failed worker)", cmd_run},
       {"worker", "internal: one worker process, started by `rlhf run`", cmd_worker},
   };

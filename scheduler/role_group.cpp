@@ -14,7 +14,9 @@ RoleGroup::RoleGroup(Scheduler& scheduler, Role role, std::vector<size_t> worker
     : scheduler_(scheduler), role_(role), workers_(std::move(worker_indices)) {}
 
 std::chrono::steady_clock::time_point RoleGroup::deadline(Timeout timeout) const {
-  return std::chrono::steady_clock::now() + timeout.value_or(scheduler_.config().request_timeout);
+  const auto limit = timeout.value_or(scheduler_.config().request_timeout);
+  if (limit.count() <= 0) return std::chrono::steady_clock::time_point::max();
+  return std::chrono::steady_clock::now() + limit;
 }
 
 Message RoleGroup::checked(const Message& reply, int rank) const {

@@ -205,7 +205,9 @@ std::pair<uint64_t, Message> Scheduler::await_any(const std::vector<uint64_t>& i
     }
     if (failure_) rethrow_failure_locked();
     if (stopped_) throw RuntimeError("the scheduler has stopped");
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+    if (deadline == Clock::time_point::max()) {
+      changed_.wait(lock);
+    } else if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
       const uint64_t id = ids.empty() ? 0 : ids.front();
       std::string who = pending_.count(id) ? infos_[pending_[id]].placement.label() : "?";
       throw RuntimeError("operation \"" + pending_op_[id] + "\" on " + who + " (request " +
@@ -360,7 +362,7 @@ bool Scheduler::supervise() {
       }
       continue;
     }
-    if (now - slot.last_seen > config_.worker_timeout) {
+    if (config_.worker_timeout.count() > 0 && now - slot.last_seen > config_.worker_timeout) {
       process.signal(SIGKILL);
       fail(process.report("stopped answering: no message for " +
                           std::to_string(config_.worker_timeout.count()) + " ms (killed)"), false);

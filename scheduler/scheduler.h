@@ -31,9 +31,9 @@ struct SchedulerConfig {
   std::string worker_program;           // the rlhf binary
   std::vector<std::string> worker_args = {"worker"};
   std::chrono::milliseconds heartbeat_interval{1000};  // scheduler.heartbeat_interval_s
-  std::chrono::milliseconds worker_timeout{5000};      // scheduler.worker_timeout_s
+  std::chrono::milliseconds worker_timeout{5000};      // scheduler.worker_timeout_s (0: none)
   std::chrono::milliseconds register_timeout{60000};   // launch -> registered
-  std::chrono::milliseconds request_timeout{600000};   // default per request
+  std::chrono::milliseconds request_timeout{600000};   // scheduler.request_timeout_s (0: none)
   std::chrono::milliseconds stop_grace{3000};          // shutdown message -> SIGTERM -> SIGKILL
   int max_inflight = 2;                                // requests in flight per worker
   MessageLimits limits;

@@ -8,13 +8,8 @@
 namespace rlhf {
 namespace {
 
-std::chrono::milliseconds seconds_key(const JobSpec& spec, const std::string& path,
-                                      std::chrono::milliseconds fallback) {
-  try {
-    return std::chrono::milliseconds(static_cast<int64_t>(std::llround(spec.get_float(path) * 1000.0)));
-  } catch (const std::logic_error&) {  // key not in this spec table: keep the default
-    return fallback;
-  }
+std::chrono::milliseconds seconds_key(const JobSpec& spec, const std::string& path) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(spec.get_float(path) * 1000.0)));
 }
 
 }  // namespace
@@ -24,12 +19,10 @@ SchedulerConfig SchedulerConfig::from_spec(const JobSpec& spec, std::string work
   c.worker_program = std::move(worker_program);
   c.bind_host = spec.get_string("cluster.interface");
   c.run_dir = (std::filesystem::path(spec.get_string("logger.run_dir")) / spec.get_string("name")).string();
-  c.heartbeat_interval = seconds_key(spec, "scheduler.heartbeat_interval_s", c.heartbeat_interval);
-  c.worker_timeout = seconds_key(spec, "scheduler.worker_timeout_s", c.worker_timeout);
-  try {
-    c.max_inflight = static_cast<int>(spec.get_int("scheduler.max_inflight"));
-  } catch (const std::logic_error&) {
-  }
+  c.heartbeat_interval = seconds_key(spec, "scheduler.heartbeat_interval_s");
+  c.worker_timeout = seconds_key(spec, "scheduler.worker_timeout_s");
+  c.request_timeout = seconds_key(spec, "scheduler.request_timeout_s");
+  c.max_inflight = static_cast<int>(spec.get_int("scheduler.max_inflight"));
   return c;
 }
 
