@@ -18,6 +18,7 @@ struct Command {
 int cmd_validate(const Argv& args);
 int cmd_plan(const Argv& args);
 int cmd_spec(const Argv& args);
+int cmd_tokenize(const Argv& args);
 
 // All subcommands, in the order `rlhf --help` lists them.
 const std::vector<Command>& commands();
