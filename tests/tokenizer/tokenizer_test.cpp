@@ -1,5 +1,5 @@
 // Real tokenizer files against ids from independent implementations (see
-// tests/fixtures/tokenizer/README.md): Llama-3's byte-level BPE, Mistral's Metaspace BPE
+// tests/fixtures/tokenizer/README.md): Llama-3's and GPT-2's byte-level BPE, Mistral's Metaspace BPE
 // with byte fallback (both HF tokenizer.json from npm), a SentencePiece tokenizer.model,
 // and rlhf's byte tokenizer. Ids must match exactly: a tokenizer has no tolerance.
 #include <gtest/gtest.h>
@@ -76,6 +76,13 @@ TEST(Tokenizer, Llama3ByteLevelBpeMatchesTokenizersJs) {
   EXPECT_EQ(tok->token_to_id("<|eot_id|>"), 128009);
   EXPECT_EQ(tok->token_to_id("Hello"), 9906);
   check_family(*tok, "expected_llama3.json");
+}
+
+TEST(Tokenizer, Gpt2ByteLevelRegexMatchesTokenizersJs) {
+  const auto tok = load_tokenizer(fetched("gpt2").string());
+  EXPECT_EQ(tok->vocab_size(), 50257);
+  EXPECT_EQ(tok->special_ids().eos, 50256);  // <|endoftext|>
+  check_family(*tok, "expected_gpt2.json");
 }
 
 TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
@@ -168,12 +175,15 @@ TEST(Tokenizer, UnsupportedComponentsNameThemselvesAndTheFile) {
 }
 
 TEST(Tokenizer, SmallBpeHandlesNormalizersAndUnknowns) {
-  // NFC then Lowercase: "A" + combining acute is not in the vocab -> <unk>, fused.
+  // NFC then Lowercase: "A" + U+0301 (combining acute) composes to "Á", lowercases to "á".
+  // "é" is not in the vocab: <unk>, and two in a row fuse into one (fuse_unk).
   const auto dir = write_tokenizer_json("small", nlohmann::json::parse(R"({
     "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]},
-    "model": {"vocab": {"a": 0, "b": 1, "ab": 2, "<unk>": 3}, "unk_token": "<unk>", "fuse_unk": true}})"));
+    "model": {"vocab": {"a": 0, "b": 1, "ab": 2, "<unk>": 3, "\u00e1": 4}, "unk_token": "<unk>",
+              "fuse_unk": true}})"));
   const auto tok = load_tokenizer(dir);
   EXPECT_EQ(tok->encode("ABab", AddSpecial::kNo), (std::vector<TokenId>{2, 2}));
+  EXPECT_EQ(tok->encode("A\xCC\x81" "B", AddSpecial::kNo), (std::vector<TokenId>{4, 1}));
   EXPECT_EQ(tok->encode("a\xC3\xA9\xC3\xA9" "b", AddSpecial::kNo), (std::vector<TokenId>{0, 3, 1}));
   EXPECT_THROW(tok->encode("\xFF", AddSpecial::kNo), InputError);
 }
