@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 
 #include "core/errors.h"
@@ -30,6 +31,13 @@ const nlohmann::json& field(const nlohmann::json& j, const char* key) {
 }
 
 bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+// A word character for single_word tokens: ASCII letters, digits, '_' and any non-ASCII byte
+// (letters of other scripts; HF uses char::is_alphanumeric).
+bool is_word_byte(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  return u >= 0x80 || std::isalnum(u) || c == '_';
+}
 
 }  // namespace
 
@@ -69,7 +77,8 @@ HfTokenizer::HfTokenizer(const std::string& path, const TokenizerConfig& config)
     added_by_first_byte_.resize(256);
     for (const auto& t : field(json, "added_tokens")) {
       AddedToken token{t.at("id").get<TokenId>(), t.at("content").get<std::string>(),
-                       t.value("special", false), t.value("lstrip", false), t.value("rstrip", false)};
+                       t.value("special", false), t.value("lstrip", false), t.value("rstrip", false),
+                       t.value("single_word", false)};
       if (token.content.empty()) throw InputError(path + ": added token " + std::to_string(token.id) + " is empty");
       vocab_size_ = std::max<int64_t>(vocab_size_, token.id + 1);
       added_by_id_[token.id] = added_.size();
@@ -145,10 +154,13 @@ std::vector<HfTokenizer::Segment> HfTokenizer::split_added(std::string_view text
     const AddedToken* match = nullptr;
     for (size_t index : added_by_first_byte_[static_cast<unsigned char>(text[i])]) {
       const auto& t = added_[index];
-      if (text.compare(i, t.content.size(), t.content) == 0) {
-        match = &t;
-        break;
+      if (text.compare(i, t.content.size(), t.content) != 0) continue;
+      const size_t end = i + t.content.size();
+      if (t.single_word && ((i > 0 && is_word_byte(text[i - 1])) || (end < text.size() && is_word_byte(text[end])))) {
+        continue;
       }
+      match = &t;
+      break;
     }
     if (!match) {
       ++i;

@@ -36,6 +36,7 @@ class HfTokenizer : public Tokenizer {
     std::string content;
     bool special;
     bool lstrip, rstrip;  // also swallow the whitespace to the left / right
+    bool single_word;     // only where it is not part of a longer word
   };
   // A piece of the input: either text for the model or one added token.
   struct Segment {

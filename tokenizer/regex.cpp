@@ -55,10 +55,14 @@ std::vector<Span> Regex::find_all(std::string_view text) const {
   size_t start = 0;
   uint32_t options = 0;  // the first call checks UTF-8; later calls skip the re-check
   while (start <= text.size()) {
-    const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), start, options,
-                                                data.get(), nullptr)
-                              : pcre2_match(impl_->code, subject, text.size(), start, options,
-                                            data.get(), nullptr);
+    int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), start, options,
+                                          data.get(), nullptr)
+                        : PCRE2_ERROR_JIT_STACKLIMIT;
+    // The interpreter keeps its backtracking state on the heap: the fallback when JIT is off
+    // or its machine stack is too small for this subject.
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+      rc = pcre2_match(impl_->code, subject, text.size(), start, options, data.get(), nullptr);
+    }
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21) {

@@ -188,6 +188,21 @@ TEST(Tokenizer, SmallBpeHandlesNormalizersAndUnknowns) {
   EXPECT_THROW(tok->encode("\xFF", AddSpecial::kNo), InputError);
 }
 
+TEST(Tokenizer, AddedTokensStripAndSingleWord) {
+  const auto dir = write_tokenizer_json("added", nlohmann::json::parse(R"({
+    "added_tokens": [
+      {"id": 3, "content": "<m>", "special": true, "lstrip": true, "rstrip": true},
+      {"id": 4, "content": "ab", "special": false, "single_word": true}],
+    "pre_tokenizer": {"type": "WhitespaceSplit"}})"));
+  const auto tok = load_tokenizer(dir);
+  // lstrip/rstrip swallow the spaces around <m>; "ab" alone is the added token, inside a
+  // longer word it is left to BPE (which merges a+b into id 2).
+  EXPECT_EQ(tok->encode("a  <m>  b", AddSpecial::kNo), (std::vector<TokenId>{0, 3, 1}));
+  EXPECT_EQ(tok->encode("ab aab", AddSpecial::kNo), (std::vector<TokenId>{4, 0, 2}));
+  EXPECT_EQ(tok->decode({0, 3, 1}, SkipSpecial::kYes), "ab");
+  EXPECT_EQ(tok->decode({0, 3, 1}, SkipSpecial::kNo), "a<m>b");
+}
+
 TEST(Tokenizer, CleanUpTokenizationMatchesHf) {
   EXPECT_EQ(clean_up_tokenization("Hi , you ! I 'm here . Don 't ?"), "Hi, you! I'm here. Don 't?");
 }
