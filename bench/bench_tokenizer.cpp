@@ -6,9 +6,9 @@
 // usage: bench_tokenizer [MB=4] [THREADS=2]   (run from the repo root after setup)
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -41,12 +41,17 @@ double process_cpu_seconds() {
 // Documents of 1-4 KB; a fixed seed so every run encodes the same text.
 std::vector<std::string> make_corpus(size_t total_bytes) {
   std::mt19937 rng(1234);
-  const std::vector<std::string> syllables = {"ka", "lo", "ren", "st", "the", "in", "ver", "mo", "tion",
-                                              "al", "pre", "com", "ing", "ed", "qu", "ab", "ly", "ou"};
-  const std::vector<std::string> extras = {
-      "Café déjà vu, naïve façade. ", "中文分词测试：你好，世界！", "日本語のテキストです。",
-      "Emoji 😀🎉👍🏽 and ❤️. ", "def f(x):\n    return [i ** 2 for i in range(x)]\n",
-      "int main() {\n\treturn 0;\n}\n", "  spaces   and\ttabs\n\n", "Numbers 3.14159 1,000,000. "};
+  const std::vector<std::string> syllables = {"ka",  "lo", "ren",  "st", "the", "in",
+                                              "ver", "mo", "tion", "al", "pre", "com",
+                                              "ing", "ed", "qu",   "ab", "ly",  "ou"};
+  const std::vector<std::string> extras = {"Café déjà vu, naïve façade. ",
+                                           "中文分词测试：你好，世界！",
+                                           "日本語のテキストです。",
+                                           "Emoji 😀🎉👍🏽 and ❤️. ",
+                                           "def f(x):\n    return [i ** 2 for i in range(x)]\n",
+                                           "int main() {\n\treturn 0;\n}\n",
+                                           "  spaces   and\ttabs\n\n",
+                                           "Numbers 3.14159 1,000,000. "};
   std::vector<std::string> docs;
   size_t bytes = 0;
   while (bytes < total_bytes) {
@@ -69,13 +74,15 @@ std::vector<std::string> make_corpus(size_t total_bytes) {
 }
 
 // Encodes docs[begin, end) and returns the number of tokens.
-size_t encode_range(const tk::Tokenizer& tok, const std::vector<std::string>& docs, size_t begin, size_t end) {
+size_t encode_range(const tk::Tokenizer& tok, const std::vector<std::string>& docs, size_t begin,
+                    size_t end) {
   size_t tokens = 0;
   for (size_t i = begin; i < end; ++i) tokens += tok.encode(docs[i], tk::AddSpecial::kNo).size();
   return tokens;
 }
 
-double parallel_seconds(const tk::Tokenizer& tok, const std::vector<std::string>& docs, unsigned threads) {
+double parallel_seconds(const tk::Tokenizer& tok, const std::vector<std::string>& docs,
+                        unsigned threads) {
   const auto t0 = Clock::now();
   std::vector<std::thread> workers;
   for (unsigned w = 0; w < threads; ++w) {
@@ -90,7 +97,8 @@ double parallel_seconds(const tk::Tokenizer& tok, const std::vector<std::string>
 void bench(const std::string& name, const std::string& dir, const std::vector<std::string>& docs,
            double megabytes, unsigned threads) {
   if (!std::filesystem::exists(dir)) {
-    std::printf("%-14s missing %s (run scripts/fetch-test-tokenizers)\n", name.c_str(), dir.c_str());
+    std::printf("%-14s missing %s (run scripts/fetch-test-tokenizers)\n", name.c_str(),
+                dir.c_str());
     return;
   }
   auto t0 = Clock::now();
@@ -106,13 +114,16 @@ void bench(const std::string& name, const std::string& dir, const std::vector<st
   cpu0 = process_cpu_seconds();
   const double parallel_s = parallel_seconds(*tok, docs, threads);
   const double parallel_cpu = process_cpu_seconds() - cpu0;
-  std::printf("%-14s load %5.2f s  %8zu tokens  cold %6.2f MB/s  single %6.2f MB/s  parallel(%u) %6.2f MB/s"
-              "  ratio %.2f (limit %u)\n",
-              name.c_str(), load_s, tokens, megabytes / cold_s, megabytes / single_s, threads,
-              megabytes / parallel_s, single_s / parallel_s, threads);
-  std::printf("%-14s per CPU-second: single %6.2f MB, parallel %6.2f MB (equal = no contention inside);"
-              " cores obtained %.2f of %u\n",
-              name.c_str(), megabytes / single_cpu, megabytes / parallel_cpu, parallel_cpu / parallel_s, threads);
+  std::printf(
+      "%-14s load %5.2f s  %8zu tokens  cold %6.2f MB/s  single %6.2f MB/s  parallel(%u) %6.2f MB/s"
+      "  ratio %.2f (limit %u)\n",
+      name.c_str(), load_s, tokens, megabytes / cold_s, megabytes / single_s, threads,
+      megabytes / parallel_s, single_s / parallel_s, threads);
+  std::printf(
+      "%-14s per CPU-second: single %6.2f MB, parallel %6.2f MB (equal = no contention inside);"
+      " cores obtained %.2f of %u\n",
+      name.c_str(), megabytes / single_cpu, megabytes / parallel_cpu, parallel_cpu / parallel_s,
+      threads);
   // One long word: 10x the length should take ~10x the CPU time (n log n), not 100x.
   // Best of 3 runs, in CPU seconds, so other jobs on the machine do not inflate it.
   std::string word;
@@ -127,8 +138,10 @@ void bench(const std::string& name, const std::string& dir, const std::vector<st
     return best;
   };
   const double t10 = best_cpu(10000), t100 = best_cpu(100000);
-  std::printf("%-14s long word: 10k chars %.4f s, 100k chars %.4f s, ratio %.1f (linear 10, quadratic 100)\n",
-              name.c_str(), t10, t100, t100 / t10);
+  std::printf(
+      "%-14s long word: 10k chars %.4f s, 100k chars %.4f s, ratio %.1f (linear 10, quadratic "
+      "100)\n",
+      name.c_str(), t10, t100, t100 / t10);
 }
 
 }  // namespace
@@ -139,8 +152,8 @@ int main(int argc, char** argv) {
   const auto docs = make_corpus(static_cast<size_t>(megabytes * 1e6));
   size_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
-  std::printf("corpus: %zu documents, %.2f MB; %u worker threads; hardware threads: %u\n", docs.size(),
-              bytes / 1e6, threads, std::thread::hardware_concurrency());
+  std::printf("corpus: %zu documents, %.2f MB; %u worker threads; hardware threads: %u\n",
+              docs.size(), bytes / 1e6, threads, std::thread::hardware_concurrency());
   bench("llama3", ".cache/tokenizers/llama3", docs, bytes / 1e6, threads);
   bench("mistral", ".cache/tokenizers/mistral", docs, bytes / 1e6, threads);
   bench("sentencepiece", "tests/fixtures/tokenizer/tiny_sp", docs, bytes / 1e6, threads);

@@ -18,30 +18,37 @@ namespace {
 namespace tk = rlhf::tokenizer;
 
 const std::vector<OptionSpec> kOptions = {
-    {"--tokenizer", true, "model directory with tokenizer.json, tokenizer.model or the byte tokenizer", "DIR"},
-    {"--input", true, "JSONL file: one JSON string (or message list) per line; ids with --decode", "FILE"},
+    {"--tokenizer", true,
+     "model directory with tokenizer.json, tokenizer.model or the byte tokenizer", "DIR"},
+    {"--input", true, "JSONL file: one JSON string (or message list) per line; ids with --decode",
+     "FILE"},
     {"--text", true, "one text to encode (with --decode: a JSON array of ids)", "TEXT"},
     {"--decode", false, "turn JSON arrays of ids back into JSON strings"},
     {"--add-special", false, "add BOS/EOS as the tokenizer does for a model input"},
     {"--skip-special", false, "with --decode: leave special tokens out of the text"},
-    {"--apply-chat-template", false, "format each line with the chat template first (data.apply_chat_template)"},
-    {"--chat-template", true, "auto|chatml|llama3|llama2|mistral (default auto: from tokenizer_config.json)", "NAME"},
-    {"--input-template", true, "wrap each text, \"{}\" = the text (data.input_template)", "TEMPLATE"},
+    {"--apply-chat-template", false,
+     "format each line with the chat template first (data.apply_chat_template)"},
+    {"--chat-template", true,
+     "auto|chatml|llama3|llama2|mistral (default auto: from tokenizer_config.json)", "NAME"},
+    {"--input-template", true, "wrap each text, \"{}\" = the text (data.input_template)",
+     "TEMPLATE"},
     {"--help", false, "show this help"},
 };
 
 // One output line for one input value; `where` names the file and line for errors.
-std::string process(const nlohmann::json& value, const tk::Tokenizer& tok, const tk::PromptFormatter& format,
-                    const Args& args, const std::string& where) {
+std::string process(const nlohmann::json& value, const tk::Tokenizer& tok,
+                    const tk::PromptFormatter& format, const Args& args, const std::string& where) {
   if (args.flag("--decode")) {
     if (!value.is_array()) throw InputError(where + ": expected a JSON array of token ids");
     std::vector<tk::TokenId> ids;
     for (const auto& id : value) {
-      if (!id.is_number_integer()) throw InputError(where + ": token ids must be integers, got " + id.dump());
+      if (!id.is_number_integer())
+        throw InputError(where + ": token ids must be integers, got " + id.dump());
       ids.push_back(id.get<tk::TokenId>());
     }
     const auto skip = args.flag("--skip-special") ? tk::SkipSpecial::kYes : tk::SkipSpecial::kNo;
-    return nlohmann::json(tok.decode(ids, skip)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return nlohmann::json(tok.decode(ids, skip))
+        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   std::string text;
   try {
@@ -58,10 +65,11 @@ std::string process(const nlohmann::json& value, const tk::Tokenizer& tok, const
 int cmd_tokenize(const Argv& argv) {
   const Args args(argv, kOptions);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf tokenize --tokenizer DIR (--input FILE.jsonl | --text TEXT) [--decode]\n"
-                 "Prints the token ids of each input line as a JSON array (or, with --decode, the\n"
-                 "text of each array of ids as a JSON string).\n\noptions:\n"
-              << format_options(kOptions);
+    std::cout
+        << "usage: rlhf tokenize --tokenizer DIR (--input FILE.jsonl | --text TEXT) [--decode]\n"
+           "Prints the token ids of each input line as a JSON array (or, with --decode, the\n"
+           "text of each array of ids as a JSON string).\n\noptions:\n"
+        << format_options(kOptions);
     return 0;
   }
   const auto dir = args.value("--tokenizer");
@@ -73,7 +81,8 @@ int cmd_tokenize(const Argv& argv) {
   tk::PromptFormatConfig format_config;
   format_config.input_template = args.value("--input-template").value_or("");
   format_config.apply_chat_template = args.flag("--apply-chat-template");
-  format_config.chat_template = tk::parse_chat_template(args.value("--chat-template").value_or("auto"));
+  format_config.chat_template =
+      tk::parse_chat_template(args.value("--chat-template").value_or("auto"));
   const tk::PromptFormatter format(format_config, tk::read_tokenizer_config(*dir));
 
   if (const auto text = args.value("--text")) {

@@ -3,9 +3,8 @@
 // a word of n characters O(n log n), so long words without spaces stay fast.
 #include "tokenizer/bpe.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <queue>
 
 #include "core/errors.h"
@@ -26,10 +25,14 @@ uint64_t pair_key(TokenId left, TokenId right) {
 uint32_t decode_code_point(std::string_view s, size_t n) {
   const auto b = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i])); };
   switch (n) {
-    case 1: return b(0);
-    case 2: return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
-    case 3: return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-    default: return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+    case 1:
+      return b(0);
+    case 2:
+      return ((b(0) & 0x1F) << 6) | (b(1) & 0x3F);
+    case 3:
+      return ((b(0) & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+    default:
+      return ((b(0) & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
   }
 }
 
@@ -45,11 +48,13 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& where)
   const auto unsupported = [&](const char* field) {
     throw InputError(where + ": BPE model field '" + field + "' is not supported");
   };
-  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() > 0) {
+  if (model.contains("dropout") && !model["dropout"].is_null() &&
+      model["dropout"].get<double>() > 0) {
     unsupported("dropout");
   }
   for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (model.contains(field) && !model[field].is_null() && !model[field].get<std::string>().empty()) {
+    if (model.contains(field) && !model[field].is_null() &&
+        !model[field].get<std::string>().empty()) {
       unsupported(field);
     }
   }
@@ -63,7 +68,8 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& where)
     const auto id = id_json.get<TokenId>();
     if (id < 0) throw InputError(where + ": negative id for token '" + token + "'");
     vocab_.emplace(token, id);
-    if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
+    if (static_cast<size_t>(id) >= id_to_token_.size())
+      id_to_token_.resize(static_cast<size_t>(id) + 1);
     id_to_token_[static_cast<size_t>(id)] = token;
     const size_t n = token.empty() ? 0 : utf8_length(static_cast<unsigned char>(token[0]));
     if (n == token.size() && n > 0) char_ids_.emplace(decode_code_point(token, n), id);
@@ -72,12 +78,14 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& where)
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof(name), "<0x%02X>", b);
-    if (auto it = vocab_.find(name); it != vocab_.end()) byte_ids_[static_cast<size_t>(b)] = it->second;
+    if (auto it = vocab_.find(name); it != vocab_.end())
+      byte_ids_[static_cast<size_t>(b)] = it->second;
   }
   if (model.contains("unk_token") && model["unk_token"].is_string()) {
     const auto unk = model["unk_token"].get<std::string>();
     auto it = vocab_.find(unk);
-    if (it == vocab_.end()) throw InputError(where + ": unk_token '" + unk + "' is not in the vocab");
+    if (it == vocab_.end())
+      throw InputError(where + ": unk_token '" + unk + "' is not in the vocab");
     unk_id_ = it->second;
   }
   const auto& merges = model.at("merges");
@@ -95,7 +103,8 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& where)
       left = m[0].get<std::string>();
       right = m[1].get<std::string>();
     } else {
-      throw InputError(where + ": merge #" + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
+      throw InputError(where + ": merge #" + std::to_string(rank) +
+                       " is neither \"a b\" nor [a, b]");
     }
     auto l = vocab_.find(left), r = vocab_.find(right), lr = vocab_.find(left + right);
     if (l == vocab_.end() || r == vocab_.end() || lr == vocab_.end()) {
@@ -134,9 +143,11 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<TokenId>& symb
         all_bytes = byte_ids_[static_cast<unsigned char>(word[i + k])] >= 0;
       }
       if (all_bytes) {
-        for (size_t k = 0; k < n; ++k) symbols.push_back(byte_ids_[static_cast<unsigned char>(word[i + k])]);
+        for (size_t k = 0; k < n; ++k)
+          symbols.push_back(byte_ids_[static_cast<unsigned char>(word[i + k])]);
       } else if (unk_id_) {
-        if (!(fuse_unk_ && !symbols.empty() && symbols.back() == *unk_id_)) symbols.push_back(*unk_id_);
+        if (!(fuse_unk_ && !symbols.empty() && symbols.back() == *unk_id_))
+          symbols.push_back(*unk_id_);
       } else {
         throw InputError("character '" + std::string(word.substr(i, n)) +
                          "' is not in the BPE vocabulary and the model has no unk_token");
@@ -165,7 +176,9 @@ void BpeModel::merge_word(std::string_view word, std::vector<TokenId>& out) cons
     int32_t rank;
     int left;  // position of the left symbol
     TokenId left_id, right_id;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
   const auto push = [&](int left) {
@@ -183,7 +196,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<TokenId>& out) cons
     const auto l = static_cast<size_t>(c.left);
     const int r = next[l];
     // Stale entries: a symbol merged away or changed since this pair was pushed.
-    if (!alive[l] || r < 0 || ids[l] != c.left_id || ids[static_cast<size_t>(r)] != c.right_id) continue;
+    if (!alive[l] || r < 0 || ids[l] != c.left_id || ids[static_cast<size_t>(r)] != c.right_id)
+      continue;
     ids[l] = merges_.at(pair_key(c.left_id, c.right_id)).merged;
     alive[static_cast<size_t>(r)] = false;
     next[l] = next[static_cast<size_t>(r)];
@@ -191,7 +205,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<TokenId>& out) cons
     push(prev[l]);
     push(c.left);
   }
-  for (int i = n > 0 ? 0 : -1; i >= 0; i = next[static_cast<size_t>(i)]) out.push_back(ids[static_cast<size_t>(i)]);
+  for (int i = n > 0 ? 0 : -1; i >= 0; i = next[static_cast<size_t>(i)])
+    out.push_back(ids[static_cast<size_t>(i)]);
 }
 
 void BpeModel::encode_word(std::string_view word, std::vector<TokenId>& out) const {

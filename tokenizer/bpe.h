@@ -6,13 +6,12 @@
 #include <array>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "tokenizer/tokenizer.h"
 
@@ -38,11 +37,11 @@ class BpeModel {
   void initial_symbols(std::string_view word, std::vector<TokenId>& symbols) const;
 
   std::unordered_map<std::string, TokenId> vocab_;
-  std::vector<std::string> id_to_token_;          // [vocab] "" where the id is unused
+  std::vector<std::string> id_to_token_;            // [vocab] "" where the id is unused
   std::unordered_map<uint32_t, TokenId> char_ids_;  // single-code-point tokens
   struct Merge {
-    int32_t rank;     // lower merges first (its line in "merges")
-    TokenId merged;   // id of the concatenation
+    int32_t rank;    // lower merges first (its line in "merges")
+    TokenId merged;  // id of the concatenation
   };
   std::unordered_map<uint64_t, Merge> merges_;  // key: left id << 32 | right id
   std::array<TokenId, 256> byte_ids_{};         // "<0xAB>" tokens, -1 when absent

@@ -11,15 +11,16 @@ struct Named {
   const char* text;
   TokenId id;
 };
-constexpr Named kSpecials[] = {{"<pad>", ByteTokenizer::kPad},
-                               {"<s>", ByteTokenizer::kBos},
-                               {"</s>", ByteTokenizer::kEos}};
+constexpr Named kSpecials[] = {
+    {"<pad>", ByteTokenizer::kPad}, {"<s>", ByteTokenizer::kBos}, {"</s>", ByteTokenizer::kEos}};
 
 }  // namespace
 
-ByteTokenizer::ByteTokenizer(bool add_bos, int64_t vocab_size) : add_bos_(add_bos), vocab_size_(vocab_size) {
+ByteTokenizer::ByteTokenizer(bool add_bos, int64_t vocab_size)
+    : add_bos_(add_bos), vocab_size_(vocab_size) {
   if (vocab_size < 259) {
-    throw InputError("RlhfByteTokenizer needs a vocab_size of at least 259, got " + std::to_string(vocab_size));
+    throw InputError("RlhfByteTokenizer needs a vocab_size of at least 259, got " +
+                     std::to_string(vocab_size));
   }
   special_ids_ = {kBos, kEos, kPad, std::nullopt};
 }

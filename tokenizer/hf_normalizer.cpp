@@ -1,9 +1,8 @@
 // Each normalizer is a step string -> string, applied in order (Rust tokenizers/normalizers).
 #include "tokenizer/hf_normalizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "tokenizer/regex.h"
@@ -26,7 +25,8 @@ std::string replace_all(const std::string& text, const Regex& regex, const std::
   return out;
 }
 
-std::string replace_literal(const std::string& text, const std::string& from, const std::string& to) {
+std::string replace_literal(const std::string& text, const std::string& from,
+                            const std::string& to) {
   std::string out;
   size_t last = 0;
   for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, last)) {
@@ -38,7 +38,9 @@ std::string replace_literal(const std::string& text, const std::string& from, co
   return out;
 }
 
-bool is_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+bool is_space(unsigned char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r');
+}
 
 }  // namespace
 

@@ -2,9 +2,8 @@
 // tokenizers/pre_tokenizers). Split behaviours follow SplitDelimiterBehavior.
 #include "tokenizer/hf_pre_tokenizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "tokenizer/regex.h"
@@ -95,6 +94,30 @@ std::string replace_spaces(const std::string& word, const std::string& replaceme
   return out;
 }
 
+// ' ' -> replacement (U+2581), prepended per `scheme`, then split before each replacement
+// character, which stays with the text that follows it (Rust pre_tokenizers/metaspace.rs).
+void metaspace(std::vector<std::string>& words, const std::string& replacement,
+               const std::string& scheme, bool split, bool at_text_start) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < words.size(); ++i) {
+    std::string w = replace_spaces(words[i], replacement);
+    const bool prepend = scheme == "always" || (scheme == "first" && i == 0 && at_text_start);
+    if (prepend && w.compare(0, replacement.size(), replacement) != 0) w = replacement + w;
+    if (!split) {
+      out.push_back(std::move(w));
+      continue;
+    }
+    size_t start = 0;
+    for (size_t at = w.find(replacement, 1); at != std::string::npos;
+         at = w.find(replacement, at + 1)) {
+      if (at > start) out.push_back(w.substr(start, at - start));
+      start = at;
+    }
+    if (start < w.size()) out.push_back(w.substr(start));
+  }
+  words = std::move(out);
+}
+
 }  // namespace
 
 PreTokenizer::PreTokenizer(const nlohmann::json& spec, const std::string& where) {
@@ -116,13 +139,15 @@ void PreTokenizer::add(const nlohmann::json& spec, const std::string& where) {
     for (const auto& child : spec.at("pretokenizers")) add(child, where);
   } else if (type == "Split") {
     add_split(compile_pattern(spec.at("pattern"), ctx),
-              parse_behavior(spec.at("behavior").get<std::string>(), ctx), spec.value("invert", false));
+              parse_behavior(spec.at("behavior").get<std::string>(), ctx),
+              spec.value("invert", false));
   } else if (type == "ByteLevel") {
     const bool prefix_space = spec.value("add_prefix_space", false);
     if (spec.value("use_regex", true)) {
       if (prefix_space) {
         steps_.push_back([](std::vector<std::string>& words, bool) {
-          for (auto& w : words) if (w.empty() || w[0] != ' ') w.insert(w.begin(), ' ');
+          for (auto& w : words)
+            if (w.empty() || w[0] != ' ') w.insert(w.begin(), ' ');
         });
       }
       add_split(std::make_shared<Regex>(kGpt2Pattern, ctx), SplitBehavior::kIsolated, false);
@@ -143,38 +168,23 @@ void PreTokenizer::add(const nlohmann::json& spec, const std::string& where) {
       throw InputError(ctx + ": prepend_scheme '" + scheme + "' is not supported");
     }
     const bool split = spec.value("split", true);
-    steps_.push_back([replacement, scheme, split](std::vector<std::string>& words, bool at_text_start) {
-      std::vector<std::string> out;
-      for (size_t i = 0; i < words.size(); ++i) {
-        std::string w = replace_spaces(words[i], replacement);
-        const bool prepend = scheme == "always" || (scheme == "first" && i == 0 && at_text_start);
-        if (prepend && w.compare(0, replacement.size(), replacement) != 0) w = replacement + w;
-        if (!split) {
-          out.push_back(std::move(w));
-          continue;
-        }
-        // Split before every replacement character, keeping it with what follows.
-        size_t start = 0;
-        for (size_t at = w.find(replacement, 1); at != std::string::npos; at = w.find(replacement, at + 1)) {
-          if (at > start) out.push_back(w.substr(start, at - start));
-          start = at;
-        }
-        if (start < w.size()) out.push_back(w.substr(start));
-      }
-      words = std::move(out);
+    steps_.push_back([replacement, scheme, split](std::vector<std::string>& words, bool first) {
+      metaspace(words, replacement, scheme, split, first);
     });
   } else if (type == "Digits") {
     add_split(std::make_shared<Regex>(R"(\p{N})", ctx),
-              spec.value("individual_digits", false) ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
+              spec.value("individual_digits", false) ? SplitBehavior::kIsolated
+                                                     : SplitBehavior::kContiguous,
               false);
   } else if (type == "Whitespace") {
     add_split(std::make_shared<Regex>(R"(\w+|[^\w\s]+)", ctx), SplitBehavior::kRemoved, true);
   } else if (type == "WhitespaceSplit") {
     add_split(std::make_shared<Regex>(R"(\s+)", ctx), SplitBehavior::kRemoved, false);
   } else {
-    throw InputError(where + ": pre_tokenizer type '" + type +
-                     "' is not supported (supported: Sequence, Split, ByteLevel, Metaspace, Digits, "
-                     "Whitespace, WhitespaceSplit)");
+    throw InputError(
+        where + ": pre_tokenizer type '" + type +
+        "' is not supported (supported: Sequence, Split, ByteLevel, Metaspace, Digits, "
+        "Whitespace, WhitespaceSplit)");
   }
 }
 

@@ -2,11 +2,10 @@
 // TokenizerImpl::encode_single_sequence and decode, without offsets or truncation).
 #include "tokenizer/hf_tokenizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "tokenizer/unicode.h"
@@ -30,7 +29,9 @@ const nlohmann::json& field(const nlohmann::json& j, const char* key) {
   return j.contains(key) ? j[key] : kNull;
 }
 
-bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+bool is_space(char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r');
+}
 
 // A word character for single_word tokens: ASCII letters, digits, '_' and any non-ASCII byte
 // (letters of other scripts; HF uses char::is_alphanumeric).
@@ -43,7 +44,7 @@ bool is_word_byte(char c) {
 
 std::string clean_up_tokenization(std::string text) {
   static const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
+      {" .", "."},     {" ?", "?"},   {" !", "!"},   {" ,", ","},     {" ' ", "'"},
       {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) {  // applied one after another, as HF does
     const std::string f = from, t = to;
@@ -77,9 +78,10 @@ HfTokenizer::HfTokenizer(const std::string& path, const TokenizerConfig& config)
     added_by_first_byte_.resize(256);
     for (const auto& t : field(json, "added_tokens")) {
       AddedToken token{t.at("id").get<TokenId>(), t.at("content").get<std::string>(),
-                       t.value("special", false), t.value("lstrip", false), t.value("rstrip", false),
-                       t.value("single_word", false)};
-      if (token.content.empty()) throw InputError(path + ": added token " + std::to_string(token.id) + " is empty");
+                       t.value("special", false), t.value("lstrip", false),
+                       t.value("rstrip", false),  t.value("single_word", false)};
+      if (token.content.empty())
+        throw InputError(path + ": added token " + std::to_string(token.id) + " is empty");
       vocab_size_ = std::max<int64_t>(vocab_size_, token.id + 1);
       added_by_id_[token.id] = added_.size();
       added_.push_back(std::move(token));
@@ -103,8 +105,10 @@ HfTokenizer::HfTokenizer(const std::string& path, const TokenizerConfig& config)
     if (config.add_bos_token || config.add_eos_token) {
       prefix_ids_.clear();
       suffix_ids_.clear();
-      if (config.add_bos_token.value_or(false) && special_ids_.bos) prefix_ids_.push_back(*special_ids_.bos);
-      if (config.add_eos_token.value_or(false) && special_ids_.eos) suffix_ids_.push_back(*special_ids_.eos);
+      if (config.add_bos_token.value_or(false) && special_ids_.bos)
+        prefix_ids_.push_back(*special_ids_.bos);
+      if (config.add_eos_token.value_or(false) && special_ids_.eos)
+        suffix_ids_.push_back(*special_ids_.eos);
     }
     clean_up_spaces_ = config.clean_up_tokenization_spaces;
   } catch (const nlohmann::json::exception& e) {
@@ -130,7 +134,8 @@ void HfTokenizer::read_post_processor(const nlohmann::json& spec, const std::str
       }
       const auto name = item.at("SpecialToken").at("id").get<std::string>();
       const auto& ids = spec.at("special_tokens").at(name).at("ids");
-      for (const auto& id : ids) (after_sequence ? suffix_ids_ : prefix_ids_).push_back(id.get<TokenId>());
+      for (const auto& id : ids)
+        (after_sequence ? suffix_ids_ : prefix_ids_).push_back(id.get<TokenId>());
     }
   } else {
     throw InputError(where + ": post_processor type '" + type +
@@ -156,7 +161,8 @@ std::vector<HfTokenizer::Segment> HfTokenizer::split_added(std::string_view text
       const auto& t = added_[index];
       if (text.compare(i, t.content.size(), t.content) != 0) continue;
       const size_t end = i + t.content.size();
-      if (t.single_word && ((i > 0 && is_word_byte(text[i - 1])) || (end < text.size() && is_word_byte(text[end])))) {
+      if (t.single_word && ((i > 0 && is_word_byte(text[i - 1])) ||
+                            (end < text.size() && is_word_byte(text[end])))) {
         continue;
       }
       match = &t;
@@ -182,7 +188,8 @@ std::vector<HfTokenizer::Segment> HfTokenizer::split_added(std::string_view text
   return segments;
 }
 
-void HfTokenizer::encode_text(std::string_view text, bool at_text_start, std::vector<TokenId>& out) const {
+void HfTokenizer::encode_text(std::string_view text, bool at_text_start,
+                              std::vector<TokenId>& out) const {
   std::string normalized = normalizer_.empty() ? std::string(text) : normalizer_(std::string(text));
   for (const auto& word : pre_tokenizer_(std::move(normalized), at_text_start)) {
     model_->encode_word(word, out);
@@ -203,7 +210,8 @@ std::vector<TokenId> HfTokenizer::encode(std::string_view text, AddSpecial add_s
     }
     first = false;
   }
-  if (add_special == AddSpecial::kYes) ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
+  if (add_special == AddSpecial::kYes)
+    ids.insert(ids.end(), suffix_ids_.begin(), suffix_ids_.end());
   return ids;
 }
 

@@ -12,7 +12,9 @@ namespace {
 
 const char* const kNames = "auto, chatml, llama3, llama2, mistral";
 
-bool contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }
+bool contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
 
 // Python str.strip() / Jinja trim on ASCII whitespace.
 std::string strip(std::string_view s) {
@@ -71,7 +73,8 @@ std::vector<ChatMessage> parse_messages(const nlohmann::json& prompt) {
 void check_alternation(const std::vector<ChatMessage>& loop_messages, size_t first_index) {
   for (size_t i = 0; i < loop_messages.size(); ++i) {
     if ((loop_messages[i].role == "user") != (i % 2 == 0)) {
-      throw InputError("message " + std::to_string(first_index + i) + " (role '" + loop_messages[i].role +
+      throw InputError("message " + std::to_string(first_index + i) + " (role '" +
+                       loop_messages[i].role +
                        "'): conversation roles must alternate user/assistant/user/assistant/...");
     }
   }
@@ -85,27 +88,35 @@ ChatTemplate parse_chat_template(std::string_view name) {
   if (name == "llama3") return ChatTemplate::kLlama3;
   if (name == "llama2") return ChatTemplate::kLlama2;
   if (name == "mistral") return ChatTemplate::kMistral;
-  throw InputError("data.chat_template: unknown template '" + std::string(name) + "' (expected one of " +
-                   kNames + ")");
+  throw InputError("data.chat_template: unknown template '" + std::string(name) +
+                   "' (expected one of " + kNames + ")");
 }
 
 std::string chat_template_name(ChatTemplate t) {
   switch (t) {
-    case ChatTemplate::kAuto: return "auto";
-    case ChatTemplate::kChatML: return "chatml";
-    case ChatTemplate::kLlama3: return "llama3";
-    case ChatTemplate::kLlama2: return "llama2";
-    case ChatTemplate::kMistral: return "mistral";
+    case ChatTemplate::kAuto:
+      return "auto";
+    case ChatTemplate::kChatML:
+      return "chatml";
+    case ChatTemplate::kLlama3:
+      return "llama3";
+    case ChatTemplate::kLlama2:
+      return "llama2";
+    case ChatTemplate::kMistral:
+      return "mistral";
   }
   return "auto";
 }
 
 ChatTemplate detect_chat_template(std::string_view source) {
-  if (contains(source, "<|im_start|>") && contains(source, "<|im_end|>")) return ChatTemplate::kChatML;
-  if (contains(source, "<|start_header_id|>") && contains(source, "<|eot_id|>")) return ChatTemplate::kLlama3;
+  if (contains(source, "<|im_start|>") && contains(source, "<|im_end|>"))
+    return ChatTemplate::kChatML;
+  if (contains(source, "<|start_header_id|>") && contains(source, "<|eot_id|>"))
+    return ChatTemplate::kLlama3;
   if (contains(source, "[INST]") && contains(source, "<<SYS>>")) return ChatTemplate::kLlama2;
   // Mistral v0.1's exact user turn; later Mistral templates space [/INST] differently.
-  if (contains(source, "'[INST] ' + message['content'] + ' [/INST]'")) return ChatTemplate::kMistral;
+  if (contains(source, "'[INST] ' + message['content'] + ' [/INST]'"))
+    return ChatTemplate::kMistral;
   return ChatTemplate::kAuto;
 }
 
@@ -133,42 +144,48 @@ std::string apply_input_template(std::string_view input_template, std::string_vi
   return out;
 }
 
-PromptFormatter::PromptFormatter(const PromptFormatConfig& config, const TokenizerConfig& tokenizer_config)
+PromptFormatter::PromptFormatter(const PromptFormatConfig& config,
+                                 const TokenizerConfig& tokenizer_config)
     : config_(config) {
   if (!config.input_template.empty()) apply_input_template(config.input_template, "");  // validates
   if (!config.apply_chat_template) return;
   template_ = config.chat_template;
   if (template_ == ChatTemplate::kAuto) {
     if (tokenizer_config.chat_template.empty()) {
-      throw InputError(std::string("data.apply_chat_template: tokenizer_config.json has no chat_template; ") +
-                       "set data.chat_template (" + kNames + ") or use data.input_template instead");
+      throw InputError(
+          std::string("data.apply_chat_template: tokenizer_config.json has no chat_template; ") +
+          "set data.chat_template (" + kNames + ") or use data.input_template instead");
     }
     template_ = detect_chat_template(tokenizer_config.chat_template);
     if (template_ == ChatTemplate::kAuto) {
-      throw InputError("data.apply_chat_template: unrecognised chat_template in tokenizer_config.json (\"" +
-                       tokenizer_config.chat_template.substr(0, 80) + "...\"); known: chatml, llama3, " +
-                       "llama2, mistral. Set data.chat_template, or format prompts with " +
-                       "data.input_template (e.g. \"User: {}\\nAssistant: \") and "
-                       "data.apply_chat_template=false");
+      throw InputError(
+          "data.apply_chat_template: unrecognised chat_template in tokenizer_config.json (\"" +
+          tokenizer_config.chat_template.substr(0, 80) + "...\"); known: chatml, llama3, " +
+          "llama2, mistral. Set data.chat_template, or format prompts with " +
+          "data.input_template (e.g. \"User: {}\\nAssistant: \") and "
+          "data.apply_chat_template=false");
     }
   }
   const bool llama3 = template_ == ChatTemplate::kLlama3;
   bos_ = tokenizer_config.bos_token.value_or(llama3 ? "<|begin_of_text|>" : "<s>");
   eos_ = tokenizer_config.eos_token.value_or(llama3 ? "<|end_of_text|>" : "</s>");
-  if (template_ == ChatTemplate::kChatML) default_system_ = chatml_default_system(tokenizer_config.chat_template);
+  if (template_ == ChatTemplate::kChatML)
+    default_system_ = chatml_default_system(tokenizer_config.chat_template);
 }
 
 std::string PromptFormatter::format(const nlohmann::json& prompt) const {
   if (config_.apply_chat_template) {
     if (prompt.is_string()) return format_messages({{"user", prompt.get<std::string>()}});
     if (prompt.is_array()) return format_messages(parse_messages(prompt));
-    throw InputError("prompt: expected a string or a list of {\"role\", \"content\"} messages, got " +
-                     prompt.dump().substr(0, 80));
+    throw InputError(
+        "prompt: expected a string or a list of {\"role\", \"content\"} messages, got " +
+        prompt.dump().substr(0, 80));
   }
   if (prompt.is_array()) {
     throw InputError("prompt: a list of messages needs data.apply_chat_template=true");
   }
-  if (!prompt.is_string()) throw InputError("prompt: expected a string, got " + prompt.dump().substr(0, 80));
+  if (!prompt.is_string())
+    throw InputError("prompt: expected a string, got " + prompt.dump().substr(0, 80));
   const auto& text = prompt.get_ref<const std::string&>();
   return config_.input_template.empty() ? text : apply_input_template(config_.input_template, text);
 }
@@ -176,11 +193,16 @@ std::string PromptFormatter::format(const nlohmann::json& prompt) const {
 std::string PromptFormatter::format_messages(const std::vector<ChatMessage>& messages) const {
   if (messages.empty()) throw InputError("expected at least one message");
   switch (template_) {
-    case ChatTemplate::kChatML: return chatml(messages);
-    case ChatTemplate::kLlama3: return llama3(messages);
-    case ChatTemplate::kLlama2: return llama2(messages);
-    case ChatTemplate::kMistral: return mistral(messages);
-    case ChatTemplate::kAuto: break;
+    case ChatTemplate::kChatML:
+      return chatml(messages);
+    case ChatTemplate::kLlama3:
+      return llama3(messages);
+    case ChatTemplate::kLlama2:
+      return llama2(messages);
+    case ChatTemplate::kMistral:
+      return mistral(messages);
+    case ChatTemplate::kAuto:
+      break;
   }
   throw InputError("prompt: a list of messages needs data.apply_chat_template=true");
 }
@@ -204,11 +226,13 @@ std::string PromptFormatter::chatml(const std::vector<ChatMessage>& messages) co
 // {% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] +
 // '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}
 // {% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}
-// {% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}
+// {% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif
+// %}
 std::string PromptFormatter::llama3(const std::vector<ChatMessage>& messages) const {
   std::string out = bos_;
   for (const auto& m : messages) {
-    out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + strip(m.content) + "<|eot_id|>";
+    out +=
+        "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + strip(m.content) + "<|eot_id|>";
   }
   return out + "<|start_header_id|>assistant<|end_header_id|>\n\n";
 }
@@ -225,7 +249,8 @@ std::string PromptFormatter::llama2(const std::vector<ChatMessage>& messages) co
   std::string out;
   for (size_t i = 0; i < loop.size(); ++i) {
     std::string content = loop[i].content;
-    if (i == 0 && has_system) content = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + content;
+    if (i == 0 && has_system)
+      content = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + content;
     if (loop[i].role == "user") out += bos_ + "[INST] " + strip(content) + " [/INST]";
     if (loop[i].role == "assistant") out += " " + strip(content) + " " + eos_;
   }

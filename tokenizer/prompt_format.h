@@ -5,11 +5,10 @@
 // unrecognised template is an InputError that suggests data.input_template.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "tokenizer/tokenizer_config.h"
 
@@ -25,7 +24,7 @@ ChatTemplate detect_chat_template(std::string_view jinja_source);
 
 // Filled from the job spec's data.* keys.
 struct PromptFormatConfig {
-  std::string input_template;      // data.input_template: "" = none, else contains "{}"
+  std::string input_template;        // data.input_template: "" = none, else contains "{}"
   bool apply_chat_template = false;  // data.apply_chat_template
   ChatTemplate chat_template = ChatTemplate::kAuto;  // data.chat_template
 };

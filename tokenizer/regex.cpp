@@ -3,8 +3,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer/regex.h"
 
-#include <nlohmann/json.hpp>
 #include <pcre2.h>
+
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 
@@ -15,7 +16,8 @@ namespace {
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
   const int n = pcre2_get_error_message(code, buffer, sizeof(buffer));
-  return n < 0 ? "PCRE2 error " + std::to_string(code) : std::string(reinterpret_cast<char*>(buffer));
+  return n < 0 ? "PCRE2 error " + std::to_string(code)
+               : std::string(reinterpret_cast<char*>(buffer));
 }
 
 struct MatchDataDeleter {
@@ -79,7 +81,9 @@ std::vector<Span> Regex::find_all(std::string_view text) const {
     } else {  // an empty match: step over one character
       if (begin >= text.size()) break;
       size_t step = 1;
-      while (begin + step < text.size() && (static_cast<unsigned char>(text[begin + step]) & 0xC0) == 0x80) ++step;
+      while (begin + step < text.size() &&
+             (static_cast<unsigned char>(text[begin + step]) & 0xC0) == 0x80)
+        ++step;
       start = begin + step;
     }
   }

@@ -10,17 +10,20 @@
 
 namespace rlhf::tokenizer {
 
-SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path, const TokenizerConfig& config)
+SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path,
+                                               const TokenizerConfig& config)
     : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   const auto status = sp_->Load(path);
-  if (!status.ok()) throw InputError(path + ": cannot load SentencePiece model: " + status.ToString());
+  if (!status.ok())
+    throw InputError(path + ": cannot load SentencePiece model: " + status.ToString());
   const auto id_or_none = [&](int id) -> std::optional<TokenId> {
     return id >= 0 ? std::optional<TokenId>(id) : std::nullopt;
   };
   special_ids_ = {id_or_none(sp_->bos_id()), id_or_none(sp_->eos_id()), id_or_none(sp_->pad_id()),
                   id_or_none(sp_->unk_id())};
   // tokenizer_config.json names the tokens when it has them (e.g. a PAD that is not SP's).
-  const auto from_config = [&](const std::optional<std::string>& token, std::optional<TokenId>& id) {
+  const auto from_config = [&](const std::optional<std::string>& token,
+                               std::optional<TokenId>& id) {
     if (token) {
       if (auto found = token_to_id(*token)) id = found;
     }
@@ -32,7 +35,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path, const To
   add_bos_ = config.add_bos_token.value_or(true);
   add_eos_ = config.add_eos_token.value_or(false);
   for (int id = 0; id < sp_->GetPieceSize(); ++id) {
-    if (sp_->IsControl(id) || sp_->IsUnknown(id)) special_pieces_.emplace_back(sp_->IdToPiece(id), id);
+    if (sp_->IsControl(id) || sp_->IsUnknown(id))
+      special_pieces_.emplace_back(sp_->IdToPiece(id), id);
   }
   std::sort(special_pieces_.begin(), special_pieces_.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
@@ -40,7 +44,9 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path, const To
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
-int64_t SentencePieceTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+int64_t SentencePieceTokenizer::vocab_size() const {
+  return sp_->GetPieceSize();
+}
 
 std::optional<TokenId> SentencePieceTokenizer::token_to_id(std::string_view token) const {
   const int id = sp_->PieceToId(std::string(token));
@@ -53,10 +59,12 @@ bool SentencePieceTokenizer::is_special(TokenId id) const {
   return sp_->IsControl(id) || sp_->IsUnknown(id);
 }
 
-std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text, AddSpecial add_special) const {
+std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text,
+                                                    AddSpecial add_special) const {
   if (!is_valid_utf8(text)) throw InputError("encode: text is not valid UTF-8");
   std::vector<TokenId> ids;
-  if (add_special == AddSpecial::kYes && add_bos_ && special_ids_.bos) ids.push_back(*special_ids_.bos);
+  if (add_special == AddSpecial::kYes && add_bos_ && special_ids_.bos)
+    ids.push_back(*special_ids_.bos);
   const auto encode_piece = [&](std::string_view piece) {
     if (piece.empty()) return;
     std::vector<int> piece_ids;
@@ -83,11 +91,13 @@ std::vector<TokenId> SentencePieceTokenizer::encode(std::string_view text, AddSp
     start = i;
   }
   encode_piece(text.substr(start));
-  if (add_special == AddSpecial::kYes && add_eos_ && special_ids_.eos) ids.push_back(*special_ids_.eos);
+  if (add_special == AddSpecial::kYes && add_eos_ && special_ids_.eos)
+    ids.push_back(*special_ids_.eos);
   return ids;
 }
 
-std::string SentencePieceTokenizer::decode(const std::vector<TokenId>& ids, SkipSpecial skip_special) const {
+std::string SentencePieceTokenizer::decode(const std::vector<TokenId>& ids,
+                                           SkipSpecial skip_special) const {
   std::string text;
   std::vector<int> run;  // consecutive ordinary ids, decoded together
   const auto flush = [&] {

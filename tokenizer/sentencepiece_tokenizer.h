@@ -32,7 +32,8 @@ class SentencePieceTokenizer : public Tokenizer {
   bool is_special(TokenId id) const;
 
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
-  std::vector<std::pair<std::string, TokenId>> special_pieces_;  // control/unk pieces matched in text
+  std::vector<std::pair<std::string, TokenId>>
+      special_pieces_;  // control/unk pieces matched in text
   bool add_bos_ = true;
   bool add_eos_ = false;
 };

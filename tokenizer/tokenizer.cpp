@@ -1,10 +1,9 @@
 // load_tokenizer(): which implementation a model directory's files call for.
 #include "tokenizer/tokenizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "tokenizer/byte_tokenizer.h"
@@ -34,10 +33,12 @@ int64_t byte_vocab_size(const fs::path& dir) {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const fs::path dir(model_dir);
-  if (!fs::is_directory(dir)) throw InputError(model_dir + ": not a directory (expected a model directory)");
+  if (!fs::is_directory(dir))
+    throw InputError(model_dir + ": not a directory (expected a model directory)");
   const TokenizerConfig config = read_tokenizer_config(model_dir);
   if (config.tokenizer_class == "RlhfByteTokenizer") {
-    return std::make_unique<ByteTokenizer>(config.add_bos_token.value_or(true), byte_vocab_size(dir));
+    return std::make_unique<ByteTokenizer>(config.add_bos_token.value_or(true),
+                                           byte_vocab_size(dir));
   }
   if (fs::exists(dir / "tokenizer.json")) {
     return std::make_unique<HfTokenizer>((dir / "tokenizer.json").string(), config);
@@ -45,7 +46,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   if (fs::exists(dir / "tokenizer.model")) {
     return std::make_unique<SentencePieceTokenizer>((dir / "tokenizer.model").string(), config);
   }
-  throw InputError(model_dir + ": no tokenizer found (expected tokenizer.json, tokenizer.model, or "
+  throw InputError(model_dir +
+                   ": no tokenizer found (expected tokenizer.json, tokenizer.model, or "
                    "tokenizer_config.json with \"tokenizer_class\": \"RlhfByteTokenizer\")");
 }
 

@@ -2,10 +2,9 @@
 // ({"content": "<s>", ...}); chat_template may be a string or a list of named templates.
 #include "tokenizer/tokenizer_config.h"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 
@@ -21,10 +20,12 @@ std::optional<std::string> token_field(const nlohmann::json& config, const char*
   if (v.is_object() && v.contains("content") && v["content"].is_string()) {
     return v["content"].get<std::string>();
   }
-  throw InputError(path + ": \"" + key + "\" must be a string or {\"content\": ...}, got " + v.dump());
+  throw InputError(path + ": \"" + key + "\" must be a string or {\"content\": ...}, got " +
+                   v.dump());
 }
 
-std::optional<bool> bool_field(const nlohmann::json& config, const char* key, const std::string& path) {
+std::optional<bool> bool_field(const nlohmann::json& config, const char* key,
+                               const std::string& path) {
   if (!config.contains(key) || config[key].is_null()) return std::nullopt;
   if (!config[key].is_boolean()) {
     throw InputError(path + ": \"" + key + "\" must be true or false, got " + config[key].dump());

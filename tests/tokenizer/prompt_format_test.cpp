@@ -3,9 +3,9 @@
 #include "tokenizer/prompt_format.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "test_paths.h"
@@ -19,15 +19,19 @@ using nlohmann::json;
 // Qwen/Qwen2-7B-Instruct's chat_template as json.load gives it (real newlines in literals).
 const char* const kQwen2Template =
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
-    "'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
+    "'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' "
+    "+ "
     "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if "
     "add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 // mistralai/Mistral-7B-Instruct-v0.1's chat_template.
 const char* const kMistralTemplate =
-    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 "
-    "== 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') "
-    "}}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 "
+    "% 2 "
+    "== 0) %}{{ raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...') "
+    "}}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' "
+    "}}"
     "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ "
     "raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}";
 
@@ -82,8 +86,8 @@ TEST(PromptFormat, Llama3DetectedFromRealTokenizerConfig) {
   const auto tok = load_tokenizer(dir.string());
   const auto ids = tok->encode(text, AddSpecial::kNo);
   ASSERT_GE(ids.size(), 4u);
-  EXPECT_EQ(ids[0], 128000);  // <|begin_of_text|>
-  EXPECT_EQ(ids[1], 128006);  // <|start_header_id|>
+  EXPECT_EQ(ids[0], 128000);   // <|begin_of_text|>
+  EXPECT_EQ(ids[1], 128006);   // <|start_header_id|>
   EXPECT_EQ(ids.back(), 271);  // "\n\n" after <|end_header_id|> (128007)
   EXPECT_EQ(ids[ids.size() - 2], 128007);
 }
@@ -99,10 +103,12 @@ TEST(PromptFormat, Llama2InstWithSystemAndHistory) {
             "<s>[INST] <<SYS>>\nS\n<</SYS>>\n\n Q1 [/INST] A1 </s><s>[INST] Q2 [/INST]");
   EXPECT_EQ(f.format(json("Hi")), "<s>[INST] Hi [/INST]");
   const auto error = input_error([&] {
-    f.format(json::parse(R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])"));
+    f.format(
+        json::parse(R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])"));
   });
   EXPECT_NE(error.find("must alternate"), std::string::npos) << error;
-  EXPECT_EQ(detect_chat_template("{{ bos_token + '[INST] ' + content.strip() }} <<SYS>>"), ChatTemplate::kLlama2);
+  EXPECT_EQ(detect_chat_template("{{ bos_token + '[INST] ' + content.strip() }} <<SYS>>"),
+            ChatTemplate::kLlama2);
 }
 
 TEST(PromptFormat, MistralV01Detected) {
@@ -112,7 +118,8 @@ TEST(PromptFormat, MistralV01Detected) {
                                      {"role": "assistant", "content": "A1"},
                                      {"role": "user", "content": "Q2"}])")),
             "<s>[INST] Q1 [/INST]A1</s>[INST] Q2 [/INST]");
-  const auto error = input_error([&] { f.format(json::parse(R"([{"role": "system", "content": "S"}])")); });
+  const auto error =
+      input_error([&] { f.format(json::parse(R"([{"role": "system", "content": "S"}])")); });
   EXPECT_NE(error.find("only user and assistant"), std::string::npos) << error;
 }
 
@@ -121,10 +128,13 @@ TEST(PromptFormat, InputTemplateAsOpenRlhf) {
   EXPECT_EQ(f.format(json("2+2?")), "User: 2+2?\nAssistant: ");
   EXPECT_EQ(apply_input_template("{{x}} {}", "p"), "{x} p");
   EXPECT_EQ(PromptFormatter({}, {}).format(json("as is")), "as is");
-  EXPECT_NE(input_error([] { PromptFormatter({"no placeholder", false, ChatTemplate::kAuto}, {}); }).find("\"{}\""),
+  EXPECT_NE(input_error([] {
+              PromptFormatter({"no placeholder", false, ChatTemplate::kAuto}, {});
+            }).find("\"{}\""),
             std::string::npos);
-  EXPECT_NE(input_error([&] { f.format(json::parse(R"([{"role": "user", "content": "a"}])")); })
-                .find("data.apply_chat_template=true"),
+  EXPECT_NE(input_error([&] {
+              f.format(json::parse(R"([{"role": "user", "content": "a"}])"));
+            }).find("data.apply_chat_template=true"),
             std::string::npos);
   EXPECT_NE(input_error([&] { f.format(json(3)); }).find("expected a string"), std::string::npos);
 }
@@ -133,10 +143,13 @@ TEST(PromptFormat, UnrecognisedTemplateSuggestsInputTemplate) {
   const auto error = input_error([] { chat(ChatTemplate::kAuto, "{{ messages | gemma_style }}"); });
   EXPECT_NE(error.find("unrecognised chat_template"), std::string::npos) << error;
   EXPECT_NE(error.find("data.input_template"), std::string::npos) << error;
-  EXPECT_NE(input_error([] { chat(ChatTemplate::kAuto, ""); }).find("no chat_template"), std::string::npos);
-  EXPECT_NE(input_error([] { parse_chat_template("vicuna"); }).find("chatml, llama3"), std::string::npos);
+  EXPECT_NE(input_error([] { chat(ChatTemplate::kAuto, ""); }).find("no chat_template"),
+            std::string::npos);
+  EXPECT_NE(input_error([] { parse_chat_template("vicuna"); }).find("chatml, llama3"),
+            std::string::npos);
   EXPECT_EQ(parse_chat_template("llama3"), ChatTemplate::kLlama3);
-  const auto bad_message = input_error([] { chat(ChatTemplate::kChatML).format(json::parse(R"([{"role": 1}])")); });
+  const auto bad_message =
+      input_error([] { chat(ChatTemplate::kChatML).format(json::parse(R"([{"role": 1}])")); });
   EXPECT_NE(bad_message.find("message 0"), std::string::npos) << bad_message;
 }
 

