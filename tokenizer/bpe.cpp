@@ -38,6 +38,32 @@ uint32_t decode_code_point(std::string_view s, size_t n) {
 
 }  // namespace
 
+constexpr uint64_t kEmptyKey = ~uint64_t{0};
+
+void BpeModel::MergeTable::build(const std::vector<std::pair<uint64_t, Merge>>& entries) {
+  size_t capacity = 16;
+  while (capacity < entries.size() * 2) capacity *= 2;
+  shift_ = 64 - __builtin_ctzll(capacity);
+  mask_ = capacity - 1;
+  keys_.assign(capacity, kEmptyKey);
+  values_.assign(capacity, Merge{0, 0});
+  for (const auto& [key, merge] : entries) {
+    size_t slot = (key * 0x9E3779B97F4A7C15ull) >> shift_;
+    while (keys_[slot] != kEmptyKey && keys_[slot] != key) slot = (slot + 1) & mask_;
+    if (keys_[slot] == key) continue;  // a repeated merge keeps its first (lowest) rank
+    keys_[slot] = key;
+    values_[slot] = merge;
+  }
+}
+
+const BpeModel::Merge* BpeModel::MergeTable::find(uint64_t key) const {
+  if (keys_.empty()) return nullptr;
+  for (size_t slot = (key * 0x9E3779B97F4A7C15ull) >> shift_;; slot = (slot + 1) & mask_) {
+    if (keys_[slot] == key) return &values_[slot];
+    if (keys_[slot] == kEmptyKey) return nullptr;
+  }
+}
+
 struct BpeModel::CacheShard {
   std::mutex mutex;
   std::unordered_map<std::string, std::vector<TokenId>> words;
@@ -89,7 +115,8 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& where)
     unk_id_ = it->second;
   }
   const auto& merges = model.at("merges");
-  merges_.reserve(merges.size());
+  std::vector<std::pair<uint64_t, Merge>> entries;
+  entries.reserve(merges.size());
   int32_t rank = 0;
   for (const auto& m : merges) {
     std::string left, right;
@@ -110,9 +137,10 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& where)
     if (l == vocab_.end() || r == vocab_.end() || lr == vocab_.end()) {
       throw InputError(where + ": merge '" + left + " " + right + "' uses tokens not in the vocab");
     }
-    merges_.emplace(pair_key(l->second, r->second), Merge{rank, lr->second});
+    entries.emplace_back(pair_key(l->second, r->second), Merge{rank, lr->second});
     ++rank;
   }
+  merges_.build(entries);
 }
 
 BpeModel::~BpeModel() = default;
@@ -176,17 +204,18 @@ void BpeModel::merge_word(std::string_view word, std::vector<TokenId>& out) cons
     int32_t rank;
     int left;  // position of the left symbol
     TokenId left_id, right_id;
+    TokenId merged;
     bool operator>(const Candidate& o) const {
       return rank != o.rank ? rank > o.rank : left > o.left;
     }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
   const auto push = [&](int left) {
+    if (left < 0) return;
     const int right = next[static_cast<size_t>(left)];
-    if (left < 0 || right < 0) return;
+    if (right < 0) return;
     const TokenId a = ids[static_cast<size_t>(left)], b = ids[static_cast<size_t>(right)];
-    auto it = merges_.find(pair_key(a, b));
-    if (it != merges_.end()) heap.push({it->second.rank, left, a, b});
+    if (const Merge* m = merges_.find(pair_key(a, b))) heap.push({m->rank, left, a, b, m->merged});
   };
   for (int i = 0; i + 1 < n; ++i) push(i);
   std::vector<bool> alive(static_cast<size_t>(n), true);
@@ -198,7 +227,7 @@ void BpeModel::merge_word(std::string_view word, std::vector<TokenId>& out) cons
     // Stale entries: a symbol merged away or changed since this pair was pushed.
     if (!alive[l] || r < 0 || ids[l] != c.left_id || ids[static_cast<size_t>(r)] != c.right_id)
       continue;
-    ids[l] = merges_.at(pair_key(c.left_id, c.right_id)).merged;
+    ids[l] = c.merged;
     alive[static_cast<size_t>(r)] = false;
     next[l] = next[static_cast<size_t>(r)];
     if (next[l] >= 0) prev[static_cast<size_t>(next[l])] = c.left;

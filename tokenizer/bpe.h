@@ -43,8 +43,21 @@ class BpeModel {
     int32_t rank;    // lower merges first (its line in "merges")
     TokenId merged;  // id of the concatenation
   };
-  std::unordered_map<uint64_t, Merge> merges_;  // key: left id << 32 | right id
-  std::array<TokenId, 256> byte_ids_{};         // "<0xAB>" tokens, -1 when absent
+  // Open addressing on the pair key (left id << 32 | right id): the lookup in the innermost
+  // loop, about twice as fast as std::unordered_map here.
+  class MergeTable {
+   public:
+    void build(const std::vector<std::pair<uint64_t, Merge>>& entries);
+    const Merge* find(uint64_t key) const;
+
+   private:
+    std::vector<uint64_t> keys_;  // kEmpty where free
+    std::vector<Merge> values_;
+    uint64_t mask_ = 0;
+    int shift_ = 64;
+  };
+  MergeTable merges_;
+  std::array<TokenId, 256> byte_ids_{};  // "<0xAB>" tokens, -1 when absent
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;

@@ -84,6 +84,7 @@ HfTokenizer::HfTokenizer(const std::string& path, const TokenizerConfig& config)
         throw InputError(path + ": added token " + std::to_string(token.id) + " is empty");
       vocab_size_ = std::max<int64_t>(vocab_size_, token.id + 1);
       added_by_id_[token.id] = added_.size();
+      added_by_content_[token.content] = token.id;
       added_.push_back(std::move(token));
     }
     for (size_t i = 0; i < added_.size(); ++i) {
@@ -144,8 +145,8 @@ void HfTokenizer::read_post_processor(const nlohmann::json& spec, const std::str
 }
 
 std::optional<TokenId> HfTokenizer::token_to_id(std::string_view token) const {
-  for (const auto& t : added_) {
-    if (t.content == token) return t.id;
+  if (auto it = added_by_content_.find(std::string(token)); it != added_by_content_.end()) {
+    return it->second;
   }
   return model_->token_to_id(token);
 }

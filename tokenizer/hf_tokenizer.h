@@ -48,8 +48,9 @@ class HfTokenizer : public Tokenizer {
   void read_post_processor(const nlohmann::json& spec, const std::string& where);
 
   std::vector<AddedToken> added_;
-  std::unordered_map<TokenId, size_t> added_by_id_;       // id -> index in added_
-  std::vector<std::vector<size_t>> added_by_first_byte_;  // [256] longest first
+  std::unordered_map<TokenId, size_t> added_by_id_;            // id -> index in added_
+  std::unordered_map<std::string, TokenId> added_by_content_;  // token string -> id
+  std::vector<std::vector<size_t>> added_by_first_byte_;       // [256] longest first
   Normalizer normalizer_;
   PreTokenizer pre_tokenizer_;
   std::unique_ptr<BpeModel> model_;
