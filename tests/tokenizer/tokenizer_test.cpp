@@ -101,6 +101,21 @@ TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
   check_family(*tok, "expected_mistral.json");
 }
 
+// Mistral's files with the Metaspace pre-tokenizer (prepend_scheme "first") and decoder that
+// newer HF conversions write instead of the Prepend/Replace normalizer (the same patch was
+// given to tokenizers.js when making the expected ids).
+TEST(Tokenizer, MetaspacePreTokenizerMatchesTokenizersJs) {
+  const fs::path source = fetched("mistral");
+  auto json = read_json(source / "tokenizer.json");
+  json.update(read_json(kFixtures / "patch_mistral_metaspace.json"));  // top-level keys
+  const fs::path dir = fs::path(RLHF_BINARY_DIR) / "tests/tokenizer/mistral_metaspace";
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << json.dump();
+  fs::copy_file(source / "tokenizer_config.json", dir / "tokenizer_config.json",
+                fs::copy_options::overwrite_existing);
+  check_family(*load_tokenizer(dir.string()), "expected_mistral_metaspace.json");
+}
+
 TEST(Tokenizer, SentencePieceModelMatchesSentencePieceLibrary) {
   const auto tok = load_tokenizer((kFixtures / "tiny_sp").string());
   EXPECT_EQ(tok->kind(), "sentencepiece");
