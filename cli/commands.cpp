@@ -11,6 +11,7 @@ const std::vector<Command>& commands() {
       {"logprobs", "per-token log-probs of token-id sequences under a model (JSON lines)", cmd_logprobs},
       {"run", "start the workers of a job spec, run it, stop them (exit 1 names a failed worker)", cmd_run},
       {"worker", "internal: one worker process, started by `rlhf run`", cmd_worker},
+      {"tokenize", "token ids of text (or text of ids) with a model's tokenizer", cmd_tokenize},
   };
   return kCommands;
 }
