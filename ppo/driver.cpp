@@ -371,7 +371,22 @@ std::string fmt(double v, int precision = 3) {
   return o.str();
 }
 
+// A fresh run keeps an earlier run's metrics and checkpoints under new names rather than
+// appending to or resuming from them: nothing already written is lost.
+void set_aside_previous_run(const fs::path& run_dir, const fs::path& ckpt, std::ostream& out) {
+  const fs::path metrics = run_dir / "metrics.jsonl";
+  if (!fs::exists(metrics) && !fs::exists(ckpt / "driver")) return;
+  int k = 1;
+  while (fs::exists(run_dir / ("previous-" + std::to_string(k)))) ++k;
+  const fs::path keep = run_dir / ("previous-" + std::to_string(k));
+  fs::create_directories(keep);
+  if (fs::exists(metrics)) fs::rename(metrics, keep / "metrics.jsonl");
+  if (fs::exists(ckpt)) fs::rename(ckpt, keep / "ckpt");
+  out << "ppo: an earlier run's metrics and checkpoints were moved to " << keep.string() << std::endl;
+}
+
 void PpoJob::run(Scheduler& s, std::ostream& out) {
+  if (!options_.resume) set_aside_previous_run(run_dir_, c_.ckpt_path, out);
   MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string());
   out << "ppo: " << stream_->size() << " prompts (" << truncated_prompts_ << " truncated to "
       << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
