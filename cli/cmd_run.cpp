@@ -1,0 +1,79 @@
+// `rlhf run SPEC`: validate the spec, place the workers, start and supervise them, run the
+// job's driver, stop everything. A worker failure or SIGINT/SIGTERM stops the job with
+// exit code 1 and a report naming the worker. Until the PPO/DPO drivers exist the driver
+// is the built-in smoke driver (scheduler/smoke_driver.h).
+#include <unistd.h>
+
+#include <climits>
+#include <iostream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/spec_args.h"
+#include "core/placement.h"
+#include "core/spec.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/smoke_driver.h"
+#include "scheduler/worker_process.h"
+
+namespace rlhf::cli {
+namespace {
+
+std::string self_executable() {
+  char buf[PATH_MAX] = {};
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw RuntimeError("cannot read /proc/self/exe to start workers");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+int positive_int(const std::string& option, const std::string& text) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(text, &used);
+    if (used == text.size() && v > 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw InputError(option + " " + text + ": expected a positive integer");
+}
+
+}  // namespace
+
+int cmd_run(const Argv& argv) {
+  const std::vector<OptionSpec> options = {
+      set_option(),
+      {"--smoke-rounds", true, "echo rounds of the built-in smoke driver (default 1)", "N"},
+      {"--help", false, "show this help"}};
+  Args args(argv, options);
+  if (args.flag("--help")) {
+    std::cout << "usage: rlhf run SPEC [--set PATH=VALUE]...\n\n"
+           "Places and starts one worker process per device, supervises them (a dead or silent\n"
+           "worker stops the job within seconds, exit 1, with its role, rank, device, exit\n"
+           "status and log tail), runs the job and stops every worker. Worker logs go to\n"
+           "<logger.run_dir>/<name>/logs/<role>-<rank>.log.\n\n"
+              << format_options(options);
+    return 0;
+  }
+  const int rounds = args.value("--smoke-rounds") ? positive_int("--smoke-rounds", *args.value("--smoke-rounds")) : 1;
+  const JobSpec spec = load_spec_arg(args, "run");
+  for (const auto& w : spec.warnings()) std::cerr << "rlhf run: warning: " << w << '\n';
+  const Placement placement = place(spec);
+  Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
+  const JobDriver driver = smoke_driver(rounds);
+  try {
+    scheduler.start();
+    driver(scheduler, std::cout);
+    scheduler.shutdown();
+  } catch (const WorkerFailure& e) {
+    scheduler.shutdown();
+    std::cerr << "rlhf run: job failed: " << e.what() << "rlhf run: stopped every other worker\n";
+    return static_cast<int>(ExitCode::kRuntime);
+  } catch (const JobInterrupted& e) {
+    scheduler.shutdown();
+    std::cerr << "rlhf run: " << e.what() << "rlhf run: every worker stopped\n";
+    return static_cast<int>(ExitCode::kRuntime);
+  }
+  std::cout << "rlhf run: done, logs in " << scheduler.config().run_dir << "/logs\n";
+  return 0;
+}
+
+}  // namespace rlhf::cli
