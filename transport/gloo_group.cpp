@@ -81,27 +81,14 @@ void GlooGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
   run("all_gather", [&] { return group_->allgather(outputs, inputs); });
 }
 
-void GlooGroup::reduce_scatter(torch::Tensor& output, const torch::Tensor& input) {
+void GlooGroup::reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
   check_cpu_contiguous(output, "reduce_scatter output");
   check_cpu_contiguous(input, "reduce_scatter input");
   TORCH_CHECK(input.numel() == output.numel() * size_ && output.dtype() == input.dtype(),
               "gloo reduce_scatter: input must hold size x output elements of the same dtype, got ",
               input.sizes(), " and ", output.sizes());
-  if (size_ == 1) {
-    output.copy_(input.view(output.sizes()));
-    return;
-  }
-  // received[j] = rank j's slice `rank_` of its input.
-  auto received = torch::empty({input.numel()}, input.options());
-  auto received_bytes = as_movable(received);
-  auto send = as_movable(input).view({-1});
-  std::vector<int64_t> equal_splits;  // empty: equal splits
-  run("reduce_scatter", [&] { return group_->alltoall_base(received_bytes, send, equal_splits, equal_splits); });
-  auto chunks = received.view({size_, output.numel()});
-  // Sum in rank order, in the input dtype (callers pass FP32 to keep precision).
-  auto flat_out = output.view({-1});
-  flat_out.copy_(chunks[0]);
-  for (int r = 1; r < size_; ++r) flat_out.add_(chunks[r]);
+  if (size_ > 1) all_reduce(input, ReduceOp::kSum);
+  output.view({-1}).copy_(input.view({-1}).narrow(0, rank_ * output.numel(), output.numel()));
 }
 
 void GlooGroup::broadcast(torch::Tensor& tensor, int root) {
