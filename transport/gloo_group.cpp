@@ -72,13 +72,21 @@ void GlooGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
   check_cpu_contiguous(input, "all_gather input");
   TORCH_CHECK(output.numel() == input.numel() * size_ && output.dtype() == input.dtype(),
               "gloo all_gather: output must hold size x input elements of the same dtype, got ",
-              output.sizes(), " and ", input.sizes());
+              output.sizes(), " and ", output.sizes());
   const int64_t n = input.numel();
-  std::vector<torch::Tensor> inputs{as_movable(input).view({-1})};
-  std::vector<std::vector<torch::Tensor>> outputs(1);
-  auto flat = as_movable(output).view({-1});
-  for (int r = 0; r < size_; ++r) outputs[0].push_back(flat.narrow(0, r * n, n));
-  run("all_gather", [&] { return group_->allgather(outputs, inputs); });
+  auto flat = output.view({-1});
+  if (size_ == 1) {
+    flat.copy_(input.view({-1}));
+    return;
+  }
+  // c10d Gloo's allgather ran at less than half the speed of its ring all-reduce here
+  // (bench_engine). So: zero the output, place this rank's piece, and sum-reduce the raw
+  // bytes as int32 words (exact: every word is non-zero on at most one rank).
+  flat.zero_();
+  flat.narrow(0, rank_ * n, n).copy_(input.view({-1}));
+  const int64_t bytes = output.numel() * static_cast<int64_t>(output.element_size());
+  auto words = bytes % 4 == 0 ? flat.view(torch::kByte).view(torch::kInt) : flat.view(torch::kByte);
+  all_reduce(words, ReduceOp::kSum);
 }
 
 void GlooGroup::reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
