@@ -140,6 +140,9 @@ const std::vector<BadCase>& bad_cases() {
   return kCases;
 }
 
+// Shown by GoogleTest (and ctest) instead of the struct's bytes.
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
 class BadSpec : public testing::TestWithParam<BadCase> {};
 
 TEST_P(BadSpec, ReportsPathAndMessage) {

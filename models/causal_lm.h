@@ -1,0 +1,107 @@
+// The Llama-family decoder with an LM head (actor, reference) or a scalar value head
+// (critic, reward), parameters named as in HF checkpoints. Forward calls the trainer's
+// LayerHooks around each unit and can checkpoint each decoder layer. Loading and saving
+// live in pretrained.h; sampling lives in rollout/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+
+#include "models/config.h"
+#include "models/decoder_layer.h"
+#include "models/layer_hooks.h"
+
+namespace rlhf::models {
+
+class KvCache;
+
+enum class Checkpointing {
+  kNone,      // keep every activation (inference, or when memory allows)
+  kPerLayer,  // keep only each decoder layer's input; recompute the layer in backward
+};
+
+class CausalLM : public torch::nn::Module, public ShardableModel {
+ public:
+  // Parameters are allocated (FP32, CPU) and initialised by init_weights(0); callers
+  // convert with to(dtype/device) or overwrite with load_pretrained().
+  explicit CausalLM(ModelConfig config);
+
+  const ModelConfig& config() const { return config_; }
+  torch::Dtype dtype() const;
+  torch::Device device() const;
+  int64_t num_layers() const { return config_.num_hidden_layers; }
+
+  // HF's _init_weights: normal(0, initializer_range) weights, zero biases, unit norms, zero
+  // padding embedding; a value head gets normal(0, 1/(H+1)) as OpenRLHF's. Uses its own generator (the global RNG is untouched).
+  void init_weights(uint64_t seed);
+
+  // input_ids, attention_mask: [B, T] (with a cache, attention_mask covers cached + new
+  // positions: [B, cache.length() + T]); position_ids: [B, T], or undefined to derive from
+  // the mask (cumsum - 1, as OpenRLHF). Returns the final-normed hidden states [B, T, H].
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
+                        const torch::Tensor& position_ids = {}, KvCache* cache = nullptr);
+
+  // log p(labels[b,t] | hidden[b,t]) through the LM head, in chunks of `chunk` positions:
+  // hidden [B, T, H], labels [B, T] -> [B, T] FP32.
+  torch::Tensor log_probs(const torch::Tensor& hidden, const torch::Tensor& labels, int64_t chunk = 256);
+  // Log-probs of each next token: hidden [B, T, H], input_ids [B, T] -> [B, T-1] FP32
+  // (OpenRLHF's action log-probs before the action mask).
+  torch::Tensor next_token_log_probs(const torch::Tensor& hidden, const torch::Tensor& input_ids,
+                                     int64_t chunk = 256);
+  // Full logits in the compute dtype, [B, T, H] -> [B, T, V]: for sampling a few positions.
+  torch::Tensor logits(const torch::Tensor& hidden);
+  // Value head: [B, T, H] -> [B, T] FP32.
+  torch::Tensor values(const torch::Tensor& hidden);
+
+  void set_checkpointing(Checkpointing mode) { checkpointing_ = mode; }
+  Checkpointing checkpointing() const { return checkpointing_; }
+
+  // The tensors a checkpoint holds, by HF name (a tied lm_head is not listed).
+  std::vector<std::pair<std::string, torch::Tensor>> state_tensors();
+
+  // ShardableModel. Units: 0 = embeddings, 1..L = decoder layers, L+1 = final norm and head.
+  // With tie_word_embeddings the head reads unit 0's embedding matrix (listed in unit 0 only).
+  std::vector<ParamUnit> param_units() override;
+  void set_layer_hooks(LayerHooks* hooks) override { hooks_ = hooks; }
+  LayerHooks* layer_hooks() const { return hooks_; }
+
+  torch::Tensor head_weight();  // [V, H] LM head (the embedding matrix when tied) or [1, H]
+
+  // Modules (public so tests and the trainer can reach parameters by name).
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};  // DecoderLayerImpl x L
+  std::shared_ptr<RMSNormImpl> norm;
+  torch::nn::Linear lm_head{nullptr};     // absent when tied or for a value head
+  torch::nn::Linear value_head{nullptr};  // "<value_head_prefix>.weight", [1, H]
+
+ private:
+  torch::Tensor run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in, KvCache* cache);
+  void before(int unit) {
+    if (hooks_) hooks_->before_forward(unit);
+  }
+  void after(int unit) {
+    if (hooks_) hooks_->after_forward(unit);
+  }
+
+  ModelConfig config_;
+  Checkpointing checkpointing_ = Checkpointing::kNone;
+  LayerHooks* hooks_ = nullptr;
+};
+
+// OpenRLHF's position ids: cumsum(mask) - 1, with padding positions set to 1. [B, T] -> [B, T].
+torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask);
+
+// A reward per sequence: values [B, T] at each row's last non-padding position of
+// attention_mask [B, T] -> [B] (OpenRLHF's eos_indices gather).
+torch::Tensor last_token_values(const torch::Tensor& values, const torch::Tensor& attention_mask);
+
+}  // namespace rlhf::models

@@ -1,0 +1,286 @@
+// HF config.json <-> ModelConfig, and the init-model presets. Field meanings follow
+// transformers' LlamaConfig / MistralConfig / Qwen2Config.
+#include "models/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/errors.h"
+
+namespace rlhf::models {
+
+namespace {
+
+using nlohmann::json;
+
+const char* const kModelTypes[] = {"llama", "mistral", "qwen2"};
+
+// "Llama" for model_type "llama": the class-name prefix transformers uses.
+std::string class_prefix(const std::string& model_type) {
+  if (model_type == "llama") return "Llama";
+  if (model_type == "mistral") return "Mistral";
+  return "Qwen2";
+}
+
+template <typename T>
+T get_or(const json& j, const char* key, T fallback, const std::string& source) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    throw InputError(source + ": key \"" + key + "\" has the wrong type (" + it->dump() + ")");
+  }
+}
+
+template <typename T>
+T require(const json& j, const char* key, const std::string& source) {
+  if (!j.contains(key) || j[key].is_null()) throw InputError(source + ": missing required key \"" + key + "\"");
+  return get_or<T>(j, key, T{}, source);
+}
+
+// First id of a token-id field that may be a number or a list (Llama 3's eos_token_id).
+int64_t token_id(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return -1;
+  if (it->is_array()) return it->empty() ? -1 : (*it)[0].get<int64_t>();
+  return it->get<int64_t>();
+}
+
+RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
+  RopeScaling r;
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return r;
+  if (!it->is_object()) throw InputError(source + ": rope_scaling must be an object or null");
+  std::string type = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", source), source);
+  if (type == "default") return r;
+  if (type == "linear") {
+    r.type = RopeScalingType::kLinear;
+    r.factor = require<double>(*it, "factor", source + ": rope_scaling");
+  } else if (type == "llama3") {
+    r.type = RopeScalingType::kLlama3;
+    const std::string where = source + ": rope_scaling";
+    r.factor = require<double>(*it, "factor", where);
+    r.low_freq_factor = require<double>(*it, "low_freq_factor", where);
+    r.high_freq_factor = require<double>(*it, "high_freq_factor", where);
+    r.original_max_position_embeddings = require<int64_t>(*it, "original_max_position_embeddings", where);
+    if (r.high_freq_factor <= r.low_freq_factor)
+      throw InputError(where + ": high_freq_factor must exceed low_freq_factor");
+  } else {
+    throw InputError(source + ": rope_scaling type \"" + type +
+                     "\" is not supported (supported: default, linear, llama3)");
+  }
+  return r;
+}
+
+void parse_architectures(const json& j, ModelConfig& c, const std::string& source) {
+  c.architectures = get_or<std::vector<std::string>>(j, "architectures", {}, source);
+  const std::string prefix = class_prefix(c.model_type);
+  c.head = HeadKind::kLanguageModel;
+  for (const auto& a : c.architectures) {
+    if (a == prefix + "ForCausalLM") continue;
+    if (a == prefix + "ForSequenceClassification") {
+      c.head = HeadKind::kValue;
+      continue;
+    }
+    throw InputError(source + ": architecture \"" + a + "\" is not supported for model_type \"" + c.model_type +
+                     "\" (supported: " + prefix + "ForCausalLM, " + prefix + "ForSequenceClassification)");
+  }
+  if (c.architectures.empty()) c.architectures = {prefix + "ForCausalLM"};
+  if (j.contains("value_head_prefix")) {
+    c.value_head_prefix = get_or<std::string>(j, "value_head_prefix", "score", source);
+    c.head = HeadKind::kValue;
+  }
+  if (c.head == HeadKind::kValue) {
+    int64_t labels = j.contains("id2label") && j["id2label"].is_object() ? j["id2label"].size() : 1;
+    labels = get_or<int64_t>(j, "num_labels", labels, source);
+    if (labels != 1)
+      throw InputError(source + ": a value head has 1 output; config has " + std::to_string(labels) + " labels");
+  }
+}
+
+}  // namespace
+
+ModelConfig ModelConfig::from_json_text(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InputError(source + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw InputError(source + ": expected a JSON object");
+  ModelConfig c;
+  c.original_json = text;
+  c.model_type = require<std::string>(j, "model_type", source);
+  bool known = false;
+  for (const char* t : kModelTypes) known |= c.model_type == t;
+  if (!known)
+    throw InputError(source + ": model_type \"" + c.model_type + "\" is not supported (supported: llama, mistral, qwen2)");
+  parse_architectures(j, c, source);
+  const std::string act = get_or<std::string>(j, "hidden_act", "silu", source);
+  if (act != "silu" && act != "swish")
+    throw InputError(source + ": hidden_act \"" + act + "\" is not supported (supported: silu)");
+  c.hidden_size = require<int64_t>(j, "hidden_size", source);
+  c.intermediate_size = require<int64_t>(j, "intermediate_size", source);
+  c.num_hidden_layers = require<int64_t>(j, "num_hidden_layers", source);
+  c.num_attention_heads = require<int64_t>(j, "num_attention_heads", source);
+  c.num_key_value_heads = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
+  c.vocab_size = require<int64_t>(j, "vocab_size", source);
+  c.head_dim = get_or<int64_t>(j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0,
+                               source);
+  c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, source);
+  c.rope_theta = get_or<double>(j, "rope_theta", 10000.0, source);
+  c.rope_scaling = parse_rope_scaling(j, source);
+  c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048, source);
+  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, source);
+  c.initializer_range = get_or<double>(j, "initializer_range", 0.02, source);
+  c.torch_dtype = get_or<std::string>(j, "torch_dtype", "float32", source);
+  c.mlp_bias = get_or<bool>(j, "mlp_bias", false, source);
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2Attention: q/k/v always biased, o_proj never
+    c.o_proj_bias = false;
+    if (get_or<bool>(j, "use_sliding_window", false, source))
+      throw InputError(source + ": use_sliding_window=true is not supported for qwen2");
+  } else {
+    c.qkv_bias = c.o_proj_bias = get_or<bool>(j, "attention_bias", false, source);
+  }
+  if (c.model_type == "mistral") c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, source);
+  if (get_or<double>(j, "attention_dropout", 0.0, source) != 0.0)
+    throw InputError(source + ": attention_dropout > 0 is not supported (checkpointed training replays no dropout)");
+  c.bos_token_id = token_id(j, "bos_token_id");
+  c.eos_token_id = token_id(j, "eos_token_id");
+  c.pad_token_id = token_id(j, "pad_token_id");
+  c.validate(source);
+  return c;
+}
+
+ModelConfig ModelConfig::from_json_file(const std::string& path) {
+  std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p)) p /= "config.json";
+  std::ifstream in(p);
+  if (!in) throw InputError(p.string() + ": cannot open model config");
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_json_text(text.str(), p.string());
+}
+
+void ModelConfig::validate(const std::string& source) const {
+  auto positive = [&](int64_t v, const char* key) {
+    if (v <= 0) throw InputError(source + ": " + key + " must be positive, got " + std::to_string(v));
+  };
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_hidden_layers, "num_hidden_layers");
+  positive(num_attention_heads, "num_attention_heads");
+  positive(num_key_value_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(vocab_size, "vocab_size");
+  if (num_attention_heads % num_key_value_heads != 0)
+    throw InputError(source + ": num_attention_heads (" + std::to_string(num_attention_heads) +
+                     ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")");
+  if (head_dim % 2 != 0) throw InputError(source + ": head_dim must be even for rotary embeddings");
+  if (head == HeadKind::kValue && value_head_prefix.find('.') != std::string::npos)
+    throw InputError(source + ": value_head_prefix \"" + value_head_prefix + "\" may not contain '.'");
+}
+
+std::string ModelConfig::to_json_text() const {
+  json j = original_json.empty() ? json::object() : json::parse(original_json);
+  const std::string prefix = class_prefix(model_type);
+  j["model_type"] = model_type;
+  j["architectures"] = {prefix + (head == HeadKind::kValue ? "ForSequenceClassification" : "ForCausalLM")};
+  j["hidden_act"] = "silu";
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  if (rope_scaling.type == RopeScalingType::kNone) {
+    j["rope_scaling"] = nullptr;
+  } else if (rope_scaling.type == RopeScalingType::kLinear) {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+  } else {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", rope_scaling.factor},
+                         {"low_freq_factor", rope_scaling.low_freq_factor},
+                         {"high_freq_factor", rope_scaling.high_freq_factor},
+                         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  }
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["vocab_size"] = vocab_size;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  if (model_type != "qwen2") j["attention_bias"] = qkv_bias;
+  if (model_type == "llama") j["mlp_bias"] = mlp_bias;
+  if (model_type == "mistral") j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  j["attention_dropout"] = 0.0;
+  j["initializer_range"] = initializer_range;
+  j["torch_dtype"] = torch_dtype;
+  auto put_id = [&](const char* key, int64_t id) {
+    if (id >= 0 && !(j.contains(key) && j[key].is_array())) j[key] = id;
+  };
+  put_id("bos_token_id", bos_token_id);
+  put_id("eos_token_id", eos_token_id);
+  put_id("pad_token_id", pad_token_id);
+  if (head == HeadKind::kValue) {
+    j["num_labels"] = 1;
+    j["id2label"] = {{"0", "LABEL_0"}};
+    j["label2id"] = {{"LABEL_0", 0}};
+    if (value_head_prefix != "score") j["value_head_prefix"] = value_head_prefix;
+  }
+  return j.dump(2) + "\n";
+}
+
+int64_t ModelConfig::num_parameters() const {
+  const int64_t H = hidden_size, I = intermediate_size, q = num_attention_heads * head_dim,
+                kv = num_key_value_heads * head_dim;
+  int64_t layer = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
+  if (qkv_bias) layer += q + 2 * kv;
+  if (o_proj_bias) layer += H;
+  if (mlp_bias) layer += 2 * I + H;
+  int64_t total = vocab_size * H + num_hidden_layers * layer + H;
+  if (head == HeadKind::kValue) total += H;
+  else if (!tie_word_embeddings) total += vocab_size * H;
+  return total;
+}
+
+std::vector<std::string> preset_names() { return {"tiny", "small", "100m"}; }
+
+ModelConfig preset_config(const std::string& name) {
+  ModelConfig c;  // defaults are the tiny preset
+  c.bos_token_id = 257;  // the byte tokenizer's <s>, </s>, <pad> (see bytetok format)
+  c.eos_token_id = 258;
+  c.pad_token_id = 256;
+  c.torch_dtype = "bfloat16";
+  if (name == "tiny") return c;
+  if (name == "small") {  // ~3.5M parameters
+    c.hidden_size = 256;
+    c.intermediate_size = 688;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 4;
+    c.head_dim = 32;
+    return c;
+  }
+  if (name == "100m") {  // ~100M parameters, Llama-3.2-style tied embeddings
+    c.hidden_size = 768;
+    c.intermediate_size = 2048;
+    c.num_hidden_layers = 12;
+    c.num_attention_heads = 12;
+    c.num_key_value_heads = 4;
+    c.head_dim = 64;
+    c.vocab_size = 32000;
+    c.tie_word_embeddings = true;
+    c.rope_theta = 500000.0;
+    return c;
+  }
+  std::string names;
+  for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+  throw InputError("unknown model preset \"" + name + "\" (presets: " + names + ")");
+}
+
+}  // namespace rlhf::models

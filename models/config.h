@@ -1,0 +1,77 @@
+// The model configuration read from (and written to) an HF config.json for the Llama family
+// (llama, mistral, qwen2), and the built-in presets `rlhf init-model` writes. Anything the
+// model cannot honour (architecture, activation, RoPE scaling type, ...) is an InputError
+// naming it, never a silently different model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rlhf::models {
+
+// Which head sits on the final norm.
+enum class HeadKind {
+  kLanguageModel,  // lm_head: [V, H] (actor, reference); tied to embeddings when asked
+  kValue,          // <value_head_prefix>.weight: [1, H] (critic, reward)
+};
+
+enum class RopeScalingType { kNone, kLinear, kLlama3 };
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;                  // llama3
+  double high_freq_factor = 4.0;                 // llama3
+  int64_t original_max_position_embeddings = 8192;  // llama3
+};
+
+struct ModelConfig {
+  std::string model_type = "llama";  // llama | mistral | qwen2
+  std::vector<std::string> architectures = {"LlamaForCausalLM"};
+  int64_t hidden_size = 64;
+  int64_t intermediate_size = 176;
+  int64_t num_hidden_layers = 2;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 2;  // < num_attention_heads: grouped-query attention
+  int64_t head_dim = 16;            // hidden_size / num_attention_heads unless given
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 2048;
+  int64_t vocab_size = 288;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;    // attention_bias (llama), always on for qwen2
+  bool o_proj_bias = false; // attention_bias (llama); never for qwen2
+  bool mlp_bias = false;
+  int64_t sliding_window = 0;  // 0: full attention (mistral may set a window)
+  double initializer_range = 0.02;
+  std::string torch_dtype = "bfloat16";
+  int64_t bos_token_id = -1;  // -1: absent
+  int64_t eos_token_id = -1;
+  int64_t pad_token_id = -1;
+  HeadKind head = HeadKind::kLanguageModel;
+  std::string value_head_prefix = "score";  // OpenRLHF's value_head_prefix
+
+  // Parses an HF config.json object (text). `source` names it in errors.
+  static ModelConfig from_json_text(const std::string& text, const std::string& source);
+  // Reads DIR/config.json or a path to a config file. Throws InputError.
+  static ModelConfig from_json_file(const std::string& path);
+
+  // HF-shaped config.json text; keys of the file this config was read from that the model
+  // does not use are kept as they were.
+  std::string to_json_text() const;
+
+  // Throws InputError when fields are inconsistent (heads not dividing, ...).
+  void validate(const std::string& source) const;
+
+  int64_t num_parameters() const;  // exact count, heads included
+
+  std::string original_json;  // the parsed file, for round trips ("" when built in code)
+};
+
+// Built-in presets for init-model: "tiny" (tests), "small", "100m" (benchmarks).
+std::vector<std::string> preset_names();
+ModelConfig preset_config(const std::string& name);  // throws InputError listing presets
+
+}  // namespace rlhf::models

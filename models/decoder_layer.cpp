@@ -1,0 +1,153 @@
+// Llama decoder layer; see decoder_layer.h. Numerics follow transformers' modeling_llama:
+// RMSNorm statistics and softmax in FP32, matmuls in the parameters' dtype.
+#include "models/decoder_layer.h"
+
+#include <cmath>
+#include <limits>
+
+#include <torch/version.h>
+
+#include "models/kv_cache.h"
+
+namespace rlhf::models {
+
+namespace {
+
+// HF's inv_freq: 1 / theta^(2i/D), then the rope_scaling adjustment, all in FP32.
+torch::Tensor inverse_frequencies(const ModelConfig& c) {
+  const int64_t D = c.head_dim;
+  auto exponents = torch::arange(0, D, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(D);
+  torch::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type == RopeScalingType::kLinear) return inv_freq / r.factor;
+  if (r.type != RopeScalingType::kLlama3) return inv_freq;
+  // Llama 3.1 frequency-dependent scaling (transformers _compute_llama3_parameters).
+  const double old_len = static_cast<double>(r.original_max_position_embeddings);
+  const double low_wavelen = old_len / r.low_freq_factor;
+  const double high_wavelen = old_len / r.high_freq_factor;
+  auto wavelen = 2 * M_PI / inv_freq;
+  auto scaled = torch::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
+  auto smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  auto smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
+// [..., D] -> [..., D]: (-x2, x1) for halves x1, x2.
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// [B, kv, S, D] -> [B, kv * rep, S, D], each kv head repeated rep times (HF repeat_kv).
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t rep) {
+  if (rep == 1) return x;
+  const auto B = x.size(0), kv = x.size(1), S = x.size(2), D = x.size(3);
+  return x.unsqueeze(2).expand({B, kv, rep, S, D}).reshape({B, kv * rep, S, D});
+}
+
+// q: [B, nh, T, D], k/v: [B, nh, S, D] -> [B, nh, T, D].
+torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const torch::Tensor& mask) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
+#else
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) * scale;  // [B, nh, T, S]
+  auto probs = torch::softmax(scores.to(torch::kFloat32) + mask, -1).to(q.scalar_type());
+  return torch::matmul(probs, v);
+#endif
+}
+
+}  // namespace
+
+bool uses_fused_attention() { return TORCH_VERSION_MAJOR >= 2; }
+
+void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids, torch::Dtype dtype,
+                   torch::Tensor& cos, torch::Tensor& sin) {
+  TORCH_CHECK(position_ids.dim() == 2, "position_ids must be [B, T], got ", position_ids.sizes());
+  auto inv_freq = inverse_frequencies(config).to(position_ids.device());
+  auto freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
+  auto emb = torch::cat({freqs, freqs}, -1);                                   // [B, T, D]
+  cos = emb.cos().to(dtype);
+  sin = emb.sin().to(dtype);
+}
+
+torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t past, int64_t T,
+                                    int64_t sliding_window) {
+  const int64_t S = past + T;
+  TORCH_CHECK(attention_mask.dim() == 2 && attention_mask.size(1) == S, "attention_mask must be [B, ", S,
+              "] (cached + new positions), got ", attention_mask.sizes());
+  auto opts = torch::TensorOptions().dtype(torch::kInt64).device(attention_mask.device());
+  auto q_pos = torch::arange(past, S, opts).unsqueeze(1);  // [T, 1]
+  auto k_pos = torch::arange(0, S, opts).unsqueeze(0);     // [1, S]
+  auto allowed = k_pos <= q_pos;                            // [T, S]
+  if (sliding_window > 0) allowed = allowed.logical_and(q_pos - k_pos < sliding_window);
+  auto keys_present = attention_mask.to(torch::kBool).unsqueeze(1);  // [B, 1, S]
+  auto mask = allowed.unsqueeze(0).logical_and(keys_present).logical_or(k_pos == q_pos);  // [B, T, S]
+  mask = mask.unsqueeze(1);                                                                // [B, 1, T, S]
+  if (uses_fused_attention()) return mask;
+  auto bias = torch::zeros(mask.sizes(), mask.options().dtype(torch::kFloat32));
+  return bias.masked_fill_(mask.logical_not(), std::numeric_limits<float>::lowest());
+}
+
+RMSNormImpl::RMSNormImpl(int64_t hidden, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({hidden}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto xf = x.to(torch::kFloat32);
+  auto variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (xf * torch::rsqrt(variance + eps_)).to(x.scalar_type());
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& c)
+    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  using torch::nn::LinearOptions;
+  q_proj = register_module("q_proj", torch::nn::Linear(LinearOptions(c.hidden_size, heads_ * head_dim_).bias(c.qkv_bias)));
+  k_proj = register_module("k_proj", torch::nn::Linear(LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(c.qkv_bias)));
+  v_proj = register_module("v_proj", torch::nn::Linear(LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(c.qkv_bias)));
+  o_proj = register_module("o_proj", torch::nn::Linear(LinearOptions(heads_ * head_dim_, c.hidden_size).bias(c.o_proj_bias)));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
+                                     int64_t layer_index) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = q_proj->forward(x).view({B, T, heads_, head_dim_}).transpose(1, 2);     // [B, nh, T, D]
+  auto k = k_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);  // [B, kv, T, D]
+  auto v = v_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);  // [B, kv, T, D]
+  auto cos = in.cos.unsqueeze(1), sin = in.sin.unsqueeze(1);                         // [B, 1, T, D]
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  if (cache) std::tie(k, v) = cache->append(layer_index, k, v);  // [B, kv, S, D]
+  const int64_t rep = heads_ / kv_heads_;
+  auto out = attend(q, repeat_kv(k, rep), repeat_kv(v, rep), in.mask);  // [B, nh, T, D]
+  return o_proj->forward(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+}
+
+MlpImpl::MlpImpl(const ModelConfig& c) {
+  using torch::nn::LinearOptions;
+  gate_proj = register_module("gate_proj", torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
+  up_proj = register_module("up_proj", torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
+  down_proj = register_module("down_proj", torch::nn::Linear(LinearOptions(c.intermediate_size, c.hidden_size).bias(c.mlp_bias)));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
+  self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c));
+  mlp = register_module("mlp", std::make_shared<MlpImpl>(c));
+  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
+                                        int64_t layer_index) {
+  auto h = x + self_attn->forward(input_layernorm->forward(x), in, cache, layer_index);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+}  // namespace rlhf::models

@@ -1,0 +1,80 @@
+// The Llama decoder layer and its parts (RMSNorm, rotary embeddings, grouped-query
+// attention, SwiGLU MLP), as modules whose parameter names match HF checkpoints. Does not
+// own checkpointing or hooks: causal_lm.cpp wraps layers in those.
+#pragma once
+
+#include <memory>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/types.h>
+
+#include "models/config.h"
+
+namespace rlhf::models {
+
+class KvCache;
+
+// What every layer of one forward shares: rotary tables and the attention mask.
+struct AttentionInputs {
+  torch::Tensor cos;   // [B, T, head_dim] compute dtype
+  torch::Tensor sin;   // [B, T, head_dim] compute dtype
+  torch::Tensor mask;  // [B, 1, T, S], S = cached + T: FP32 additive (0 / lowest) for the
+                       // explicit path, bool (true = attend) for fused SDPA (torch >= 2)
+};
+
+// Builds cos/sin for position_ids [B, T] (FP32 math, then cast to `dtype`), following HF's
+// default, linear and llama3 RoPE parameterisations.
+void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids, torch::Dtype dtype,
+                   torch::Tensor& cos, torch::Tensor& sin);
+
+// The mask for queries at positions [past, past + T) over keys [0, past + T), from
+// attention_mask [B, past + T] (1 = token, 0 = padding): causal, padding keys hidden,
+// optional sliding window; each query always sees itself so no row is empty (rows of
+// padding queries are garbage but finite, as in HF).
+torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t past, int64_t T,
+                                    int64_t sliding_window);
+
+// True when attention uses LibTorch's fused scaled_dot_product_attention (torch >= 2).
+bool uses_fused_attention();
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t hidden, double eps);
+  torch::Tensor forward(const torch::Tensor& x);  // [..., H] -> [..., H], statistics in FP32
+  torch::Tensor weight;                           // [H]
+
+ private:
+  double eps_;
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& config);
+  // x: [B, T, H] -> [B, T, H]. With a cache, this step's keys/values are appended to layer
+  // `layer_index` and attention runs over everything cached.
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache, int64_t layer_index);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x)), [B, T, H]
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const ModelConfig& config);
+  // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)).
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache, int64_t layer_index);
+  std::shared_ptr<AttentionImpl> self_attn;
+  std::shared_ptr<MlpImpl> mlp;
+  std::shared_ptr<RMSNormImpl> input_layernorm, post_attention_layernorm;
+};
+
+}  // namespace rlhf::models

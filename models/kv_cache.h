@@ -1,0 +1,49 @@
+// Per-layer key/value cache for incremental decoding: preallocated [B, kv_heads, capacity,
+// head_dim] buffers that each layer appends to. Does not decide what to evict or how
+// sequences are batched: that is rollout/'s job.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "models/config.h"
+
+namespace rlhf::models {
+
+class KvCache {
+ public:
+  KvCache(const ModelConfig& config, int64_t batch, int64_t capacity, torch::Dtype dtype,
+          torch::Device device = torch::kCPU);
+
+  int64_t batch() const { return batch_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t length() const { return length_; }  // positions filled in every layer
+  int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
+
+  // Writes this step's keys/values k, v: [B, kv_heads, T, head_dim] at positions
+  // [length, length + T) of `layer` and returns all keys/values so far, each
+  // [B, kv_heads, length + T, head_dim] (views). Throws when capacity would be exceeded.
+  std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k,
+                                                 const torch::Tensor& v);
+  // Marks the T positions appended by every layer as filled (the model calls this once
+  // per forward, after the last layer).
+  void advance(int64_t steps);
+
+  // Keys/values of positions [begin, end) of `layer`: [B, kv_heads, end - begin, head_dim].
+  torch::Tensor keys(int64_t layer, int64_t begin, int64_t end) const;
+  torch::Tensor values(int64_t layer, int64_t begin, int64_t end) const;
+
+  void reset() { length_ = 0; }  // keeps the buffers
+
+ private:
+  int64_t batch_;
+  int64_t capacity_;
+  int64_t length_ = 0;
+  std::vector<torch::Tensor> keys_;    // per layer [B, kv_heads, capacity, head_dim]
+  std::vector<torch::Tensor> values_;  // per layer [B, kv_heads, capacity, head_dim]
+};
+
+}  // namespace rlhf::models

@@ -1,0 +1,48 @@
+// HF model directories <-> CausalLM: config.json plus safetensors (single or sharded).
+// Loading checks every tensor (missing, unexpected, wrong shape: one error listing them
+// all) and converts dtypes. Tokenizer files are not read here (tokenizer/ does that).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <torch/types.h>
+
+#include "models/causal_lm.h"
+#include "models/config.h"
+#include "models/safetensors.h"
+
+namespace rlhf::models {
+
+// "bfloat16"/"bf16", "float32"/"fp32", "float16"/"fp16" -> dtype; InputError otherwise.
+torch::Dtype dtype_from_name(const std::string& name);
+std::string dtype_hf_name(torch::Dtype dtype);  // "bfloat16", "float32", "float16"
+
+struct LoadOptions {
+  std::optional<torch::Dtype> dtype;  // default: config.json's torch_dtype
+  torch::Device device = torch::kCPU;
+  // Force a head (e.g. a critic from an actor checkpoint). A value head absent from the
+  // checkpoint is then freshly initialised (OpenRLHF's critic init) and lm_head.weight
+  // is ignored; otherwise the head must be in the checkpoint.
+  std::optional<HeadKind> head;
+  std::string value_head_prefix;  // "" keeps the config's (default "score")
+};
+
+// Reads DIR/config.json and DIR's safetensors. Throws InputError naming the file and the
+// offending tensors.
+std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options = {});
+
+// Copies a checkpoint's tensors into `model` (converting dtype). Every parameter must be
+// present with its shape; unexpected tensors are an error, except `lm_head.weight` of a
+// tied model, RoPE inv_freq buffers, and the names in `allowed_missing`.
+void load_weights(CausalLM& model, const CheckpointReader& checkpoint,
+                  const std::vector<std::string>& allowed_missing = {},
+                  const std::vector<std::string>& ignored = {});
+
+// Writes DIR/config.json (torch_dtype = the parameters' dtype) and the weights
+// (model.safetensors, or shards + index above max_shard_bytes). Creates DIR.
+void save_pretrained(CausalLM& model, const std::string& dir, uint64_t max_shard_bytes = 4ull << 30);
+
+}  // namespace rlhf::models

@@ -1,0 +1,202 @@
+// CausalLM behaviour the trainer and rollout rely on: checkpointed gradients equal plain
+// ones, hooks fire in the documented order, KV-cache decoding equals a full forward,
+// padding does not change valid positions, chunked log-probs are exact.
+#include "models/causal_lm.h"
+#include "models/kv_cache.h"
+#include "models/log_probs.h"
+#include "test_util.h"
+
+namespace rlhf::models {
+namespace {
+
+using testing::relative_error;
+
+ModelConfig tiny_config() {
+  ModelConfig c = preset_config("tiny");
+  c.torch_dtype = "float32";
+  return c;
+}
+
+std::shared_ptr<CausalLM> tiny_model(HeadKind head = HeadKind::kLanguageModel) {
+  ModelConfig c = tiny_config();
+  c.head = head;
+  auto m = std::make_shared<CausalLM>(c);
+  m->init_weights(3);
+  return m;
+}
+
+torch::Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return torch::randint(0, V, {B, T}, gen, torch::kInt64);
+}
+
+// Next-token loss over the batch and every parameter's gradient afterwards.
+std::vector<torch::Tensor> grads_of_loss(CausalLM& model, const torch::Tensor& ids, const torch::Tensor& mask) {
+  model.zero_grad();
+  auto hidden = model.forward(ids, mask);
+  auto lp = model.next_token_log_probs(hidden, ids, 4);
+  (-lp.sum()).backward();
+  std::vector<torch::Tensor> grads;
+  for (auto& p : model.parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+TEST(CausalLM, CheckpointedGradientsEqualPlainOnes) {
+  torch::set_num_threads(1);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    auto model = tiny_model();
+    model->to(dtype);
+    auto ids = random_ids(2, 9, 288, 1);
+    auto mask = torch::ones_like(ids);
+    mask[0][0] = 0;  // left padding in one row
+    auto plain = grads_of_loss(*model, ids, mask);
+    model->set_checkpointing(Checkpointing::kPerLayer);
+    auto ckpt = grads_of_loss(*model, ids, mask);
+    ASSERT_EQ(plain.size(), ckpt.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      // The recompute runs the same kernels on the same inputs, so the gradients are equal;
+      // 1e-6 of scale (FP32) allows only a different summation order in accumulation.
+      EXPECT_LT(relative_error(ckpt[i], plain[i]), dtype == torch::kFloat32 ? 1e-6 : 1e-2) << i;
+    }
+  }
+}
+
+// Records hook calls as "f+3" (before_forward), "f-3" (after_forward), "b3" (after_backward),
+// and at each after_backward whether that unit's and the previous layer's grads exist.
+class RecordingHooks : public LayerHooks {
+ public:
+  explicit RecordingHooks(CausalLM& m) : model(m) {}
+  void before_forward(int unit) override { events.push_back("f+" + std::to_string(unit)); }
+  void after_forward(int unit) override { events.push_back("f-" + std::to_string(unit)); }
+  void after_backward(int unit) override {
+    events.push_back("b" + std::to_string(unit));
+    auto units = model.param_units();
+    for (const auto& [name, p] : units[unit].params) grads_ready &= p.grad().defined();
+    if (unit > 1)
+      for (const auto& [name, p] : units[unit - 1].params) earlier_layer_untouched &= !p.grad().defined();
+  }
+  CausalLM& model;
+  std::vector<std::string> events;
+  bool grads_ready = true, earlier_layer_untouched = true;
+};
+
+TEST(CausalLM, HooksWrapEveryUnitAndTheRecompute) {
+  torch::set_num_threads(1);
+  auto model = tiny_model();
+  RecordingHooks hooks(*model);
+  model->set_layer_hooks(&hooks);
+  model->set_checkpointing(Checkpointing::kPerLayer);
+  auto ids = random_ids(1, 6, 288, 2);
+  auto hidden = model->forward(ids, torch::ones_like(ids));
+  auto lp = model->next_token_log_probs(hidden, ids);
+  const std::vector<std::string> forward = {"f+0", "f-0", "f+1", "f-1", "f+2", "f-2", "f+3", "f-3", "f+3", "f-3"};
+  EXPECT_EQ(hooks.events, forward);
+  hooks.events.clear();
+  lp.sum().backward();
+  // Layers back-propagate last to first; each recompute is wrapped, then its grads reported.
+  const std::vector<std::string> backward = {"f+2", "f-2", "b2", "f+1", "f-1", "b1"};
+  EXPECT_EQ(hooks.events, backward);
+  EXPECT_TRUE(hooks.grads_ready) << "after_backward(unit) came before the unit's .grad was filled";
+  EXPECT_TRUE(hooks.earlier_layer_untouched) << "layer 1's grads existed before layer 2's after_backward";
+  model->set_layer_hooks(nullptr);
+}
+
+TEST(CausalLM, ParamUnitsCoverEveryParameterOnceWithHfNames) {
+  auto model = tiny_model();
+  auto units = model->param_units();
+  ASSERT_EQ(units.size(), 4u);  // embed, 2 layers, head
+  EXPECT_EQ(units[0].params[0].first, "model.embed_tokens.weight");
+  EXPECT_EQ(units[1].params[0].first.rfind("model.layers.0.", 0), 0u);
+  EXPECT_EQ(units[3].params.back().first, "lm_head.weight");
+  std::map<std::string, torch::Tensor> by_name;
+  for (auto& u : units)
+    for (auto& [n, p] : u.params) EXPECT_TRUE(by_name.emplace(n, p).second) << n << " listed twice";
+  auto named = model->named_parameters();
+  EXPECT_EQ(by_name.size(), named.size());
+  for (const auto& p : named) {
+    ASSERT_TRUE(by_name.count(p.key())) << p.key();
+    EXPECT_TRUE(by_name[p.key()].is_same(p.value())) << p.key() << ": the unit must hold the parameter itself";
+  }
+  auto critic = tiny_model(HeadKind::kValue)->param_units();
+  EXPECT_EQ(critic.back().params.back().first, "score.weight");
+}
+
+TEST(CausalLM, KvCacheDecodeEqualsFullForward) {
+  torch::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  auto model = tiny_model();
+  const int64_t B = 2, T = 10, prompt = 4;
+  auto ids = random_ids(B, T, 288, 3);
+  auto mask = torch::ones_like(ids);
+  mask[1].narrow(0, 0, 2).zero_();  // row 1: left-padded prompt, as rollout batches are
+  auto full = model->forward(ids, mask);
+  KvCache cache(model->config(), B, T, torch::kFloat32);
+  std::vector<torch::Tensor> steps = {model->forward(ids.narrow(1, 0, prompt), mask.narrow(1, 0, prompt), {}, &cache)};
+  for (int64_t t = prompt; t < T; ++t)
+    steps.push_back(model->forward(ids.narrow(1, t, 1), mask.narrow(1, 0, t + 1), {}, &cache));
+  EXPECT_EQ(cache.length(), T);
+  auto decoded = torch::cat(steps, 1);
+  auto valid = mask.to(torch::kBool);
+  // Same math on the same numbers, split differently over matmuls: FP32 rounding only.
+  EXPECT_LT(relative_error(decoded.index({valid}), full.index({valid})), 1e-5);
+  EXPECT_EQ(cache.keys(0, 0, T).sizes(), (std::vector<int64_t>{B, 2, T, 16}));
+  EXPECT_THROW(model->forward(ids.narrow(1, 0, 1), torch::ones({B, T + 1}, torch::kInt64), {}, &cache), c10::Error);
+}
+
+TEST(CausalLM, PaddingLeavesValidPositionsUnchanged) {
+  torch::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  auto model = tiny_model();
+  auto ids = random_ids(1, 6, 288, 4);
+  auto alone = model->forward(ids, torch::ones_like(ids));
+  auto pad = torch::full({1, 3}, 256, torch::kInt64);
+  auto zeros = torch::zeros({1, 3}, torch::kInt64), ones = torch::ones({1, 6}, torch::kInt64);
+  auto left = model->forward(torch::cat({pad, ids}, 1), torch::cat({zeros, ones}, 1)).narrow(1, 3, 6);
+  auto right = model->forward(torch::cat({ids, pad}, 1), torch::cat({ones, zeros}, 1)).narrow(1, 0, 6);
+  // Padding only adds masked keys (exp(-huge) = 0 exactly): FP32 rounding of reordered sums.
+  EXPECT_LT(relative_error(left, alone), 1e-5);
+  EXPECT_LT(relative_error(right, alone), 1e-5);
+}
+
+TEST(ChunkedLogProbs, EqualsFullLogSoftmaxInValueAndGradient) {
+  torch::set_num_threads(1);
+  torch::manual_seed(5);
+  auto hidden = torch::randn({2, 7, 16}, torch::requires_grad());
+  auto weight = torch::randn({50, 16}, torch::requires_grad());
+  auto labels = torch::randint(0, 50, {2, 7}, torch::kInt64);
+  auto g = torch::randn({2, 7});
+  auto ref = torch::log_softmax(torch::matmul(hidden, weight.t()), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1);
+  auto ref_grads = torch::autograd::grad({ref}, {hidden, weight}, {g});
+  for (int64_t chunk : {1, 3, 7, 100}) {
+    auto lp = chunked_log_probs(hidden, weight, labels, chunk);
+    auto grads = torch::autograd::grad({lp}, {hidden, weight}, {g});
+    // Exact formula, FP32: rounding only.
+    EXPECT_LT(relative_error(lp, ref), 1e-6) << chunk;
+    EXPECT_LT(relative_error(grads[0], ref_grads[0]), 1e-5) << chunk;
+    EXPECT_LT(relative_error(grads[1], ref_grads[1]), 1e-5) << chunk;
+  }
+  auto bad = labels.clone();
+  bad[1][3] = 50;  // == V
+  EXPECT_THROW(chunked_log_probs(hidden, weight, bad, 4), c10::Error);
+}
+
+TEST(CausalLM, RewardIsTheValueAtTheLastRealToken) {
+  auto values = torch::tensor({{1.f, 2.f, 3.f, 4.f}, {5.f, 6.f, 7.f, 8.f}, {9.f, 10.f, 11.f, 12.f}});
+  auto mask = torch::tensor({{1, 1, 0, 0}, {0, 1, 1, 1}, {0, 0, 1, 0}}, torch::kInt64);  // right, left, both
+  EXPECT_TRUE(torch::equal(last_token_values(values, mask), torch::tensor({2.f, 8.f, 11.f})));
+  EXPECT_TRUE(torch::equal(position_ids_from_mask(mask),
+                           torch::tensor({{0, 1, 1, 1}, {1, 0, 1, 2}, {1, 1, 0, 1}}, torch::kInt64)));
+}
+
+TEST(CausalLM, HeadsRefuseTheWrongCall) {
+  auto critic = tiny_model(HeadKind::kValue);
+  auto ids = random_ids(1, 4, 288, 6);
+  auto hidden = critic->forward(ids, torch::ones_like(ids));
+  EXPECT_EQ(critic->values(hidden).sizes(), (std::vector<int64_t>{1, 4}));
+  EXPECT_THROW(critic->log_probs(hidden, ids), c10::Error);
+  auto actor = tiny_model();
+  EXPECT_THROW(actor->values(actor->forward(ids, torch::ones_like(ids))), c10::Error);
+}
+
+}  // namespace
+}  // namespace rlhf::models
