@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
   std::printf("corpus: %zu documents, %.2f MB; %u worker threads; hardware threads: %u\n",
               docs.size(), bytes / 1e6, threads, std::thread::hardware_concurrency());
   bench("llama3", ".cache/tokenizers/llama3", docs, bytes / 1e6, threads);
+  bench("qwen1_5", ".cache/tokenizers/qwen1_5", docs, bytes / 1e6, threads);
   bench("mistral", ".cache/tokenizers/mistral", docs, bytes / 1e6, threads);
   bench("sentencepiece", "tests/fixtures/tokenizer/tiny_sp", docs, bytes / 1e6, threads);
   return 0;

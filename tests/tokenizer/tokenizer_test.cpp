@@ -45,7 +45,7 @@ std::vector<TokenId> ids_of(const nlohmann::json& j) {
 }
 
 bool has_special_text(const std::string& text) {
-  for (const char* s : {"<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>"}) {
+  for (const char* s : {"<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>", "<|im_end|>"}) {
     if (text.find(s) != std::string::npos) return true;
   }
   return false;
@@ -88,6 +88,15 @@ TEST(Tokenizer, Gpt2ByteLevelRegexMatchesTokenizersJs) {
   EXPECT_EQ(tok->vocab_size(), 50257);
   EXPECT_EQ(tok->special_ids().eos, 50256);  // <|endoftext|>
   check_family(*tok, "expected_gpt2.json");
+}
+
+TEST(Tokenizer, Qwen15NfcSplitByteLevelMatchesTokenizersJs) {
+  const auto tok = load_tokenizer(fetched("qwen1_5").string());
+  EXPECT_EQ(tok->vocab_size(), 151646);
+  EXPECT_FALSE(tok->special_ids().bos.has_value());  // "bos_token": null
+  EXPECT_EQ(tok->special_ids().eos, 151645);         // <|im_end|>
+  EXPECT_EQ(tok->special_ids().pad, 151643);         // <|endoftext|>
+  check_family(*tok, "expected_qwen1_5.json");
 }
 
 TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
