@@ -84,13 +84,7 @@ size_t encode_range(const tk::Tokenizer& tok, const std::vector<std::string>& do
 double parallel_seconds(const tk::Tokenizer& tok, const std::vector<std::string>& docs,
                         unsigned threads) {
   const auto t0 = Clock::now();
-  std::vector<std::thread> workers;
-  for (unsigned w = 0; w < threads; ++w) {
-    workers.emplace_back([&, w] {
-      encode_range(tok, docs, docs.size() * w / threads, docs.size() * (w + 1) / threads);
-    });
-  }
-  for (auto& t : workers) t.join();
+  tk::encode_batch(tok, docs, tk::AddSpecial::kNo, threads);
   return seconds_since(t0);
 }
 

@@ -90,6 +90,18 @@ TEST(Tokenizer, Gpt2ByteLevelRegexMatchesTokenizersJs) {
   check_family(*tok, "expected_gpt2.json");
 }
 
+TEST(Tokenizer, EncodeBatchKeepsOrderAndRethrows) {
+  const auto tok = load_tokenizer(fetched("gpt2").string());
+  const auto expected = read_json(kFixtures / "expected_gpt2.json")["cases"];
+  std::vector<std::string> texts;
+  for (const auto& c : expected) texts.push_back(c["text"].get<std::string>());
+  const auto batch = encode_batch(*tok, texts, AddSpecial::kNo, 2);
+  ASSERT_EQ(batch.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(batch[i], ids_of(expected[i]["ids"])) << i;
+  texts.back() = "\xFF";  // invalid UTF-8 in the second worker's slice
+  EXPECT_THROW(encode_batch(*tok, texts, AddSpecial::kNo, 2), InputError);
+}
+
 TEST(Tokenizer, Qwen15NfcSplitByteLevelMatchesTokenizersJs) {
   const auto tok = load_tokenizer(fetched("qwen1_5").string());
   EXPECT_EQ(tok->vocab_size(), 151646);
