@@ -75,26 +75,7 @@ HfTokenizer::HfTokenizer(const std::string& path, const TokenizerConfig& config)
     pre_tokenizer_ = PreTokenizer(field(json, "pre_tokenizer"), path);
     decoder_ = Decoder(field(json, "decoder"), path);
     vocab_size_ = model_->size();
-    added_by_first_byte_.resize(256);
-    for (const auto& t : field(json, "added_tokens")) {
-      AddedToken token{t.at("id").get<TokenId>(), t.at("content").get<std::string>(),
-                       t.value("special", false), t.value("lstrip", false),
-                       t.value("rstrip", false),  t.value("single_word", false)};
-      if (token.content.empty())
-        throw InputError(path + ": added token " + std::to_string(token.id) + " is empty");
-      vocab_size_ = std::max<int64_t>(vocab_size_, token.id + 1);
-      added_by_id_[token.id] = added_.size();
-      added_by_content_[token.content] = token.id;
-      added_.push_back(std::move(token));
-    }
-    for (size_t i = 0; i < added_.size(); ++i) {
-      added_by_first_byte_[static_cast<unsigned char>(added_[i].content[0])].push_back(i);
-    }
-    for (auto& bucket : added_by_first_byte_) {
-      std::stable_sort(bucket.begin(), bucket.end(), [&](size_t a, size_t b) {
-        return added_[a].content.size() > added_[b].content.size();
-      });
-    }
+    read_added_tokens(field(json, "added_tokens"), path);
     const auto id_of = [&](const std::optional<std::string>& token) -> std::optional<TokenId> {
       return token ? token_to_id(*token) : std::nullopt;
     };
@@ -114,6 +95,30 @@ HfTokenizer::HfTokenizer(const std::string& path, const TokenizerConfig& config)
     clean_up_spaces_ = config.clean_up_tokenization_spaces;
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": unexpected structure: " + e.what());
+  }
+}
+
+// "added_tokens": matched in the text before normalization, longest first at each position.
+void HfTokenizer::read_added_tokens(const nlohmann::json& added_tokens, const std::string& path) {
+  added_by_first_byte_.resize(256);
+  for (const auto& t : added_tokens) {
+    AddedToken token{t.at("id").get<TokenId>(), t.at("content").get<std::string>(),
+                     t.value("special", false), t.value("lstrip", false),
+                     t.value("rstrip", false),  t.value("single_word", false)};
+    if (token.content.empty())
+      throw InputError(path + ": added token " + std::to_string(token.id) + " is empty");
+    vocab_size_ = std::max<int64_t>(vocab_size_, token.id + 1);
+    added_by_id_[token.id] = added_.size();
+    added_by_content_[token.content] = token.id;
+    added_.push_back(std::move(token));
+  }
+  for (size_t i = 0; i < added_.size(); ++i) {
+    added_by_first_byte_[static_cast<unsigned char>(added_[i].content[0])].push_back(i);
+  }
+  for (auto& bucket : added_by_first_byte_) {
+    std::stable_sort(bucket.begin(), bucket.end(), [&](size_t a, size_t b) {
+      return added_[a].content.size() > added_[b].content.size();
+    });
   }
 }
 
