@@ -162,6 +162,10 @@ TEST(PromptFormat, UnrecognisedTemplateSuggestsInputTemplate) {
   const auto error = input_error([] { chat(ChatTemplate::kAuto, "{{ messages | gemma_style }}"); });
   EXPECT_NE(error.find("unrecognised chat_template"), std::string::npos) << error;
   EXPECT_NE(error.find("data.input_template"), std::string::npos) << error;
+  // Llama-3.1's template adds a dated system prompt: not the Llama-3 format, so not guessed.
+  EXPECT_EQ(detect_chat_template("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+                                 "Date: December 2023<|eot_id|>"),
+            ChatTemplate::kAuto);
   EXPECT_NE(input_error([] { chat(ChatTemplate::kAuto, ""); }).find("no chat_template"),
             std::string::npos);
   EXPECT_NE(input_error([] { parse_chat_template("vicuna"); }).find("chatml, llama3"),
