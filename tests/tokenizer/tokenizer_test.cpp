@@ -45,7 +45,8 @@ std::vector<TokenId> ids_of(const nlohmann::json& j) {
 }
 
 bool has_special_text(const std::string& text) {
-  for (const char* s : {"<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>", "<|im_end|>"}) {
+  for (const char* s : {"<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>", "<|im_start|>",
+                        "<|im_end|>", "<|endoftext|>"}) {
     if (text.find(s) != std::string::npos) return true;
   }
   return false;
@@ -53,7 +54,7 @@ bool has_special_text(const std::string& text) {
 
 // Every case of expected_<family>.json: ids with and without special tokens, decoded text,
 // and decode(encode(x)) == x where the reference round-trips too.
-void check_family(const Tokenizer& tok, const std::string& expected_file) {
+void check_cases(const Tokenizer& tok, const std::string& expected_file) {
   const auto expected = read_json(kFixtures / expected_file);
   ASSERT_GT(expected["cases"].size(), 20u);
   for (const auto& c : expected["cases"]) {
@@ -72,6 +73,13 @@ void check_family(const Tokenizer& tok, const std::string& expected_file) {
   }
 }
 
+// expected_<name>.json (texts.json) and expected_<name>_random.json (random_texts.json:
+// 150 seeded random strings), both made by tokenizers.js.
+void check_family(const Tokenizer& tok, const std::string& name) {
+  check_cases(tok, "expected_" + name + ".json");
+  check_cases(tok, "expected_" + name + "_random.json");
+}
+
 TEST(Tokenizer, Llama3ByteLevelBpeMatchesTokenizersJs) {
   const auto tok = load_tokenizer(fetched("llama3").string());
   EXPECT_EQ(tok->kind(), "hf-bpe");
@@ -80,14 +88,14 @@ TEST(Tokenizer, Llama3ByteLevelBpeMatchesTokenizersJs) {
   EXPECT_EQ(tok->special_ids().eos, 128001);  // <|end_of_text|>
   EXPECT_EQ(tok->token_to_id("<|eot_id|>"), 128009);
   EXPECT_EQ(tok->token_to_id("Hello"), 9906);
-  check_family(*tok, "expected_llama3.json");
+  check_family(*tok, "llama3");
 }
 
 TEST(Tokenizer, Gpt2ByteLevelRegexMatchesTokenizersJs) {
   const auto tok = load_tokenizer(fetched("gpt2").string());
   EXPECT_EQ(tok->vocab_size(), 50257);
   EXPECT_EQ(tok->special_ids().eos, 50256);  // <|endoftext|>
-  check_family(*tok, "expected_gpt2.json");
+  check_family(*tok, "gpt2");
 }
 
 TEST(Tokenizer, EncodeBatchKeepsOrderAndRethrows) {
@@ -108,7 +116,7 @@ TEST(Tokenizer, Qwen15NfcSplitByteLevelMatchesTokenizersJs) {
   EXPECT_FALSE(tok->special_ids().bos.has_value());  // "bos_token": null
   EXPECT_EQ(tok->special_ids().eos, 151645);         // <|im_end|>
   EXPECT_EQ(tok->special_ids().pad, 151643);         // <|endoftext|>
-  check_family(*tok, "expected_qwen1_5.json");
+  check_family(*tok, "qwen1_5");
 }
 
 TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
@@ -119,7 +127,7 @@ TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
   EXPECT_EQ(tok->special_ids().unk, 0);
   EXPECT_FALSE(tok->special_ids().pad.has_value());  // "pad_token": null
   EXPECT_EQ(tok->token_to_id("<0x0A>"), 13);         // "\n" through byte fallback
-  check_family(*tok, "expected_mistral.json");
+  check_family(*tok, "mistral");
 }
 
 // Mistral's files with the Metaspace pre-tokenizer (prepend_scheme "first") and decoder that
@@ -134,7 +142,7 @@ TEST(Tokenizer, MetaspacePreTokenizerMatchesTokenizersJs) {
   std::ofstream(dir / "tokenizer.json") << json.dump();
   fs::copy_file(source / "tokenizer_config.json", dir / "tokenizer_config.json",
                 fs::copy_options::overwrite_existing);
-  check_family(*load_tokenizer(dir.string()), "expected_mistral_metaspace.json");
+  check_family(*load_tokenizer(dir.string()), "mistral_metaspace");
 }
 
 TEST(Tokenizer, SentencePieceModelMatchesSentencePieceLibrary) {
@@ -143,7 +151,7 @@ TEST(Tokenizer, SentencePieceModelMatchesSentencePieceLibrary) {
   EXPECT_EQ(tok->vocab_size(), 700);
   EXPECT_EQ(tok->special_ids().bos, 1);
   EXPECT_EQ(tok->special_ids().eos, 2);
-  check_family(*tok, "expected_sentencepiece.json");
+  check_cases(*tok, "expected_sentencepiece.json");
 }
 
 TEST(Tokenizer, ByteTokenizerFromTokenizerConfig) {
