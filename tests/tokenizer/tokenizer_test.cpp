@@ -1,6 +1,6 @@
 // Real tokenizer files against ids from independent implementations (see
 // tests/fixtures/tokenizer/README.md): Llama-3's and GPT-2's byte-level BPE, Mistral's Metaspace
-// BPE with byte fallback (both HF tokenizer.json from npm), a SentencePiece tokenizer.model, and
+// BPE with byte fallback (HF tokenizer.json files from npm), a SentencePiece tokenizer.model, and
 // rlhf's byte tokenizer. Ids must match exactly: a tokenizer has no tolerance.
 #include "tokenizer/tokenizer.h"
 
