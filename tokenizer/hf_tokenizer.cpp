@@ -82,15 +82,20 @@ HfTokenizer::HfTokenizer(const std::string& path, const TokenizerConfig& config)
     special_ids_ = {id_of(config.bos_token), id_of(config.eos_token), id_of(config.pad_token),
                     id_of(config.unk_token)};
     read_post_processor(field(json, "post_processor"), path);
-    // tokenizer_config.json's add_bos_token/add_eos_token, when given, decide (as HF's
-    // LlamaTokenizerFast rebuilds its post-processor from them).
-    if (config.add_bos_token || config.add_eos_token) {
+    // HF's LlamaTokenizerFast (and CodeLlama, Gemma) rebuild the post-processor from
+    // tokenizer_config.json's add_bos_token/add_eos_token; other classes keep tokenizer.json's.
+    const auto& cls = config.tokenizer_class;
+    const bool rebuilds =
+        cls.rfind("Llama", 0) == 0 || cls.rfind("CodeLlama", 0) == 0 || cls.rfind("Gemma", 0) == 0;
+    if (rebuilds && (config.add_bos_token || config.add_eos_token)) {
       prefix_ids_.clear();
       suffix_ids_.clear();
-      if (config.add_bos_token.value_or(false) && special_ids_.bos)
+      if (config.add_bos_token.value_or(true) && special_ids_.bos) {
         prefix_ids_.push_back(*special_ids_.bos);
-      if (config.add_eos_token.value_or(false) && special_ids_.eos)
+      }
+      if (config.add_eos_token.value_or(false) && special_ids_.eos) {
         suffix_ids_.push_back(*special_ids_.eos);
+      }
     }
     clean_up_spaces_ = config.clean_up_tokenization_spaces;
   } catch (const nlohmann::json::exception& e) {

@@ -262,6 +262,27 @@ TEST(Tokenizer, AddedTokensStripAndSingleWord) {
   EXPECT_EQ(tok->decode({0, 3, 1}, SkipSpecial::kNo), "a<m>b");
 }
 
+// TemplateProcessing adds <s>; tokenizer_config.json's add_bos_token overrides it only for
+// the classes whose HF tokenizer rebuilds its post-processor (LlamaTokenizerFast...).
+TEST(Tokenizer, AddBosTokenOverridesTemplateForLlamaClassesOnly) {
+  const auto dir = write_tokenizer_json("template", nlohmann::json::parse(R"({
+    "added_tokens": [{"id": 3, "content": "<s>", "special": true}],
+    "post_processor": {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+      "special_tokens": {"<s>": {"id": "<s>", "ids": [3], "tokens": ["<s>"]}}}})"));
+  const auto with_config = [&](const char* config) {
+    std::ofstream(fs::path(dir) / "tokenizer_config.json") << config;
+    return load_tokenizer(dir)->encode("ab", AddSpecial::kYes);
+  };
+  EXPECT_EQ(with_config("{}"), (std::vector<TokenId>{3, 2}));
+  EXPECT_EQ(with_config(R"({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>",
+                            "add_bos_token": false})"),
+            (std::vector<TokenId>{2}));
+  EXPECT_EQ(with_config(R"({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                            "add_bos_token": false})"),
+            (std::vector<TokenId>{3, 2}));
+}
+
 TEST(Tokenizer, CleanUpTokenizationMatchesHf) {
   EXPECT_EQ(clean_up_tokenization("Hi , you ! I 'm here . Don 't ?"), "Hi, you! I'm here. Don 't?");
 }
