@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
@@ -140,6 +142,43 @@ TEST(PromptFormat, MistralV01Detected) {
   const auto error =
       input_error([&] { f.format(json::parse(R"([{"role": "system", "content": "S"}])")); });
   EXPECT_NE(error.find("only user and assistant"), std::string::npos) << error;
+}
+
+// Every template family against Jinja2's rendering of the real template text (see
+// tests/fixtures/tokenizer/make_expected_chat.py): llama3 and qwen1_5 from the npm files,
+// Qwen2, Llama-2 and Mistral v0.1 from chat_templates.json. Detection is automatic.
+TEST(PromptFormat, MatchesJinjaRenderingOfEachTemplate) {
+  const auto fixtures = std::filesystem::path(RLHF_SOURCE_DIR) / "tests/fixtures/tokenizer";
+  const auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    EXPECT_TRUE(in.good()) << p << " is missing (run scripts/fetch-test-tokenizers)";
+    return in.good() ? json::parse(in) : json::object();
+  };
+  const json expected = read(fixtures / "expected_chat.json");
+  const json copies = read(fixtures / "chat_templates.json");
+  ASSERT_GE(expected["cases"].size(), 20u);
+  const std::map<std::string, ChatTemplate> family = {{"llama3", ChatTemplate::kLlama3},
+                                                      {"qwen1_5", ChatTemplate::kChatML},
+                                                      {"qwen2", ChatTemplate::kChatML},
+                                                      {"llama2", ChatTemplate::kLlama2},
+                                                      {"mistral", ChatTemplate::kMistral}};
+  for (const auto& c : expected["cases"]) {
+    const auto name = c["template"].get<std::string>();
+    TokenizerConfig tc;
+    if (copies.contains(name)) {
+      const auto& t = copies[name];
+      tc.chat_template = t["chat_template"].get<std::string>();
+      if (t["bos_token"].is_string()) tc.bos_token = t["bos_token"].get<std::string>();
+      if (t["eos_token"].is_string()) tc.eos_token = t["eos_token"].get<std::string>();
+    } else {
+      tc = read_tokenizer_config(
+          (std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers" / name).string());
+    }
+    const PromptFormatter f({"", true, ChatTemplate::kAuto}, tc);
+    EXPECT_EQ(f.chat_template(), family.at(name)) << name;
+    EXPECT_EQ(f.format(c["prompt"]), c["expected"].get<std::string>())
+        << name << ": " << c["prompt"];
+  }
 }
 
 TEST(PromptFormat, InputTemplateAsOpenRlhf) {
