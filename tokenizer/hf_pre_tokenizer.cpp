@@ -61,8 +61,8 @@ void split_word(const std::string& word, const Regex& regex, SplitBehavior behav
           out.push_back(std::move(text));
         }
         break;
-      case SplitBehavior::kMergedWithNext:
-        if (pending_merge) {
+      case SplitBehavior::kMergedWithNext:  // a match joins the next part unless that is a match
+        if (pending_merge && !p.is_match) {
           out.back() += text;
         } else {
           out.push_back(std::move(text));
