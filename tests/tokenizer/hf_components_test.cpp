@@ -51,6 +51,20 @@ TEST(HfComponents, DigitsWhitespaceAndByteLevel) {
   // GPT-2: ' ' -> 'Ġ', '\n' -> 'Ċ'; add_prefix_space puts a space before the first word.
   EXPECT_EQ(pre_tokenize(R"({"type": "ByteLevel", "add_prefix_space": true})", "Hi there\n"),
             (Words{"\xC4\xA0Hi", "\xC4\xA0there", "\xC4\x8A"}));
+  // Metaspace: spaces become U+2581, prepended ("always"), split before each one.
+  EXPECT_EQ(
+      pre_tokenize(R"({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always"})",
+                   "Hey  friend"),
+      (Words{"\xE2\x96\x81Hey", "\xE2\x96\x81",
+             "\xE2\x96\x81"
+             "friend"}));
+  const Decoder metaspace(json::parse(R"({"type": "Metaspace", "replacement": "\u2581",
+                                          "prepend_scheme": "always"})"),
+                          "test");
+  EXPECT_EQ(metaspace({"\xE2\x96\x81Hey", "\xE2\x96\x81",
+                       "\xE2\x96\x81"
+                       "friend"}),
+            "Hey  friend");
   EXPECT_THROW(
       pre_tokenize(R"({"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated"})", "x"),
       InputError);
