@@ -10,6 +10,7 @@
 #include "models/pretrained.h"
 #include "ppo/kl.h"
 #include "ppo/losses.h"
+#include "rollout/weight_sync.h"
 
 namespace rlhf {
 
@@ -209,6 +210,27 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
   return reply;
 }
 
+// push_weights: every actor rank calls it (ZeRO-3 gathers one unit at a time over the
+// trainer's group); actor rank 0 also joins, once, the sync group of args.sync_size ranks
+// (itself as rank 0, rollout rank r as r + 1) at args.store_path and broadcasts each unit.
+Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  if (!role.trainer) throw RuntimeError("push_weights: this worker's role is not trained");
+  if (self.rank == 0 && !role.sync_group) {
+    transport::CollectiveConfig cc;
+    cc.rank = 0;
+    cc.size = req.args.at("sync_size").get<int>();
+    cc.store_path = req.args.at("store_path").get<std::string>();
+    role.sync_group = transport::make_collective_group(cc);
+  }
+  rollout::TrainerWeights source(*role.trainer);
+  const torch::Dtype wire = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  auto stats = rollout::send_weights(source, self.rank == 0 ? role.sync_group.get() : nullptr,
+                                     ++role.weight_version, wire);
+  Message reply;
+  reply.args = {{"weight_version", stats.version}, {"bytes", stats.bytes}, {"seconds", stats.seconds}};
+  return reply;
+}
+
 }  // namespace
 
 std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
@@ -262,6 +284,9 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     role->trainer->export_hf(req.args.at("dir").get<std::string>(), role->config_json,
                              role->config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
     return Message{};
+  });
+  registry.add("push_weights", [role](const Message& req, const WorkerIdentity& self) {
+    return push_weights(*role, req, self);
   });
   registry.add("memory", [role](const Message&, const WorkerIdentity&) {
     Message reply;

@@ -1,7 +1,8 @@
 // The operations of a worker that holds one role's model (actor, critic, reward, ref):
 // `init` (load the model and, for trained roles, join the role's collective group and build
 // the sharded trainer), `log_probs`, `values`, `score`, `train_actor` (PPO policy loss),
-// `train_critic` (value loss), `save`, `load`, `export_hf` and `memory`. Generation lives
+// `train_critic` (value loss), `save`, `load`, `export_hf`, `memory`, and `push_weights`
+// (the actor's side of the weight sync to the rollout group). Generation lives
 // with the rollout role.
 //
 // Alignment (as OpenRLHF): for sequences [B, T] whose last A positions are the response,
@@ -26,6 +27,8 @@ struct ModelRole {
   std::unique_ptr<transport::CollectiveGroup> group;  // trained roles only
   std::unique_ptr<engine::Trainer> trainer;           // trained roles only
   std::string config_json;                            // the model's config.json text (for export)
+  std::unique_ptr<transport::CollectiveGroup> sync_group;  // actor rank 0 -> rollout ranks
+  int64_t weight_version = 0;                         // pushes done so far
 
   // Throws RuntimeError when `init` has not run yet.
   models::CausalLM& checked_model(const std::string& op) const;

@@ -139,7 +139,7 @@ std::vector<KeySpec> build_table() {
   t.string("data.output_key", "output", "JSON key of the target response in SFT data.");
   t.string("data.input_template", "", "Prompt template with {} for the prompt text.");
   t.boolean("data.apply_chat_template", false, "Format prompts with the model's chat template.");
-  t.choice("data.chat_template", "auto", {"auto", "chatml", "llama3", "llama2"},
+  t.choice("data.chat_template", "auto", {"auto", "chatml", "llama3", "llama2", "mistral"},
            "Chat template family; auto detects it from tokenizer_config.json.");
   t.integer("data.prompt_max_len", 1024, 1, kInf, "Prompts are truncated to this many tokens.");
   t.integer("data.max_len", 2048, 2, kInf, "Maximum total sequence length (prompt + response).");

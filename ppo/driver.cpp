@@ -1,5 +1,7 @@
 #include "ppo/driver.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -132,7 +134,9 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec) {
   for (const auto& row : data.rows) {
     TokenizedPrompt p;
     p.text = formatter.format(row.input);
-    auto ids = tokenizer_->encode(p.text, tokenizer::AddSpecial::kYes);
+    // A chat template writes BOS itself; plain and templated prompts get the tokenizer's.
+    auto ids = tokenizer_->encode(p.text, fc.apply_chat_template ? tokenizer::AddSpecial::kNo
+                                                                 : tokenizer::AddSpecial::kYes);
     // Keep the end of an over-long prompt: the response continues from it.
     if (static_cast<int64_t>(ids.size()) > c_.prompt_max_len) {
       ids.erase(ids.begin(), ids.end() - c_.prompt_max_len);
@@ -147,36 +151,52 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec) {
 
 void PpoJob::init_roles(Scheduler& s) {
   const int64_t per_step = c_.optimizer_steps_per_step();
+  // Rendezvous files of this run's collective groups: FileStore needs them absent at first.
+  fs::remove_all(fs::path(run_dir_) / "stores");
+  fs::create_directories(fs::path(run_dir_) / "stores");
   std::vector<std::future<void>> calls;
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
-    int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
-    auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum);
-    json args = {{"config", config.to_json()},
-                 {"store_path", (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
-    calls.push_back(in_parallel([&g, args] { g.call_all("init", args); }));
+    json args;
+    std::string op = "init";
+    if (role == Role::kRollout) {
+      std::vector<int64_t> stop = c_.stop_token_ids;
+      stop.push_back(eos_id_);
+      op = "load_model";
+      args = {{"model", spec_.get_string("rollout.model")},
+              {"dtype", spec_.get_string("rollout.dtype")},
+              {"max_new_tokens", c_.max_new_tokens},
+              {"n_samples_per_prompt", c_.n_samples_per_prompt},
+              {"micro_batch_size", c_.rollout_micro_batch_size},
+              {"stop_token_ids", stop},
+              {"pad_token_id", pad_id_}};
+    } else {
+      int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
+      auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum);
+      args = {{"config", config.to_json()},
+              {"store_path", (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
+    }
+    calls.push_back(in_parallel([&g, op, args] { g.call_all(op, args); }));
   }
-  fs::create_directories(fs::path(run_dir_) / "stores");
   for (auto& c : calls) c.get();
 }
 
 Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step) {
-  json args = {{"n_samples_per_prompt", c_.n_samples_per_prompt},
-               {"max_new_tokens", c_.max_new_tokens},
-               {"temperature", c_.temperature},
+  // Seeds follow the prompt's position in the step (prompt_index), not the micro batch, so
+  // a step samples the same whatever the rollout group size.
+  json args = {{"temperature", c_.temperature},
                {"top_p", c_.top_p},
                {"top_k", c_.top_k},
-               {"stop_token_ids", c_.stop_token_ids},
-               {"eos_token_id", eos_id_},
-               {"pad_token_id", pad_id_},
                {"seed", c_.seed * 7919 + static_cast<uint64_t>(step)}};
+  torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   Message reply = s.group(Role::kRollout)
-                      .scatter("generate", {{"prompt_ids", batch.prompt_ids}, {"prompt_mask", batch.prompt_mask}},
+                      .scatter("generate",
+                               {{"prompt_ids", batch.prompt_ids}, {"prompt_mask", batch.prompt_mask}, {"prompt_index", index}},
                                c_.rollout_micro_batch_size, args);
   Rollout r;
-  r.sequences = reply.tensor("sequences").to(torch::kLong);
-  r.attention_mask = reply.tensor("attention_mask").to(torch::kLong);
-  r.action_mask = reply.tensor("action_mask").to(torch::kLong);
+  r.sequences = reply.tensor("sequences").to(torch::kLong).contiguous();
+  r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
+  r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
   for (const auto& mb : reply.args.value("micro_batches", json::array()))
     r.weight_version = std::max<int64_t>(r.weight_version, mb.value("weight_version", int64_t{0}));
   const int64_t n = c_.n_samples_per_prompt;
@@ -190,10 +210,11 @@ Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step) {
 
 std::string PpoJob::response_text(const Rollout& r, int64_t row) const {
   const int64_t a = r.action_mask.size(1), t = r.sequences.size(1);
+  auto mask = r.action_mask.accessor<int64_t, 2>();
+  auto seq = r.sequences.accessor<int64_t, 2>();
   std::vector<tokenizer::TokenId> ids;
-  for (int64_t j = 0; j < a; ++j) {
-    if (r.action_mask[row][j].item<int64_t>() == 0) break;
-    int64_t id = r.sequences[row][t - a + j].item<int64_t>();
+  for (int64_t j = 0; j < a && mask[row][j] != 0; ++j) {
+    const int64_t id = seq[row][t - a + j];
     if (id == eos_id_) break;
     ids.push_back(static_cast<tokenizer::TokenId>(id));
   }
@@ -294,8 +315,10 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
 }
 
 void PpoJob::sync_weights(Scheduler& s) {
-  auto receive = in_parallel([&] { s.group(Role::kRollout).call_all("receive_weights"); });
-  s.group(Role::kActor).call_all("push_weights");
+  const std::string store = (fs::path(run_dir_) / "stores" / "weight_sync.store").string();
+  RoleGroup& rollout = s.group(Role::kRollout);
+  auto receive = in_parallel([&] { rollout.call_all("sync_weights", {{"store_path", store}}); });
+  s.group(Role::kActor).call_all("push_weights", {{"store_path", store}, {"sync_size", rollout.size() + 1}});
   receive.get();
 }
 
