@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -60,14 +61,15 @@ constexpr const char* kExecEndpoint = "inproc://rlhf-worker-operations";
 
 // The operation thread: decode (validating), run, reply. Never throws out.
 void serve_operations(zmq::context_t& context, const OperationRegistry& registry,
-                      const WorkerIdentity& self, const MessageLimits& limits) {
+                      const WorkerIdentity& self, const MessageLimits& limits,
+                      const std::atomic<bool>& stop) {
   Channel pair(context, zmq::socket_type::pair);
   pair.connect(kExecEndpoint);
   const std::string me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
   while (true) {
     auto frames = pair.recv(std::nullopt);
     if (!frames) continue;
-    if (frames->size() == 1 && (*frames)[0].size() == 0) return;  // stop
+    if (stop) return;  // set before the wake-up message, which is not a request
     const uint64_t id = peek_request_id((*frames)[0]);
     std::string op;
     Message reply;
@@ -147,8 +149,9 @@ int Worker::run() {
 
   Channel operations(context, zmq::socket_type::pair);
   operations.bind(kExecEndpoint);
+  std::atomic<bool> stop{false};
   std::thread executor(serve_operations, std::ref(context), std::cref(registry_), std::cref(self),
-                       std::cref(config_.limits));
+                       std::cref(config_.limits), std::cref(stop));
   auto last_contact = Clock::now();
   while (true) {
     zmq::pollitem_t items[] = {{scheduler.socket().handle(), 0, ZMQ_POLLIN, 0},
@@ -179,7 +182,8 @@ int Worker::run() {
     }
   }
   std::cerr << me << "shutdown requested" << std::endl;
-  operations.send(Frames(1));  // one empty frame: stop
+  stop = true;
+  operations.send(Frames(1));  // wakes the operation thread, which then sees `stop`
   executor.join();
   return 0;
 }

@@ -69,6 +69,7 @@ class Scheduler {
   RoleGroup& group(Role role);  // throws std::logic_error for a role without workers
   std::vector<Role> roles() const;
   const std::vector<WorkerInfo>& workers() const { return infos_; }
+  // The tcp endpoint (for workers on other nodes); local workers get an ipc endpoint.
   const std::string& endpoint() const { return tcp_endpoint_; }
   const std::string& token() const { return token_; }
   const SchedulerConfig& config() const { return config_; }

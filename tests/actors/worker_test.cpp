@@ -113,6 +113,8 @@ TEST(Worker, MalformedFramesGetErrorRepliesAndServingContinues) {
                    "declares 1 tensors but 0 data frames"});
   cases.push_back({"bad dtype", with_tensor(15, R"({"name":"x","dtype":"qint8","shape":[3],"nbytes":3})", {3}), 15,
                    "unknown dtype"});
+  Frames empty_header(1);  // a lone empty frame: not a stop signal, just a bad message
+  cases.push_back({"empty header", std::move(empty_header), 0, "header is not valid JSON"});
   for (auto& c : cases) {
     SCOPED_TRACE(c.what);
     s.send(std::move(c.frames));

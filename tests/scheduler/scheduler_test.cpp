@@ -130,6 +130,21 @@ TEST(Scheduler, ErrorReplyNamesTheRankAndTheWorkerKeepsServing) {
   EXPECT_EQ(s.group(Role::kReward).call_all("ping").size(), 2u);
 }
 
+TEST(Scheduler, RequestPastItsDeadlineFailsWithoutStoppingTheJob) {
+  Scheduler s(test_config("timeout"), testing::local_placement({{Role::kActor, 2}}));
+  s.start();
+  Message slow = request("echo");
+  slow.args = {{"delay_ms", 3000}};  // rank 0 of 2 sleeps 3 s
+  try {
+    s.group(Role::kActor).call(0, slow, 300ms);
+    FAIL() << "expected a timeout";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("operation \"echo\" on actor[0]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no reply before its deadline"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.group(Role::kActor).call(1, request("ping")).args.at("rank"), 1);
+}
+
 TEST(Scheduler, KilledWorkerIsReportedWithinFiveSeconds) {
   Scheduler s(test_config("kill-9"), testing::local_placement({{Role::kActor, 2}, {Role::kCritic, 1}}));
   s.start();
