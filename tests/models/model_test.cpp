@@ -188,6 +188,15 @@ TEST(CausalLM, RewardIsTheValueAtTheLastRealToken) {
                            torch::tensor({{0, 1, 1, 1}, {1, 0, 1, 2}, {1, 1, 0, 1}}, torch::kInt64)));
 }
 
+TEST(CausalLM, PaddingEmbeddingRowGetsNoGradientAsInHf) {
+  auto model = tiny_model();  // the tiny preset's pad_token_id is 256
+  auto ids = torch::tensor({{257, 256, 72, 256, 105}}, torch::kInt64);  // <pad> at real positions
+  grads_of_loss(*model, ids, torch::ones_like(ids));
+  auto g = model->embed_tokens->weight.grad();
+  EXPECT_EQ(g[256].abs().sum().item<double>(), 0.0);
+  EXPECT_GT(g[72].abs().sum().item<double>(), 0.0);
+}
+
 TEST(CausalLM, HeadsRefuseTheWrongCall) {
   auto critic = tiny_model(HeadKind::kValue);
   auto ids = random_ids(1, 4, 288, 6);
