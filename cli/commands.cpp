@@ -4,8 +4,14 @@ namespace rlhf::cli {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
+      {"validate", "check a job spec: every problem at once, or a one-line summary", cmd_validate},
+      {"plan", "show where every worker of a job will run", cmd_plan},
+      {"spec", "print the job-spec reference (--markdown) or defaults (--defaults)", cmd_spec},
       {"init-model", "write a randomly initialised model (preset) in Hugging Face format", cmd_init_model},
       {"logprobs", "per-token log-probs of token-id sequences under a model (JSON lines)", cmd_logprobs},
+      {"run", "start the workers of a job spec, run it, stop them (exit 1 names a failed worker)", cmd_run},
+      {"worker", "internal: one worker process, started by `rlhf run`", cmd_worker},
+      {"tokenize", "token ids of text (or text of ids) with a model's tokenizer", cmd_tokenize},
   };
   return kCommands;
 }

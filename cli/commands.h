@@ -20,6 +20,9 @@ int cmd_plan(const Argv& args);
 int cmd_spec(const Argv& args);
 int cmd_init_model(const Argv& args);
 int cmd_logprobs(const Argv& args);
+int cmd_run(const Argv& args);
+int cmd_worker(const Argv& args);
+int cmd_tokenize(const Argv& args);
 
 // All subcommands, in the order `rlhf --help` lists them.
 const std::vector<Command>& commands();

@@ -26,7 +26,7 @@ struct NodeSpec {
 inline constexpr const char* kEnvRole = "RLHF_ROLE";              // "actor"
 inline constexpr const char* kEnvRank = "RLHF_RANK";              // rank within the role group
 inline constexpr const char* kEnvWorldSize = "RLHF_WORLD_SIZE";   // role group size
-inline constexpr const char* kEnvDevice = "RLHF_DEVICE";          // "cpu:3" or "cuda:0"
+inline constexpr const char* kEnvDevice = "RLHF_DEVICE";          // physical: "cpu:3", "cuda:5"
 inline constexpr const char* kEnvNode = "RLHF_NODE";              // node name
 inline constexpr const char* kEnvScheduler = "RLHF_SCHEDULER";    // scheduler endpoint
 inline constexpr const char* kEnvToken = "RLHF_TOKEN";            // per-job registration token

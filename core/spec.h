@@ -82,3 +82,12 @@ class JobSpec {
 };
 
 }  // namespace rlhf
+
+namespace rlhf {
+
+// Inputs a job reads that do not exist on this machine: model directories (without a
+// config.json) and dataset files (synthetic:NAME is built in). `rlhf validate` prints
+// these as warnings (the spec may be meant for another machine); `rlhf run` fails on them.
+std::vector<SpecProblem> missing_inputs(const JobSpec& spec);
+
+}  // namespace rlhf

@@ -1,0 +1,40 @@
+// Named operations a worker serves: name -> handler(request) -> reply. Algorithms register
+// their operations (generate, log_probs, train_step, ...) here; the transport and the
+// worker loop never change for a new operation. Not thread-safe: fill it before serving.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "transport/message.h"
+
+namespace rlhf {
+
+// Who the worker is, for handlers that need it.
+struct WorkerIdentity {
+  std::string role;    // "actor"
+  int rank = 0;        // within the role group
+  int world_size = 1;  // role group size
+  std::string device;  // "cpu:1", "cuda:0"
+  std::string node;    // node name
+};
+
+// A handler returns the reply's args and tensors; the worker fills kind, id, op and step.
+// Throwing reports an error reply to the caller and the worker keeps serving.
+using Operation = std::function<Message(const Message& request, const WorkerIdentity& self)>;
+
+class OperationRegistry {
+ public:
+  // Throws std::logic_error when `name` is already registered.
+  void add(const std::string& name, Operation operation);
+  // nullptr when no operation has that name.
+  const Operation* find(const std::string& name) const;
+  std::vector<std::string> names() const;
+
+ private:
+  std::map<std::string, Operation> operations_;
+};
+
+}  // namespace rlhf

@@ -1,0 +1,187 @@
+// Worker: registration handshake, the I/O loop (heartbeats, forwarding) and the operation
+// thread, connected by an inproc PAIR socket so tensors pass between them without copies.
+#include "actors/worker.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "core/errors.h"
+#include "transport/channel.h"
+
+namespace rlhf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::string env_or_throw(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) throw InputError(std::string("environment variable ") + name + " is not set "
+                                  "(rlhf worker is started by `rlhf run`)");
+  return v;
+}
+
+int env_int(const char* name) {
+  std::string v = env_or_throw(name);
+  try {
+    size_t used = 0;
+    int out = std::stoi(v, &used);
+    if (used == v.size() && out >= 0) return out;
+  } catch (const std::exception&) {
+  }
+  throw InputError(std::string("environment variable ") + name + "=\"" + v +
+                   "\": expected a non-negative integer");
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+// The header's kind, or kRequest when the header is unreadable (the operation thread then
+// decodes it properly and answers with the reason).
+MessageKind peek_kind(const zmq::message_t& header) {
+  const char* text = static_cast<const char*>(header.data());
+  auto j = nlohmann::json::parse(text, text + header.size(), nullptr, false);
+  if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return MessageKind::kRequest;
+  const std::string kind = j["kind"].get<std::string>();
+  if (kind == "heartbeat") return MessageKind::kHeartbeat;
+  if (kind == "shutdown") return MessageKind::kShutdown;
+  if (kind == "registered") return MessageKind::kRegistered;
+  return MessageKind::kRequest;
+}
+
+constexpr const char* kExecEndpoint = "inproc://rlhf-worker-operations";
+
+// The operation thread: decode (validating), run, reply. Never throws out.
+void serve_operations(zmq::context_t& context, const OperationRegistry& registry,
+                      const WorkerIdentity& self, const MessageLimits& limits) {
+  Channel pair(context, zmq::socket_type::pair);
+  pair.connect(kExecEndpoint);
+  const std::string me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
+  while (true) {
+    auto frames = pair.recv(std::nullopt);
+    if (!frames) continue;
+    if (frames->size() == 1 && (*frames)[0].size() == 0) return;  // stop
+    const uint64_t id = peek_request_id((*frames)[0]);
+    std::string op;
+    Message reply;
+    try {
+      Message request = decode(std::move(*frames), limits);
+      op = request.op;
+      if (request.kind != MessageKind::kRequest)
+        throw MessageError(std::string("expected a request, got a ") + message_kind_name(request.kind));
+      const Operation* handler = registry.find(request.op);
+      if (!handler) throw InputError("unknown operation \"" + request.op + "\"");
+      reply = (*handler)(request, self);
+      reply.kind = MessageKind::kReply;
+      reply.id = request.id;
+      reply.op = request.op;
+      reply.step = request.step;
+      reply.error.clear();
+    } catch (const MessageError& e) {
+      std::cerr << me << "rejected malformed message (id " << id << "): " << e.what() << std::endl;
+      reply = make_error(id, op, std::string("malformed message: ") + e.what());
+    } catch (const std::exception& e) {
+      std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what() << std::endl;
+      reply = make_error(id, op, e.what());
+    }
+    try {
+      pair.send(encode(reply));
+    } catch (const std::exception& e) {
+      pair.send(encode(make_error(id, op, std::string("cannot encode reply: ") + e.what())));
+    }
+  }
+}
+
+}  // namespace
+
+WorkerConfig WorkerConfig::from_env() {
+  WorkerConfig c;
+  c.identity.role = env_or_throw("RLHF_ROLE");
+  c.identity.rank = env_int("RLHF_RANK");
+  c.identity.world_size = env_int("RLHF_WORLD_SIZE");
+  c.identity.device = env_or_throw("RLHF_DEVICE");
+  const char* node = std::getenv("RLHF_NODE");
+  c.identity.node = node ? node : "";
+  c.scheduler_endpoint = env_or_throw("RLHF_SCHEDULER");
+  c.token = env_or_throw("RLHF_TOKEN");
+  const char* run_dir = std::getenv("RLHF_RUN_DIR");
+  c.run_dir = run_dir ? run_dir : "";
+  if (c.identity.rank >= c.identity.world_size)
+    throw InputError("RLHF_RANK " + std::to_string(c.identity.rank) + " is not below RLHF_WORLD_SIZE " +
+                     std::to_string(c.identity.world_size));
+  return c;
+}
+
+Worker::Worker(WorkerConfig config, OperationRegistry registry)
+    : config_(std::move(config)), registry_(std::move(registry)) {}
+
+int Worker::run() {
+  const WorkerIdentity& self = config_.identity;
+  const std::string me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
+  zmq::context_t context(1);
+  Channel scheduler(context, zmq::socket_type::dealer);
+  scheduler.set_max_message_size(config_.limits.max_total_bytes + config_.limits.max_header_bytes);
+  scheduler.connect(config_.scheduler_endpoint);
+
+  Message hello;
+  hello.kind = MessageKind::kRegister;
+  hello.args = {{"token", config_.token}, {"role", self.role},   {"rank", self.rank},
+                {"pid", static_cast<int64_t>(getpid())}, {"host", hostname()},
+                {"device", self.device}};
+  scheduler.send(hello);
+  auto answer = scheduler.recv(config_.register_timeout);
+  if (!answer) throw RuntimeError(me + "no answer from the scheduler at " + config_.scheduler_endpoint);
+  Message accepted = decode(std::move(*answer), config_.limits);
+  if (accepted.kind != MessageKind::kRegistered)
+    throw RuntimeError(me + "the scheduler refused registration: " + accepted.error);
+  const milliseconds silence_limit(accepted.args.value("timeout_ms", int64_t{5000}));
+  std::cerr << me << "registered with " << config_.scheduler_endpoint << ", pid " << getpid()
+            << ", device " << self.device << std::endl;
+
+  Channel operations(context, zmq::socket_type::pair);
+  operations.bind(kExecEndpoint);
+  std::thread executor(serve_operations, std::ref(context), std::cref(registry_), std::cref(self),
+                       std::cref(config_.limits));
+  auto last_contact = Clock::now();
+  while (true) {
+    zmq::pollitem_t items[] = {{scheduler.socket().handle(), 0, ZMQ_POLLIN, 0},
+                               {operations.socket().handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 2, milliseconds(100));
+    if (items[0].revents & ZMQ_POLLIN) {
+      auto frames = scheduler.recv(milliseconds(0));
+      last_contact = Clock::now();
+      MessageKind kind = frames ? peek_kind((*frames)[0]) : MessageKind::kRegistered;
+      if (kind == MessageKind::kHeartbeat) {
+        Message beat;
+        beat.kind = MessageKind::kHeartbeat;
+        scheduler.send(beat);
+      } else if (kind == MessageKind::kShutdown) {
+        break;
+      } else if (kind == MessageKind::kRequest) {
+        operations.send(std::move(*frames));
+      }
+    }
+    if (items[1].revents & ZMQ_POLLIN) {
+      if (auto reply = operations.recv(milliseconds(0))) scheduler.send(std::move(*reply));
+    }
+    if (silence_limit.count() > 0 && Clock::now() - last_contact > silence_limit) {
+      std::cerr << me << "no message from the scheduler for " << silence_limit.count()
+                << " ms: it is gone, exiting" << std::endl;
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }
+  }
+  std::cerr << me << "shutdown requested" << std::endl;
+  operations.send(Frames(1));  // one empty frame: stop
+  executor.join();
+  return 0;
+}
+
+}  // namespace rlhf

@@ -1,0 +1,42 @@
+// The worker process's loop: register with the scheduler (job token), then serve named
+// operations from an OperationRegistry, answer heartbeats, and exit on shutdown or when
+// the scheduler falls silent. Operations run on their own thread so heartbeats are answered
+// during a long train step. Holds no model itself: roles add operations that do.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "actors/operation_registry.h"
+#include "transport/message.h"
+
+namespace rlhf {
+
+struct WorkerConfig {
+  WorkerIdentity identity;
+  std::string scheduler_endpoint;  // RLHF_SCHEDULER
+  std::string token;               // RLHF_TOKEN
+  std::string run_dir;             // RLHF_RUN_DIR
+  std::chrono::milliseconds register_timeout{30000};
+  MessageLimits limits;
+
+  // From the environment the scheduler sets (RLHF_ROLE, RLHF_RANK, RLHF_WORLD_SIZE,
+  // RLHF_DEVICE, RLHF_NODE, RLHF_SCHEDULER, RLHF_TOKEN, RLHF_RUN_DIR).
+  // Throws InputError naming the missing or malformed variable.
+  static WorkerConfig from_env();
+};
+
+class Worker {
+ public:
+  Worker(WorkerConfig config, OperationRegistry registry);
+  // Registers and serves until shutdown (returns 0). Throws RuntimeError when registration
+  // is refused or times out. When the scheduler stops sending heartbeats for its timeout,
+  // logs that and ends the process with exit code 1 (a running operation cannot be joined).
+  int run();
+
+ private:
+  WorkerConfig config_;
+  OperationRegistry registry_;
+};
+
+}  // namespace rlhf

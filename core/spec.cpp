@@ -1,0 +1,247 @@
+// JobSpec: parse, override, type-check every key, fill defaults, then the cross-field rules
+// (spec_rules.cpp). Problems are collected, never thrown one at a time.
+#include "core/spec.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/spec_rules.h"
+#include "core/spec_schema.h"
+#include "core/text.h"
+
+namespace rlhf {
+
+using nlohmann::json;
+
+const char* job_kind_name(JobKind kind) {
+  switch (kind) {
+    case JobKind::kPpo: return "ppo";
+    case JobKind::kDpo: return "dpo";
+    case JobKind::kSft: return "sft";
+    case JobKind::kRm: return "rm";
+  }
+  return "?";
+}
+
+const char* role_name(Role role) {
+  switch (role) {
+    case Role::kActor: return "actor";
+    case Role::kCritic: return "critic";
+    case Role::kReward: return "reward";
+    case Role::kRef: return "ref";
+    case Role::kRollout: return "rollout";
+  }
+  return "?";
+}
+
+Role parse_role(const std::string& name) {
+  for (Role r : kAllRoles)
+    if (name == role_name(r)) return r;
+  throw InputError("unknown role '" + name + "' (expected actor, critic, reward, ref or rollout)");
+}
+
+namespace {
+
+std::string report(const std::string& source, const std::vector<SpecProblem>& problems) {
+  std::ostringstream out;
+  out << source << ": " << problems.size() << (problems.size() == 1 ? " problem" : " problems");
+  for (const auto& p : problems)
+    out << "\n  " << (p.path.empty() ? std::string() : p.path + ": ") << p.message;
+  return out.str();
+}
+
+// Parses JSON text (comments allowed); a syntax error becomes one problem with line:column.
+json parse_text(const std::string& text, detail::Validation& v) {
+  try {
+    return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    LineCol lc = line_col(text, e.byte == 0 ? 0 : e.byte - 1);
+    std::string what = e.what();
+    // nlohmann prefixes "[json.exception.parse_error.101] parse error at line L, column C: ".
+    if (auto pos = what.find(": "); pos != std::string::npos) what = what.substr(pos + 2);
+    v.problem("", "malformed JSON at line " + std::to_string(lc.line) + ", column " +
+                      std::to_string(lc.column) + ": " + what);
+    return json();
+  }
+}
+
+std::string unknown_key_hint(const std::string& path);
+
+void apply_override(json& doc, const std::string& assignment, detail::Validation& v) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    v.problem("", "--set " + assignment + ": expected PATH=VALUE");
+    return;
+  }
+  std::string path = trim(assignment.substr(0, eq));
+  const KeySpec* key = find_key(path);
+  if (!key) {
+    std::string hint = unknown_key_hint(path);
+    v.problem(path, "--set: unknown key" + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+    return;
+  }
+  try {
+    doc[detail::pointer(path)] = key->parse_override(assignment.substr(eq + 1));
+  } catch (const InputError& e) {
+    v.problem(path, e.what());
+  }
+}
+
+// The closest known key or section: first among the siblings of `path` (so "rollouts"
+// suggests the section "rollout"), then among all full key paths.
+std::string unknown_key_hint(const std::string& path) {
+  auto dot = path.rfind('.');
+  std::string parent = dot == std::string::npos ? "" : path.substr(0, dot + 1);
+  std::vector<std::string> siblings;
+  for (const auto& known : spec_key_paths()) {
+    if (known.rfind(parent, 0) != 0) continue;
+    std::string rest = known.substr(parent.size());
+    std::string sibling = parent + rest.substr(0, rest.find('.'));
+    if (std::find(siblings.begin(), siblings.end(), sibling) == siblings.end())
+      siblings.push_back(sibling);
+  }
+  std::string hint = closest_match(path, siblings);
+  return hint.empty() ? closest_match(path, spec_key_paths()) : hint;
+}
+
+// Walks the user's document: every leaf must be a known key of the right type.
+void check_keys(const json& node, const std::string& prefix, detail::Validation& v) {
+  for (const auto& [name, value] : node.items()) {
+    std::string path = prefix.empty() ? name : prefix + "." + name;
+    if (const KeySpec* key = find_key(path)) {
+      v.user_paths.insert(path);
+      if (std::string err = key->check(value); !err.empty()) {
+        v.problem(path, err);
+      } else {
+        v.set(path, value);
+      }
+      continue;
+    }
+    bool is_prefix = false;
+    for (const auto& known : spec_key_paths())
+      if (known.rfind(path + ".", 0) == 0) is_prefix = true;
+    if (is_prefix && value.is_object()) {
+      check_keys(value, path, v);
+    } else if (is_prefix) {
+      v.problem(path, "expected an object (section " + path + "), found " + value.dump());
+    } else {
+      std::string hint = unknown_key_hint(path);
+      v.problem(path, "unknown key" + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+    }
+  }
+}
+
+}  // namespace
+
+SpecError::SpecError(std::string source, std::vector<SpecProblem> problems)
+    : InputError(report(source, problems)),
+      source_(std::move(source)),
+      problems_(std::move(problems)) {}
+
+JobSpec JobSpec::load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SpecError(path, {{"", "cannot read the file (does it exist?)"}});
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return parse(buf.str(), path, overrides);
+}
+
+JobSpec JobSpec::parse(const std::string& text, const std::string& source,
+                       const std::vector<std::string>& overrides) {
+  detail::Validation v;
+  v.resolved = default_spec_json();
+  nlohmann::json doc = parse_text(text, v);
+  if (!v.problems.empty()) throw SpecError(source, v.problems);
+  if (!doc.is_object()) throw SpecError(source, {{"", "expected a JSON object at the top level"}});
+  for (const auto& o : overrides) apply_override(doc, o, v);
+  check_keys(doc, "", v);
+  detail::check_cross_fields(v);
+  if (!v.problems.empty()) throw SpecError(source, v.problems);
+  JobSpec spec;
+  spec.source_ = source;
+  spec.resolved_ = std::move(v.resolved);
+  spec.warnings_ = std::move(v.warnings);
+  return spec;
+}
+
+nlohmann::json JobSpec::minimal_json() const {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& k : spec_keys()) {
+    const nlohmann::json& value = at(k.path);
+    if (value != k.default_value) out[detail::pointer(k.path)] = value;
+  }
+  return out;
+}
+
+JobKind JobSpec::kind() const {
+  std::string k = get_string("kind");
+  if (k == "dpo") return JobKind::kDpo;
+  if (k == "sft") return JobKind::kSft;
+  if (k == "rm") return JobKind::kRm;
+  return JobKind::kPpo;
+}
+
+std::vector<Role> JobSpec::used_roles() const { return detail::used_roles(resolved_); }
+
+bool JobSpec::uses(Role role) const {
+  for (Role r : used_roles())
+    if (r == role) return true;
+  return false;
+}
+
+bool JobSpec::trains(Role role) const { return detail::trains(resolved_, role); }
+
+const nlohmann::json& JobSpec::at(const std::string& path) const {
+  if (!find_key(path)) throw std::logic_error("JobSpec: no key '" + path + "' in the table");
+  return resolved_.at(detail::pointer(path));
+}
+
+int64_t JobSpec::get_int(const std::string& path) const {
+  const nlohmann::json& v = at(path);
+  return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+}
+double JobSpec::get_float(const std::string& path) const { return at(path).get<double>(); }
+bool JobSpec::get_bool(const std::string& path) const { return at(path).get<bool>(); }
+std::string JobSpec::get_string(const std::string& path) const {
+  return at(path).get<std::string>();
+}
+std::vector<double> JobSpec::get_float_list(const std::string& path) const {
+  return at(path).get<std::vector<double>>();
+}
+
+}  // namespace rlhf
+
+namespace rlhf {
+
+std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
+  namespace fs = std::filesystem;
+  std::vector<SpecProblem> out;
+  // One line per missing directory, naming every role that reads it.
+  std::vector<std::pair<std::string, std::vector<std::string>>> dirs;
+  for (Role r : spec.used_roles()) {
+    const std::string dir = spec.get_string(std::string(role_name(r)) + ".model");
+    if (dir.empty() || fs::exists(fs::path(dir) / "config.json")) continue;
+    auto it = std::find_if(dirs.begin(), dirs.end(), [&](const auto& d) { return d.first == dir; });
+    if (it == dirs.end()) dirs.push_back({dir, {role_name(r)}});
+    else it->second.push_back(role_name(r));
+  }
+  for (const auto& [dir, roles] : dirs) {
+    bool value_head = roles.front() == "critic" || roles.front() == "reward";
+    std::string path = roles.front() + ".model";
+    if (roles.size() > 1) path += " (also " + join({roles.begin() + 1, roles.end()}, ", ") + ")";
+    out.push_back({path, dir + (fs::exists(dir) ? " has no config.json" : " not found") +
+                             " (a random test model: rlhf init-model --preset tiny" +
+                             (value_head ? " --value-head" : "") + " --out " + dir + ")"});
+  }
+  const char* dataset = spec.kind() == JobKind::kPpo ? "data.prompt_dataset" : "data.dataset";
+  for (const char* path : {dataset, "data.eval_dataset"}) {
+    const std::string file = spec.get_string(path);
+    if (file.empty() || file.rfind("synthetic:", 0) == 0 || fs::exists(file)) continue;
+    out.push_back({path, file + " not found"});
+  }
+  return out;
+}
+
+}  // namespace rlhf

@@ -1,0 +1,422 @@
+// Cross-field rules of the job spec: which roles a job uses, where their devices are, and
+// that batch sizes, lengths and algorithm options agree. Each rule skips keys whose own
+// value was already reported, so one mistake gives one message.
+#include "core/spec_rules.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "core/spec_schema.h"
+#include "core/text.h"
+
+namespace rlhf::detail {
+
+using nlohmann::json;
+
+void Validation::problem(const std::string& path, const std::string& message) {
+  problems.push_back({path, message});
+  if (!path.empty()) bad_paths.insert(path);
+}
+
+bool Validation::ok(std::initializer_list<std::string> paths) const {
+  for (const auto& p : paths)
+    if (bad_paths.count(p)) return false;
+  return true;
+}
+
+json::json_pointer pointer(const std::string& dotted_path) {
+  return json::json_pointer("/" + join(split(dotted_path, '.'), "/"));
+}
+
+const json& Validation::at(const std::string& path) const { return resolved.at(pointer(path)); }
+void Validation::set(const std::string& path, json value) { resolved[pointer(path)] = std::move(value); }
+
+namespace {
+
+bool is_group_estimator(const std::string& e) {
+  return e == "rloo" || e == "reinforce_baseline" || e == "group_norm" || e == "grpo" ||
+         e == "dr_grpo";
+}
+
+std::string str(const Validation& v, const std::string& path) { return v.at(path).get<std::string>(); }
+int64_t num(const Validation& v, const std::string& path) {
+  const json& j = v.at(path);
+  return j.is_number_integer() ? j.get<int64_t>() : static_cast<int64_t>(j.get<double>());
+}
+double real(const Validation& v, const std::string& path) { return v.at(path).get<double>(); }
+
+// A device of the cluster: node index and device id on that node.
+struct Device {
+  size_t node;
+  int64_t id;
+  bool operator<(const Device& o) const { return node != o.node ? node < o.node : id < o.id; }
+  bool operator==(const Device& o) const { return node == o.node && id == o.id; }
+};
+
+struct NodeInfo {
+  std::string name;
+  int64_t devices;
+};
+
+// Validates cluster.nodes field by field and fills each node's defaults.
+std::vector<NodeInfo> check_nodes(Validation& v) {
+  const std::string base = "cluster.nodes";
+  json nodes = v.at(base);
+  std::vector<NodeInfo> out;
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::string at = base + "[" + std::to_string(i) + "]";
+    json& n = nodes[i];
+    if (!n.is_object()) {
+      v.problem(base, at + ": expected a node object, found " + n.dump());
+      continue;
+    }
+    for (const auto& [field, _] : n.items()) {
+      if (std::find(node_fields().begin(), node_fields().end(), field) != node_fields().end())
+        continue;
+      std::string hint = closest_match(field, node_fields());
+      v.problem(base, at + "." + field + ": unknown node field" +
+                          (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+    }
+    if (!n.contains("host")) n["host"] = "127.0.0.1";
+    if (!n.contains("kind")) n["kind"] = "cpu";
+    if (!n.contains("name")) n["name"] = i == 0 ? "local" : "node" + std::to_string(i);
+    bool cuda = n["kind"] == "cuda";
+    if (!n.contains("memory_gb") && !cuda) n["memory_gb"] = 16;
+    auto expect = [&](bool good, const std::string& field, const std::string& what) {
+      if (!good)
+        v.problem(base, at + "." + field + ": expected " + what + ", found " +
+                            (n.contains(field) ? n[field].dump() : "nothing"));
+      return good;
+    };
+    bool good = expect(n["name"].is_string() && !n["name"].get<std::string>().empty(), "name",
+                       "a non-empty string");
+    good &= expect(n["host"].is_string(), "host", "a string");
+    good &= expect(n["kind"] == "cpu" || cuda, "kind", "cpu or cuda");
+    good &= expect(n.contains("devices") && n["devices"].is_number_integer() &&
+                       n["devices"].get<int64_t>() >= 1,
+                   "devices", "an integer >= 1 (the device count)");
+    good &= expect(n.contains("memory_gb") && n["memory_gb"].is_number() &&
+                       n["memory_gb"].get<double>() > 0,
+                   "memory_gb", cuda ? "memory per GPU in GiB (a number > 0)" : "a number > 0");
+    if (!good) continue;
+    std::string name = n["name"];
+    if (seen.count(name)) {
+      v.problem(base, at + ".name: \"" + name + "\" is already the name of cluster.nodes[" +
+                          std::to_string(seen[name]) + "]");
+      continue;
+    }
+    seen[name] = i;
+    out.push_back({name, n["devices"].get<int64_t>()});
+  }
+  v.set(base, nodes);
+  return out;
+}
+
+// Fills models that default to another role's model (as OpenRLHF: ref and rollout from the
+// actor's pretrain, critic from the reward model's).
+void inherit_models(Validation& v) {
+  auto inherit = [&](const std::string& role, const std::string& from) {
+    if (str(v, role + ".model").empty()) v.set(role + ".model", v.at(from + ".model"));
+  };
+  inherit("ref", "actor");
+  inherit("rollout", "actor");
+  inherit("critic", "reward");
+}
+
+void check_models_and_data(Validation& v, const std::vector<Role>& used) {
+  const std::string kind = str(v, "kind");
+  const bool actor_model = !str(v, "actor.model").empty();
+  for (Role r : used) {
+    std::string role = role_name(r);
+    if (!str(v, role + ".model").empty()) continue;
+    // Report the root cause once: ref and rollout default to the actor's model, and a ppo
+    // reward without any source is reported below.
+    if ((r == Role::kRef || r == Role::kRollout) && !actor_model) continue;
+    if (r == Role::kReward && kind == "ppo") continue;
+    std::string what = r == Role::kCritic
+                           ? "a value-model directory (it defaults to reward.model, which is not set)"
+                           : "a Hugging Face model directory (rlhf init-model makes one)";
+    v.problem(role + ".model", "required for a " + kind + " job: " + what);
+  }
+  if (kind == "ppo") {
+    bool has_source = !str(v, "reward.model").empty() || !str(v, "reward.remote_url").empty() ||
+                      !str(v, "reward.rule").empty();
+    if (!has_source)
+      v.problem("reward", "a ppo job needs a reward source: reward.model, reward.remote_url or "
+                          "reward.rule");
+    if (!str(v, "reward.remote_url").empty() && !str(v, "reward.rule").empty())
+      v.problem("reward.rule", "set either reward.rule or reward.remote_url, not both");
+    if (str(v, "data.prompt_dataset").empty())
+      v.problem("data.prompt_dataset", "required for a ppo job: a JSONL file or synthetic:NAME");
+  } else if (str(v, "data.dataset").empty()) {
+    v.problem("data.dataset", "required for a " + kind + " job: a JSONL file or synthetic:NAME");
+  }
+  for (Role r : kAllRoles) {
+    std::string role = role_name(r);
+    if (std::find(used.begin(), used.end(), r) != used.end()) continue;
+    bool configured = v.user_paths.count(role + ".devices") || v.user_paths.count(role + ".model");
+    if (!configured) continue;
+    std::string why = role + " is configured but not used by this " + kind + " job";
+    if (r == Role::kRef && str(v, "algo.dpo.loss") == "simpo") why += " (simpo needs no reference)";
+    if (r == Role::kCritic && kind == "ppo") why += " (only the gae estimator uses a critic)";
+    v.warnings.push_back(why + "; its devices stay free");
+  }
+}
+
+// Parses a role's devices into (node, id) pairs, reporting unknown nodes and ids.
+std::vector<Device> parse_devices(Validation& v, const std::string& role,
+                                  const std::vector<NodeInfo>& nodes) {
+  const std::string path = role + ".devices";
+  std::vector<Device> out;
+  auto add_list = [&](size_t node, const json& ids) {
+    for (const auto& id : ids) {
+      int64_t d = id.get<int64_t>();
+      if (d >= nodes[node].devices) {
+        v.problem(path, "device " + std::to_string(d) + " does not exist on node \"" +
+                            nodes[node].name + "\" (it has " +
+                            std::to_string(nodes[node].devices) + " devices: 0.." +
+                            std::to_string(nodes[node].devices - 1) + ")");
+        continue;
+      }
+      Device dev{node, d};
+      if (std::find(out.begin(), out.end(), dev) != out.end()) {
+        v.problem(path, "device " + std::to_string(d) + " is listed twice");
+        continue;
+      }
+      out.push_back(dev);
+    }
+  };
+  const json& spec = v.at(path);
+  if (spec.is_array()) {
+    if (!spec.empty()) add_list(0, spec);
+    return out;
+  }
+  for (const auto& [node_name, ids] : spec.items()) {
+    auto it = std::find_if(nodes.begin(), nodes.end(),
+                           [&](const NodeInfo& n) { return n.name == node_name; });
+    if (it == nodes.end()) {
+      std::vector<std::string> names;
+      for (const auto& n : nodes) names.push_back(n.name);
+      v.problem(path, "no node named \"" + node_name + "\" in cluster.nodes (nodes: " +
+                          join(names, ", ") + ")");
+      continue;
+    }
+    add_list(static_cast<size_t>(it - nodes.begin()), ids);
+  }
+  return out;
+}
+
+json devices_json(const std::vector<Device>& devs, const std::vector<NodeInfo>& nodes) {
+  bool all_first = std::all_of(devs.begin(), devs.end(), [](const Device& d) { return d.node == 0; });
+  if (all_first) {
+    json list = json::array();
+    for (const auto& d : devs) list.push_back(d.id);
+    return list;
+  }
+  json obj = json::object();
+  for (const auto& d : devs) obj[nodes[d.node].name].push_back(d.id);
+  return obj;
+}
+
+// Resolves every used role's devices (explicit, colocated or automatic) and checks that
+// groups are disjoint unless a role asked to colocate. Returns group sizes by role name.
+std::map<std::string, int64_t> resolve_devices(Validation& v, const std::vector<Role>& used,
+                                               const std::vector<NodeInfo>& nodes) {
+  std::map<std::string, std::vector<Device>> devs;
+  std::map<std::string, std::string> colocate;
+  auto is_used = [&](const std::string& name) {
+    return std::any_of(used.begin(), used.end(), [&](Role r) { return name == role_name(r); });
+  };
+  for (Role r : used) {
+    std::string role = role_name(r);
+    devs[role] = parse_devices(v, role, nodes);
+    std::string target = str(v, role + ".colocate_with");
+    if (target.empty()) continue;
+    std::string path = role + ".colocate_with";
+    if (target == role) {
+      v.problem(path, "a role cannot colocate with itself");
+    } else if (!is_used(target)) {
+      v.problem(path, "\"" + target + "\" is not used by this job, so there is nothing to "
+                                       "share devices with");
+    } else if (!str(v, target + ".colocate_with").empty()) {
+      v.problem(path, "\"" + target + "\" itself colocates with \"" +
+                          str(v, target + ".colocate_with") + "\"; name that role instead");
+    } else {
+      colocate[role] = target;
+    }
+  }
+  // Explicit devices are taken first; then automatic ones from what is left, in role order.
+  std::set<Device> taken;
+  for (Role r : used)
+    if (!colocate.count(role_name(r)))
+      for (const auto& d : devs[role_name(r)]) taken.insert(d);
+  for (Role r : used) {
+    std::string role = role_name(r);
+    if (!devs[role].empty() || colocate.count(role) || !v.ok({role + ".devices"})) continue;
+    std::optional<Device> free;
+    for (size_t n = 0; n < nodes.size() && !free; ++n)
+      for (int64_t id = 0; id < nodes[n].devices && !free; ++id)
+        if (!taken.count({n, id})) free = Device{n, id};
+    if (!free) {
+      v.problem(role + ".devices", "no free device left for " + role +
+                                       " (every device of cluster.nodes is taken); name "
+                                       "devices, add a node or set colocate_with");
+      continue;
+    }
+    taken.insert(*free);
+    devs[role] = {*free};
+  }
+  for (const auto& [role, target] : colocate) {
+    if (devs[role].empty()) {
+      devs[role] = devs[target];
+      continue;
+    }
+    for (const auto& d : devs[role])
+      if (std::find(devs[target].begin(), devs[target].end(), d) == devs[target].end())
+        v.problem(role + ".devices", "device " + std::to_string(d.id) + " on node \"" +
+                                         nodes[d.node].name + "\" is not one of " + target +
+                                         "'s devices, which " + role + " colocates with");
+  }
+  // Disjointness between groups that did not ask to share.
+  std::vector<std::string> names;
+  for (Role r : used) names.push_back(role_name(r));
+  for (size_t i = 0; i < names.size(); ++i)
+    for (size_t j = i + 1; j < names.size(); ++j) {
+      const auto &a = names[i], &b = names[j];
+      auto shares = [&](const std::string& x, const std::string& y) {
+        return colocate.count(x) && colocate[x] == y;
+      };
+      bool allowed = shares(a, b) || shares(b, a) ||
+                     (colocate.count(a) && colocate.count(b) && colocate[a] == colocate[b]);
+      if (allowed) continue;
+      for (const auto& d : devs[a])
+        if (std::find(devs[b].begin(), devs[b].end(), d) != devs[b].end()) {
+          v.problem(b + ".devices", "device " + std::to_string(d.id) + " on node \"" +
+                                        nodes[d.node].name + "\" is also used by " + a +
+                                        "; role groups must be disjoint unless one sets "
+                                        "colocate_with");
+          break;
+        }
+    }
+  std::map<std::string, int64_t> sizes;
+  for (Role r : used) {
+    std::string role = role_name(r);
+    if (v.ok({role + ".devices"})) v.set(role + ".devices", devices_json(devs[role], nodes));
+    sizes[role] = static_cast<int64_t>(devs[role].size());
+  }
+  return sizes;
+}
+
+void check_batches(Validation& v, const std::vector<Role>& used,
+                   const std::map<std::string, int64_t>& group) {
+  const std::string kind = str(v, "kind");
+  const int64_t train_bs = num(v, "train.batch_size"), micro = num(v, "train.micro_batch_size");
+  bool train_ok = v.ok({"train.batch_size", "train.micro_batch_size"});
+  if (train_ok && micro > train_bs)
+    v.problem("train.micro_batch_size", "is " + std::to_string(micro) +
+                                            ", larger than train.batch_size (" +
+                                            std::to_string(train_bs) + ")");
+  for (Role r : used) {
+    std::string role = role_name(r);
+    if (!train_ok || !trains(v.resolved, r) || !group.count(role) || group.at(role) == 0) continue;
+    int64_t per_step = micro * group.at(role);
+    if (train_bs % per_step != 0)
+      v.problem("train.batch_size",
+                std::to_string(train_bs) + " is not divisible by train.micro_batch_size (" +
+                    std::to_string(micro) + ") x " + role + " group size (" +
+                    std::to_string(group.at(role)) + ") = " + std::to_string(per_step));
+  }
+  if (kind != "ppo") return;
+  const int64_t n = num(v, "rollout.n_samples_per_prompt"), rb = num(v, "rollout.batch_size");
+  if (train_ok && v.ok({"rollout.batch_size", "rollout.n_samples_per_prompt"}) &&
+      (rb * n) % train_bs != 0)
+    v.problem("rollout.batch_size",
+              std::to_string(rb) + " prompts x rollout.n_samples_per_prompt (" +
+                  std::to_string(n) + ") = " + std::to_string(rb * n) +
+                  " samples is not a multiple of train.batch_size (" + std::to_string(train_bs) +
+                  ")");
+  std::string est = str(v, "algo.advantage.estimator");
+  if (is_group_estimator(est) && n < 2 && v.ok({"rollout.n_samples_per_prompt"}))
+    v.problem("rollout.n_samples_per_prompt",
+              "is 1, but the " + est +
+                  " estimator compares samples of the same prompt: set it to 2 or more");
+  if (v.ok({"rollout.micro_batch_size", "rollout.batch_size"}) &&
+      num(v, "rollout.micro_batch_size") > rb)
+    v.problem("rollout.micro_batch_size", "is " + std::to_string(num(v, "rollout.micro_batch_size")) +
+                                              ", larger than rollout.batch_size (" +
+                                              std::to_string(rb) + ")");
+}
+
+void check_lengths_and_algo(Validation& v) {
+  const std::string kind = str(v, "kind");
+  int64_t prompt = num(v, "data.prompt_max_len"), max_len = num(v, "data.max_len");
+  if (kind == "ppo" && v.ok({"data.prompt_max_len", "rollout.max_new_tokens", "data.max_len"})) {
+    int64_t gen = num(v, "rollout.max_new_tokens");
+    if (prompt + gen > max_len)
+      v.problem("data.max_len", std::to_string(max_len) + " is shorter than data.prompt_max_len (" +
+                                    std::to_string(prompt) + ") + rollout.max_new_tokens (" +
+                                    std::to_string(gen) + ") = " + std::to_string(prompt + gen));
+  } else if (kind != "ppo" && v.ok({"data.prompt_max_len", "data.max_len"}) && prompt >= max_len) {
+    v.problem("data.prompt_max_len", std::to_string(prompt) +
+                                         " leaves no room for a response within data.max_len (" +
+                                         std::to_string(max_len) + ")");
+  }
+  double dual = real(v, "actor.dual_clip");
+  if (v.ok({"actor.dual_clip"}) && dual != 0 && dual <= 1)
+    v.problem("actor.dual_clip", "expected 0 (off) or a number > 1, found " + v.at("actor.dual_clip").dump());
+  if (v.ok({"algo.kl.target", "algo.kl.init_coef"}) && real(v, "algo.kl.target") > 0 &&
+      real(v, "algo.kl.init_coef") == 0)
+    v.problem("algo.kl.target", "an adaptive KL target needs algo.kl.init_coef > 0");
+  if (v.ok({"ckpt.save_steps"}) && num(v, "ckpt.save_steps") == 0)
+    v.problem("ckpt.save_steps", "expected -1 (only at the end) or a number of steps >= 1, found 0");
+  const auto clip = v.at("reward.clip_range");
+  if (v.ok({"reward.clip_range"}) && clip[0].get<double>() >= clip[1].get<double>())
+    v.problem("reward.clip_range", "expected [low, high] with low < high, found " + clip.dump());
+}
+
+}  // namespace
+
+std::vector<Role> used_roles(const json& r) {
+  auto s = [&](const char* path) { return r.at(pointer(path)).get<std::string>(); };
+  const std::string kind = s("kind");
+  if (kind == "sft") return {Role::kActor};
+  if (kind == "rm") return {Role::kReward};
+  if (kind == "dpo") {
+    if (s("algo.dpo.loss") == "simpo") return {Role::kActor};
+    return {Role::kActor, Role::kRef};
+  }
+  std::vector<Role> roles = {Role::kActor};
+  if (s("algo.advantage.estimator") == "gae") roles.push_back(Role::kCritic);
+  if (s("reward.remote_url").empty() && s("reward.rule").empty()) roles.push_back(Role::kReward);
+  double kl = r.at(pointer("algo.kl.init_coef")).get<double>();
+  if (kl > 0 || r.at(pointer("algo.kl.use_loss")).get<bool>()) roles.push_back(Role::kRef);
+  roles.push_back(Role::kRollout);
+  return roles;
+}
+
+bool trains(const json& r, Role role) {
+  const std::string kind = r.at(pointer("kind")).get<std::string>();
+  if (kind == "rm") return role == Role::kReward;
+  if (kind == "ppo") {
+    if (role == Role::kActor) return true;
+    return role == Role::kCritic &&
+           r.at(pointer("algo.advantage.estimator")).get<std::string>() == "gae";
+  }
+  return role == Role::kActor;
+}
+
+void check_cross_fields(Validation& v) {
+  std::vector<NodeInfo> nodes;
+  if (v.ok({"cluster.nodes"})) nodes = check_nodes(v);
+  inherit_models(v);
+  std::vector<Role> used = used_roles(v.resolved);
+  check_models_and_data(v, used);
+  std::map<std::string, int64_t> group;
+  if (v.ok({"cluster.nodes"}) && !nodes.empty()) group = resolve_devices(v, used, nodes);
+  check_batches(v, used, group);
+  check_lengths_and_algo(v);
+}
+
+}  // namespace rlhf::detail

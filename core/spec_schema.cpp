@@ -1,0 +1,456 @@
+// The key table and the per-key type/range checks. Cross-field rules live in spec.cpp.
+#include "core/spec_schema.h"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/text.h"
+
+namespace rlhf {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr double kInf = 1e300;
+
+// Builds the table with one call per key, so each row reads as a line of documentation.
+class TableBuilder {
+ public:
+  KeySpec& add(std::string path, KeyType type, json def, std::string doc) {
+    KeySpec k;
+    k.path = std::move(path);
+    k.type = type;
+    k.default_value = std::move(def);
+    k.doc = std::move(doc);
+    keys_.push_back(std::move(k));
+    return keys_.back();
+  }
+  void integer(std::string path, int64_t def, double lo, double hi, std::string doc) {
+    auto& k = add(std::move(path), KeyType::kInt, def, std::move(doc));
+    k.min = lo;
+    if (hi < kInf) k.max = hi;
+  }
+  void number(std::string path, double def, double lo, double hi, std::string doc,
+              bool lo_exclusive = false) {
+    auto& k = add(std::move(path), KeyType::kFloat, def, std::move(doc));
+    k.min = lo;
+    k.min_exclusive = lo_exclusive;
+    if (hi < kInf) k.max = hi;
+  }
+  void boolean(std::string path, bool def, std::string doc) {
+    add(std::move(path), KeyType::kBool, def, std::move(doc));
+  }
+  void string(std::string path, std::string def, std::string doc) {
+    add(std::move(path), KeyType::kString, std::move(def), std::move(doc));
+  }
+  void choice(std::string path, std::string def, std::vector<std::string> choices,
+              std::string doc) {
+    auto& k = add(std::move(path), KeyType::kEnum, std::move(def), std::move(doc));
+    k.choices = std::move(choices);
+  }
+  void numbers(std::string path, std::vector<double> def, std::string doc) {
+    auto& k = add(std::move(path), KeyType::kFloatList, def, std::move(doc));
+    k.list_len = def.size();
+  }
+  void integers(std::string path, std::vector<int64_t> def, double lo, std::string doc) {
+    auto& k = add(std::move(path), KeyType::kIntList, def, std::move(doc));
+    k.min = lo;
+  }
+  std::vector<KeySpec> take() { return std::move(keys_); }
+
+ private:
+  std::vector<KeySpec> keys_;
+};
+
+const std::vector<std::string> kRoleChoices = {"", "actor", "critic", "reward", "ref", "rollout"};
+
+// Keys every role has: where its model comes from and where its workers run.
+void add_role_placement(TableBuilder& t, const std::string& role, const std::string& model_doc) {
+  t.string(role + ".model", "", model_doc);
+  t.add(role + ".devices", KeyType::kDevices, json::array(),
+        "Devices of the " + role +
+            " group: [0, 1] on the first node, or {\"node\": [0, 1], ...}; one worker per "
+            "device. Empty: one free device is chosen (or the colocated role's devices).");
+  t.choice(role + ".colocate_with", "", kRoleChoices,
+           "Share the devices of this role (only when asked: roles are disjoint otherwise).");
+  t.choice(role + ".dtype", "bf16", {"bf16", "fp32"},
+           "Compute dtype of the " + role + " model (master weights stay FP32 when trained).");
+}
+
+// Keys of a role that trains (actor, critic; reward in `rm` jobs).
+void add_trainer_keys(TableBuilder& t, const std::string& role, double lr) {
+  t.integer(role + ".zero_stage", 2, 0, 3,
+            "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters.");
+  t.boolean(role + ".gradient_checkpointing", true,
+            "Recompute each decoder layer in backward instead of keeping its activations.");
+  t.number(role + ".adam.lr", lr, 0, 1, "AdamW learning rate.", true);
+  t.numbers(role + ".adam.betas", {0.9, 0.95}, "AdamW (beta1, beta2).");
+  t.number(role + ".adam.eps", 1e-8, 0, 1, "AdamW epsilon.", true);
+  t.number(role + ".adam.weight_decay", 0.0, 0, 10, "AdamW decoupled weight decay.");
+  t.boolean(role + ".adam_offload", false, "Keep AdamW moments and master weights in host memory.");
+  t.choice(role + ".lr_scheduler", "cosine_with_min_lr", {"constant", "cosine_with_min_lr"},
+           "LR schedule after warmup (cosine decays to 0.1 x lr, as OpenRLHF).");
+  t.number(role + ".lr_warmup_ratio", 0.03, 0, 1, "Fraction of steps of linear LR warmup.");
+  t.number(role + ".max_norm", 1.0, 0, kInf,
+           "Global gradient-norm clipping across shards (0: off).");
+}
+
+std::vector<KeySpec> build_table() {
+  TableBuilder t;
+  t.choice("kind", "ppo", {"ppo", "dpo", "sft", "rm"},
+           "Job kind: ppo (PPO family), dpo (DPO family), sft, rm (reward-model training).");
+  t.string("name", "rlhf", "Run name; the run directory is logger.run_dir/name.");
+
+  // Cluster and scheduler.
+  t.add("cluster.nodes", KeyType::kNodes,
+        json::array({{{"name", "local"},
+                      {"host", "127.0.0.1"},
+                      {"kind", "cpu"},
+                      {"devices", 8},
+                      {"memory_gb", 16}}}),
+        "Nodes: [{\"name\", \"host\", \"kind\": cpu|cuda, \"devices\": count, \"memory_gb\": "
+        "per device}]. On cpu, devices are logical slots.");
+  t.string("cluster.interface", "127.0.0.1",
+           "Address the scheduler binds to (loopback unless a job spans nodes).");
+  t.integer("cluster.threads_per_worker", 1, 1, 1024,
+            "Torch intra-op threads per worker process (OMP_NUM_THREADS).");
+  t.number("scheduler.heartbeat_interval_s", 1.0, 0, 60, "Seconds between heartbeats.", true);
+  t.number("scheduler.worker_timeout_s", 5.0, 0, 3600,
+           "A worker silent this long is declared dead and the job stops.", true);
+  t.integer("scheduler.max_inflight", 2, 1, 64, "Requests in flight per worker (back-pressure).");
+  t.number("scheduler.request_timeout_s", 1800.0, 0, 86400,
+           "Seconds one operation may take before the job fails.", true);
+
+  // Data.
+  t.string("data.prompt_dataset", "",
+           "Prompt dataset for ppo: a JSONL file, or synthetic:NAME for a built-in one.");
+  t.string("data.dataset", "",
+           "Training dataset for dpo, sft and rm: a JSONL file, or synthetic:NAME.");
+  t.string("data.eval_dataset", "", "Held-out dataset evaluated after training (optional).");
+  t.string("data.input_key", "input", "JSON key of the prompt in prompt datasets.");
+  t.string("data.label_key", "", "JSON key of a label passed to rule and remote rewards.");
+  t.string("data.prompt_key", "prompt", "JSON key of the prompt in preference and SFT data.");
+  t.string("data.chosen_key", "chosen", "JSON key of the preferred response.");
+  t.string("data.rejected_key", "rejected", "JSON key of the dispreferred response.");
+  t.string("data.output_key", "output", "JSON key of the target response in SFT data.");
+  t.string("data.input_template", "", "Prompt template with {} for the prompt text.");
+  t.boolean("data.apply_chat_template", false, "Format prompts with the model's chat template.");
+  t.choice("data.chat_template", "auto", {"auto", "chatml", "llama3", "llama2"},
+           "Chat template family; auto detects it from tokenizer_config.json.");
+  t.integer("data.prompt_max_len", 1024, 1, kInf, "Prompts are truncated to this many tokens.");
+  t.integer("data.max_len", 2048, 2, kInf, "Maximum total sequence length (prompt + response).");
+  t.integer("data.max_samples", 0, 0, kInf, "Use at most this many dataset rows (0: all).");
+  t.choice("data.bad_lines", "fatal", {"fatal", "skip"},
+           "A malformed dataset line stops the job (fatal) or is skipped and counted (skip).");
+  t.boolean("data.packing", false, "Pack several SFT samples into one sequence.");
+
+  // Rollout (generation).
+  t.integer("rollout.batch_size", 1024, 1, kInf, "Prompts per PPO step (rollout_batch_size).");
+  t.integer("rollout.micro_batch_size", 8, 1, kInf,
+            "Prompts per generate call on one rollout worker.");
+  t.integer("rollout.n_samples_per_prompt", 1, 1, 4096, "Responses sampled per prompt.");
+  t.integer("rollout.max_new_tokens", 1024, 1, kInf, "Maximum response length in tokens.");
+  t.number("rollout.temperature", 1.0, 0, 100, "Sampling temperature (0: greedy).");
+  t.number("rollout.top_p", 1.0, 0, 1, "Nucleus sampling mass.", true);
+  t.integer("rollout.top_k", -1, -1, kInf, "Sample among the k most likely tokens (-1: off).");
+  t.integers("rollout.stop_token_ids", {}, 0,
+             "Extra token ids that end a response (EOS always does).");
+
+  // Training loop.
+  t.integer("train.batch_size", 128, 1, kInf, "Samples per optimizer step (global).");
+  t.integer("train.micro_batch_size", 4, 1, kInf, "Samples per forward/backward on one device.");
+  t.integer("train.max_epochs", 1, 1, 1000, "Passes over each batch of experience (ppo) or data.");
+  t.integer("train.num_episodes", 1, 1, 100000, "Passes over the prompt dataset (ppo).");
+  t.integer("train.max_steps", 0, 0, kInf, "Stop after this many steps (0: when data runs out).");
+  t.integer("train.seed", 42, 0, kInf, "Seed for data order, sampling and initialisation.");
+
+  // Algorithm.
+  t.choice("algo.advantage.estimator", "gae",
+           {"gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "grpo", "dr_grpo"},
+           "Advantage estimator; grpo is an alias of group_norm.");
+  t.number("algo.advantage.gamma", 1.0, 0, 1, "Discount factor.");
+  t.number("algo.advantage.lambd", 0.95, 0, 1, "GAE lambda.");
+  t.number("algo.kl.init_coef", 0.01, 0, kInf, "Initial KL coefficient (0: no reference model).");
+  t.choice("algo.kl.estimator", "k1", {"k1", "k2", "k3"},
+           "KL estimator on log_probs - log_probs_ref.");
+  t.number("algo.kl.target", 0.0, 0, kInf, "Adaptive KL target (0: fixed coefficient).");
+  t.integer("algo.kl.horizon", 10000, 1, kInf, "Adaptive KL controller horizon.");
+  t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
+  t.choice("algo.dpo.loss", "sigmoid", {"sigmoid", "ipo", "hinge", "simpo"},
+           "DPO-family loss; simpo needs no reference model.");
+  t.number("algo.dpo.beta", 0.1, 0, kInf, "DPO beta: strength of the implicit KL to the reference.", true);
+  t.number("algo.dpo.label_smoothing", 0.0, 0, 0.5, "cDPO label smoothing.");
+  t.number("algo.dpo.simpo_gamma", 0.5, 0, kInf, "SimPO target reward margin gamma.");
+  t.number("algo.dpo.nll_loss_coef", 0.0, 0, kInf, "Weight of the NLL loss on chosen responses.");
+  t.choice("algo.rm.loss", "sigmoid", {"sigmoid", "logexp"}, "Pairwise reward-model loss.");
+
+  // Roles.
+  add_role_placement(t, "actor", "Policy model: a Hugging Face model directory.");
+  add_trainer_keys(t, "actor", 1e-6);
+  t.number("actor.eps_clip", 0.2, 0, 10, "PPO ratio clip.", true);
+  t.number("actor.eps_clip_low", 0.0, 0, 10, "Lower ratio clip (0: actor.eps_clip).");
+  t.number("actor.eps_clip_high", 0.0, 0, 10, "Upper ratio clip (0: actor.eps_clip).");
+  t.number("actor.dual_clip", 0.0, 0, kInf, "Dual-clip constant c > 1 (0: off).");
+  t.choice("actor.loss_agg", "token_mean", {"token_mean", "seq_mean"},
+           "Policy loss aggregation: over all action tokens, or per sequence then mean.");
+  t.number("actor.entropy_coef", 0.0, 0, kInf, "Entropy bonus coefficient.");
+
+  add_role_placement(t, "critic", "Value model directory (default: reward.model).");
+  add_trainer_keys(t, "critic", 9e-6);
+  t.number("critic.value_clip", 0.5, 0, kInf, "Value clip around the old values (0: off).");
+  t.string("critic.value_head_prefix", "score", "Name prefix of the value head's weights.");
+
+  add_role_placement(t, "reward", "Reward model directory with a value head.");
+  add_trainer_keys(t, "reward", 9e-6);
+  t.string("reward.value_head_prefix", "score", "Name prefix of the value head's weights.");
+  t.numbers("reward.clip_range", {-10.0, 10.0}, "Scores are clipped to [low, high].");
+  t.string("reward.remote_url", "",
+           "HTTP endpoint scoring {prompts, responses, labels} (instead of a reward model).");
+  t.number("reward.remote_timeout_s", 30.0, 0, 3600, "Timeout of one remote reward call.", true);
+  t.string("reward.rule", "", "Built-in rule reward instead of a model (see docs/rewards.md).");
+
+  add_role_placement(t, "ref", "Reference model directory (default: actor.model).");
+  t.integer("ref.zero_stage", 0, 0, 3, "0: full weights per worker; 3: sharded across the group.");
+
+  add_role_placement(t, "rollout", "Generation model (default: actor.model; synced after each step).");
+
+  // Checkpoints and logging.
+  t.string("ckpt.path", "", "Checkpoint directory (default: the run directory's ckpt/).");
+  t.integer("ckpt.save_steps", -1, -1, kInf, "Save every N steps (-1: only at the end).");
+  t.integer("ckpt.max_num", 3, 1, 1000, "Keep the newest N checkpoints.");
+  t.boolean("ckpt.save_only_model", false, "Skip optimizer state in checkpoints.");
+  t.boolean("ckpt.export_hf", true, "Export trained models as Hugging Face directories at the end.");
+  t.string("logger.run_dir", "runs", "Parent directory of run directories.");
+  t.integer("logger.logging_steps", 1, 1, kInf, "Log metrics every N steps.");
+  return t.take();
+}
+
+std::string format_number(double v) {
+  if (std::abs(v) >= kInf) return "inf";
+  if (v == std::floor(v) && std::abs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string describe(const json& v) {
+  std::string s = v.dump();
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+bool is_integer(const json& v) {
+  if (v.is_number_integer()) return true;
+  return v.is_number_float() && v.get<double>() == std::floor(v.get<double>()) &&
+         std::abs(v.get<double>()) < 9e15;
+}
+
+std::string range_text(const KeySpec& k) {
+  std::string lo = k.min ? format_number(*k.min) : "";
+  std::string hi = k.max ? format_number(*k.max) : "";
+  if (k.min && k.max) return " in " + std::string(k.min_exclusive ? "(" : "[") + lo + ", " + hi + "]";
+  if (k.min) return std::string(k.min_exclusive ? " > " : " >= ") + lo;
+  if (k.max) return " <= " + hi;
+  return "";
+}
+
+bool in_range(const KeySpec& k, double v) {
+  if (k.min && (k.min_exclusive ? v <= *k.min : v < *k.min)) return false;
+  if (k.max && v > *k.max) return false;
+  return true;
+}
+
+std::string check_devices(const json& v) {
+  auto check_list = [](const json& list) -> std::string {
+    if (!list.is_array()) return "a list of device ids";
+    for (const auto& d : list)
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) return "device ids as integers >= 0";
+    return "";
+  };
+  if (v.is_array()) return check_list(v);
+  if (v.is_object()) {
+    for (const auto& [node, list] : v.items())
+      if (auto e = check_list(list); !e.empty()) return e + " for node \"" + node + "\"";
+    return "";
+  }
+  return "a list of device ids or an object {\"node\": [ids]}";
+}
+
+}  // namespace
+
+const char* key_type_name(KeyType type) {
+  switch (type) {
+    case KeyType::kInt: return "integer";
+    case KeyType::kFloat: return "number";
+    case KeyType::kBool: return "boolean";
+    case KeyType::kString: return "string";
+    case KeyType::kEnum: return "choice";
+    case KeyType::kFloatList: return "numbers";
+    case KeyType::kIntList: return "integers";
+    case KeyType::kDevices: return "devices";
+    case KeyType::kNodes: return "nodes";
+  }
+  return "?";
+}
+
+std::string KeySpec::expectation() const {
+  switch (type) {
+    case KeyType::kInt: return "an integer" + range_text(*this);
+    case KeyType::kFloat: return "a number" + range_text(*this);
+    case KeyType::kBool: return "true or false";
+    case KeyType::kString: return "a string";
+    case KeyType::kEnum: {
+      std::vector<std::string> shown;
+      for (const auto& c : choices) shown.push_back(c.empty() ? "\"\"" : c);
+      return "one of " + join(shown, ", ");
+    }
+    case KeyType::kFloatList: return "a list of " + std::to_string(list_len) + " numbers";
+    case KeyType::kIntList: return "a list of integers" + range_text(*this);
+    case KeyType::kDevices: return "a list of device ids or an object {\"node\": [ids]}";
+    case KeyType::kNodes: return "a list of node objects";
+  }
+  return "?";
+}
+
+std::string KeySpec::check(const json& v) const {
+  auto bad = [&](const std::string& what = "") {
+    return "expected " + (what.empty() ? expectation() : what) + ", found " + describe(v);
+  };
+  switch (type) {
+    case KeyType::kInt:
+      if (!is_integer(v)) return bad();
+      return in_range(*this, v.get<double>()) ? "" : bad();
+    case KeyType::kFloat:
+      if (!v.is_number()) return bad();
+      return in_range(*this, v.get<double>()) ? "" : bad();
+    case KeyType::kBool: return v.is_boolean() ? "" : bad();
+    case KeyType::kString: return v.is_string() ? "" : bad();
+    case KeyType::kEnum:
+      if (!v.is_string()) return bad();
+      for (const auto& c : choices)
+        if (c == v.get<std::string>()) return "";
+      {
+        std::string hint = closest_match(v.get<std::string>(), choices);
+        return bad() + (hint.empty() ? "" : " (did you mean " + hint + "?)");
+      }
+    case KeyType::kFloatList:
+      if (!v.is_array() || v.size() != list_len) return bad();
+      for (const auto& e : v)
+        if (!e.is_number()) return bad();
+      return "";
+    case KeyType::kIntList:
+      if (!v.is_array()) return bad();
+      for (const auto& e : v)
+        if (!is_integer(e) || !in_range(*this, e.get<double>())) return bad();
+      return "";
+    case KeyType::kDevices: {
+      std::string e = check_devices(v);
+      return e.empty() ? "" : bad(e);
+    }
+    case KeyType::kNodes:
+      return v.is_array() && !v.empty() ? "" : bad("a non-empty list of node objects");
+  }
+  return "";
+}
+
+json KeySpec::parse_override(const std::string& text) const {
+  auto fail = [&]() -> json {
+    throw InputError("--set " + path + "=" + text + ": expected " + expectation());
+  };
+  switch (type) {
+    case KeyType::kString:
+    case KeyType::kEnum: return text;
+    case KeyType::kBool:
+      if (text == "true" || text == "1") return true;
+      if (text == "false" || text == "0") return false;
+      return fail();
+    case KeyType::kInt:
+    case KeyType::kFloat: {
+      json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (v.is_discarded() || !v.is_number()) return fail();
+      return v;
+    }
+    default: {
+      // Lists and objects: JSON, or a bare comma-separated list of numbers.
+      std::string t = trim(text);
+      json v = json::parse(t, nullptr, false);
+      if (v.is_discarded() && !t.empty() && t.front() != '[' && t.front() != '{')
+        v = json::parse("[" + t + "]", nullptr, false);
+      if (v.is_discarded()) return fail();
+      return v;
+    }
+  }
+}
+
+const std::vector<KeySpec>& spec_keys() {
+  static const std::vector<KeySpec> kKeys = build_table();
+  return kKeys;
+}
+
+const KeySpec* find_key(const std::string& path) {
+  static const std::map<std::string, const KeySpec*> kIndex = [] {
+    std::map<std::string, const KeySpec*> m;
+    for (const auto& k : spec_keys()) m[k.path] = &k;
+    return m;
+  }();
+  auto it = kIndex.find(path);
+  return it == kIndex.end() ? nullptr : it->second;
+}
+
+const std::vector<std::string>& spec_key_paths() {
+  static const std::vector<std::string> kPaths = [] {
+    std::vector<std::string> p;
+    for (const auto& k : spec_keys()) p.push_back(k.path);
+    return p;
+  }();
+  return kPaths;
+}
+
+const std::vector<std::string>& node_fields() {
+  static const std::vector<std::string> kFields = {"name", "host", "kind", "devices", "memory_gb"};
+  return kFields;
+}
+
+json default_spec_json() {
+  json out = json::object();
+  for (const auto& k : spec_keys()) out[json::json_pointer("/" + join(split(k.path, '.'), "/"))] = k.default_value;
+  return out;
+}
+
+std::string spec_markdown() {
+  std::ostringstream md;
+  md << "# Job spec reference\n\n"
+        "<!-- Generated by `rlhf spec --markdown` from the key table in core/spec_schema.cpp."
+        " Do not edit by hand: a test fails when this file differs from the table. -->\n\n"
+        "A job spec is one JSON object, nested by the dotted paths below (`--set "
+        "rollout.n_samples_per_prompt=8` overrides one value). Every key is optional; "
+        "unknown keys are errors. Comments (`//`) are allowed.\n";
+  std::string section;
+  for (const auto& k : spec_keys()) {
+    std::string top = split(k.path, '.').front();
+    std::string group = (top == "kind" || top == "name") ? "job" : top;
+    if (group != section) {
+      section = group;
+      md << "\n## " << section << "\n\n| key | type | default | allowed | description |\n"
+         << "| --- | --- | --- | --- | --- |\n";
+    }
+    std::string allowed = k.expectation();
+    if (allowed.rfind("an ", 0) == 0) allowed = allowed.substr(3);
+    if (allowed.rfind("a ", 0) == 0) allowed = allowed.substr(2);
+    std::string def = k.default_value.dump();
+    std::string doc = k.doc;
+    for (auto* s : {&def, &allowed, &doc}) {
+      std::string escaped;
+      for (char c : *s) escaped += (c == '|') ? std::string("\\|") : std::string(1, c);
+      *s = escaped;
+    }
+    md << "| `" << k.path << "` | " << key_type_name(k.type) << " | `" << def << "` | " << allowed
+       << " | " << doc << " |\n";
+  }
+  return md.str();
+}
+
+}  // namespace rlhf

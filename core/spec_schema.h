@@ -1,0 +1,60 @@
+// The table of every job-spec key: dotted path, type, default, allowed range or choices,
+// and one line of documentation. The validator, `--set` overrides and docs/job-spec.md all
+// come from this one table; nothing else declares a key or a default.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace rlhf {
+
+enum class KeyType {
+  kInt,
+  kFloat,
+  kBool,
+  kString,
+  kEnum,       // one of `choices`
+  kFloatList,  // fixed length `list_len`
+  kIntList,    // any length, each element within [min, max]
+  kDevices,    // [0, 1] on the first node, or {"node-name": [0, 1], ...}
+  kNodes,      // list of node objects (see cluster.nodes)
+};
+const char* key_type_name(KeyType type);
+
+struct KeySpec {
+  std::string path;  // "rollout.n_samples_per_prompt"
+  KeyType type = KeyType::kString;
+  nlohmann::json default_value;
+  std::optional<double> min;  // numeric bounds (inclusive unless *_exclusive)
+  std::optional<double> max;
+  bool min_exclusive = false;
+  std::vector<std::string> choices;  // kEnum
+  size_t list_len = 0;               // kFloatList
+  std::string doc;
+
+  // "integer >= 1", "number in (0, 1]", "one of k1, k2, k3" (what the validator expects).
+  std::string expectation() const;
+  // Checks a JSON value against type and range; returns "" or what is wrong with it.
+  std::string check(const nlohmann::json& value) const;
+  // Parses a `--set` value ("8", "1e-6", "true", "k3", "[0,1]", "0,1"); throws InputError.
+  nlohmann::json parse_override(const std::string& text) const;
+};
+
+// Every key, in documentation order.
+const std::vector<KeySpec>& spec_keys();
+// nullptr when `path` is not a key.
+const KeySpec* find_key(const std::string& path);
+// All key paths (for "did you mean" hints).
+const std::vector<std::string>& spec_key_paths();
+// The fields a node object of `cluster.nodes` may have.
+const std::vector<std::string>& node_fields();
+
+// docs/job-spec.md, generated from the table (`rlhf spec --markdown`).
+std::string spec_markdown();
+// The default spec as nested JSON (`rlhf spec --defaults`).
+nlohmann::json default_spec_json();
+
+}  // namespace rlhf

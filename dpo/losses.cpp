@@ -1,0 +1,88 @@
+#include "dpo/losses.h"
+
+#include <torch/nn/functional/activation.h>
+
+#include "core/errors.h"
+
+namespace rlhf::dpo {
+
+namespace {
+torch::Tensor logsigmoid(const torch::Tensor& x) { return torch::log_sigmoid(x); }
+}  // namespace
+
+DpoLossType parse_dpo_loss(const std::string& name) {
+  if (name == "sigmoid") return DpoLossType::kSigmoid;
+  if (name == "ipo") return DpoLossType::kIpo;
+  if (name == "hinge") return DpoLossType::kHinge;
+  if (name == "simpo") return DpoLossType::kSimpo;
+  throw InputError("algo.dpo.loss: expected sigmoid, ipo, hinge or simpo, found \"" + name + "\"");
+}
+
+bool needs_reference(DpoLossType type) { return type != DpoLossType::kSimpo; }
+
+DpoLossResult dpo_loss(const DpoLossConfig& c, const PairLogProbs& lp) {
+  TORCH_CHECK(lp.chosen.dim() == 1 && lp.chosen.sizes() == lp.rejected.sizes(),
+              "dpo_loss: expected chosen and rejected log-probs [P], got ", lp.chosen.sizes(),
+              " and ", lp.rejected.sizes());
+  const bool ref = needs_reference(c.type);
+  TORCH_CHECK(!ref || (lp.ref_chosen.defined() && lp.ref_rejected.defined()),
+              "dpo_loss: this loss needs the reference model's log-probs");
+  torch::Tensor pc = lp.chosen.to(torch::kFloat32), pr = lp.rejected.to(torch::kFloat32);
+  torch::Tensor rc = ref ? lp.ref_chosen.to(torch::kFloat32) : torch::zeros_like(pc);
+  torch::Tensor rr = ref ? lp.ref_rejected.to(torch::kFloat32) : torch::zeros_like(pr);
+  torch::Tensor h = (pc - pr) - (rc - rr);
+  torch::Tensor losses;
+  switch (c.type) {
+    case DpoLossType::kSigmoid:
+      losses = -logsigmoid(c.beta * h) * (1.0 - c.label_smoothing) -
+               logsigmoid(-c.beta * h) * c.label_smoothing;
+      break;
+    case DpoLossType::kIpo: losses = (h - 1.0 / (2.0 * c.beta)).pow(2); break;
+    case DpoLossType::kHinge: losses = torch::relu(1.0 - c.beta * h); break;
+    case DpoLossType::kSimpo:
+      losses = -logsigmoid(c.beta * h - c.simpo_gamma) * (1.0 - c.label_smoothing) -
+               logsigmoid(-(c.beta * h - c.simpo_gamma)) * c.label_smoothing;
+      break;
+  }
+  DpoLossResult out;
+  out.loss = losses.mean();
+  if (c.nll_loss_coef > 0) {
+    TORCH_CHECK(lp.chosen_tokens.defined(), "dpo_loss: nll_loss_coef needs chosen_tokens");
+    torch::Tensor per_token = c.type == DpoLossType::kSimpo
+                                  ? pc
+                                  : pc / lp.chosen_tokens.to(torch::kFloat32).clamp_min(1);
+    out.loss = out.loss + c.nll_loss_coef * (-per_token).mean();
+  }
+  out.chosen_rewards = (c.beta * (pc - rc)).detach();
+  out.rejected_rewards = (c.beta * (pr - rr)).detach();
+  out.accuracy = (out.chosen_rewards > out.rejected_rewards).to(torch::kFloat32).mean();
+  out.margin = (out.chosen_rewards - out.rejected_rewards).mean();
+  return out;
+}
+
+RmLossType parse_rm_loss(const std::string& name) {
+  if (name == "sigmoid") return RmLossType::kSigmoid;
+  if (name == "logexp") return RmLossType::kLogExp;
+  throw InputError("algo.rm.loss: expected sigmoid or logexp, found \"" + name + "\"");
+}
+
+torch::Tensor rm_loss(RmLossType type, const torch::Tensor& chosen_scores,
+                      const torch::Tensor& rejected_scores, const torch::Tensor& margin) {
+  TORCH_CHECK(chosen_scores.sizes() == rejected_scores.sizes(),
+              "rm_loss: chosen and rejected scores differ in shape: ", chosen_scores.sizes(),
+              " vs ", rejected_scores.sizes());
+  torch::Tensor c = chosen_scores.to(torch::kFloat32), r = rejected_scores.to(torch::kFloat32);
+  if (type == RmLossType::kLogExp) return torch::log1p(torch::exp(r - c)).mean();
+  torch::Tensor diff = c - r;
+  if (margin.defined()) diff = diff - margin.to(torch::kFloat32);
+  return (-logsigmoid(diff)).mean();
+}
+
+torch::Tensor sft_loss(const torch::Tensor& log_probs, const torch::Tensor& loss_mask) {
+  TORCH_CHECK(log_probs.sizes() == loss_mask.sizes(), "sft_loss: shapes differ: ",
+              log_probs.sizes(), " vs ", loss_mask.sizes());
+  torch::Tensor m = loss_mask.to(torch::kFloat32);
+  return -(log_probs.to(torch::kFloat32) * m).sum() / m.sum().clamp_min(1);
+}
+
+}  // namespace rlhf::dpo

@@ -1,0 +1,190 @@
+// Flat sharding of one unit: layout, gather/release, gradient reduction, the AdamW step.
+#include "engine/sharded_unit.h"
+
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+
+namespace rlhf::engine {
+namespace {
+
+int64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+// The parameter's data replaced by an empty tensor: its storage is freed, its identity
+// (autograd leaf, module registration) kept.
+void free_data(torch::Tensor& param) {
+  param.set_data(torch::empty({0}, param.options()));
+}
+
+}  // namespace
+
+ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& context)
+    : ctx_(context), name_(unit.name) {
+  torch::NoGradGuard no_grad;
+  auto* group = ctx_.group;
+  const int world = group->size();
+  const int rank = group->rank();
+  for (const auto& [param_name, param] : unit.params) {
+    TORCH_CHECK(param.defined() && param.numel() > 0, "ShardedUnit ", name_, ": parameter ", param_name,
+                " is empty (already sharded by another trainer?)");
+    ParamSlot slot{param_name, param, param.sizes().vec(), 0, param.numel()};
+    if (!param.requires_grad()) {
+      param.set_data(param.data().to(ctx_.device, ctx_.compute_dtype));
+      state_bytes_[0] += bytes_of(param);
+      frozen_.push_back(std::move(slot));
+      continue;
+    }
+    slot.offset = numel_;
+    numel_ += slot.numel;
+    slots_.push_back(std::move(slot));
+  }
+  shard_ = (numel_ + world - 1) / world;
+  padded_ = shard_ * world;
+
+  // Rank 0's values, broadcast so every rank starts from the same weights.
+  auto flat = torch::zeros({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
+  for (const auto& slot : slots_) flat.narrow(0, slot.offset, slot.numel).copy_(slot.param.data().reshape({-1}));
+  if (world > 1) group->broadcast(flat, 0);
+  master_ = flat.narrow(0, rank * shard_, shard_).to(ctx_.state_device, torch::kFloat, false, true);
+  exp_avg_ = torch::zeros_like(master_);
+  exp_avg_sq_ = torch::zeros_like(master_);
+  const auto grad_options = torch::TensorOptions(torch::kFloat).device(ctx_.device);
+  grad_ = torch::zeros({ctx_.stage == ZeroStage::kOptimizer ? padded_ : shard_}, grad_options);
+
+  for (auto& slot : slots_) {
+    if (ctx_.stage == ZeroStage::kParameters) {
+      slot.param.set_data(torch::empty({0}, flat.options().dtype(ctx_.compute_dtype)));
+    } else {
+      slot.param.set_data(flat.narrow(0, slot.offset, slot.numel).view(slot.shape).to(ctx_.compute_dtype).clone());
+      state_bytes_[0] += bytes_of(slot.param);
+    }
+  }
+  if (ctx_.stage == ZeroStage::kParameters && ctx_.state_device != ctx_.device) {
+    cached_shard_ = master_.to(ctx_.device, ctx_.compute_dtype);
+    state_bytes_[0] += bytes_of(cached_shard_);
+  }
+  // Weight decay ranges, clipped to this rank's shard [rank S, (rank + 1) S).
+  const int64_t begin = rank * shard_, end = begin + shard_;
+  for (const auto& slot : slots_) {
+    if (!takes_weight_decay(slot.name)) continue;
+    const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
+    if (lo < hi) decay_.emplace_back(lo - begin, hi - begin);
+  }
+  state_bytes_[1] = bytes_of(master_);
+  state_bytes_[2] = bytes_of(exp_avg_) + bytes_of(exp_avg_sq_);
+  state_bytes_[3] = bytes_of(grad_);
+  ctx_.tracker->add(MemoryKind::kParams, state_bytes_[0]);
+  ctx_.tracker->add(MemoryKind::kMaster, state_bytes_[1]);
+  ctx_.tracker->add(MemoryKind::kOptimizer, state_bytes_[2]);
+  ctx_.tracker->add(MemoryKind::kGrads, state_bytes_[3]);
+}
+
+ShardedUnit::~ShardedUnit() {
+  ctx_.tracker->sub(MemoryKind::kParams, state_bytes_[0]);
+  ctx_.tracker->sub(MemoryKind::kMaster, state_bytes_[1]);
+  ctx_.tracker->sub(MemoryKind::kOptimizer, state_bytes_[2]);
+  ctx_.tracker->sub(MemoryKind::kGrads, state_bytes_[3]);
+  ctx_.tracker->sub(MemoryKind::kGathered, gathered_bytes_);
+}
+
+torch::Tensor ShardedUnit::compute_shard() const {
+  if (cached_shard_.defined()) return cached_shard_;
+  return master_.to(ctx_.device, ctx_.compute_dtype);
+}
+
+void ShardedUnit::set_full_params(const torch::Tensor& flat) {
+  for (auto& slot : slots_) slot.param.set_data(flat.narrow(0, slot.offset, slot.numel).view(slot.shape));
+}
+
+void ShardedUnit::gather() {
+  if (ctx_.stage != ZeroStage::kParameters || gathered() || slots_.empty()) return;
+  torch::NoGradGuard no_grad;
+  auto full = torch::empty({padded_}, torch::TensorOptions(ctx_.compute_dtype).device(ctx_.device));
+  auto shard = compute_shard();
+  ctx_.group->all_gather(full, shard);
+  set_full_params(full);
+  gathered_bytes_ = bytes_of(full);
+  ctx_.tracker->add(MemoryKind::kGathered, gathered_bytes_);
+}
+
+void ShardedUnit::release_if_unused() {
+  if (!gathered()) return;
+  // A live AccumulateGrad node means a graph built in forward will read these parameters
+  // in backward (a unit run without checkpointing): keep them until release().
+  for (const auto& slot : slots_) {
+    if (torch::autograd::impl::try_get_grad_accumulator(slot.param) != nullptr) return;
+  }
+  release();
+}
+
+void ShardedUnit::release() {
+  if (!gathered()) return;
+  for (auto& slot : slots_) free_data(slot.param);
+  ctx_.tracker->sub(MemoryKind::kGathered, gathered_bytes_);
+  gathered_bytes_ = 0;
+}
+
+void ShardedUnit::reduce_grads() {
+  torch::NoGradGuard no_grad;
+  if (ctx_.stage == ZeroStage::kOptimizer) {
+    for (auto& slot : slots_) {
+      auto& grad = slot.param.mutable_grad();
+      if (grad.defined()) grad_.narrow(0, slot.offset, slot.numel).add_(grad.reshape({-1}));
+      grad.reset();
+    }
+    return;
+  }
+  // FP32 before the reduction: summing N BF16 gradients in BF16 would lose their low bits.
+  auto flat = torch::zeros({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
+  auto shard = torch::empty({shard_}, flat.options());
+  const int64_t buffer_bytes = bytes_of(flat) + bytes_of(shard);
+  ctx_.tracker->add(MemoryKind::kBuffers, buffer_bytes);
+  for (auto& slot : slots_) {
+    auto& grad = slot.param.mutable_grad();
+    if (grad.defined()) flat.narrow(0, slot.offset, slot.numel).copy_(grad.reshape({-1}));
+    grad.reset();
+  }
+  ctx_.group->reduce_scatter(shard, flat);
+  grad_.add_(shard);
+  ctx_.tracker->sub(MemoryKind::kBuffers, buffer_bytes);
+}
+
+torch::Tensor ShardedUnit::finish_grads() {
+  const int world = ctx_.group->size();
+  if (ctx_.stage == ZeroStage::kOptimizer) {
+    if (world > 1) ctx_.group->all_reduce(grad_, transport::ReduceOp::kSum);
+    return grad_.narrow(0, ctx_.group->rank() * shard_, shard_).div_(world);
+  }
+  return grad_.div_(world);
+}
+
+void ShardedUnit::apply_adamw(const torch::Tensor& grad, const AdamWStep& hp) {
+  auto g = grad.to(ctx_.state_device);
+  adamw_update(master_, exp_avg_, exp_avg_sq_, g, decay_, hp);
+}
+
+void ShardedUnit::refresh_params() {
+  torch::NoGradGuard no_grad;
+  if (ctx_.stage == ZeroStage::kParameters) {
+    if (cached_shard_.defined()) cached_shard_.copy_(master_);
+    return;
+  }
+  if (slots_.empty()) return;
+  auto full = torch::empty({padded_}, torch::TensorOptions(ctx_.compute_dtype).device(ctx_.device));
+  ctx_.tracker->add(MemoryKind::kBuffers, bytes_of(full));
+  ctx_.group->all_gather(full, compute_shard());
+  for (auto& slot : slots_) slot.param.data().copy_(full.narrow(0, slot.offset, slot.numel).view(slot.shape));
+  ctx_.tracker->sub(MemoryKind::kBuffers, bytes_of(full));
+}
+
+void ShardedUnit::zero_grads() { grad_.zero_(); }
+
+torch::Tensor ShardedUnit::gather_master() {
+  auto full = torch::empty({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
+  ctx_.group->all_gather(full, master_.to(ctx_.device));
+  return full;
+}
+
+}  // namespace rlhf::engine

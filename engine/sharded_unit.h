@@ -1,0 +1,110 @@
+// One parameter unit (embeddings, a decoder layer, the head) flattened and sharded over
+// the group: the unit's trainable parameters are laid end to end in one flat buffer padded
+// to a multiple of N, and rank r owns elements [r S, (r+1) S) of it (S = padded / N), as
+// FSDP's flat parameters. It does not decide when to gather or reduce (the Trainer does).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "engine/adamw.h"
+#include "engine/memory_tracker.h"
+#include "engine/trainer_config.h"
+#include "models/layer_hooks.h"
+#include "transport/collective_group.h"
+
+namespace rlhf::engine {
+
+// What every unit of a trainer shares.
+struct ShardContext {
+  transport::CollectiveGroup* group = nullptr;  // not owned
+  MemoryTracker* tracker = nullptr;             // not owned
+  ZeroStage stage = ZeroStage::kParameters;
+  torch::Dtype compute_dtype = torch::kBFloat16;
+  torch::Device device = torch::kCPU;        // parameters, gradients, collectives
+  torch::Device state_device = torch::kCPU;  // FP32 master and moments (host with offload)
+};
+
+// A parameter's place in its unit's flat buffer.
+struct ParamSlot {
+  std::string name;             // HF name
+  torch::Tensor param;          // the model's parameter; its data is swapped at stage 3
+  std::vector<int64_t> shape;   // full shape
+  int64_t offset = 0;           // into the flat buffer
+  int64_t numel = 0;
+};
+
+class ShardedUnit {
+ public:
+  // Takes the unit's current parameter values (rank 0's win: they are broadcast), keeps
+  // this rank's FP32 shard, and converts or frees the model's copies by stage. Parameters
+  // with requires_grad == false are frozen: kept whole in the compute dtype, never sharded.
+  ShardedUnit(const models::ParamUnit& unit, const ShardContext& context);
+  ~ShardedUnit();
+  ShardedUnit(const ShardedUnit&) = delete;
+  ShardedUnit& operator=(const ShardedUnit&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::vector<ParamSlot>& slots() const { return slots_; }    // trainable
+  const std::vector<ParamSlot>& frozen() const { return frozen_; }  // kept whole
+  int64_t numel() const { return numel_; }                          // trainable elements
+  int64_t padded_numel() const { return padded_; }
+  int64_t shard_numel() const { return shard_; }
+
+  // Stage 3: all-gather the parameters into full compute-dtype tensors (no-op if gathered
+  // or at stage 1/2). Collective: every rank must call it.
+  void gather();
+  // Stage 3: free the gathered parameters, unless a live autograd graph still uses them
+  // (then they are freed by release() after backward). Local, no collective.
+  void release_if_unused();
+  void release();
+  bool gathered() const { return gathered_bytes_ > 0; }
+
+  // After the unit's backward: moves .grad (any dtype) into FP32, reduce-scatters it into
+  // this rank's gradient shard (stage 2/3) or adds it to the full FP32 gradient (stage 1),
+  // and clears .grad. Missing grads count as zero. Collective at stage 2/3.
+  void reduce_grads();
+  // Before the step: stage 1 all-reduces its full gradient; all stages divide by N.
+  // Returns this rank's gradient shard, [S] FP32 on the device. Collective.
+  torch::Tensor finish_grads();
+  // AdamW on the shard with `grad` [S] (already clipped) and the step's hyperparameters.
+  void apply_adamw(const torch::Tensor& grad, const AdamWStep& hp);
+  // After the step: stage 1/2 all-gather the new values into the model's parameters;
+  // stage 3 refreshes its cached compute shard. Collective at stage 1/2.
+  void refresh_params();
+  void zero_grads();
+
+  // The full FP32 flat master buffer [padded] on the device, gathered from all ranks, for
+  // an export (the caller frees it). Collective.
+  torch::Tensor gather_master();
+
+  // This rank's state, [S] FP32, for checkpoints (load by copy_ into them, then
+  // refresh_params()).
+  torch::Tensor& master() { return master_; }
+  torch::Tensor& exp_avg() { return exp_avg_; }
+  torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
+
+ private:
+  void set_full_params(const torch::Tensor& flat);  // params view `flat` [padded]
+  torch::Tensor compute_shard() const;              // [S] compute dtype on the device
+
+  ShardContext ctx_;
+  std::string name_;
+  std::vector<ParamSlot> slots_;
+  std::vector<ParamSlot> frozen_;
+  int64_t numel_ = 0;
+  int64_t padded_ = 0;
+  int64_t shard_ = 0;
+  DecayRanges decay_;           // shard-local ranges that take weight decay
+  torch::Tensor master_;        // [S] FP32 on state_device
+  torch::Tensor exp_avg_;       // [S] FP32 on state_device
+  torch::Tensor exp_avg_sq_;    // [S] FP32 on state_device
+  torch::Tensor grad_;          // [S] FP32 (stage 2/3) or [padded] (stage 1), on the device
+  torch::Tensor cached_shard_;  // [S] compute dtype on the device: stage 3 with offload only
+  int64_t gathered_bytes_ = 0;
+  int64_t state_bytes_[4] = {0, 0, 0, 0};  // params, master, optimizer, grads (for the tracker)
+};
+
+}  // namespace rlhf::engine

@@ -1,0 +1,200 @@
+// Trainer: the hooks that drive ZeRO-3 gathering and early gradient reduction, the step
+// (norm, clip, AdamW, schedule), and the streamed HF export.
+#include "engine/trainer.h"
+
+#include <malloc.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/errors.h"
+#include "models/safetensors.h"
+
+namespace rlhf::engine {
+
+namespace fs = std::filesystem;
+
+class Trainer::Hooks final : public models::LayerHooks {
+ public:
+  explicit Hooks(Trainer& trainer) : trainer_(trainer) {}
+  void before_forward(int unit) override { trainer_.before_unit(unit); }
+  void after_forward(int unit) override { trainer_.after_unit(unit); }
+  void after_backward(int unit) override { trainer_.after_unit_backward(unit); }
+
+ private:
+  Trainer& trainer_;
+};
+
+Trainer::Trainer(const TrainerConfig& config, models::ShardableModel& model, transport::CollectiveGroup& group)
+    : config_(config), model_(model), group_(group), schedule_((config.validate(), config)) {
+  ShardContext context;
+  context.group = &group_;
+  context.tracker = &tracker_;
+  context.stage = config_.zero_stage;
+  context.compute_dtype = config_.compute_dtype;
+  context.device = config_.device;
+  context.state_device =
+      config_.optimizer_placement == OptimizerPlacement::kHost ? torch::Device(torch::kCPU) : config_.device;
+  for (const auto& unit : model_.param_units()) units_.push_back(std::make_unique<ShardedUnit>(unit, context));
+  TORCH_CHECK(!units_.empty(), "Trainer: the model has no parameter units");
+  reduced_.assign(units_.size(), false);
+  hooks_ = std::make_unique<Hooks>(*this);
+  model_.set_layer_hooks(hooks_.get());
+}
+
+Trainer::~Trainer() { model_.set_layer_hooks(nullptr); }
+
+void Trainer::before_unit(int unit) {
+  TORCH_CHECK(unit >= 0 && unit < static_cast<int>(units_.size()), "Trainer: hook for unknown unit ", unit);
+  units_[unit]->gather();
+  if (config_.tied_embeddings && unit == static_cast<int>(units_.size()) - 1) units_[0]->gather();
+}
+
+void Trainer::after_unit(int unit) {
+  units_[unit]->release_if_unused();
+  if (config_.tied_embeddings && unit == static_cast<int>(units_.size()) - 1) units_[0]->release_if_unused();
+}
+
+void Trainer::after_unit_backward(int unit) {
+  // Reduce-scatter (or accumulate) this unit's gradients while the rest of backward runs
+  // on; the parameters gathered for the recompute go now.
+  units_[unit]->reduce_grads();
+  reduced_[unit] = true;
+  units_[unit]->release();
+}
+
+void Trainer::backward(const torch::Tensor& loss) {
+  TORCH_CHECK(loss.defined() && loss.numel() == 1, "Trainer::backward: loss must be a scalar");
+  if (micro_ == 0) tracker_.reset_peak();
+  std::fill(reduced_.begin(), reduced_.end(), false);
+  (loss / static_cast<double>(config_.grad_accum_steps)).backward();
+  // Units the model did not signal (no checkpointing; embeddings and head), in unit order
+  // on every rank so the collectives match.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (!reduced_[u]) units_[u]->reduce_grads();
+    units_[u]->release();
+  }
+  loss_sum_ += loss.detach().to(torch::kCPU, torch::kDouble).item<double>();
+  ++micro_;
+}
+
+StepMetrics Trainer::step() {
+  TORCH_CHECK(micro_ == config_.grad_accum_steps, "Trainer::step: expected ", config_.grad_accum_steps,
+              " micro batches before a step, got ", micro_);
+  StepMetrics metrics;
+  std::vector<torch::Tensor> grads;
+  auto sums = torch::zeros({2}, torch::TensorOptions(torch::kDouble));  // [sum of g^2, loss sum]
+  double sq = 0.0;
+  for (auto& unit : units_) {
+    grads.push_back(unit->finish_grads());
+    sq += grads.back().to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  sums[0] = sq;
+  sums[1] = loss_sum_ / static_cast<double>(micro_);
+  auto reduced = sums.to(config_.device);
+  group_.all_reduce(reduced, transport::ReduceOp::kSum);
+  reduced = reduced.to(torch::kCPU);
+  metrics.grad_norm = std::sqrt(reduced[0].item<double>());
+  metrics.loss = reduced[1].item<double>() / group_.size();
+  metrics.lr = schedule_.lr_at(step_);
+  metrics.skipped = !std::isfinite(metrics.grad_norm);
+  if (!metrics.skipped) {
+    // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
+    double coef = 1.0;
+    if (config_.max_norm > 0.0) coef = std::min(1.0, config_.max_norm / (metrics.grad_norm + 1e-6));
+    AdamWStep hp{metrics.lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_ + 1};
+    for (size_t u = 0; u < units_.size(); ++u) {
+      if (coef < 1.0) grads[u].mul_(coef);
+      units_[u]->apply_adamw(grads[u], hp);
+    }
+    for (auto& unit : units_) unit->refresh_params();
+    ++step_;
+  }
+  for (auto& unit : units_) unit->zero_grads();
+  metrics.step = step_;
+  micro_ = 0;
+  loss_sum_ = 0.0;
+  metrics.memory = tracker_.report();
+  return metrics;
+}
+
+StepMetrics Trainer::train_step(const LossFn& loss_fn) {
+  for (int64_t i = 0; i < config_.grad_accum_steps; ++i) backward(loss_fn(i));
+  return step();
+}
+
+void Trainer::save_checkpoint(const std::string& dir, const CheckpointOptions& options) {
+  save_sharded_checkpoint(dir, units_, step_, static_cast<int>(config_.zero_stage), group_, options);
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  TORCH_CHECK(micro_ == 0, "Trainer::load_checkpoint: in the middle of a step (", micro_, " micro batches)");
+  step_ = load_sharded_checkpoint(dir, units_, group_);
+  for (auto& unit : units_) unit->refresh_params();
+}
+
+namespace {
+
+int64_t heap_in_use() {
+  struct mallinfo2 info = mallinfo2();
+  return static_cast<int64_t>(info.uordblks + info.hblkhd);  // arena + mmap'd blocks
+}
+
+}  // namespace
+
+void Trainer::export_hf(const std::string& dir, const std::string& config_json, torch::Dtype dtype) {
+  const bool writer_rank = group_.rank() == 0;
+  const fs::path final_dir(dir);
+  const fs::path tmp_dir = final_dir.string() + ".tmp-export";
+  std::unique_ptr<models::SafetensorsWriter> writer;
+  if (writer_rank) {
+    fs::remove_all(tmp_dir);
+    fs::create_directories(tmp_dir);
+    std::vector<models::TensorInfo> layout;
+    for (const auto& unit : units_) {
+      for (const auto* list : {&unit->slots(), &unit->frozen()}) {
+        for (const auto& slot : *list) layout.push_back({slot.name, dtype, slot.shape, 0, 0});
+      }
+    }
+    writer = std::make_unique<models::SafetensorsWriter>((tmp_dir / models::kSingleFileName).string(), layout);
+  }
+  export_memory_ = ExportMemory{};
+  const int64_t heap_start = heap_in_use();
+  const int64_t engine_start = tracker_.total();
+  tracker_.reset_peak();
+  for (auto& unit : units_) {
+    export_memory_.largest_unit_bytes = std::max(export_memory_.largest_unit_bytes, unit->padded_numel() * 4);
+    torch::Tensor full = unit->gather_master();  // [padded] FP32: one unit, never more
+    const int64_t full_bytes = full.numel() * 4;
+    tracker_.add(MemoryKind::kGathered, full_bytes);
+    if (writer_rank) {
+      for (const auto& slot : unit->slots()) {
+        auto tensor = full.narrow(0, slot.offset, slot.numel).view(slot.shape).to(torch::kCPU, dtype);
+        tracker_.add(MemoryKind::kBuffers, tensor.numel() * static_cast<int64_t>(tensor.element_size()));
+        export_memory_.peak_heap_growth = std::max(export_memory_.peak_heap_growth, heap_in_use() - heap_start);
+        writer->write(slot.name, tensor);
+        tracker_.sub(MemoryKind::kBuffers, tensor.numel() * static_cast<int64_t>(tensor.element_size()));
+      }
+      for (const auto& slot : unit->frozen()) writer->write(slot.name, slot.param.data().to(torch::kCPU, dtype));
+    }
+    export_memory_.peak_heap_growth = std::max(export_memory_.peak_heap_growth, heap_in_use() - heap_start);
+    full = torch::Tensor();
+    tracker_.sub(MemoryKind::kGathered, full_bytes);
+  }
+  export_memory_.peak_engine_bytes = tracker_.report().peak - engine_start;
+  if (writer_rank) {
+    writer->finish();
+    std::ofstream config_file(tmp_dir / "config.json");
+    config_file << config_json;
+    config_file.close();
+    if (!config_file) throw RuntimeError("export_hf: cannot write " + (tmp_dir / "config.json").string());
+    std::error_code ec;
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) throw RuntimeError("export_hf: cannot rename " + tmp_dir.string() + " to " + dir + ": " + ec.message());
+  }
+  group_.barrier();  // the export is complete on disk when any rank returns
+}
+
+}  // namespace rlhf::engine

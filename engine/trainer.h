@@ -1,0 +1,101 @@
+// The sharded trainer: ZeRO stage 1-3 data parallelism over a collective group, compute in
+// the model's compute dtype (BF16) with FP32 master weights and AdamW moments on the
+// shards, gradient accumulation, global-norm clipping, LR schedule, optimizer offload,
+// sharded checkpoints and a streamed HF export. It does not build models, batches or
+// losses: the caller's loss function does.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "engine/checkpoint.h"
+#include "engine/lr_schedule.h"
+#include "engine/memory_tracker.h"
+#include "engine/sharded_unit.h"
+#include "engine/trainer_config.h"
+#include "models/layer_hooks.h"
+#include "transport/collective_group.h"
+
+namespace rlhf::engine {
+
+struct StepMetrics {
+  int64_t step = 0;        // optimizer steps done, this one included
+  double loss = 0.0;       // mean over micro batches and ranks
+  double grad_norm = 0.0;  // global L2 norm of the averaged gradient, before clipping
+  double lr = 0.0;         // the learning rate this step used
+  bool skipped = false;    // the gradient norm was not finite: no update was applied
+  MemoryReport memory;     // this rank; peak over the step
+};
+
+class Trainer {
+ public:
+  // Shards `model`'s parameters over `group` (every rank of the group constructs its
+  // Trainer with the same model architecture; rank 0's initial values win) and installs the
+  // layer hooks. Neither is owned; both must outlive the Trainer. Throws InputError for a
+  // bad config.
+  Trainer(const TrainerConfig& config, models::ShardableModel& model, transport::CollectiveGroup& group);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One micro batch: (loss / grad_accum_steps).backward(), then the gradient reduction of
+  // every unit the model did not signal. `loss` is this rank's mean loss over its micro
+  // batch (a scalar with a graph).
+  void backward(const torch::Tensor& loss);
+  // The optimizer step after grad_accum_steps calls to backward(). Collective.
+  StepMetrics step();
+  // backward(loss_fn(i)) for i in [0, grad_accum_steps), then step().
+  using LossFn = std::function<torch::Tensor(int64_t micro_batch)>;
+  StepMetrics train_step(const LossFn& loss_fn);
+
+  // Sharded checkpoint into `dir` (see checkpoint.h); collective.
+  void save_checkpoint(const std::string& dir, const CheckpointOptions& options = {});
+  // Restores the state saved by save_checkpoint into this trainer (same world size and
+  // model layout, else InputError naming the file). Collective.
+  void load_checkpoint(const std::string& dir);
+  // HF directory: config.json (`config_json`, written as given) and model.safetensors in
+  // `dtype`, streamed unit by unit: each unit is gathered, written by rank 0 and freed
+  // before the next. Collective; rank 0 writes.
+  void export_hf(const std::string& dir, const std::string& config_json, torch::Dtype dtype);
+
+  MemoryReport memory_report() const { return tracker_.report(); }
+  // Peak engine bytes and peak measured heap growth during the last export_hf.
+  struct ExportMemory {
+    int64_t peak_engine_bytes = 0;     // accounted (gathered unit + conversion buffer)
+    int64_t peak_heap_growth = 0;      // measured (malloc'd bytes above the start)
+    int64_t largest_unit_bytes = 0;    // FP32 bytes of the largest unit (the bound)
+  };
+  ExportMemory last_export_memory() const { return export_memory_; }
+
+  int64_t steps_done() const { return step_; }
+  int rank() const { return group_.rank(); }
+  int world_size() const { return group_.size(); }
+  const TrainerConfig& config() const { return config_; }
+  const std::vector<std::unique_ptr<ShardedUnit>>& units() const { return units_; }
+
+ private:
+  class Hooks;
+  friend class Hooks;
+  void before_unit(int unit);
+  void after_unit(int unit);
+  void after_unit_backward(int unit);
+
+  TrainerConfig config_;
+  models::ShardableModel& model_;
+  transport::CollectiveGroup& group_;
+  LrSchedule schedule_;
+  MemoryTracker tracker_;
+  std::vector<std::unique_ptr<ShardedUnit>> units_;
+  std::unique_ptr<Hooks> hooks_;
+  std::vector<bool> reduced_;  // [units] grads already reduced in this micro batch
+  int64_t step_ = 0;           // optimizer steps done
+  int64_t micro_ = 0;          // micro batches since the last step
+  double loss_sum_ = 0.0;      // this rank's losses since the last step
+  ExportMemory export_memory_;
+};
+
+}  // namespace rlhf::engine

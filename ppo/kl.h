@@ -1,0 +1,40 @@
+// KL between the policy and the reference model per action token, and the KL coefficient
+// controllers (fixed, adaptive). Matches OpenRLHF's compute_approx_kl and KL controllers.
+#pragma once
+
+#include <string>
+
+#include <torch/types.h>
+
+namespace rlhf::ppo {
+
+enum class KlEstimator { kK1, kK2, kK3 };
+// "k1" | "k2" | "k3"; throws InputError otherwise.
+KlEstimator parse_kl_estimator(const std::string& name);
+
+// Per-token KL estimate from log_probs [B, A] (policy) and log_probs_ref [B, A], computed
+// in FP32 and clamped to [-10, 10]. Estimators (http://joschu.net/blog/kl-approx.html), with
+// r = log_probs - log_probs_ref:
+//   k1 = r;   k2 = r^2 / 2;   k3 = exp(-r) - 1 + r.
+torch::Tensor approx_kl(const torch::Tensor& log_probs, const torch::Tensor& log_probs_ref,
+                        KlEstimator estimator);
+
+// KL coefficient. Fixed when target == 0; otherwise the adaptive controller of Ziegler et
+// al. 2019 as OpenRLHF implements it:
+//   e = clip(current_kl / target - 1, -0.2, 0.2);  coef *= 1 + e * n_samples / horizon.
+class KlController {
+ public:
+  KlController(double init_coef, double target, int64_t horizon)
+      : value_(init_coef), target_(target), horizon_(horizon) {}
+  double value() const { return value_; }
+  // `current_kl` is the batch's mean KL; `n_samples` the sequences it came from.
+  void update(double current_kl, int64_t n_samples);
+  void set_value(double v) { value_ = v; }  // for resume
+
+ private:
+  double value_;
+  double target_;
+  int64_t horizon_;
+};
+
+}  // namespace rlhf::ppo

@@ -1,0 +1,74 @@
+#include "ppo/losses.h"
+
+#include "core/errors.h"
+#include "ppo/masked.h"
+
+namespace rlhf::ppo {
+
+LossAggregation parse_loss_aggregation(const std::string& name) {
+  if (name == "token_mean") return LossAggregation::kTokenMean;
+  if (name == "seq_mean") return LossAggregation::kSeqMean;
+  throw InputError("actor.loss_agg: expected token_mean or seq_mean, found \"" + name + "\"");
+}
+
+namespace {
+
+torch::Tensor aggregate(const torch::Tensor& loss, const torch::Tensor& mask, LossAggregation agg) {
+  return agg == LossAggregation::kTokenMean ? masked_mean(loss, mask)
+                                            : masked_mean_rows(loss, mask).mean();
+}
+
+}  // namespace
+
+PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor& log_probs,
+                             const torch::Tensor& log_probs_old, const torch::Tensor& advantages,
+                             const torch::Tensor& action_mask) {
+  TORCH_CHECK(log_probs.sizes() == log_probs_old.sizes() &&
+                  log_probs.sizes() == advantages.sizes() &&
+                  log_probs.sizes() == action_mask.sizes(),
+              "policy_loss: expected [B, A] tensors of one shape, got ", log_probs.sizes(), ", ",
+              log_probs_old.sizes(), ", ", advantages.sizes(), ", ", action_mask.sizes());
+  torch::Tensor log_ratio = log_probs.to(torch::kFloat32) - log_probs_old.to(torch::kFloat32);
+  torch::Tensor ratio = log_ratio.exp();
+  torch::Tensor adv = advantages.to(torch::kFloat32);
+  torch::Tensor surr1 = ratio * adv;
+  torch::Tensor surr2 = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high) * adv;
+  torch::Tensor clipped = torch::min(surr1, surr2);
+  torch::Tensor loss;
+  if (config.dual_clip > 1.0) {
+    torch::Tensor lower = torch::max(clipped, config.dual_clip * adv);
+    loss = -torch::where(adv < 0, lower, clipped);
+  } else {
+    loss = -clipped;
+  }
+  PolicyLossResult out;
+  out.loss = aggregate(loss, action_mask, config.aggregation);
+  out.clip_frac = masked_mean(torch::lt(surr2, surr1).to(torch::kFloat32), action_mask).detach();
+  out.approx_kl = masked_mean(-log_ratio.detach(), action_mask);
+  return out;
+}
+
+torch::Tensor value_loss(const torch::Tensor& values, const torch::Tensor& values_old,
+                         const torch::Tensor& returns, const torch::Tensor& action_mask,
+                         double value_clip, LossAggregation aggregation) {
+  TORCH_CHECK(values.sizes() == values_old.sizes() && values.sizes() == returns.sizes(),
+              "value_loss: expected [B, A] tensors of one shape, got ", values.sizes(), ", ",
+              values_old.sizes(), ", ", returns.sizes());
+  torch::Tensor v = values.to(torch::kFloat32);
+  torch::Tensor r = returns.to(torch::kFloat32);
+  torch::Tensor loss;
+  if (value_clip > 0) {
+    torch::Tensor v_old = values_old.to(torch::kFloat32);
+    torch::Tensor v_clipped = v_old + (v - v_old).clamp(-value_clip, value_clip);
+    loss = torch::max((v_clipped - r).pow(2), (v - r).pow(2));
+  } else {
+    loss = (v - r).pow(2);
+  }
+  return 0.5 * aggregate(loss, action_mask, aggregation);
+}
+
+torch::Tensor masked_entropy(const torch::Tensor& entropy, const torch::Tensor& action_mask) {
+  return masked_mean(entropy.to(torch::kFloat32), action_mask);
+}
+
+}  // namespace rlhf::ppo

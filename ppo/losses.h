@@ -1,0 +1,48 @@
+// PPO-family training losses: the clipped policy loss (with separate low/high clips and
+// dual clip), the clipped value loss, and the KL loss term. OpenRLHF's PolicyLoss/ValueLoss.
+#pragma once
+
+#include <string>
+
+#include <torch/types.h>
+
+namespace rlhf::ppo {
+
+enum class LossAggregation {
+  kTokenMean,  // mean over every action token of the batch
+  kSeqMean,    // mean over each sequence's tokens, then over sequences
+};
+// "token_mean" | "seq_mean"; throws InputError otherwise.
+LossAggregation parse_loss_aggregation(const std::string& name);
+
+struct PolicyLossConfig {
+  double clip_low = 0.2;   // ratio clipped to [1 - clip_low, 1 + clip_high]
+  double clip_high = 0.2;
+  double dual_clip = 0.0;  // c > 1 bounds the loss of negative advantages (0: off)
+  LossAggregation aggregation = LossAggregation::kTokenMean;
+};
+
+struct PolicyLossResult {
+  torch::Tensor loss;       // scalar, differentiable
+  torch::Tensor clip_frac;  // scalar: share of action tokens where the clipped term won
+  torch::Tensor approx_kl;  // scalar: mean of log pi_old - log pi over action tokens
+};
+
+// ratio = exp(log_probs - log_probs_old);
+// loss_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A);
+// dual clip (Ye et al. 2020), for A < 0: loss_t = -max(min(...), c * A).
+// All tensors [B, A]; action_mask [B, A].
+PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor& log_probs,
+                             const torch::Tensor& log_probs_old, const torch::Tensor& advantages,
+                             const torch::Tensor& action_mask);
+
+// 0.5 * mean(max((V_clip - R)^2, (V - R)^2)), V_clip = V_old + clip(V - V_old, -c, c);
+// unclipped 0.5 * mean((V - R)^2) when value_clip == 0. Tensors [B, A].
+torch::Tensor value_loss(const torch::Tensor& values, const torch::Tensor& values_old,
+                         const torch::Tensor& returns, const torch::Tensor& action_mask,
+                         double value_clip, LossAggregation aggregation);
+
+// Mean per-token entropy of the policy over action tokens, from entropies [B, A].
+torch::Tensor masked_entropy(const torch::Tensor& entropy, const torch::Tensor& action_mask);
+
+}  // namespace rlhf::ppo

@@ -1,0 +1,52 @@
+// Prompt datasets for PPO-family jobs: JSONL rows with the prompt at data.input_key (a
+// string or a chat message list) and an optional label at data.label_key, or a built-in
+// synthetic:NAME dataset. Tokenization and truncation happen later, in the driver.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/jsonl.h"
+#include "core/spec.h"
+
+namespace rlhf::ppo {
+
+struct PromptDataConfig {
+  std::string source;        // JSONL path or "synthetic:NAME"
+  std::string input_key = "input";
+  std::string label_key;     // "" for none
+  int64_t max_samples = 0;   // 0: all
+  BadLinePolicy bad_lines = BadLinePolicy::kFatal;
+  uint64_t seed = 42;
+
+  static PromptDataConfig from_spec(const JobSpec& spec);
+};
+
+struct PromptRow {
+  nlohmann::json input;  // a string, or [{"role": ..., "content": ...}, ...]
+  std::string label;     // "" when the dataset has none
+  int64_t line = 0;      // 1-based line in the file (0 for synthetic rows)
+};
+
+struct PromptDataset {
+  std::vector<PromptRow> rows;
+  JsonlStats stats;  // skipped lines and the first problem (JSONL only)
+};
+
+// Loads every row; throws InputError naming file:line for a bad row (unless skipped), or
+// for an unknown synthetic dataset.
+PromptDataset load_prompts(const PromptDataConfig& config);
+
+// Built-in synthetic prompt datasets, for examples and tests (see docs/rewards.md):
+//   letters: short random lowercase words; pairs with the `letters` rule reward.
+std::vector<PromptRow> synthetic_prompts(const std::string& name, int64_t count, uint64_t seed);
+const std::vector<std::string>& synthetic_prompt_datasets();
+
+// The prompt as plain text (a message list is joined as "role: content" lines); the chat
+// template, when configured, is applied by the tokenizer's prompt formatting instead.
+std::string prompt_text(const nlohmann::json& input);
+
+}  // namespace rlhf::ppo

@@ -1,0 +1,418 @@
+// Scheduler: launch, registration handshake, request routing, heartbeats, supervision and
+// stopping, all on the I/O thread; drivers talk to it through submit() and await_any().
+#include "scheduler/scheduler.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include "scheduler/role_group.h"
+#include "scheduler/worker_process.h"
+#include "transport/channel.h"
+#include "transport/job_token.h"
+
+namespace rlhf {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = Scheduler::Clock;
+constexpr const char* kOutbox = "inproc://rlhf-scheduler-outbox";
+
+bool is_local_host(const std::string& host) {
+  if (host.empty() || host == "127.0.0.1" || host == "localhost" || host == "::1") return true;
+  char name[256] = {};
+  return gethostname(name, sizeof name - 1) == 0 && host == name;
+}
+
+zmq::message_t index_frame(size_t index) {
+  uint64_t v = index;
+  return zmq::message_t(&v, sizeof v);
+}
+
+std::string as_string(const zmq::message_t& m) {
+  return std::string(static_cast<const char*>(m.data()), m.size());
+}
+
+}  // namespace
+
+struct Scheduler::Io {
+  struct Slot {
+    std::optional<std::string> routing_id;  // set once registered
+    Clock::time_point last_seen;
+    Clock::time_point launched;
+    bool exited = false;
+  };
+  zmq::context_t context{1};
+  std::unique_ptr<Channel> router;  // workers
+  std::unique_ptr<Channel> inbox;   // PULL: driver requests, [index, header, tensors...]
+  std::unique_ptr<Channel> outbox;  // PUSH: the driver side of inbox (send_mutex_)
+  std::vector<std::unique_ptr<WorkerProcess>> processes;
+  std::vector<Slot> slots;
+  std::map<std::string, size_t> by_routing_id;
+  boost::asio::io_context asio;
+  std::unique_ptr<boost::asio::signal_set> signals;
+  int signal_received = 0;
+  Clock::time_point next_heartbeat;
+  std::string ipc_path;
+};
+
+Scheduler::Scheduler(SchedulerConfig config, Placement placement)
+    : config_(std::move(config)), placement_(std::move(placement)) {}
+
+Scheduler::~Scheduler() {
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    std::cerr << "rlhf scheduler: error while stopping workers: " << e.what() << std::endl;
+  }
+}
+
+std::vector<Role> Scheduler::roles() const {
+  std::vector<Role> out;
+  for (const auto& [role, g] : groups_) out.push_back(role);
+  return out;
+}
+
+RoleGroup& Scheduler::group(Role role) {
+  auto it = groups_.find(role);
+  if (it == groups_.end())
+    throw std::logic_error(std::string("this job has no ") + role_name(role) + " workers");
+  return *it->second;
+}
+
+void Scheduler::start() {
+  namespace fs = std::filesystem;
+  if (config_.worker_program.empty()) throw std::logic_error("SchedulerConfig.worker_program is empty");
+  const fs::path logs = fs::path(config_.run_dir) / "logs";
+  std::error_code ec;
+  fs::create_directories(logs, ec);
+  if (ec) throw RuntimeError("cannot create " + logs.string() + ": " + ec.message());
+  token_ = make_job_token();
+  io_ = std::make_unique<Io>();
+  io_->router = std::make_unique<Channel>(io_->context, zmq::socket_type::router, milliseconds(0));
+  io_->router->set_max_message_size(config_.limits.max_total_bytes + config_.limits.max_header_bytes);
+  tcp_endpoint_ = io_->router->bind(tcp_wildcard(config_.bind_host));
+  io_->ipc_path = (fs::temp_directory_path() / ("rlhf-" + std::to_string(getpid()) + "-" +
+                                                token_.substr(0, 12) + ".sock")).string();
+  ipc_endpoint_ = io_->router->bind("ipc://" + io_->ipc_path);
+  io_->inbox = std::make_unique<Channel>(io_->context, zmq::socket_type::pull, milliseconds(0));
+  io_->inbox->bind(kOutbox);
+  io_->outbox = std::make_unique<Channel>(io_->context, zmq::socket_type::push, milliseconds(0));
+  io_->outbox->connect(kOutbox);
+  io_->signals = std::make_unique<boost::asio::signal_set>(io_->asio, SIGINT, SIGTERM);
+  io_->signals->async_wait([this](const boost::system::error_code& error, int signo) {
+    if (!error) io_->signal_received = signo;
+  });
+
+  std::map<Role, std::vector<size_t>> members;
+  for (const auto& w : placement_.workers) {
+    if (!is_local_host(w.host))
+      throw RuntimeError("worker " + w.label() + " is placed on host " + w.host +
+                         ": launching workers on other hosts is not supported yet");
+    const std::string log = (logs / (std::string(role_name(w.role)) + "-" + std::to_string(w.rank) +
+                                     ".log")).string();
+    std::vector<std::pair<std::string, std::string>> env = {
+        {kEnvScheduler, ipc_endpoint_}, {kEnvToken, token_}, {kEnvRunDir, config_.run_dir}};
+    io_->processes.push_back(
+        std::make_unique<WorkerProcess>(w, config_.worker_program, config_.worker_args, env, log));
+    io_->slots.push_back(Io::Slot{std::nullopt, Clock::now(), Clock::now(), false});
+    infos_.push_back({w, io_->processes.back()->pid(), log});
+    members[w.role].push_back(infos_.size() - 1);
+  }
+  for (auto& [role, indices] : members)
+    groups_[role] = std::make_unique<RoleGroup>(*this, role, indices);
+
+  nlohmann::json listing = nlohmann::json::array();
+  for (const auto& info : infos_)
+    listing.push_back({{"role", role_name(info.placement.role)}, {"rank", info.placement.rank},
+                       {"pid", info.pid}, {"host", info.placement.host},
+                       {"device", info.placement.env.count(kEnvDevice) ? info.placement.env.at(kEnvDevice) : ""},
+                       {"log", info.log_path}});
+  std::ofstream(fs::path(config_.run_dir) / "workers.json") << listing.dump(2) << '\n';
+
+  io_->next_heartbeat = Clock::now() + config_.heartbeat_interval;
+  io_thread_ = std::thread([this] { io_loop(); });
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return registered_ == infos_.size() || failure_ || stopped_; });
+  if (failure_) rethrow_failure_locked();
+  if (stopped_) throw RuntimeError("the scheduler stopped before every worker registered");
+}
+
+void Scheduler::shutdown() {
+  stop_requested_ = true;
+  if (io_thread_.joinable()) io_thread_.join();
+  if (io_) {
+    io_->processes.clear();  // kills and reaps anything still running (launch failed midway)
+    if (!io_->ipc_path.empty()) ::unlink(io_->ipc_path.c_str());
+    io_->ipc_path.clear();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopped_ = true;
+  changed_.notify_all();
+}
+
+void Scheduler::fail(std::string report, bool interrupted) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_) {
+    failure_ = std::move(report);
+    interrupted_ = interrupted;
+  }
+  changed_.notify_all();
+}
+
+void Scheduler::rethrow_failure_locked() {
+  if (interrupted_) throw JobInterrupted(*failure_);
+  throw WorkerFailure(*failure_);
+}
+
+uint64_t Scheduler::submit(size_t index, Message request) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_) rethrow_failure_locked();
+    if (stopped_ || !io_) throw RuntimeError("the scheduler is not running");
+    id = next_id_++;
+    pending_[id] = index;
+    pending_op_[id] = request.op;
+  }
+  request.kind = MessageKind::kRequest;
+  request.id = id;
+  Frames frames = encode(request);
+  frames.insert(frames.begin(), index_frame(index));
+  std::lock_guard<std::mutex> lock(send_mutex_);
+  io_->outbox->send(std::move(frames));
+  return id;
+}
+
+std::pair<uint64_t, Message> Scheduler::await_any(const std::vector<uint64_t>& ids,
+                                                   Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    for (uint64_t id : ids) {
+      auto it = replies_.find(id);
+      if (it == replies_.end()) continue;
+      std::pair<uint64_t, Message> out{id, std::move(it->second)};
+      replies_.erase(it);
+      pending_op_.erase(id);
+      return out;
+    }
+    if (failure_) rethrow_failure_locked();
+    if (stopped_) throw RuntimeError("the scheduler has stopped");
+    if (deadline == Clock::time_point::max()) {
+      changed_.wait(lock);
+    } else if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+      const uint64_t id = ids.empty() ? 0 : ids.front();
+      std::string who = pending_.count(id) ? infos_[pending_[id]].placement.label() : "?";
+      throw RuntimeError("operation \"" + pending_op_[id] + "\" on " + who + " (request " +
+                         std::to_string(id) + ") got no reply before its deadline");
+    }
+  }
+}
+
+}  // namespace rlhf
+
+namespace rlhf {
+
+void Scheduler::io_loop() {
+  try {
+    while (!stop_requested_) {
+      zmq::pollitem_t items[] = {{io_->router->socket().handle(), 0, ZMQ_POLLIN, 0},
+                                 {io_->inbox->socket().handle(), 0, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 2, milliseconds(20));
+      if (items[0].revents & ZMQ_POLLIN)
+        while (auto frames = io_->router->recv(milliseconds(0))) on_incoming(std::move(*frames));
+      if (items[1].revents & ZMQ_POLLIN)
+        while (auto frames = io_->inbox->recv(milliseconds(0))) forward_request(std::move(*frames));
+      if (!supervise()) break;
+    }
+  } catch (const std::exception& e) {
+    fail(std::string("scheduler I/O failed: ") + e.what() + "\n", false);
+  }
+  try {
+    stop_workers();
+  } catch (const std::exception& e) {
+    std::cerr << "rlhf scheduler: while stopping workers: " << e.what() << std::endl;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  stopped_ = true;
+  changed_.notify_all();
+}
+
+void Scheduler::on_incoming(Frames&& frames) {
+  if (frames.size() < 2) return;
+  const std::string routing_id = as_string(frames[0]);
+  frames.erase(frames.begin());
+  auto it = io_->by_routing_id.find(routing_id);
+  if (it == io_->by_routing_id.end()) return on_registration(routing_id, std::move(frames));
+  const size_t index = it->second;
+  io_->slots[index].last_seen = Clock::now();
+  const uint64_t peeked = peek_request_id(frames[0]);
+  Message m;
+  try {
+    m = decode(std::move(frames), config_.limits);
+  } catch (const MessageError& e) {
+    std::cerr << "rlhf scheduler: malformed message from " << infos_[index].placement.label() << ": "
+              << e.what() << std::endl;
+    m = make_error(peeked, "", std::string("malformed reply: ") + e.what());
+  }
+  if (m.kind != MessageKind::kReply && m.kind != MessageKind::kError) return;  // heartbeat
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pending_.erase(m.id)) {
+    replies_[m.id] = std::move(m);
+    changed_.notify_all();
+  }
+}
+
+void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) {
+  auto refuse = [&](const std::string& why) {
+    ++refused_;
+    std::cerr << "rlhf scheduler: refused a registration: " << why << std::endl;
+    Frames out = encode(make_error(0, "register", "registration refused: " + why));
+    out.insert(out.begin(), zmq::message_t(routing_id.data(), routing_id.size()));
+    io_->router->send(std::move(out));
+  };
+  Message m;
+  try {
+    m = decode(std::move(frames), config_.limits);
+  } catch (const MessageError& e) {
+    return refuse(std::string("malformed message: ") + e.what());
+  }
+  if (m.kind != MessageKind::kRegister)
+    return refuse(std::string("a ") + message_kind_name(m.kind) + " from a peer that has not registered");
+  const auto token = m.args.find("token");
+  if (token == m.args.end() || !token->is_string() || !token_matches(token_, token->get<std::string>()))
+    return refuse("wrong or missing job token");
+  const std::string role = m.args.value("role", std::string());
+  const int rank = m.args.value("rank", -1);
+  const int64_t pid = m.args.value("pid", int64_t{-1});
+  for (size_t i = 0; i < infos_.size(); ++i) {
+    const auto& p = infos_[i].placement;
+    if (role != role_name(p.role) || rank != p.rank) continue;
+    if (io_->slots[i].routing_id) return refuse(p.label() + " is already registered");
+    if (pid != infos_[i].pid)
+      return refuse("pid " + std::to_string(pid) + " is not the launched " + p.label() + " (pid " +
+                    std::to_string(infos_[i].pid) + ")");
+    io_->slots[i].routing_id = routing_id;
+    io_->slots[i].last_seen = Clock::now();
+    io_->by_routing_id[routing_id] = i;
+    Message ok;
+    ok.kind = MessageKind::kRegistered;
+    ok.args = {{"heartbeat_interval_ms", config_.heartbeat_interval.count()},
+               {"timeout_ms", config_.worker_timeout.count()}};
+    Frames out = encode(ok);
+    out.insert(out.begin(), zmq::message_t(routing_id.data(), routing_id.size()));
+    io_->router->send(std::move(out));
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++registered_;
+    changed_.notify_all();
+    return;
+  }
+  refuse("no worker " + role + "[" + std::to_string(rank) + "] in this job");
+}
+
+void Scheduler::forward_request(Frames&& frames) {
+  uint64_t index = 0;
+  std::memcpy(&index, frames[0].data(), sizeof index);
+  const auto& slot = io_->slots.at(index);
+  if (!slot.routing_id || slot.exited) {
+    const uint64_t id = peek_request_id(frames[1]);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_.erase(id)) {
+      replies_[id] = make_error(id, "", infos_[index].placement.label() + " is not serving");
+      changed_.notify_all();
+    }
+    return;
+  }
+  frames[0] = zmq::message_t(slot.routing_id->data(), slot.routing_id->size());
+  io_->router->send(std::move(frames));
+}
+
+bool Scheduler::supervise() {
+  io_->asio.poll();
+  if (io_->signal_received) {
+    const char* abbrev = sigabbrev_np(io_->signal_received);
+    fail(std::string("interrupted by SIG") + (abbrev ? abbrev : "?") + ": stopping every worker\n", true);
+    return false;
+  }
+  const auto now = Clock::now();
+  const bool beat = now >= io_->next_heartbeat;
+  if (beat) io_->next_heartbeat = now + config_.heartbeat_interval;
+  for (size_t i = 0; i < io_->processes.size(); ++i) {
+    auto& slot = io_->slots[i];
+    auto& process = *io_->processes[i];
+    if (slot.exited) continue;
+    if (auto status = process.poll_exit()) {
+      slot.exited = true;
+      fail(process.report(describe_wait_status(*status)), false);
+      return false;
+    }
+    if (!slot.routing_id) {
+      if (now - slot.launched > config_.register_timeout) {
+        process.signal(SIGKILL);
+        fail(process.report("did not register within " +
+                            std::to_string(config_.register_timeout.count()) + " ms (killed)"), false);
+        return false;
+      }
+      continue;
+    }
+    if (config_.worker_timeout.count() > 0 && now - slot.last_seen > config_.worker_timeout) {
+      process.signal(SIGKILL);
+      fail(process.report("stopped answering: no message for " +
+                          std::to_string(config_.worker_timeout.count()) + " ms (killed)"), false);
+      return false;
+    }
+    if (beat) {
+      Message hb;
+      hb.kind = MessageKind::kHeartbeat;
+      Frames out = encode(hb);
+      out.insert(out.begin(), zmq::message_t(slot.routing_id->data(), slot.routing_id->size()));
+      io_->router->send(std::move(out));
+    }
+  }
+  return true;
+}
+
+void Scheduler::stop_workers() {
+  if (!io_) return;
+  auto& procs = io_->processes;
+  auto all_exited = [&] {
+    bool done = true;
+    for (size_t i = 0; i < procs.size(); ++i)
+      if (!io_->slots[i].exited && !procs[i]->poll_exit()) done = false;
+      else io_->slots[i].exited = true;
+    return done;
+  };
+  for (size_t i = 0; i < procs.size(); ++i) {
+    if (io_->slots[i].exited) continue;
+    if (io_->slots[i].routing_id) {
+      Message bye;
+      bye.kind = MessageKind::kShutdown;
+      Frames out = encode(bye);
+      out.insert(out.begin(), zmq::message_t(io_->slots[i].routing_id->data(), io_->slots[i].routing_id->size()));
+      io_->router->send(std::move(out));
+    } else {
+      procs[i]->signal(SIGTERM);
+    }
+  }
+  // Wait with a deadline, draining the router meanwhile (late replies are dropped).
+  auto wait_until = [&](Clock::time_point deadline) {
+    while (!all_exited() && Clock::now() < deadline) {
+      zmq::pollitem_t item{io_->router->socket().handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, milliseconds(10)) > 0) (void)io_->router->recv(milliseconds(0));
+    }
+  };
+  wait_until(Clock::now() + config_.stop_grace);
+  for (auto& p : procs) p->signal(SIGTERM);
+  wait_until(Clock::now() + milliseconds(1000));
+  for (auto& p : procs) p->signal(SIGKILL);
+  wait_until(Clock::now() + milliseconds(5000));
+}
+
+}  // namespace rlhf

@@ -1,0 +1,122 @@
+// The scheduler: launches one worker process per placed device, accepts their registration
+// (job token), routes requests and replies over one ROUTER socket, sends heartbeats,
+// notices a dead or silent worker within the timeout, and stops every worker on failure,
+// SIGINT/SIGTERM or shutdown. Drivers reach workers through RoleGroup handles (role_group.h).
+// All socket work happens on one I/O thread; driver threads only submit and wait.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/placement.h"
+#include "core/spec.h"
+#include "transport/message.h"
+
+namespace rlhf {
+
+class RoleGroup;
+class WorkerProcess;
+
+struct SchedulerConfig {
+  std::string bind_host = "127.0.0.1";  // cluster.interface
+  std::string run_dir = "runs/job";     // logs go to <run_dir>/logs/<role>-<rank>.log
+  std::string worker_program;           // the rlhf binary
+  std::vector<std::string> worker_args = {"worker"};
+  std::chrono::milliseconds heartbeat_interval{1000};  // scheduler.heartbeat_interval_s
+  std::chrono::milliseconds worker_timeout{5000};      // scheduler.worker_timeout_s (0: none)
+  std::chrono::milliseconds register_timeout{60000};   // launch -> registered
+  std::chrono::milliseconds request_timeout{600000};   // scheduler.request_timeout_s (0: none)
+  std::chrono::milliseconds stop_grace{3000};          // shutdown message -> SIGTERM -> SIGKILL
+  int max_inflight = 2;                                // requests in flight per worker
+  MessageLimits limits;
+
+  // From a validated spec (cluster.interface, logger.run_dir + name, scheduler.*).
+  static SchedulerConfig from_spec(const JobSpec& spec, std::string worker_program);
+};
+
+// One worker as drivers and tests see it.
+struct WorkerInfo {
+  WorkerPlacement placement;
+  int pid = -1;
+  std::string log_path;
+};
+
+class Scheduler {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Scheduler(SchedulerConfig config, Placement placement);
+  ~Scheduler();  // shutdown(); never throws
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Binds, launches every worker, writes <run_dir>/workers.json, and waits until all have
+  // registered. Throws WorkerFailure (a worker died or did not register in time),
+  // JobInterrupted (SIGINT/SIGTERM) or RuntimeError (bind/launch failed).
+  void start();
+  // Stops every worker (shutdown message, then SIGTERM and SIGKILL after the grace period)
+  // and reaps them all. Idempotent; also what a failure or a signal triggers.
+  void shutdown();
+
+  RoleGroup& group(Role role);  // throws std::logic_error for a role without workers
+  std::vector<Role> roles() const;
+  const std::vector<WorkerInfo>& workers() const { return infos_; }
+  const std::string& endpoint() const { return tcp_endpoint_; }
+  const std::string& token() const { return token_; }
+  const SchedulerConfig& config() const { return config_; }
+  // Registration attempts refused so far (wrong token, unknown role/rank, duplicate).
+  int refused_registrations() const { return refused_.load(); }
+
+  // For RoleGroup: sends `request` (its id is assigned here and returned) to worker `index`
+  // (into workers()). Throws when the job has failed or stopped.
+  uint64_t submit(size_t index, Message request);
+  // Waits for the reply to any of `ids`; returns which and the reply (kReply or kError).
+  // Throws WorkerFailure / JobInterrupted when the job fails meanwhile, RuntimeError on the
+  // deadline (naming the operation and worker).
+  std::pair<uint64_t, Message> await_any(const std::vector<uint64_t>& ids, Clock::time_point deadline);
+
+ private:
+  struct Io;  // sockets, processes and registration state: I/O thread only
+  void io_loop();
+  void on_incoming(Frames&& frames);
+  void on_registration(const std::string& routing_id, Frames&& frames);
+  void forward_request(Frames&& frames);
+  bool supervise();  // false once the job has failed or been interrupted
+  void stop_workers();
+  void fail(std::string report, bool interrupted);
+  [[noreturn]] void rethrow_failure_locked();
+
+  SchedulerConfig config_;
+  Placement placement_;
+  std::string token_;
+  std::string tcp_endpoint_;
+  std::string ipc_endpoint_;
+  std::vector<WorkerInfo> infos_;
+  std::map<Role, std::unique_ptr<RoleGroup>> groups_;
+  std::unique_ptr<Io> io_;
+  std::thread io_thread_;
+  std::atomic<int> refused_{0};
+  std::atomic<bool> stop_requested_{false};
+
+  std::mutex send_mutex_;  // guards the driver-side socket in io_
+  mutable std::mutex mutex_;  // guards everything below
+  std::condition_variable changed_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, size_t> pending_;  // request id -> worker index
+  std::map<uint64_t, std::string> pending_op_;
+  std::map<uint64_t, Message> replies_;
+  size_t registered_ = 0;
+  std::optional<std::string> failure_;  // first failure report
+  bool interrupted_ = false;
+  bool stopped_ = false;                // every worker has been stopped and reaped
+};
+
+}  // namespace rlhf

@@ -1,0 +1,29 @@
+// SchedulerConfig from the job spec. Kept apart from scheduler.cpp so programs that build
+// a config by hand (tests, benchmarks) do not link the spec.
+#include "scheduler/scheduler.h"
+
+#include <cmath>
+#include <filesystem>
+
+namespace rlhf {
+namespace {
+
+std::chrono::milliseconds seconds_key(const JobSpec& spec, const std::string& path) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(spec.get_float(path) * 1000.0)));
+}
+
+}  // namespace
+
+SchedulerConfig SchedulerConfig::from_spec(const JobSpec& spec, std::string worker_program) {
+  SchedulerConfig c;
+  c.worker_program = std::move(worker_program);
+  c.bind_host = spec.get_string("cluster.interface");
+  c.run_dir = (std::filesystem::path(spec.get_string("logger.run_dir")) / spec.get_string("name")).string();
+  c.heartbeat_interval = seconds_key(spec, "scheduler.heartbeat_interval_s");
+  c.worker_timeout = seconds_key(spec, "scheduler.worker_timeout_s");
+  c.request_timeout = seconds_key(spec, "scheduler.request_timeout_s");
+  c.max_inflight = static_cast<int>(spec.get_int("scheduler.max_inflight"));
+  return c;
+}
+
+}  // namespace rlhf

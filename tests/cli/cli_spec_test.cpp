@@ -1,0 +1,132 @@
+// The real `rlhf` binary: exit codes and output of validate, plan, spec and --help.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "run_cli.h"
+#include "test_paths.h"
+
+namespace rlhf::test {
+namespace {
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Cli, HelpListsCommandsAndExitCodes) {
+  CliResult r = run_cli({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* word : {"validate", "plan", "spec", "exit codes: 0 success, 1 runtime failure, 2 bad input"})
+    EXPECT_TRUE(contains(r.out, word)) << word << "\n" << r.out;
+}
+
+TEST(Cli, NoArgumentsOrUnknownCommandIsBadInput) {
+  EXPECT_EQ(run_cli({}).exit_code, 2);
+  CliResult r = run_cli({"frobnicate"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "unknown command 'frobnicate'")) << r.err;
+}
+
+TEST(Cli, EverySubcommandHasHelp) {
+  for (const char* cmd : {"validate", "plan", "spec"}) {
+    CliResult r = run_cli({cmd, "--help"});
+    EXPECT_EQ(r.exit_code, 0) << cmd;
+    EXPECT_TRUE(contains(r.out, std::string("usage: rlhf ") + cmd)) << r.out;
+  }
+}
+
+TEST(Cli, ExamplesValidate) {
+  for (const char* example : {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "ppo_8gpu.json"}) {
+    CliResult r = run_cli({"validate", std::string("examples/") + example});
+    EXPECT_EQ(r.exit_code, 0) << example << "\n" << r.err;
+    EXPECT_TRUE(contains(r.out, std::string("ok: examples/") + example)) << r.out;
+  }
+}
+
+TEST(Cli, ValidateReportsEveryProblemAndExits2) {
+  std::string spec = write_temp("bad.json", R"({"train": {"batch_size": 0}, "rollout": {"n_sample_per_prompt": 2}})");
+  CliResult r = run_cli({"validate", spec});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, spec + ": ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "train.batch_size: expected an integer >= 1, found 0")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean rollout.n_samples_per_prompt?")) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST(Cli, MalformedJsonNamesLine) {
+  std::string spec = write_temp("broken.json", "{\n  \"kind\": \"ppo\"\n  \"name\": \"x\"\n}\n");
+  CliResult r = run_cli({"validate", spec});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "malformed JSON at line 3")) << r.err;
+}
+
+TEST(Cli, SetOverridesAreAppliedAndChecked) {
+  CliResult ok = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=4",
+                          "--set=train.batch_size=16", "--print"});
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  auto resolved = nlohmann::json::parse(ok.out);
+  EXPECT_EQ(resolved["rollout"]["n_samples_per_prompt"], 4);
+  EXPECT_EQ(resolved["train"]["batch_size"], 16);
+
+  // 8 prompts x 3 samples = 24 is not a multiple of a train batch of 16.
+  CliResult bad = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=3",
+                           "--set", "train.batch_size=16"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_TRUE(contains(bad.err, "24 samples is not a multiple of train.batch_size (16)")) << bad.err;
+
+  CliResult typo = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.temprature=0.5"});
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_TRUE(contains(typo.err, "did you mean rollout.temperature?")) << typo.err;
+}
+
+TEST(Cli, UsageErrorsExit2) {
+  CliResult r = run_cli({"validate", "examples/ppo_tiny.json", "--bogus"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "unknown option --bogus")) << r.err;
+  EXPECT_EQ(run_cli({"validate"}).exit_code, 2);
+  CliResult missing = run_cli({"validate", "no/such/spec.json"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_TRUE(contains(missing.err, "no/such/spec.json: 1 problem")) << missing.err;
+}
+
+TEST(Cli, PlanShowsEveryWorker) {
+  CliResult r = run_cli({"plan", "examples/ppo_8gpu.json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "0-3 actor+rollout, 4-5 critic, 6 reward, 7 ref")) << r.out;
+  EXPECT_TRUE(contains(r.out, "CUDA_VISIBLE_DEVICES=5")) << r.out;
+
+  CliResult j = run_cli({"plan", "examples/ppo_8gpu.json", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  auto workers = nlohmann::json::parse(j.out)["workers"];
+  ASSERT_EQ(workers.size(), 12u);
+  int rollout = 0;
+  for (const auto& w : workers)
+    if (w["role"] == "rollout") {
+      EXPECT_EQ(w["colocated_with"], "actor");
+      EXPECT_EQ(w["env"]["RLHF_WORLD_SIZE"], "4");
+      ++rollout;
+    }
+  EXPECT_EQ(rollout, 4);
+}
+
+TEST(Cli, PlanOfBadSpecExits2) {
+  CliResult r = run_cli({"plan", "examples/ppo_tiny.json", "--set", "critic.devices=[0]"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "also used by actor")) << r.err;
+}
+
+TEST(Cli, SpecMarkdownIsTheCommittedReference) {
+  CliResult r = run_cli({"spec", "--markdown"});
+  ASSERT_EQ(r.exit_code, 0);
+  std::ifstream in(std::string(RLHF_SOURCE_DIR) + "/docs/job-spec.md");
+  std::stringstream committed;
+  committed << in.rdbuf();
+  EXPECT_EQ(r.out, committed.str());
+  EXPECT_EQ(run_cli({"spec"}).exit_code, 2);
+}
+
+}  // namespace
+}  // namespace rlhf::test

@@ -1,0 +1,62 @@
+#include "run_cli.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "test_paths.h"
+
+namespace rlhf::test {
+namespace {
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+std::string temp_dir() {
+  static const std::string dir = [] {
+    auto d = std::filesystem::temp_directory_path() / ("rlhf-cli-test-" + std::to_string(getpid()));
+    std::filesystem::create_directories(d);
+    return d.string();
+  }();
+  return dir;
+}
+
+}  // namespace
+
+CliResult run_cli(const std::vector<std::string>& args) {
+  static int counter = 0;
+  std::string base = temp_dir() + "/run" + std::to_string(counter++);
+  std::string cmd = "cd " + quote(RLHF_SOURCE_DIR) + " && " + quote(RLHF_CLI_PATH);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " >" + quote(base + ".out") + " 2>" + quote(base + ".err");
+  int status = std::system(cmd.c_str());
+  if (status == -1) throw std::runtime_error("could not run " + cmd);
+  CliResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  return r;
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  std::string path = temp_dir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace rlhf::test

@@ -1,0 +1,296 @@
+// Job-spec validation: a table of bad specs, each with the message a user must see, plus
+// defaults, overrides, round trips and the generated reference.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/spec.h"
+#include "core/spec_schema.h"
+#include "test_paths.h"
+
+namespace rlhf {
+namespace {
+
+using nlohmann::json;
+
+// A small valid PPO spec every bad case is derived from (by JSON merge patch).
+json base_spec() {
+  return json::parse(R"({
+    "kind": "ppo",
+    "cluster": {"nodes": [{"name": "local", "kind": "cpu", "devices": 6, "memory_gb": 4}]},
+    "actor": {"model": "m/actor", "devices": [0, 1]},
+    "critic": {"model": "m/critic", "devices": [2]},
+    "reward": {"model": "m/rm", "devices": [3]},
+    "ref": {"devices": [4]},
+    "rollout": {"devices": [5], "batch_size": 8, "micro_batch_size": 4, "n_samples_per_prompt": 2,
+                "max_new_tokens": 16},
+    "data": {"prompt_dataset": "synthetic:letters", "prompt_max_len": 16, "max_len": 32},
+    "train": {"batch_size": 8, "micro_batch_size": 2}
+  })");
+}
+
+std::vector<SpecProblem> problems_of(const std::string& text,
+                                     const std::vector<std::string>& overrides = {}) {
+  try {
+    JobSpec::parse(text, "job.json", overrides);
+  } catch (const SpecError& e) {
+    return e.problems();
+  }
+  return {};
+}
+
+struct BadCase {
+  const char* name;
+  std::string patch;  // JSON merge patch on base_spec(), or raw text when `raw` is set
+  std::string path;   // the JSON path the problem must name
+  std::string fragment;  // what the message must say
+  bool raw = false;
+  std::vector<std::string> overrides = {};
+};
+
+const std::vector<BadCase>& bad_cases() {
+  static const std::vector<BadCase> kCases = {
+      {"malformed_json", "{\"kind\": \"ppo\",\n  \"train\": {\"batch_size\": 8,}\n}", "",
+       "malformed JSON at line 2", true},
+      {"not_an_object", "[1, 2, 3]", "", "expected a JSON object at the top level", true},
+      {"unknown_top_key", R"({"rollouts": {"batch_size": 8}})", "rollouts",
+       "unknown key (did you mean rollout", false},
+      {"unknown_nested_key", R"({"rollout": {"n_sample_per_prompt": 4}})",
+       "rollout.n_sample_per_prompt", "did you mean rollout.n_samples_per_prompt?"},
+      {"unknown_key_far_from_all", R"({"zzzzqqqqxxxx": 1})", "zzzzqqqqxxxx", "unknown key"},
+      {"section_not_object", R"({"train": 5})", "train", "expected an object (section train)"},
+      {"wrong_type_int", R"({"train": {"batch_size": "eight"}})", "train.batch_size",
+       "expected an integer >= 1, found \"eight\""},
+      {"fractional_int", R"({"train": {"max_epochs": 1.5}})", "train.max_epochs",
+       "expected an integer in [1, 1000], found 1.5"},
+      {"wrong_type_bool", R"({"actor": {"gradient_checkpointing": "yes"}})",
+       "actor.gradient_checkpointing", "expected true or false"},
+      {"out_of_range_low", R"({"rollout": {"n_samples_per_prompt": 0}})",
+       "rollout.n_samples_per_prompt", "expected an integer in [1, 4096], found 0"},
+      {"out_of_range_exclusive", R"({"rollout": {"top_p": 0}})", "rollout.top_p",
+       "expected a number in (0, 1], found 0"},
+      {"zero_stage_range", R"({"actor": {"zero_stage": 4}})", "actor.zero_stage",
+       "expected an integer in [0, 3], found 4"},
+      {"bad_enum_with_hint", R"({"algo": {"advantage": {"estimator": "gea"}}})",
+       "algo.advantage.estimator", "(did you mean gae?)"},
+      {"bad_list_length", R"({"actor": {"adam": {"betas": [0.9]}}})", "actor.adam.betas",
+       "expected a list of 2 numbers"},
+      {"bad_devices_type", R"({"actor": {"devices": "0,1"}})", "actor.devices",
+       "expected a list of device ids or an object"},
+      {"negative_device", R"({"actor": {"devices": [-1]}})", "actor.devices",
+       "device ids as integers >= 0"},
+      {"missing_device", R"({"critic": {"devices": [9]}})", "critic.devices",
+       "device 9 does not exist on node \"local\" (it has 6 devices: 0..5)"},
+      {"unknown_node", R"({"critic": {"devices": {"gpu7": [0]}}})", "critic.devices",
+       "no node named \"gpu7\" in cluster.nodes (nodes: local)"},
+      {"overlapping_devices", R"({"critic": {"devices": [1]}})", "critic.devices",
+       "device 1 on node \"local\" is also used by actor; role groups must be disjoint"},
+      {"duplicate_device", R"({"actor": {"devices": [0, 0]}})", "actor.devices",
+       "device 0 is listed twice"},
+      {"no_free_device", R"({"ref": {"devices": []}, "reward": {"devices": [3, 4]}})",
+       "ref.devices", "no free device left for ref"},
+      {"colocate_unused_role", R"({"actor": {"colocate_with": "critic"}, "algo": {"advantage": {"estimator": "reinforce"}}})",
+       "actor.colocate_with", "\"critic\" is not used by this job"},
+      {"colocate_self", R"({"ref": {"colocate_with": "ref"}})", "ref.colocate_with",
+       "cannot colocate with itself"},
+      {"colocate_outside_target", R"({"rollout": {"colocate_with": "actor", "devices": [5]}})",
+       "rollout.devices", "is not one of actor's devices"},
+      {"node_missing_devices", R"({"cluster": {"nodes": [{"name": "a", "kind": "cpu", "memory_gb": 4}]}})",
+       "cluster.nodes", "cluster.nodes[0].devices: expected an integer >= 1"},
+      {"node_unknown_field", R"({"cluster": {"nodes": [{"name": "local", "devices": 6, "gpus": 8}]}})",
+       "cluster.nodes", "cluster.nodes[0].gpus: unknown node field"},
+      {"cuda_node_without_memory", R"({"cluster": {"nodes": [{"name": "local", "kind": "cuda", "devices": 6}]}})",
+       "cluster.nodes", "memory per GPU in GiB"},
+      {"duplicate_node_name", R"({"cluster": {"nodes": [{"name": "a", "devices": 6}, {"name": "a", "devices": 2}]}, "actor": {"devices": {"a": [0, 1]}}})",
+       "cluster.nodes", "is already the name of cluster.nodes[0]"},
+      {"train_batch_not_divisible", R"({"train": {"batch_size": 6, "micro_batch_size": 2}, "rollout": {"batch_size": 6}})",
+       "train.batch_size", "6 is not divisible by train.micro_batch_size (2) x actor group size (2) = 4"},
+      {"rollout_not_multiple_of_train", R"({"rollout": {"batch_size": 6}})", "rollout.batch_size",
+       "6 prompts x rollout.n_samples_per_prompt (2) = 12 samples is not a multiple of train.batch_size (8)"},
+      {"micro_larger_than_batch", R"({"train": {"micro_batch_size": 16}})", "train.micro_batch_size",
+       "larger than train.batch_size (8)"},
+      {"group_estimator_needs_samples", R"({"algo": {"advantage": {"estimator": "grpo"}}, "rollout": {"n_samples_per_prompt": 1, "batch_size": 8}, "critic": null})",
+       "rollout.n_samples_per_prompt", "the grpo estimator compares samples of the same prompt"},
+      {"lengths_inconsistent", R"({"data": {"prompt_max_len": 30}})", "data.max_len",
+       "32 is shorter than data.prompt_max_len (30) + rollout.max_new_tokens (16) = 46"},
+      {"dpo_prompt_fills_max_len", R"({"kind": "dpo", "data": {"dataset": "d.jsonl", "prompt_max_len": 32}, "critic": null, "reward": null, "rollout": {"devices": []}})",
+       "data.prompt_max_len", "leaves no room for a response"},
+      {"missing_actor_model", R"({"actor": {"model": ""}})", "actor.model",
+       "required for a ppo job"},
+      {"missing_reward_source", R"({"reward": {"model": ""}, "critic": {"model": "m/critic"}})",
+       "reward", "needs a reward source"},
+      {"missing_prompt_dataset", R"({"data": {"prompt_dataset": ""}})", "data.prompt_dataset",
+       "required for a ppo job"},
+      {"missing_dpo_dataset", R"({"kind": "dpo"})", "data.dataset", "required for a dpo job"},
+      {"dual_clip_range", R"({"actor": {"dual_clip": 0.5}})", "actor.dual_clip",
+       "expected 0 (off) or a number > 1"},
+      {"save_steps_zero", R"({"ckpt": {"save_steps": 0}})", "ckpt.save_steps",
+       "expected -1 (only at the end)"},
+      {"clip_range_order", R"({"reward": {"clip_range": [5, -5]}})", "reward.clip_range",
+       "low < high"},
+      {"set_unknown_key", "{}", "rollout.n_sample", "--set: unknown key", false,
+       {"rollout.n_sample=4"}},
+      {"set_bad_value", "{}", "rollout.n_samples_per_prompt",
+       "--set rollout.n_samples_per_prompt=four: expected an integer", false,
+       {"rollout.n_samples_per_prompt=four"}},
+      {"set_without_equals", "{}", "", "--set rollout.batch_size: expected PATH=VALUE", false,
+       {"rollout.batch_size"}},
+  };
+  return kCases;
+}
+
+// Shown by GoogleTest (and ctest) instead of the struct's bytes.
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
+class BadSpec : public testing::TestWithParam<BadCase> {};
+
+TEST_P(BadSpec, ReportsPathAndMessage) {
+  const BadCase& c = GetParam();
+  std::string text;
+  if (c.raw) {
+    text = c.patch;
+  } else {
+    json doc = base_spec();
+    doc.merge_patch(json::parse(c.patch));
+    text = doc.dump();
+  }
+  auto problems = problems_of(text, c.overrides);
+  ASSERT_FALSE(problems.empty()) << "spec was accepted: " << text;
+  bool found = false;
+  std::string all;
+  for (const auto& p : problems) {
+    all += "\n  [" + p.path + "] " + p.message;
+    if (p.path == c.path && p.message.find(c.fragment) != std::string::npos) found = true;
+  }
+  EXPECT_TRUE(found) << "wanted [" << c.path << "] ... " << c.fragment << "\ngot:" << all;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, BadSpec, testing::ValuesIn(bad_cases()),
+                         [](const testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+TEST(Spec, BaseSpecIsValid) { EXPECT_TRUE(problems_of(base_spec().dump()).empty()); }
+
+TEST(Spec, ReportsEveryProblemAtOnce) {
+  json doc = base_spec();
+  doc.merge_patch(json::parse(
+      R"({"train": {"batch_size": "x"}, "rollout": {"top_p": 2}, "actor": {"lrr": 1}})"));
+  auto problems = problems_of(doc.dump());
+  EXPECT_EQ(problems.size(), 3u);
+}
+
+TEST(Spec, ErrorTextNamesFileCountAndPaths) {
+  try {
+    JobSpec::parse(R"({"train": {"batch_size": 0}})", "jobs/x.json");
+    FAIL() << "accepted";
+  } catch (const SpecError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("jobs/x.json: "), std::string::npos) << what;
+    EXPECT_NE(what.find("train.batch_size: expected an integer >= 1, found 0"), std::string::npos)
+        << what;
+  }
+}
+
+TEST(Spec, MissingFileIsOneProblemNamingIt) {
+  try {
+    JobSpec::load("/nonexistent/job.json");
+    FAIL() << "accepted";
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/job.json: 1 problem"), std::string::npos);
+  }
+}
+
+TEST(Spec, DefaultsFilledAndModelsInherited) {
+  JobSpec s = JobSpec::parse(base_spec().dump(), "job.json");
+  EXPECT_EQ(s.get_float("algo.advantage.lambd"), 0.95);
+  EXPECT_EQ(s.get_string("ref.model"), "m/actor");
+  EXPECT_EQ(s.get_string("rollout.model"), "m/actor");
+  EXPECT_EQ(s.get_int("actor.zero_stage"), 2);
+  EXPECT_EQ(s.get_float_list("reward.clip_range"), (std::vector<double>{-10, 10}));
+}
+
+TEST(Spec, OverridesAreTypedAndWin) {
+  JobSpec s = JobSpec::parse(base_spec().dump(), "job.json",
+                             {"rollout.n_samples_per_prompt=4", "actor.adam.lr=1e-5",
+                              "actor.gradient_checkpointing=false", "algo.kl.estimator=k3",
+                              "actor.adam.betas=0.8,0.9", "ref.devices=[4]"});
+  EXPECT_EQ(s.get_int("rollout.n_samples_per_prompt"), 4);
+  EXPECT_DOUBLE_EQ(s.get_float("actor.adam.lr"), 1e-5);
+  EXPECT_FALSE(s.get_bool("actor.gradient_checkpointing"));
+  EXPECT_EQ(s.get_string("algo.kl.estimator"), "k3");
+  EXPECT_EQ(s.get_float_list("actor.adam.betas"), (std::vector<double>{0.8, 0.9}));
+}
+
+TEST(Spec, OverrideCanCreateARuleViolation) {
+  // 8 prompts x 3 samples = 24 is not a multiple of train.batch_size 16.
+  auto problems = problems_of(base_spec().dump(),
+                              {"rollout.n_samples_per_prompt=3", "train.batch_size=16"});
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].path, "rollout.batch_size");
+}
+
+TEST(Spec, RoundTripIsUnchanged) {
+  for (const char* example : {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "ppo_8gpu.json"}) {
+    JobSpec first = JobSpec::load(std::string(RLHF_SOURCE_DIR) + "/examples/" + example);
+    JobSpec second = JobSpec::parse(first.json().dump(2), "printed");
+    EXPECT_EQ(first.json(), second.json()) << example;
+    JobSpec third = JobSpec::parse(first.minimal_json().dump(), "minimal");
+    EXPECT_EQ(first.json(), third.json()) << example;
+  }
+}
+
+TEST(Spec, UsedRolesFollowKindAndAlgorithm) {
+  auto roles = [](const std::string& patch) {
+    json doc = base_spec();
+    doc.merge_patch(json::parse(patch));
+    std::vector<std::string> names;
+    for (Role r : JobSpec::parse(doc.dump(), "job.json").used_roles()) names.push_back(role_name(r));
+    return names;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(roles("{}"), (V{"actor", "critic", "reward", "ref", "rollout"}));
+  EXPECT_EQ(roles(R"({"algo": {"advantage": {"estimator": "rloo"}}})"),
+            (V{"actor", "reward", "ref", "rollout"}));
+  EXPECT_EQ(roles(R"({"reward": {"rule": "letters"}, "algo": {"kl": {"init_coef": 0}}})"),
+            (V{"actor", "critic", "rollout"}));
+  EXPECT_EQ(roles(R"({"kind": "dpo", "data": {"dataset": "d"}})"), (V{"actor", "ref"}));
+  EXPECT_EQ(roles(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "simpo"}}})"),
+            (V{"actor"}));
+  EXPECT_EQ(roles(R"({"kind": "rm", "data": {"dataset": "d"}})"), (V{"reward"}));
+}
+
+TEST(Spec, SimpoWarnsThatReferenceIsUnused) {
+  json doc = base_spec();
+  doc.merge_patch(json::parse(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "simpo"}}})"));
+  JobSpec s = JobSpec::parse(doc.dump(), "job.json");
+  bool warned = false;
+  for (const auto& w : s.warnings())
+    if (w.find("ref is configured but not used") != std::string::npos &&
+        w.find("simpo needs no reference") != std::string::npos)
+      warned = true;
+  EXPECT_TRUE(warned);
+}
+
+TEST(Spec, CommentsAreAllowed) {
+  EXPECT_TRUE(problems_of("// a job\n" + base_spec().dump()).empty());
+}
+
+TEST(SpecSchema, EveryDefaultPassesItsOwnCheck) {
+  for (const auto& k : spec_keys()) EXPECT_EQ(k.check(k.default_value), "") << k.path;
+}
+
+TEST(SpecSchema, EveryKeyIsDocumented) {
+  for (const auto& k : spec_keys()) EXPECT_GT(k.doc.size(), 10u) << k.path;
+}
+
+TEST(SpecSchema, CommittedReferenceMatchesTheTable) {
+  std::ifstream in(std::string(RLHF_SOURCE_DIR) + "/docs/job-spec.md");
+  ASSERT_TRUE(in) << "docs/job-spec.md missing";
+  std::stringstream buf;
+  buf << in.rdbuf();
+  EXPECT_EQ(buf.str(), spec_markdown())
+      << "docs/job-spec.md is stale: regenerate with build/cli/rlhf spec --markdown > docs/job-spec.md";
+}
+
+}  // namespace
+}  // namespace rlhf

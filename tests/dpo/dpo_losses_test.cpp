@@ -1,0 +1,93 @@
+// Golden tests of the DPO-family, reward-model and SFT losses on hand-checked values
+// (computed in double, rounded to 6 digits; FP32 tolerance 1e-5 absolute).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "dpo/losses.h"
+
+namespace rlhf::dpo {
+namespace {
+
+constexpr double kTol = 1e-5;
+
+PairLogProbs pair(float pc, float pr, float rc, float rr) {
+  PairLogProbs lp;
+  lp.chosen = torch::tensor({pc});
+  lp.rejected = torch::tensor({pr});
+  lp.ref_chosen = torch::tensor({rc});
+  lp.ref_rejected = torch::tensor({rr});
+  return lp;
+}
+
+TEST(DpoLoss, SigmoidAndRewards) {
+  DpoLossConfig c;  // beta 0.1
+  // h = (-1 - -2) - (-1.5 - -1.5) = 1; loss = log(1 + exp(-0.1)).
+  auto r = dpo_loss(c, pair(-1, -2, -1.5f, -1.5f));
+  EXPECT_NEAR(r.loss.item<double>(), 0.644397, kTol);
+  EXPECT_NEAR(r.chosen_rewards[0].item<double>(), 0.05, kTol);
+  EXPECT_NEAR(r.rejected_rewards[0].item<double>(), -0.05, kTol);
+  EXPECT_NEAR(r.accuracy.item<double>(), 1.0, kTol);
+  EXPECT_NEAR(r.margin.item<double>(), 0.1, kTol);
+}
+
+TEST(DpoLoss, ConservativeLabelSmoothing) {
+  DpoLossConfig c;
+  c.label_smoothing = 0.2;  // 0.8 * log(1 + e^-0.1) + 0.2 * log(1 + e^0.1)
+  EXPECT_NEAR(dpo_loss(c, pair(-1, -2, -1.5f, -1.5f)).loss.item<double>(), 0.664397, kTol);
+}
+
+TEST(DpoLoss, IpoHingeSimpo) {
+  DpoLossConfig c;
+  c.type = DpoLossType::kIpo;  // (1 - 1/(2*0.1))^2 = 16
+  EXPECT_NEAR(dpo_loss(c, pair(-1, -2, -1.5f, -1.5f)).loss.item<double>(), 16.0, 1e-4);
+  c.type = DpoLossType::kHinge;  // relu(1 - 0.1)
+  EXPECT_NEAR(dpo_loss(c, pair(-1, -2, -1.5f, -1.5f)).loss.item<double>(), 0.9, kTol);
+  c.type = DpoLossType::kSimpo;  // averages -0.5 and -1.0; beta 2, gamma 0.5: -logsig(0.5)
+  c.beta = 2.0;
+  c.simpo_gamma = 0.5;
+  PairLogProbs lp;
+  lp.chosen = torch::tensor({-0.5f});
+  lp.rejected = torch::tensor({-1.0f});
+  EXPECT_NEAR(dpo_loss(c, lp).loss.item<double>(), 0.474077, kTol);
+  EXPECT_FALSE(needs_reference(DpoLossType::kSimpo));
+  EXPECT_TRUE(needs_reference(DpoLossType::kIpo));
+}
+
+TEST(DpoLoss, NllTermOnChosenPerToken) {
+  DpoLossConfig c;
+  c.nll_loss_coef = 1.0;
+  auto lp = pair(-4, -2, -4, -2);  // h = 0: log 2
+  lp.chosen_tokens = torch::tensor({2.0f});
+  EXPECT_NEAR(dpo_loss(c, lp).loss.item<double>(), std::log(2.0) + 2.0, kTol);
+}
+
+TEST(DpoLoss, GradientRaisesChosenAndLowersRejected) {
+  DpoLossConfig c;
+  auto lp = pair(-1, -2, -1, -2);
+  lp.chosen.set_requires_grad(true);
+  lp.rejected.set_requires_grad(true);
+  dpo_loss(c, lp).loss.backward();
+  // d/dpc [-logsig(beta h)] = -beta * sigmoid(-beta h) = -0.05 at h = 0.
+  EXPECT_NEAR(lp.chosen.grad()[0].item<double>(), -0.05, kTol);
+  EXPECT_NEAR(lp.rejected.grad()[0].item<double>(), 0.05, kTol);
+}
+
+TEST(RmLoss, PairwiseAndLogExp) {
+  auto c = torch::tensor({2.0f}), r = torch::tensor({1.0f});
+  EXPECT_NEAR(rm_loss(RmLossType::kSigmoid, c, r).item<double>(), 0.313262, kTol);
+  EXPECT_NEAR(rm_loss(RmLossType::kLogExp, c, r).item<double>(), 0.313262, kTol);
+  EXPECT_NEAR(rm_loss(RmLossType::kSigmoid, c, r, torch::tensor({0.5f})).item<double>(), 0.474077,
+              kTol);
+  EXPECT_THROW(parse_rm_loss("hinge"), std::exception);
+}
+
+TEST(SftLoss, MeanNllOverResponseTokens) {
+  auto lp = torch::tensor({-1.0f, -2.0f, -3.0f}).reshape({1, 3});
+  auto mask = torch::tensor({0.0f, 1.0f, 1.0f}).reshape({1, 3});
+  EXPECT_NEAR(sft_loss(lp, mask).item<double>(), 2.5, kTol);
+}
+
+}  // namespace
+}  // namespace rlhf::dpo

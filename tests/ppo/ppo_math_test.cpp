@@ -1,0 +1,245 @@
+// Golden tests of the PPO-family math: hand-checked cases, and random inputs against plain
+// scalar loops written independently of the vectorised code. All FP32; tolerance 1e-5
+// absolute unless stated (hand values were computed in double and rounded to 6 digits).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <random>
+
+#include "ppo/advantages.h"
+#include "ppo/kl.h"
+#include "ppo/losses.h"
+#include "ppo/reward_shaping.h"
+
+namespace rlhf::ppo {
+namespace {
+
+constexpr double kTol = 1e-5;
+
+torch::Tensor t2(std::vector<std::vector<float>> rows) {
+  std::vector<float> flat;
+  for (auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  return torch::tensor(flat).reshape({static_cast<int64_t>(rows.size()), -1});
+}
+
+void expect_near(const torch::Tensor& got, const torch::Tensor& want, double tol = kTol) {
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_TRUE(torch::allclose(got.to(torch::kFloat64), want.to(torch::kFloat64), 0, tol))
+      << "got\n" << got << "\nwant\n" << want;
+}
+
+TEST(Kl, EstimatorsTable) {
+  auto lp = t2({{0.0f, -1.0f, 20.0f, -20.0f}});
+  auto ref = torch::zeros_like(lp);
+  expect_near(approx_kl(lp, ref, KlEstimator::kK1), t2({{0, -1, 10, -10}}));  // clamped
+  expect_near(approx_kl(lp, ref, KlEstimator::kK2), t2({{0, 0.5f, 10, 10}}));
+  // k3 = exp(-r) - 1 + r: r = -1 -> e - 2 = 0.718282; r = 20 -> 19 (>10, clamped).
+  expect_near(approx_kl(lp, ref, KlEstimator::kK3), t2({{0, 0.718282f, 10, 10}}));
+  EXPECT_THROW(parse_kl_estimator("k4"), std::exception);
+}
+
+TEST(Kl, AdaptiveControllerMatchesZieglerUpdate) {
+  KlController adaptive(0.1, 6.0, 10000);
+  adaptive.update(3.0, 512);  // error clipped to -0.2: 0.1 * (1 - 0.2 * 512 / 10000)
+  EXPECT_NEAR(adaptive.value(), 0.098976, 1e-9);
+  adaptive.update(6.6, 1000);  // error +0.1: * (1 + 0.1 * 0.1)
+  EXPECT_NEAR(adaptive.value(), 0.098976 * 1.01, 1e-9);
+  KlController fixed(0.1, 0.0, 10000);
+  fixed.update(100.0, 512);
+  EXPECT_EQ(fixed.value(), 0.1);
+}
+
+TEST(GroupBaseline, HandTable) {
+  auto s = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f});
+  expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kRloo), torch::tensor({-1.0f, 1.0f, -1.0f, 1.0f}));
+  expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kReinforceBaseline),
+              torch::tensor({-0.5f, 0.5f, -0.5f, 0.5f}));
+  expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kDrGrpo),
+              torch::tensor({-0.5f, 0.5f, -0.5f, 0.5f}));
+  // GRPO: unbiased std of {1, 2} is 0.707107.
+  expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kGroupNorm),
+              torch::tensor({-0.707107f, 0.707107f, -0.707107f, 0.707107f}));
+  // RLOO with n = 3: r_i - mean of the other two.
+  expect_near(apply_group_baseline(torch::tensor({1.0f, 2.0f, 6.0f}), 3, AdvantageEstimator::kRloo),
+              torch::tensor({-3.0f, -1.5f, 4.5f}));
+  // Identical scores give zero advantage under group_norm (std + 1e-9 guards 0/0).
+  expect_near(apply_group_baseline(torch::tensor({1.0f, 1.0f}), 2, AdvantageEstimator::kGroupNorm),
+              torch::tensor({0.0f, 0.0f}));
+  expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kGae), s);
+}
+
+TEST(GroupBaseline, AliasesAndProperties) {
+  EXPECT_EQ(parse_advantage_estimator("grpo"), AdvantageEstimator::kGroupNorm);
+  EXPECT_TRUE(uses_critic(AdvantageEstimator::kGae));
+  EXPECT_FALSE(uses_critic(AdvantageEstimator::kRloo));
+  EXPECT_TRUE(whitens_advantages(AdvantageEstimator::kReinforceBaseline));
+  EXPECT_FALSE(whitens_advantages(AdvantageEstimator::kGroupNorm));
+}
+
+TEST(RewardShaping, ScoreAtLastActionTokenMinusKl) {
+  auto mask = t2({{1, 1, 0}, {1, 1, 1}, {0, 1, 0}});
+  auto idx = last_action_index(mask);
+  EXPECT_EQ(idx[0].item<int64_t>(), 1);
+  EXPECT_EQ(idx[1].item<int64_t>(), 2);
+  EXPECT_EQ(idx[2].item<int64_t>(), 1);
+  auto kl = t2({{0.1f, 0.2f, 0.0f}, {0.0f, 0.1f, 0.3f}, {0, 0, 0}});
+  auto r = shape_rewards(torch::tensor({5.0f, -20.0f, 1.0f}), kl, mask, 0.5, -10, 10);
+  // Row 1's score is clipped to -10.
+  expect_near(r, t2({{-0.05f, 4.9f, 0.0f}, {0.0f, -0.05f, -10.15f}, {0, 1, 0}}));
+}
+
+TEST(Gae, HandCases) {
+  auto mask = t2({{1, 1}});
+  auto ar = gae(t2({{0.5f, 0.25f}}), t2({{0, 1}}), mask, 1.0, 0.5);
+  // t=1: delta = 1 - 0.25 = 0.75; t=0: delta = 0.25 - 0.5 = -0.25, A = -0.25 + 0.5*0.75.
+  expect_near(ar.advantages, t2({{0.125f, 0.75f}}));
+  expect_near(ar.returns, t2({{0.625f, 1.0f}}));
+  ar = gae(t2({{0.5f, 0.25f}}), t2({{0, 1}}), mask, 0.9, 1.0);
+  expect_near(ar.advantages, t2({{0.4f, 0.75f}}));
+}
+
+TEST(Returns, DiscountedAndMasked) {
+  expect_near(cumulative_returns(t2({{1, 2, 3, 7}}), t2({{1, 1, 1, 0}}), 0.5),
+              t2({{2.75f, 3.5f, 3.0f, 0.0f}}));
+}
+
+TEST(Whiten, MeanAndVarianceOverActionTokensOnly) {
+  auto w = whiten(t2({{1, 2, 3, 100}}), t2({{1, 1, 1, 0}}));
+  const float s = 1.224745f;  // 1 / sqrt(2/3)
+  expect_near(w, t2({{-s, 0, s, 98 * s}}), 1e-4);
+}
+
+// Independent scalar references for random-input checks.
+std::vector<double> row(const torch::Tensor& t, int64_t b) {
+  auto r = t[b].to(torch::kFloat64).contiguous();
+  return std::vector<double>(r.data_ptr<double>(), r.data_ptr<double>() + r.numel());
+}
+
+TEST(Gae, RandomInputsMatchScalarLoop) {
+  torch::manual_seed(1);
+  const int64_t B = 5, A = 9;
+  auto values = torch::randn({B, A}), rewards = torch::randn({B, A});
+  auto lengths = torch::randint(1, A + 1, {B});
+  auto mask = (torch::arange(A).unsqueeze(0) < lengths.unsqueeze(1)).to(torch::kFloat32);
+  const double gamma = 0.97, lambd = 0.9;
+  auto ar = gae(values, rewards, mask, gamma, lambd);
+  for (int64_t b = 0; b < B; ++b) {
+    auto v = row(values, b), r = row(rewards, b), m = row(mask, b);
+    std::vector<double> adv(A, 0.0);
+    double next_adv = 0, next_v = 0;
+    for (int64_t t = A - 1; t >= 0; --t) {
+      double vt = v[t] * m[t], rt = r[t] * m[t];
+      double delta = rt + gamma * next_v - vt;
+      adv[t] = delta + gamma * lambd * next_adv;
+      next_adv = adv[t];
+      next_v = vt;
+    }
+    for (int64_t t = 0; t < A; ++t) {
+      EXPECT_NEAR(ar.advantages[b][t].item<double>(), adv[t], 1e-4) << b << "," << t;
+      EXPECT_NEAR(ar.returns[b][t].item<double>(), adv[t] + v[t] * m[t], 1e-4);
+    }
+  }
+}
+
+TEST(GroupBaseline, RandomInputsMatchScalarLoop) {
+  torch::manual_seed(2);
+  const int64_t P = 6, n = 4;
+  auto scores = torch::randn({P * n});
+  auto rloo = apply_group_baseline(scores, n, AdvantageEstimator::kRloo);
+  auto grpo = apply_group_baseline(scores, n, AdvantageEstimator::kGroupNorm);
+  auto s = row(scores.unsqueeze(0), 0);
+  for (int64_t p = 0; p < P; ++p) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += s[p * n + i];
+    double mean = sum / n, ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += (s[p * n + i] - mean) * (s[p * n + i] - mean);
+    double std_unbiased = std::sqrt(ss / (n - 1));
+    for (int64_t i = 0; i < n; ++i) {
+      double x = s[p * n + i];
+      EXPECT_NEAR(rloo[p * n + i].item<double>(), x - (sum - x) / (n - 1), 1e-5);
+      EXPECT_NEAR(grpo[p * n + i].item<double>(), (x - mean) / (std_unbiased + 1e-9), 1e-4);
+    }
+  }
+}
+
+TEST(ComputeAdvantages, GrpoForcesGammaOneAndSkipsWhitening) {
+  AdvantageConfig c;
+  c.estimator = AdvantageEstimator::kGroupNorm;
+  c.gamma = 0.5;  // ignored for group estimators, as OpenRLHF
+  c.n_samples_per_prompt = 2;
+  auto mask = t2({{1, 1, 1}, {1, 1, 0}, {1, 0, 0}, {1, 1, 1}});
+  auto out = compute_advantages(c, torch::tensor({1.0f, 0.0f, 1.0f, 1.0f}), {}, 0.0, {}, mask);
+  // Every action token of a row carries its group-normalised score (gamma 1, no KL).
+  expect_near(out.advantages * mask, t2({{0.707107f, 0.707107f, 0.707107f},
+                                         {-0.707107f, -0.707107f, 0}, {0, 0, 0}, {0, 0, 0}}));
+}
+
+TEST(ComputeAdvantages, GaeWhitensOverActionTokens) {
+  AdvantageConfig c;  // gae
+  torch::manual_seed(3);
+  auto mask = t2({{1, 1, 1, 0}, {1, 1, 1, 1}});
+  auto out = compute_advantages(c, torch::tensor({1.0f, -1.0f}), torch::rand({2, 4}) * 0.1, 0.1,
+                                torch::randn({2, 4}), mask);
+  auto m = mask.to(torch::kBool);
+  auto sel = out.advantages.masked_select(m);
+  EXPECT_NEAR(sel.mean().item<double>(), 0.0, 1e-5);
+  EXPECT_NEAR(sel.var(/*unbiased=*/false).item<double>(), 1.0, 1e-4);
+}
+
+TEST(PolicyLoss, ClippedSurrogateTable) {
+  PolicyLossConfig c;  // eps 0.2
+  auto mask = t2({{1}});
+  auto lp = torch::full({1, 1}, std::log(1.5f));
+  auto old = torch::zeros({1, 1});
+  // ratio 1.5, A = +1: min(1.5, 1.2) = 1.2 -> loss -1.2, clipped.
+  auto r = policy_loss(c, lp, old, t2({{1}}), mask);
+  EXPECT_NEAR(r.loss.item<double>(), -1.2, kTol);
+  EXPECT_NEAR(r.clip_frac.item<double>(), 1.0, kTol);
+  EXPECT_NEAR(r.approx_kl.item<double>(), -std::log(1.5), kTol);
+  // ratio 1.5, A = -1: min(-1.5, -1.2) = -1.5 -> loss 1.5, not clipped.
+  r = policy_loss(c, lp, old, t2({{-1}}), mask);
+  EXPECT_NEAR(r.loss.item<double>(), 1.5, kTol);
+  EXPECT_NEAR(r.clip_frac.item<double>(), 0.0, kTol);
+  // Separate clips: eps_high 0.4 lets ratio 1.5 through up to 1.4.
+  c.clip_high = 0.4;
+  EXPECT_NEAR(policy_loss(c, lp, old, t2({{1}}), mask).loss.item<double>(), -1.4, kTol);
+  // Dual clip c = 3, ratio 5, A = -1: max(min(-5, -1.2), -3) = -3 -> loss 3.
+  c = PolicyLossConfig{};
+  c.dual_clip = 3.0;
+  auto lp5 = torch::full({1, 1}, std::log(5.0f));
+  EXPECT_NEAR(policy_loss(c, lp5, old, t2({{-1}}), mask).loss.item<double>(), 3.0, 1e-4);
+}
+
+TEST(PolicyLoss, TokenVersusSequenceAggregation) {
+  // ratio 1 everywhere: per-token loss = -A.
+  auto mask = t2({{1, 1, 0}, {1, 0, 0}});
+  auto adv = t2({{-1, -2, -9}, {-3, -9, -9}});
+  auto zeros = torch::zeros({2, 3});
+  PolicyLossConfig c;
+  EXPECT_NEAR(policy_loss(c, zeros, zeros, adv, mask).loss.item<double>(), 2.0, kTol);
+  c.aggregation = LossAggregation::kSeqMean;
+  EXPECT_NEAR(policy_loss(c, zeros, zeros, adv, mask).loss.item<double>(), 2.25, kTol);
+}
+
+TEST(PolicyLoss, GradientFlowsOnlyThroughUnclippedTokens) {
+  PolicyLossConfig c;
+  auto lp = torch::tensor({std::log(1.5f), 0.0f}).reshape({1, 2}).set_requires_grad(true);
+  auto r = policy_loss(c, lp, torch::zeros({1, 2}), t2({{1, 1}}), t2({{1, 1}}));
+  r.loss.backward();
+  // Token 0 is clipped (zero gradient); token 1: d(-ratio * A / 2)/d lp = -0.5.
+  EXPECT_NEAR(lp.grad()[0][0].item<double>(), 0.0, kTol);
+  EXPECT_NEAR(lp.grad()[0][1].item<double>(), -0.5, kTol);
+}
+
+TEST(ValueLoss, ClippedAndPlain) {
+  auto mask = t2({{1}});
+  // V_clip = 0 + clip(1, -0.5, 0.5) = 0.5: max((0.5-2)^2, (1-2)^2) = 2.25; times 0.5.
+  EXPECT_NEAR(value_loss(t2({{1}}), t2({{0}}), t2({{2}}), mask, 0.5, LossAggregation::kTokenMean)
+                  .item<double>(), 1.125, kTol);
+  EXPECT_NEAR(value_loss(t2({{1}}), t2({{0}}), t2({{2}}), mask, 0.0, LossAggregation::kTokenMean)
+                  .item<double>(), 0.5, kTol);
+}
+
+}  // namespace
+}  // namespace rlhf::ppo

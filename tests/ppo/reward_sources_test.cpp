@@ -1,0 +1,204 @@
+// Prompt datasets, rule rewards, and the remote reward client against a real HTTP server
+// on loopback (a Beast server on 127.0.0.1:0 in a thread; the port is read back).
+#include <gtest/gtest.h>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "core/errors.h"
+#include "ppo/prompt_dataset.h"
+#include "ppo/remote_reward.h"
+#include "ppo/rule_rewards.h"
+
+namespace rlhf::ppo {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  auto dir = std::filesystem::temp_directory_path() / ("rlhf-ppo-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(PromptDataset, ReadsInputsLabelsAndMessageLists) {
+  std::string path = temp_file("p.jsonl",
+                               "{\"q\": \"2+2=\", \"a\": \"4\"}\n\n"
+                               "{\"q\": [{\"role\": \"user\", \"content\": \"hi\"}], \"a\": 7}\n");
+  PromptDataConfig c;
+  c.source = path;
+  c.input_key = "q";
+  c.label_key = "a";
+  auto ds = load_prompts(c);
+  ASSERT_EQ(ds.rows.size(), 2u);
+  EXPECT_EQ(ds.rows[0].input, "2+2=");
+  EXPECT_EQ(ds.rows[0].label, "4");
+  EXPECT_EQ(ds.rows[1].line, 3);
+  EXPECT_EQ(ds.rows[1].label, "7");  // non-string labels keep their JSON text
+  EXPECT_EQ(prompt_text(ds.rows[1].input), "user: hi\n");
+}
+
+TEST(PromptDataset, BadLineIsFatalWithFileAndLine) {
+  std::string path = temp_file("bad.jsonl", "{\"input\": \"a\"}\n{\"input\": 5}\n{oops\n");
+  PromptDataConfig c;
+  c.source = path;
+  try {
+    load_prompts(c);
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":2: key \"input\": expected a string"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PromptDataset, BadLinesSkippedAndCounted) {
+  std::string path = temp_file("skip.jsonl", "{\"input\": \"a\"}\n{oops\n{\"other\": 1}\n{\"input\": \"b\"}\n");
+  PromptDataConfig c;
+  c.source = path;
+  c.bad_lines = BadLinePolicy::kSkip;
+  auto ds = load_prompts(c);
+  EXPECT_EQ(ds.rows.size(), 2u);
+  EXPECT_EQ(ds.stats.skipped, 2);
+  EXPECT_NE(ds.stats.first_problem.find(path + ":2: malformed JSON"), std::string::npos)
+      << ds.stats.first_problem;
+  c.max_samples = 1;
+  EXPECT_EQ(load_prompts(c).rows.size(), 1u);
+}
+
+TEST(PromptDataset, SyntheticIsDeterministicPerSeed) {
+  auto a = synthetic_prompts("letters", 16, 7), b = synthetic_prompts("letters", 16, 7);
+  auto c = synthetic_prompts("letters", 16, 8);
+  ASSERT_EQ(a.size(), 16u);
+  int same = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].input, b[i].input);
+    same += a[i].input == c[i].input;
+  }
+  EXPECT_LT(same, 16);
+  EXPECT_THROW(synthetic_prompts("nope", 4, 1), InputError);
+}
+
+TEST(RuleRewards, Table) {
+  const auto& letters = find_rule_reward("letters");
+  EXPECT_DOUBLE_EQ(letters.fn("p", "abC1", ""), 0.5);
+  EXPECT_DOUBLE_EQ(letters.fn("p", "", ""), 0.0);
+  EXPECT_DOUBLE_EQ(letters.fn("p", "zzzz", ""), 1.0);
+  const auto& match = find_rule_reward("match_label");
+  EXPECT_DOUBLE_EQ(match.fn("2+2=", " 4\n", "4"), 1.0);
+  EXPECT_DOUBLE_EQ(match.fn("2+2=", "5", "4"), 0.0);
+  try {
+    find_rule_reward("lettrs");
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("known: letters, match_label"), std::string::npos);
+  }
+}
+
+enum class ServerMode { kOk, kStatus500, kBadJson, kWrongCount, kSlow };
+
+// Serves exactly one request on 127.0.0.1:<port> as `mode` says.
+class RewardServer {
+ public:
+  explicit RewardServer(ServerMode mode) : acceptor_(ioc_, {net::ip::make_address("127.0.0.1"), 0}) {
+    port_ = acceptor_.local_endpoint().port();
+    thread_ = std::thread([this, mode] { serve(mode); });
+  }
+  ~RewardServer() {
+    release_.set_value();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/score"; }
+  nlohmann::json last_request;
+
+ private:
+  void serve(ServerMode mode) {
+    tcp::socket socket(ioc_);
+    acceptor_.accept(socket);
+    beast::flat_buffer buffer;
+    http::request<http::string_body> req;
+    http::read(socket, buffer, req);
+    last_request = nlohmann::json::parse(req.body());
+    if (mode == ServerMode::kSlow) {
+      release_.get_future().wait();  // until the test has seen the client's timeout
+      return;
+    }
+    http::response<http::string_body> res{http::status::ok, 11};
+    nlohmann::json rewards = nlohmann::json::array();
+    for (const auto& r : last_request["responses"]) rewards.push_back(r.get<std::string>().size());
+    if (mode == ServerMode::kWrongCount) rewards.push_back(0);
+    res.body() = mode == ServerMode::kBadJson ? "not json" : nlohmann::json{{"rewards", rewards}}.dump();
+    if (mode == ServerMode::kStatus500) {
+      res.result(http::status::internal_server_error);
+      res.body() = "verifier crashed";
+    }
+    res.prepare_payload();
+    beast::error_code ec;
+    http::write(socket, res, ec);
+  }
+
+  net::io_context ioc_;
+  tcp::acceptor acceptor_;
+  unsigned short port_;
+  std::promise<void> release_;
+  std::thread thread_;
+};
+
+std::string error_of(ServerMode mode, double timeout_s = 5.0) {
+  RewardServer server(mode);
+  try {
+    RemoteReward({server.url(), timeout_s}).score({"p1", "p2"}, {"abc", "de"}, {"l1", "l2"});
+  } catch (const RuntimeError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RemoteReward, ScoresInOrderAndSendsEveryField) {
+  RewardServer server(ServerMode::kOk);
+  auto scores = RemoteReward({server.url(), 5.0}).score({"p1", "p2"}, {"abc", "de"}, {"l1", "l2"});
+  EXPECT_EQ(scores, (std::vector<double>{3, 2}));
+  EXPECT_EQ(server.last_request["labels"], nlohmann::json({"l1", "l2"}));
+  EXPECT_EQ(server.last_request["query"], nlohmann::json({"p1abc", "p2de"}));
+}
+
+TEST(RemoteReward, FailuresAreNamedErrors) {
+  EXPECT_NE(error_of(ServerMode::kStatus500).find("HTTP 500: verifier crashed"), std::string::npos);
+  EXPECT_NE(error_of(ServerMode::kBadJson).find("expected a JSON object with a \"rewards\" list"),
+            std::string::npos);
+  EXPECT_NE(error_of(ServerMode::kWrongCount).find("sent 2 samples, got 3 rewards"), std::string::npos);
+  std::string slow = error_of(ServerMode::kSlow, 0.3);
+  EXPECT_NE(slow.find("no reply within"), std::string::npos) << slow;
+  EXPECT_NE(slow.find("/score"), std::string::npos) << slow;
+}
+
+TEST(RemoteReward, RefusedConnectionAndBadUrl) {
+  // Bind then close a socket to get a port with nothing listening.
+  unsigned short port;
+  {
+    net::io_context ioc;
+    tcp::acceptor a(ioc, {net::ip::make_address("127.0.0.1"), 0});
+    port = a.local_endpoint().port();
+  }
+  try {
+    RemoteReward({"http://127.0.0.1:" + std::to_string(port) + "/", 2.0}).score({"p"}, {"r"}, {""});
+    FAIL();
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("connect failed"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(RemoteReward({"https://x/", 1.0}), InputError);
+}
+
+}  // namespace
+}  // namespace rlhf::ppo

@@ -1,0 +1,227 @@
+// The scheduler with real `rlhf worker` processes: bit-exact tensors through two role
+// groups, in-order fan-out over three ranks, error replies, failure reports for killed and
+// silent workers within 5 s, refusal of strays without the token, and no process left over.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <set>
+
+#include "scheduler/role_group.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/worker_process.h"
+#include "tests/support/processes.h"
+#include "transport/channel.h"
+
+namespace rlhf {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::pid_alive;
+using testing::poll_until;
+
+SchedulerConfig test_config(const std::string& name) {
+  SchedulerConfig c;
+  c.run_dir = testing::fresh_run_dir(name);
+  c.worker_program = RLHF_CLI_PATH;
+  c.heartbeat_interval = 200ms;
+  c.worker_timeout = 2000ms;
+  c.register_timeout = 60s;  // a torch-linked process can take seconds to start on 2 busy cores
+  c.request_timeout = 60s;
+  return c;
+}
+
+Message request(const std::string& op) {
+  Message m;
+  m.op = op;
+  return m;
+}
+
+std::vector<int> pids_of(const Scheduler& s) {
+  std::vector<int> pids;
+  for (const auto& w : s.workers()) pids.push_back(w.pid);
+  return pids;
+}
+
+void expect_all_gone(const std::vector<int>& pids) {
+  for (int pid : pids) EXPECT_FALSE(pid_alive(pid)) << "worker pid " << pid << " survived";
+}
+
+std::vector<NamedTensor> mixed_tensors() {
+  at::manual_seed(7);
+  return {{"f32", at::randn({3, 17})},
+          {"bf16", at::randn({2, 3, 5}).to(at::kBFloat16)},
+          {"f16", at::randn({9}).to(at::kHalf)},
+          {"f64", at::randn({4, 4}, at::kDouble)},
+          {"i64", at::randint(-(int64_t{1} << 40), int64_t{1} << 40, {6}, at::kLong)},
+          {"i32", at::randint(-1000, 1000, {2, 2, 2}, at::kInt)},
+          {"u8", at::randint(0, 256, {33}, at::kByte)},
+          {"mask", at::rand({5, 3}) > 0.5},
+          {"scalar", at::tensor(2.5f)},
+          {"big", at::randn({256, 1024})}};  // 1 MiB
+}
+
+TEST(Scheduler, TwoRoleJobExchangesTensorsBitExact) {
+  Scheduler s(test_config("two-role"), testing::local_placement({{Role::kActor, 1}, {Role::kCritic, 2}}));
+  s.start();
+  const auto pids = pids_of(s);
+  const auto sent = mixed_tensors();
+  for (Role role : {Role::kActor, Role::kCritic}) {
+    auto replies = s.group(role).call_all("echo", {{"tag", "x"}}, sent);
+    ASSERT_EQ(static_cast<int>(replies.size()), s.group(role).size());
+    for (const auto& reply : replies) {
+      EXPECT_EQ(reply.args.value("tag", ""), "x");
+      for (const auto& t : sent) {
+        SCOPED_TRACE(std::string(role_name(role)) + " " + t.name);
+        const auto& got = reply.tensor(t.name);
+        EXPECT_EQ(got.scalar_type(), t.tensor.scalar_type());
+        EXPECT_EQ(got.sizes(), t.tensor.sizes());
+        EXPECT_TRUE(at::equal(got, t.tensor));  // bit-exact: the bytes only travel
+      }
+    }
+    // `info` ran in the launched processes, one per rank, with their devices.
+    auto infos = s.group(role).call_all("info");
+    for (size_t r = 0; r < infos.size(); ++r) {
+      EXPECT_EQ(infos[r].args.at("rank").get<int>(), static_cast<int>(r));
+      EXPECT_EQ(infos[r].args.at("role").get<std::string>(), role_name(role));
+      EXPECT_GT(infos[r].args.at("peak_rss_bytes").get<int64_t>(), 0);
+      bool launched = false;
+      for (const auto& w : s.workers())
+        launched |= w.pid == infos[r].args.at("pid").get<int>() && w.placement.role == role;
+      EXPECT_TRUE(launched) << infos[r].args.dump();
+    }
+  }
+  s.shutdown();
+  expect_all_gone(pids);
+  // Each worker's output went to its own log.
+  EXPECT_NE(testing::read_file(s.config().run_dir + "/logs/critic-1.log").find("[critic 1] registered"),
+            std::string::npos);
+}
+
+TEST(Scheduler, FanOutOverThreeRanksReturnsInBatchOrder) {
+  auto config = test_config("fan-out");
+  config.max_inflight = 1;
+  Scheduler s(config, testing::local_placement({{Role::kRef, 3}}));
+  s.start();
+  const auto rows = at::arange(13 * 4, at::kLong).reshape({13, 4});
+  const auto values = at::randn({13});
+  // delay_ms makes rank 0 answer last, so arrival order differs from batch order.
+  Message out = s.group(Role::kRef).scatter("echo", {{"rows", rows}, {"values", values}}, 2,
+                                            {{"delay_ms", 40}});
+  EXPECT_TRUE(at::equal(out.tensor("rows"), rows));
+  EXPECT_TRUE(at::equal(out.tensor("values"), values));
+  const auto& micro = out.args.at("micro_batches");
+  ASSERT_EQ(micro.size(), 7u);  // ceil(13 / 2)
+  std::set<int> ranks;
+  for (const auto& m : micro) ranks.insert(m.at("rank").get<int>());
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+}
+
+TEST(Scheduler, ErrorReplyNamesTheRankAndTheWorkerKeepsServing) {
+  Scheduler s(test_config("error-reply"), testing::local_placement({{Role::kReward, 2}}));
+  s.start();
+  try {
+    s.group(Role::kReward).call(1, request("no_such_op"));
+    FAIL() << "expected an error";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("reward[1] operation \"no_such_op\" failed: unknown operation"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.group(Role::kReward).call_all("ping").size(), 2u);
+}
+
+TEST(Scheduler, KilledWorkerIsReportedWithinFiveSeconds) {
+  Scheduler s(test_config("kill-9"), testing::local_placement({{Role::kActor, 2}, {Role::kCritic, 1}}));
+  s.start();
+  const auto pids = pids_of(s);
+  const int victim = s.workers()[1].pid;  // actor rank 1
+  // Its registration line is in the log once it has processed the scheduler's answer.
+  ASSERT_TRUE(poll_until([&] {
+    return testing::read_file(s.workers()[1].log_path).find("registered with") != std::string::npos;
+  }, 10s));
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  const auto t0 = testing::Clock::now();
+  std::string report;
+  try {
+    while (testing::Clock::now() - t0 < 10s) s.group(Role::kCritic).call_all("ping");
+  } catch (const WorkerFailure& e) {
+    report = e.what();
+  }
+  const auto elapsed = testing::Clock::now() - t0;
+  EXPECT_LT(elapsed, 5s) << "the issue's bound on detection";
+  EXPECT_NE(report.find("worker actor[1] killed by signal 9 (SIGKILL)"), std::string::npos) << report;
+  EXPECT_NE(report.find("role actor, rank 1 of 2, host 127.0.0.1 (node local), device cpu:1"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("| [actor 1] registered with"), std::string::npos) << report;  // log tail
+  s.shutdown();
+  expect_all_gone(pids);
+}
+
+TEST(Scheduler, SilentWorkerIsDetectedAndKilled) {
+  auto config = test_config("silent");
+  config.worker_timeout = 1500ms;
+  Scheduler s(config, testing::local_placement({{Role::kRollout, 2}}));
+  s.start();
+  const auto pids = pids_of(s);
+  ASSERT_EQ(::kill(s.workers()[0].pid, SIGSTOP), 0);  // alive but answering nothing
+  const auto t0 = testing::Clock::now();
+  std::string report;
+  try {
+    s.group(Role::kRollout).call(0, request("ping"));
+  } catch (const WorkerFailure& e) {
+    report = e.what();
+  }
+  EXPECT_LT(testing::Clock::now() - t0, 5s);
+  EXPECT_NE(report.find("worker rollout[0] stopped answering: no message for 1500 ms (killed)"),
+            std::string::npos) << report;
+  s.shutdown();
+  expect_all_gone(pids);
+}
+
+Message registration(const std::string& token, const std::string& role, int rank, int64_t pid) {
+  Message m;
+  m.kind = MessageKind::kRegister;
+  m.args = {{"token", token}, {"role", role}, {"rank", rank}, {"pid", pid}};
+  return m;
+}
+
+std::string refusal(Channel& stray, const Message& hello) {
+  stray.send(hello);
+  auto frames = stray.recv(10000ms);
+  if (!frames) return "no answer";
+  Message answer = decode(std::move(*frames), MessageLimits{});
+  return answer.kind == MessageKind::kError ? answer.error : "accepted";
+}
+
+TEST(Scheduler, ProcessWithoutTheTokenIsRefused) {
+  Scheduler s(test_config("token"), testing::local_placement({{Role::kActor, 1}}));
+  s.start();
+  zmq::context_t ctx(1);
+  Channel stray(ctx, zmq::socket_type::dealer, 0ms);
+  stray.connect(s.endpoint());
+  EXPECT_NE(refusal(stray, registration("not-the-token", "actor", 0, getpid())).find("wrong or missing job token"),
+            std::string::npos);
+  EXPECT_NE(refusal(stray, request("echo")).find("a request from a peer that has not registered"), std::string::npos);
+  // Even with the token, a process other than the launched worker cannot take its place.
+  EXPECT_NE(refusal(stray, registration(s.token(), "actor", 0, getpid())).find("already registered"),
+            std::string::npos);
+  EXPECT_NE(refusal(stray, registration(s.token(), "critic", 0, getpid())).find("no worker critic[0]"),
+            std::string::npos);
+  EXPECT_EQ(s.refused_registrations(), 4);
+
+  // A real worker process started with a wrong token is refused and exits 1.
+  auto placement = testing::local_placement({{Role::kActor, 1}}).workers[0];
+  WorkerProcess impostor(placement, RLHF_CLI_PATH, {"worker"},
+                         {{kEnvScheduler, s.endpoint()}, {kEnvToken, "0123"}, {kEnvRunDir, s.config().run_dir}},
+                         s.config().run_dir + "/impostor.log");
+  std::optional<int> status;
+  ASSERT_TRUE(poll_until([&] { return (status = impostor.poll_exit()).has_value(); }, 30s));
+  EXPECT_EQ(describe_wait_status(*status), "exit code 1");
+  EXPECT_NE(testing::read_file(impostor.log_path()).find("refused registration: registration refused: wrong"),
+            std::string::npos) << testing::read_file(impostor.log_path());
+  EXPECT_EQ(s.refused_registrations(), 5);
+  EXPECT_EQ(s.group(Role::kActor).call_all("ping").size(), 1u);  // the job is unaffected
+}
+
+}  // namespace
+}  // namespace rlhf

@@ -1,0 +1,139 @@
+// Collective groups with real processes: N = 1, 2, 4 Gloo ranks meet through a file store
+// or a TCP store hosted outside the group (as the scheduler does); every collective's result
+// is checked against values computed here. The NCCL test needs a GPU (`*_CUDA`).
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "test_paths.h"
+#include "tests/transport/child_process.h"
+#include "core/errors.h"
+#include "transport/collective_group.h"
+
+namespace fs = std::filesystem;
+using rlhf::testing::ChildProcess;
+
+namespace {
+
+const std::string kWorker = std::string(RLHF_BINARY_DIR) + "/tests/transport/rlhf_collective_worker";
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("rlhf_collective_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::map<std::string, std::vector<double>> read_results(const fs::path& path) {
+  std::map<std::string, std::vector<double>> results;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string name;
+    words >> name;
+    auto& values = results[name];  // a line without values ("done") still counts
+    double v;
+    while (words >> v) values.push_back(v);
+  }
+  return results;
+}
+
+// Runs `n` workers meeting through `store_args`, then checks each rank's results.
+void run_group(int n, const std::vector<std::string>& store_args, const fs::path& dir) {
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> argv{kWorker, std::to_string(r), std::to_string(n)};
+    argv.insert(argv.end(), store_args.begin(), store_args.end());
+    argv.push_back((dir / ("out" + std::to_string(r))).string());
+    workers.push_back(std::make_unique<ChildProcess>(argv, (dir / "log").string()));
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(workers[r]->wait(std::chrono::seconds(60)), 0) << "rank " << r << ", log " << dir / "log";
+  }
+  const double s = n * (n + 1) / 2.0;  // sum over ranks of (r + 1)
+  for (int r = 0; r < n; ++r) {
+    auto got = read_results(dir / ("out" + std::to_string(r)));
+    SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(n));
+    // All values are small integers or halves: exact in float and bf16, so compare exactly.
+    EXPECT_EQ(got["rank"], std::vector<double>{double(r)});
+    EXPECT_EQ(got["size"], std::vector<double>{double(n)});
+    EXPECT_EQ(got["sum"], (std::vector<double>{s, 10 * s, -s}));
+    EXPECT_EQ(got["max"], (std::vector<double>{double(n), 10.0 * n, -1.0}));
+    std::vector<double> gather;
+    for (int k = 0; k < n; ++k) gather.insert(gather.end(), {double(k), k + 0.5});
+    EXPECT_EQ(got["gather"], gather);
+    std::vector<double> scatter;
+    for (int i = 3 * r; i < 3 * r + 3; ++i) scatter.push_back(i * s);
+    EXPECT_EQ(got["scatter"], scatter);
+    EXPECT_EQ(got["bcast"], std::vector<double>(4, 100.0 + n - 1));
+    EXPECT_EQ(got.count("done"), 1u);
+  }
+}
+
+}  // namespace
+
+class CollectiveGroupSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectiveGroupSizes, GlooFileStoreCollectivesGiveExactResults) {
+  const int n = GetParam();
+  fs::path dir = fresh_dir("file" + std::to_string(n));
+  run_group(n, {"file", (dir / "store").string()}, dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gloo, CollectiveGroupSizes, ::testing::Values(1, 2, 4));
+
+TEST(CollectiveGroup, GlooOverTcpStoreHostedOutsideTheGroup) {
+  c10d::TCPStoreOptions options;
+  options.port = 0;  // any free port; read back below
+  options.isServer = true;
+  options.waitWorkers = false;
+  c10d::TCPStore host("127.0.0.1", options);
+  ASSERT_GT(host.getPort(), 0);
+  fs::path dir = fresh_dir("tcp");
+  run_group(2, {"tcp", std::to_string(host.getPort())}, dir);
+}
+
+TEST(CollectiveGroup, MissingPeerTimesOutWithRankInError) {
+  // Rank 0 of 2 waits for a rank 1 that never comes: it must fail, naming its rank.
+  fs::path dir = fresh_dir("timeout");
+  rlhf::transport::CollectiveConfig config;
+  config.rank = 0;
+  config.size = 2;
+  config.store_path = (dir / "store").string();
+  config.timeout = std::chrono::milliseconds(1500);
+  try {
+    auto group = rlhf::transport::make_collective_group(config);
+    FAIL() << "joined a group whose peer never started";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0/2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CollectiveGroup, BadRankIsInputError) {
+  rlhf::transport::CollectiveConfig config;
+  config.rank = 3;
+  config.size = 2;
+  config.store_path = "/tmp/unused";
+  EXPECT_THROW(rlhf::transport::make_collective_group(config), rlhf::InputError);
+}
+
+TEST(CollectiveGroup, NcclOneRankCollectives_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (this LibTorch or machine has none)";
+  const fs::path dir = fresh_dir("nccl");
+  rlhf::transport::CollectiveConfig config;
+  config.backend = rlhf::transport::CollectiveBackend::kNccl;
+  config.store_path = (dir / "store").string();
+  auto group = rlhf::transport::make_collective_group(config);
+  auto t = torch::arange(4, torch::TensorOptions(torch::kFloat).device(torch::kCUDA));
+  group->all_reduce(t, rlhf::transport::ReduceOp::kSum);
+  EXPECT_TRUE(torch::equal(t.cpu(), torch::arange(4, torch::kFloat)));
+  auto gathered = torch::empty({4}, t.options());
+  group->all_gather(gathered, t);
+  EXPECT_TRUE(torch::equal(gathered.cpu(), torch::arange(4, torch::kFloat)));
+  group->barrier();
+}

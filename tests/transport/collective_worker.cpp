@@ -1,0 +1,79 @@
+// Test helper process for collective_test: joins a collective group and writes the result
+// of each collective as a line "name v0 v1 ..." to --out. The test checks the values.
+// Usage: rlhf_collective_worker RANK SIZE (file PATH | tcp PORT) OUT
+#include <torch/types.h>
+
+#include <fstream>
+#include <iostream>
+
+#include "transport/collective_group.h"
+
+using rlhf::transport::CollectiveConfig;
+using rlhf::transport::ReduceOp;
+
+namespace {
+
+void write(std::ofstream& out, const std::string& name, const torch::Tensor& t) {
+  auto flat = t.to(torch::kDouble).contiguous();
+  out << name;
+  for (int64_t i = 0; i < flat.numel(); ++i) out << ' ' << flat.data_ptr<double>()[i];
+  out << '\n';
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::cerr << "usage: rlhf_collective_worker RANK SIZE (file PATH | tcp PORT) OUT\n";
+    return 2;
+  }
+  try {
+    torch::set_num_threads(1);
+    CollectiveConfig config;
+    config.rank = std::stoi(argv[1]);
+    config.size = std::stoi(argv[2]);
+    if (std::string(argv[3]) == "file") {
+      config.store_path = argv[4];
+    } else {
+      config.store = rlhf::transport::StoreKind::kTcp;
+      config.store_host = rlhf::transport::StoreHost::kExternal;
+      config.port = static_cast<uint16_t>(std::stoi(argv[4]));
+    }
+    config.timeout = std::chrono::seconds(60);
+    auto group = rlhf::transport::make_collective_group(config);
+    const int r = group->rank();
+    const int n = group->size();
+    std::ofstream out(argv[5]);
+    out << "rank " << group->rank() << "\nsize " << group->size() << '\n';
+
+    // rank r contributes [r+1, 10(r+1), -(r+1)] (float) to the sum and max.
+    auto sum = torch::tensor({1.0f, 10.0f, -1.0f}) * (r + 1);
+    group->all_reduce(sum, ReduceOp::kSum);
+    write(out, "sum", sum);
+    auto max = torch::tensor({1.0f, 10.0f, -1.0f}) * (r + 1);
+    group->all_reduce(max, ReduceOp::kMax);
+    write(out, "max", max);
+
+    // all_gather of [r, r + 0.5] in bf16 (exact in bf16): [0, .5, 1, 1.5, ...].
+    auto piece = torch::tensor({r * 1.0f, r + 0.5f}).to(torch::kBFloat16);
+    auto gathered = torch::empty({2 * n}, piece.options());
+    group->all_gather(gathered, piece);
+    write(out, "gather", gathered);
+
+    // reduce_scatter of input[i] = i * (r + 1), 3 per rank: rank r gets sum_k (k+1) * i.
+    auto input = torch::arange(3 * n, torch::kFloat) * (r + 1);
+    auto shard = torch::empty({3}, torch::kFloat);
+    group->reduce_scatter(shard, input);
+    write(out, "scatter", shard);
+
+    auto bcast = torch::full({4}, static_cast<int64_t>(100 + r), torch::kLong);
+    group->broadcast(bcast, n - 1);
+    write(out, "bcast", bcast);
+    group->barrier();
+    out << "done\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "collective worker: " << e.what() << '\n';
+    return 1;
+  }
+}

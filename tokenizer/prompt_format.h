@@ -1,0 +1,70 @@
+// Turns a dataset prompt (a plain string or a list of chat messages) into the text the
+// model sees: data.input_template ("{}" = the prompt, as OpenRLHF), or the chat template of
+// a known family (ChatML as Qwen2, Llama-3, Llama-2, Mistral v0.1 [INST]), chosen by name
+// or recognised in tokenizer_config.json's chat_template. It does not run Jinja: an
+// unrecognised template is an InputError that suggests data.input_template.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/tokenizer_config.h"
+
+namespace rlhf::tokenizer {
+
+enum class ChatTemplate { kAuto, kChatML, kLlama3, kLlama2, kMistral };
+
+// "auto", "chatml", "llama3", "llama2", "mistral"; throws InputError listing them.
+ChatTemplate parse_chat_template(std::string_view name);
+std::string chat_template_name(ChatTemplate t);
+// The family whose template `jinja_source` is, or kAuto when it is none we know.
+ChatTemplate detect_chat_template(std::string_view jinja_source);
+
+// Filled from the job spec's data.* keys.
+struct PromptFormatConfig {
+  std::string input_template;        // data.input_template: "" = none, else contains "{}"
+  bool apply_chat_template = false;  // data.apply_chat_template
+  ChatTemplate chat_template = ChatTemplate::kAuto;  // data.chat_template
+};
+
+struct ChatMessage {
+  std::string role;  // "system", "user", "assistant"
+  std::string content;
+};
+
+class PromptFormatter {
+ public:
+  // `tokenizer_config`: the model's tokenizer_config.json (template text, BOS/EOS strings).
+  // Throws InputError when the template cannot be resolved or input_template has no "{}".
+  PromptFormatter(const PromptFormatConfig& config, const TokenizerConfig& tokenizer_config);
+
+  // The prompt text for one dataset value, as OpenRLHF's preprocess_data: with
+  // apply_chat_template, a string becomes one user message and the template is applied with
+  // add_generation_prompt=True (input_template is then unused); otherwise the value must be a
+  // string and input_template, if any, wraps it. Throws InputError naming what was expected.
+  // The result already holds BOS where the template writes it: encode it with AddSpecial::kNo.
+  std::string format(const nlohmann::json& prompt) const;
+  std::string format_messages(const std::vector<ChatMessage>& messages) const;
+
+  // The template in use (kAuto only when apply_chat_template is false).
+  ChatTemplate chat_template() const { return template_; }
+
+ private:
+  std::string chatml(const std::vector<ChatMessage>& messages) const;
+  std::string llama3(const std::vector<ChatMessage>& messages) const;
+  std::string llama2(const std::vector<ChatMessage>& messages) const;
+  std::string mistral(const std::vector<ChatMessage>& messages) const;
+
+  PromptFormatConfig config_;
+  ChatTemplate template_ = ChatTemplate::kAuto;
+  std::string bos_, eos_;
+  std::string default_system_;  // ChatML's system prompt when the messages have none
+};
+
+// `input_template` with "{}" replaced by `prompt` ("{{" and "}}" are literal braces, as
+// Python's str.format). Throws InputError when the template has no "{}".
+std::string apply_input_template(std::string_view input_template, std::string_view prompt);
+
+}  // namespace rlhf::tokenizer

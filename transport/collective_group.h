@@ -1,0 +1,62 @@
+// A group of N ranks (processes) running collectives on tensors: the one interface the
+// trainer uses, with a c10d Gloo backend (CPU tensors) and an NCCL backend (CUDA tensors).
+// It does not move messages between roles (that is the ZeroMQ side of transport/).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <torch/types.h>
+
+namespace rlhf::transport {
+
+enum class CollectiveBackend { kGloo, kNccl };
+enum class ReduceOp { kSum, kMax };
+// Where the group meets: a file on a shared filesystem, or a TCP key-value store.
+enum class StoreKind { kFile, kTcp };
+// Who hosts a kTcp store: rank 0 of the group (on `port`), or a process outside the group
+// (the scheduler) that every rank connects to.
+enum class StoreHost { kRank0, kExternal };
+
+struct CollectiveConfig {
+  CollectiveBackend backend = CollectiveBackend::kGloo;
+  int rank = 0;
+  int size = 1;
+  StoreKind store = StoreKind::kFile;
+  std::string store_path;          // kFile: the rendezvous file (must not exist beforehand)
+  std::string host = "127.0.0.1";  // kTcp: store host; the Gloo device binds here too
+  uint16_t port = 0;               // kTcp: store port (must be set: peers need to know it)
+  StoreHost store_host = StoreHost::kRank0;
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and wait
+  int cuda_device = 0;             // kNccl: the device this rank's tensors live on
+};
+
+// Collectives on contiguous tensors of one dtype. Every call blocks until done and throws
+// rlhf::RuntimeError (naming rank and operation) when a peer fails or the timeout passes.
+class CollectiveGroup {
+ public:
+  virtual ~CollectiveGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend_name() const = 0;
+
+  // In place: tensor = op over all ranks' `tensor`.
+  virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
+  // output [size * n] = concat over ranks of input [n] (rank order).
+  virtual void all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
+  // output [n] = sum over ranks of input[rank * n : (rank + 1) * n], input [size * n].
+  // `input` is scratch: its contents afterwards are unspecified (Gloo reduces in place).
+  virtual void reduce_scatter(torch::Tensor& output, torch::Tensor& input) = 0;
+  // In place: every rank's tensor becomes root's.
+  virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+// Joins the group described by `config` (blocks until all `size` ranks have joined).
+// Throws rlhf::InputError for a bad config, rlhf::RuntimeError when rendezvous fails, and
+// for kNccl in a build without NCCL.
+std::unique_ptr<CollectiveGroup> make_collective_group(const CollectiveConfig& config);
+
+}  // namespace rlhf::transport

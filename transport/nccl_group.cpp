@@ -1,0 +1,146 @@
+// CollectiveGroup over NCCL for CUDA tensors: every call is enqueued on the legacy default
+// stream (the one LibTorch uses unless told otherwise) and waited for, so results are ready
+// when the call returns. Built only with RLHF_HAVE_NCCL; runs only where there is a GPU.
+#include "transport/nccl_group.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/errors.h"
+
+namespace rlhf::transport {
+namespace {
+
+void check_cuda(cudaError_t status, const char* what, int rank) {
+  if (status != cudaSuccess) {
+    throw RuntimeError(std::string("nccl group: rank ") + std::to_string(rank) + ": " + what +
+                       ": " + cudaGetErrorString(status));
+  }
+}
+
+void check_nccl(ncclResult_t status, const char* what, int rank) {
+  if (status != ncclSuccess) {
+    throw RuntimeError(std::string("nccl group: rank ") + std::to_string(rank) + ": " + what +
+                       ": " + ncclGetErrorString(status));
+  }
+}
+
+ncclDataType_t nccl_dtype(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat: return ncclFloat32;
+    case torch::kDouble: return ncclFloat64;
+    case torch::kHalf: return ncclFloat16;
+    case torch::kBFloat16: return ncclBfloat16;
+    case torch::kInt: return ncclInt32;
+    case torch::kLong: return ncclInt64;
+    case torch::kByte: return ncclUint8;
+    case torch::kChar: return ncclInt8;
+    default: TORCH_CHECK(false, "nccl group: unsupported dtype ", t.scalar_type());
+  }
+}
+
+void check_cuda_contiguous(const torch::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined() && t.is_cuda() && t.is_contiguous(), "nccl ", what,
+              ": needs a defined, contiguous CUDA tensor");
+}
+
+class NcclGroup final : public CollectiveGroup {
+ public:
+  NcclGroup(const CollectiveConfig& config, const c10::intrusive_ptr<c10d::Store>& store)
+      : rank_(config.rank), size_(config.size) {
+    check_cuda(cudaSetDevice(config.cuda_device), "cudaSetDevice", rank_);
+    ncclUniqueId id;
+    const std::string key = "rlhf_nccl_unique_id";
+    if (rank_ == 0) {
+      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", rank_);
+      std::vector<uint8_t> bytes(sizeof(id));
+      std::memcpy(bytes.data(), &id, sizeof(id));
+      store->set(key, bytes);
+    } else {
+      std::vector<uint8_t> bytes = store->get(key);  // waits up to the store's timeout
+      if (bytes.size() != sizeof(id)) {
+        throw RuntimeError("nccl group: rank " + std::to_string(rank_) + ": bad unique id size " +
+                           std::to_string(bytes.size()));
+      }
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", rank_);
+  }
+
+  ~NcclGroup() override {
+    if (comm_ != nullptr) ncclCommDestroy(comm_);  // nothing to do on failure in a destructor
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend_name() const override { return "nccl"; }
+
+  void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+    check_cuda_contiguous(tensor, "all_reduce");
+    check_nccl(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor),
+                             op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream()),
+               "ncclAllReduce", rank_);
+    wait();
+  }
+
+  void all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    check_cuda_contiguous(output, "all_gather output");
+    check_cuda_contiguous(input, "all_gather input");
+    TORCH_CHECK(output.numel() == input.numel() * size_ && output.dtype() == input.dtype(),
+                "nccl all_gather: output must hold size x input elements of the same dtype");
+    check_nccl(ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), nccl_dtype(input),
+                             comm_, stream()),
+               "ncclAllGather", rank_);
+    wait();
+  }
+
+  void reduce_scatter(torch::Tensor& output, torch::Tensor& input) override {
+    check_cuda_contiguous(output, "reduce_scatter output");
+    check_cuda_contiguous(input, "reduce_scatter input");
+    TORCH_CHECK(input.numel() == output.numel() * size_ && output.dtype() == input.dtype(),
+                "nccl reduce_scatter: input must hold size x output elements of the same dtype");
+    check_nccl(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
+                                 nccl_dtype(input), ncclSum, comm_, stream()),
+               "ncclReduceScatter", rank_);
+    wait();
+  }
+
+  void broadcast(torch::Tensor& tensor, int root) override {
+    check_cuda_contiguous(tensor, "broadcast");
+    check_nccl(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor),
+                             root, comm_, stream()),
+               "ncclBroadcast", rank_);
+    wait();
+  }
+
+  void barrier() override {
+    // NCCL has no barrier: an all-reduce of one float on the device is one.
+    float* scratch = nullptr;
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float)), "cudaMalloc", rank_);
+    ncclResult_t status = ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream());
+    cudaError_t sync = cudaStreamSynchronize(stream());
+    cudaFree(scratch);
+    check_nccl(status, "ncclAllReduce (barrier)", rank_);
+    check_cuda(sync, "cudaStreamSynchronize", rank_);
+  }
+
+ private:
+  static cudaStream_t stream() { return cudaStreamLegacy; }
+  void wait() { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", rank_); }
+
+  int rank_;
+  int size_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<CollectiveGroup> make_nccl_group(const CollectiveConfig& config,
+                                                 const c10::intrusive_ptr<c10d::Store>& store) {
+  return std::make_unique<NcclGroup>(config, store);
+}
+
+}  // namespace rlhf::transport
