@@ -11,6 +11,7 @@
 //          /proc/self/clear_refs), with parameters and their .grad already allocated.
 #include <malloc.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -158,31 +159,63 @@ int main(int argc, char** argv) {
   std::printf("matmul [1024,768]x[768,2048]: BF16 %.1f GFLOP/s, FP32 %.1f GFLOP/s\n", mm_bf16 / 1e9, mm_fp32 / 1e9);
 
   auto config = rlhf::models::preset_config(preset);
-  CausalLM model(config);
-  model.to(torch::kBFloat16);
-  model.train();
   std::printf("model: %ld parameters (%s of BF16 weights)\n\n", static_cast<long>(config.num_parameters()),
               mib(config.num_parameters() * 2.0).c_str());
-  // Timing first with the default malloc, then memory with every large block mmap'ed.
-  std::vector<int64_t> lengths = seqs;
+  const std::vector<int64_t> lengths = seqs;
   std::vector<std::array<StepFigures, 2>> figures(lengths.size());
-  std::vector<torch::Tensor> inputs;
-  for (int64_t T : lengths)
-    inputs.push_back(torch::randint(0, std::min<int64_t>(config.vocab_size, 259), {batch, T}, torch::kInt64));
+  auto make_model = [&] {
+    auto m = std::make_shared<CausalLM>(config);
+    m->to(torch::kBFloat16);
+    m->train();
+    return m;
+  };
+  auto make_input = [&](int64_t T) {
+    torch::manual_seed(static_cast<uint64_t>(T));
+    return torch::randint(0, std::min<int64_t>(config.vocab_size, 259), {batch, T}, torch::kInt64);
+  };
+
+  // Memory in a forked child whose malloc mmaps every block >= 64 KiB from the start (see
+  // the file comment); the parent waits, then times with the default malloc.
+  int fds[2];
+  if (::pipe(fds) != 0) return std::perror("pipe"), 1;
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) return std::perror("fork"), 1;
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (::mallopt(M_MMAP_THRESHOLD, 64 * 1024) != 1 || ::mallopt(M_TRIM_THRESHOLD, 64 * 1024) != 1) ::_exit(3);
+    if (!reset_hwm()) ::_exit(4);
+    auto model = make_model();
+    for (size_t s = 0; s < lengths.size(); ++s)
+      for (int m = 0; m < 2; ++m) {
+        model->set_checkpointing(m ? Checkpointing::kPerLayer : Checkpointing::kNone);
+        measure_memory(*model, make_input(lengths[s]), figures[s][m]);
+        double out[2] = {figures[s][m].held, figures[s][m].peak};
+        if (::write(fds[1], out, sizeof out) != static_cast<ssize_t>(sizeof out)) ::_exit(5);
+      }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
   for (size_t s = 0; s < lengths.size(); ++s)
     for (int m = 0; m < 2; ++m) {
-      model.set_checkpointing(m ? Checkpointing::kPerLayer : Checkpointing::kNone);
-      figures[s][m].seconds = time_steps(model, inputs[s], steps);
+      double in[2];
+      if (::read(fds[0], in, sizeof in) != static_cast<ssize_t>(sizeof in)) break;
+      figures[s][m].held = in[0];
+      figures[s][m].peak = in[1];
     }
-  if (::mallopt(M_MMAP_THRESHOLD, 64 * 1024) != 1 || ::mallopt(M_TRIM_THRESHOLD, 64 * 1024) != 1) {
-    std::cerr << "mallopt failed\n";
+  ::close(fds[0]);
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "memory measurement child failed (status %d)\n", status);
     return 1;
   }
-  const bool hwm_ok = reset_hwm();
+  const bool hwm_ok = true;
+
+  auto model = make_model();
   for (size_t s = 0; s < lengths.size(); ++s)
     for (int m = 0; m < 2; ++m) {
-      model.set_checkpointing(m ? Checkpointing::kPerLayer : Checkpointing::kNone);
-      measure_memory(model, inputs[s], figures[s][m]);
+      model->set_checkpointing(m ? Checkpointing::kPerLayer : Checkpointing::kNone);
+      figures[s][m].seconds = time_steps(*model, make_input(lengths[s]), steps);
     }
 
   std::printf("%-6s %-11s %10s %12s %10s %12s %12s\n", "seq", "checkpoint", "step s", "tokens/s", "GFLOP/s",

@@ -65,8 +65,12 @@ int cmd_logprobs(const Argv& argv) {
   models::LoadOptions load;
   if (auto d = args.value("--dtype")) load.dtype = models::dtype_from_name(*d);
   load.head = models::HeadKind::kLanguageModel;
-  const int64_t chunk = std::stoll(args.value("--chunk").value_or("256"));
-  if (chunk <= 0) throw InputError("--chunk must be positive");
+  int64_t chunk = 0;
+  try {
+    chunk = std::stoll(args.value("--chunk").value_or("256"));
+  } catch (const std::exception&) {
+  }
+  if (chunk <= 0) throw InputError("--chunk must be a positive integer");
   auto model = models::load_pretrained(*model_dir, load);
   model->eval();
 

@@ -66,7 +66,10 @@ CausalLM::CausalLM(ModelConfig config) : config_(std::move(config)) {
   config_.validate("CausalLM");
   const ModelConfig& c = config_;
   auto stack = register_module("model", std::make_shared<torch::nn::Module>());
-  embed_tokens = stack->register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  auto embed_options = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
+  if (c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size)
+    embed_options.padding_idx(c.pad_token_id);  // as HF: the padding row gets no gradient
+  embed_tokens = stack->register_module("embed_tokens", torch::nn::Embedding(embed_options));
   layers = stack->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayerImpl>(c));
   norm = stack->register_module("norm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));

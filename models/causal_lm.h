@@ -70,6 +70,12 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
 
   // ShardableModel. Units: 0 = embeddings, 1..L = decoder layers, L+1 = final norm and head.
   // With tie_word_embeddings the head reads unit 0's embedding matrix (listed in unit 0 only).
+  // Hook order: forward() calls before/after_forward(u) around the embedding (0), each layer
+  // (1..L) and the final norm (L+1); log_probs()/logits()/values() call them around the head
+  // again (L+1). In backward, each checkpointed layer u calls before_forward(u), recomputes
+  // and back-propagates the layer, then after_forward(u), then after_backward(u) (its .grad
+  // is complete). Units 0 and L+1 (and layers without checkpointing) are referenced by
+  // autograd's saved tensors until backward passes them: ZeRO-3 must keep them gathered.
   std::vector<ParamUnit> param_units() override;
   void set_layer_hooks(LayerHooks* hooks) override { hooks_ = hooks; }
   LayerHooks* layer_hooks() const { return hooks_; }

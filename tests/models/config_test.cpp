@@ -50,6 +50,20 @@ TEST(ModelConfig, DefaultsAndTokenIds) {
   EXPECT_FALSE(c.tie_word_embeddings);  // LlamaConfig's default, not PretrainedConfig's
 }
 
+TEST(ModelConfig, MistralSlidingWindowAndQwen2Defaults) {
+  auto m = ModelConfig::from_json_text(R"({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+      "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "vocab_size": 100, "sliding_window": 4096})", "m");
+  EXPECT_EQ(m.sliding_window, 4096);
+  auto null_window = ModelConfig::from_json_text(R"({"model_type": "mistral", "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+      "sliding_window": null})", "m");
+  EXPECT_EQ(null_window.sliding_window, 0);
+  expect_error<InputError>([] { ModelConfig::from_json_text(R"({"model_type": "qwen2", "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+      "use_sliding_window": true})", "q"); }, {"use_sliding_window"});
+}
+
 TEST(ModelConfig, UnsupportedOptionsAreErrorsNamingThem) {
   expect_error<InputError>([] { ModelConfig::from_json_text(R"({"model_type": "gpt2"})", "cfg.json"); },
                            {"cfg.json", "model_type \"gpt2\"", "llama, mistral, qwen2"});

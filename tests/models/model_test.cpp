@@ -188,6 +188,39 @@ TEST(CausalLM, RewardIsTheValueAtTheLastRealToken) {
                            torch::tensor({{0, 1, 1, 1}, {1, 0, 1, 2}, {1, 1, 0, 1}}, torch::kInt64)));
 }
 
+TEST(CausalLM, FrozenEmbeddingsStillGiveCheckpointedLayersTheirGradients) {
+  auto model = tiny_model();
+  model->embed_tokens->weight.set_requires_grad(false);
+  model->set_checkpointing(Checkpointing::kPerLayer);
+  auto ids = random_ids(1, 5, 288, 8);
+  auto hidden = model->forward(ids, torch::ones_like(ids));
+  model->next_token_log_probs(hidden, ids).sum().backward();
+  for (auto& p : model->param_units()[1].params) EXPECT_TRUE(p.second.grad().defined()) << p.first;
+  EXPECT_FALSE(model->embed_tokens->weight.grad().defined());
+}
+
+TEST(AttentionMask, CausalPaddingWindowAndCacheOffsetsAsATable) {
+  if (uses_fused_attention()) GTEST_SKIP() << "torch >= 2 returns a bool mask; the table below is the FP32 one";
+  // attention_mask [1, 4] with the first key padded; queries are positions 2 and 3 (2 cached).
+  auto bias = attention_mask_tensor(torch::tensor({{0, 1, 1, 1}}, torch::kInt64), /*past=*/2, /*T=*/2,
+                                    /*sliding_window=*/2);
+  auto allowed = (bias == 0).to(torch::kInt64).squeeze();  // [T, S]
+  // query 2 sees keys 1..2 (0 is padding), query 3 sees keys 2..3 (window of 2).
+  EXPECT_TRUE(torch::equal(allowed, torch::tensor({{0, 1, 1, 0}, {0, 0, 1, 1}}, torch::kInt64)));
+  auto padded_query = attention_mask_tensor(torch::tensor({{0, 1}}, torch::kInt64), 0, 2, 0);
+  // A padding query sees only itself: never an empty softmax row.
+  EXPECT_TRUE(torch::equal((padded_query == 0).to(torch::kInt64).squeeze(), torch::tensor({{1, 0}, {0, 1}}, torch::kInt64)));
+}
+
+TEST(CausalLM, PaddingEmbeddingRowGetsNoGradientAsInHf) {
+  auto model = tiny_model();  // the tiny preset's pad_token_id is 256
+  auto ids = torch::tensor({{257, 256, 72, 256, 105}}, torch::kInt64);  // <pad> at real positions
+  grads_of_loss(*model, ids, torch::ones_like(ids));
+  auto g = model->embed_tokens->weight.grad();
+  EXPECT_EQ(g[256].abs().sum().item<double>(), 0.0);
+  EXPECT_GT(g[72].abs().sum().item<double>(), 0.0);
+}
+
 TEST(CausalLM, HeadsRefuseTheWrongCall) {
   auto critic = tiny_model(HeadKind::kValue);
   auto ids = random_ids(1, 4, 288, 6);
