@@ -47,4 +47,21 @@ torch::Tensor KvCache::values(int64_t layer, int64_t begin, int64_t end) const {
   return values_[layer].narrow(2, begin, end - begin);
 }
 
+void KvCache::select_rows(const torch::Tensor& rows) {
+  TORCH_CHECK(rows.dim() == 1 && rows.numel() > 0 && rows.scalar_type() == torch::kInt64,
+              "KvCache::select_rows: rows must be a non-empty int64 [B'], got ", rows.scalar_type(), rows.sizes());
+  TORCH_CHECK(rows.min().item<int64_t>() >= 0 && rows.max().item<int64_t>() < batch_,
+              "KvCache::select_rows: rows outside [0, ", batch_, ")");
+  for (auto* buffers : {&keys_, &values_}) {
+    for (auto& b : *buffers) {
+      auto sizes = b.sizes().vec();
+      sizes[0] = rows.size(0);
+      auto fresh = torch::empty(sizes, b.options());  // only the filled positions are copied
+      fresh.narrow(2, 0, length_).copy_(b.narrow(2, 0, length_).index_select(0, rows.to(b.device())));
+      b = fresh;
+    }
+  }
+  batch_ = rows.size(0);
+}
+
 }  // namespace rlhf::models

@@ -38,6 +38,11 @@ class KvCache {
 
   void reset() { length_ = 0; }  // keeps the buffers
 
+  // Keeps batch rows `rows` ([B'] int64 indices into [0, batch), repeats allowed), in that
+  // order: drops finished sequences from a decode batch, or copies a prefilled prompt to
+  // its n samples. The buffers are reallocated at [B', kv_heads, capacity, head_dim].
+  void select_rows(const torch::Tensor& rows);
+
  private:
   int64_t batch_;
   int64_t capacity_;

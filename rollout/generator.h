@@ -1,0 +1,81 @@
+// Batched autoregressive generation with a preallocated KV cache: left-padded prompts,
+// prefill once per prompt (copied to its n samples), then one decode step per token until
+// every row hit a stop token or max_new_tokens; finished rows leave the decode batch. Does
+// not tokenize, schedule requests or receive weights (weight_sync.h does that).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "models/causal_lm.h"
+#include "rollout/sampling.h"
+
+namespace rlhf::rollout {
+
+// The job spec's rollout.* generation keys.
+struct GenerationConfig {
+  int64_t max_new_tokens = 1024;       // rollout.max_new_tokens
+  int64_t n_samples_per_prompt = 1;    // rollout.n_samples_per_prompt
+  int64_t micro_batch_size = 8;        // prompts per KV cache (rollout.micro_batch_size)
+  std::vector<int64_t> stop_token_ids;  // EOS and rollout.stop_token_ids: a row ends after one
+  int64_t pad_token_id = 0;            // fills sequences after a row's end
+  // Rows that finished stay in the decode batch (fed a pad token, not sampled) until they
+  // are more than this fraction of it; then the KV cache is compacted to the live rows.
+  // 0 compacts at every finish; the default bounds wasted compute at 25% and the copies to
+  // a few cache sizes per micro batch.
+  double compact_fraction = 0.25;
+
+  void validate() const;  // throws InputError
+};
+
+// One generate call's result. Row i * n + s is sample s of prompt i (OpenRLHF's order).
+struct GenerationOutput {
+  torch::Tensor sequences;         // [N, P + R] int64: left-padded prompt, response, pad after its end
+  torch::Tensor attention_mask;    // [N, P + R] int64: prompt tokens and response tokens up to the end
+  torch::Tensor action_mask;       // [N, R] bool: response tokens up to and including the stop token
+  torch::Tensor log_probs;         // [N, R] FP32: log-prob of each response token under the
+                                   // distribution it was sampled from (sampling_log_probs); 0 off the mask
+  torch::Tensor response_lengths;  // [N] int64: action_mask.sum(1)
+  int64_t prompt_length = 0;       // P
+  int64_t weight_version = 0;      // the weights that produced it
+  // R is the longest response in the batch (<= max_new_tokens).
+};
+
+class Generator {
+ public:
+  // `model` must have an LM head; it is used in eval mode without gradients and may be
+  // updated in place between calls (weight sync), which set_weight_version() records.
+  Generator(std::shared_ptr<models::CausalLM> model, GenerationConfig config);
+
+  const GenerationConfig& config() const { return config_; }
+  models::CausalLM& model() { return *model_; }
+  int64_t weight_version() const { return weight_version_; }
+  void set_weight_version(int64_t version) { weight_version_ = version; }
+
+  // prompt_ids, prompt_mask: [B, P] int64, left-padded (every row has >= 1 token). Returns
+  // B * n_samples_per_prompt rows. These prompts are prompts [first_prompt, first_prompt + B)
+  // of a request: sample s of prompt i draws from stream (params.seed, i * n + s), so the
+  // same request and seed give the same output however it is split. Throws InputError for
+  // bad parameters.
+  GenerationOutput generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                            const SamplingParams& params, int64_t first_prompt = 0);
+
+ private:
+  // One micro batch: prompts [b, P], first_row = its first output row in the request.
+  GenerationOutput generate_micro_batch(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                                        Sampler& sampler, int64_t first_row);
+
+  std::shared_ptr<models::CausalLM> model_;
+  GenerationConfig config_;
+  int64_t weight_version_ = 0;
+};
+
+// Pads every output to `response_length` response columns (>= each R) and concatenates
+// along rows, in order. Used to join micro batches, and by callers that need a fixed R.
+GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int64_t response_length,
+                                int64_t pad_token_id);
+
+}  // namespace rlhf::rollout
