@@ -1,7 +1,8 @@
 // Engine benchmark: ZeRO-3 step time and tokens/s on the ~100M preset for N = 1, 2 ranks
 // (real processes, real Gloo group), and all-gather / reduce-scatter bandwidth against a
 // plain memcpy of the same bytes. Prints figures and ratios; asserts nothing.
-// Usage: bench_engine [--steps S] [--seq T] [--micro-batch B] [--comm-mib M]
+// Usage: bench_engine [--steps S] [--seq T] [--micro-batch B] [--comm-mib M] [--train 0|1]
+//        [--threads K per rank; default cores / N]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -34,6 +36,7 @@ struct Options {
   int64_t micro_batch = 1;
   int64_t comm_mib = 64;
   bool train = true;
+  int64_t threads = 0;  // per rank; 0: the machine's cores / N
 };
 
 std::unique_ptr<transport::CollectiveGroup> join(int rank, int size, const std::string& store) {
@@ -43,6 +46,16 @@ std::unique_ptr<transport::CollectiveGroup> join(int rank, int size, const std::
   config.store_path = store;
   config.timeout = std::chrono::minutes(10);
   return transport::make_collective_group(config);
+}
+
+double best_of(int reps, const std::function<void()>& fn) {
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
 }
 
 // One rank of the training benchmark; rank 0 writes its figures to `out`.
@@ -61,17 +74,31 @@ void train_rank(transport::CollectiveGroup& group, const Options& o, std::ostrea
   engine::Trainer trainer(tc, *model, group);
   auto gen = at::detail::createCPUGenerator(7 + group.rank());
   std::vector<double> times;
+  double phase[3] = {0, 0, 0};  // forward, backward (with recompute and reductions), optimizer step
   engine::StepMetrics last;
   for (int64_t s = 0; s < o.steps; ++s) {
     auto tokens = torch::randint(config.vocab_size, {o.micro_batch, o.seq}, gen, torch::kLong);
     auto t0 = Clock::now();
-    last = trainer.train_step([&](int64_t) {
-      auto hidden = model->forward(tokens, torch::ones_like(tokens));
-      return -model->next_token_log_probs(hidden, tokens).mean();
-    });
+    auto hidden = model->forward(tokens, torch::ones_like(tokens));
+    auto loss = -model->next_token_log_probs(hidden, tokens).mean();
+    auto t1 = Clock::now();
+    trainer.backward(loss);
+    auto t2 = Clock::now();
+    last = trainer.step();
     times.push_back(seconds_since(t0));
+    if (s > 0 || o.steps == 1) {
+      phase[0] += std::chrono::duration<double>(t1 - t0).count();
+      phase[1] += std::chrono::duration<double>(t2 - t1).count();
+      phase[2] += seconds_since(t2);
+    }
   }
   if (group.rank() != 0) return;
+  // The machine's BF16 matmul rate with this rank's threads, measured now (a loaded machine
+  // slows both alike): [T, H] x [H, I] as in the MLP.
+  auto a = torch::randn({o.micro_batch * o.seq, config.hidden_size}).to(torch::kBFloat16);
+  auto b = torch::randn({config.hidden_size, config.intermediate_size}).to(torch::kBFloat16);
+  const double mm_flop = 2.0 * a.size(0) * a.size(1) * b.size(1);
+  const double mm_time = best_of(10, [&] { torch::matmul(a, b); });
   double steady = 0;  // mean over steps after the first (warm-up)
   for (size_t i = 1; i < times.size(); ++i) steady += times[i];
   steady /= std::max<size_t>(1, times.size() - 1);
@@ -79,18 +106,14 @@ void train_rank(transport::CollectiveGroup& group, const Options& o, std::ostrea
   const auto& m = last.memory;
   out << "N=" << group.size() << "  params=" << config.num_parameters() / 1e6 << "M  first step " << times[0]
       << " s  steady step " << steady << " s  tokens/s " << tokens / steady << "  loss " << last.loss << "\n"
+      << "      steady step split: forward " << phase[0] / std::max<int64_t>(1, o.steps - 1) << " s, backward "
+      << phase[1] / std::max<int64_t>(1, o.steps - 1) << " s, optimizer step " << phase[2] / std::max<int64_t>(1, o.steps - 1)
+      << " s\n"
+      << "      model FLOP/s per rank (8 x P x tokens: forward, recompute, backward) "
+      << 8.0 * config.num_parameters() * o.micro_batch * o.seq / steady / 1e9 << " G vs BF16 matmul "
+      << mm_flop / mm_time / 1e9 << " G measured now\n"
       << "      per-rank model states " << m.model_states() / 1e6 << " MB (16 B x P / N = "
       << 16.0 * config.num_parameters() / group.size() / 1e6 << " MB), engine peak " << m.peak / 1e6 << " MB\n";
-}
-
-double best_of(int reps, const std::function<void()>& fn) {
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = Clock::now();
-    fn();
-    best = std::min(best, seconds_since(t0));
-  }
-  return best;
 }
 
 // One rank of the collective benchmark: M MiB moved per collective.
@@ -136,7 +159,8 @@ void run_ranks(const std::string& mode, int n, const Options& o, char** argv) {
     if (pid == 0) {
       std::vector<std::string> args{"/proc/self/exe", "--rank", mode, std::to_string(n), std::to_string(r), store,
                                     dir + "/out", std::to_string(o.steps), std::to_string(o.seq),
-                                    std::to_string(o.micro_batch), std::to_string(o.comm_mib)};
+                                    std::to_string(o.micro_batch), std::to_string(o.comm_mib),
+                                    std::to_string(o.threads)};
       std::vector<char*> cargs;
       for (auto& a : args) cargs.push_back(a.data());
       cargs.push_back(nullptr);
@@ -162,9 +186,10 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "--rank") {
       const std::string mode = argv[2];
       const int n = std::stoi(argv[3]), rank = std::stoi(argv[4]);
-      Options o{std::stoll(argv[7]), std::stoll(argv[8]), std::stoll(argv[9]), std::stoll(argv[10])};
+      Options o{std::stoll(argv[7]), std::stoll(argv[8]), std::stoll(argv[9]), std::stoll(argv[10]), true,
+                std::stoll(argv[11])};
       const int cores = static_cast<int>(std::thread::hardware_concurrency());
-      torch::set_num_threads(std::max(1, cores / n));  // the machine's cores split among ranks
+      torch::set_num_threads(o.threads > 0 ? static_cast<int>(o.threads) : std::max(1, cores / n));
       auto group = join(rank, n, argv[5]);
       std::ostringstream out;
       if (mode == "train") train_rank(*group, o, out);
@@ -181,6 +206,7 @@ int main(int argc, char** argv) {
       else if (key == "--micro-batch") o.micro_batch = value;
       else if (key == "--comm-mib") o.comm_mib = value;
       else if (key == "--train") o.train = value != 0;
+      else if (key == "--threads") o.threads = value;
       else throw std::runtime_error("unknown option " + key);
     }
     std::ifstream cpuinfo("/proc/cpuinfo");

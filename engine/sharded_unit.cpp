@@ -46,7 +46,7 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
   // Rank 0's values, broadcast so every rank starts from the same weights.
   auto flat = torch::zeros({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
   for (const auto& slot : slots_) flat.narrow(0, slot.offset, slot.numel).copy_(slot.param.data().reshape({-1}));
-  if (world > 1) group->broadcast(flat, 0);
+  if (world > 1 && padded_ > 0) group->broadcast(flat, 0);
   master_ = flat.narrow(0, rank * shard_, shard_).to(ctx_.state_device, torch::kFloat, false, true);
   exp_avg_ = torch::zeros_like(master_);
   exp_avg_sq_ = torch::zeros_like(master_);
@@ -127,6 +127,7 @@ void ShardedUnit::release() {
 }
 
 void ShardedUnit::reduce_grads() {
+  if (slots_.empty()) return;  // all frozen: the same on every rank, so no collective is skipped unevenly
   torch::NoGradGuard no_grad;
   if (ctx_.stage == ZeroStage::kOptimizer) {
     for (auto& slot : slots_) {
@@ -154,7 +155,7 @@ void ShardedUnit::reduce_grads() {
 torch::Tensor ShardedUnit::finish_grads() {
   const int world = ctx_.group->size();
   if (ctx_.stage == ZeroStage::kOptimizer) {
-    if (world > 1) ctx_.group->all_reduce(grad_, transport::ReduceOp::kSum);
+    if (world > 1 && padded_ > 0) ctx_.group->all_reduce(grad_, transport::ReduceOp::kSum);
     return grad_.narrow(0, ctx_.group->rank() * shard_, shard_).div_(world);
   }
   return grad_.div_(world);
@@ -183,7 +184,7 @@ void ShardedUnit::zero_grads() { grad_.zero_(); }
 
 torch::Tensor ShardedUnit::gather_master() {
   auto full = torch::empty({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
-  ctx_.group->all_gather(full, master_.to(ctx_.device));
+  if (padded_ > 0) ctx_.group->all_gather(full, master_.to(ctx_.device));
   return full;
 }
 

@@ -88,7 +88,8 @@ StepMetrics Trainer::step() {
   double sq = 0.0;
   for (auto& unit : units_) {
     grads.push_back(unit->finish_grads());
-    sq += grads.back().to(torch::kDouble).pow(2).sum().item<double>();
+    const double norm = grads.back().norm().item<double>();  // accumulates in double on CPU
+    sq += norm * norm;
   }
   sums[0] = sq;
   sums[1] = loss_sum_ / static_cast<double>(micro_);

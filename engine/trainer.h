@@ -35,8 +35,9 @@ class Trainer {
  public:
   // Shards `model`'s parameters over `group` (every rank of the group constructs its
   // Trainer with the same model architecture; rank 0's initial values win) and installs the
-  // layer hooks. Neither is owned; both must outlive the Trainer. Throws InputError for a
-  // bad config.
+  // layer hooks. Neither is owned; both must outlive the Trainer. At stage 3 the model's
+  // parameter tensors stay empty outside the hooks (also after the Trainer is gone: a
+  // checkpoint or export_hf carries the weights). Throws InputError for a bad config.
   Trainer(const TrainerConfig& config, models::ShardableModel& model, transport::CollectiveGroup& group);
   ~Trainer();
   Trainer(const Trainer&) = delete;

@@ -190,3 +190,22 @@ TEST(TrainerCheckpoint, SaveOnlyModelRotationAndLoadErrors) {
   EXPECT_THROW(trainer.load_checkpoint((dir / "ckpts/global_step3").string()), rlhf::InputError);
   EXPECT_EQ(latest_checkpoint((dir / "ckpts").string()), (dir / "ckpts/global_step4").string());
 }
+
+TEST(TrainerFrozen, FrozenParametersStayWholeUnchangedAndExported) {
+  torch::set_num_threads(1);
+  const fs::path dir = fresh_dir("frozen");
+  auto group = solo_group(dir);
+  auto model = rt::tiny_model(false);
+  model->embed_tokens->weight.requires_grad_(false);  // unit 0 has no trainable parameter left
+  const auto before = model->embed_tokens->weight.detach().clone();
+  const auto head_before = model->lm_head->weight.detach().clone();
+  Trainer trainer(rt::parity_config(3, torch::kFloat, 1), *model, *group);
+  EXPECT_EQ(trainer.units()[0]->numel(), 0);
+  EXPECT_EQ(model->embed_tokens->weight.numel(), before.numel()) << "frozen weights are never sharded";
+  train(trainer, *model, 3);
+  EXPECT_TRUE(torch::equal(model->embed_tokens->weight, before));
+  trainer.export_hf((dir / "hf").string(), model->config().to_json_text(), torch::kFloat);
+  rlhf::models::SafetensorsFile file((dir / "hf/model.safetensors").string());
+  EXPECT_TRUE(torch::equal(file.view("model.embed_tokens.weight"), before));
+  EXPECT_FALSE(torch::equal(file.view("lm_head.weight"), head_before)) << "trainable weights must have moved";
+}

@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -67,6 +71,9 @@ void run_group(int n, const std::vector<std::string>& store_args, const fs::path
     std::vector<double> gather;
     for (int k = 0; k < n; ++k) gather.insert(gather.end(), {double(k), k + 0.5});
     EXPECT_EQ(got["gather"], gather);
+    std::vector<double> gather3;
+    for (int k = 0; k < n; ++k) gather3.insert(gather3.end(), {double(k), k + 0.25, k + 0.5});
+    EXPECT_EQ(got["gather3"], gather3);
     std::vector<double> scatter;
     for (int i = 3 * r; i < 3 * r + 3; ++i) scatter.push_back(i * s);
     EXPECT_EQ(got["scatter"], scatter);
@@ -85,7 +92,7 @@ TEST_P(CollectiveGroupSizes, GlooFileStoreCollectivesGiveExactResults) {
   run_group(n, {"file", (dir / "store").string()}, dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Gloo, CollectiveGroupSizes, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(Gloo, CollectiveGroupSizes, ::testing::Values(1, 2, 3, 4));  // 3: odd byte counts
 
 TEST(CollectiveGroup, GlooOverTcpStoreHostedOutsideTheGroup) {
   c10d::TCPStoreOptions options;
@@ -96,6 +103,21 @@ TEST(CollectiveGroup, GlooOverTcpStoreHostedOutsideTheGroup) {
   ASSERT_GT(host.getPort(), 0);
   fs::path dir = fresh_dir("tcp");
   run_group(2, {"tcp", std::to_string(host.getPort())}, dir);
+}
+
+TEST(CollectiveGroup, GlooOverTcpStoreHostedByRankZero) {
+  // A port free a moment ago (the OS picks it; a clash in between would fail loudly).
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ::close(fd);
+  fs::path dir = fresh_dir("tcp0");
+  run_group(2, {"tcp0", std::to_string(ntohs(addr.sin_port))}, dir);
 }
 
 TEST(CollectiveGroup, MissingPeerTimesOutWithRankInError) {

@@ -1,6 +1,6 @@
 // Test helper process for collective_test: joins a collective group and writes the result
 // of each collective as a line "name v0 v1 ..." to --out. The test checks the values.
-// Usage: rlhf_collective_worker RANK SIZE (file PATH | tcp PORT) OUT
+// Usage: rlhf_collective_worker RANK SIZE (file PATH | tcp PORT | tcp0 PORT) OUT
 #include <torch/types.h>
 
 #include <fstream>
@@ -34,9 +34,10 @@ int main(int argc, char** argv) {
     config.size = std::stoi(argv[2]);
     if (std::string(argv[3]) == "file") {
       config.store_path = argv[4];
-    } else {
+    } else {  // "tcp": hosted outside the group; "tcp0": rank 0 hosts it
       config.store = rlhf::transport::StoreKind::kTcp;
-      config.store_host = rlhf::transport::StoreHost::kExternal;
+      config.store_host = std::string(argv[3]) == "tcp0" ? rlhf::transport::StoreHost::kRank0
+                                                         : rlhf::transport::StoreHost::kExternal;
       config.port = static_cast<uint16_t>(std::stoi(argv[4]));
     }
     config.timeout = std::chrono::seconds(60);
@@ -59,6 +60,11 @@ int main(int argc, char** argv) {
     auto gathered = torch::empty({2 * n}, piece.options());
     group->all_gather(gathered, piece);
     write(out, "gather", gathered);
+    // An odd number of BF16 elements: 6 x size bytes, not always a multiple of 4 words.
+    auto odd = torch::tensor({r * 1.0f, r + 0.25f, r + 0.5f}).to(torch::kBFloat16);
+    auto odd_gathered = torch::empty({3 * n}, odd.options());
+    group->all_gather(odd_gathered, odd);
+    write(out, "gather3", odd_gathered);
 
     // reduce_scatter of input[i] = i * (r + 1), 3 per rank: rank r gets sum_k (k+1) * i.
     auto input = torch::arange(3 * n, torch::kFloat) * (r + 1);
