@@ -1,6 +1,7 @@
 // Rollout benchmark: decode tokens/s of the 100m preset (BF16) at several batch sizes and
 // prompt lengths, beside the memory-bandwidth bound (bytes a decode step must read: weights +
-// KV cache, over the memcpy bandwidth measured here), and weight-sync seconds per GB over
+// KV cache, over the memcpy bandwidth measured here) and the compute bound (2 x parameters
+// FLOP per token over a measured BF16 matmul rate), and weight-sync seconds per GB over
 // Gloo between two processes (this program re-executed as the receiver).
 // Usage: bench_rollout [--threads N] [--new-tokens R] [--quick]
 #include <sys/wait.h>
@@ -46,6 +47,20 @@ double memcpy_bandwidth() {
   return 2.0 * static_cast<double>(bytes) / best;
 }
 
+// Best of 5 BF16 matmuls of a decode-step shape ([64, 768] x [768, 2048], the 100m MLP at
+// batch 64): FLOP/s, for the compute bound.
+double bf16_matmul_flops() {
+  auto a = torch::randn({64, 768}).to(torch::kBFloat16), b = torch::randn({768, 2048}).to(torch::kBFloat16);
+  torch::matmul(a, b);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    auto t = Clock::now();
+    for (int r = 0; r < 20; ++r) torch::matmul(a, b);
+    best = std::min(best, seconds_since(t) / 20);
+  }
+  return 2.0 * 64 * 768 * 2048 / best;
+}
+
 std::shared_ptr<models::CausalLM> model_100m(uint64_t seed) {
   auto model = std::make_shared<models::CausalLM>(models::preset_config("100m"));
   model->init_weights(seed);
@@ -53,7 +68,8 @@ std::shared_ptr<models::CausalLM> model_100m(uint64_t seed) {
   return model;
 }
 
-double time_generate(const std::shared_ptr<models::CausalLM>& model, int64_t batch, int64_t prompt, int64_t new_tokens) {
+rollout::GenerationTimings run_generate(const std::shared_ptr<models::CausalLM>& model, int64_t batch, int64_t prompt,
+                                       int64_t new_tokens) {
   rollout::GenerationConfig config;
   config.max_new_tokens = new_tokens;
   config.micro_batch_size = batch;  // one KV cache for the whole batch
@@ -61,40 +77,40 @@ double time_generate(const std::shared_ptr<models::CausalLM>& model, int64_t bat
   auto ids = torch::randint(300, 32000, {batch, prompt}, torch::kInt64);
   auto mask = torch::ones_like(ids);
   rollout::SamplingParams params;  // temperature 1: the sampler's cost is included
-  auto t = Clock::now();
   auto out = generator.generate(ids, mask, params);
-  const double s = seconds_since(t);
   if (out.action_mask.size(1) != new_tokens) throw std::runtime_error("unexpected early stop");
-  return s;
+  return out.timings;
 }
 
-void bench_decode(double bandwidth, int64_t new_tokens, bool quick) {
+void bench_decode(double bandwidth, double flops, int64_t new_tokens, bool quick) {
   auto model = model_100m(0);
   const auto& c = model->config();
   const double weight_bytes = static_cast<double>(c.num_parameters()) * 2.0;
   // K and V of one position in every layer, BF16.
   const double kv_bytes_per_position = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2.0;
   std::cout << "model 100m: " << c.num_parameters() / 1e6 << " M parameters, " << weight_bytes / 1e6
-            << " MB BF16 weights\n\n";
+            << " MB BF16 weights; " << new_tokens << " new tokens, no stop token\n\n";
   std::cout << std::setw(6) << "batch" << std::setw(8) << "prompt" << std::setw(12) << "prefill_s" << std::setw(12)
-            << "decode_s" << std::setw(14) << "decode_tok/s" << std::setw(14) << "bound_tok/s" << std::setw(9)
-            << "ratio" << '\n';
+            << "decode_s" << std::setw(10) << "ms/step" << std::setw(14) << "decode_tok/s" << std::setw(14)
+            << "bw_bound" << std::setw(9) << "ratio" << std::setw(12) << "flop_bound" << std::setw(9) << "ratio"
+            << '\n';
+  const double flop_bound = flops / (2.0 * static_cast<double>(c.num_parameters()));  // tokens/s, matmuls only
   std::vector<int64_t> batches = quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 8, 32, 64};
   for (int64_t prompt : {int64_t{32}, int64_t{256}}) {
     for (int64_t batch : batches) {
-      time_generate(model, batch, prompt, 2);  // warm-up (allocations, oneDNN kernels)
-      const double prefill = time_generate(model, batch, prompt, 1);  // prefill + one sampled token
-      const double total = time_generate(model, batch, prompt, new_tokens);
-      const double decode = std::max(1e-9, total - prefill);  // new_tokens - 1 decode steps
-      const double steps = static_cast<double>(new_tokens - 1);
-      const double tok_s = static_cast<double>(batch) * steps / decode;
-      // Each step reads every weight once and the batch's KV cache (average length).
-      const double avg_len = static_cast<double>(prompt) + steps / 2.0;
+      run_generate(model, batch, std::min<int64_t>(prompt, 8), 2);  // warm-up (allocations, oneDNN kernels)
+      const auto t = run_generate(model, batch, prompt, new_tokens);
+      const double tok_s = static_cast<double>(t.decode_tokens) / t.decode_seconds;
+      // Each decode step reads every weight once and the batch's KV cache (average length).
+      const double avg_len = static_cast<double>(prompt) + static_cast<double>(new_tokens) / 2.0;
       const double step_bytes = weight_bytes + static_cast<double>(batch) * avg_len * kv_bytes_per_position;
       const double bound = static_cast<double>(batch) * bandwidth / step_bytes;
       std::cout << std::setw(6) << batch << std::setw(8) << prompt << std::fixed << std::setprecision(3)
-                << std::setw(12) << prefill << std::setw(12) << decode << std::setprecision(1) << std::setw(14) << tok_s
-                << std::setw(14) << bound << std::setprecision(3) << std::setw(9) << tok_s / bound << '\n';
+                << std::setw(12) << t.prefill_seconds << std::setw(12) << t.decode_seconds << std::setprecision(1)
+                << std::setw(10) << 1e3 * t.decode_seconds / static_cast<double>(t.decode_steps) << std::setw(14)
+                << tok_s << std::setw(14) << bound << std::setprecision(3) << std::setw(9) << tok_s / bound
+                << std::setprecision(1) << std::setw(12) << flop_bound << std::setprecision(3) << std::setw(9)
+                << tok_s / flop_bound << '\n';
       std::cout.unsetf(std::ios::fixed);
     }
   }
@@ -174,7 +190,9 @@ int main(int argc, char** argv) {
               << ", avx512_bf16: " << (info.find("avx512_bf16") != std::string::npos ? "yes" : "no") << '\n';
     const double bw = memcpy_bandwidth();
     std::cout << "memcpy bandwidth (read + write, 1 thread, 256 MiB): " << bw / 1e9 << " GB/s\n";
-    bench_decode(bw, new_tokens, quick);
+    const double flops = bf16_matmul_flops();
+    std::cout << "BF16 matmul [64, 768] x [768, 2048], 1 thread: " << flops / 1e9 << " GFLOP/s\n";
+    bench_decode(bw, flops, new_tokens, quick);
     bench_sync("/proc/self/exe", bw);
     return 0;
   } catch (const std::exception& e) {
