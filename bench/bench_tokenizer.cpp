@@ -3,7 +3,7 @@
 // over std::thread workers (documents split across them). The limit for the parallel figure
 // is workers x single; the ratio parallel/single is printed against it. Also the time to
 // encode one long word at two lengths: ~10x for 10x the length means no O(n^2) merge loop.
-// usage: bench_tokenizer [MB=4] [THREADS=2]   (run from the repo root after setup)
+// usage: bench_tokenizer [MB=4] [THREADS=2] [ONLY]  (repo root, after setup; ONLY: one name)
 #include <time.h>
 
 #include <algorithm>
@@ -84,18 +84,13 @@ size_t encode_range(const tk::Tokenizer& tok, const std::vector<std::string>& do
 double parallel_seconds(const tk::Tokenizer& tok, const std::vector<std::string>& docs,
                         unsigned threads) {
   const auto t0 = Clock::now();
-  std::vector<std::thread> workers;
-  for (unsigned w = 0; w < threads; ++w) {
-    workers.emplace_back([&, w] {
-      encode_range(tok, docs, docs.size() * w / threads, docs.size() * (w + 1) / threads);
-    });
-  }
-  for (auto& t : workers) t.join();
+  tk::encode_batch(tok, docs, tk::AddSpecial::kNo, threads);
   return seconds_since(t0);
 }
 
 void bench(const std::string& name, const std::string& dir, const std::vector<std::string>& docs,
-           double megabytes, unsigned threads) {
+           double megabytes, unsigned threads, const std::string& only) {
+  if (!only.empty() && only != name) return;
   if (!std::filesystem::exists(dir)) {
     std::printf("%-14s missing %s (run scripts/fetch-test-tokenizers)\n", name.c_str(),
                 dir.c_str());
@@ -149,13 +144,15 @@ void bench(const std::string& name, const std::string& dir, const std::vector<st
 int main(int argc, char** argv) {
   const double megabytes = argc > 1 ? std::atof(argv[1]) : 4.0;
   const unsigned threads = argc > 2 ? static_cast<unsigned>(std::atoi(argv[2])) : 2;
+  const std::string only = argc > 3 ? argv[3] : "";
   const auto docs = make_corpus(static_cast<size_t>(megabytes * 1e6));
   size_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
   std::printf("corpus: %zu documents, %.2f MB; %u worker threads; hardware threads: %u\n",
               docs.size(), bytes / 1e6, threads, std::thread::hardware_concurrency());
-  bench("llama3", ".cache/tokenizers/llama3", docs, bytes / 1e6, threads);
-  bench("mistral", ".cache/tokenizers/mistral", docs, bytes / 1e6, threads);
-  bench("sentencepiece", "tests/fixtures/tokenizer/tiny_sp", docs, bytes / 1e6, threads);
+  bench("llama3", ".cache/tokenizers/llama3", docs, bytes / 1e6, threads, only);
+  bench("qwen1_5", ".cache/tokenizers/qwen1_5", docs, bytes / 1e6, threads, only);
+  bench("mistral", ".cache/tokenizers/mistral", docs, bytes / 1e6, threads, only);
+  bench("sentencepiece", "tests/fixtures/tokenizer/tiny_sp", docs, bytes / 1e6, threads, only);
   return 0;
 }

@@ -1,7 +1,7 @@
 // `rlhf run SPEC`: validate the spec, place the workers, start and supervise them, run the
 // job's driver, stop everything. A worker failure or SIGINT/SIGTERM stops the job with
-// exit code 1 and a report naming the worker. Until the PPO/DPO drivers exist the driver
-// is the built-in smoke driver (scheduler/smoke_driver.h).
+// exit code 1 and a report naming the worker. The driver follows the job kind (ppo today);
+// --smoke-rounds runs the transport smoke driver (scheduler/smoke_driver.h) instead.
 #include <unistd.h>
 
 #include <climits>
@@ -13,6 +13,7 @@
 #include "core/placement.h"
 #include "core/spec.h"
 #include "scheduler/scheduler.h"
+#include "ppo/driver.h"
 #include "scheduler/smoke_driver.h"
 #include "scheduler/worker_process.h"
 
@@ -41,11 +42,12 @@ int positive_int(const std::string& option, const std::string& text) {
 int cmd_run(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       set_option(),
-      {"--smoke-rounds", true, "echo rounds of the built-in smoke driver (default 1)", "N"},
+      {"--resume", false, "continue from the newest complete checkpoint under ckpt.path"},
+      {"--smoke-rounds", true, "run the built-in transport smoke driver (N echo rounds) instead of the job", "N"},
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf run SPEC [--set PATH=VALUE]...\n\n"
+    std::cout << "usage: rlhf run SPEC [--set PATH=VALUE]... [--resume]\n\n"
            "Places and starts one worker process per device, supervises them (a dead or silent\n"
            "worker stops the job within seconds, exit 1, with its role, rank, device, exit\n"
            "status and log tail), runs the job and stops every worker. Worker logs go to\n"
@@ -53,12 +55,24 @@ int cmd_run(const Argv& argv) {
               << format_options(options);
     return 0;
   }
-  const int rounds = args.value("--smoke-rounds") ? positive_int("--smoke-rounds", *args.value("--smoke-rounds")) : 1;
+  const bool smoke = args.value("--smoke-rounds").has_value();
+  const int rounds = smoke ? positive_int("--smoke-rounds", *args.value("--smoke-rounds")) : 1;
   const JobSpec spec = load_spec_arg(args, "run");
   for (const auto& w : spec.warnings()) std::cerr << "rlhf run: warning: " << w << '\n';
+  // The job's driver reads its data and tokenizer here, so bad input fails before any
+  // worker starts (exit 2).
+  JobDriver driver;
+  if (smoke) {
+    driver = smoke_driver(rounds);
+  } else {
+    const auto missing = missing_inputs(spec);
+    if (!missing.empty()) throw InputError(spec.source() + ": " + missing.front().path + ": " + missing.front().message);
+    if (spec.kind() != JobKind::kPpo)
+      throw RuntimeError(std::string("the ") + job_kind_name(spec.kind()) + " job driver is not built yet (only ppo runs)");
+    driver = ppo::ppo_driver(spec, {args.flag("--resume")});
+  }
   const Placement placement = place(spec);
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
-  const JobDriver driver = smoke_driver(rounds);
   try {
     scheduler.start();
     driver(scheduler, std::cout);

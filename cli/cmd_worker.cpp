@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include "actors/builtin_operations.h"
+#include "actors/model_operations.h"
 #include "actors/rollout_operations.h"
 #include "actors/worker.h"
 #include "cli/args.h"
@@ -44,7 +45,9 @@ int cmd_worker(const Argv& argv) {
   if (const char* threads = std::getenv("OMP_NUM_THREADS")) at::set_num_threads(std::max(1, std::atoi(threads)));
   OperationRegistry registry;
   add_builtin_operations(registry);
-  if (config.identity.role == "rollout") add_rollout_operations(registry);
+  const std::string& role = config.identity.role;
+  if (role == "actor" || role == "critic" || role == "reward" || role == "ref") add_model_operations(registry);
+  if (role == "rollout") add_rollout_operations(registry);
   return Worker(std::move(config), std::move(registry)).run();
 }
 

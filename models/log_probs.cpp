@@ -47,8 +47,11 @@ class ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     const auto g = grads[0].to(torch::kFloat32);  // [B, T]
     const int64_t T = hidden.size(1), V = weight.size(0), H = weight.size(1);
     torch::Tensor grad_hidden = want_hidden ? torch::empty_like(hidden) : torch::Tensor();
-    torch::Tensor grad_weight = want_weight ? torch::zeros({V, H}, weight.options().dtype(torch::kFloat32))
-                                            : torch::Tensor();
+    // Several chunks accumulate the head's gradient in FP32 (one transient [V, H] FP32
+    // buffer); a single chunk writes it directly, rounded once as a plain matmul would be.
+    const bool single_chunk = T <= chunk;
+    torch::Tensor grad_weight;
+    if (want_weight && !single_chunk) grad_weight = torch::zeros({V, H}, weight.options().dtype(torch::kFloat32));
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int64_t n = std::min(chunk, T - t0);
       auto h = hidden.narrow(1, t0, n);                              // [B, n, H]
@@ -58,7 +61,11 @@ class ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
       grad_logits.scatter_add_(-1, labels.narrow(1, t0, n).unsqueeze(-1), gc);
       auto gl = grad_logits.to(hidden.scalar_type());  // matmuls in the compute dtype
       if (want_hidden) grad_hidden.narrow(1, t0, n).copy_(torch::matmul(gl, weight));
-      if (want_weight) grad_weight.add_(torch::matmul(gl.reshape({-1, V}).t(), h.reshape({-1, H})).to(torch::kFloat32));
+      if (want_weight) {
+        auto chunk_grad = torch::matmul(gl.reshape({-1, V}).t(), h.reshape({-1, H}));  // [V, H]
+        if (single_chunk) grad_weight = chunk_grad;
+        else grad_weight.add_(chunk_grad);
+      }
     }
     if (want_weight) grad_weight = grad_weight.to(weight.scalar_type());
     return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor()};

@@ -15,7 +15,7 @@ namespace rlhf::tokenizer {
 namespace {
 
 constexpr size_t kCacheShards = 64;
-constexpr size_t kCacheShardCapacity = 8192;  // entries per shard before it is cleared
+constexpr size_t kCacheShardCapacity = 8192;  // per shard (512k words), then cleared
 constexpr size_t kCacheMaxWordBytes = 128;    // longer words are rare; not worth caching
 
 uint64_t pair_key(TokenId left, TokenId right) {

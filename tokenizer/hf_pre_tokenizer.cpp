@@ -61,8 +61,8 @@ void split_word(const std::string& word, const Regex& regex, SplitBehavior behav
           out.push_back(std::move(text));
         }
         break;
-      case SplitBehavior::kMergedWithNext:
-        if (pending_merge) {
+      case SplitBehavior::kMergedWithNext:  // a match joins the next part unless that is a match
+        if (pending_merge && !p.is_match) {
           out.back() += text;
         } else {
           out.push_back(std::move(text));
@@ -142,23 +142,19 @@ void PreTokenizer::add(const nlohmann::json& spec, const std::string& where) {
               parse_behavior(spec.at("behavior").get<std::string>(), ctx),
               spec.value("invert", false));
   } else if (type == "ByteLevel") {
-    const bool prefix_space = spec.value("add_prefix_space", false);
+    // Rust pre_tokenizers/byte_level.rs: prefix space, GPT-2 regex split, bytes -> characters.
+    if (spec.value("add_prefix_space", false)) {
+      steps_.push_back([](std::vector<std::string>& words, bool) {
+        for (auto& w : words) {
+          if (w.empty() || w[0] != ' ') w.insert(w.begin(), ' ');
+        }
+      });
+    }
     if (spec.value("use_regex", true)) {
-      if (prefix_space) {
-        steps_.push_back([](std::vector<std::string>& words, bool) {
-          for (auto& w : words)
-            if (w.empty() || w[0] != ' ') w.insert(w.begin(), ' ');
-        });
-      }
       add_split(std::make_shared<Regex>(kGpt2Pattern, ctx), SplitBehavior::kIsolated, false);
     }
-    steps_.push_back([prefix_space, use_regex = spec.value("use_regex", true)](
-                         std::vector<std::string>& words, bool) {
-      const ByteLevelMap& map = ByteLevelMap::get();
-      for (auto& w : words) {
-        if (prefix_space && !use_regex && (w.empty() || w[0] != ' ')) w.insert(w.begin(), ' ');
-        w = map.encode(w);
-      }
+    steps_.push_back([](std::vector<std::string>& words, bool) {
+      for (auto& w : words) w = ByteLevelMap::get().encode(w);
     });
   } else if (type == "Metaspace") {
     const auto replacement = spec.value("replacement", std::string("\xE2\x96\x81"));

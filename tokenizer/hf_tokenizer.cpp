@@ -75,45 +75,55 @@ HfTokenizer::HfTokenizer(const std::string& path, const TokenizerConfig& config)
     pre_tokenizer_ = PreTokenizer(field(json, "pre_tokenizer"), path);
     decoder_ = Decoder(field(json, "decoder"), path);
     vocab_size_ = model_->size();
-    added_by_first_byte_.resize(256);
-    for (const auto& t : field(json, "added_tokens")) {
-      AddedToken token{t.at("id").get<TokenId>(), t.at("content").get<std::string>(),
-                       t.value("special", false), t.value("lstrip", false),
-                       t.value("rstrip", false),  t.value("single_word", false)};
-      if (token.content.empty())
-        throw InputError(path + ": added token " + std::to_string(token.id) + " is empty");
-      vocab_size_ = std::max<int64_t>(vocab_size_, token.id + 1);
-      added_by_id_[token.id] = added_.size();
-      added_by_content_[token.content] = token.id;
-      added_.push_back(std::move(token));
-    }
-    for (size_t i = 0; i < added_.size(); ++i) {
-      added_by_first_byte_[static_cast<unsigned char>(added_[i].content[0])].push_back(i);
-    }
-    for (auto& bucket : added_by_first_byte_) {
-      std::stable_sort(bucket.begin(), bucket.end(), [&](size_t a, size_t b) {
-        return added_[a].content.size() > added_[b].content.size();
-      });
-    }
+    read_added_tokens(field(json, "added_tokens"), path);
     const auto id_of = [&](const std::optional<std::string>& token) -> std::optional<TokenId> {
       return token ? token_to_id(*token) : std::nullopt;
     };
     special_ids_ = {id_of(config.bos_token), id_of(config.eos_token), id_of(config.pad_token),
                     id_of(config.unk_token)};
     read_post_processor(field(json, "post_processor"), path);
-    // tokenizer_config.json's add_bos_token/add_eos_token, when given, decide (as HF's
-    // LlamaTokenizerFast rebuilds its post-processor from them).
-    if (config.add_bos_token || config.add_eos_token) {
+    // HF's LlamaTokenizerFast (and CodeLlama, Gemma) rebuild the post-processor from
+    // tokenizer_config.json's add_bos_token/add_eos_token; other classes keep tokenizer.json's.
+    const auto& cls = config.tokenizer_class;
+    const bool rebuilds =
+        cls.rfind("Llama", 0) == 0 || cls.rfind("CodeLlama", 0) == 0 || cls.rfind("Gemma", 0) == 0;
+    if (rebuilds && (config.add_bos_token || config.add_eos_token)) {
       prefix_ids_.clear();
       suffix_ids_.clear();
-      if (config.add_bos_token.value_or(false) && special_ids_.bos)
+      if (config.add_bos_token.value_or(true) && special_ids_.bos) {
         prefix_ids_.push_back(*special_ids_.bos);
-      if (config.add_eos_token.value_or(false) && special_ids_.eos)
+      }
+      if (config.add_eos_token.value_or(false) && special_ids_.eos) {
         suffix_ids_.push_back(*special_ids_.eos);
+      }
     }
     clean_up_spaces_ = config.clean_up_tokenization_spaces;
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": unexpected structure: " + e.what());
+  }
+}
+
+// "added_tokens": matched in the text before normalization, longest first at each position.
+void HfTokenizer::read_added_tokens(const nlohmann::json& added_tokens, const std::string& path) {
+  added_by_first_byte_.resize(256);
+  for (const auto& t : added_tokens) {
+    AddedToken token{t.at("id").get<TokenId>(), t.at("content").get<std::string>(),
+                     t.value("special", false), t.value("lstrip", false),
+                     t.value("rstrip", false),  t.value("single_word", false)};
+    if (token.content.empty())
+      throw InputError(path + ": added token " + std::to_string(token.id) + " is empty");
+    vocab_size_ = std::max<int64_t>(vocab_size_, token.id + 1);
+    added_by_id_[token.id] = added_.size();
+    added_by_content_[token.content] = token.id;
+    added_.push_back(std::move(token));
+  }
+  for (size_t i = 0; i < added_.size(); ++i) {
+    added_by_first_byte_[static_cast<unsigned char>(added_[i].content[0])].push_back(i);
+  }
+  for (auto& bucket : added_by_first_byte_) {
+    std::stable_sort(bucket.begin(), bucket.end(), [&](size_t a, size_t b) {
+      return added_[a].content.size() > added_[b].content.size();
+    });
   }
 }
 

@@ -45,6 +45,7 @@ class HfTokenizer : public Tokenizer {
   };
   std::vector<Segment> split_added(std::string_view text) const;
   void encode_text(std::string_view text, bool at_text_start, std::vector<TokenId>& out) const;
+  void read_added_tokens(const nlohmann::json& added_tokens, const std::string& path);
   void read_post_processor(const nlohmann::json& spec, const std::string& where);
 
   std::vector<AddedToken> added_;

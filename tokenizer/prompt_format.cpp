@@ -111,8 +111,11 @@ std::string chat_template_name(ChatTemplate t) {
 ChatTemplate detect_chat_template(std::string_view source) {
   if (contains(source, "<|im_start|>") && contains(source, "<|im_end|>"))
     return ChatTemplate::kChatML;
-  if (contains(source, "<|start_header_id|>") && contains(source, "<|eot_id|>"))
+  // Llama-3.1 and later write a dated system prompt and tool blocks of their own: not this.
+  if (contains(source, "<|start_header_id|>") && contains(source, "<|eot_id|>") &&
+      !contains(source, "Cutting Knowledge Date")) {
     return ChatTemplate::kLlama3;
+  }
   if (contains(source, "[INST]") && contains(source, "<<SYS>>")) return ChatTemplate::kLlama2;
   // Mistral v0.1's exact user turn; later Mistral templates space [/INST] differently.
   if (contains(source, "'[INST] ' + message['content'] + ' [/INST]'"))

@@ -1,9 +1,13 @@
 // load_tokenizer(): which implementation a model directory's files call for.
 #include "tokenizer/tokenizer.h"
 
+#include <algorithm>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/errors.h"
 #include "tokenizer/byte_tokenizer.h"
@@ -30,6 +34,36 @@ int64_t byte_vocab_size(const fs::path& dir) {
 }
 
 }  // namespace
+
+std::vector<std::vector<TokenId>> encode_batch(const Tokenizer& tokenizer,
+                                               const std::vector<std::string>& texts,
+                                               AddSpecial add_special, unsigned threads) {
+  std::vector<std::vector<TokenId>> out(texts.size());
+  const auto encode_slice = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) out[i] = tokenizer.encode(texts[i], add_special);
+  };
+  threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(texts.size())));
+  if (threads <= 1) {
+    encode_slice(0, texts.size());
+    return out;
+  }
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  std::vector<std::thread> workers;
+  for (unsigned w = 0; w < threads; ++w) {
+    workers.emplace_back([&, w] {
+      try {
+        encode_slice(texts.size() * w / threads, texts.size() * (w + 1) / threads);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  if (error) std::rethrow_exception(error);
+  return out;
+}
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const fs::path dir(model_dir);

@@ -49,6 +49,12 @@ class Tokenizer {
   SpecialIds special_ids_;
 };
 
+// encode() of every text, spread over `threads` std::threads (contiguous slices; 1 = the
+// calling thread only). Output order follows `texts`. The first exception is rethrown.
+std::vector<std::vector<TokenId>> encode_batch(const Tokenizer& tokenizer,
+                                               const std::vector<std::string>& texts,
+                                               AddSpecial add_special, unsigned threads);
+
 // Loads the tokenizer of a model directory. In order of preference:
 //   tokenizer_config.json with "tokenizer_class": "RlhfByteTokenizer" -> the byte tokenizer;
 //   tokenizer.json (HF tokenizers format: BPE, byte-level or Metaspace/byte-fallback);

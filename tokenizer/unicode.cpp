@@ -74,7 +74,19 @@ std::string map_text(std::string_view text, int options, const char* what) {
 
 }  // namespace
 
+// Whether `text` is unchanged by `form` without running utf8proc: ASCII is invariant under all
+// four forms, and text below U+0300 (where combining marks begin) under NFC, since no code
+// point there decomposes canonically without recomposing or combines with what precedes it.
+bool trivially_normal(std::string_view text, NormalForm form) {
+  const unsigned char limit = form == NormalForm::kNFC ? 0xCC : 0x80;  // lead byte of U+0300
+  for (unsigned char c : text) {
+    if (c >= limit) return false;
+  }
+  return true;
+}
+
 std::string normalize(std::string_view text, NormalForm form) {
+  if (trivially_normal(text, form)) return std::string(text);
   switch (form) {
     case NormalForm::kNFC:
       return map_text(text, UTF8PROC_STABLE | UTF8PROC_COMPOSE, "NFC");

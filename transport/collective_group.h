@@ -47,7 +47,8 @@ class CollectiveGroup {
   // output [size * n] = concat over ranks of input [n] (rank order).
   virtual void all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
   // output [n] = sum over ranks of input[rank * n : (rank + 1) * n], input [size * n].
-  virtual void reduce_scatter(torch::Tensor& output, const torch::Tensor& input) = 0;
+  // `input` is scratch: its contents afterwards are unspecified (Gloo reduces in place).
+  virtual void reduce_scatter(torch::Tensor& output, torch::Tensor& input) = 0;
   // In place: every rank's tensor becomes root's.
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   virtual void barrier() = 0;

@@ -1,6 +1,8 @@
 // Encoding and validated decoding of transport messages (see message.h for the format).
 #include "transport/message.h"
 
+#include "transport/shm_tensor.h"
+
 #include <cstring>
 #include <memory>
 #include <set>
@@ -77,6 +79,7 @@ struct TensorSpec {
   c10::ScalarType dtype;
   std::vector<int64_t> shape;
   uint64_t nbytes;
+  std::string shm;  // shared-memory segment name, or "" when the bytes are in the frame
 };
 
 // Checks one tensor entry of the header against the limits; never allocates by its sizes.
@@ -102,6 +105,11 @@ TensorSpec parse_tensor_spec(const nlohmann::json& entry, size_t index, const Me
     spec.shape.push_back(static_cast<int64_t>(dim));
   }
   spec.nbytes = require_unsigned(entry, "nbytes", where);
+  if (auto it = entry.find("shm"); it != entry.end()) {
+    if (!it->is_string() || !is_shm_name(it->get<std::string>()))
+      throw MessageError(where + ": bad shared-memory segment name " + it->dump());
+    spec.shm = it->get<std::string>();
+  }
   const uint64_t expected = numel * c10::elementSize(spec.dtype);
   if (spec.nbytes != expected)
     throw MessageError(where + " (\"" + spec.name + "\"): nbytes " + std::to_string(spec.nbytes) +
@@ -163,7 +171,7 @@ Message& Message::add(std::string name, torch::Tensor tensor) {
   return *this;
 }
 
-Frames encode(const Message& message) {
+Frames encode(const Message& message, const EncodeOptions& options) {
   Frames frames;
   frames.reserve(1 + message.tensors.size());
   nlohmann::json header = {{"v", kFormatVersion},       {"kind", message_kind_name(message.kind)},
@@ -176,14 +184,19 @@ Frames encode(const Message& message) {
     TORCH_CHECK(tensor.defined(), "message \"", message.op, "\": tensor \"", name, "\" is undefined");
     at::Tensor t = tensor.device().is_cpu() ? tensor : tensor.cpu();
     t = t.contiguous();
-    header["tensors"].push_back({{"name", name},
-                                 {"dtype", dtype_name(t.scalar_type())},
-                                 {"shape", t.sizes().vec()},
-                                 {"nbytes", t.nbytes()}});
+    nlohmann::json entry = {{"name", name},
+                            {"dtype", dtype_name(t.scalar_type())},
+                            {"shape", t.sizes().vec()},
+                            {"nbytes", t.nbytes()}};
+    if (options.shm_min_bytes > 0 && t.nbytes() >= options.shm_min_bytes) {
+      entry["shm"] = shm_export(t);
+      t = at::Tensor();  // an empty frame
+    }
+    header["tensors"].push_back(std::move(entry));
     ready.push_back(std::move(t));
   }
   frames.emplace_back(header.dump());
-  for (const auto& t : ready) frames.push_back(tensor_frame(t));
+  for (const auto& t : ready) frames.push_back(t.defined() ? tensor_frame(t) : zmq::message_t());
   return frames;
 }
 
@@ -234,14 +247,19 @@ Message decode(Frames&& frames, const MessageLimits& limits) {
     if (__builtin_add_overflow(total, spec.nbytes, &total) || total > limits.max_total_bytes)
       throw MessageError("tensors total more than the limit of " +
                          std::to_string(limits.max_total_bytes) + " bytes");
-    if (frames[1 + i].size() != spec.nbytes)
+    const uint64_t frame_bytes = spec.shm.empty() ? spec.nbytes : 0;
+    if (frames[1 + i].size() != frame_bytes)
       throw MessageError("tensor \"" + spec.name + "\": frame has " +
                          std::to_string(frames[1 + i].size()) + " bytes, header declares " +
-                         std::to_string(spec.nbytes));
+                         std::to_string(frame_bytes));
     specs.push_back(std::move(spec));
   }
-  for (size_t i = 0; i < specs.size(); ++i)
-    m.tensors.push_back({specs[i].name, tensor_from_frame(std::move(frames[1 + i]), specs[i])});
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const TensorSpec& spec = specs[i];
+    m.tensors.push_back({spec.name, spec.shm.empty()
+                                        ? tensor_from_frame(std::move(frames[1 + i]), spec)
+                                        : shm_import(spec.shm, spec.dtype, spec.shape, spec.nbytes)});
+  }
   frames.clear();
   return m;
 }

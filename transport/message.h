@@ -63,13 +63,23 @@ class MessageError : public InputError {
   using InputError::InputError;
 };
 
+// How large tensors travel.
+struct EncodeOptions {
+  // Tensors of at least this many bytes go through shared memory (transport/shm_tensor.h)
+  // instead of a frame; 0: never. Only for a receiver on the same node.
+  uint64_t shm_min_bytes = 0;
+};
+
 // Header frame + one frame per tensor. Tensors are made contiguous and moved to CPU when
 // they are not already (a copy only then); otherwise each frame points at the tensor's
 // bytes and keeps the tensor alive until ZeroMQ has sent it.
-Frames encode(const Message& message);
+// With `options.shm_min_bytes`, large tensors are copied once into shared memory and their
+// frame is empty.
+Frames encode(const Message& message, const EncodeOptions& options = {});
 
 // Validates and decodes; consumes `frames`. Throws MessageError with the reason (bad JSON,
-// unknown kind or dtype, shape vs byte-size mismatch, frame count, limits exceeded).
+// unknown kind or dtype, shape vs byte-size mismatch, frame count, limits exceeded, a
+// shared-memory segment that is missing or of the wrong size).
 Message decode(Frames&& frames, const MessageLimits& limits);
 
 // Best-effort request id from a header that may be malformed (0 when unreadable), so an

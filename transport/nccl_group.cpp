@@ -97,7 +97,7 @@ class NcclGroup final : public CollectiveGroup {
     wait();
   }
 
-  void reduce_scatter(torch::Tensor& output, const torch::Tensor& input) override {
+  void reduce_scatter(torch::Tensor& output, torch::Tensor& input) override {
     check_cuda_contiguous(output, "reduce_scatter output");
     check_cuda_contiguous(input, "reduce_scatter input");
     TORCH_CHECK(input.numel() == output.numel() * size_ && output.dtype() == input.dtype(),

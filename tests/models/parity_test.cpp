@@ -88,22 +88,28 @@ TEST_P(Parity, Bf16StaysWithinRoundingOfTheReference) {
   auto model = load_pretrained(dir, opts);
   Outputs out = run(*model, expected);
   auto mask = expected.view("attention_mask");
-  // BF16 keeps 8 significand bits (unit roundoff 2^-9 ~ 2e-3); weights, activations and
-  // matmul outputs are each rounded, over two layers. 3e-2 of the tensor's scale is ~15
-  // roundings' worth: loose enough for accumulated rounding, tight enough that a wrong
-  // mask, RoPE or bias (errors of order 1) fails.
-  constexpr double kTol = 3e-2;
-  if (model->config().head == HeadKind::kValue) {
-    EXPECT_LT(relative_error(valid(out.main, mask), valid(expected.view("values"), mask)), kTol);
-  } else {
-    EXPECT_LT(relative_error(valid(out.main, mask), valid(expected.view("logits"), mask)), kTol);
+  // BF16 keeps 8 significand bits (unit roundoff 2^-9 ~ 2e-3) and every weight, activation
+  // and matmul output is rounded. The fixtures' attention scores reach ~10, where bf16's
+  // absolute error (~0.04) moves softmax weights by a few percent, so errors grow past the
+  // per-op roundoff: measured 2.5e-2 / 1.1e-2 / 5.7e-3 of scale for the outputs and at most
+  // 5.1e-2 for gradients (through twice the ops). Bounds: 5e-2 outputs, 1e-1 gradients; a
+  // wrong mask, RoPE, bias or head gives errors of order 1 (and the FP32 test pins 1e-5).
+  constexpr double kTol = 5e-2;
+  const double main_error =
+      relative_error(valid(out.main, mask), valid(expected.view(model->config().head == HeadKind::kValue ? "values" : "logits"), mask));
+  EXPECT_LT(main_error, kTol);
+  RecordProperty("bf16_output_error", std::to_string(main_error));
+  if (model->config().head == HeadKind::kLanguageModel) {
     auto pairs = expected.view("loss_weights") > 0;
     EXPECT_LT(relative_error(out.log_probs.index({pairs}), expected.view("log_probs").index({pairs})), kTol);
-    RecordProperty("bf16_logits_error", std::to_string(relative_error(valid(out.main, mask), valid(expected.view("logits"), mask))));
   }
-  // Gradients go through twice as many rounded ops (forward and backward): 2x the bound.
-  for (auto& [name, param] : model->state_tensors())
-    EXPECT_LT(relative_error(param.grad(), expected.view("grad." + name)), 2 * kTol) << name;
+  double worst = 0;
+  for (auto& [name, param] : model->state_tensors()) {
+    const double err = relative_error(param.grad(), expected.view("grad." + name));
+    EXPECT_LT(err, 2 * kTol) << name;
+    worst = std::max(worst, err);
+  }
+  RecordProperty("bf16_worst_grad_error", std::to_string(worst));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::Values("llama_gqa", "qwen2_tied_bias", "llama3_value"));

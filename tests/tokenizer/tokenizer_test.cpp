@@ -1,6 +1,6 @@
 // Real tokenizer files against ids from independent implementations (see
 // tests/fixtures/tokenizer/README.md): Llama-3's and GPT-2's byte-level BPE, Mistral's Metaspace
-// BPE with byte fallback (both HF tokenizer.json from npm), a SentencePiece tokenizer.model, and
+// BPE with byte fallback (HF tokenizer.json files from npm), a SentencePiece tokenizer.model, and
 // rlhf's byte tokenizer. Ids must match exactly: a tokenizer has no tolerance.
 #include "tokenizer/tokenizer.h"
 
@@ -45,7 +45,8 @@ std::vector<TokenId> ids_of(const nlohmann::json& j) {
 }
 
 bool has_special_text(const std::string& text) {
-  for (const char* s : {"<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>"}) {
+  for (const char* s : {"<s>", "</s>", "<unk>", "<|begin_of_text|>", "<|eot_id|>", "<|im_start|>",
+                        "<|im_end|>", "<|endoftext|>"}) {
     if (text.find(s) != std::string::npos) return true;
   }
   return false;
@@ -53,7 +54,7 @@ bool has_special_text(const std::string& text) {
 
 // Every case of expected_<family>.json: ids with and without special tokens, decoded text,
 // and decode(encode(x)) == x where the reference round-trips too.
-void check_family(const Tokenizer& tok, const std::string& expected_file) {
+void check_cases(const Tokenizer& tok, const std::string& expected_file) {
   const auto expected = read_json(kFixtures / expected_file);
   ASSERT_GT(expected["cases"].size(), 20u);
   for (const auto& c : expected["cases"]) {
@@ -72,6 +73,13 @@ void check_family(const Tokenizer& tok, const std::string& expected_file) {
   }
 }
 
+// expected_<name>.json (texts.json) and expected_<name>_random.json (random_texts.json:
+// 150 seeded random strings), both made by tokenizers.js.
+void check_family(const Tokenizer& tok, const std::string& name) {
+  check_cases(tok, "expected_" + name + ".json");
+  check_cases(tok, "expected_" + name + "_random.json");
+}
+
 TEST(Tokenizer, Llama3ByteLevelBpeMatchesTokenizersJs) {
   const auto tok = load_tokenizer(fetched("llama3").string());
   EXPECT_EQ(tok->kind(), "hf-bpe");
@@ -80,14 +88,35 @@ TEST(Tokenizer, Llama3ByteLevelBpeMatchesTokenizersJs) {
   EXPECT_EQ(tok->special_ids().eos, 128001);  // <|end_of_text|>
   EXPECT_EQ(tok->token_to_id("<|eot_id|>"), 128009);
   EXPECT_EQ(tok->token_to_id("Hello"), 9906);
-  check_family(*tok, "expected_llama3.json");
+  check_family(*tok, "llama3");
 }
 
 TEST(Tokenizer, Gpt2ByteLevelRegexMatchesTokenizersJs) {
   const auto tok = load_tokenizer(fetched("gpt2").string());
   EXPECT_EQ(tok->vocab_size(), 50257);
   EXPECT_EQ(tok->special_ids().eos, 50256);  // <|endoftext|>
-  check_family(*tok, "expected_gpt2.json");
+  check_family(*tok, "gpt2");
+}
+
+TEST(Tokenizer, EncodeBatchKeepsOrderAndRethrows) {
+  const auto tok = load_tokenizer(fetched("gpt2").string());
+  const auto expected = read_json(kFixtures / "expected_gpt2.json")["cases"];
+  std::vector<std::string> texts;
+  for (const auto& c : expected) texts.push_back(c["text"].get<std::string>());
+  const auto batch = encode_batch(*tok, texts, AddSpecial::kNo, 2);
+  ASSERT_EQ(batch.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(batch[i], ids_of(expected[i]["ids"])) << i;
+  texts.back() = "\xFF";  // invalid UTF-8 in the second worker's slice
+  EXPECT_THROW(encode_batch(*tok, texts, AddSpecial::kNo, 2), InputError);
+}
+
+TEST(Tokenizer, Qwen15NfcSplitByteLevelMatchesTokenizersJs) {
+  const auto tok = load_tokenizer(fetched("qwen1_5").string());
+  EXPECT_EQ(tok->vocab_size(), 151646);
+  EXPECT_FALSE(tok->special_ids().bos.has_value());  // "bos_token": null
+  EXPECT_EQ(tok->special_ids().eos, 151645);         // <|im_end|>
+  EXPECT_EQ(tok->special_ids().pad, 151643);         // <|endoftext|>
+  check_family(*tok, "qwen1_5");
 }
 
 TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
@@ -98,7 +127,7 @@ TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
   EXPECT_EQ(tok->special_ids().unk, 0);
   EXPECT_FALSE(tok->special_ids().pad.has_value());  // "pad_token": null
   EXPECT_EQ(tok->token_to_id("<0x0A>"), 13);         // "\n" through byte fallback
-  check_family(*tok, "expected_mistral.json");
+  check_family(*tok, "mistral");
 }
 
 // Mistral's files with the Metaspace pre-tokenizer (prepend_scheme "first") and decoder that
@@ -113,7 +142,7 @@ TEST(Tokenizer, MetaspacePreTokenizerMatchesTokenizersJs) {
   std::ofstream(dir / "tokenizer.json") << json.dump();
   fs::copy_file(source / "tokenizer_config.json", dir / "tokenizer_config.json",
                 fs::copy_options::overwrite_existing);
-  check_family(*load_tokenizer(dir.string()), "expected_mistral_metaspace.json");
+  check_family(*load_tokenizer(dir.string()), "mistral_metaspace");
 }
 
 TEST(Tokenizer, SentencePieceModelMatchesSentencePieceLibrary) {
@@ -122,7 +151,7 @@ TEST(Tokenizer, SentencePieceModelMatchesSentencePieceLibrary) {
   EXPECT_EQ(tok->vocab_size(), 700);
   EXPECT_EQ(tok->special_ids().bos, 1);
   EXPECT_EQ(tok->special_ids().eos, 2);
-  check_family(*tok, "expected_sentencepiece.json");
+  check_cases(*tok, "expected_sentencepiece.json");
 }
 
 TEST(Tokenizer, ByteTokenizerFromTokenizerConfig) {
@@ -144,8 +173,9 @@ TEST(Tokenizer, ByteTokenizerFromTokenizerConfig) {
   EXPECT_THROW(tok->decode({288}, SkipSpecial::kNo), InputError);
 }
 
-// A long word without spaces: the merge loop must stay fast (heap, not O(n^2) rescans) and
-// give the same ids as the cache-free path on a repeated chunk.
+// A 5000-letter word without spaces (past the word cache, through the heap merge loop)
+// round-trips and merges. Ids of long words against the reference: texts.json has a
+// 1360-letter and a 1200-letter word; the O(n log n) scaling is measured in bench_tokenizer.
 TEST(Tokenizer, LongWordsEncodeConsistently) {
   const auto tok = load_tokenizer(fetched("llama3").string());
   std::string word;
@@ -230,6 +260,27 @@ TEST(Tokenizer, AddedTokensStripAndSingleWord) {
   EXPECT_EQ(tok->encode("ab aab", AddSpecial::kNo), (std::vector<TokenId>{4, 0, 2}));
   EXPECT_EQ(tok->decode({0, 3, 1}, SkipSpecial::kYes), "ab");
   EXPECT_EQ(tok->decode({0, 3, 1}, SkipSpecial::kNo), "a<m>b");
+}
+
+// TemplateProcessing adds <s>; tokenizer_config.json's add_bos_token overrides it only for
+// the classes whose HF tokenizer rebuilds its post-processor (LlamaTokenizerFast...).
+TEST(Tokenizer, AddBosTokenOverridesTemplateForLlamaClassesOnly) {
+  const auto dir = write_tokenizer_json("template", nlohmann::json::parse(R"({
+    "added_tokens": [{"id": 3, "content": "<s>", "special": true}],
+    "post_processor": {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+      "special_tokens": {"<s>": {"id": "<s>", "ids": [3], "tokens": ["<s>"]}}}})"));
+  const auto with_config = [&](const char* config) {
+    std::ofstream(fs::path(dir) / "tokenizer_config.json") << config;
+    return load_tokenizer(dir)->encode("ab", AddSpecial::kYes);
+  };
+  EXPECT_EQ(with_config("{}"), (std::vector<TokenId>{3, 2}));
+  EXPECT_EQ(with_config(R"({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>",
+                            "add_bos_token": false})"),
+            (std::vector<TokenId>{2}));
+  EXPECT_EQ(with_config(R"({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                            "add_bos_token": false})"),
+            (std::vector<TokenId>{3, 2}));
 }
 
 TEST(Tokenizer, CleanUpTokenizationMatchesHf) {

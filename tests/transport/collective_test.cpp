@@ -121,3 +121,19 @@ TEST(CollectiveGroup, BadRankIsInputError) {
   config.store_path = "/tmp/unused";
   EXPECT_THROW(rlhf::transport::make_collective_group(config), rlhf::InputError);
 }
+
+TEST(CollectiveGroup, NcclOneRankCollectives_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (this LibTorch or machine has none)";
+  const fs::path dir = fresh_dir("nccl");
+  rlhf::transport::CollectiveConfig config;
+  config.backend = rlhf::transport::CollectiveBackend::kNccl;
+  config.store_path = (dir / "store").string();
+  auto group = rlhf::transport::make_collective_group(config);
+  auto t = torch::arange(4, torch::TensorOptions(torch::kFloat).device(torch::kCUDA));
+  group->all_reduce(t, rlhf::transport::ReduceOp::kSum);
+  EXPECT_TRUE(torch::equal(t.cpu(), torch::arange(4, torch::kFloat)));
+  auto gathered = torch::empty({4}, t.options());
+  group->all_gather(gathered, t);
+  EXPECT_TRUE(torch::equal(gathered.cpu(), torch::arange(4, torch::kFloat)));
+  group->barrier();
+}

@@ -2,6 +2,8 @@
 // both sides, and rejection (with a reason) of every malformed shape of input.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <ATen/ATen.h>
 
 #include "transport/message.h"
@@ -185,6 +187,56 @@ TEST(Message, RejectsDuplicateNamesAndTooManyDims) {
 TEST(Message, PeekRequestIdSurvivesGarbage) {
   EXPECT_EQ(peek_request_id(text_frame(R"({"id": 77, "kind": 3})")), 77u);
   EXPECT_EQ(peek_request_id(text_frame("\xff\xfe garbage")), 0u);
+}
+
+}  // namespace
+}  // namespace rlhf
+
+namespace rlhf {
+namespace {
+
+bool segment_exists(const std::string& name) {
+  return std::ifstream("/dev/shm" + name).good();
+}
+
+TEST(SharedMemoryTensor, LargeTensorsTravelAsSegmentsBitExact) {
+  auto big = at::randn({300, 100}).to(at::kBFloat16);  // 60000 bytes
+  auto small = at::arange(5, at::kInt);                  // 20 bytes: stays in its frame
+  Message m;
+  m.add("big", big).add("small", small);
+  Frames frames = encode(m, EncodeOptions{1024});
+  ASSERT_EQ(frames.size(), 3u);
+  EXPECT_EQ(frames[1].size(), 0u);  // the bytes are in the segment, not the frame
+  EXPECT_EQ(frames[2].size(), 20u);
+  auto header = nlohmann::json::parse(std::string(static_cast<const char*>(frames[0].data()), frames[0].size()));
+  const std::string name = header["tensors"][0]["shm"].get<std::string>();
+  EXPECT_TRUE(segment_exists(name));
+  Message back = decode(std::move(frames), MessageLimits{});
+  EXPECT_FALSE(segment_exists(name));  // unlinked by the receiver; the mapping lives on
+  EXPECT_TRUE(at::equal(back.tensor("big"), big));
+  EXPECT_TRUE(at::equal(back.tensor("small"), small));
+}
+
+TEST(SharedMemoryTensor, RejectsBadNamesMissingSegmentsAndWrongSizes) {
+  auto err = decode_error(one_tensor_message(
+      R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4,"shm":"/etc/passwd"})", 0));
+  EXPECT_NE(err.find("bad shared-memory segment name"), std::string::npos) << err;
+  err = decode_error(one_tensor_message(
+      R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4,"shm":"/rlhf-999999999-0"})", 0));
+  EXPECT_NE(err.find("shared-memory segment /rlhf-999999999-0: No such file"), std::string::npos) << err;
+  err = decode_error(one_tensor_message(
+      R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4,"shm":"/rlhf-1-2"})", 4));
+  EXPECT_NE(err.find("frame has 4 bytes, header declares 0"), std::string::npos) << err;
+  // A real segment of the wrong size.
+  Message m;
+  m.add("x", at::zeros({8}, at::kByte));
+  Frames frames = encode(m, EncodeOptions{1});
+  auto header = nlohmann::json::parse(std::string(static_cast<const char*>(frames[0].data()), frames[0].size()));
+  const std::string name = header["tensors"][0]["shm"].get<std::string>();
+  err = decode_error(one_tensor_message(R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4,"shm":")" + name +
+                                            R"("})", 0));
+  EXPECT_NE(err.find("holds 8 bytes, header declares 4"), std::string::npos) << err;
+  EXPECT_FALSE(segment_exists(name));
 }
 
 }  // namespace

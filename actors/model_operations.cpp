@@ -1,0 +1,274 @@
+#include "actors/model_operations.h"
+
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/errors.h"
+#include "models/pretrained.h"
+#include "ppo/kl.h"
+#include "ppo/losses.h"
+
+namespace rlhf {
+
+using nlohmann::json;
+
+models::CausalLM& ModelRole::checked_model(const std::string& op) const {
+  if (!model) throw RuntimeError(op + ": the model is not loaded (call init first)");
+  return *model;
+}
+
+namespace {
+
+int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+json memory_json(const ModelRole& role) {
+  json j = {{"peak_rss_bytes", peak_rss_bytes()}};
+  if (role.trainer) {
+    auto m = role.trainer->memory_report();
+    j["params"] = m.params;
+    j["master"] = m.master;
+    j["optimizer"] = m.optimizer;
+    j["grads"] = m.grads;
+    j["gathered"] = m.gathered;
+    j["peak_tensor_bytes"] = m.peak;
+  } else if (role.model) {
+    int64_t bytes = 0;
+    for (const auto& p : role.model->parameters()) bytes += p.numel() * p.element_size();
+    j["params"] = bytes;
+    j["peak_tensor_bytes"] = bytes;
+  }
+  return j;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot read");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+// init: {"config": ModelRoleConfig, "store_path": rendezvous file (trained roles)}.
+Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  role.config = engine::ModelRoleConfig::from_json(req.args.at("config"));
+  const bool trained = role.config.trainer.has_value();
+  models::LoadOptions load;
+  // Trained roles keep FP32 masters, so they load FP32 and the trainer converts.
+  load.dtype = trained || role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  load.head = role.config.head;
+  load.value_head_prefix = role.config.value_head_prefix;
+  role.model = models::load_pretrained(role.config.model_dir, load);
+  role.config_json = read_text((std::filesystem::path(role.config.model_dir) / "config.json").string());
+  if (trained) {
+    role.model->set_checkpointing(role.config.gradient_checkpointing ? models::Checkpointing::kPerLayer
+                                                                     : models::Checkpointing::kNone);
+    transport::CollectiveConfig cc;
+    cc.rank = self.rank;
+    cc.size = self.world_size;
+    cc.store_path = req.args.at("store_path").get<std::string>();
+    role.group = transport::make_collective_group(cc);
+    engine::TrainerConfig tc = *role.config.trainer;
+    tc.compute_dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+    tc.tied_embeddings = role.model->config().tie_word_embeddings;
+    role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group);
+  } else {
+    role.model->eval();
+  }
+  int64_t n = 0;
+  for (const auto& p : role.model->parameters()) n += p.numel();
+  Message reply;
+  reply.args = {{"parameters", n}, {"memory", memory_json(role)}};
+  return reply;
+}
+
+struct Batch {
+  torch::Tensor sequences;       // [B, T] int64 prompt + response ids
+  torch::Tensor attention_mask;  // [B, T]
+  int64_t action_len = 0;        // A: the last A positions are the response
+};
+
+Batch read_batch(const Message& req) {
+  Batch b;
+  b.sequences = req.tensor("sequences").to(torch::kLong);
+  b.attention_mask = req.tensor("attention_mask").to(torch::kLong);
+  b.action_len = req.args.at("action_len").get<int64_t>();
+  TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.sizes() == b.attention_mask.sizes(),
+              req.op, ": expected sequences and attention_mask [B, T], got ", b.sequences.sizes(),
+              " and ", b.attention_mask.sizes());
+  TORCH_CHECK(b.action_len >= 1 && b.action_len < b.sequences.size(1), req.op,
+              ": action_len must be in [1, T), got ", b.action_len, " for T = ", b.sequences.size(1));
+  return b;
+}
+
+Batch slice(const Batch& b, int64_t begin, int64_t end) {
+  return {b.sequences.slice(0, begin, end), b.attention_mask.slice(0, begin, end), b.action_len};
+}
+
+// Action log-probs [B, A] (FP32) of the batch's responses under `model`.
+torch::Tensor action_log_probs(models::CausalLM& model, const Batch& b) {
+  torch::Tensor hidden = model.forward(b.sequences, b.attention_mask);
+  torch::Tensor lp = model.next_token_log_probs(hidden, b.sequences);  // [B, T-1]
+  return lp.slice(1, lp.size(1) - b.action_len, lp.size(1));
+}
+
+// Critic values [B, A] (FP32) of the states before each action.
+torch::Tensor action_values(models::CausalLM& model, const Batch& b) {
+  torch::Tensor v = model.values(model.forward(b.sequences, b.attention_mask));  // [B, T]
+  const int64_t t = v.size(1);
+  return v.slice(1, t - 1 - b.action_len, t - 1);
+}
+
+// This rank's rows of a global batch of `rows` split evenly over the group.
+std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self, const std::string& op) {
+  if (rows % self.world_size != 0)
+    throw InputError(op + ": " + std::to_string(rows) + " rows do not split over " +
+                     std::to_string(self.world_size) + " ranks");
+  int64_t per = rows / self.world_size;
+  return {self.rank * per, (self.rank + 1) * per};
+}
+
+json step_json(const engine::StepMetrics& m) {
+  return {{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
+          {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
+}
+
+// train_actor: one optimizer step of the PPO policy loss (plus the KL loss term when asked)
+// over this rank's share of the global batch, in micro batches of args.micro_batch_size.
+Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  if (!role.trainer) throw RuntimeError("train_actor: this worker's role is not trained");
+  Batch all = read_batch(req);
+  auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
+  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
+  ppo::PolicyLossConfig pc;
+  pc.clip_low = req.args.at("clip_low").get<double>();
+  pc.clip_high = req.args.at("clip_high").get<double>();
+  pc.dual_clip = req.args.at("dual_clip").get<double>();
+  pc.aggregation = ppo::parse_loss_aggregation(req.args.at("loss_agg").get<std::string>());
+  const double kl_coef = req.args.value("kl_loss_coef", 0.0);
+  const bool kl_loss = kl_coef > 0 && req.has_tensor("log_probs_ref");
+  const auto kl_estimator = ppo::parse_kl_estimator(req.args.value("kl_estimator", std::string("k1")));
+  double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
+  int64_t micro_batches = 0;
+  auto metrics = role.trainer->train_step([&](int64_t i) {
+    int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
+    TORCH_CHECK(b0 < b1, "train_actor: micro batch ", i, " is empty: the batch holds ", end - begin,
+                " rows for this rank, fewer than grad_accum_steps x micro_batch_size");
+    Batch mb = slice(all, b0, b1);
+    torch::Tensor mask = req.tensor("action_mask").slice(0, b0, b1);
+    torch::Tensor lp = action_log_probs(*role.model, mb);
+    auto r = ppo::policy_loss(pc, lp, req.tensor("log_probs_old").slice(0, b0, b1),
+                              req.tensor("advantages").slice(0, b0, b1), mask);
+    torch::Tensor loss = r.loss;
+    if (kl_loss) {
+      // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
+      torch::Tensor kl = ppo::approx_kl(lp, req.tensor("log_probs_ref").slice(0, b0, b1), kl_estimator);
+      torch::Tensor m = mask.to(torch::kFloat32);
+      torch::Tensor kl_mean = (kl * m).sum() / m.sum().clamp_min(1);
+      loss = loss + kl_coef * kl_mean;
+      kl_sum += kl_mean.item<double>();
+    }
+    clip_sum += r.clip_frac.item<double>();
+    ppo_kl_sum += r.approx_kl.item<double>();
+    ++micro_batches;
+    return loss;
+  });
+  Message reply;
+  double n = std::max<int64_t>(1, micro_batches);
+  reply.args = step_json(metrics);
+  reply.args["clip_frac"] = clip_sum / n;
+  reply.args["approx_kl"] = ppo_kl_sum / n;
+  reply.args["kl_loss"] = kl_sum / n;
+  return reply;
+}
+
+// train_critic: one optimizer step of the clipped value loss on this rank's rows.
+Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  if (!role.trainer) throw RuntimeError("train_critic: this worker's role is not trained");
+  Batch all = read_batch(req);
+  auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
+  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
+  const double value_clip = req.args.at("value_clip").get<double>();
+  auto metrics = role.trainer->train_step([&](int64_t i) {
+    int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
+    TORCH_CHECK(b0 < b1, "train_critic: micro batch ", i, " is empty");
+    torch::Tensor v = action_values(*role.model, slice(all, b0, b1));
+    return ppo::value_loss(v, req.tensor("values_old").slice(0, b0, b1),
+                           req.tensor("returns").slice(0, b0, b1),
+                           req.tensor("action_mask").slice(0, b0, b1), value_clip,
+                           ppo::LossAggregation::kTokenMean);
+  });
+  Message reply;
+  reply.args = step_json(metrics);
+  return reply;
+}
+
+}  // namespace
+
+std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
+  auto role = std::make_shared<ModelRole>();
+  registry.add("init", [role](const Message& req, const WorkerIdentity& self) { return init(*role, req, self); });
+  registry.add("log_probs", [role](const Message& req, const WorkerIdentity&) {
+    torch::NoGradGuard no_grad;
+    Message reply;
+    reply.add("log_probs", action_log_probs(role->checked_model(req.op), read_batch(req)).contiguous());
+    return reply;
+  });
+  registry.add("values", [role](const Message& req, const WorkerIdentity&) {
+    torch::NoGradGuard no_grad;
+    Message reply;
+    reply.add("values", action_values(role->checked_model(req.op), read_batch(req)).contiguous());
+    return reply;
+  });
+  registry.add("score", [role](const Message& req, const WorkerIdentity&) {
+    torch::NoGradGuard no_grad;
+    models::CausalLM& model = role->checked_model(req.op);
+    torch::Tensor seq = req.tensor("sequences").to(torch::kLong);
+    torch::Tensor mask = req.tensor("attention_mask").to(torch::kLong);
+    torch::Tensor scores = models::last_token_values(model.values(model.forward(seq, mask)), mask);
+    Message reply;
+    reply.add("scores", scores.to(torch::kFloat32).contiguous());
+    return reply;
+  });
+  registry.add("train_actor", [role](const Message& req, const WorkerIdentity& self) {
+    return train_actor(*role, req, self);
+  });
+  registry.add("train_critic", [role](const Message& req, const WorkerIdentity& self) {
+    return train_critic(*role, req, self);
+  });
+  registry.add("save", [role](const Message& req, const WorkerIdentity&) {
+    if (!role->trainer) throw RuntimeError("save: this worker's role is not trained");
+    engine::CheckpointOptions opts;
+    opts.save_only_model = req.args.value("save_only_model", false);
+    opts.max_num = req.args.value("max_num", 3);
+    role->trainer->save_checkpoint(req.args.at("dir").get<std::string>(), opts);
+    return Message{};
+  });
+  registry.add("load", [role](const Message& req, const WorkerIdentity&) {
+    if (!role->trainer) throw RuntimeError("load: this worker's role is not trained");
+    role->trainer->load_checkpoint(req.args.at("dir").get<std::string>());
+    Message reply;
+    reply.args = {{"step", role->trainer->steps_done()}};
+    return reply;
+  });
+  registry.add("export_hf", [role](const Message& req, const WorkerIdentity&) {
+    if (!role->trainer) throw RuntimeError("export_hf: this worker's role is not trained");
+    role->trainer->export_hf(req.args.at("dir").get<std::string>(), role->config_json,
+                             role->config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
+    return Message{};
+  });
+  registry.add("memory", [role](const Message&, const WorkerIdentity&) {
+    Message reply;
+    reply.args = memory_json(*role);
+    return reply;
+  });
+  return role;
+}
+
+}  // namespace rlhf

@@ -1,0 +1,38 @@
+// The operations of a worker that holds one role's model (actor, critic, reward, ref):
+// `init` (load the model and, for trained roles, join the role's collective group and build
+// the sharded trainer), `log_probs`, `values`, `score`, `train_actor` (PPO policy loss),
+// `train_critic` (value loss), `save`, `load`, `export_hf` and `memory`. Generation lives
+// with the rollout role.
+//
+// Alignment (as OpenRLHF): for sequences [B, T] whose last A positions are the response,
+// action t is token T-A+t; its log-prob and the critic's value both come from position
+// T-A-1+t (the state before the action).
+#pragma once
+
+#include <memory>
+
+#include "actors/operation_registry.h"
+#include "engine/role_config.h"
+#include "engine/trainer.h"
+#include "models/causal_lm.h"
+#include "transport/collective_group.h"
+
+namespace rlhf {
+
+// What one model worker holds between operations.
+struct ModelRole {
+  engine::ModelRoleConfig config;
+  std::shared_ptr<models::CausalLM> model;
+  std::unique_ptr<transport::CollectiveGroup> group;  // trained roles only
+  std::unique_ptr<engine::Trainer> trainer;           // trained roles only
+  std::string config_json;                            // the model's config.json text (for export)
+
+  // Throws RuntimeError when `init` has not run yet.
+  models::CausalLM& checked_model(const std::string& op) const;
+};
+
+// Registers the model operations on a shared ModelRole (created empty; `init` fills it).
+// Returns the role state so other operations of the worker (weight sync) can reach it.
+std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry);
+
+}  // namespace rlhf

@@ -1,0 +1,202 @@
+// Engine benchmark: ZeRO-3 step time and tokens/s on the ~100M preset for N = 1, 2 ranks
+// (real processes, real Gloo group), and all-gather / reduce-scatter bandwidth against a
+// plain memcpy of the same bytes. Prints figures and ratios; asserts nothing.
+// Usage: bench_engine [--steps S] [--seq T] [--micro-batch B] [--comm-mib M]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/trainer.h"
+#include "models/causal_lm.h"
+#include "models/config.h"
+#include "transport/collective_group.h"
+
+using namespace rlhf;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Options {
+  int64_t steps = 3;
+  int64_t seq = 256;
+  int64_t micro_batch = 1;
+  int64_t comm_mib = 64;
+  bool train = true;
+};
+
+std::unique_ptr<transport::CollectiveGroup> join(int rank, int size, const std::string& store) {
+  transport::CollectiveConfig config;
+  config.rank = rank;
+  config.size = size;
+  config.store_path = store;
+  config.timeout = std::chrono::minutes(10);
+  return transport::make_collective_group(config);
+}
+
+// One rank of the training benchmark; rank 0 writes its figures to `out`.
+void train_rank(transport::CollectiveGroup& group, const Options& o, std::ostream& out) {
+  auto config = models::preset_config("100m");
+  auto model = std::make_shared<models::CausalLM>(config);
+  model->init_weights(0);
+  model->set_checkpointing(models::Checkpointing::kPerLayer);
+  engine::TrainerConfig tc;
+  tc.zero_stage = engine::ZeroStage::kParameters;
+  tc.compute_dtype = torch::kBFloat16;
+  tc.lr = 1e-5;
+  tc.lr_scheduler = engine::LrScheduler::kConstant;
+  tc.tied_embeddings = config.tie_word_embeddings;
+  tc.total_steps = o.steps;
+  engine::Trainer trainer(tc, *model, group);
+  auto gen = at::detail::createCPUGenerator(7 + group.rank());
+  std::vector<double> times;
+  engine::StepMetrics last;
+  for (int64_t s = 0; s < o.steps; ++s) {
+    auto tokens = torch::randint(config.vocab_size, {o.micro_batch, o.seq}, gen, torch::kLong);
+    auto t0 = Clock::now();
+    last = trainer.train_step([&](int64_t) {
+      auto hidden = model->forward(tokens, torch::ones_like(tokens));
+      return -model->next_token_log_probs(hidden, tokens).mean();
+    });
+    times.push_back(seconds_since(t0));
+  }
+  if (group.rank() != 0) return;
+  double steady = 0;  // mean over steps after the first (warm-up)
+  for (size_t i = 1; i < times.size(); ++i) steady += times[i];
+  steady /= std::max<size_t>(1, times.size() - 1);
+  const double tokens = double(group.size() * o.micro_batch * o.seq);
+  const auto& m = last.memory;
+  out << "N=" << group.size() << "  params=" << config.num_parameters() / 1e6 << "M  first step " << times[0]
+      << " s  steady step " << steady << " s  tokens/s " << tokens / steady << "  loss " << last.loss << "\n"
+      << "      per-rank model states " << m.model_states() / 1e6 << " MB (16 B x P / N = "
+      << 16.0 * config.num_parameters() / group.size() / 1e6 << " MB), engine peak " << m.peak / 1e6 << " MB\n";
+}
+
+double best_of(int reps, const std::function<void()>& fn) {
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    fn();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+// One rank of the collective benchmark: M MiB moved per collective.
+void comm_rank(transport::CollectiveGroup& group, const Options& o, std::ostream& out) {
+  const int n = group.size();
+  const int64_t bytes = o.comm_mib << 20;
+  // all-gather: BF16, output `bytes` in total.
+  auto ag_in = torch::ones({bytes / 2 / n}, torch::kBFloat16);
+  auto ag_out = torch::empty({bytes / 2}, torch::kBFloat16);
+  // reduce-scatter: FP32 (as the trainer reduces gradients), input `bytes` in total.
+  auto rs_in = torch::ones({bytes / 4}, torch::kFloat);
+  auto rs_out = torch::empty({bytes / 4 / n}, torch::kFloat);
+  auto ar = torch::ones({bytes / 4}, torch::kFloat);
+  group.barrier();
+  const double t_ag = best_of(5, [&] { group.all_gather(ag_out, ag_in); });
+  const double t_rs = best_of(5, [&] { group.reduce_scatter(rs_out, rs_in); });
+
+  const double t_ar = best_of(5, [&] { group.all_reduce(ar, transport::ReduceOp::kSum); });
+  auto src = torch::ones({bytes}, torch::kByte), dst = torch::empty({bytes}, torch::kByte);
+  const double t_copy = best_of(5, [&] { dst.copy_(src); });
+  if (group.rank() != 0) return;
+  const double gb = bytes / 1e9;
+  auto line = [&](const char* what, double t) {
+    out << "  " << what << ": " << t * 1e3 << " ms, algbw " << gb / t << " GB/s, busbw "
+        << gb * (n - 1) / n / t << " GB/s, time / memcpy " << t / t_copy << "\n";
+  };
+  out << "collectives, N=" << n << ", " << o.comm_mib << " MiB each (best of 5); memcpy of the same bytes: "
+      << t_copy * 1e3 << " ms = " << gb / t_copy << " GB/s\n";
+  line("all_gather (BF16)", t_ag);
+  line("reduce_scatter (FP32; Gloo all-reduce, keep own slice)", t_rs);
+  line("all_reduce (FP32)", t_ar);
+}
+
+// Runs `n` copies of this program as ranks of `mode` and prints rank 0's figures.
+void run_ranks(const std::string& mode, int n, const Options& o, char** argv) {
+  const std::string dir = "/tmp/bench_engine_" + std::to_string(::getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string store = dir + "/store_" + mode + std::to_string(n);
+  std::remove(store.c_str());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      std::vector<std::string> args{"/proc/self/exe", "--rank", mode, std::to_string(n), std::to_string(r), store,
+                                    dir + "/out", std::to_string(o.steps), std::to_string(o.seq),
+                                    std::to_string(o.micro_batch), std::to_string(o.comm_mib)};
+      std::vector<char*> cargs;
+      for (auto& a : args) cargs.push_back(a.data());
+      cargs.push_back(nullptr);
+      ::execv(cargs[0], cargs.data());
+      ::_exit(127);
+    }
+    if (pid < 0) throw std::runtime_error("fork failed");
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("a rank failed (" + mode + ")");
+  }
+  std::ifstream in(dir + "/out");
+  std::cout << in.rdbuf() << std::flush;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc > 1 && std::string(argv[1]) == "--rank") {
+      const std::string mode = argv[2];
+      const int n = std::stoi(argv[3]), rank = std::stoi(argv[4]);
+      Options o{std::stoll(argv[7]), std::stoll(argv[8]), std::stoll(argv[9]), std::stoll(argv[10])};
+      const int cores = static_cast<int>(std::thread::hardware_concurrency());
+      torch::set_num_threads(std::max(1, cores / n));  // the machine's cores split among ranks
+      auto group = join(rank, n, argv[5]);
+      std::ostringstream out;
+      if (mode == "train") train_rank(*group, o, out);
+      else comm_rank(*group, o, out);
+      if (rank == 0) std::ofstream(argv[6]) << out.str();
+      return 0;
+    }
+    Options o;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string key = argv[i];
+      const int64_t value = std::stoll(argv[i + 1]);
+      if (key == "--steps") o.steps = value;
+      else if (key == "--seq") o.seq = value;
+      else if (key == "--micro-batch") o.micro_batch = value;
+      else if (key == "--comm-mib") o.comm_mib = value;
+      else if (key == "--train") o.train = value != 0;
+      else throw std::runtime_error("unknown option " + key);
+    }
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    const std::string info((std::istreambuf_iterator<char>(cpuinfo)), {});
+    std::cout << "cores " << std::thread::hardware_concurrency() << ", amx_bf16 "
+              << (info.find("amx_bf16") != std::string::npos ? "yes" : "no") << ", avx512_bf16 "
+              << (info.find("avx512_bf16") != std::string::npos ? "yes" : "no") << "\n";
+    run_ranks("comm", 2, o, argv);
+    std::cout << "ZeRO-3 BF16 training, preset 100m, micro batch " << o.micro_batch << " x " << o.seq
+              << " tokens per rank, per-layer checkpointing, " << o.steps << " steps (first is warm-up)\n";
+    if (o.train) {
+      for (int n : {1, 2}) run_ranks("train", n, o, argv);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_engine: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,115 @@
+#include "dpo/preference_dataset.h"
+
+#include <random>
+
+#include "core/errors.h"
+
+namespace rlhf::dpo {
+
+using nlohmann::json;
+
+OfflineDataConfig OfflineDataConfig::from_spec(const JobSpec& spec, bool eval) {
+  OfflineDataConfig c;
+  c.source = spec.get_string(eval ? "data.eval_dataset" : "data.dataset");
+  c.prompt_key = spec.get_string("data.prompt_key");
+  c.chosen_key = spec.get_string("data.chosen_key");
+  c.rejected_key = spec.get_string("data.rejected_key");
+  c.output_key = spec.get_string("data.output_key");
+  c.max_samples = spec.get_int("data.max_samples");
+  c.bad_lines = parse_bad_line_policy(spec.get_string("data.bad_lines"));
+  c.seed = static_cast<uint64_t>(spec.get_int("train.seed")) + (eval ? 1 : 0);
+  return c;
+}
+
+namespace {
+
+const std::string kSynthetic = "synthetic:";
+
+std::string random_word(std::mt19937_64& rng, int lo, int hi, const std::string& alphabet) {
+  std::uniform_int_distribution<int> length(lo, hi);
+  std::uniform_int_distribution<size_t> pick(0, alphabet.size() - 1);
+  std::string w;
+  for (int n = length(rng); n > 0; --n) w += alphabet[pick(rng)];
+  return w;
+}
+
+const std::string kLower = "abcdefghijklmnopqrstuvwxyz";
+const std::string kNoisy = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
+template <typename Row, typename MakeSynthetic, typename ParseRow>
+OfflineDataset<Row> load(const OfflineDataConfig& c, MakeSynthetic synthetic, ParseRow parse) {
+  OfflineDataset<Row> out;
+  if (c.source.rfind(kSynthetic, 0) == 0) {
+    out.rows = synthetic(c.source.substr(kSynthetic.size()), c.max_samples > 0 ? c.max_samples : 512, c.seed);
+    out.stats.rows = static_cast<int64_t>(out.rows.size());
+    return out;
+  }
+  out.stats = read_jsonl(c.source, c.bad_lines, c.max_samples, [&](const json& row, int64_t line) {
+    out.rows.push_back(parse(row, line));
+  });
+  if (out.rows.empty())
+    throw InputError(c.source + ": no usable rows" +
+                     (out.stats.first_problem.empty() ? "" : " (first problem: " + out.stats.first_problem + ")"));
+  return out;
+}
+
+}  // namespace
+
+std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_t count, uint64_t seed) {
+  if (name != "preferences")
+    throw InputError("data.dataset: unknown synthetic preference dataset \"synthetic:" + name +
+                     "\" (known: synthetic:preferences)");
+  std::mt19937_64 rng(seed);
+  std::vector<PreferenceRow> rows;
+  for (int64_t i = 0; i < count; ++i) {
+    PreferenceRow r;
+    r.prompt = random_word(rng, 3, 8, kLower) + ":";
+    r.chosen = random_word(rng, 4, 10, kLower);
+    r.rejected = random_word(rng, 4, 10, kNoisy);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64_t seed) {
+  if (name != "letters_sft")
+    throw InputError("data.dataset: unknown synthetic SFT dataset \"synthetic:" + name +
+                     "\" (known: synthetic:letters_sft)");
+  std::mt19937_64 rng(seed);
+  std::vector<SftRow> rows;
+  for (int64_t i = 0; i < count; ++i) {
+    std::string word = random_word(rng, 3, 8, kLower);
+    rows.push_back({word + ":", word, 0});
+  }
+  return rows;
+}
+
+OfflineDataset<PreferenceRow> load_preferences(const OfflineDataConfig& c) {
+  return load<PreferenceRow>(c, synthetic_preferences, [&](const json& row, int64_t line) {
+    return PreferenceRow{string_field(row, c.prompt_key), string_field(row, c.chosen_key),
+                         string_field(row, c.rejected_key), line};
+  });
+}
+
+OfflineDataset<SftRow> load_sft(const OfflineDataConfig& c) {
+  return load<SftRow>(c, synthetic_sft, [&](const json& row, int64_t line) {
+    return SftRow{string_field(row, c.prompt_key), string_field(row, c.output_key), line};
+  });
+}
+
+bool truncate_pair(std::vector<int64_t>& prompt, std::vector<int64_t>& response, int64_t prompt_max_len,
+                   int64_t max_len) {
+  bool cut = false;
+  if (static_cast<int64_t>(prompt.size()) > prompt_max_len) {
+    prompt.erase(prompt.begin(), prompt.end() - prompt_max_len);
+    cut = true;
+  }
+  const int64_t room = std::max<int64_t>(1, max_len - static_cast<int64_t>(prompt.size()));
+  if (static_cast<int64_t>(response.size()) > room) {
+    response.resize(static_cast<size_t>(room));
+    cut = true;
+  }
+  return cut;
+}
+
+}  // namespace rlhf::dpo

@@ -1,0 +1,153 @@
+#include "engine/role_config.h"
+
+#include "core/errors.h"
+
+namespace rlhf::engine {
+
+using nlohmann::json;
+
+namespace {
+
+const char* zero_name(ZeroStage s) {
+  return s == ZeroStage::kOptimizer ? "1" : s == ZeroStage::kGradients ? "2" : "3";
+}
+
+const char* scheduler_name(LrScheduler s) {
+  switch (s) {
+    case LrScheduler::kConstant: return "constant";
+    case LrScheduler::kConstantWithWarmup: return "constant_with_warmup";
+    case LrScheduler::kCosineWithMinLr: return "cosine_with_min_lr";
+  }
+  return "?";
+}
+
+LrScheduler parse_scheduler(const std::string& s) {
+  if (s == "constant") return LrScheduler::kConstant;
+  if (s == "constant_with_warmup") return LrScheduler::kConstantWithWarmup;
+  if (s == "cosine_with_min_lr") return LrScheduler::kCosineWithMinLr;
+  throw InputError("lr_scheduler: unknown schedule \"" + s + "\"");
+}
+
+template <typename T>
+T field(const json& j, const char* key) {
+  if (!j.contains(key)) throw InputError(std::string("role config: missing key \"") + key + "\"");
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    throw InputError(std::string("role config: key \"") + key + "\" has the wrong type: " +
+                     j.at(key).dump());
+  }
+}
+
+json trainer_json(const TrainerConfig& t) {
+  return {{"zero_stage", zero_name(t.zero_stage)},
+          {"lr", t.lr},
+          {"beta1", t.beta1},
+          {"beta2", t.beta2},
+          {"eps", t.eps},
+          {"weight_decay", t.weight_decay},
+          {"max_norm", t.max_norm},
+          {"lr_scheduler", scheduler_name(t.lr_scheduler)},
+          {"warmup_ratio", t.warmup_ratio},
+          {"min_lr_ratio", t.min_lr_ratio},
+          {"total_steps", t.total_steps},
+          {"grad_accum_steps", t.grad_accum_steps},
+          {"adam_offload", t.optimizer_placement == OptimizerPlacement::kHost}};
+}
+
+TrainerConfig trainer_from_json(const json& j) {
+  TrainerConfig t;
+  std::string stage = field<std::string>(j, "zero_stage");
+  if (stage != "1" && stage != "2" && stage != "3")
+    throw InputError("role config: zero_stage must be 1, 2 or 3 for a trained role, found " + stage);
+  t.zero_stage = stage == "1" ? ZeroStage::kOptimizer
+                              : stage == "2" ? ZeroStage::kGradients : ZeroStage::kParameters;
+  t.lr = field<double>(j, "lr");
+  t.beta1 = field<double>(j, "beta1");
+  t.beta2 = field<double>(j, "beta2");
+  t.eps = field<double>(j, "eps");
+  t.weight_decay = field<double>(j, "weight_decay");
+  t.max_norm = field<double>(j, "max_norm");
+  t.lr_scheduler = parse_scheduler(field<std::string>(j, "lr_scheduler"));
+  t.warmup_ratio = field<double>(j, "warmup_ratio");
+  t.min_lr_ratio = field<double>(j, "min_lr_ratio");
+  t.total_steps = field<int64_t>(j, "total_steps");
+  t.grad_accum_steps = field<int64_t>(j, "grad_accum_steps");
+  t.optimizer_placement = field<bool>(j, "adam_offload") ? OptimizerPlacement::kHost
+                                                        : OptimizerPlacement::kDevice;
+  return t;
+}
+
+}  // namespace
+
+json ModelRoleConfig::to_json() const {
+  json j = {{"role", role},
+            {"model_dir", model_dir},
+            {"dtype", dtype},
+            {"head", head == models::HeadKind::kValue ? "value" : "lm"},
+            {"value_head_prefix", value_head_prefix},
+            {"gradient_checkpointing", gradient_checkpointing},
+            {"seed", seed}};
+  j["trainer"] = trainer ? trainer_json(*trainer) : json();
+  return j;
+}
+
+ModelRoleConfig ModelRoleConfig::from_json(const json& j) {
+  if (!j.is_object()) throw InputError("role config: expected a JSON object");
+  ModelRoleConfig c;
+  c.role = field<std::string>(j, "role");
+  c.model_dir = field<std::string>(j, "model_dir");
+  c.dtype = field<std::string>(j, "dtype");
+  if (c.dtype != "bf16" && c.dtype != "fp32")
+    throw InputError("role config: dtype must be bf16 or fp32, found " + c.dtype);
+  std::string head = field<std::string>(j, "head");
+  if (head != "lm" && head != "value") throw InputError("role config: head must be lm or value");
+  c.head = head == "value" ? models::HeadKind::kValue : models::HeadKind::kLanguageModel;
+  c.value_head_prefix = field<std::string>(j, "value_head_prefix");
+  c.gradient_checkpointing = field<bool>(j, "gradient_checkpointing");
+  c.seed = field<uint64_t>(j, "seed");
+  if (j.contains("trainer") && !j["trainer"].is_null()) c.trainer = trainer_from_json(j["trainer"]);
+  return c;
+}
+
+ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64_t total_steps,
+                                           int64_t grad_accum_steps) {
+  const std::string r = role_name(role);
+  ModelRoleConfig c;
+  c.role = r;
+  c.model_dir = spec.get_string(r + ".model");
+  c.dtype = spec.get_string(r + ".dtype");
+  c.head = (role == Role::kCritic || role == Role::kReward) ? models::HeadKind::kValue
+                                                            : models::HeadKind::kLanguageModel;
+  if (role == Role::kCritic || role == Role::kReward)
+    c.value_head_prefix = spec.get_string(r + ".value_head_prefix");
+  c.seed = static_cast<uint64_t>(spec.get_int("train.seed"));
+  if (!spec.trains(role)) {
+    c.gradient_checkpointing = false;
+    return c;
+  }
+  c.gradient_checkpointing = spec.get_bool(r + ".gradient_checkpointing");
+  TrainerConfig t;
+  int64_t stage = spec.get_int(r + ".zero_stage");
+  // ZeRO stage 0 (plain data parallel) runs as stage 1: same numbers, sharded optimizer.
+  t.zero_stage = stage <= 1 ? ZeroStage::kOptimizer
+                            : stage == 2 ? ZeroStage::kGradients : ZeroStage::kParameters;
+  t.compute_dtype = c.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  t.lr = spec.get_float(r + ".adam.lr");
+  auto betas = spec.get_float_list(r + ".adam.betas");
+  t.beta1 = betas[0];
+  t.beta2 = betas[1];
+  t.eps = spec.get_float(r + ".adam.eps");
+  t.weight_decay = spec.get_float(r + ".adam.weight_decay");
+  t.max_norm = spec.get_float(r + ".max_norm");
+  t.lr_scheduler = parse_scheduler(spec.get_string(r + ".lr_scheduler"));
+  t.warmup_ratio = spec.get_float(r + ".lr_warmup_ratio");
+  t.total_steps = std::max<int64_t>(1, total_steps);
+  t.grad_accum_steps = std::max<int64_t>(1, grad_accum_steps);
+  t.optimizer_placement = spec.get_bool(r + ".adam_offload") ? OptimizerPlacement::kHost
+                                                            : OptimizerPlacement::kDevice;
+  c.trainer = t;
+  return c;
+}
+
+}  // namespace rlhf::engine

@@ -1,0 +1,38 @@
+// What a worker needs to build one role's model and, for trained roles, its trainer:
+// filled by a driver from the job spec (from_spec) and sent to the worker as JSON in the
+// role's `init` operation. Lives in engine/ because both sides (drivers in ppo/ and dpo/,
+// workers in actors/) sit above it.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/spec.h"
+#include "engine/trainer_config.h"
+#include "models/config.h"
+
+namespace rlhf::engine {
+
+struct ModelRoleConfig {
+  std::string role;       // "actor", "critic", "reward", "ref", "rollout"
+  std::string model_dir;  // HF directory
+  std::string dtype = "bf16";  // compute dtype: bf16 | fp32
+  models::HeadKind head = models::HeadKind::kLanguageModel;
+  std::string value_head_prefix = "score";
+  bool gradient_checkpointing = true;
+  uint64_t seed = 42;
+  std::optional<TrainerConfig> trainer;  // set for trained roles only
+
+  nlohmann::json to_json() const;
+  // Throws InputError naming the missing or malformed key.
+  static ModelRoleConfig from_json(const nlohmann::json& j);
+
+  // `total_steps`: optimizer steps the LR schedule spans; `grad_accum_steps`: micro batches
+  // per optimizer step on each rank.
+  static ModelRoleConfig from_spec(const JobSpec& spec, Role role, int64_t total_steps,
+                                   int64_t grad_accum_steps);
+};
+
+}  // namespace rlhf::engine

@@ -1,0 +1,459 @@
+#include "ppo/driver.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iomanip>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/metrics.h"
+#include "engine/role_config.h"
+#include "ppo/advantages.h"
+#include "ppo/ppo_config.h"
+#include "ppo/prompt_batches.h"
+#include "ppo/remote_reward.h"
+#include "ppo/rule_rewards.h"
+#include "scheduler/role_group.h"
+#include "scheduler/scheduler.h"
+#include "tokenizer/prompt_format.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
+
+namespace rlhf::ppo {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// One step's samples, prompt-major (the n samples of a prompt are consecutive).
+struct Rollout {
+  torch::Tensor sequences;          // [B, T] prompt (left-padded) + response (right-padded)
+  torch::Tensor attention_mask;     // [B, T]
+  torch::Tensor action_mask;        // [B, A] response tokens up to and including EOS
+  std::vector<std::string> prompts, responses, labels;  // [B]
+  int64_t weight_version = 0;
+};
+
+// Rollout plus what the scorers returned: OpenRLHF's Experience, grouped by meaning.
+struct Experience {
+  // Per sequence.
+  torch::Tensor scores;           // [B] raw reward-source scores
+  torch::Tensor response_length;  // [B] action tokens
+  // Per token.
+  torch::Tensor log_probs_old;    // [B, A] actor log pi_old(a|s)
+  torch::Tensor log_probs_ref;    // [B, A] reference log-probs (undefined without a ref)
+  torch::Tensor values;           // [B, A] critic values (undefined without a critic)
+  torch::Tensor kl;               // [B, A] per-token KL estimate (zeros without a ref)
+  BatchAdvantages adv;            // rewards, advantages, returns [B, A]
+};
+
+std::vector<NamedTensor> sequence_tensors(const Rollout& r) {
+  return {{"sequences", r.sequences}, {"attention_mask", r.attention_mask}};
+}
+
+// Runs f on its own thread (role groups are independent, so their calls overlap).
+template <typename F>
+auto in_parallel(F&& f) {
+  return std::async(std::launch::async, std::forward<F>(f));
+}
+
+class PpoJob {
+ public:
+  PpoJob(const JobSpec& spec, PpoDriverOptions options);
+  void run(Scheduler& scheduler, std::ostream& out);
+
+ private:
+  std::vector<TokenizedPrompt> tokenize_prompts(const JobSpec& spec);
+  void init_roles(Scheduler& s);
+  Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step);
+  Experience score(Scheduler& s, const Rollout& r);
+  json train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step);
+  void sync_weights(Scheduler& s);
+  void save(Scheduler& s, int64_t step);
+  int64_t resume(Scheduler& s);
+  json memory(Scheduler& s);
+  std::string response_text(const Rollout& r, int64_t row) const;
+
+  JobSpec spec_;
+  PpoDriverOptions options_;
+  PpoConfig c_;
+  std::string run_dir_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  int64_t eos_id_ = -1, pad_id_ = 0;
+  std::unique_ptr<PromptStream> stream_;
+  int64_t truncated_prompts_ = 0;
+  int64_t total_steps_ = 0;
+  KlController kl_;
+  const RuleReward* rule_ = nullptr;
+  std::unique_ptr<RemoteReward> remote_;
+  bool has_ref_ = false, has_critic_ = false, has_reward_model_ = false;
+};
+
+PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
+    : spec_(spec),
+      options_(options),
+      kl_(spec.get_float("algo.kl.init_coef"), spec.get_float("algo.kl.target"),
+          spec.get_int("algo.kl.horizon")) {
+  run_dir_ = (fs::path(spec.get_string("logger.run_dir")) / spec.get_string("name")).string();
+  c_ = PpoConfig::from_spec(spec, run_dir_);
+  has_ref_ = spec.uses(Role::kRef);
+  has_critic_ = spec.uses(Role::kCritic);
+  has_reward_model_ = spec.uses(Role::kReward);
+  if (!c_.reward_rule.empty()) rule_ = &find_rule_reward(c_.reward_rule);
+  if (!c_.reward_remote_url.empty())
+    remote_ = std::make_unique<RemoteReward>(RemoteRewardConfig{c_.reward_remote_url, c_.reward_remote_timeout_s});
+  tokenizer_ = tokenizer::load_tokenizer(spec.get_string("actor.model"));
+  const auto& special = tokenizer_->special_ids();
+  if (!special.eos) throw InputError(spec.get_string("actor.model") + ": the tokenizer has no EOS token");
+  eos_id_ = *special.eos;
+  pad_id_ = special.pad ? *special.pad : eos_id_;
+  stream_ = std::make_unique<PromptStream>(tokenize_prompts(spec), pad_id_, c_.seed);
+  const int64_t steps_per_episode = (stream_->size() + c_.rollout_batch_size - 1) / c_.rollout_batch_size;
+  total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.num_episodes * steps_per_episode;
+}
+
+std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec) {
+  PromptDataset data = load_prompts(PromptDataConfig::from_spec(spec));
+  tokenizer::PromptFormatConfig fc;
+  fc.input_template = spec.get_string("data.input_template");
+  fc.apply_chat_template = spec.get_bool("data.apply_chat_template");
+  fc.chat_template = tokenizer::parse_chat_template(spec.get_string("data.chat_template"));
+  tokenizer::PromptFormatter formatter(fc, tokenizer::read_tokenizer_config(spec.get_string("actor.model")));
+  std::vector<TokenizedPrompt> out;
+  for (const auto& row : data.rows) {
+    TokenizedPrompt p;
+    p.text = formatter.format(row.input);
+    auto ids = tokenizer_->encode(p.text, tokenizer::AddSpecial::kYes);
+    // Keep the end of an over-long prompt: the response continues from it.
+    if (static_cast<int64_t>(ids.size()) > c_.prompt_max_len) {
+      ids.erase(ids.begin(), ids.end() - c_.prompt_max_len);
+      ++truncated_prompts_;
+    }
+    p.ids.assign(ids.begin(), ids.end());
+    p.label = row.label;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void PpoJob::init_roles(Scheduler& s) {
+  const int64_t per_step = c_.optimizer_steps_per_step();
+  std::vector<std::future<void>> calls;
+  for (Role role : s.roles()) {
+    RoleGroup& g = s.group(role);
+    int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
+    auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum);
+    json args = {{"config", config.to_json()},
+                 {"store_path", (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
+    calls.push_back(in_parallel([&g, args] { g.call_all("init", args); }));
+  }
+  fs::create_directories(fs::path(run_dir_) / "stores");
+  for (auto& c : calls) c.get();
+}
+
+Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step) {
+  json args = {{"n_samples_per_prompt", c_.n_samples_per_prompt},
+               {"max_new_tokens", c_.max_new_tokens},
+               {"temperature", c_.temperature},
+               {"top_p", c_.top_p},
+               {"top_k", c_.top_k},
+               {"stop_token_ids", c_.stop_token_ids},
+               {"eos_token_id", eos_id_},
+               {"pad_token_id", pad_id_},
+               {"seed", c_.seed * 7919 + static_cast<uint64_t>(step)}};
+  Message reply = s.group(Role::kRollout)
+                      .scatter("generate", {{"prompt_ids", batch.prompt_ids}, {"prompt_mask", batch.prompt_mask}},
+                               c_.rollout_micro_batch_size, args);
+  Rollout r;
+  r.sequences = reply.tensor("sequences").to(torch::kLong);
+  r.attention_mask = reply.tensor("attention_mask").to(torch::kLong);
+  r.action_mask = reply.tensor("action_mask").to(torch::kLong);
+  for (const auto& mb : reply.args.value("micro_batches", json::array()))
+    r.weight_version = std::max<int64_t>(r.weight_version, mb.value("weight_version", int64_t{0}));
+  const int64_t n = c_.n_samples_per_prompt;
+  for (int64_t i = 0; i < r.sequences.size(0); ++i) {
+    r.prompts.push_back(batch.texts[static_cast<size_t>(i / n)]);
+    r.labels.push_back(batch.labels[static_cast<size_t>(i / n)]);
+    r.responses.push_back(response_text(r, i));
+  }
+  return r;
+}
+
+std::string PpoJob::response_text(const Rollout& r, int64_t row) const {
+  const int64_t a = r.action_mask.size(1), t = r.sequences.size(1);
+  std::vector<tokenizer::TokenId> ids;
+  for (int64_t j = 0; j < a; ++j) {
+    if (r.action_mask[row][j].item<int64_t>() == 0) break;
+    int64_t id = r.sequences[row][t - a + j].item<int64_t>();
+    if (id == eos_id_) break;
+    ids.push_back(static_cast<tokenizer::TokenId>(id));
+  }
+  return tokenizer_->decode(ids, tokenizer::SkipSpecial::kYes);
+}
+
+Experience PpoJob::score(Scheduler& s, const Rollout& r) {
+  const int64_t micro = c_.rollout_micro_batch_size * c_.n_samples_per_prompt;
+  const json args = {{"action_len", r.action_mask.size(1)}};
+  auto seq = sequence_tensors(r);
+  auto old = in_parallel([&] { return s.group(Role::kActor).scatter("log_probs", seq, micro, args).tensor("log_probs"); });
+  std::future<torch::Tensor> ref, values, model_scores;
+  if (has_ref_)
+    ref = in_parallel([&] { return s.group(Role::kRef).scatter("log_probs", seq, micro, args).tensor("log_probs"); });
+  if (has_critic_)
+    values = in_parallel([&] { return s.group(Role::kCritic).scatter("values", seq, micro, args).tensor("values"); });
+  if (has_reward_model_)
+    model_scores = in_parallel([&] { return s.group(Role::kReward).scatter("score", seq, micro).tensor("scores"); });
+  Experience e;
+  if (rule_) {
+    std::vector<float> v;
+    for (size_t i = 0; i < r.responses.size(); ++i) v.push_back(static_cast<float>(rule_->fn(r.prompts[i], r.responses[i], r.labels[i])));
+    e.scores = torch::tensor(v);
+  } else if (remote_) {
+    auto v = remote_->score(r.prompts, r.responses, r.labels);
+    e.scores = torch::tensor(std::vector<float>(v.begin(), v.end()));
+  }
+  e.log_probs_old = old.get();
+  if (has_ref_) e.log_probs_ref = ref.get();
+  if (has_critic_) e.values = values.get();
+  if (has_reward_model_) e.scores = model_scores.get().to(torch::kFloat32);
+  e.response_length = r.action_mask.sum(1);
+  // OpenRLHF: with use_kl_loss the KL enters the actor loss, not the reward.
+  e.kl = has_ref_ && !c_.kl_use_loss ? approx_kl(e.log_probs_old, e.log_probs_ref, c_.kl_estimator)
+                                     : torch::zeros_like(e.log_probs_old);
+  e.kl = e.kl * r.action_mask.to(torch::kFloat32);
+  e.adv = compute_advantages(c_.advantage, e.scores, e.kl, kl_.value(), e.values, r.action_mask);
+  return e;
+}
+
+json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step) {
+  const int64_t b = r.sequences.size(0);
+  json actor_args = {{"action_len", r.action_mask.size(1)},
+                     {"micro_batch_size", c_.train_micro_batch_size},
+                     {"clip_low", c_.policy.clip_low},
+                     {"clip_high", c_.policy.clip_high},
+                     {"dual_clip", c_.policy.dual_clip},
+                     {"loss_agg", c_.loss_agg},
+                     {"kl_loss_coef", c_.kl_use_loss && has_ref_ ? kl_.value() : 0.0},
+                     {"kl_estimator", spec_.get_string("algo.kl.estimator")}};
+  json critic_args = {{"action_len", r.action_mask.size(1)},
+                      {"micro_batch_size", c_.train_micro_batch_size},
+                      {"value_clip", c_.value_clip}};
+  json sums = {{"policy_loss", 0.0}, {"value_loss", 0.0}, {"clip_frac", 0.0}, {"approx_kl", 0.0},
+               {"actor_grad_norm", 0.0}, {"critic_grad_norm", 0.0}, {"actor_lr", 0.0}};
+  int64_t updates = 0;
+  torch::Generator gen = at::detail::createCPUGenerator(c_.seed * 31 + static_cast<uint64_t>(step));
+  for (int64_t epoch = 0; epoch < c_.max_epochs; ++epoch) {
+    torch::Tensor order = torch::randperm(b, gen, torch::kLong);
+    for (int64_t start = 0; start + c_.train_batch_size <= b; start += c_.train_batch_size) {
+      torch::Tensor idx = order.slice(0, start, start + c_.train_batch_size);
+      auto pick = [&](const torch::Tensor& t) { return t.index_select(0, idx).contiguous(); };
+      std::vector<NamedTensor> common = {{"sequences", pick(r.sequences)},
+                                         {"attention_mask", pick(r.attention_mask)},
+                                         {"action_mask", pick(r.action_mask)}};
+      auto actor_tensors = common;
+      actor_tensors.push_back({"log_probs_old", pick(e.log_probs_old)});
+      actor_tensors.push_back({"advantages", pick(e.adv.advantages)});
+      if (c_.kl_use_loss && has_ref_) actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
+      std::future<std::vector<Message>> critic;
+      if (has_critic_) {
+        auto critic_tensors = common;
+        critic_tensors.push_back({"values_old", pick(e.values)});
+        critic_tensors.push_back({"returns", pick(e.adv.returns)});
+        critic = in_parallel([&, critic_tensors] {
+          return s.group(Role::kCritic).call_all("train_critic", critic_args, critic_tensors);
+        });
+      }
+      auto actor = s.group(Role::kActor).call_all("train_actor", actor_args, actor_tensors);
+      const json& a = actor.front().args;
+      sums["policy_loss"] = sums["policy_loss"].get<double>() + a["loss"].get<double>();
+      sums["clip_frac"] = sums["clip_frac"].get<double>() + a["clip_frac"].get<double>();
+      sums["approx_kl"] = sums["approx_kl"].get<double>() + a["approx_kl"].get<double>();
+      sums["actor_grad_norm"] = sums["actor_grad_norm"].get<double>() + a["grad_norm"].get<double>();
+      sums["actor_lr"] = a["lr"];
+      if (has_critic_) {
+        const json& cr = critic.get().front().args;
+        sums["value_loss"] = sums["value_loss"].get<double>() + cr["loss"].get<double>();
+        sums["critic_grad_norm"] = sums["critic_grad_norm"].get<double>() + cr["grad_norm"].get<double>();
+      }
+      ++updates;
+    }
+  }
+  for (const char* k : {"policy_loss", "value_loss", "clip_frac", "approx_kl", "actor_grad_norm", "critic_grad_norm"})
+    sums[k] = sums[k].get<double>() / static_cast<double>(std::max<int64_t>(1, updates));
+  sums["updates"] = updates;
+  return sums;
+}
+
+void PpoJob::sync_weights(Scheduler& s) {
+  auto receive = in_parallel([&] { s.group(Role::kRollout).call_all("receive_weights"); });
+  s.group(Role::kActor).call_all("push_weights");
+  receive.get();
+}
+
+void PpoJob::save(Scheduler& s, int64_t step) {
+  const std::string tag = "global_step" + std::to_string(step);
+  json args = {{"save_only_model", c_.save_only_model}, {"max_num", c_.max_ckpt}};
+  std::vector<std::future<void>> calls;
+  for (Role role : {Role::kActor, Role::kCritic}) {
+    if (role == Role::kCritic && !has_critic_) continue;
+    json a = args;
+    a["dir"] = (fs::path(c_.ckpt_path) / role_name(role) / tag).string();
+    calls.push_back(in_parallel([&s, role, a] { s.group(role).call_all("save", a); }));
+  }
+  for (auto& c : calls) c.get();
+  // The driver's own state last: its presence marks the whole step's checkpoint complete.
+  fs::path dir = fs::path(c_.ckpt_path) / "driver";
+  fs::create_directories(dir);
+  json state = {{"step", step}, {"prompts_consumed", stream_->consumed()}, {"kl_coef", kl_.value()}, {"tag", tag}};
+  fs::path tmp = dir / (tag + ".json.tmp");
+  std::ofstream(tmp) << state.dump(2);
+  fs::rename(tmp, dir / (tag + ".json"));
+}
+
+int64_t PpoJob::resume(Scheduler& s) {
+  fs::path dir = fs::path(c_.ckpt_path) / "driver";
+  int64_t best = -1;
+  json state;
+  if (fs::exists(dir))
+    for (const auto& f : fs::directory_iterator(dir)) {
+      if (f.path().extension() != ".json") continue;
+      json j = json::parse(std::ifstream(f.path()), nullptr, false);
+      if (j.is_object() && j.value("step", int64_t{-1}) > best && fs::exists(fs::path(c_.ckpt_path) / "actor" / j.value("tag", std::string()))) {
+        best = j["step"].get<int64_t>();
+        state = j;
+      }
+    }
+  if (best < 0) throw InputError("--resume: no complete checkpoint under " + c_.ckpt_path);
+  const std::string tag = state["tag"];
+  std::vector<std::future<void>> calls;
+  for (Role role : {Role::kActor, Role::kCritic}) {
+    if (role == Role::kCritic && !has_critic_) continue;
+    json a = {{"dir", (fs::path(c_.ckpt_path) / role_name(role) / tag).string()}};
+    calls.push_back(in_parallel([&s, role, a] { s.group(role).call_all("load", a); }));
+  }
+  for (auto& c : calls) c.get();
+  stream_->seek(state["prompts_consumed"].get<int64_t>());
+  kl_.set_value(state["kl_coef"].get<double>());
+  return best;
+}
+
+json PpoJob::memory(Scheduler& s) {
+  json out = json::object();
+  for (Role role : s.roles()) {
+    RoleGroup& g = s.group(role);
+    auto infos = g.call_all("info");
+    std::vector<Message> tensors;
+    if (role != Role::kRollout) tensors = g.call_all("memory");
+    json ranks = json::array();
+    for (int rank = 0; rank < g.size(); ++rank) {
+      json m = {{"rank", rank}, {"device", infos[rank].args.value("device", std::string())},
+                {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})}};
+      if (!tensors.empty()) m["peak_tensor_bytes"] = tensors[rank].args.value("peak_tensor_bytes", int64_t{0});
+      ranks.push_back(m);
+    }
+    out[role_name(role)] = ranks;
+  }
+  return out;
+}
+
+std::string fmt(double v, int precision = 3) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(precision) << v;
+  return o.str();
+}
+
+// A fresh run keeps an earlier run's metrics and checkpoints under new names rather than
+// appending to or resuming from them: nothing already written is lost.
+void set_aside_previous_run(const fs::path& run_dir, const fs::path& ckpt, std::ostream& out) {
+  const fs::path metrics = run_dir / "metrics.jsonl";
+  if (!fs::exists(metrics) && !fs::exists(ckpt / "driver")) return;
+  int k = 1;
+  while (fs::exists(run_dir / ("previous-" + std::to_string(k)))) ++k;
+  const fs::path keep = run_dir / ("previous-" + std::to_string(k));
+  fs::create_directories(keep);
+  if (fs::exists(metrics)) fs::rename(metrics, keep / "metrics.jsonl");
+  if (fs::exists(ckpt)) fs::rename(ckpt, keep / "ckpt");
+  out << "ppo: an earlier run's metrics and checkpoints were moved to " << keep.string() << std::endl;
+}
+
+void PpoJob::run(Scheduler& s, std::ostream& out) {
+  if (!options_.resume) set_aside_previous_run(run_dir_, c_.ckpt_path, out);
+  MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string());
+  out << "ppo: " << stream_->size() << " prompts (" << truncated_prompts_ << " truncated to "
+      << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
+      << " prompts x " << c_.n_samples_per_prompt << " samples; metrics: " << metrics.path() << std::endl;
+  init_roles(s);
+  int64_t step = 0;
+  if (options_.resume) {
+    step = resume(s);
+    out << "ppo: resumed after step " << step << " from " << c_.ckpt_path << std::endl;
+  }
+  sync_weights(s);
+  for (++step; step <= total_steps_; ++step) {
+    const auto t0 = Clock::now();
+    Rollout r = generate(s, stream_->next(c_.rollout_batch_size), step);
+    const double t_gen = seconds_since(t0);
+    const auto t1 = Clock::now();
+    Experience e = score(s, r);
+    const double t_score = seconds_since(t1);
+    const auto t2 = Clock::now();
+    json losses = train(s, r, e, step);
+    const double t_train = seconds_since(t2);
+    const auto t3 = Clock::now();
+    sync_weights(s);
+    const double t_sync = seconds_since(t3);
+    const double t_step = seconds_since(t0);
+    auto mask = r.action_mask.to(torch::kFloat32);
+    const double kl_mean = ((e.kl * mask).sum() / mask.sum().clamp_min(1)).item<double>();
+    const double kl_coef = kl_.value();
+    kl_.update(kl_mean, r.sequences.size(0));
+    if (step % c_.logging_steps == 0 || step == total_steps_) {
+      const double tokens = r.attention_mask.sum().item<double>();
+      json rec = {{"step", step}, {"total_steps", total_steps_},
+                  {"reward_mean", e.scores.mean().item<double>()},
+                  {"reward_std", e.scores.std(false).item<double>()},
+                  {"return_mean", (e.adv.rewards.sum(1)).mean().item<double>()},
+                  {"kl", kl_mean}, {"kl_coef", kl_coef},
+                  {"response_length", e.response_length.to(torch::kFloat32).mean().item<double>()},
+                  {"time_s", {{"generate", t_gen}, {"score", t_score}, {"train", t_train}, {"sync", t_sync}, {"step", t_step}}},
+                  {"samples_per_s", static_cast<double>(r.sequences.size(0)) / t_step},
+                  {"tokens_per_s", tokens / t_step},
+                  {"weight_version", r.weight_version},
+                  {"prompts_consumed", stream_->consumed()},
+                  {"memory", memory(s)}};
+      rec.update(losses);
+      metrics.write(rec);
+      out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"]) << " +- "
+          << fmt(rec["reward_std"]) << " | kl " << fmt(kl_mean, 4) << " | policy " << fmt(rec["policy_loss"])
+          << (has_critic_ ? " | value " + fmt(rec["value_loss"]) : std::string()) << " | len "
+          << fmt(rec["response_length"], 1) << " | " << fmt(t_step, 2) << " s (gen "
+          << static_cast<int>(100 * t_gen / t_step) << "%) | " << fmt(rec["samples_per_s"], 1) << " samples/s"
+          << std::endl;
+    }
+    if ((c_.save_steps > 0 && step % c_.save_steps == 0) || (c_.save_steps == -1 && step == total_steps_)) save(s, step);
+  }
+  if (c_.export_hf) {
+    std::string dir = (fs::path(run_dir_) / "export" / "actor").string();
+    s.group(Role::kActor).call_all("export_hf", {{"dir", dir}});
+    out << "ppo: trained actor exported to " << dir << std::endl;
+  }
+  out << "ppo: done; metrics in " << metrics.path() << std::endl;
+}
+
+}  // namespace
+
+JobDriver ppo_driver(const JobSpec& spec, PpoDriverOptions options) {
+  auto job = std::make_shared<PpoJob>(spec, options);
+  return [job](Scheduler& scheduler, std::ostream& out) { job->run(scheduler, out); };
+}
+
+}  // namespace rlhf::ppo

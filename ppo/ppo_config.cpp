@@ -1,0 +1,57 @@
+#include "ppo/ppo_config.h"
+
+#include <filesystem>
+
+namespace rlhf::ppo {
+
+PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) {
+  PpoConfig c;
+  c.rollout_batch_size = spec.get_int("rollout.batch_size");
+  c.rollout_micro_batch_size = spec.get_int("rollout.micro_batch_size");
+  c.n_samples_per_prompt = spec.get_int("rollout.n_samples_per_prompt");
+  c.max_new_tokens = spec.get_int("rollout.max_new_tokens");
+  c.temperature = spec.get_float("rollout.temperature");
+  c.top_p = spec.get_float("rollout.top_p");
+  c.top_k = spec.get_int("rollout.top_k");
+  c.stop_token_ids = spec.at("rollout.stop_token_ids").get<std::vector<int64_t>>();
+  c.prompt_max_len = spec.get_int("data.prompt_max_len");
+  c.train_batch_size = spec.get_int("train.batch_size");
+  c.train_micro_batch_size = spec.get_int("train.micro_batch_size");
+  c.max_epochs = spec.get_int("train.max_epochs");
+  c.num_episodes = spec.get_int("train.num_episodes");
+  c.max_steps = spec.get_int("train.max_steps");
+  c.seed = static_cast<uint64_t>(spec.get_int("train.seed"));
+  c.advantage.estimator = parse_advantage_estimator(spec.get_string("algo.advantage.estimator"));
+  c.advantage.gamma = spec.get_float("algo.advantage.gamma");
+  c.advantage.lambd = spec.get_float("algo.advantage.lambd");
+  c.advantage.n_samples_per_prompt = c.n_samples_per_prompt;
+  auto clip = spec.get_float_list("reward.clip_range");
+  c.advantage.reward_clip_low = clip[0];
+  c.advantage.reward_clip_high = clip[1];
+  c.kl_estimator = parse_kl_estimator(spec.get_string("algo.kl.estimator"));
+  c.kl_init_coef = spec.get_float("algo.kl.init_coef");
+  c.kl_target = spec.get_float("algo.kl.target");
+  c.kl_horizon = spec.get_int("algo.kl.horizon");
+  c.kl_use_loss = spec.get_bool("algo.kl.use_loss");
+  const double eps = spec.get_float("actor.eps_clip");
+  const double low = spec.get_float("actor.eps_clip_low"), high = spec.get_float("actor.eps_clip_high");
+  c.policy.clip_low = low > 0 ? low : eps;
+  c.policy.clip_high = high > 0 ? high : eps;
+  c.policy.dual_clip = spec.get_float("actor.dual_clip");
+  c.loss_agg = spec.get_string("actor.loss_agg");
+  c.policy.aggregation = parse_loss_aggregation(c.loss_agg);
+  c.value_clip = spec.get_float("critic.value_clip");
+  c.reward_rule = spec.get_string("reward.rule");
+  c.reward_remote_url = spec.get_string("reward.remote_url");
+  c.reward_remote_timeout_s = spec.get_float("reward.remote_timeout_s");
+  c.ckpt_path = spec.get_string("ckpt.path");
+  if (c.ckpt_path.empty()) c.ckpt_path = (std::filesystem::path(run_dir) / "ckpt").string();
+  c.save_steps = spec.get_int("ckpt.save_steps");
+  c.max_ckpt = spec.get_int("ckpt.max_num");
+  c.save_only_model = spec.get_bool("ckpt.save_only_model");
+  c.export_hf = spec.get_bool("ckpt.export_hf");
+  c.logging_steps = spec.get_int("logger.logging_steps");
+  return c;
+}
+
+}  // namespace rlhf::ppo

@@ -1,0 +1,62 @@
+// The PPO driver's settings, filled from the job spec (the driver passes each worker only
+// its own role config; see engine/role_config.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/spec.h"
+#include "ppo/advantages.h"
+#include "ppo/kl.h"
+#include "ppo/losses.h"
+
+namespace rlhf::ppo {
+
+struct PpoConfig {
+  // Rollout.
+  int64_t rollout_batch_size = 1024;  // prompts per step
+  int64_t rollout_micro_batch_size = 8;
+  int64_t n_samples_per_prompt = 1;
+  int64_t max_new_tokens = 1024;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = -1;
+  std::vector<int64_t> stop_token_ids;
+  int64_t prompt_max_len = 1024;
+  // Training.
+  int64_t train_batch_size = 128;
+  int64_t train_micro_batch_size = 4;
+  int64_t max_epochs = 1;
+  int64_t num_episodes = 1;
+  int64_t max_steps = 0;  // 0: until the episodes are done
+  uint64_t seed = 42;
+  // Algorithm.
+  AdvantageConfig advantage;
+  KlEstimator kl_estimator = KlEstimator::kK1;
+  double kl_init_coef = 0.01;
+  double kl_target = 0.0;
+  int64_t kl_horizon = 10000;
+  bool kl_use_loss = false;
+  PolicyLossConfig policy;
+  std::string loss_agg = "token_mean";
+  double value_clip = 0.5;
+  // Reward source.
+  std::string reward_rule;
+  std::string reward_remote_url;
+  double reward_remote_timeout_s = 30.0;
+  // Checkpoints and logging.
+  std::string ckpt_path;  // resolved: "" in the spec means <run_dir>/ckpt
+  int64_t save_steps = -1;
+  int64_t max_ckpt = 3;
+  bool save_only_model = false;
+  bool export_hf = true;
+  int64_t logging_steps = 1;
+
+  static PpoConfig from_spec(const JobSpec& spec, const std::string& run_dir);
+
+  int64_t samples_per_step() const { return rollout_batch_size * n_samples_per_prompt; }
+  // Optimizer steps per PPO step: epochs x global batches over the step's samples.
+  int64_t optimizer_steps_per_step() const { return max_epochs * (samples_per_step() / train_batch_size); }
+};
+
+}  // namespace rlhf::ppo

@@ -1,0 +1,77 @@
+// Offline datasets: JSONL preference and SFT rows with line-numbered errors, the skip
+// policy, synthetic datasets, and truncation that keeps the prompt.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/errors.h"
+#include "dpo/preference_dataset.h"
+
+namespace rlhf::dpo {
+namespace {
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  auto dir = std::filesystem::temp_directory_path() / ("rlhf-dpo-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(PreferenceDataset, ReadsConfiguredKeys) {
+  OfflineDataConfig c;
+  c.source = temp_file("p.jsonl", "{\"q\": \"hi\", \"good\": \"a\", \"bad\": \"b\"}\n");
+  c.prompt_key = "q";
+  c.chosen_key = "good";
+  c.rejected_key = "bad";
+  auto ds = load_preferences(c);
+  ASSERT_EQ(ds.rows.size(), 1u);
+  EXPECT_EQ(ds.rows[0].prompt, "hi");
+  EXPECT_EQ(ds.rows[0].chosen, "a");
+  EXPECT_EQ(ds.rows[0].rejected, "b");
+  EXPECT_EQ(ds.rows[0].line, 1);
+}
+
+TEST(PreferenceDataset, BadLineFatalNamesFileLineAndKey) {
+  OfflineDataConfig c;
+  c.source = temp_file("bad.jsonl", "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n"
+                                    "{\"prompt\": \"p\", \"chosen\": \"a\"}\n");
+  try {
+    load_preferences(c);
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(c.source + ":2: missing key \"rejected\""), std::string::npos) << e.what();
+  }
+  c.bad_lines = BadLinePolicy::kSkip;
+  auto ds = load_preferences(c);
+  EXPECT_EQ(ds.rows.size(), 1u);
+  EXPECT_EQ(ds.stats.skipped, 1);
+}
+
+TEST(PreferenceDataset, SyntheticPairsPreferLowercase) {
+  auto rows = synthetic_preferences("preferences", 50, 3);
+  ASSERT_EQ(rows.size(), 50u);
+  for (const auto& r : rows) {
+    for (char ch : r.chosen) EXPECT_TRUE(ch >= 'a' && ch <= 'z') << r.chosen;
+    for (char ch : r.rejected) EXPECT_FALSE(ch >= 'a' && ch <= 'z') << r.rejected;
+    EXPECT_EQ(r.prompt.back(), ':');
+  }
+  EXPECT_EQ(synthetic_preferences("preferences", 5, 3)[4].chosen, rows[4].chosen);
+  EXPECT_THROW(synthetic_preferences("nope", 1, 1), InputError);
+  auto sft = synthetic_sft("letters_sft", 3, 1);
+  EXPECT_EQ(sft[0].prompt, sft[0].output + ":");
+}
+
+TEST(Truncation, KeepsPromptEndThenCutsResponse) {
+  std::vector<int64_t> prompt = {1, 2, 3, 4, 5}, response = {6, 7, 8, 9};
+  EXPECT_TRUE(truncate_pair(prompt, response, 3, 5));
+  EXPECT_EQ(prompt, (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_EQ(response, (std::vector<int64_t>{6, 7}));
+  std::vector<int64_t> p2 = {1}, r2 = {2, 3};
+  EXPECT_FALSE(truncate_pair(p2, r2, 3, 5));
+}
+
+}  // namespace
+}  // namespace rlhf::dpo

@@ -1,0 +1,192 @@
+// In-process engine tests (a one-rank Gloo group): schedule and AdamW golden values, the
+// no-decay rule, ZeRO-3 gather/free around forward and backward, optimizer offload,
+// checkpoint options, rotation and load errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/errors.h"
+#include "engine/adamw.h"
+#include "engine/checkpoint.h"
+#include "engine/lr_schedule.h"
+#include "engine/trainer.h"
+#include "models/safetensors.h"
+#include "tests/engine/tiny_job.h"
+#include "transport/collective_group.h"
+
+namespace fs = std::filesystem;
+namespace rt = rlhf::testing;
+using namespace rlhf::engine;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("rlhf_engine_unit_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::unique_ptr<rlhf::transport::CollectiveGroup> solo_group(const fs::path& dir) {
+  rlhf::transport::CollectiveConfig config;
+  config.store_path = (dir / ("store" + std::to_string(::rand()))).string();
+  return rlhf::transport::make_collective_group(config);
+}
+
+std::vector<double> train(Trainer& trainer, rlhf::models::CausalLM& model, int64_t steps, int64_t first = 0) {
+  std::vector<double> losses;
+  for (int64_t step = first; step < first + steps; ++step) {
+    losses.push_back(trainer
+                         .train_step([&](int64_t i) {
+                           return rt::nll_loss(model, rt::micro_batch(step, i, model.config().vocab_size));
+                         })
+                         .loss);
+  }
+  return losses;
+}
+
+}  // namespace
+
+TEST(LrSchedule, MatchesHfDefinitions) {
+  TrainerConfig c;
+  c.lr = 1.0;
+  c.total_steps = 10;
+  c.warmup_ratio = 0.2;  // ceil(10 x 0.2) = 2 warmup steps
+  struct Row {
+    LrScheduler kind;
+    std::vector<double> at_0_1_2_6_10;
+  };
+  // cosine at step 6: progress (6-2)/(10-2) = 0.5 -> 0.1 + 0.9 x 0.5 x (1 + cos(pi/2)) = 0.55
+  const std::vector<Row> table = {{LrScheduler::kCosineWithMinLr, {0.0, 0.5, 1.0, 0.55, 0.1}},
+                                  {LrScheduler::kConstantWithWarmup, {0.0, 0.5, 1.0, 1.0, 1.0}},
+                                  {LrScheduler::kConstant, {1.0, 1.0, 1.0, 1.0, 1.0}}};
+  const std::vector<int64_t> steps = {0, 1, 2, 6, 10};
+  for (const auto& row : table) {
+    c.lr_scheduler = row.kind;
+    LrSchedule schedule(c);
+    EXPECT_EQ(schedule.warmup_steps(), 2);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      EXPECT_NEAR(schedule.lr_at(steps[i]), row.at_0_1_2_6_10[i], 1e-12) << "step " << steps[i];
+    }
+  }
+}
+
+TEST(AdamW, FirstStepGoldenValuesWithDecoupledDecay) {
+  // p = 1, g = 0.5, lr 0.1, wd 0.1, betas (0.9, 0.95): m = 0.05, v = 0.0125, bias-corrected
+  // m/sqrt(v) = (0.05/0.1)/(sqrt(0.0125/0.05)) = 1, so p <- p (1 - 0.01) - 0.1 x 1.
+  auto master = torch::ones({2});
+  auto m = torch::zeros({2}), v = torch::zeros({2});
+  auto grad = torch::full({2}, 0.5f);
+  adamw_update(master, m, v, grad, {{0, 1}}, AdamWStep{0.1, 0.9, 0.95, 1e-8, 0.1, 1});
+  EXPECT_NEAR(master[0].item<double>(), 0.89, 1e-6);  // decayed
+  EXPECT_NEAR(master[1].item<double>(), 0.90, 1e-6);  // outside the decay range
+  EXPECT_NEAR(m[0].item<double>(), 0.05, 1e-7);
+  EXPECT_NEAR(v[0].item<double>(), 0.0125, 1e-7);
+}
+
+TEST(AdamW, NoDecayForBiasesAndNorms) {
+  EXPECT_TRUE(takes_weight_decay("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_TRUE(takes_weight_decay("model.embed_tokens.weight"));
+  EXPECT_FALSE(takes_weight_decay("model.layers.0.self_attn.q_proj.bias"));
+  EXPECT_FALSE(takes_weight_decay("model.layers.0.input_layernorm.weight"));
+  EXPECT_FALSE(takes_weight_decay("model.norm.weight"));
+}
+
+TEST(TrainerStage3, ParametersLiveOnlyWhileAUnitNeedsThem) {
+  torch::set_num_threads(1);
+  const fs::path dir = fresh_dir("gather");
+  auto group = solo_group(dir);
+  auto model = rt::tiny_model(false);
+  Trainer trainer(rt::parity_config(3, torch::kBFloat16, 1), *model, *group);
+  // Sharded: the model's own parameter tensors are empty between uses.
+  EXPECT_EQ(model->embed_tokens->weight.numel(), 0);
+  EXPECT_EQ(trainer.memory_report().gathered, 0);
+  auto tokens = rt::micro_batch(0, 0, model->config().vocab_size);
+  {
+    torch::NoGradGuard no_grad;
+    rt::nll_loss(*model, tokens);
+    EXPECT_EQ(trainer.memory_report().gathered, 0) << "inference must free every unit after use";
+  }
+  auto loss = rt::nll_loss(*model, tokens);
+  // Checkpointed layers were freed after forward; embeddings and head (graph alive) kept.
+  const auto& units = trainer.units();
+  const int64_t kept = (units.front()->padded_numel() + units.back()->padded_numel()) * 2;  // BF16
+  EXPECT_EQ(trainer.memory_report().gathered, kept);
+  EXPECT_EQ(model->layers->ptr(0)->parameters()[0].numel(), 0);
+  trainer.backward(loss);
+  EXPECT_EQ(trainer.memory_report().gathered, 0);
+  EXPECT_GT(trainer.memory_report().peak, trainer.memory_report().model_states() + kept - 1);
+  for (int i = 1; i < 4; ++i) trainer.backward(rt::nll_loss(*model, rt::micro_batch(0, i, model->config().vocab_size)));
+  const auto metrics = trainer.step();
+  EXPECT_EQ(metrics.step, 1);
+  EXPECT_GT(metrics.grad_norm, 0.0);
+}
+
+TEST(TrainerOffload, HostOptimizerGivesTheSameLossesOnCpu) {
+  torch::set_num_threads(1);
+  const fs::path dir = fresh_dir("offload");
+  auto group = solo_group(dir);
+  std::vector<double> losses[2];
+  for (int offload = 0; offload < 2; ++offload) {
+    auto model = rt::tiny_model(false);
+    auto config = rt::parity_config(3, torch::kFloat, 1);
+    config.optimizer_placement = offload ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
+    Trainer trainer(config, *model, *group);
+    losses[offload] = train(trainer, *model, 3);
+  }
+  EXPECT_EQ(losses[0], losses[1]);  // same code path, same arithmetic: bit-identical
+  EXPECT_NE(losses[0][0], losses[0][2]) << "training must change the loss";
+}
+
+TEST(TrainerCheckpoint, SaveOnlyModelRotationAndLoadErrors) {
+  torch::set_num_threads(1);
+  const fs::path dir = fresh_dir("ckpt_unit");
+  auto group = solo_group(dir);
+  auto model = rt::tiny_model(false);
+  Trainer trainer(rt::parity_config(2, torch::kFloat, 1), *model, *group);
+  CheckpointOptions options;
+  options.max_num = 2;
+  for (int64_t step = 1; step <= 4; ++step) {
+    train(trainer, *model, 1, step - 1);
+    options.save_only_model = step == 4;
+    trainer.save_checkpoint((dir / "ckpts" / ("global_step" + std::to_string(step))).string(), options);
+  }
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(dir / "ckpts")) kept.push_back(e.path().filename().string());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<std::string>{"global_step3", "global_step4"}));
+
+  // The model-only checkpoint holds masters but no moments; loading restarts the moments.
+  rlhf::models::SafetensorsFile model_only((dir / "ckpts/global_step4/rank_00000.safetensors").string());
+  EXPECT_TRUE(model_only.contains("units.0.master"));
+  EXPECT_FALSE(model_only.contains("units.0.exp_avg"));
+  trainer.load_checkpoint((dir / "ckpts/global_step4").string());
+  EXPECT_EQ(trainer.steps_done(), 4);
+  EXPECT_EQ(trainer.units()[1]->exp_avg().abs().sum().item<double>(), 0.0);
+  trainer.load_checkpoint((dir / "ckpts/global_step3").string());
+  EXPECT_EQ(trainer.steps_done(), 3);
+  EXPECT_GT(trainer.units()[1]->exp_avg().abs().sum().item<double>(), 0.0);
+
+  // A checkpoint from another world size, and a damaged manifest, are input errors naming the file.
+  const fs::path manifest = dir / "ckpts/global_step3" / kManifestName;
+  std::string text;
+  {
+    std::ifstream in(manifest);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const auto at = text.find("\"world_size\": 1");
+  ASSERT_NE(at, std::string::npos) << text.substr(0, 200);
+  std::ofstream(manifest) << std::string(text).replace(at, 15, "\"world_size\": 2");
+  try {
+    trainer.load_checkpoint((dir / "ckpts/global_step3").string());
+    FAIL() << "loaded a 2-rank checkpoint into 1 rank";
+  } catch (const rlhf::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(manifest.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("saved by 2 ranks"), std::string::npos) << e.what();
+  }
+  std::ofstream(manifest) << "{ not json";
+  EXPECT_THROW(trainer.load_checkpoint((dir / "ckpts/global_step3").string()), rlhf::InputError);
+  EXPECT_EQ(latest_checkpoint((dir / "ckpts").string()), (dir / "ckpts/global_step4").string());
+}

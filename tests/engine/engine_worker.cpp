@@ -1,0 +1,153 @@
+// Worker process for the engine's multi-process tests: one rank of a real Gloo group
+// training the tiny job through the Trainer; writes what it measured as JSON to OUT.
+// Usage:
+//   rlhf_engine_worker parity RANK SIZE STORE OUT
+//     every (dtype, stage) run of parity_config for kSteps steps: losses, grad norms, lrs,
+//     memory after the first step
+//   rlhf_engine_worker ckpt RANK SIZE STORE OUT ROOT FIRST LAST [pause_at=K] [export]
+//     stage 3 FP32: resumes from ROOT's latest checkpoint when FIRST > 1, trains steps
+//     FIRST..LAST saving ROOT/global_stepK after each; with pause_at=K, rank 1 writes
+//     ROOT/paused and sleeps inside the save of step K (the test kills it there); with
+//     export, exports to ROOT/hf and reports the export memory and an eval loss.
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/trainer.h"
+#include "tests/engine/tiny_job.h"
+#include "transport/collective_group.h"
+
+using namespace rlhf;
+using nlohmann::json;
+
+namespace {
+
+json memory_json(const engine::MemoryReport& m) {
+  return {{"params", m.params}, {"master", m.master},   {"optimizer", m.optimizer},
+          {"grads", m.grads},   {"gathered", m.gathered}, {"peak", m.peak}};
+}
+
+int64_t trainable_params(models::CausalLM& model) {
+  int64_t n = 0;
+  for (const auto& p : model.parameters()) n += p.numel();
+  return n;
+}
+
+// Trains one step of the tiny job on this rank's share of the global batch.
+engine::StepMetrics train_one(engine::Trainer& trainer, models::CausalLM& model, int64_t step) {
+  const int64_t accum = trainer.config().grad_accum_steps;
+  return trainer.train_step([&](int64_t i) {
+    auto tokens = testing::micro_batch(step, trainer.rank() * accum + i, model.config().vocab_size);
+    return testing::nll_loss(model, tokens);
+  });
+}
+
+json parity(transport::CollectiveGroup& group) {
+  json out;
+  struct Run {
+    std::string name;
+    torch::Dtype dtype;
+    int stage;
+    bool tied = false;
+    bool checkpointing = true;
+  };
+  std::vector<Run> runs;
+  for (auto [tag, dtype] : {std::pair{"fp32", torch::kFloat}, std::pair{"bf16", torch::kBFloat16}}) {
+    for (int stage = 1; stage <= 3; ++stage) runs.push_back({tag + std::string("_stage") + std::to_string(stage), dtype, stage});
+  }
+  runs.push_back({"fp32_stage3_tied", torch::kFloat, 3, true});
+  runs.push_back({"fp32_stage3_no_checkpointing", torch::kFloat, 3, false, false});
+  for (const auto& run : runs) {
+    auto model = testing::tiny_model(run.tied, run.checkpointing);
+    const int64_t n_params = trainable_params(*model);
+    auto config = testing::parity_config(run.stage, run.dtype, group.size());
+    config.tied_embeddings = run.tied;
+    engine::Trainer trainer(config, *model, group);
+    json losses = json::array(), norms = json::array(), lrs = json::array();
+    json memory;
+    for (int64_t step = 0; step < testing::kSteps; ++step) {
+      auto m = train_one(trainer, *model, step);
+      losses.push_back(m.loss);
+      norms.push_back(m.grad_norm);
+      lrs.push_back(m.lr);
+      if (step == 0) memory = memory_json(m.memory);
+    }
+    out[run.name] = {{"losses", losses}, {"grad_norms", norms}, {"lrs", lrs}, {"memory", memory},
+                     {"num_params", n_params}};
+  }
+  return out;
+}
+
+json checkpoint_run(transport::CollectiveGroup& group, const std::vector<std::string>& args) {
+  const std::string root = args.at(0);
+  const int64_t first = std::stoll(args.at(1)), last = std::stoll(args.at(2));
+  int64_t pause_at = -1;
+  bool do_export = false;
+  for (size_t i = 3; i < args.size(); ++i) {
+    if (args[i].rfind("pause_at=", 0) == 0) pause_at = std::stoll(args[i].substr(9));
+    if (args[i] == "export") do_export = true;
+  }
+  auto model = testing::tiny_model(false);
+  engine::Trainer trainer(testing::parity_config(3, torch::kFloat, group.size()), *model, group);
+  json out;
+  if (first > 1) {
+    auto latest = engine::latest_checkpoint(root);
+    if (!latest) throw std::runtime_error("no checkpoint under " + root);
+    trainer.load_checkpoint(*latest);
+    out["resumed_from"] = *latest;
+    out["resumed_step"] = trainer.steps_done();
+  }
+  json losses = json::object();
+  for (int64_t step = first; step <= last; ++step) {
+    auto m = train_one(trainer, *model, step - 1);
+    losses[std::to_string(step)] = m.loss;
+    engine::CheckpointOptions options;
+    if (step == pause_at && group.rank() == 1) {
+      options.before_commit = [&] {
+        std::ofstream(root + "/paused") << "rank 1 paused in save of step " << step << '\n';
+        while (true) std::this_thread::sleep_for(std::chrono::seconds(1));  // killed here
+      };
+    }
+    trainer.save_checkpoint(root + "/global_step" + std::to_string(step), options);
+  }
+  out["losses"] = losses;
+  if (do_export) {
+    trainer.export_hf(root + "/hf", model->config().to_json_text(), torch::kFloat);
+    auto em = trainer.last_export_memory();
+    out["export"] = {{"peak_engine_bytes", em.peak_engine_bytes}, {"peak_heap_growth", em.peak_heap_growth},
+                     {"largest_unit_bytes", em.largest_unit_bytes}};
+    torch::NoGradGuard no_grad;
+    out["eval_loss"] = testing::nll_loss(*model, testing::micro_batch(99, 0, model->config().vocab_size)).item<double>();
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 6) {
+    std::cerr << "usage: rlhf_engine_worker (parity|ckpt) RANK SIZE STORE OUT [ARGS...]\n";
+    return 2;
+  }
+  try {
+    torch::set_num_threads(1);
+    transport::CollectiveConfig config;
+    config.rank = std::stoi(argv[2]);
+    config.size = std::stoi(argv[3]);
+    config.store_path = argv[4];
+    config.timeout = std::chrono::seconds(60);
+    auto group = transport::make_collective_group(config);
+    const std::string mode = argv[1];
+    json out = mode == "parity" ? parity(*group) : checkpoint_run(*group, std::vector<std::string>(argv + 6, argv + argc));
+    std::ofstream(argv[5]) << out.dump(1);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "engine worker rank " << argv[2] << ": " << e.what() << '\n';
+    return 1;
+  }
+}
