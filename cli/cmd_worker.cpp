@@ -11,6 +11,7 @@
 
 #include "actors/builtin_operations.h"
 #include "actors/model_operations.h"
+#include "actors/rollout_operations.h"
 #include "actors/worker.h"
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -46,6 +47,7 @@ int cmd_worker(const Argv& argv) {
   add_builtin_operations(registry);
   const std::string& role = config.identity.role;
   if (role == "actor" || role == "critic" || role == "reward" || role == "ref") add_model_operations(registry);
+  if (role == "rollout") add_rollout_operations(registry);
   return Worker(std::move(config), std::move(registry)).run();
 }
 

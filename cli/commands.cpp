@@ -9,6 +9,7 @@ const std::vector<Command>& commands() {
       {"spec", "print the job-spec reference (--markdown) or defaults (--defaults)", cmd_spec},
       {"init-model", "write a randomly initialised model (preset) in Hugging Face format", cmd_init_model},
       {"logprobs", "per-token log-probs of token-id sequences under a model (JSON lines)", cmd_logprobs},
+      {"generate", "sample responses to prompts from a model (rollout engine; text or JSON lines)", cmd_generate},
       {"run", "start the workers of a job spec, run it, stop them (exit 1 names a failed worker)", cmd_run},
       {"worker", "internal: one worker process, started by `rlhf run`", cmd_worker},
       {"tokenize", "token ids of text (or text of ids) with a model's tokenizer", cmd_tokenize},

@@ -23,6 +23,7 @@ int cmd_logprobs(const Argv& args);
 int cmd_run(const Argv& args);
 int cmd_worker(const Argv& args);
 int cmd_tokenize(const Argv& args);
+int cmd_generate(const Argv& args);
 
 // All subcommands, in the order `rlhf --help` lists them.
 const std::vector<Command>& commands();

@@ -3,6 +3,7 @@
 #include "rollout/generator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <string>
 
@@ -13,6 +14,12 @@
 
 namespace rlhf::rollout {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 torch::Tensor index_tensor(const std::vector<int64_t>& v, torch::Device device) {
   return torch::tensor(v, torch::kInt64).to(device);
@@ -93,6 +100,8 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   const auto& stops = config_.stop_token_ids;
 
   // Prefill each prompt once, then copy its cache rows to its n samples.
+  GenerationTimings timings;
+  auto clock = Clock::now();
   models::KvCache cache(model.config(), b, P + R, model.dtype(), device);
   const auto mask_dev = prompt_mask.to(device);
   auto hidden = model.forward(prompt_ids.to(device), mask_dev, {}, &cache);  // [b, P, H]
@@ -107,6 +116,8 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   attention.narrow(1, 0, P).copy_(mask_dev.index_select(0, expand.to(device)));
   const auto prompt_len_t = prompt_mask.sum(1).index_select(0, expand).contiguous();
   const std::vector<int64_t> prompt_len(prompt_len_t.data_ptr<int64_t>(), prompt_len_t.data_ptr<int64_t>() + N);
+  timings.prefill_seconds = seconds_since(clock);
+  clock = Clock::now();
 
   Responses out{torch::full({N, R}, config_.pad_token_id, torch::kInt64), torch::zeros({N, R}, torch::kFloat32),
                 std::vector<int64_t>(N, 0)};
@@ -128,6 +139,7 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
     // Finished rows are not sampled: only the live rows' logits reach the sampler.
     auto to_sample = local.size() == rows.size() ? logits : logits.index_select(0, index_tensor(local, device));
     auto sampled = sampler.sample(to_sample, request_rows);
+    if (t > 0) timings.decode_tokens += static_cast<int64_t>(local.size());
     const auto tokens = sampled.tokens.to(torch::kCPU).contiguous();
     const auto log_probs = sampled.log_probs.to(torch::kCPU).contiguous();
     for (size_t j = 0; j < local.size(); ++j) {
@@ -175,7 +187,9 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
     hidden = model.forward(index_tensor(next, device).view({C2, 1}), attention.narrow(1, 0, P + t + 1),
                            index_tensor(positions, device).view({C2, 1}), &cache);
     logits = model.logits(hidden).squeeze(1);  // [C, V]
+    ++timings.decode_steps;
   }
+  timings.decode_seconds = seconds_since(clock);
 
   GenerationOutput result;
   const auto lengths = torch::tensor(out.lengths, torch::kInt64);                            // [N]
@@ -186,6 +200,7 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   result.log_probs = out.log_probs.narrow(1, 0, steps).contiguous();
   result.response_lengths = lengths;
   result.prompt_length = P;
+  result.timings = timings;
   return result;
 }
 
@@ -213,6 +228,12 @@ GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int6
   out.response_lengths = torch::cat(lengths, 0);
   out.prompt_length = P;
   out.weight_version = parts[0].weight_version;
+  for (const auto& part : parts) {
+    out.timings.prefill_seconds += part.timings.prefill_seconds;
+    out.timings.decode_seconds += part.timings.decode_seconds;
+    out.timings.decode_steps += part.timings.decode_steps;
+    out.timings.decode_tokens += part.timings.decode_tokens;
+  }
   return out;
 }
 

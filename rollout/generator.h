@@ -31,6 +31,14 @@ struct GenerationConfig {
   void validate() const;  // throws InputError
 };
 
+// Where a generate call's time went (summed over micro batches), for metrics and benches.
+struct GenerationTimings {
+  double prefill_seconds = 0.0;  // prompt forwards (and copying caches to the samples)
+  double decode_seconds = 0.0;   // every decode step: forward, sampling, compaction
+  int64_t decode_steps = 0;      // forwards of one new position
+  int64_t decode_tokens = 0;     // tokens sampled from decode-step logits (live rows only)
+};
+
 // One generate call's result. Row i * n + s is sample s of prompt i (OpenRLHF's order).
 struct GenerationOutput {
   torch::Tensor sequences;         // [N, P + R] int64: left-padded prompt, response, pad after its end
@@ -41,6 +49,7 @@ struct GenerationOutput {
   torch::Tensor response_lengths;  // [N] int64: action_mask.sum(1)
   int64_t prompt_length = 0;       // P
   int64_t weight_version = 0;      // the weights that produced it
+  GenerationTimings timings;
   // R is the longest response in the batch (<= max_new_tokens).
 };
 

@@ -43,9 +43,15 @@ std::vector<std::vector<TensorSpec>> layout_of_units(const std::vector<models::P
   return layout;
 }
 
+// Where the group's small control tensors live: NCCL only takes CUDA tensors (the current
+// device), Gloo here takes CPU ones.
+torch::Device control_device(const transport::CollectiveGroup& group) {
+  return group.backend_name() == "nccl" ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+}
+
 // Every rank says whether it can take this sync (0 yes, 1 no); all learn the worst.
 bool all_ok(transport::CollectiveGroup& group, bool ok) {
-  auto flag = torch::tensor({static_cast<int64_t>(ok ? 0 : 1)}, torch::kInt64);
+  auto flag = torch::tensor({static_cast<int64_t>(ok ? 0 : 1)}, torch::kInt64).to(control_device(group));
   group.all_reduce(flag, transport::ReduceOp::kMax);
   return flag.item<int64_t>() == 0;
 }
@@ -122,7 +128,8 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
   if (group) {
     TORCH_CHECK(group->rank() == 0, "send_weights: the actor must be rank 0 of the sync group, got rank ",
                 group->rank());
-    auto header = torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(wire_dtype)}, torch::kInt64);
+    auto header = torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(wire_dtype)}, torch::kInt64)
+                      .to(control_device(*group));
     group->broadcast(header, 0);
     if (!all_ok(*group, true))
       throw RuntimeError("weight sync v" + std::to_string(version) +
@@ -152,8 +159,9 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
   auto units = model.param_units();
   const auto layout = layout_of_units(units);
   const int64_t mine = layout_hash(layout);
-  auto header = torch::zeros({kHeaderSize}, torch::kInt64);
+  auto header = torch::zeros({kHeaderSize}, torch::TensorOptions(torch::kInt64).device(control_device(group)));
   group.broadcast(header, 0);
+  header = header.to(torch::kCPU);
   const auto* h = header.data_ptr<int64_t>();
   const bool ok = h[kUnits] == static_cast<int64_t>(units.size()) && h[kLayoutHash] == mine;
   if (!all_ok(group, ok) || !ok) {

@@ -1,0 +1,133 @@
+// load_model, generate, sync_weights on a rollout worker. See rollout_operations.h.
+#include "actors/rollout_operations.h"
+
+#include <memory>
+#include <mutex>
+
+#include <ATen/ATen.h>
+
+#include "core/errors.h"
+#include "models/config.h"
+#include "models/pretrained.h"
+#include "rollout/generator.h"
+#include "rollout/weight_sync.h"
+#include "transport/collective_group.h"
+
+namespace rlhf {
+namespace {
+
+struct RolloutState {
+  std::mutex mutex;  // one operation at a time touches the model
+  std::unique_ptr<rollout::Generator> generator;
+  std::unique_ptr<transport::CollectiveGroup> sync_group;
+};
+
+rollout::Generator& loaded(RolloutState& state, const std::string& op) {
+  if (!state.generator) throw InputError(op + ": no model on this rollout worker; call load_model first");
+  return *state.generator;
+}
+
+// args: "model" (HF directory) or "preset" + "seed"; "dtype"; the generation settings
+// "max_new_tokens", "n_samples_per_prompt", "micro_batch_size", "stop_token_ids",
+// "pad_token_id" (defaults: GenerationConfig's; stop tokens default to the model's EOS).
+Message load_model(RolloutState& state, const Message& request) {
+  const auto& a = request.args;
+  std::shared_ptr<models::CausalLM> model;
+  if (a.contains("model")) {
+    models::LoadOptions load;
+    if (a.contains("dtype")) load.dtype = models::dtype_from_name(a.at("dtype").get<std::string>());
+    load.head = models::HeadKind::kLanguageModel;
+    model = models::load_pretrained(a.at("model").get<std::string>(), load);
+  } else if (a.contains("preset")) {
+    model = std::make_shared<models::CausalLM>(models::preset_config(a.at("preset").get<std::string>()));
+    model->init_weights(a.value("seed", uint64_t{0}));
+    if (a.contains("dtype")) model->to(models::dtype_from_name(a.at("dtype").get<std::string>()));
+  } else {
+    throw InputError("load_model: expected arg \"model\" (a directory) or \"preset\"");
+  }
+  rollout::GenerationConfig config;
+  config.max_new_tokens = a.value("max_new_tokens", config.max_new_tokens);
+  config.n_samples_per_prompt = a.value("n_samples_per_prompt", config.n_samples_per_prompt);
+  config.micro_batch_size = a.value("micro_batch_size", config.micro_batch_size);
+  config.pad_token_id = a.value("pad_token_id", config.pad_token_id);
+  if (a.contains("stop_token_ids")) config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();
+  else if (model->config().eos_token_id >= 0) config.stop_token_ids = {model->config().eos_token_id};
+  state.generator = std::make_unique<rollout::Generator>(model, config);
+  Message reply;
+  reply.args = {{"parameters", model->config().num_parameters()}, {"weight_version", 0}};
+  return reply;
+}
+
+// Tensors "prompt_ids", "prompt_mask" [B, P] int64 and optional "prompt_index" [B] (the
+// prompts' positions in the whole request, consecutive: seeds then follow the prompt, not
+// the micro batch). Args "temperature", "top_k", "top_p", "seed". Replies with
+// GenerationOutput's tensors, responses padded to max_new_tokens columns so a scatter's
+// micro batches concatenate, and args "weight_version", "prompt_length".
+Message generate(RolloutState& state, const Message& request) {
+  auto& generator = loaded(state, "generate");
+  rollout::SamplingParams params;
+  const auto& a = request.args;
+  params.temperature = a.value("temperature", params.temperature);
+  params.top_k = a.value("top_k", params.top_k);
+  params.top_p = a.value("top_p", params.top_p);
+  params.seed = a.value("seed", params.seed);
+  int64_t first_prompt = 0;
+  if (request.has_tensor("prompt_index")) {
+    const auto index = request.tensor("prompt_index").to(torch::kInt64);
+    const int64_t B = request.tensor("prompt_ids").size(0);
+    if (index.dim() != 1 || index.size(0) != B || B == 0 ||
+        !torch::equal(index, torch::arange(B, torch::kInt64) + index[0].item<int64_t>()))
+      throw InputError("generate: prompt_index must be [B] consecutive prompt positions");
+    first_prompt = index[0].item<int64_t>();
+  }
+  const auto out = generator.generate(request.tensor("prompt_ids"), request.tensor("prompt_mask"), params,
+                                      first_prompt);
+  const auto padded = rollout::concat_outputs({out}, generator.config().max_new_tokens, generator.config().pad_token_id);
+  Message reply;
+  reply.add("sequences", padded.sequences);
+  reply.add("attention_mask", padded.attention_mask);
+  reply.add("action_mask", padded.action_mask);
+  reply.add("log_probs", padded.log_probs);
+  reply.add("response_lengths", padded.response_lengths);
+  reply.args = {{"weight_version", out.weight_version}, {"prompt_length", out.prompt_length}};
+  return reply;
+}
+
+// Args "store_path" (the group's FileStore rendezvous), optional "sync_rank" / "sync_size"
+// (default: role rank + 1 of role size + 1; the actor is rank 0). The first call joins the
+// group; every call receives one sync and replies "weight_version", "bytes", "seconds".
+Message sync_weights(RolloutState& state, const Message& request, const WorkerIdentity& self) {
+  auto& generator = loaded(state, "sync_weights");
+  if (!state.sync_group) {
+    transport::CollectiveConfig config;
+    config.store_path = request.args.at("store_path").get<std::string>();
+    config.rank = request.args.value("sync_rank", self.rank + 1);
+    config.size = request.args.value("sync_size", self.world_size + 1);
+    state.sync_group = transport::make_collective_group(config);
+  }
+  const auto stats = rollout::receive_weights(generator.model(), *state.sync_group);
+  generator.set_weight_version(stats.version);
+  Message reply;
+  reply.args = {{"weight_version", stats.version}, {"bytes", stats.bytes}, {"seconds", stats.seconds}};
+  return reply;
+}
+
+}  // namespace
+
+void add_rollout_operations(OperationRegistry& registry) {
+  auto state = std::make_shared<RolloutState>();
+  registry.add("load_model", [state](const Message& request, const WorkerIdentity&) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return load_model(*state, request);
+  });
+  registry.add("generate", [state](const Message& request, const WorkerIdentity&) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return generate(*state, request);
+  });
+  registry.add("sync_weights", [state](const Message& request, const WorkerIdentity& self) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return sync_weights(*state, request, self);
+  });
+}
+
+}  // namespace rlhf

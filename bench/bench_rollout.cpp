@@ -1,0 +1,202 @@
+// Rollout benchmark: decode tokens/s of the 100m preset (BF16) at several batch sizes and
+// prompt lengths, beside the memory-bandwidth bound (bytes a decode step must read: weights +
+// KV cache, over the memcpy bandwidth measured here) and the compute bound (2 x parameters
+// FLOP per token over a measured BF16 matmul rate), and weight-sync seconds per GB over
+// Gloo between two processes (this program re-executed as the receiver).
+// Usage: bench_rollout [--threads N] [--new-tokens R] [--quick]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include "models/causal_lm.h"
+#include "models/config.h"
+#include "rollout/generator.h"
+#include "rollout/weight_sync.h"
+#include "transport/collective_group.h"
+
+using namespace rlhf;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Best of 5 copies of a 256 MiB buffer: bytes read + written per second.
+double memcpy_bandwidth() {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    auto t = Clock::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, seconds_since(t));
+    a[static_cast<size_t>(i)] = b[bytes - 1 - static_cast<size_t>(i)];  // keep the copies observable
+  }
+  return 2.0 * static_cast<double>(bytes) / best;
+}
+
+// Best of 5 BF16 matmuls of a decode-step shape ([64, 768] x [768, 2048], the 100m MLP at
+// batch 64): FLOP/s, for the compute bound.
+double bf16_matmul_flops() {
+  auto a = torch::randn({64, 768}).to(torch::kBFloat16), b = torch::randn({768, 2048}).to(torch::kBFloat16);
+  torch::matmul(a, b);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    auto t = Clock::now();
+    for (int r = 0; r < 20; ++r) torch::matmul(a, b);
+    best = std::min(best, seconds_since(t) / 20);
+  }
+  return 2.0 * 64 * 768 * 2048 / best;
+}
+
+std::shared_ptr<models::CausalLM> model_100m(uint64_t seed) {
+  auto model = std::make_shared<models::CausalLM>(models::preset_config("100m"));
+  model->init_weights(seed);
+  model->to(torch::kBFloat16);
+  return model;
+}
+
+rollout::GenerationTimings run_generate(const std::shared_ptr<models::CausalLM>& model, int64_t batch, int64_t prompt,
+                                       int64_t new_tokens) {
+  rollout::GenerationConfig config;
+  config.max_new_tokens = new_tokens;
+  config.micro_batch_size = batch;  // one KV cache for the whole batch
+  rollout::Generator generator(model, config);
+  auto ids = torch::randint(300, 32000, {batch, prompt}, torch::kInt64);
+  auto mask = torch::ones_like(ids);
+  rollout::SamplingParams params;  // temperature 1: the sampler's cost is included
+  auto out = generator.generate(ids, mask, params);
+  if (out.action_mask.size(1) != new_tokens) throw std::runtime_error("unexpected early stop");
+  return out.timings;
+}
+
+void bench_decode(double bandwidth, double flops, int64_t new_tokens, bool quick) {
+  auto model = model_100m(0);
+  const auto& c = model->config();
+  const double weight_bytes = static_cast<double>(c.num_parameters()) * 2.0;
+  // K and V of one position in every layer, BF16.
+  const double kv_bytes_per_position = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2.0;
+  std::cout << "model 100m: " << c.num_parameters() / 1e6 << " M parameters, " << weight_bytes / 1e6
+            << " MB BF16 weights; " << new_tokens << " new tokens, no stop token\n\n";
+  std::cout << std::setw(6) << "batch" << std::setw(8) << "prompt" << std::setw(12) << "prefill_s" << std::setw(12)
+            << "decode_s" << std::setw(10) << "ms/step" << std::setw(14) << "decode_tok/s" << std::setw(14)
+            << "bw_bound" << std::setw(9) << "ratio" << std::setw(12) << "flop_bound" << std::setw(9) << "ratio"
+            << '\n';
+  const double flop_bound = flops / (2.0 * static_cast<double>(c.num_parameters()));  // tokens/s, matmuls only
+  std::vector<int64_t> batches = quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 8, 32, 64};
+  for (int64_t prompt : {int64_t{32}, int64_t{256}}) {
+    for (int64_t batch : batches) {
+      run_generate(model, batch, std::min<int64_t>(prompt, 8), 2);  // warm-up (allocations, oneDNN kernels)
+      const auto t = run_generate(model, batch, prompt, new_tokens);
+      const double tok_s = static_cast<double>(t.decode_tokens) / t.decode_seconds;
+      // Each decode step reads every weight once and the batch's KV cache (average length).
+      const double avg_len = static_cast<double>(prompt) + static_cast<double>(new_tokens) / 2.0;
+      const double step_bytes = weight_bytes + static_cast<double>(batch) * avg_len * kv_bytes_per_position;
+      const double bound = static_cast<double>(batch) * bandwidth / step_bytes;
+      std::cout << std::setw(6) << batch << std::setw(8) << prompt << std::fixed << std::setprecision(3)
+                << std::setw(12) << t.prefill_seconds << std::setw(12) << t.decode_seconds << std::setprecision(1)
+                << std::setw(10) << 1e3 * t.decode_seconds / static_cast<double>(t.decode_steps) << std::setw(14)
+                << tok_s << std::setw(14) << bound << std::setprecision(3) << std::setw(9) << tok_s / bound
+                << std::setprecision(1) << std::setw(12) << flop_bound << std::setprecision(3) << std::setw(9)
+                << tok_s / flop_bound << '\n';
+      std::cout.unsetf(std::ios::fixed);
+    }
+  }
+}
+
+std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int rank) {
+  transport::CollectiveConfig config;
+  config.rank = rank;
+  config.size = 2;
+  config.store_path = store;
+  config.timeout = std::chrono::seconds(300);
+  return transport::make_collective_group(config);
+}
+
+int sync_receiver(const std::string& store, int rounds) {
+  auto model = model_100m(1);
+  auto group = join(store, 1);
+  for (int i = 0; i < rounds; ++i) rollout::receive_weights(*model, *group);
+  return 0;
+}
+
+void bench_sync(const std::string& self, double bandwidth) {
+  const auto store = (std::filesystem::temp_directory_path() / ("bench_rollout_sync_" + std::to_string(getpid()))).string();
+  std::filesystem::remove(store);
+  const int rounds = 3;
+  pid_t child = fork();
+  if (child < 0) throw std::runtime_error("fork failed");
+  if (child == 0) {
+    const std::string r = std::to_string(rounds);
+    execl(self.c_str(), self.c_str(), "--sync-receiver", store.c_str(), r.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto model = model_100m(0);
+  auto group = join(store, 0);
+  rollout::ModelWeights source(*model);
+  double best = 1e30;
+  int64_t bytes = 0;
+  for (int i = 0; i < rounds; ++i) {
+    auto stats = rollout::send_weights(source, group.get(), i + 1, torch::kBFloat16);
+    best = std::min(best, stats.seconds);
+    bytes = stats.bytes;
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error("sync receiver failed");
+  std::filesystem::remove(store);
+  const double gb = static_cast<double>(bytes) / 1e9;
+  std::cout << "\nweight sync (Gloo, 2 processes, BF16, one broadcast per unit, best of " << rounds << "): " << gb
+            << " GB in " << best << " s = " << best / gb << " s/GB (" << gb / best << " GB/s; memcpy moves "
+            << bandwidth / 2e9 << " GB/s of payload)\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc == 4 && std::string(argv[1]) == "--sync-receiver") {
+      torch::set_num_threads(1);
+      return sync_receiver(argv[2], std::stoi(argv[3]));
+    }
+    int threads = 1;
+    int64_t new_tokens = 32;
+    bool quick = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
+      else if (a == "--new-tokens" && i + 1 < argc) new_tokens = std::stoll(argv[++i]);
+      else if (a == "--quick") quick = true;
+      else throw std::invalid_argument("unknown argument " + a + " (usage: bench_rollout [--threads N] "
+                                       "[--new-tokens R] [--quick])");
+    }
+    torch::set_num_threads(threads);
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    const std::string info((std::istreambuf_iterator<char>(cpuinfo)), {});
+    std::cout << "threads " << at::get_num_threads() << "; CPU has amx_bf16: "
+              << (info.find("amx_bf16") != std::string::npos ? "yes" : "no")
+              << ", avx512_bf16: " << (info.find("avx512_bf16") != std::string::npos ? "yes" : "no") << '\n';
+    const double bw = memcpy_bandwidth();
+    std::cout << "memcpy bandwidth (read + write, 1 thread, 256 MiB): " << bw / 1e9 << " GB/s\n";
+    const double flops = bf16_matmul_flops();
+    std::cout << "BF16 matmul [64, 768] x [768, 2048], 1 thread: " << flops / 1e9 << " GFLOP/s\n";
+    bench_decode(bw, flops, new_tokens, quick);
+    bench_sync("/proc/self/exe", bw);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_rollout: " << e.what() << '\n';
+    return 1;
+  }
+}

@@ -1,0 +1,178 @@
+// `rlhf generate --model DIR --prompt TEXT | --input FILE.jsonl`: samples responses from any
+// HF checkpoint with the rollout engine and the model's tokenizer, to look at what a model
+// says before and after training. Prompts are used as given (no chat template).
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/errors.h"
+#include "models/pretrained.h"
+#include "rollout/generator.h"
+#include "tokenizer/tokenizer.h"
+
+namespace rlhf::cli {
+namespace {
+
+int64_t int_option(const Args& args, const std::string& name, int64_t fallback, int64_t min) {
+  auto v = args.value(name);
+  if (!v) return fallback;
+  try {
+    size_t used = 0;
+    int64_t x = std::stoll(*v, &used);
+    if (used == v->size() && x >= min) return x;
+  } catch (const std::exception&) {
+  }
+  throw InputError(name + " must be an integer >= " + std::to_string(min) + ", got \"" + *v + "\"");
+}
+
+double number_option(const Args& args, const std::string& name, double fallback) {
+  auto v = args.value(name);
+  if (!v) return fallback;
+  try {
+    size_t used = 0;
+    double x = std::stod(*v, &used);
+    if (used == v->size() && std::isfinite(x)) return x;
+  } catch (const std::exception&) {
+  }
+  throw InputError(name + " must be a number, got \"" + *v + "\"");
+}
+
+// Prompts from --prompt, or one per line of --input: {"prompt": "..."} or a JSON string.
+std::vector<std::string> read_prompts(const Args& args) {
+  if (auto p = args.value("--prompt")) return {*p};
+  const auto path = *args.value("--input");
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open");
+  std::vector<std::string> prompts;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(n);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw InputError(where + ": not valid JSON: " + e.what());
+    }
+    if (j.is_object() && j.contains("prompt")) j = j["prompt"];
+    if (!j.is_string()) throw InputError(where + ": expected {\"prompt\": \"...\"} or a JSON string");
+    prompts.push_back(j.get<std::string>());
+  }
+  if (prompts.empty()) throw InputError(path + ": no prompts");
+  return prompts;
+}
+
+}  // namespace
+
+int cmd_generate(const Argv& argv) {
+  const std::vector<OptionSpec> options = {
+      {"--model", true, "HF model directory (config.json, safetensors, tokenizer files)", "DIR"},
+      {"--prompt", true, "one prompt text", "TEXT"},
+      {"--input", true, "JSON lines: {\"prompt\": \"...\"} or a JSON string per line", "FILE"},
+      {"--output", true, "write JSON lines here (default: text to stdout for --prompt, else JSON lines)", "FILE"},
+      {"--n", true, "responses per prompt (default 1)", "N"},
+      {"--temperature", true, "sampling temperature, 0 = greedy (default 1)", "T"},
+      {"--top-p", true, "nucleus mass in (0, 1] (default 1: off)", "P"},
+      {"--top-k", true, "sample among the k most likely tokens (default -1: off)", "K"},
+      {"--max-new-tokens", true, "response length limit (default 128)", "M"},
+      {"--seed", true, "sampling seed (default 0): the same seed gives the same responses", "S"},
+      {"--batch-size", true, "prompts per KV cache (default 8)", "B"},
+      {"--dtype", true, "compute dtype: fp32 or bf16 (default: the model's torch_dtype)", "DTYPE"},
+      {"--help", false, "show this help"}};
+  Args args(argv, options);
+  if (args.flag("--help")) {
+    std::cout << "usage: rlhf generate --model DIR (--prompt TEXT | --input FILE.jsonl) [--n N] [--temperature T]\n"
+                 "                     [--top-p P] [--top-k K] [--max-new-tokens M] [--seed S] [--output FILE]\n\n"
+                 "Samples responses with the rollout engine (KV cache, batched) and the model's tokenizer.\n"
+                 "JSON lines carry prompt, sample, response, response_ids, finish_reason (stop|length),\n"
+                 "log_prob (sum over the response under the sampling distribution).\n\n"
+              << format_options(options);
+    return 0;
+  }
+  const auto model_dir = args.value("--model");
+  if (!model_dir || (args.value("--prompt").has_value() == args.value("--input").has_value()))
+    throw InputError("generate needs --model DIR and one of --prompt TEXT or --input FILE (see --help)");
+  rollout::SamplingParams sampling;
+  sampling.temperature = number_option(args, "--temperature", 1.0);
+  sampling.top_p = number_option(args, "--top-p", 1.0);
+  sampling.top_k = int_option(args, "--top-k", -1, -1);
+  sampling.seed = static_cast<uint64_t>(int_option(args, "--seed", 0, 0));
+  sampling.validate();
+  rollout::GenerationConfig config;
+  config.n_samples_per_prompt = int_option(args, "--n", 1, 1);
+  config.max_new_tokens = int_option(args, "--max-new-tokens", 128, 1);
+  config.micro_batch_size = int_option(args, "--batch-size", 8, 1);
+  const auto prompts = read_prompts(args);
+
+  models::LoadOptions load;
+  if (auto d = args.value("--dtype")) load.dtype = models::dtype_from_name(*d);
+  load.head = models::HeadKind::kLanguageModel;
+  auto model = models::load_pretrained(*model_dir, load);
+  auto tok = tokenizer::load_tokenizer(*model_dir);
+  const auto& special = tok->special_ids();
+  for (int64_t id : {special.eos ? int64_t{*special.eos} : -1, model->config().eos_token_id}) {
+    if (id >= 0 && std::find(config.stop_token_ids.begin(), config.stop_token_ids.end(), id) ==
+                       config.stop_token_ids.end())
+      config.stop_token_ids.push_back(id);
+  }
+  config.pad_token_id = special.pad ? *special.pad : (special.eos ? *special.eos : 0);
+
+  // Left-pad the encoded prompts into one batch; the generator micro-batches it.
+  std::vector<std::vector<tokenizer::TokenId>> encoded;
+  size_t P = 0;
+  for (const auto& p : prompts) {
+    encoded.push_back(tok->encode(p, tokenizer::AddSpecial::kYes));
+    if (encoded.back().empty()) throw InputError("generate: a prompt encodes to no tokens");
+    P = std::max(P, encoded.back().size());
+  }
+  const auto B = static_cast<int64_t>(prompts.size());
+  auto ids = torch::full({B, static_cast<int64_t>(P)}, config.pad_token_id, torch::kInt64);
+  auto mask = torch::zeros({B, static_cast<int64_t>(P)}, torch::kInt64);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& e = encoded[static_cast<size_t>(b)];
+    const int64_t off = static_cast<int64_t>(P - e.size());
+    for (size_t i = 0; i < e.size(); ++i) ids[b][off + static_cast<int64_t>(i)] = int64_t{e[i]};
+    mask.narrow(1, off, static_cast<int64_t>(e.size()))[b].fill_(1);
+  }
+  rollout::Generator generator(model, config);
+  const auto out = generator.generate(ids, mask, sampling);
+
+  std::ofstream file;
+  if (auto o = args.value("--output")) {
+    file.open(*o);
+    if (!file) throw RuntimeError(*o + ": cannot create");
+  }
+  const bool text = !file.is_open() && args.value("--prompt").has_value();
+  std::ostream& sink = file.is_open() ? file : std::cout;
+  const int64_t n = config.n_samples_per_prompt;
+  for (int64_t row = 0; row < out.sequences.size(0); ++row) {
+    const int64_t len = out.response_lengths[row].item<int64_t>();
+    std::vector<tokenizer::TokenId> response;
+    for (int64_t t = 0; t < len; ++t)
+      response.push_back(static_cast<tokenizer::TokenId>(out.sequences[row][out.prompt_length + t].item<int64_t>()));
+    const bool stopped = len > 0 && std::find(config.stop_token_ids.begin(), config.stop_token_ids.end(),
+                                              int64_t{response.back()}) != config.stop_token_ids.end();
+    const std::string reply = tok->decode(response, tokenizer::SkipSpecial::kYes);
+    if (text) {
+      sink << "--- sample " << row % n << (stopped ? " (stop)" : " (length)") << " ---\n" << reply << '\n';
+      continue;
+    }
+    nlohmann::json j = {{"prompt", prompts[static_cast<size_t>(row / n)]},
+                        {"sample", row % n},
+                        {"response", reply},
+                        {"response_ids", response},
+                        {"finish_reason", stopped ? "stop" : "length"},
+                        {"log_prob", out.log_probs[row].sum().item<double>()}};
+    sink << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';  // random models emit broken UTF-8
+  }
+  if (file.is_open() && !file.flush()) throw RuntimeError(*args.value("--output") + ": write failed");
+  return 0;
+}
+
+}  // namespace rlhf::cli

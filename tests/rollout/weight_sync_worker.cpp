@@ -1,0 +1,123 @@
+// Test helper process for weight_sync_test: one rank of an actor -> rollout weight sync.
+// Writes "version V" and one "name sum weighted_sum" line per tensor to OUT, for the test to
+// compare between the actor and the rollout ranks.
+// Usage: rlhf_weight_sync_worker MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT [TRAIN_STORE TRAIN_RANK TRAIN_SIZE]
+//   MODE model-sender:   a plain model (seed 1) is sync rank 0
+//   MODE trainer-sender: a ZeRO-3 trainer over TRAIN_SIZE ranks takes one step, then syncs
+//                        (its rank 0 is sync rank 0; SYNC_* are ignored on other ranks)
+//   MODE receiver:       a rollout model (seed 2, FP32) receives
+//   MODE receiver-mismatch: the same with a different MLP width (a layout mismatch)
+#include <torch/torch.h>
+
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include "engine/trainer.h"
+#include "models/causal_lm.h"
+#include "models/config.h"
+#include "rollout/weight_sync.h"
+
+using namespace rlhf;
+
+namespace {
+
+constexpr int64_t kVersion = 7;
+
+std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int rank, int size) {
+  transport::CollectiveConfig config;
+  config.rank = rank;
+  config.size = size;
+  config.store_path = store;
+  config.timeout = std::chrono::seconds(60);
+  return transport::make_collective_group(config);
+}
+
+// Exact per-tensor digests: sums in FP64 of the values and of the values times (i mod 97 + 1).
+void write_checksums(std::ofstream& out, rollout::NamedTensors tensors) {
+  for (const auto& [name, t] : tensors) {
+    auto v = t.detach().to(torch::kFloat64).reshape({-1});
+    auto w = torch::arange(v.numel(), torch::kInt64).remainder(97).add(1).to(torch::kFloat64);
+    out << name << ' ' << std::setprecision(17) << v.sum().item<double>() << ' ' << (v * w).sum().item<double>()
+        << '\n';
+  }
+}
+
+std::shared_ptr<models::CausalLM> tiny(uint64_t seed, int64_t intermediate_size = 0) {
+  auto config = models::preset_config("tiny");
+  if (intermediate_size > 0) config.intermediate_size = intermediate_size;
+  auto model = std::make_shared<models::CausalLM>(config);
+  model->init_weights(seed);
+  return model;
+}
+
+int run(int argc, char** argv) {
+  const std::string mode = argv[1], sync_store = argv[2];
+  const int sync_rank = std::stoi(argv[3]), sync_size = std::stoi(argv[4]);
+  std::ofstream out(argv[5]);
+  if (mode == "receiver" || mode == "receiver-mismatch") {
+    auto model = tiny(2, mode == "receiver-mismatch" ? 128 : 0);
+    auto group = join(sync_store, sync_rank, sync_size);
+    auto stats = rollout::receive_weights(*model, *group);
+    out << "version " << stats.version << '\n';
+    write_checksums(out, model->state_tensors());
+    return 0;
+  }
+  if (mode == "model-sender") {
+    auto model = tiny(1);
+    auto group = join(sync_store, sync_rank, sync_size);
+    rollout::ModelWeights source(*model);
+    auto stats = rollout::send_weights(source, group.get(), kVersion, torch::kFloat32);
+    out << "version " << stats.version << '\n';
+    write_checksums(out, model->state_tensors());
+    return 0;
+  }
+  if (mode == "trainer-sender" && argc == 9) {
+    const int train_rank = std::stoi(argv[7]), train_size = std::stoi(argv[8]);
+    auto model = tiny(1);
+    auto train_group = join(argv[6], train_rank, train_size);
+    engine::TrainerConfig config;
+    config.zero_stage = engine::ZeroStage::kParameters;
+    config.compute_dtype = torch::kBFloat16;
+    config.lr = 1e-2;  // large enough that one step moves BF16 weights
+    config.lr_scheduler = engine::LrScheduler::kConstant;
+    engine::Trainer trainer(config, *model, *train_group);
+    auto ids = torch::arange(1, 13, torch::kInt64).view({2, 6}) * (train_rank + 3);
+    trainer.train_step([&](int64_t) {
+      auto hidden = model->forward(ids, torch::ones_like(ids));
+      return -model->next_token_log_probs(hidden, ids).mean();
+    });
+    std::unique_ptr<transport::CollectiveGroup> sync;
+    if (train_rank == 0) sync = join(sync_store, sync_rank, sync_size);
+    rollout::TrainerWeights source(trainer);
+    auto stats = rollout::send_weights(source, sync.get(), kVersion, torch::kBFloat16);
+    out << "version " << stats.version << '\n';
+    // What the actor holds now, one gathered unit at a time (collective on both ranks).
+    const auto units = static_cast<int64_t>(source.layout().size());
+    for (int64_t u = 0; u < units; ++u) {
+      auto tensors = source.acquire(u);
+      write_checksums(out, tensors);
+      source.release(u);
+    }
+    return 0;
+  }
+  throw std::invalid_argument("unknown mode " + mode);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 6 && argc != 9) {
+    std::cerr << "usage: rlhf_weight_sync_worker MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT [TRAIN_STORE TRAIN_RANK "
+                 "TRAIN_SIZE]\n";
+    return 2;
+  }
+  try {
+    torch::set_num_threads(1);
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "weight sync worker: " << e.what() << '\n';
+    return 1;
+  }
+}
