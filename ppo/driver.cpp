@@ -8,6 +8,7 @@
 #include <fstream>
 #include <future>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
 
 #include "core/errors.h"
@@ -31,6 +32,13 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// A number from a reply's args; JSON has no NaN, so a NaN arrives as null and reads as NaN.
+double number(const json& args, const char* key) {
+  auto it = args.find(key);
+  if (it == args.end()) throw RuntimeError(std::string("reply without \"") + key + "\": " + args.dump());
+  return it->is_number() ? it->get<double>() : std::nan("");
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -247,6 +255,9 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   if (has_critic_) e.values = values.get();
   if (has_reward_model_) e.scores = model_scores.get().to(torch::kFloat32);
   e.response_length = r.action_mask.sum(1);
+  if (std::getenv("RLHF_DEBUG_REPLIES") && e.values.defined())
+    std::cerr << "values: finite " << torch::isfinite(e.values).all().item<bool>() << " mean "
+              << e.values.mean().item<double>() << " scores " << e.scores.mean().item<double>() << std::endl;
   // OpenRLHF: with use_kl_loss the KL enters the actor loss, not the reward.
   e.kl = has_ref_ && !c_.kl_use_loss ? approx_kl(e.log_probs_old, e.log_probs_ref, c_.kl_estimator)
                                      : torch::zeros_like(e.log_probs_old);
@@ -295,15 +306,18 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
       }
       auto actor = s.group(Role::kActor).call_all("train_actor", actor_args, actor_tensors);
       const json& a = actor.front().args;
-      sums["policy_loss"] = sums["policy_loss"].get<double>() + a["loss"].get<double>();
-      sums["clip_frac"] = sums["clip_frac"].get<double>() + a["clip_frac"].get<double>();
-      sums["approx_kl"] = sums["approx_kl"].get<double>() + a["approx_kl"].get<double>();
-      sums["actor_grad_norm"] = sums["actor_grad_norm"].get<double>() + a["grad_norm"].get<double>();
-      sums["actor_lr"] = a["lr"];
+      if (std::getenv("RLHF_DEBUG_REPLIES")) std::cerr << "train_actor reply: " << a.dump() << std::endl;
+      sums["policy_loss"] = sums["policy_loss"].get<double>() + number(a, "loss");
+      sums["clip_frac"] = sums["clip_frac"].get<double>() + number(a, "clip_frac");
+      sums["approx_kl"] = sums["approx_kl"].get<double>() + number(a, "approx_kl");
+      sums["actor_grad_norm"] = sums["actor_grad_norm"].get<double>() + number(a, "grad_norm");
+      sums["actor_lr"] = number(a, "lr");
       if (has_critic_) {
-        const json& cr = critic.get().front().args;
-        sums["value_loss"] = sums["value_loss"].get<double>() + cr["loss"].get<double>();
-        sums["critic_grad_norm"] = sums["critic_grad_norm"].get<double>() + cr["grad_norm"].get<double>();
+        const std::vector<Message> critic_replies = critic.get();
+        const json& cr = critic_replies.front().args;
+        if (std::getenv("RLHF_DEBUG_REPLIES")) std::cerr << "train_critic reply: " << cr.dump() << std::endl;
+        sums["value_loss"] = sums["value_loss"].get<double>() + number(cr, "loss");
+        sums["critic_grad_norm"] = sums["critic_grad_norm"].get<double>() + number(cr, "grad_norm");
       }
       ++updates;
     }
