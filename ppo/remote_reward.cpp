@@ -47,7 +47,8 @@ std::vector<double> RemoteReward::score(const std::vector<std::string>& prompts,
   http::request<http::string_body> req{http::verb::post, target_, 11};
   req.set(http::field::host, host_);
   req.set(http::field::content_type, "application/json");
-  req.body() = body.dump();
+  // Responses of a byte-level policy need not be valid UTF-8: invalid bytes become U+FFFD.
+  req.body() = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   req.prepare_payload();
   beast::flat_buffer buffer;
   http::response<http::string_body> res;

@@ -64,18 +64,17 @@ TEST(Cli, MalformedJsonNamesLine) {
 }
 
 TEST(Cli, SetOverridesAreAppliedAndChecked) {
-  CliResult ok = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=4",
+  CliResult ok = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=2",
                           "--set=train.batch_size=16", "--print"});
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   auto resolved = nlohmann::json::parse(ok.out);
-  EXPECT_EQ(resolved["rollout"]["n_samples_per_prompt"], 4);
+  EXPECT_EQ(resolved["rollout"]["n_samples_per_prompt"], 2);
   EXPECT_EQ(resolved["train"]["batch_size"], 16);
 
-  // 8 prompts x 3 samples = 24 is not a multiple of a train batch of 16.
-  CliResult bad = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=3",
-                           "--set", "train.batch_size=16"});
+  // 16 prompts x 3 samples = 48 is not a multiple of the example's train batch of 32.
+  CliResult bad = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=3"});
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_TRUE(contains(bad.err, "24 samples is not a multiple of train.batch_size (16)")) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "48 samples is not a multiple of train.batch_size (32)")) << bad.err;
 
   CliResult typo = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.temprature=0.5"});
   EXPECT_EQ(typo.exit_code, 2);

@@ -29,7 +29,9 @@ RunningJob start_job(const std::string& name, int rounds) {
   job.dir = testing::fresh_run_dir(name);
   job.run = std::make_unique<testing::RlhfProcess>(
       std::vector<std::string>{"run", std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json", "--set",
-                               "logger.run_dir=" + job.dir, "--set", "name=job", "--smoke-rounds",
+                               "logger.run_dir=" + job.dir, "--set", "name=job",
+                               // a reward model instead of the example's rule: five roles
+                               "--set", "reward.rule=", "--set", "reward.model=unused", "--smoke-rounds",
                                std::to_string(rounds)},
       job.dir);
   const std::string listing = job.dir + "/job/workers.json";
