@@ -119,6 +119,19 @@ torch::Tensor action_log_probs(models::CausalLM& model, const Batch& b) {
   return lp.slice(1, lp.size(1) - b.action_len, lp.size(1));
 }
 
+// Per-token entropy [B, A] (FP32) of the policy at each action position, from `hidden`
+// [B, T, H]; logits are made 16 positions at a time so [B, A, V] never exists. No graph.
+torch::Tensor action_entropy(models::CausalLM& model, const torch::Tensor& hidden, int64_t a) {
+  const int64_t t = hidden.size(1);
+  torch::Tensor h = hidden.slice(1, t - 1 - a, t - 1);
+  std::vector<torch::Tensor> parts;
+  for (int64_t s = 0; s < a; s += 16) {
+    torch::Tensor logp = torch::log_softmax(model.logits(h.slice(1, s, std::min(a, s + 16))).to(torch::kFloat32), -1);
+    parts.push_back(-(logp.exp() * logp).sum(-1));
+  }
+  return torch::cat(parts, 1);
+}
+
 // Critic values [B, A] (FP32) of the states before each action.
 torch::Tensor action_values(models::CausalLM& model, const Batch& b) {
   torch::Tensor v = model.values(model.forward(b.sequences, b.attention_mask));  // [B, T]
@@ -237,9 +250,15 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
   auto role = std::make_shared<ModelRole>();
   registry.add("init", [role](const Message& req, const WorkerIdentity& self) { return init(*role, req, self); });
   registry.add("log_probs", [role](const Message& req, const WorkerIdentity&) {
+    // args.entropy: also the policy's per-token entropy (for the metrics).
     torch::NoGradGuard no_grad;
+    models::CausalLM& model = role->checked_model(req.op);
+    Batch b = read_batch(req);
+    torch::Tensor hidden = model.forward(b.sequences, b.attention_mask);
+    torch::Tensor lp = model.next_token_log_probs(hidden, b.sequences);
     Message reply;
-    reply.add("log_probs", action_log_probs(role->checked_model(req.op), read_batch(req)).contiguous());
+    reply.add("log_probs", lp.slice(1, lp.size(1) - b.action_len, lp.size(1)).contiguous());
+    if (req.args.value("entropy", false)) reply.add("entropy", action_entropy(model, hidden, b.action_len).contiguous());
     return reply;
   });
   registry.add("values", [role](const Message& req, const WorkerIdentity&) {

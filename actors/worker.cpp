@@ -2,6 +2,8 @@
 // thread, connected by an inproc PAIR socket so tensors pass between them without copies.
 #include "actors/worker.h"
 
+#include <chrono>
+
 #include <unistd.h>
 
 #include <atomic>
@@ -80,7 +82,11 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
         throw MessageError(std::string("expected a request, got a ") + message_kind_name(request.kind));
       const Operation* handler = registry.find(request.op);
       if (!handler) throw InputError("unknown operation \"" + request.op + "\"");
+      const auto started = std::chrono::steady_clock::now();
       reply = (*handler)(request, self);
+      // The handler's own time, so drivers can tell worker compute from everything around it.
+      if (reply.args.is_object())
+        reply.args["compute_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       reply.kind = MessageKind::kReply;
       reply.id = request.id;
       reply.op = request.op;

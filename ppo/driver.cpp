@@ -40,6 +40,19 @@ double number(const json& args, const char* key) {
   return it->is_number() ? it->get<double>() : std::nan("");
 }
 
+// Worker compute of one role-group call on its critical path: a scatter's micro batches
+// spread over the group's ranks (sum / ranks); call_all's ranks run together (max).
+double scatter_compute(const Message& reply, int ranks) {
+  double sum = 0;
+  for (const auto& mb : reply.args.value("micro_batches", json::array())) sum += mb.value("compute_s", 0.0);
+  return sum / std::max(1, ranks);
+}
+double call_all_compute(const std::vector<Message>& replies) {
+  double most = 0;
+  for (const auto& r : replies) most = std::max(most, r.args.value("compute_s", 0.0));
+  return most;
+}
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -51,6 +64,7 @@ struct Rollout {
   torch::Tensor action_mask;        // [B, A] response tokens up to and including EOS
   std::vector<std::string> prompts, responses, labels;  // [B]
   int64_t weight_version = 0;
+  double compute_s = 0;  // rollout workers' generate time on the critical path
 };
 
 // Rollout plus what the scorers returned: OpenRLHF's Experience, grouped by meaning.
@@ -63,7 +77,9 @@ struct Experience {
   torch::Tensor log_probs_ref;    // [B, A] reference log-probs (undefined without a ref)
   torch::Tensor values;           // [B, A] critic values (undefined without a critic)
   torch::Tensor kl;               // [B, A] per-token KL estimate (zeros without a ref)
+  torch::Tensor entropy;          // [B, A] policy entropy at each action position
   BatchAdvantages adv;            // rewards, advantages, returns [B, A]
+  double compute_s = 0;           // slowest scoring group's worker time
 };
 
 std::vector<NamedTensor> sequence_tensors(const Rollout& r) {
@@ -87,7 +103,7 @@ class PpoJob {
   Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step);
   Experience score(Scheduler& s, const Rollout& r);
   json train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step);
-  void sync_weights(Scheduler& s);
+  double sync_weights(Scheduler& s);  // returns worker compute on the critical path
   void save(Scheduler& s, int64_t step);
   int64_t resume(Scheduler& s);
   json memory(Scheduler& s);
@@ -202,6 +218,7 @@ Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step) {
                                {{"prompt_ids", batch.prompt_ids}, {"prompt_mask", batch.prompt_mask}, {"prompt_index", index}},
                                c_.rollout_micro_batch_size, args);
   Rollout r;
+  r.compute_s = scatter_compute(reply, s.group(Role::kRollout).size());
   r.sequences = reply.tensor("sequences").to(torch::kLong).contiguous();
   r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
   r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
@@ -233,14 +250,21 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   const int64_t micro = c_.rollout_micro_batch_size * c_.n_samples_per_prompt;
   const json args = {{"action_len", r.action_mask.size(1)}};
   auto seq = sequence_tensors(r);
-  auto old = in_parallel([&] { return s.group(Role::kActor).scatter("log_probs", seq, micro, args).tensor("log_probs"); });
-  std::future<torch::Tensor> ref, values, model_scores;
-  if (has_ref_)
-    ref = in_parallel([&] { return s.group(Role::kRef).scatter("log_probs", seq, micro, args).tensor("log_probs"); });
-  if (has_critic_)
-    values = in_parallel([&] { return s.group(Role::kCritic).scatter("values", seq, micro, args).tensor("values"); });
-  if (has_reward_model_)
-    model_scores = in_parallel([&] { return s.group(Role::kReward).scatter("score", seq, micro).tensor("scores"); });
+  // Each future yields the group's reply and its ranks (for the compute accounting).
+  using Scored = std::pair<Message, int>;
+  auto call = [&](Role role, const char* op, json a) {
+    return in_parallel([&s, &seq, role, op, a, micro]() -> Scored {
+      RoleGroup& g = s.group(role);
+      return {g.scatter(op, seq, micro, a), g.size()};
+    });
+  };
+  json actor_args = args;
+  actor_args["entropy"] = true;
+  auto old = call(Role::kActor, "log_probs", actor_args);
+  std::future<Scored> ref, values, model_scores;
+  if (has_ref_) ref = call(Role::kRef, "log_probs", args);
+  if (has_critic_) values = call(Role::kCritic, "values", args);
+  if (has_reward_model_) model_scores = call(Role::kReward, "score", json::object());
   Experience e;
   if (rule_) {
     std::vector<float> v;
@@ -250,10 +274,16 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
     auto v = remote_->score(r.prompts, r.responses, r.labels);
     e.scores = torch::tensor(std::vector<float>(v.begin(), v.end()));
   }
-  e.log_probs_old = old.get();
-  if (has_ref_) e.log_probs_ref = ref.get();
-  if (has_critic_) e.values = values.get();
-  if (has_reward_model_) e.scores = model_scores.get().to(torch::kFloat32);
+  auto take = [&e](std::future<Scored>& f, const char* name) {
+    Scored got = f.get();
+    e.compute_s = std::max(e.compute_s, scatter_compute(got.first, got.second));
+    if (std::string(name) == "log_probs_old") e.entropy = got.first.tensor("entropy");
+    return got.first.tensor(name == std::string("log_probs_old") ? "log_probs" : name);
+  };
+  e.log_probs_old = take(old, "log_probs_old");
+  if (has_ref_) e.log_probs_ref = take(ref, "log_probs");
+  if (has_critic_) e.values = take(values, "values");
+  if (has_reward_model_) e.scores = take(model_scores, "scores").to(torch::kFloat32);
   e.response_length = r.action_mask.sum(1);
   if (std::getenv("RLHF_DEBUG_REPLIES") && e.values.defined())
     std::cerr << "values: finite " << torch::isfinite(e.values).all().item<bool>() << " mean "
@@ -282,6 +312,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
   json sums = {{"policy_loss", 0.0}, {"value_loss", 0.0}, {"clip_frac", 0.0}, {"approx_kl", 0.0},
                {"actor_grad_norm", 0.0}, {"critic_grad_norm", 0.0}, {"actor_lr", 0.0}};
   int64_t updates = 0;
+  double compute = 0;
   torch::Generator gen = at::detail::createCPUGenerator(c_.seed * 31 + static_cast<uint64_t>(step));
   for (int64_t epoch = 0; epoch < c_.max_epochs; ++epoch) {
     torch::Tensor order = torch::randperm(b, gen, torch::kLong);
@@ -305,6 +336,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
         });
       }
       auto actor = s.group(Role::kActor).call_all("train_actor", actor_args, actor_tensors);
+      double update_compute = call_all_compute(actor);
       const json& a = actor.front().args;
       if (std::getenv("RLHF_DEBUG_REPLIES")) std::cerr << "train_actor reply: " << a.dump() << std::endl;
       sums["policy_loss"] = sums["policy_loss"].get<double>() + number(a, "loss");
@@ -314,26 +346,29 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
       sums["actor_lr"] = number(a, "lr");
       if (has_critic_) {
         const std::vector<Message> critic_replies = critic.get();
+        update_compute = std::max(update_compute, call_all_compute(critic_replies));
         const json& cr = critic_replies.front().args;
         if (std::getenv("RLHF_DEBUG_REPLIES")) std::cerr << "train_critic reply: " << cr.dump() << std::endl;
         sums["value_loss"] = sums["value_loss"].get<double>() + number(cr, "loss");
         sums["critic_grad_norm"] = sums["critic_grad_norm"].get<double>() + number(cr, "grad_norm");
       }
+      compute += update_compute;
       ++updates;
     }
   }
   for (const char* k : {"policy_loss", "value_loss", "clip_frac", "approx_kl", "actor_grad_norm", "critic_grad_norm"})
     sums[k] = sums[k].get<double>() / static_cast<double>(std::max<int64_t>(1, updates));
   sums["updates"] = updates;
+  sums["compute_s"] = compute;
   return sums;
 }
 
-void PpoJob::sync_weights(Scheduler& s) {
+double PpoJob::sync_weights(Scheduler& s) {
   const std::string store = (fs::path(run_dir_) / "stores" / "weight_sync.store").string();
   RoleGroup& rollout = s.group(Role::kRollout);
-  auto receive = in_parallel([&] { rollout.call_all("sync_weights", {{"store_path", store}}); });
-  s.group(Role::kActor).call_all("push_weights", {{"store_path", store}, {"sync_size", rollout.size() + 1}});
-  receive.get();
+  auto receive = in_parallel([&] { return rollout.call_all("sync_weights", {{"store_path", store}}); });
+  auto pushed = s.group(Role::kActor).call_all("push_weights", {{"store_path", store}, {"sync_size", rollout.size() + 1}});
+  return std::max(call_all_compute(pushed), call_all_compute(receive.get()));
 }
 
 void PpoJob::save(Scheduler& s, int64_t step) {
@@ -446,7 +481,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     json losses = train(s, r, e, step);
     const double t_train = seconds_since(t2);
     const auto t3 = Clock::now();
-    sync_weights(s);
+    const double sync_compute = sync_weights(s);
     const double t_sync = seconds_since(t3);
     const double t_step = seconds_since(t0);
     auto mask = r.action_mask.to(torch::kFloat32);
@@ -455,12 +490,18 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     kl_.update(kl_mean, r.sequences.size(0));
     if (step % c_.logging_steps == 0 || step == total_steps_) {
       const double tokens = r.attention_mask.sum().item<double>();
+      // Worker compute on the step's critical path; the rest is scheduling, transport,
+      // driver-side math (advantages, rewards) and waiting (bench/ppo_overhead measures it).
+      const double compute = r.compute_s + e.compute_s + losses["compute_s"].get<double>() + sync_compute;
       json rec = {{"step", step}, {"total_steps", total_steps_},
                   {"reward_mean", e.scores.mean().item<double>()},
                   {"reward_std", e.scores.std(false).item<double>()},
                   {"return_mean", (e.adv.rewards.sum(1)).mean().item<double>()},
                   {"kl", kl_mean}, {"kl_coef", kl_coef},
                   {"response_length", e.response_length.to(torch::kFloat32).mean().item<double>()},
+                  {"entropy", ((e.entropy * mask).sum() / mask.sum().clamp_min(1)).item<double>()},
+                  {"worker_compute_s", compute},
+                  {"overhead_share", std::max(0.0, 1.0 - compute / t_step)},
                   {"time_s", {{"generate", t_gen}, {"score", t_score}, {"train", t_train}, {"sync", t_sync}, {"step", t_step}}},
                   {"samples_per_s", static_cast<double>(r.sequences.size(0)) / t_step},
                   {"tokens_per_s", tokens / t_step},

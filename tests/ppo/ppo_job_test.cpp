@@ -94,10 +94,16 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
     const json& m = metrics[i];
     EXPECT_EQ(m["step"], static_cast<int>(i) + 1);
     for (const char* key : {"reward_mean", "reward_std", "kl", "kl_coef", "policy_loss", "value_loss",
-                            "clip_frac", "approx_kl", "response_length", "samples_per_s", "tokens_per_s"})
+                            "clip_frac", "approx_kl", "response_length", "samples_per_s", "tokens_per_s",
+                            "entropy", "worker_compute_s", "overhead_share"})
       EXPECT_TRUE(m.contains(key) && m[key].is_number()) << key << " in " << m.dump();
     for (const char* phase : {"generate", "score", "train", "sync", "step"})
       EXPECT_GT(m["time_s"][phase].get<double>(), 0.0) << phase;
+    // Entropy of a 288-token vocabulary is at most ln 288 = 5.663; the outside share is a fraction.
+    EXPECT_GT(m["entropy"].get<double>(), 0.0);
+    EXPECT_LE(m["entropy"].get<double>(), 5.664);
+    EXPECT_GE(m["overhead_share"].get<double>(), 0.0);
+    EXPECT_LT(m["overhead_share"].get<double>(), 1.0);
     // 16 prompts x 4 samples, responses of 1..16 tokens.
     EXPECT_GE(m["response_length"].get<double>(), 1.0);
     EXPECT_LE(m["response_length"].get<double>(), 16.0);
