@@ -2,6 +2,7 @@
 // JSON lines, to check a converted or trained model. Token ids only (text input arrives
 // with tokenizer/); one sequence at a time, so no padding enters the numbers.
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -12,20 +13,29 @@
 #include "core/errors.h"
 #include "models/causal_lm.h"
 #include "models/pretrained.h"
+#include "tokenizer/tokenizer.h"
 
 namespace rlhf::cli {
 namespace {
 
-// One input line: {"input_ids": [...]} or a bare array of token ids.
-std::vector<int64_t> parse_ids(const std::string& line, const std::string& where, int64_t vocab) {
+// One input line: {"input_ids": [...]}, a bare array of token ids, {"text": "..."} or a
+// bare JSON string (text is encoded with the model directory's tokenizer, BOS added as the
+// tokenizer's config says).
+std::vector<int64_t> parse_ids(const std::string& line, const std::string& where, int64_t vocab,
+                               const std::function<const tokenizer::Tokenizer&()>& tokenizer) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {
     throw InputError(where + ": not valid JSON: " + e.what());
   }
-  if (j.is_object()) {
-    if (!j.contains("input_ids")) throw InputError(where + ": expected key \"input_ids\" (or a bare array of ids)");
+  if (j.is_object() && j.contains("text")) j = j["text"];
+  if (j.is_string()) {
+    auto ids = tokenizer().encode(j.get<std::string>(), tokenizer::AddSpecial::kYes);
+    j = nlohmann::json(std::vector<int64_t>(ids.begin(), ids.end()));
+  } else if (j.is_object()) {
+    if (!j.contains("input_ids"))
+      throw InputError(where + ": expected key \"input_ids\" or \"text\" (or a bare array of ids, or a string)");
     j = j["input_ids"];
   }
   if (!j.is_array() || j.empty()) throw InputError(where + ": expected a non-empty array of token ids");
@@ -46,7 +56,7 @@ std::vector<int64_t> parse_ids(const std::string& line, const std::string& where
 int cmd_logprobs(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       {"--model", true, "HF model directory (config.json + safetensors)", "DIR"},
-      {"--input", true, "JSON lines: {\"input_ids\": [...]} or [...] per line", "FILE"},
+      {"--input", true, "JSON lines: {\"input_ids\": [...]}, [...], {\"text\": \"...\"} or \"...\" per line", "FILE"},
       {"--output", true, "write here instead of stdout", "FILE"},
       {"--dtype", true, "compute dtype: fp32 or bf16 (default: the model's torch_dtype)", "DTYPE"},
       {"--chunk", true, "positions per log-prob chunk (default 256)", "N"},
@@ -82,18 +92,23 @@ int cmd_logprobs(const Argv& argv) {
     if (!file_out) throw RuntimeError(*o + ": cannot create");
   }
   std::ostream& out = file_out.is_open() ? file_out : std::cout;
+  std::unique_ptr<tokenizer::Tokenizer> loaded;  // only when a line holds text
+  std::function<const tokenizer::Tokenizer&()> tokenizer = [&]() -> const tokenizer::Tokenizer& {
+    if (!loaded) loaded = tokenizer::load_tokenizer(*model_dir);
+    return *loaded;
+  };
   torch::NoGradGuard no_grad;
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto ids = parse_ids(line, *input + ":" + std::to_string(n), model->config().vocab_size);
+    auto ids = parse_ids(line, *input + ":" + std::to_string(n), model->config().vocab_size, tokenizer);
     auto input_ids = torch::tensor(ids, torch::kInt64).unsqueeze(0);  // [1, T]
     auto hidden = model->forward(input_ids, torch::ones_like(input_ids));
     auto lp = model->next_token_log_probs(hidden, input_ids, chunk).squeeze(0);  // [T-1]
     std::vector<float> values(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel());
     double sum = 0;
     for (float v : values) sum += v;
-    out << nlohmann::json{{"line", n}, {"log_probs", values}, {"sum", sum}}.dump() << '\n';
+    out << nlohmann::json{{"line", n}, {"input_ids", ids}, {"log_probs", values}, {"sum", sum}}.dump() << '\n';
   }
   out.flush();
   if (!out) throw RuntimeError("logprobs: writing the output failed");

@@ -86,5 +86,22 @@ TEST(Cli, LogprobsMatchesTheLibraryAndRejectsBadLines) {
   EXPECT_NE(r.output.find("bad.jsonl:2: token id 999 outside the vocabulary [0, 288)"), std::string::npos) << r.output;
 }
 
+TEST(Cli, LogprobsOfTextEqualTheByteTokenizerIds) {
+  TempDir dir;
+  ASSERT_EQ(run_cli("init-model --preset tiny --dtype fp32 --out " + dir.str()).code, 0);
+  // "Hi!" through the byte tokenizer is BOS (257) then the bytes 72, 105, 33.
+  std::ofstream(dir / "in.jsonl") << "{\"text\": \"Hi!\"}\n\"Hi!\"\n[257, 72, 105, 33]\n";
+  auto r = run_cli("logprobs --model " + dir.str() + " --input " + (dir / "in.jsonl") + " --output " + (dir / "out.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream out(dir / "out.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string l; std::getline(out, l);) rows.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0]["input_ids"], nlohmann::json({257, 72, 105, 33}));
+  // Same ids, same code path: identical output.
+  EXPECT_EQ(rows[0]["log_probs"], rows[2]["log_probs"]);
+  EXPECT_EQ(rows[1]["log_probs"], rows[2]["log_probs"]);
+}
+
 }  // namespace
 }  // namespace rlhf::models

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -145,6 +146,19 @@ TEST_F(PpoJob, ResumeContinuesTheSameTrajectory) {
   EXPECT_EQ(b[2]["step"], 3);
   for (const char* key : {"reward_mean", "policy_loss", "value_loss", "kl", "response_length"})
     EXPECT_NEAR(a[2][key].get<double>(), b[2][key].get<double>(), 1e-4) << key;
+}
+
+TEST_F(PpoJob, RolloutColocatedWithTheActor) {
+  // Asked for, the rollout group shares the actor's device instead of its own slot.
+  Result r = run("coloc", {"--set", "train.max_steps=2", "--set", "rollout.devices=[]", "--set",
+                           "rollout.colocate_with=actor"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  auto workers = json::parse(slurp(run_dir("coloc") / "workers.json"));
+  std::map<std::string, std::string> device;
+  for (const auto& w : workers) device[w["role"].get<std::string>()] = w["device"].get<std::string>();
+  EXPECT_EQ(device["rollout"], device["actor"]);
+  EXPECT_NE(device["critic"], device["actor"]);
+  EXPECT_EQ(read_metrics(run_dir("coloc") / "metrics.jsonl").size(), 2u);
 }
 
 TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
