@@ -522,6 +522,12 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
   if (c_.export_hf) {
     std::string dir = (fs::path(run_dir_) / "export" / "actor").string();
     s.group(Role::kActor).call_all("export_hf", {{"dir", dir}});
+    // The export is a complete model directory: the tokenizer comes along.
+    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                             "special_tokens_map.json", "generation_config.json"}) {
+      const fs::path from = fs::path(spec_.get_string("actor.model")) / name;
+      if (fs::exists(from)) fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+    }
     out << "ppo: trained actor exported to " << dir << std::endl;
   }
   out << "ppo: done; metrics in " << metrics.path() << std::endl;

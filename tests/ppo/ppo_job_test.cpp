@@ -126,6 +126,10 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
   EXPECT_NE(r.out.find("step 3/3 | reward"), std::string::npos) << r.out;
   // The trained actor is exported as an HF directory that the CLI can read back.
   EXPECT_TRUE(fs::exists(run_dir("three") / "export" / "actor" / "config.json"));
+  EXPECT_TRUE(fs::exists(run_dir("three") / "export" / "actor" / "tokenizer_config.json"));
+  Result gen = rlhf({"generate", "--model", (run_dir("three") / "export" / "actor").string(), "--prompt",
+                     "abc:", "--max-new-tokens", "4"}, dir_);
+  EXPECT_EQ(gen.code, 0) << gen.err;
 }
 
 TEST_F(PpoJob, ResumeContinuesTheSameTrajectory) {
