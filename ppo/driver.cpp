@@ -8,7 +8,6 @@
 #include <fstream>
 #include <future>
 #include <iomanip>
-#include <iostream>
 #include <sstream>
 
 #include "core/errors.h"
@@ -274,20 +273,20 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
     auto v = remote_->score(r.prompts, r.responses, r.labels);
     e.scores = torch::tensor(std::vector<float>(v.begin(), v.end()));
   }
-  auto take = [&e](std::future<Scored>& f, const char* name) {
+  // Each group's reply, with its worker time counted toward the slowest scorer.
+  auto take = [&e](std::future<Scored>& f) {
     Scored got = f.get();
     e.compute_s = std::max(e.compute_s, scatter_compute(got.first, got.second));
-    if (std::string(name) == "log_probs_old") e.entropy = got.first.tensor("entropy");
-    return got.first.tensor(name == std::string("log_probs_old") ? "log_probs" : name);
+    return got.first;
   };
-  e.log_probs_old = take(old, "log_probs_old");
-  if (has_ref_) e.log_probs_ref = take(ref, "log_probs");
-  if (has_critic_) e.values = take(values, "values");
-  if (has_reward_model_) e.scores = take(model_scores, "scores").to(torch::kFloat32);
+  const Message actor_reply = take(old);
+  e.log_probs_old = actor_reply.tensor("log_probs");
+  e.entropy = actor_reply.tensor("entropy");
+  if (has_ref_) e.log_probs_ref = take(ref).tensor("log_probs");
+  if (has_critic_) e.values = take(values).tensor("values");
+  if (has_reward_model_) e.scores = take(model_scores).tensor("scores").to(torch::kFloat32);
   e.response_length = r.action_mask.sum(1);
-  if (std::getenv("RLHF_DEBUG_REPLIES") && e.values.defined())
-    std::cerr << "values: finite " << torch::isfinite(e.values).all().item<bool>() << " mean "
-              << e.values.mean().item<double>() << " scores " << e.scores.mean().item<double>() << std::endl;
+
   // OpenRLHF: with use_kl_loss the KL enters the actor loss, not the reward.
   e.kl = has_ref_ && !c_.kl_use_loss ? approx_kl(e.log_probs_old, e.log_probs_ref, c_.kl_estimator)
                                      : torch::zeros_like(e.log_probs_old);
@@ -338,7 +337,6 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
       auto actor = s.group(Role::kActor).call_all("train_actor", actor_args, actor_tensors);
       double update_compute = call_all_compute(actor);
       const json& a = actor.front().args;
-      if (std::getenv("RLHF_DEBUG_REPLIES")) std::cerr << "train_actor reply: " << a.dump() << std::endl;
       sums["policy_loss"] = sums["policy_loss"].get<double>() + number(a, "loss");
       sums["clip_frac"] = sums["clip_frac"].get<double>() + number(a, "clip_frac");
       sums["approx_kl"] = sums["approx_kl"].get<double>() + number(a, "approx_kl");
@@ -348,7 +346,6 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
         const std::vector<Message> critic_replies = critic.get();
         update_compute = std::max(update_compute, call_all_compute(critic_replies));
         const json& cr = critic_replies.front().args;
-        if (std::getenv("RLHF_DEBUG_REPLIES")) std::cerr << "train_critic reply: " << cr.dump() << std::endl;
         sums["value_loss"] = sums["value_loss"].get<double>() + number(cr, "loss");
         sums["critic_grad_norm"] = sums["critic_grad_norm"].get<double>() + number(cr, "grad_norm");
       }

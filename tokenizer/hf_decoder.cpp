@@ -33,18 +33,6 @@ int byte_token_value(const std::string& token) {
   return value;
 }
 
-std::string replace_regex(const std::string& text, const Regex& regex, const std::string& content) {
-  std::string out;
-  size_t last = 0;
-  for (const auto& [begin, end] : regex.find_all(text)) {
-    out.append(text, last, begin - last);
-    out += content;
-    last = end;
-  }
-  out.append(text, last, std::string::npos);
-  return out;
-}
-
 // Runs of <0xAB> tokens become their bytes when those are valid UTF-8, else one U+FFFD per
 // byte token (Rust decoders/byte_fallback.rs).
 void byte_fallback(std::vector<std::string>& tokens) {
@@ -166,7 +154,7 @@ void Decoder::add(const nlohmann::json& spec, const std::string& where) {
     auto regex = compile_pattern(spec.at("pattern"), ctx);
     const auto content = spec.at("content").get<std::string>();
     steps_.push_back([regex, content](std::vector<std::string>& tokens) {
-      for (auto& t : tokens) t = replace_regex(t, *regex, content);
+      for (auto& t : tokens) t = replace_all(t, *regex, content);
     });
   } else {
     throw InputError(where + ": decoder type '" + type +

@@ -12,19 +12,6 @@ namespace rlhf::tokenizer {
 
 namespace {
 
-// Replaces every match of `regex` in `text` by `content`.
-std::string replace_all(const std::string& text, const Regex& regex, const std::string& content) {
-  std::string out;
-  size_t last = 0;
-  for (const auto& [begin, end] : regex.find_all(text)) {
-    out.append(text, last, begin - last);
-    out += content;
-    last = end;
-  }
-  out.append(text, last, std::string::npos);
-  return out;
-}
-
 std::string replace_literal(const std::string& text, const std::string& from,
                             const std::string& to) {
   std::string out;

@@ -110,4 +110,16 @@ std::shared_ptr<Regex> compile_pattern(const nlohmann::json& pattern, const std:
                    pattern.dump());
 }
 
+std::string replace_all(const std::string& text, const Regex& regex, const std::string& content) {
+  std::string out;
+  size_t last = 0;
+  for (const auto& [begin, end] : regex.find_all(text)) {
+    out.append(text, last, begin - last);
+    out += content;
+    last = end;
+  }
+  out.append(text, last, std::string::npos);
+  return out;
+}
+
 }  // namespace rlhf::tokenizer

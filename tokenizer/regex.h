@@ -41,4 +41,7 @@ std::string escape_regex(std::string_view literal);
 // Throws InputError naming `where` when it is neither or does not compile.
 std::shared_ptr<Regex> compile_pattern(const nlohmann::json& pattern, const std::string& where);
 
+// `text` with every match of `regex` replaced by `content` (HF's Replace normalizer and decoder).
+std::string replace_all(const std::string& text, const Regex& regex, const std::string& content);
+
 }  // namespace rlhf::tokenizer
