@@ -1,12 +1,20 @@
-// `rlhf plan SPEC`: where every worker of a job will run (role, rank, node, device, env).
+// `rlhf plan SPEC`: where every worker of a job will run (role, rank, node, device, env) and
+// the memory each will hold (engine/memory_plan.h); `rlhf plan --check RUN_DIR`: that plan
+// beside the peaks the run measured.
+#include <cmath>
+#include <iomanip>
 #include <iostream>
+#include <optional>
 #include <set>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/spec_args.h"
 #include "cli/table.h"
 #include "core/placement.h"
 #include "core/text.h"
+#include "engine/memory_check.h"
+#include "engine/memory_plan.h"
 
 namespace rlhf::cli {
 namespace {
@@ -45,25 +53,119 @@ nlohmann::json placement_json(const Placement& p) {
   return {{"workers", workers}};
 }
 
+std::string mib(int64_t bytes) { return bytes ? format_bytes(static_cast<double>(bytes)) : "-"; }
+
+std::string percent(double ratio) {
+  std::ostringstream o;
+  o << std::showpos << std::fixed << std::setprecision(1) << 100.0 * ratio << "%";
+  return o.str();
+}
+
+void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
+  out << "\nMemory per rank at its peak (bytes each worker of the role holds; engine = what the\n"
+         "trainer's tracker counts, reported as peak_tensor_bytes):\n";
+  TextTable roles({"role", "ranks", "weights", "master", "adam", "grads", "gathered", "buffers", ".grad",
+                   "activations", "log-probs", "kv-cache", "overhead", "total", "engine"});
+  for (const auto& r : plan.roles) {
+    const auto& t = r.terms;
+    std::string role = r.input.role;
+    if (r.input.work == engine::RoleWork::kTrain)
+      role += " (zero " + std::to_string(r.input.zero_stage) + (r.input.checkpointing ? ", ckpt" : "") +
+              (r.input.adam_offload ? ", offload" : "") + ")";
+    roles.add({role, std::to_string(r.input.group_size), mib(t.weights), mib(t.master), mib(t.optimizer),
+               mib(t.grads), mib(t.gathered), mib(t.buffers), mib(t.param_grads), mib(t.activations),
+               mib(t.log_probs), mib(t.kv_cache), mib(t.overhead), mib(t.device_total()), mib(t.engine_peak)});
+  }
+  out << roles.str();
+  TextTable devices({"device", "roles", "planned", "capacity", "use", ""});
+  for (const auto& d : plan.devices) {
+    const double use = d.capacity > 0 ? static_cast<double>(d.total) / static_cast<double>(d.capacity) : 0.0;
+    std::ostringstream u;
+    u << std::fixed << std::setprecision(1) << 100.0 * use << "%";
+    devices.add({d.node + ":" + std::to_string(d.device_id), join(d.roles, "+"), mib(d.total), mib(d.capacity),
+                 u.str(), d.fits() ? "fits" : "OVER BUDGET"});
+  }
+  out << '\n' << devices.str();
+  for (const auto& d : plan.devices) {
+    if (d.fits()) continue;
+    std::pair<std::string, int64_t> dominant{"", -1};
+    std::string owner;
+    for (const auto& label : d.roles) {
+      const auto* r = plan.role(label.substr(0, label.find('[')));
+      if (r && r->terms.dominant().second > dominant.second) {
+        dominant = r->terms.dominant();
+        owner = r->input.role;
+      }
+    }
+    out << "\n" << d.node << ":" << d.device_id << " is over budget by " << mib(d.total - d.capacity)
+        << "; the largest term is " << owner << " " << dominant.first << " (" << mib(dominant.second) << ").\n";
+    break;  // suggestions are computed for the worst device only
+  }
+  if (!plan.suggestions.empty()) {
+    out << "Changes (each planned again; the first that fits is the smallest):\n";
+    for (const auto& s : plan.suggestions)
+      out << "  --set " << s.change << "  ->  " << mib(s.new_total) << (s.fits ? "  (fits)" : "  (still over)") << '\n';
+  }
+}
+
+int check_run(const std::string& run_dir, bool as_json) {
+  const auto rows = engine::check_run_memory(run_dir);
+  if (as_json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& r : rows)
+      out.push_back({{"role", r.role}, {"rank", r.rank}, {"device", r.device}, {"planned_engine", r.planned_engine},
+                     {"measured_tensor", r.measured_tensor}, {"tensor_error", r.tensor_error()},
+                     {"planned_total", r.planned_total}, {"measured_rss", r.measured_rss}, {"rss_error", r.rss_error()}});
+    std::cout << out.dump(2) << '\n';
+    return 0;
+  }
+  std::cout << run_dir << ": planned vs measured peak memory per role and rank\n"
+            << "(tensor: the trainer's tracked tensors, or the weights of an untrained role; "
+               "total vs RSS: everything the process holds)\n\n";
+  TextTable t({"role", "rank", "device", "planned tensor", "measured tensor", "error", "planned total", "peak RSS",
+               "error"});
+  for (const auto& r : rows)
+    t.add({r.role, std::to_string(r.rank), r.device, mib(r.planned_engine),
+           r.measured_tensor < 0 ? "-" : mib(r.measured_tensor), r.measured_tensor < 0 ? "-" : percent(r.tensor_error()),
+           mib(r.planned_total), r.measured_rss < 0 ? "-" : mib(r.measured_rss),
+           r.measured_rss < 0 ? "-" : percent(r.rss_error())});
+  std::cout << t.str();
+  return 0;
+}
+
 }  // namespace
 
 int cmd_plan(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       set_option(),
-      {"--json", false, "print the placement as JSON (for scripts)"},
+      {"--json", false, "print the placement and memory plan as JSON (for scripts)"},
+      {"--check", true, "planned vs measured peak memory of a finished run", "RUN_DIR"},
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf plan SPEC [--set PATH=VALUE ...] [--json]\n\n"
+    std::cout << "usage: rlhf plan SPEC [--set PATH=VALUE ...] [--json]\n"
+                 "       rlhf plan --check RUN_DIR [--json]\n\n"
                  "Shows where every worker of the job will run: one process per device, with\n"
-                 "its role, rank in the role group, node, device and environment.\n\n"
+                 "its role, rank in the role group, node, device and environment; then the\n"
+                 "memory each role holds per rank (weights, FP32 master, AdamW, gradients,\n"
+                 "gathered parameters, activations, log-prob buffers, KV cache, overhead) against\n"
+                 "each device's memory, and for an over-budget device the changes that fit.\n"
+                 "The memory part reads every role's <model>/config.json. --check compares a\n"
+                 "run's plan.json (written by `rlhf run`) with the peaks in its metrics.jsonl.\n\n"
               << format_options(options);
     return 0;
   }
+  if (auto run_dir = args.value("--check")) return check_run(*run_dir, args.flag("--json"));
   JobSpec spec = load_spec_arg(args, "plan");
   Placement p = place(spec);
+  std::vector<std::string> missing;
+  const auto models = engine::load_role_models(spec, missing);
+  std::optional<engine::MemoryPlan> memory;
+  if (missing.empty()) memory = engine::plan_memory(spec, models);
   if (args.flag("--json")) {
-    std::cout << placement_json(p).dump(2) << '\n';
+    nlohmann::json j = placement_json(p);
+    j["memory"] = memory ? memory->to_json() : nlohmann::json{{"missing", missing}};
+    std::cout << j.dump(2) << '\n';
     return 0;
   }
   for (const auto& w : spec.warnings()) std::cerr << "warning: " << w << '\n';
@@ -85,6 +187,12 @@ int cmd_plan(const Argv& argv) {
             << "\nEach worker also gets RLHF_ROLE, RLHF_RANK, RLHF_WORLD_SIZE, RLHF_NODE and "
                "RLHF_DEVICE as above,\nand RLHF_SCHEDULER, RLHF_TOKEN, RLHF_RUN_DIR when "
                "`rlhf run` starts it.\n";
+  if (memory) {
+    print_memory(*memory, std::cout);
+  } else {
+    std::cout << "\nMemory: the plan needs every role's model config; missing:\n";
+    for (const auto& m : missing) std::cout << "  " << m << '\n';
+  }
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "cli/spec_args.h"
 #include "core/placement.h"
 #include "core/spec.h"
+#include "engine/memory_check.h"
 #include "scheduler/scheduler.h"
 #include "ppo/driver.h"
 #include "scheduler/smoke_driver.h"
@@ -73,6 +74,7 @@ int cmd_run(const Argv& argv) {
   }
   const Placement placement = place(spec);
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
+  if (!smoke) engine::write_run_plan(spec, scheduler.config().run_dir);  // planned beside measured
   try {
     scheduler.start();
     driver(scheduler, std::cout);

@@ -5,7 +5,8 @@ namespace rlhf::cli {
 const std::vector<Command>& commands() {
   static const std::vector<Command> kCommands = {
       {"validate", "check a job spec: every problem at once, or a one-line summary", cmd_validate},
-      {"plan", "show where every worker of a job will run", cmd_plan},
+      {"plan", "show where every worker of a job will run and the memory each holds (--check RUN_DIR)", cmd_plan},
+      {"sweep", "run (or only plan) every combination of a grid of spec values; csv, table and chart", cmd_sweep},
       {"spec", "print the job-spec reference (--markdown) or defaults (--defaults)", cmd_spec},
       {"init-model", "write a randomly initialised model (preset) in Hugging Face format", cmd_init_model},
       {"logprobs", "per-token log-probs of token-id sequences under a model (JSON lines)", cmd_logprobs},

@@ -1,0 +1,106 @@
+// plan.json written at run start, and planned vs measured read back from a run directory.
+#include "engine/memory_check.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/jsonl.h"
+#include "engine/memory_plan.h"
+
+namespace rlhf::engine {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json read_json_file(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path.string() + ": cannot read (was the run started by this rlhf?)");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  json j = json::parse(buf.str(), nullptr, false);
+  if (j.is_discarded()) throw InputError(path.string() + ": not valid JSON");
+  return j;
+}
+
+double relative_error(int64_t planned, int64_t measured) {
+  return measured > 0 ? static_cast<double>(planned - measured) / static_cast<double>(measured) : 0.0;
+}
+
+}  // namespace
+
+void write_run_plan(const JobSpec& spec, const std::string& run_dir) {
+  std::vector<std::string> missing;
+  const auto models = load_role_models(spec, missing);
+  json out = {{"spec", spec.source()}};
+  if (missing.empty()) out["memory"] = plan_memory(spec, models).to_json();
+  else out["missing"] = missing;
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  const fs::path path = fs::path(run_dir) / kPlanFileName;
+  std::ofstream file(path);
+  file << out.dump(2) << '\n';
+  file.close();
+  if (!file) throw RuntimeError("cannot write " + path.string());
+}
+
+double MemoryCheckRow::tensor_error() const { return relative_error(planned_engine, measured_tensor); }
+double MemoryCheckRow::rss_error() const { return relative_error(planned_total, measured_rss); }
+
+std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
+  const fs::path plan_path = fs::path(run_dir) / kPlanFileName;
+  const json plan = read_json_file(plan_path);
+  if (!plan.contains("memory"))
+    throw InputError(plan_path.string() + ": no memory plan (model directories were missing at run start)");
+  const json& roles = plan["memory"]["roles"];
+  const fs::path metrics = fs::path(run_dir) / "metrics.jsonl";
+  std::vector<MemoryCheckRow> rows;
+  auto row_for = [&rows](const std::string& role, int rank) -> MemoryCheckRow& {
+    for (auto& r : rows)
+      if (r.role == role && r.rank == rank) return r;
+    MemoryCheckRow row;
+    row.role = role;
+    row.rank = rank;
+    rows.push_back(row);
+    return rows.back();
+  };
+  read_jsonl(metrics.string(), BadLinePolicy::kFatal, 0, [&](const json& rec, int64_t) {
+    if (!rec.contains("memory")) return;
+    for (const auto& [role, ranks] : rec["memory"].items()) {
+      if (!roles.contains(role)) continue;
+      for (const auto& m : ranks) {
+        MemoryCheckRow& r = row_for(role, m.value("rank", 0));
+        r.device = m.value("device", std::string());
+        r.planned_engine = roles[role].value("engine_peak", int64_t{0});
+        r.planned_total = roles[role].value("device_total", int64_t{0});
+        if (m.contains("peak_tensor_bytes")) r.measured_tensor = std::max(r.measured_tensor, m["peak_tensor_bytes"].get<int64_t>());
+        if (m.contains("peak_rss_bytes")) r.measured_rss = std::max(r.measured_rss, m["peak_rss_bytes"].get<int64_t>());
+      }
+    }
+  });
+  if (rows.empty()) throw InputError(metrics.string() + ": no memory records (did the run reach a logging step?)");
+  return rows;
+}
+
+json measured_peaks(const std::string& metrics_path) {
+  json out = json::object();
+  if (!fs::exists(metrics_path)) return out;
+  read_jsonl(metrics_path, BadLinePolicy::kSkip, 0, [&](const json& rec, int64_t) {
+    if (!rec.contains("memory")) return;
+    for (const auto& [role, ranks] : rec["memory"].items()) {
+      json& r = out[role];
+      for (const auto& m : ranks) {
+        for (const char* key : {"peak_tensor_bytes", "peak_rss_bytes"}) {
+          if (!m.contains(key)) continue;
+          r[key] = std::max(r.value(key, int64_t{0}), m[key].get<int64_t>());
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace rlhf::engine

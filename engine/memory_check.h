@@ -1,0 +1,46 @@
+// Planned beside measured memory for one run directory: `rlhf run` writes the plan
+// (<run_dir>/plan.json) before its workers start; the driver's metrics.jsonl carries the
+// measured peaks. This reads both and pairs them per role and rank; it does not plan or
+// measure anything itself.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/spec.h"
+
+namespace rlhf::engine {
+
+inline constexpr const char* kPlanFileName = "plan.json";
+
+// Writes <run_dir>/plan.json: {"spec": source, "memory": MemoryPlan JSON} when every role's
+// config.json exists, else {"spec", "missing": [...]} (a run without models fails later with
+// its own error). Throws RuntimeError when the file cannot be written.
+void write_run_plan(const JobSpec& spec, const std::string& run_dir);
+
+// One role rank: the planner's figures and the largest measured ones over all metrics records.
+struct MemoryCheckRow {
+  std::string role;
+  int rank = 0;
+  std::string device;
+  int64_t planned_engine = 0;   // plan: engine_peak (trainer-tracked tensors, or weights)
+  int64_t measured_tensor = -1; // metrics: peak_tensor_bytes (-1: not reported, e.g. rollout)
+  int64_t planned_total = 0;    // plan: device_total (everything the process holds)
+  int64_t measured_rss = -1;    // metrics: peak_rss_bytes
+  // (planned - measured) / measured; 0 when nothing was measured.
+  double tensor_error() const;
+  double rss_error() const;
+};
+
+// Reads <run_dir>/plan.json and <run_dir>/metrics.jsonl. Throws InputError naming the
+// missing or malformed file.
+std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir);
+
+// The largest measured peaks per role over every metrics record of a run:
+// {"actor": {"peak_tensor_bytes": .., "peak_rss_bytes": ..}, ...} (max over ranks).
+nlohmann::json measured_peaks(const std::string& metrics_path);
+
+}  // namespace rlhf::engine

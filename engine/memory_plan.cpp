@@ -1,0 +1,446 @@
+// Memory planner: the engine's model states replayed exactly (unit by unit, as ShardedUnit
+// and Trainer allocate and free them), activations and log-prob buffers counted from the
+// tensors the model code saves for backward, and the search for a change that fits.
+#include "engine/memory_plan.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "core/errors.h"
+
+namespace rlhf::engine {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Fixed bytes per worker process beside its tensors. CPU: the RSS of an idle `rlhf worker`
+// with a tiny model (LibTorch, oneDNN, OpenBLAS, ZeroMQ), measured ~176-185 MiB (see
+// bench/RESULTS.md, memory planner). CUDA: the context and cuBLAS/NCCL workspaces, which
+// PyTorch users know as ~0.5-1 GiB per process; 768 MiB is our assumption, not measured here.
+constexpr int64_t kCpuOverhead = 176ll << 20;
+constexpr int64_t kCudaOverhead = 768ll << 20;
+
+int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t layer_numel(const models::ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim;
+  int64_t n = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
+  if (c.qkv_bias) n += q + 2 * kv;
+  if (c.o_proj_bias) n += H;
+  if (c.mlp_bias) n += 2 * I + H;
+  return n;
+}
+
+// Bytes autograd keeps for backward in one decoder layer (models/decoder_layer.cpp), for
+// B sequences of T tokens with e-byte activations:
+//   two RMSNorms: the FP32 copy of x and the e-dtype normalized output (4H + eH each);
+//   attention: q, rotate_half(q), rotated q, k, rotate_half(k), the K^T copy matmul makes,
+//     V (repeated to the query heads), the attention output before o_proj: 6 q + 2 kv;
+//   softmax: its FP32 output and the e-dtype probs PV reads: (4 + e) x heads x T x T;
+//   MLP: gate, silu(gate), up, and their product: 4 I.
+int64_t layer_saved_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim;
+  const int64_t per_token = 2 * (4 * H + e * H) + e * (6 * q + 2 * kv) + e * 4 * I;
+  return B * T * per_token + B * c.num_attention_heads * T * T * (4 + e);
+}
+
+// Tensors every layer shares in one forward: the FP32 additive mask [B, 1, T, T] and the
+// rotary tables cos, sin [B, T, D].
+int64_t shared_forward_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e) {
+  return 4 * B * T * T + 2 * B * T * c.head_dim * e;
+}
+
+// A forward without autograd: the largest live set is one layer's attention (scores in e,
+// their FP32 copy + mask, softmax FP32, probs in e) and its MLP intermediates.
+int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e) {
+  const int64_t attention = B * c.num_attention_heads * T * T * (2 * e + 8);
+  const int64_t hidden = B * T * (4 * c.hidden_size + 3 * c.intermediate_size) * e;
+  return shared_forward_bytes(c, B, T, e) + attention + hidden;
+}
+
+// Training forward + backward of one micro batch (what the autograd graph holds at its
+// peak, in backward). Without checkpointing every layer's saved tensors are alive when
+// backward starts, plus one layer's worth of gradients in flight; with checkpointing each
+// layer keeps only its input [B, T, H], and backward recomputes one layer at a time (its
+// saved tensors and its gradients: twice a layer).
+int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e, bool checkpointing) {
+  const int64_t layer = layer_saved_bytes(c, B, T, e);
+  const int64_t head_norm = B * T * (4 + e) * c.hidden_size;
+  const int64_t shared = shared_forward_bytes(c, B, T, e) + head_norm;
+  if (!checkpointing) return (c.num_hidden_layers + 1) * layer + shared;
+  return c.num_hidden_layers * B * T * c.hidden_size * e + 2 * layer + shared;
+}
+
+// models/log_probs.cpp: forward holds one chunk's logits (e, then FP32) and the exp of
+// logsumexp; backward one chunk's logits, FP32 probs and e-dtype grad logits, and with
+// several chunks an FP32 [V, H] accumulator of the head's gradient.
+int64_t log_prob_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t chunk, int64_t e, bool backward) {
+  const int64_t positions = std::max<int64_t>(1, T - 1);
+  const int64_t n = std::min(chunk, positions);
+  const int64_t V = c.vocab_size;
+  if (!backward) return B * n * V * (8 + e);
+  int64_t bytes = B * n * V * (8 + 2 * e);
+  if (positions > chunk) bytes += V * c.hidden_size * (4 + e);
+  return bytes;
+}
+
+// The engine's peak, replayed from ShardedUnit/Trainer: model states always, plus the
+// largest transient set of gathered units (stage 3) and collective buffers.
+struct EnginePeak {
+  int64_t weights = 0, master = 0, optimizer = 0, grads = 0, gathered = 0, buffers = 0;
+};
+
+EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, int64_t e, bool state_off_device,
+                       bool checkpointing, bool tied) {
+  EnginePeak p;
+  std::vector<int64_t> shard, padded, gathered;
+  for (int64_t n : units) {
+    const int64_t s = div_up(n, world);
+    shard.push_back(s);
+    padded.push_back(s * world);
+    gathered.push_back(s * world * e);
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    p.master += 4 * shard[u];
+    p.optimizer += 8 * shard[u];
+    p.grads += 4 * (stage == 1 ? padded[u] : shard[u]);
+    if (stage < 3) p.weights += e * units[u];  // the model's own parameters, unpadded
+    else if (state_off_device) p.weights += e * shard[u];  // cached compute shard
+  }
+  // Transient sets: {gathered, buffers}; the peak is the largest sum.
+  std::vector<std::pair<int64_t, int64_t>> sets;
+  const size_t head = units.size() - 1;
+  auto reduce_buffer = [&](size_t u) { return 4 * (padded[u] + shard[u]); };  // flat FP32 + shard
+  if (stage < 3) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      sets.push_back({0, e * padded[u]});                         // refresh_params all-gather
+      if (stage == 2) sets.push_back({0, reduce_buffer(u)});      // reduce-scatter in backward
+    }
+  } else if (checkpointing) {
+    // Embeddings and head stay gathered from forward to the end of backward (autograd holds
+    // them); each layer is gathered for its recompute, released when the recompute's graph
+    // is gone (CheckpointedLayer calls after_forward first), then reduce-scattered.
+    const int64_t ends = gathered[0] + gathered[head];
+    for (size_t u = 1; u < head; ++u) {
+      sets.push_back({ends + gathered[u], 0});
+      sets.push_back({ends, reduce_buffer(u)});
+    }
+    sets.push_back({ends, reduce_buffer(0)});
+    sets.push_back({gathered[head], reduce_buffer(head)});
+  } else {
+    // Every unit stays gathered through backward; the trainer then reduces them in order,
+    // releasing each after its reduce-scatter.
+    int64_t alive = 0;
+    for (int64_t g : gathered) alive += g;
+    for (size_t u = 0; u < units.size(); ++u) {
+      sets.push_back({alive, reduce_buffer(u)});
+      alive -= gathered[u];
+    }
+  }
+  (void)tied;  // tied embeddings: the head gathers unit 0, which training keeps gathered anyway
+  for (const auto& [g, b] : sets) {
+    if (g + b > p.gathered + p.buffers) {
+      p.gathered = g;
+      p.buffers = b;
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+int64_t MemoryTerms::device_total() const {
+  return weights + master + optimizer + grads + gathered + buffers + param_grads + activations + log_probs +
+         kv_cache + overhead;
+}
+
+std::pair<std::string, int64_t> MemoryTerms::dominant() const {
+  const std::pair<std::string, int64_t> terms[] = {
+      {"weights", weights},         {"master", master},         {"optimizer", optimizer},
+      {"grads", grads},             {"gathered", gathered},     {"buffers", buffers},
+      {"param_grads", param_grads}, {"activations", activations}, {"log_probs", log_probs},
+      {"kv_cache", kv_cache},       {"overhead", overhead}};
+  auto best = terms[0];
+  for (const auto& t : terms)
+    if (t.second > best.second) best = t;
+  return best;
+}
+
+json MemoryTerms::to_json() const {
+  return {{"weights", weights},         {"master", master},     {"optimizer", optimizer},
+          {"grads", grads},             {"gathered", gathered}, {"buffers", buffers},
+          {"param_grads", param_grads}, {"activations", activations}, {"log_probs", log_probs},
+          {"kv_cache", kv_cache},       {"overhead", overhead}, {"host", host},
+          {"engine_peak", engine_peak}, {"device_total", device_total()}};
+}
+
+std::vector<int64_t> unit_numels(const models::ModelConfig& c) {
+  std::vector<int64_t> units = {c.vocab_size * c.hidden_size};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) units.push_back(layer_numel(c));
+  int64_t head = c.hidden_size;  // final norm
+  if (c.head == models::HeadKind::kValue) head += c.hidden_size;
+  else if (!c.tie_word_embeddings) head += c.vocab_size * c.hidden_size;
+  units.push_back(head);
+  return units;
+}
+
+MemoryTerms plan_role(const RoleMemoryInput& in) {
+  if (in.group_size < 1 || in.micro_batch < 1 || in.seq_len < 1 || in.compute_bytes < 1)
+    throw InputError("memory plan for " + in.role + ": group size, micro batch, length and dtype must be positive");
+  const models::ModelConfig& c = in.model;
+  const int64_t e = in.compute_bytes;
+  const bool lm = c.head == models::HeadKind::kLanguageModel && in.lm_head_log_probs;
+  MemoryTerms t;
+  t.overhead = in.device_kind == DeviceKind::kCuda ? kCudaOverhead : kCpuOverhead;
+  const std::vector<int64_t> units = unit_numels(c);
+  int64_t numel = 0;
+  for (int64_t n : units) numel += n;
+
+  if (in.work != RoleWork::kTrain) {
+    t.weights = e * numel;
+    t.engine_peak = t.weights;  // what an untrained role reports as peak_tensor_bytes
+    if (in.work == RoleWork::kInfer) {
+      t.activations = inference_bytes(c, in.micro_batch, in.seq_len, e);
+      if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, false);
+      return t;
+    }
+    // Rollout (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
+    // mb x n rows (both alive during the copy); capacity P + R per row, K and V per layer.
+    const int64_t rows = in.rollout_micro_batch * in.n_samples;
+    const int64_t capacity = in.prompt_len + in.max_new_tokens;
+    const int64_t per_row = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
+    t.kv_cache = per_row * (rows + in.rollout_micro_batch);
+    t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e);
+    t.log_probs = rows * c.vocab_size * 4 * 3;  // decode logits, FP32 softmax and sampling copy
+    return t;
+  }
+
+  const int stage = std::clamp(in.zero_stage, 1, 3);
+  const bool off_device = in.adam_offload && in.device_kind == DeviceKind::kCuda;
+  const EnginePeak p = engine_peak(units, in.group_size, stage, e, off_device, in.checkpointing,
+                                   c.tie_word_embeddings);
+  t.weights = p.weights;
+  t.master = p.master;
+  t.optimizer = p.optimizer;
+  t.grads = p.grads;
+  t.gathered = p.gathered;
+  t.buffers = p.buffers;
+  t.engine_peak = p.weights + p.master + p.optimizer + p.grads + p.gathered + p.buffers;
+  if (off_device) {
+    t.host = t.master + t.optimizer;
+    t.master = t.optimizer = 0;
+  }
+  // Compute-dtype .grad before the engine takes it: one layer at a time with checkpointing
+  // (plus embeddings and head, reduced after backward), every parameter without.
+  const int64_t largest_layer = units.size() > 2 ? *std::max_element(units.begin() + 1, units.end() - 1) : 0;
+  t.param_grads = e * (in.checkpointing ? units.front() + units.back() + largest_layer : numel);
+  t.activations = training_bytes(c, in.micro_batch, in.seq_len, e, in.checkpointing);
+  if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, true);
+  return t;
+}
+
+RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placement& placement,
+                                  const models::ModelConfig& model) {
+  const std::string r = role_name(role);
+  RoleMemoryInput in;
+  in.role = r;
+  in.model = model;
+  if (role == Role::kCritic || role == Role::kReward) in.model.head = models::HeadKind::kValue;
+  in.lm_head_log_probs = in.model.head == models::HeadKind::kLanguageModel;
+  const auto group = placement.group(role);
+  in.group_size = std::max<int>(1, static_cast<int>(group.size()));
+  if (!group.empty()) in.device_kind = group.front().device_kind;
+  in.compute_bytes = spec.get_string(r + ".dtype") == "fp32" ? 4 : 2;
+  const bool ppo = spec.kind() == JobKind::kPpo;
+  const int64_t prompt = spec.get_int("data.prompt_max_len");
+  const int64_t max_len = spec.get_int("data.max_len");
+  in.prompt_len = std::min(prompt, max_len);
+  in.max_new_tokens = spec.get_int("rollout.max_new_tokens");
+  // PPO sequences are a prompt and a response; other jobs read data.max_len tokens.
+  in.seq_len = ppo ? std::min(max_len, in.prompt_len + in.max_new_tokens) : max_len;
+  in.rollout_micro_batch = spec.get_int("rollout.micro_batch_size");
+  in.n_samples = spec.get_int("rollout.n_samples_per_prompt");
+  // DPO and RM batches hold chosen and rejected together.
+  const int64_t pair = spec.kind() == JobKind::kDpo || spec.kind() == JobKind::kRm ? 2 : 1;
+  if (spec.trains(role)) {
+    in.work = RoleWork::kTrain;
+    in.zero_stage = static_cast<int>(std::max<int64_t>(1, spec.get_int(r + ".zero_stage")));
+    in.adam_offload = spec.get_bool(r + ".adam_offload");
+    in.checkpointing = spec.get_bool(r + ".gradient_checkpointing");
+    in.micro_batch = spec.get_int("train.micro_batch_size") * pair;
+  } else if (role == Role::kRollout) {
+    in.work = RoleWork::kGenerate;
+    in.micro_batch = in.rollout_micro_batch * in.n_samples;
+  } else {
+    in.work = RoleWork::kInfer;
+    // PPO scores experience in micro batches of rollout mb x n (ppo/driver.cpp).
+    in.micro_batch = ppo ? in.rollout_micro_batch * in.n_samples : spec.get_int("train.micro_batch_size") * pair;
+  }
+  return in;
+}
+
+std::map<Role, models::ModelConfig> load_role_models(const JobSpec& spec, std::vector<std::string>& missing) {
+  std::map<Role, models::ModelConfig> out;
+  for (Role role : spec.used_roles()) {
+    const std::string dir = spec.get_string(std::string(role_name(role)) + ".model");
+    const fs::path file = fs::path(dir) / "config.json";
+    if (dir.empty() || !fs::exists(file)) {
+      missing.push_back(std::string(role_name(role)) + ": " + (dir.empty() ? "(no model set)" : file.string()));
+      continue;
+    }
+    out[role] = models::ModelConfig::from_json_file(file.string());
+  }
+  return out;
+}
+
+bool MemoryPlan::fits() const {
+  return std::all_of(devices.begin(), devices.end(), [](const DevicePlan& d) { return d.fits(); });
+}
+
+const RolePlan* MemoryPlan::role(const std::string& name) const {
+  for (const auto& r : roles)
+    if (r.input.role == name) return &r;
+  return nullptr;
+}
+
+json MemoryPlan::to_json() const {
+  json roles_json = json::object();
+  for (const auto& r : roles) {
+    json j = r.terms.to_json();
+    j["group_size"] = r.input.group_size;
+    j["micro_batch"] = r.input.micro_batch;
+    j["seq_len"] = r.input.seq_len;
+    if (r.input.work == RoleWork::kTrain) {
+      j["zero_stage"] = r.input.zero_stage;
+      j["gradient_checkpointing"] = r.input.checkpointing;
+      j["adam_offload"] = r.input.adam_offload;
+    }
+    j["dominant"] = r.terms.dominant().first;
+    roles_json[r.input.role] = j;
+  }
+  json devices_json = json::array();
+  for (const auto& d : devices)
+    devices_json.push_back({{"node", d.node}, {"device", d.device_id}, {"capacity", d.capacity},
+                            {"roles", d.roles}, {"total", d.total}, {"fits", d.fits()}});
+  json s = json::array();
+  for (const auto& x : suggestions) s.push_back({{"change", x.change}, {"new_total", x.new_total}, {"fits", x.fits}});
+  return {{"fits", fits()}, {"roles", roles_json}, {"devices", devices_json}, {"suggestions", s},
+          {"note", "per-rank bytes; engine_peak is what the trainer's tracker counts (measured peak_tensor_bytes)"}};
+}
+
+namespace {
+
+// Spec changes worth trying for the roles on one device, in the order a practitioner would
+// reach for them (cheapest in speed first).
+std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan& plan, const DevicePlan& device,
+                                           const Placement& placement) {
+  std::vector<std::string> out;
+  std::set<std::string> names;
+  for (const auto& label : device.roles) names.insert(label.substr(0, label.find('[')));
+  bool trains = false, generates = false, infers = false;
+  for (const auto& name : names) {
+    const RolePlan* r = plan.role(name);
+    if (!r) continue;
+    if (r->input.work == RoleWork::kTrain) {
+      trains = true;
+      if (!r->input.checkpointing) out.push_back(name + ".gradient_checkpointing=true");
+      if (r->input.zero_stage < 3) out.push_back(name + ".zero_stage=" + std::to_string(r->input.zero_stage + 1));
+      if (!r->input.adam_offload && r->input.device_kind == DeviceKind::kCuda) out.push_back(name + ".adam_offload=true");
+    }
+    generates |= r->input.work == RoleWork::kGenerate;
+    infers |= r->input.work == RoleWork::kInfer;
+  }
+  const int64_t train_mb = spec.get_int("train.micro_batch_size");
+  if (trains && train_mb > 1) out.push_back("train.micro_batch_size=" + std::to_string(train_mb / 2));
+  const int64_t rollout_mb = spec.get_int("rollout.micro_batch_size");
+  if ((generates || infers) && rollout_mb > 1) out.push_back("rollout.micro_batch_size=" + std::to_string(rollout_mb / 2));
+  const int64_t max_len = spec.get_int("data.max_len");
+  if (max_len > 2) out.push_back("data.max_len=" + std::to_string(max_len / 2));
+  // Spread a role over twice the devices, taking free ones of the same node.
+  std::set<int> used;
+  for (const auto& w : placement.workers)
+    if (w.node == device.node) used.insert(w.device_id);
+  int node_devices = 0;
+  for (const auto& n : placement.nodes)
+    if (n.name == device.node) node_devices = n.devices;
+  for (const auto& name : names) {
+    const RolePlan* r = plan.role(name);
+    if (!r || r->input.work != RoleWork::kTrain) continue;
+    auto group = placement.group(parse_role(name));
+    std::vector<int> ids;
+    for (const auto& w : group) ids.push_back(w.device_id);
+    for (int d = 0; d < node_devices && ids.size() < 2 * group.size(); ++d)
+      if (!used.count(d)) ids.push_back(d);
+    if (ids.size() < 2 * group.size()) continue;
+    std::string list;
+    for (int d : ids) list += (list.empty() ? "" : ",") + std::to_string(d);
+    out.push_back(name + ".devices=[" + list + "]");
+  }
+  return out;
+}
+
+void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models, const Placement& placement,
+                     MemoryPlan& plan) {
+  const DevicePlan* worst = nullptr;
+  for (const auto& d : plan.devices)
+    if (!d.fits() && (!worst || d.total - d.capacity > worst->total - worst->capacity)) worst = &d;
+  if (!worst) return;
+  for (const auto& change : candidate_changes(spec, plan, *worst, placement)) {
+    JobSpec changed;
+    try {
+      changed = JobSpec::parse(spec.json().dump(), spec.source(), {change});
+    } catch (const InputError&) {
+      continue;  // the change breaks a rule (batch divisibility, ...): not a fix
+    }
+    MemoryPlan again = plan_memory(changed, models, false);
+    PlanSuggestion s{change, 0, again.fits()};
+    for (const auto& d : again.devices)
+      if (d.node == worst->node && d.device_id == worst->device_id) s.new_total = d.total;
+    plan.suggestions.push_back(s);
+  }
+  std::stable_sort(plan.suggestions.begin(), plan.suggestions.end(),
+                   [](const PlanSuggestion& a, const PlanSuggestion& b) { return a.fits && !b.fits; });
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models, bool suggest) {
+  const Placement placement = place(spec);
+  MemoryPlan plan;
+  for (Role role : spec.used_roles()) {
+    auto it = models.find(role);
+    if (it == models.end())
+      throw InputError(std::string("memory plan: no model config for ") + role_name(role) + " (" +
+                       spec.get_string(std::string(role_name(role)) + ".model") + "/config.json)");
+    RolePlan rp;
+    rp.input = role_memory_input(spec, role, placement, it->second);
+    rp.terms = plan_role(rp.input);
+    plan.roles.push_back(rp);
+  }
+  std::map<std::pair<std::string, int>, size_t> index;
+  for (const auto& w : placement.workers) {
+    auto key = std::make_pair(w.node, w.device_id);
+    if (!index.count(key)) {
+      DevicePlan d;
+      d.node = w.node;
+      d.device_id = w.device_id;
+      for (const auto& n : placement.nodes)
+        if (n.name == w.node) d.capacity = static_cast<int64_t>(n.memory_gb * static_cast<double>(1ll << 30));
+      index[key] = plan.devices.size();
+      plan.devices.push_back(d);
+    }
+    DevicePlan& d = plan.devices[index[key]];
+    d.roles.push_back(w.label());
+    const RolePlan* r = plan.role(role_name(w.role));
+    if (r) d.total += r->terms.device_total();
+  }
+  if (suggest) add_suggestions(spec, models, placement, plan);
+  return plan;
+}
+
+}  // namespace rlhf::engine

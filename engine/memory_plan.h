@@ -1,0 +1,126 @@
+// The memory planner: bytes each role holds on each device, computed from the job spec and
+// each role's config.json before anything starts, and the smallest spec change that makes an
+// over-budget device fit. It models what the engine allocates (engine/sharded_unit.cpp,
+// engine/trainer.cpp) term by term; it does not measure anything (the workers report
+// measured peaks into metrics.jsonl, and `rlhf plan --check` compares the two).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/placement.h"
+#include "core/spec.h"
+#include "models/config.h"
+
+namespace rlhf::engine {
+
+// What a role's workers do with their model, which decides the terms it has.
+enum class RoleWork {
+  kTrain,     // sharded trainer: model states, gradients, training activations (actor, critic, rm)
+  kInfer,     // forward only: weights and one micro batch of inference (ref, reward)
+  kGenerate,  // rollout: weights, KV cache for one micro batch x n samples
+};
+
+// The settings of one role that its memory depends on, read from the spec (from_spec) or
+// set by hand in tests.
+struct RoleMemoryInput {
+  std::string role;            // "actor"
+  models::ModelConfig model;   // sizes (head kind and tie_word_embeddings included)
+  RoleWork work = RoleWork::kInfer;
+  DeviceKind device_kind = DeviceKind::kCpu;
+  int group_size = 1;          // ranks sharing the ZeRO shards
+  int64_t compute_bytes = 2;   // bf16: 2, fp32: 4
+  int zero_stage = 2;          // 1..3 (0 runs as 1, as the trainer does)
+  bool adam_offload = false;   // master + moments in host memory (only moves bytes on cuda)
+  bool checkpointing = true;   // per-layer recompute in backward
+  int64_t micro_batch = 1;     // sequences per forward (train.micro_batch_size, or rollout mb x n)
+  int64_t seq_len = 1;         // tokens per sequence
+  int64_t logprob_chunk = 256; // positions per chunk of the LM head (CausalLM::log_probs)
+  bool lm_head_log_probs = true;  // the role computes log-probs through its LM head
+  // Generation only.
+  int64_t rollout_micro_batch = 1;  // prompts per KV cache
+  int64_t n_samples = 1;            // samples per prompt (the cache holds mb x n rows)
+  int64_t prompt_len = 1;           // P
+  int64_t max_new_tokens = 1;       // R
+};
+
+// Bytes one rank of a role holds at its peak, by term. Device terms sum to device_total();
+// engine_peak is what the trainer's MemoryTracker counts (the measured peak_tensor_bytes).
+struct MemoryTerms {
+  int64_t weights = 0;      // compute-dtype parameters kept on the device
+  int64_t master = 0;       // FP32 master weights (this rank's shard)
+  int64_t optimizer = 0;    // AdamW exp_avg + exp_avg_sq (this rank's shard)
+  int64_t grads = 0;        // FP32 gradient accumulator (shard at stage 2/3, full at stage 1)
+  int64_t gathered = 0;     // stage-3 parameters all-gathered at the engine's peak
+  int64_t buffers = 0;      // collective buffers at the engine's peak (flat grads, gathers)
+  int64_t param_grads = 0;  // compute-dtype .grad autograd holds before the engine reduces it
+  int64_t activations = 0;  // forward/backward (or inference) peak for one micro batch
+  int64_t log_probs = 0;    // chunked log-prob buffers of the LM head
+  int64_t kv_cache = 0;     // rollout KV cache (with its prefill copy)
+  int64_t overhead = 0;     // fixed per process: runtime, kernels, allocator slack
+  int64_t host = 0;         // offloaded to host memory (not on the device)
+  int64_t engine_peak = 0;  // MemoryTracker's peak: model states + gathered + buffers (+ host states)
+
+  int64_t device_total() const;
+  // The largest device term: {name, bytes}.
+  std::pair<std::string, int64_t> dominant() const;
+  nlohmann::json to_json() const;
+};
+
+// Trainable elements of each ZeRO unit, in the trainer's order: embeddings, each decoder
+// layer, the head (final norm + lm_head or value head; no lm_head when tied), as
+// models::CausalLM::param_units lays them out.
+std::vector<int64_t> unit_numels(const models::ModelConfig& config);
+
+// One rank's terms for one role.
+MemoryTerms plan_role(const RoleMemoryInput& in);
+
+// Per role (from the spec and the role's model config).
+struct RolePlan {
+  RoleMemoryInput input;
+  MemoryTerms terms;
+};
+
+struct DevicePlan {
+  std::string node;
+  int device_id = 0;
+  int64_t capacity = 0;             // bytes (cluster.nodes[].memory_gb)
+  std::vector<std::string> roles;   // "actor[0]", several when colocated (a shared budget)
+  int64_t total = 0;                // sum of the roles' device totals
+  bool fits() const { return total <= capacity; }
+};
+
+// A spec change (one --set override) and what it gives.
+struct PlanSuggestion {
+  std::string change;     // "actor.gradient_checkpointing=true"
+  int64_t new_total = 0;  // the over-budget device's total after the change
+  bool fits = false;      // every device fits after the change
+};
+
+struct MemoryPlan {
+  std::vector<RolePlan> roles;
+  std::vector<DevicePlan> devices;
+  std::vector<PlanSuggestion> suggestions;  // only when a device is over budget; fitting ones first
+  bool fits() const;
+  const RolePlan* role(const std::string& name) const;  // nullptr when not used
+  nlohmann::json to_json() const;
+};
+
+// The role's settings from a validated spec and its model config.
+RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placement& placement,
+                                  const models::ModelConfig& model);
+
+// Reads every used role's <model>/config.json. Roles whose file is missing are left out and
+// named in `missing` ("actor: runs/models/tiny/config.json").
+std::map<Role, models::ModelConfig> load_role_models(const JobSpec& spec, std::vector<std::string>& missing);
+
+// The plan for a spec whose role models are all given. With `suggest`, over-budget devices
+// get the spec changes that make them fit, each found by planning the changed spec again.
+MemoryPlan plan_memory(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models,
+                       bool suggest = true);
+
+}  // namespace rlhf::engine

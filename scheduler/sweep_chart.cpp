@@ -1,0 +1,173 @@
+// sweep.png: bars per variant (table order, left to right). Top panel: samples/s; bottom:
+// peak memory per variant, planned (grey) beside measured RSS (blue); red marks a variant
+// that failed or would not fit. Values are printed above the bars in a 3x5 digit font.
+// The PNG is written by hand (stored deflate blocks, CRC-32, Adler-32): no image library.
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/errors.h"
+#include "scheduler/sweep.h"
+
+namespace rlhf {
+namespace {
+
+struct Rgb {
+  uint8_t r, g, b;
+};
+constexpr Rgb kWhite{255, 255, 255}, kAxis{60, 60, 60}, kThroughput{46, 139, 87}, kPlanned{170, 170, 170},
+    kMeasured{52, 101, 164}, kBad{204, 40, 40};
+
+class Canvas {
+ public:
+  Canvas(int w, int h) : w_(w), h_(h), px_(static_cast<size_t>(w) * h, kWhite) {}
+  void fill(int x0, int y0, int x1, int y1, Rgb c) {
+    for (int y = std::max(0, y0); y < std::min(h_, y1); ++y)
+      for (int x = std::max(0, x0); x < std::min(w_, x1); ++x) px_[static_cast<size_t>(y) * w_ + x] = c;
+  }
+  // Digits, '.', 'k', 'M', 'G' (3x5 glyphs, scale 2) with the baseline at y.
+  void text(int x, int y, const std::string& s, Rgb c) {
+    static const char* kGlyphs[] = {
+        "111101101101111", "010110010010111", "111001111100111", "111001111001111", "101101111001001",
+        "111100111001111", "111100111101111", "111001001001001", "111101111101111", "111101111001111"};
+    for (char ch : s) {
+      const char* g = nullptr;
+      if (ch >= '0' && ch <= '9') g = kGlyphs[ch - '0'];
+      else if (ch == '.') g = "000000000000010";
+      else if (ch == 'k') g = "100101110101101";
+      else if (ch == 'M') g = "101111111101101";
+      else if (ch == 'G') g = "111100101101111";
+      if (g)
+        for (int i = 0; i < 15; ++i)
+          if (g[i] == '1') fill(x + (i % 3) * 2, y - 10 + (i / 3) * 2, x + (i % 3) * 2 + 2, y - 10 + (i / 3) * 2 + 2, c);
+      x += 8;
+    }
+  }
+  std::string png() const;
+
+ private:
+  int w_, h_;
+  std::vector<Rgb> px_;
+};
+
+uint32_t crc32(const std::string& data) {
+  static uint32_t table[256];
+  static bool ready = false;
+  if (!ready) {
+    for (uint32_t n = 0; n < 256; ++n) {
+      uint32_t c = n;
+      for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      table[n] = c;
+    }
+    ready = true;
+  }
+  uint32_t c = 0xFFFFFFFFu;
+  for (unsigned char b : data) c = table[(c ^ b) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+void put32(std::string& s, uint32_t v) {
+  for (int i = 3; i >= 0; --i) s += static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+
+void chunk(std::string& out, const char* type, const std::string& data) {
+  put32(out, static_cast<uint32_t>(data.size()));
+  const std::string body = std::string(type, 4) + data;
+  out += body;
+  put32(out, crc32(body));
+}
+
+std::string Canvas::png() const {
+  std::string raw;  // scanlines, each with filter byte 0
+  for (int y = 0; y < h_; ++y) {
+    raw += '\0';
+    for (int x = 0; x < w_; ++x) {
+      const Rgb& p = px_[static_cast<size_t>(y) * w_ + x];
+      raw += static_cast<char>(p.r);
+      raw += static_cast<char>(p.g);
+      raw += static_cast<char>(p.b);
+    }
+  }
+  // zlib (RFC 1950) around stored deflate blocks (RFC 1951, BTYPE 00), then Adler-32.
+  std::string z = "\x78\x01";
+  for (size_t pos = 0; pos < raw.size() || pos == 0; pos += 65535) {
+    const size_t n = std::min<size_t>(65535, raw.size() - pos);
+    z += static_cast<char>(pos + n >= raw.size() ? 1 : 0);
+    z += static_cast<char>(n & 0xFF);
+    z += static_cast<char>(n >> 8);
+    z += static_cast<char>(~n & 0xFF);
+    z += static_cast<char>((~n >> 8) & 0xFF);
+    z.append(raw, pos, n);
+    if (raw.empty()) break;
+  }
+  uint32_t a = 1, b = 0;
+  for (unsigned char c : raw) {
+    a = (a + c) % 65521;
+    b = (b + a) % 65521;
+  }
+  put32(z, (b << 16) | a);
+  std::string out = "\x89PNG\r\n\x1a\n";
+  std::string ihdr;
+  put32(ihdr, static_cast<uint32_t>(w_));
+  put32(ihdr, static_cast<uint32_t>(h_));
+  ihdr += std::string("\x08\x02\x00\x00\x00", 5);  // 8-bit RGB, deflate, no filter, no interlace
+  chunk(out, "IHDR", ihdr);
+  chunk(out, "IDAT", z);
+  chunk(out, "IEND", "");
+  return out;
+}
+
+std::string short_number(double v) {
+  std::ostringstream o;
+  if (v >= 1e9) o << std::fixed << std::setprecision(1) << v / (1ll << 30) << "G";
+  else if (v >= 1e6) o << std::fixed << std::setprecision(0) << v / (1 << 20) << "M";
+  else if (v >= 1e4) o << std::fixed << std::setprecision(0) << v / 1e3 << "k";
+  else o << std::fixed << std::setprecision(v < 10 ? 2 : 1) << v;
+  return o.str();
+}
+
+}  // namespace
+
+void write_sweep_chart(const std::vector<VariantResult>& results, const std::string& path) {
+  const int n = std::max<int>(1, static_cast<int>(results.size()));
+  const int slot = 90, left = 20, width = left * 2 + n * slot, panel = 180, gap = 40, height = 2 * panel + 3 * gap;
+  Canvas c(width, height);
+  double max_speed = 0, max_mem = 0;
+  for (const auto& r : results) {
+    max_speed = std::max(max_speed, r.samples_per_s);
+    max_mem = std::max({max_mem, static_cast<double>(r.max_planned_device), static_cast<double>(r.max_measured_rss)});
+  }
+  const int top_base = gap + panel, bottom_base = 2 * gap + 2 * panel + gap / 2;
+  c.fill(left, top_base, width - left, top_base + 2, kAxis);
+  c.fill(left, bottom_base, width - left, bottom_base + 2, kAxis);
+  for (int i = 0; i < static_cast<int>(results.size()); ++i) {
+    const VariantResult& r = results[i];
+    const int x = left + i * slot + 10;
+    const bool bad = r.status != VariantStatus::kOk && r.status != VariantStatus::kFits;
+    if (max_speed > 0 && r.samples_per_s > 0) {
+      const int h = static_cast<int>(panel * r.samples_per_s / max_speed);
+      c.fill(x, top_base - h, x + 60, top_base, kThroughput);
+      c.text(x, top_base - h - 4, short_number(r.samples_per_s), kAxis);
+    }
+    if (bad) c.fill(x, top_base + 4, x + 70, top_base + 10, kBad);
+    if (max_mem > 0) {
+      const int hp = static_cast<int>(panel * static_cast<double>(r.max_planned_device) / max_mem);
+      c.fill(x, bottom_base - hp, x + 30, bottom_base, bad ? kBad : kPlanned);
+      if (r.max_measured_rss > 0) {
+        const int hm = static_cast<int>(panel * static_cast<double>(r.max_measured_rss) / max_mem);
+        c.fill(x + 32, bottom_base - hm, x + 62, bottom_base, kMeasured);
+      }
+      c.text(x, bottom_base - hp - 4, short_number(static_cast<double>(r.max_planned_device)), kAxis);
+    }
+  }
+  std::ofstream out(path, std::ios::binary);
+  out << c.png();
+  out.close();
+  if (!out) throw RuntimeError("cannot write " + path);
+}
+
+}  // namespace rlhf

@@ -1,0 +1,278 @@
+// The memory planner: unit sizes and engine terms against totals computed by hand (ZeRO
+// stages, padding, offload, checkpointing), the planned engine peak against a real
+// Trainer's tracked peak (exact: both count the same tensors), KV cache and colocation, and
+// over-budget suggestions that were re-planned.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/spec.h"
+#include "engine/memory_plan.h"
+#include "engine/trainer.h"
+#include "tests/engine/tiny_job.h"
+#include "transport/collective_group.h"
+
+namespace fs = std::filesystem;
+namespace rt = rlhf::testing;
+using namespace rlhf::engine;
+
+namespace {
+
+// The tiny preset (hidden 64, intermediate 176, 2 layers, 4 heads of 16, 2 KV heads,
+// vocab 288), by hand:
+//   embed  288 x 64                                        = 18432
+//   layer  q 64x64 + k 64x32 + v 64x32 + o 64x64 = 12288; MLP 3 x 64 x 176 = 33792;
+//          two norms 128                                   = 46208
+//   head   norm 64 + lm_head 288 x 64                      = 18496
+constexpr int64_t kEmbed = 18432, kLayer = 46208, kHead = 18496;
+constexpr int64_t kParams = kEmbed + 2 * kLayer + kHead;  // 129344
+
+RoleMemoryInput tiny_trainer(int stage, int world, bool checkpointing) {
+  RoleMemoryInput in;
+  in.role = "actor";
+  in.model = rt::tiny_config(false);
+  in.work = RoleWork::kTrain;
+  in.group_size = world;
+  in.zero_stage = stage;
+  in.checkpointing = checkpointing;
+  in.micro_batch = rt::kMicroBatchSize;
+  in.seq_len = rt::kSeqLen;
+  return in;
+}
+
+TEST(MemoryPlan, UnitSizesMatchTheModel) {
+  const auto units = unit_numels(rt::tiny_config(false));
+  ASSERT_EQ(units.size(), 4u);
+  EXPECT_EQ(units[0], kEmbed);
+  EXPECT_EQ(units[1], kLayer);
+  EXPECT_EQ(units[3], kHead);
+  EXPECT_EQ(units[0] + units[1] + units[2] + units[3], rt::tiny_config(false).num_parameters());
+  EXPECT_EQ(unit_numels(rt::tiny_config(true)).back(), 64) << "tied: the head unit is the final norm only";
+}
+
+// Per rank, P parameters, world 1, BF16: weights 2P, master 4P, AdamW 8P, FP32 grads 4P.
+TEST(MemoryPlan, StageTwoOneRankByHand) {
+  const MemoryTerms t = plan_role(tiny_trainer(2, 1, true));
+  EXPECT_EQ(t.weights, 2 * kParams);
+  EXPECT_EQ(t.master, 4 * kParams);
+  EXPECT_EQ(t.optimizer, 8 * kParams);
+  EXPECT_EQ(t.grads, 4 * kParams);
+  // Largest transient: the reduce-scatter of a layer, flat FP32 [padded] + shard [S].
+  EXPECT_EQ(t.buffers, 4 * (kLayer + kLayer));
+  EXPECT_EQ(t.engine_peak, 18 * kParams + 8 * kLayer);  // 2697856, what ppo_tiny's actor reports
+  EXPECT_EQ(t.engine_peak, 2697856);
+}
+
+TEST(MemoryPlan, StageOneTwoRanksByHand) {
+  const MemoryTerms t = plan_role(tiny_trainer(1, 2, true));
+  const int64_t shard = kParams / 2;  // every unit has an even size: no padding
+  EXPECT_EQ(t.weights, 2 * kParams);
+  EXPECT_EQ(t.master, 4 * shard);
+  EXPECT_EQ(t.optimizer, 8 * shard);
+  EXPECT_EQ(t.grads, 4 * kParams) << "stage 1 keeps the full FP32 gradient";
+  EXPECT_EQ(t.buffers, 2 * kLayer) << "refresh_params all-gathers one BF16 layer";
+  EXPECT_EQ(t.engine_peak, 258688 + 258688 + 517376 + 517376 + 92416);
+}
+
+TEST(MemoryPlan, StageThreeGathersOneLayerWithCheckpointing) {
+  const MemoryTerms t = plan_role(tiny_trainer(3, 2, true));
+  EXPECT_EQ(t.weights, 0);
+  EXPECT_EQ(t.master + t.optimizer + t.grads, 16 * (kParams / 2));
+  // Embeddings + head stay gathered (BF16: 2 x (18432 + 18496) = 73856); a layer is
+  // re-gathered for its recompute (+ 92416) and released before its reduce-scatter
+  // (4 x (46208 + 23104) = 277248): the peak is 73856 + 277248.
+  EXPECT_EQ(t.gathered, 73856);
+  EXPECT_EQ(t.buffers, 277248);
+  EXPECT_EQ(t.engine_peak, 1034752 + 351104);
+}
+
+TEST(MemoryPlan, StageThreeWithoutCheckpointingKeepsEveryUnit) {
+  const MemoryTerms t = plan_role(tiny_trainer(3, 2, false));
+  // All units gathered until the trainer reduces them in order; the peak is at the first
+  // layer: layers + head gathered (2 x 110912) + its buffers 4 x (46208 + 23104).
+  EXPECT_EQ(t.gathered, 221824);
+  EXPECT_EQ(t.buffers, 277248);
+  EXPECT_EQ(t.engine_peak, 1034752 + 499072);
+  EXPECT_EQ(t.param_grads, 2 * kParams) << "every BF16 .grad is alive at the end of backward";
+  EXPECT_GT(t.activations, plan_role(tiny_trainer(3, 2, true)).activations);
+}
+
+TEST(MemoryPlan, ShardsArePaddedToTheGroup) {
+  const MemoryTerms t = plan_role(tiny_trainer(2, 3, true));
+  // ceil(18432 / 3) = 6144, ceil(46208 / 3) = 15403, ceil(18496 / 3) = 6166.
+  EXPECT_EQ(t.master, 4 * (6144 + 2 * 15403 + 6166));
+  EXPECT_EQ(t.buffers, 4 * (3 * 15403 + 15403));
+}
+
+TEST(MemoryPlan, OffloadMovesStatesOffCudaOnly) {
+  RoleMemoryInput in = tiny_trainer(3, 2, true);
+  in.adam_offload = true;
+  const MemoryTerms cpu = plan_role(in);
+  EXPECT_EQ(cpu.device_total(), plan_role(tiny_trainer(3, 2, true)).device_total())
+      << "on a CPU trainer the host is the device";
+  in.device_kind = rlhf::DeviceKind::kCuda;
+  const MemoryTerms cuda = plan_role(in);
+  EXPECT_EQ(cuda.master, 0);
+  EXPECT_EQ(cuda.optimizer, 0);
+  EXPECT_EQ(cuda.host, 12 * (kParams / 2));
+  EXPECT_EQ(cuda.weights, 2 * (kParams / 2)) << "stage 3 with offload caches the BF16 shard on the device";
+  EXPECT_EQ(cuda.engine_peak, cpu.engine_peak + cuda.weights) << "the tracker counts host state too";
+}
+
+// Activations for B = 2, T = 8 (formula in memory_plan.cpp), by hand:
+//   per token per layer: norms 2 x (4 x 64 + 2 x 64) = 768; attention 2 x (6 x 64 + 2 x 32)
+//   = 896; MLP 2 x 4 x 176 = 1408; total 3072 x 16 tokens = 49152; softmax 2 x 4 x 8 x 8 x 6
+//   = 3072; a layer = 52224. Shared: mask 4 x 2 x 64 = 512, cos/sin 2 x 2 x 8 x 16 x 2 = 1024;
+//   final norm 16 x 6 x 64 = 6144.
+TEST(MemoryPlan, ActivationsWithAndWithoutCheckpointing) {
+  RoleMemoryInput in = tiny_trainer(2, 1, false);
+  in.micro_batch = 2;
+  in.seq_len = 8;
+  EXPECT_EQ(plan_role(in).activations, 3 * 52224 + 1536 + 6144);
+  in.checkpointing = true;
+  EXPECT_EQ(plan_role(in).activations, 2 * 16 * 64 * 2 + 2 * 52224 + 1536 + 6144);
+  // Log-probs: 7 positions in one chunk: 2 x 7 x 288 x (8 + 4) bytes.
+  EXPECT_EQ(plan_role(in).log_probs, 2 * 7 * 288 * 12);
+  in.logprob_chunk = 4;  // several chunks: + the FP32 [V, H] accumulator and its BF16 copy
+  EXPECT_EQ(plan_role(in).log_probs, 2 * 4 * 288 * 12 + 288 * 64 * 6);
+}
+
+TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
+  RoleMemoryInput in;
+  in.role = "rollout";
+  in.model = rt::tiny_config(false);
+  in.work = RoleWork::kGenerate;
+  in.rollout_micro_batch = 8;
+  in.n_samples = 4;
+  in.prompt_len = 16;
+  in.max_new_tokens = 16;
+  in.micro_batch = 32;
+  in.seq_len = 32;
+  const MemoryTerms t = plan_role(in);
+  // Per row: K and V x 2 layers x 2 KV heads x 16 dims x 32 positions x 2 bytes = 8192;
+  // 32 sample rows + the 8 prefilled rows they are copied from.
+  EXPECT_EQ(t.kv_cache, 8192 * 40);
+  EXPECT_EQ(t.weights, 2 * kParams);
+  EXPECT_EQ(t.master + t.optimizer + t.grads, 0);
+  in.n_samples = 8;
+  EXPECT_EQ(plan_role(in).kv_cache, 8192 * 72);
+}
+
+// The planner against a real one-rank Trainer (BF16, 4 micro batches of 2 x 16): the
+// tracker's peak over a step must equal the planned engine peak to the byte, since both
+// count the same tensors (a mismatch means the planner's replay of ShardedUnit is wrong).
+TEST(MemoryPlan, EnginePeakEqualsTheTrainersTrackedPeak) {
+  const fs::path dir = fs::temp_directory_path() / ("rlhf_memory_plan_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  torch::set_num_threads(1);
+  int n = 0;
+  for (int stage : {1, 2, 3}) {
+    for (bool checkpointing : {true, false}) {
+      for (bool tied : {false, true}) {
+        auto model = rt::tiny_model(tied, checkpointing);
+        rlhf::transport::CollectiveConfig cc;
+        cc.store_path = (dir / ("store" + std::to_string(n++))).string();
+        auto group = rlhf::transport::make_collective_group(cc);
+        TrainerConfig config = rt::parity_config(stage, torch::kBFloat16, 1);
+        Trainer trainer(config, *model, *group);
+        const auto m = trainer.train_step([&](int64_t i) {
+          return rt::nll_loss(*model, rt::micro_batch(0, i, model->config().vocab_size));
+        });
+        RoleMemoryInput in = tiny_trainer(stage, 1, checkpointing);
+        in.model = rt::tiny_config(tied);
+        EXPECT_EQ(plan_role(in).engine_peak, m.memory.peak)
+            << "stage " << stage << (checkpointing ? " ckpt" : " no ckpt") << (tied ? " tied" : "");
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// A spec on disk with tiny models: colocated roles share a device budget, an over-budget
+// device gets changes that were planned again (and the first one fits).
+class MemoryPlanSpec : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("rlhf_memory_plan_spec_" + std::to_string(::getpid()));
+    fs::create_directories(dir_ / "tiny");
+    std::ofstream(dir_ / "tiny" / "config.json") << rt::tiny_config(false).to_json_text();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  rlhf::JobSpec spec(const std::string& memory_gb, const std::vector<std::string>& extra = {}) {
+    const std::string model = (dir_ / "tiny").string();
+    std::vector<std::string> sets = {"actor.model=" + model, "critic.model=" + model, "ref.model=" + model};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    std::string text = R"({"kind": "ppo", "cluster": {"nodes": [{"name": "local", "kind": "cpu", "devices": 4,
+      "memory_gb": )" + memory_gb + R"(}]},
+      "actor": {"devices": [0], "zero_stage": 2}, "critic": {"devices": [1]}, "ref": {"colocate_with": "actor"},
+      "reward": {"rule": "letters"}, "rollout": {"devices": [2], "batch_size": 8, "micro_batch_size": 4,
+      "n_samples_per_prompt": 2, "max_new_tokens": 16},
+      "data": {"prompt_dataset": "synthetic:letters", "prompt_max_len": 16, "max_len": 32},
+      "train": {"batch_size": 16, "micro_batch_size": 8}})";
+    return rlhf::JobSpec::parse(text, "test spec", sets);
+  }
+
+  std::map<rlhf::Role, rlhf::models::ModelConfig> models(const rlhf::JobSpec& s) {
+    std::vector<std::string> missing;
+    auto m = load_role_models(s, missing);
+    EXPECT_TRUE(missing.empty());
+    return m;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(MemoryPlanSpec, ColocatedRolesShareTheBudget) {
+  const auto s = spec("4");
+  const MemoryPlan plan = plan_memory(s, models(s));
+  ASSERT_TRUE(plan.fits());
+  const DevicePlan* shared = nullptr;
+  for (const auto& d : plan.devices)
+    if (d.device_id == 0) shared = &d;
+  ASSERT_NE(shared, nullptr);
+  EXPECT_EQ(shared->roles, (std::vector<std::string>{"actor[0]", "ref[0]"}));
+  EXPECT_EQ(shared->total, plan.role("actor")->terms.device_total() + plan.role("ref")->terms.device_total());
+  EXPECT_EQ(shared->capacity, 4ll << 30);
+  EXPECT_TRUE(plan.suggestions.empty());
+  EXPECT_EQ(plan.role("ref")->input.micro_batch, 8) << "ref scores rollout micro batches of 4 x 2 samples";
+}
+
+TEST_F(MemoryPlanSpec, OverBudgetDeviceGetsReplannedChanges) {
+  // Long sequences without checkpointing: the actor's activations dominate device 0. Its
+  // capacity is set halfway between the plans without and with checkpointing, so turning
+  // checkpointing on is a change that fits (and the first candidate the planner tries).
+  const std::vector<std::string> longer = {"data.max_len=512", "data.prompt_max_len=256",
+                                           "rollout.max_new_tokens=256", "rollout.micro_batch_size=1",
+                                           "actor.gradient_checkpointing=false"};
+  auto device0 = [](const MemoryPlan& p) {
+    for (const auto& d : p.devices)
+      if (d.device_id == 0) return d.total;
+    return int64_t{-1};
+  };
+  const auto probe = spec("4", longer);
+  const auto m = models(probe);
+  const int64_t without = device0(plan_memory(probe, m, false));
+  std::vector<std::string> with_ckpt = longer;
+  with_ckpt.push_back("actor.gradient_checkpointing=true");
+  const int64_t with = device0(plan_memory(spec("4", with_ckpt), m, false));
+  ASSERT_LT(with, without);
+  const double gb = static_cast<double>(with + without) / 2 / (1ll << 30);
+  const auto s = spec(std::to_string(gb), longer);
+  const MemoryPlan plan = plan_memory(s, m);
+  ASSERT_FALSE(plan.fits());
+  ASSERT_FALSE(plan.suggestions.empty());
+  EXPECT_EQ(plan.suggestions.front().change, "actor.gradient_checkpointing=true") << plan.to_json().dump(2);
+  EXPECT_TRUE(plan.suggestions.front().fits);
+  EXPECT_EQ(plan.suggestions.front().new_total, with);
+  for (const auto& sug : plan.suggestions) {
+    const auto changed = rlhf::JobSpec::parse(s.json().dump(), "changed", {sug.change});
+    const MemoryPlan again = plan_memory(changed, m, false);
+    EXPECT_EQ(again.fits(), sug.fits) << sug.change;
+    EXPECT_EQ(device0(again), sug.new_total) << sug.change;
+  }
+}
+
+}  // namespace
