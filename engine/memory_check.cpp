@@ -92,6 +92,7 @@ json measured_peaks(const std::string& metrics_path) {
     if (!rec.contains("memory")) return;
     for (const auto& [role, ranks] : rec["memory"].items()) {
       json& r = out[role];
+      if (!r.is_object()) r = json::object();
       for (const auto& m : ranks) {
         for (const char* key : {"peak_tensor_bytes", "peak_rss_bytes"}) {
           if (!m.contains(key)) continue;

@@ -139,8 +139,9 @@ void read_metrics(const std::string& path, VariantResult& r) {
   for (size_t i = first; i < records.size(); ++i) {
     r.samples_per_s += records[i].value("samples_per_s", 0.0) / n;
     r.tokens_per_s += records[i].value("tokens_per_s", 0.0) / n;
+    const json times = records[i].value("time_s", json::object());
     for (const char* phase : {"generate", "score", "train", "sync", "step"})
-      r.phase_s[phase] += records[i]["time_s"].value(phase, 0.0) / n;
+      r.phase_s[phase] += times.value(phase, 0.0) / n;
   }
   r.reward_mean = records.back().value("reward_mean", 0.0);
   const json peaks = engine::measured_peaks(path);

@@ -138,7 +138,7 @@ TEST_F(Sweep, TwoByTwoPpoTinyWritesEveryOutput) {
 
 TEST_F(Sweep, PlanOnlyMarksWhatWouldNotFit) {
   // Long responses make n = 8 samples need far more rollout KV cache and reference
-  // activations than n = 1; a declared device memory halfway between the two plans must fit
+  // activations than n = 2; a declared device memory halfway between the two plans must fit
   // the first and not the second.
   std::vector<std::string> common = {"--set", "rollout.max_new_tokens=1024", "--set", "data.max_len=1040"};
   for (const auto& a : models()) common.push_back(a);
@@ -149,13 +149,15 @@ TEST_F(Sweep, PlanOnlyMarksWhatWouldNotFit) {
     CliResult p = run_cli(args);
     EXPECT_EQ(p.exit_code, 0) << p.err;
     int64_t peak = 0;
-    for (const auto& d : json::parse(p.out)["memory"]["devices"]) peak = std::max(peak, d["total"].get<int64_t>());
+    const json plan = json::parse(p.out);
+    EXPECT_TRUE(plan["memory"].contains("devices")) << p.out.substr(p.out.find("\"memory\""));
+    for (const auto& d : plan["memory"]["devices"]) peak = std::max(peak, d["total"].get<int64_t>());
     return peak;
   };
-  const int64_t small = device_peak("1"), large = device_peak("8");
+  const int64_t small = device_peak("2"), large = device_peak("8");
   ASSERT_LT(small * 1.2, large) << "the grid must change the plan";
   const double gb = static_cast<double>(small + large) / 2 / (1ll << 30);
-  std::vector<std::string> args = {"sweep", "examples/ppo_tiny.json", "--grid", "rollout.n_samples_per_prompt=1,8",
+  std::vector<std::string> args = {"sweep", "examples/ppo_tiny.json", "--grid", "rollout.n_samples_per_prompt=2,8",
                                    "--plan-only", "--out", (dir_ / "plan").string(), "--set",
                                    "cluster.nodes=[{\"name\": \"local\", \"kind\": \"cpu\", \"devices\": 5, "
                                    "\"memory_gb\": " + std::to_string(gb) + "}]"};
