@@ -62,10 +62,11 @@ std::string percent(double ratio) {
 }
 
 void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
-  out << "\nMemory per rank at its peak (bytes each worker of the role holds; engine = what the\n"
+  out << "\nMemory per rank at its peak (bytes each worker of the role holds; total = overhead +\n"
+         "the larger of load (model construction) and the other terms; engine = what the\n"
          "trainer's tracker counts, reported as peak_tensor_bytes):\n";
   TextTable roles({"role", "ranks", "weights", "master", "adam", "grads", "gathered", "buffers", ".grad",
-                   "activations", "log-probs", "kv-cache", "overhead", "total", "engine"});
+                   "activations", "log-probs", "kv-cache", "load", "overhead", "total", "engine"});
   for (const auto& r : plan.roles) {
     const auto& t = r.terms;
     std::string role = r.input.role;
@@ -74,7 +75,7 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
               (r.input.adam_offload ? ", offload" : "") + ")";
     roles.add({role, std::to_string(r.input.group_size), mib(t.weights), mib(t.master), mib(t.optimizer),
                mib(t.grads), mib(t.gathered), mib(t.buffers), mib(t.param_grads), mib(t.activations),
-               mib(t.log_probs), mib(t.kv_cache), mib(t.overhead), mib(t.device_total()), mib(t.engine_peak)});
+               mib(t.log_probs), mib(t.kv_cache), mib(t.load), mib(t.overhead), mib(t.device_total()), mib(t.engine_peak)});
   }
   out << roles.str();
   TextTable devices({"device", "roles", "planned", "capacity", "use", ""});

@@ -76,16 +76,19 @@ int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64
   return c.num_hidden_layers * B * T * c.hidden_size * e + 2 * layer + shared;
 }
 
-// models/log_probs.cpp: forward holds one chunk's logits (e, then FP32) and the exp of
-// logsumexp; backward one chunk's logits, FP32 probs and e-dtype grad logits, and with
-// several chunks an FP32 [V, H] accumulator of the head's gradient.
+// models/log_probs.cpp, per chunk of n positions: the logits matmul in e, converted to FP32,
+// then logsumexp's FP32 temporary (forward), or the FP32 logits and probs (backward): 8
+// bytes per [B, n, V] element at the peak, the e-dtype copy being freed by then. Backward
+// also builds the head's gradient [V, H] in e before autograd adds it to .grad, and with
+// several chunks accumulates it in an FP32 [V, H] buffer first.
 int64_t log_prob_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t chunk, int64_t e, bool backward) {
   const int64_t positions = std::max<int64_t>(1, T - 1);
   const int64_t n = std::min(chunk, positions);
   const int64_t V = c.vocab_size;
-  if (!backward) return B * n * V * (8 + e);
-  int64_t bytes = B * n * V * (8 + 2 * e);
-  if (positions > chunk) bytes += V * c.hidden_size * (4 + e);
+  int64_t bytes = B * n * V * 8;
+  if (!backward) return bytes;
+  bytes += V * c.hidden_size * e;
+  if (positions > chunk) bytes += V * c.hidden_size * 4;
   return bytes;
 }
 
@@ -155,8 +158,9 @@ EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, 
 }  // namespace
 
 int64_t MemoryTerms::device_total() const {
-  return weights + master + optimizer + grads + gathered + buffers + param_grads + activations + log_probs +
-         kv_cache + overhead;
+  const int64_t steady = weights + master + optimizer + grads + gathered + buffers + param_grads + activations +
+                         log_probs + kv_cache;
+  return overhead + std::max(steady, load);
 }
 
 std::pair<std::string, int64_t> MemoryTerms::dominant() const {
@@ -164,7 +168,7 @@ std::pair<std::string, int64_t> MemoryTerms::dominant() const {
       {"weights", weights},         {"master", master},         {"optimizer", optimizer},
       {"grads", grads},             {"gathered", gathered},     {"buffers", buffers},
       {"param_grads", param_grads}, {"activations", activations}, {"log_probs", log_probs},
-      {"kv_cache", kv_cache},       {"overhead", overhead}};
+      {"kv_cache", kv_cache},       {"overhead", overhead},       {"load", load}};
   auto best = terms[0];
   for (const auto& t : terms)
     if (t.second > best.second) best = t;
@@ -175,7 +179,7 @@ json MemoryTerms::to_json() const {
   return {{"weights", weights},         {"master", master},     {"optimizer", optimizer},
           {"grads", grads},             {"gathered", gathered}, {"buffers", buffers},
           {"param_grads", param_grads}, {"activations", activations}, {"log_probs", log_probs},
-          {"kv_cache", kv_cache},       {"overhead", overhead}, {"host", host},
+          {"kv_cache", kv_cache},       {"overhead", overhead}, {"load", load}, {"host", host},
           {"engine_peak", engine_peak}, {"device_total", device_total()}};
 }
 
@@ -200,6 +204,11 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
   const std::vector<int64_t> units = unit_numels(c);
   int64_t numel = 0;
   for (int64_t n : units) numel += n;
+  // models/pretrained.cpp: CausalLM's constructor builds FP32 parameters and init_weights
+  // draws each into an FP32 temporary; the largest is the embedding (or an untied head).
+  const int64_t largest_param = std::max({c.vocab_size * c.hidden_size, c.intermediate_size * c.hidden_size,
+                                          c.num_attention_heads * c.head_dim * c.hidden_size});
+  t.load = 4 * (c.num_parameters() + largest_param);
 
   if (in.work != RoleWork::kTrain) {
     t.weights = e * numel;

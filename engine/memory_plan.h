@@ -48,7 +48,8 @@ struct RoleMemoryInput {
   int64_t max_new_tokens = 1;       // R
 };
 
-// Bytes one rank of a role holds at its peak, by term. Device terms sum to device_total();
+// Bytes one rank of a role holds at its peak, by term. device_total() is the overhead plus the
+// larger of the load peak and the sum of the steady terms (weights .. kv_cache);
 // engine_peak is what the trainer's MemoryTracker counts (the measured peak_tensor_bytes).
 struct MemoryTerms {
   int64_t weights = 0;      // compute-dtype parameters kept on the device
@@ -62,6 +63,8 @@ struct MemoryTerms {
   int64_t log_probs = 0;    // chunked log-prob buffers of the LM head
   int64_t kv_cache = 0;     // rollout KV cache (with its prefill copy)
   int64_t overhead = 0;     // fixed per process: runtime, kernels, allocator slack
+  int64_t load = 0;         // loading the model: every parameter built in FP32 and initialised
+                            // (one FP32 temporary of the largest), before the dtype conversion
   int64_t host = 0;         // offloaded to host memory (not on the device)
   int64_t engine_peak = 0;  // MemoryTracker's peak: model states + gathered + buffers (+ host states)
 

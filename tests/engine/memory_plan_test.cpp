@@ -133,10 +133,13 @@ TEST(MemoryPlan, ActivationsWithAndWithoutCheckpointing) {
   EXPECT_EQ(plan_role(in).activations, 3 * 52224 + 1536 + 6144);
   in.checkpointing = true;
   EXPECT_EQ(plan_role(in).activations, 2 * 16 * 64 * 2 + 2 * 52224 + 1536 + 6144);
-  // Log-probs: 7 positions in one chunk: 2 x 7 x 288 x (8 + 4) bytes.
-  EXPECT_EQ(plan_role(in).log_probs, 2 * 7 * 288 * 12);
-  in.logprob_chunk = 4;  // several chunks: + the FP32 [V, H] accumulator and its BF16 copy
-  EXPECT_EQ(plan_role(in).log_probs, 2 * 4 * 288 * 12 + 288 * 64 * 6);
+  // Log-probs: 7 positions in one chunk: 2 x 7 x 288 x 8 bytes, plus the head's BF16
+  // gradient 288 x 64 x 2.
+  EXPECT_EQ(plan_role(in).log_probs, 2 * 7 * 288 * 8 + 288 * 64 * 2);
+  in.logprob_chunk = 4;  // several chunks: + the FP32 [V, H] accumulator
+  EXPECT_EQ(plan_role(in).log_probs, 2 * 4 * 288 * 8 + 288 * 64 * 6);
+  in.work = RoleWork::kInfer;  // forward only: the chunk's logits and logsumexp temporary
+  EXPECT_EQ(plan_role(in).log_probs, 2 * 4 * 288 * 8);
 }
 
 TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
