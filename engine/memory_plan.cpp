@@ -65,15 +65,18 @@ int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int6
 
 // Training forward + backward of one micro batch (what the autograd graph holds at its
 // peak, in backward). Without checkpointing every layer's saved tensors are alive when
-// backward starts, plus one layer's worth of gradients in flight; with checkpointing each
-// layer keeps only its input [B, T, H], and backward recomputes one layer at a time (its
-// saved tensors and its gradients: twice a layer).
+// backward starts; with checkpointing each layer keeps only its input [B, T, H] and backward
+// recomputes one layer at a time (its saved tensors). Either way one layer's backward is in
+// flight: gradients as large as its saved tensors, plus the softmax backward's FP32 buffers
+// and e-dtype score gradients, (8 + 2e) x heads x T x T (bench_memory_plan measures the
+// whole: within 10% at T = 128..512 on the 100m preset).
 int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e, bool checkpointing) {
   const int64_t layer = layer_saved_bytes(c, B, T, e);
+  const int64_t in_flight = layer + B * c.num_attention_heads * T * T * (8 + 2 * e);
   const int64_t head_norm = B * T * (4 + e) * c.hidden_size;
   const int64_t shared = shared_forward_bytes(c, B, T, e) + head_norm;
-  if (!checkpointing) return (c.num_hidden_layers + 1) * layer + shared;
-  return c.num_hidden_layers * B * T * c.hidden_size * e + 2 * layer + shared;
+  if (!checkpointing) return c.num_hidden_layers * layer + in_flight + shared;
+  return c.num_hidden_layers * B * T * c.hidden_size * e + layer + in_flight + shared;
 }
 
 // models/log_probs.cpp, per chunk of n positions: the logits matmul in e, converted to FP32,
@@ -158,9 +161,7 @@ EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, 
 }  // namespace
 
 int64_t MemoryTerms::device_total() const {
-  const int64_t steady = weights + master + optimizer + grads + gathered + buffers + param_grads + activations +
-                         log_probs + kv_cache;
-  return overhead + std::max(steady, load);
+  return overhead + std::max(load, weights + master + optimizer + grads + step_peak);
 }
 
 std::pair<std::string, int64_t> MemoryTerms::dominant() const {
@@ -180,7 +181,7 @@ json MemoryTerms::to_json() const {
           {"grads", grads},             {"gathered", gathered}, {"buffers", buffers},
           {"param_grads", param_grads}, {"activations", activations}, {"log_probs", log_probs},
           {"kv_cache", kv_cache},       {"overhead", overhead}, {"load", load}, {"host", host},
-          {"engine_peak", engine_peak}, {"device_total", device_total()}};
+          {"step_peak", step_peak},     {"engine_peak", engine_peak}, {"device_total", device_total()}};
 }
 
 std::vector<int64_t> unit_numels(const models::ModelConfig& c) {
@@ -216,6 +217,7 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
     if (in.work == RoleWork::kInfer) {
       t.activations = inference_bytes(c, in.micro_batch, in.seq_len, e);
       if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, false);
+      t.step_peak = t.activations + t.log_probs;
       return t;
     }
     // Rollout (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
@@ -226,6 +228,7 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
     t.kv_cache = per_row * (rows + in.rollout_micro_batch);
     t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e);
     t.log_probs = rows * c.vocab_size * 4 * 3;  // decode logits, FP32 softmax and sampling copy
+    t.step_peak = t.kv_cache + t.activations + t.log_probs;
     return t;
   }
 
@@ -247,9 +250,37 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
   // Compute-dtype .grad before the engine takes it: one layer at a time with checkpointing
   // (plus embeddings and head, reduced after backward), every parameter without.
   const int64_t largest_layer = units.size() > 2 ? *std::max_element(units.begin() + 1, units.end() - 1) : 0;
-  t.param_grads = e * (in.checkpointing ? units.front() + units.back() + largest_layer : numel);
+  const int64_t grads_in_flight = e * (units.front() + units.back() + largest_layer);
+  t.param_grads = in.checkpointing ? grads_in_flight : e * numel;
   t.activations = training_bytes(c, in.micro_batch, in.seq_len, e, in.checkpointing);
   if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, true);
+  // The embedding's backward (the last op of backward, when the activations are gone)
+  // builds its [V, H] gradient through an FP32 buffer: measured ~141 MiB on the 100m
+  // preset whatever the length (bench_memory_plan). When that phase is the larger, the
+  // vocabulary-sized term carries the difference so that the sum is the phase's peak.
+  const int64_t embed_backward = c.vocab_size * c.hidden_size * (4 + e);
+  t.log_probs = std::max(t.activations + t.log_probs, embed_backward) - t.activations;
+  // Phases of a step (see MemoryTerms). Activation phase: the graph, the head's buffers, the
+  // .grad in flight and what ZeRO-3 keeps gathered then (embeddings + head + the recomputed
+  // layer, or every unit without checkpointing). Reduction phase: the .grad not yet reduced
+  // (all of them without checkpointing) beside the engine's largest transient set.
+  int64_t gathered_then = 0;
+  if (stage == 3) {
+    const int64_t g_embed = e * div_up(units.front(), in.group_size) * in.group_size;
+    const int64_t g_head = e * div_up(units.back(), in.group_size) * in.group_size;
+    gathered_then = in.checkpointing ? g_embed + g_head + e * div_up(largest_layer, in.group_size) * in.group_size
+                                     : e * numel;
+  }
+  const int64_t activation_phase = t.activations + t.log_probs + grads_in_flight + gathered_then;
+  const int64_t unreduced = in.checkpointing ? e * (units.front() + units.back()) : e * numel;
+  const int64_t reduction_phase = unreduced + t.gathered + t.buffers;
+  int64_t scoring_phase = 0;  // PPO: the trained roles also score experience without grad
+  if (in.infer_micro_batch > 0) {
+    scoring_phase = inference_bytes(c, in.infer_micro_batch, in.seq_len, e) +
+                    (lm ? log_prob_bytes(c, in.infer_micro_batch, in.seq_len, in.logprob_chunk, e, false) : 0) +
+                    (stage == 3 ? e * div_up(units.front(), in.group_size) * in.group_size : 0);
+  }
+  t.step_peak = std::max({activation_phase, reduction_phase, scoring_phase});
   return t;
 }
 
@@ -282,6 +313,7 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.adam_offload = spec.get_bool(r + ".adam_offload");
     in.checkpointing = spec.get_bool(r + ".gradient_checkpointing");
     in.micro_batch = spec.get_int("train.micro_batch_size") * pair;
+    if (ppo) in.infer_micro_batch = in.rollout_micro_batch * in.n_samples;
   } else if (role == Role::kRollout) {
     in.work = RoleWork::kGenerate;
     in.micro_batch = in.rollout_micro_batch * in.n_samples;

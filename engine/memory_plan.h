@@ -38,6 +38,7 @@ struct RoleMemoryInput {
   bool adam_offload = false;   // master + moments in host memory (only moves bytes on cuda)
   bool checkpointing = true;   // per-layer recompute in backward
   int64_t micro_batch = 1;     // sequences per forward (train.micro_batch_size, or rollout mb x n)
+  int64_t infer_micro_batch = 0;  // trained roles: sequences per scoring forward (PPO: rollout mb x n)
   int64_t seq_len = 1;         // tokens per sequence
   int64_t logprob_chunk = 256; // positions per chunk of the LM head (CausalLM::log_probs)
   bool lm_head_log_probs = true;  // the role computes log-probs through its LM head
@@ -48,9 +49,12 @@ struct RoleMemoryInput {
   int64_t max_new_tokens = 1;       // R
 };
 
-// Bytes one rank of a role holds at its peak, by term. device_total() is the overhead plus the
-// larger of the load peak and the sum of the steady terms (weights .. kv_cache);
-// engine_peak is what the trainer's MemoryTracker counts (the measured peak_tensor_bytes).
+// Bytes one rank of a role holds, by term, each at its own peak. The transient terms do
+// not all peak together: a training step's activation phase (activations, log-probs, the
+// .grad in flight, ZeRO-3 gathers) comes before its reduction phase (every .grad not yet
+// reduced, collective buffers), and inference phases between. step_peak is the largest
+// phase; device_total() = overhead + max(load, persistent states + step_peak). engine_peak
+// is what the trainer's MemoryTracker counts (the measured peak_tensor_bytes).
 struct MemoryTerms {
   int64_t weights = 0;      // compute-dtype parameters kept on the device
   int64_t master = 0;       // FP32 master weights (this rank's shard)
@@ -66,6 +70,7 @@ struct MemoryTerms {
   int64_t load = 0;         // loading the model: every parameter built in FP32 and initialised
                             // (one FP32 temporary of the largest), before the dtype conversion
   int64_t host = 0;         // offloaded to host memory (not on the device)
+  int64_t step_peak = 0;    // the largest phase sum of the transient terms (see above)
   int64_t engine_peak = 0;  // MemoryTracker's peak: model states + gathered + buffers (+ host states)
 
   int64_t device_total() const;

@@ -11,6 +11,7 @@
 
 #include "run_cli.h"
 #include "test_paths.h"
+#include "tests/support/processes.h"
 
 namespace {
 
@@ -172,6 +173,34 @@ TEST_F(Sweep, PlanOnlyMarksWhatWouldNotFit) {
   EXPECT_NE(csv[2][column(csv[0], "reason")].find("needs"), std::string::npos);
   EXPECT_EQ(csv[2][column(csv[0], "steps")], "0") << "plan-only runs nothing";
   EXPECT_FALSE(fs::exists(dir_ / "plan" / csv[1][column(csv[0], "variant")] / "metrics.jsonl"));
+}
+
+// Ctrl-C: SIGINT after the first variant finished stops the running child cleanly, keeps
+// the finished variant and still writes the outputs; the rest are "not run".
+TEST_F(Sweep, InterruptKeepsFinishedVariants) {
+  std::vector<std::string> args = {"sweep", std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json", "--grid",
+                                   "rollout.n_samples_per_prompt=2,4,8", "--steps", "2", "--out",
+                                   (dir_ / "int").string()};
+  for (const auto& a : models()) args.push_back(a);
+  rlhf::testing::RlhfProcess sweep(args, dir_.string());
+  ASSERT_TRUE(rlhf::testing::poll_until([&] { return sweep.err().find("[1/3] n_samples_per_prompt-2: ok") != std::string::npos; },
+                                        std::chrono::seconds(120)))
+      << sweep.err();
+  ASSERT_EQ(::kill(sweep.pid(), SIGINT), 0);
+  const auto status = sweep.wait(std::chrono::seconds(60));
+  ASSERT_TRUE(status.has_value()) << "the sweep did not stop within 60 s: " << sweep.err();
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 1) << sweep.err();
+  EXPECT_NE(sweep.err().find("interrupted"), std::string::npos) << sweep.err();
+  const auto csv = read_csv(dir_ / "int" / "sweep.csv");
+  ASSERT_EQ(csv.size(), 4u);
+  const size_t status_col = column(csv[0], "status");
+  EXPECT_EQ(csv[1][status_col], "ok");
+  EXPECT_EQ(csv[1][column(csv[0], "steps")], "2");
+  EXPECT_EQ(csv[2][status_col], "not run");
+  EXPECT_EQ(csv[3][status_col], "not run");
+  EXPECT_TRUE(fs::exists(dir_ / "int" / "sweep.png"));
+  EXPECT_TRUE(fs::exists(dir_ / "int" / "n_samples_per_prompt-2" / "metrics.jsonl"));
 }
 
 }  // namespace

@@ -1,0 +1,136 @@
+// Planned vs measured activation memory: the memory planner's activations + log-prob
+// buffers (engine/memory_plan.h) against the measured forward+backward peak of a BF16 preset
+// model, with and without per-layer checkpointing, at a few sequence lengths. The engine's
+// own terms are checked exactly by tests (tests/engine/memory_plan_test.cpp); this is the
+// part that is an estimate. CPU only.
+//
+// Measurement (bench_model's method; LibTorch 1.13 has no CPU allocator statistics): in a
+// forked child, malloc serves every block >= 64 KiB with its own mmap so freed tensors leave
+// the resident set at once; peak = VmHWM during forward+backward (reset through
+// /proc/self/clear_refs) - RSS before forward, with parameters and .grad already allocated.
+#include <malloc.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "engine/memory_plan.h"
+#include "models/causal_lm.h"
+
+namespace {
+
+using rlhf::models::CausalLM;
+using rlhf::models::Checkpointing;
+
+double rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  long total = 0, resident = 0;
+  statm >> total >> resident;
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+double hwm_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
+  return -1;
+}
+
+bool reset_hwm() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  return static_cast<bool>(clear);
+}
+
+// Peak bytes of one forward+backward of the next-token loss above the pre-forward RSS.
+double measure(CausalLM& model, const torch::Tensor& ids) {
+  for (int pass = 0; pass < 2; ++pass) {  // the first pass allocates .grad and kernels
+    model.zero_grad(/*set_to_none=*/false);
+    if (pass == 1 && !reset_hwm()) return -1;
+    const double before = rss_bytes();
+    auto hidden = model.forward(ids, torch::ones_like(ids));
+    auto loss = -model.next_token_log_probs(hidden, ids).mean();
+    loss.backward();
+    if (pass == 1) return hwm_bytes() - before;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string preset = "100m";
+  int64_t batch = 1;
+  std::vector<int64_t> seqs = {128, 256, 512};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--preset") preset = v;
+    else if (k == "--batch") batch = std::stoll(v);
+    else if (k == "--seq") {
+      seqs.clear();
+      for (size_t p = 0; p < v.size();) {
+        const size_t q = v.find(',', p);
+        seqs.push_back(std::stoll(v.substr(p, q - p)));
+        p = q == std::string::npos ? v.size() : q + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: bench_memory_plan [--preset 100m] [--batch 1] [--seq 128,256,512]\n");
+      return 2;
+    }
+  }
+  torch::set_num_threads(1);
+  const auto config = rlhf::models::preset_config(preset);
+  std::printf("bench_memory_plan: preset %s (%ld parameters), batch %ld, BF16, activations + log-prob buffers\n",
+              preset.c_str(), static_cast<long>(config.num_parameters()), static_cast<long>(batch));
+  std::printf("%-6s %-10s %12s %12s %8s\n", "seq", "checkpoint", "planned MiB", "measured MiB", "error");
+  for (int64_t T : seqs) {
+    for (bool ckpt : {false, true}) {
+      int fds[2];
+      if (::pipe(fds) != 0) return std::perror("pipe"), 1;
+      std::fflush(stdout);
+      const pid_t pid = ::fork();
+      if (pid < 0) return std::perror("fork"), 1;
+      if (pid == 0) {
+        ::close(fds[0]);
+        if (::mallopt(M_MMAP_THRESHOLD, 64 * 1024) != 1 || ::mallopt(M_TRIM_THRESHOLD, 64 * 1024) != 1) ::_exit(3);
+        auto model = std::make_shared<CausalLM>(config);
+        model->to(torch::kBFloat16);
+        model->train();
+        model->set_checkpointing(ckpt ? Checkpointing::kPerLayer : Checkpointing::kNone);
+        torch::manual_seed(static_cast<uint64_t>(T));
+        auto ids = torch::randint(0, std::min<int64_t>(config.vocab_size, 259), {batch, T}, torch::kInt64);
+        const double peak = measure(*model, ids);
+        if (::write(fds[1], &peak, sizeof peak) != static_cast<ssize_t>(sizeof peak)) ::_exit(5);
+        ::_exit(0);
+      }
+      ::close(fds[1]);
+      double measured = -1;
+      const bool got = ::read(fds[0], &measured, sizeof measured) == static_cast<ssize_t>(sizeof measured);
+      ::close(fds[0]);
+      int status = 0;
+      if (::waitpid(pid, &status, 0) != pid || !got || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "measurement child failed (status %d)\n", status);
+        return 1;
+      }
+      rlhf::engine::RoleMemoryInput in;
+      in.role = "bench";
+      in.model = config;
+      in.work = rlhf::engine::RoleWork::kTrain;
+      in.micro_batch = batch;
+      in.seq_len = T;
+      in.checkpointing = ckpt;
+      const auto terms = rlhf::engine::plan_role(in);
+      const double planned = static_cast<double>(terms.activations + terms.log_probs);
+      std::printf("%-6ld %-10s %12.1f %12.1f %+7.1f%%\n", static_cast<long>(T), ckpt ? "per-layer" : "none",
+                  planned / (1 << 20), measured / (1 << 20), 100.0 * (planned - measured) / measured);
+    }
+  }
+  return 0;
+}
