@@ -1,11 +1,14 @@
 // sweep.png: bars per variant (table order, left to right). Top panel: samples/s; bottom:
-// peak memory per variant, planned (grey) beside measured RSS (blue); red marks a variant
-// that failed or would not fit. Values are printed above the bars in a 3x5 digit font.
+// peak memory of the role whose plan changes most across the grid (named in the panel),
+// planned (grey) beside measured RSS (blue); red marks a variant that failed or would not
+// fit. Values are printed above the bars in a 3x5 font.
 // The PNG is written by hand (stored deflate blocks, CRC-32, Adler-32): no image library.
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,21 +32,24 @@ class Canvas {
     for (int y = std::max(0, y0); y < std::min(h_, y1); ++y)
       for (int x = std::max(0, x0); x < std::min(w_, x1); ++x) px_[static_cast<size_t>(y) * w_ + x] = c;
   }
-  // Digits, '.', 'k', 'M', 'G' (3x5 glyphs, scale 2) with the baseline at y.
+  // 3x5 glyphs (scale 2) with the baseline at y: digits, '.', '/', and the capitals of role
+  // names and labels; other characters advance as a space.
   void text(int x, int y, const std::string& s, Rgb c) {
-    static const char* kGlyphs[] = {
-        "111101101101111", "010110010010111", "111001111100111", "111001111001111", "101101111001001",
-        "111100111001111", "111100111101111", "111001001001001", "111101111101111", "111101111001111"};
+    static const std::map<char, const char*> kGlyphs = {
+        {'0', "111101101101111"}, {'1', "010110010010111"}, {'2', "111001111100111"}, {'3', "111001111001111"},
+        {'4', "101101111001001"}, {'5', "111100111001111"}, {'6', "111100111101111"}, {'7', "111001001001001"},
+        {'8', "111101111101111"}, {'9', "111101111001111"}, {'.', "000000000000010"}, {'/', "001001010100100"},
+        {'k', "100101110101101"}, {'M', "101111111101101"}, {'G', "111100101101111"}, {'A', "010101111101101"},
+        {'C', "011100100100011"}, {'T', "111010010010010"}, {'O', "010101101101010"}, {'R', "110101110101101"},
+        {'I', "111010010010111"}, {'E', "111100110100111"}, {'F', "111100110100100"}, {'L', "100100100100111"},
+        {'U', "101101101101111"}, {'W', "101101111111101"}, {'D', "110101101101110"}, {'S', "011100010001110"},
+        {'P', "110101110100100"}, {'K', "101101110101101"}, {'N', "110101101101101"}};
     for (char ch : s) {
-      const char* g = nullptr;
-      if (ch >= '0' && ch <= '9') g = kGlyphs[ch - '0'];
-      else if (ch == '.') g = "000000000000010";
-      else if (ch == 'k') g = "100101110101101";
-      else if (ch == 'M') g = "101111111101101";
-      else if (ch == 'G') g = "111100101101111";
-      if (g)
+      auto it = kGlyphs.find(ch);
+      if (it != kGlyphs.end())
         for (int i = 0; i < 15; ++i)
-          if (g[i] == '1') fill(x + (i % 3) * 2, y - 10 + (i / 3) * 2, x + (i % 3) * 2 + 2, y - 10 + (i / 3) * 2 + 2, c);
+          if (it->second[i] == '1')
+            fill(x + (i % 3) * 2, y - 10 + (i / 3) * 2, x + (i % 3) * 2 + 2, y - 10 + (i / 3) * 2 + 2, c);
       x += 8;
     }
   }
@@ -130,18 +136,52 @@ std::string short_number(double v) {
   return o.str();
 }
 
+// The role whose planned total varies most across the variants (the largest on a tie).
+std::string swept_role(const std::vector<VariantResult>& results) {
+  std::map<std::string, std::pair<int64_t, int64_t>> range;  // role -> (min, max)
+  for (const auto& r : results)
+    for (const auto& [role, f] : r.memory) {
+      if (f.planned_total <= 0) continue;
+      auto it = range.find(role);
+      if (it == range.end()) range[role] = {f.planned_total, f.planned_total};
+      else it->second = {std::min(it->second.first, f.planned_total), std::max(it->second.second, f.planned_total)};
+    }
+  std::string best;
+  std::pair<int64_t, int64_t> key{-1, -1};
+  for (const auto& [role, mm] : range) {
+    const std::pair<int64_t, int64_t> k{mm.second - mm.first, mm.second};
+    if (k > key) {
+      key = k;
+      best = role;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 void write_sweep_chart(const std::vector<VariantResult>& results, const std::string& path) {
   const int n = std::max<int>(1, static_cast<int>(results.size()));
-  const int slot = 90, left = 20, width = left * 2 + n * slot, panel = 180, gap = 40, height = 2 * panel + 3 * gap;
+  const int slot = 90, left = 20, width = std::max(260, left * 2 + n * slot), panel = 180, gap = 40,
+            height = 2 * panel + 3 * gap;
   Canvas c(width, height);
+  const std::string role = swept_role(results);
+  auto planned = [&role](const VariantResult& r) {
+    return r.memory.count(role) ? static_cast<double>(r.memory.at(role).planned_total) : 0.0;
+  };
+  auto measured = [&role](const VariantResult& r) {
+    return r.memory.count(role) ? static_cast<double>(r.memory.at(role).measured_rss) : 0.0;
+  };
   double max_speed = 0, max_mem = 0;
   for (const auto& r : results) {
     max_speed = std::max(max_speed, r.samples_per_s);
-    max_mem = std::max({max_mem, static_cast<double>(r.max_planned_device), static_cast<double>(r.max_measured_rss)});
+    max_mem = std::max({max_mem, planned(r), measured(r)});
   }
   const int top_base = gap + panel, bottom_base = 2 * gap + 2 * panel + gap / 2;
+  c.text(left, 16, "SAMPLES/S", kAxis);
+  std::string label = "PEAK " + role;
+  for (char& ch : label) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  c.text(left, top_base + 30, label, kAxis);
   c.fill(left, top_base, width - left, top_base + 2, kAxis);
   c.fill(left, bottom_base, width - left, bottom_base + 2, kAxis);
   for (int i = 0; i < static_cast<int>(results.size()); ++i) {
@@ -155,13 +195,14 @@ void write_sweep_chart(const std::vector<VariantResult>& results, const std::str
     }
     if (bad) c.fill(x, top_base + 4, x + 70, top_base + 10, kBad);
     if (max_mem > 0) {
-      const int hp = static_cast<int>(panel * static_cast<double>(r.max_planned_device) / max_mem);
+      const int hp = static_cast<int>((panel - 20) * planned(r) / max_mem);
       c.fill(x, bottom_base - hp, x + 30, bottom_base, bad ? kBad : kPlanned);
-      if (r.max_measured_rss > 0) {
-        const int hm = static_cast<int>(panel * static_cast<double>(r.max_measured_rss) / max_mem);
+      if (measured(r) > 0) {
+        const int hm = static_cast<int>((panel - 20) * measured(r) / max_mem);
         c.fill(x + 32, bottom_base - hm, x + 62, bottom_base, kMeasured);
       }
-      c.text(x, bottom_base - hp - 4, short_number(static_cast<double>(r.max_planned_device)), kAxis);
+      c.text(x, bottom_base - std::max(hp, static_cast<int>((panel - 20) * measured(r) / max_mem)) - 4,
+             short_number(planned(r)), kAxis);
     }
   }
   std::ofstream out(path, std::ios::binary);
