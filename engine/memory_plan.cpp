@@ -101,8 +101,10 @@ struct EnginePeak {
   int64_t weights = 0, master = 0, optimizer = 0, grads = 0, gathered = 0, buffers = 0;
 };
 
+// Tied embeddings need nothing extra: the head gathers unit 0, which training keeps
+// gathered anyway.
 EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, int64_t e, bool state_off_device,
-                       bool checkpointing, bool tied) {
+                       bool checkpointing) {
   EnginePeak p;
   std::vector<int64_t> shard, padded, gathered;
   for (int64_t n : units) {
@@ -148,7 +150,6 @@ EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, 
       alive -= gathered[u];
     }
   }
-  (void)tied;  // tied embeddings: the head gathers unit 0, which training keeps gathered anyway
   for (const auto& [g, b] : sets) {
     if (g + b > p.gathered + p.buffers) {
       p.gathered = g;
@@ -194,48 +195,41 @@ std::vector<int64_t> unit_numels(const models::ModelConfig& c) {
   return units;
 }
 
-MemoryTerms plan_role(const RoleMemoryInput& in) {
-  if (in.group_size < 1 || in.micro_batch < 1 || in.seq_len < 1 || in.compute_bytes < 1)
-    throw InputError("memory plan for " + in.role + ": group size, micro batch, length and dtype must be positive");
+namespace {
+
+// Weights, one inference micro batch (ref, reward) or the KV cache and decode buffers
+// (rollout), for a role that does not train.
+void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   const models::ModelConfig& c = in.model;
   const int64_t e = in.compute_bytes;
   const bool lm = c.head == models::HeadKind::kLanguageModel && in.lm_head_log_probs;
-  MemoryTerms t;
-  t.overhead = in.device_kind == DeviceKind::kCuda ? kCudaOverhead : kCpuOverhead;
-  const std::vector<int64_t> units = unit_numels(c);
-  int64_t numel = 0;
-  for (int64_t n : units) numel += n;
-  // models/pretrained.cpp: CausalLM's constructor builds FP32 parameters and init_weights
-  // draws each into an FP32 temporary; the largest is the embedding (or an untied head).
-  const int64_t largest_param = std::max({c.vocab_size * c.hidden_size, c.intermediate_size * c.hidden_size,
-                                          c.num_attention_heads * c.head_dim * c.hidden_size});
-  t.load = 4 * (c.num_parameters() + largest_param);
-
-  if (in.work != RoleWork::kTrain) {
-    t.weights = e * numel;
-    t.engine_peak = t.weights;  // what an untrained role reports as peak_tensor_bytes
-    if (in.work == RoleWork::kInfer) {
-      t.activations = inference_bytes(c, in.micro_batch, in.seq_len, e);
-      if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, false);
-      t.step_peak = t.activations + t.log_probs;
-      return t;
-    }
-    // Rollout (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
-    // mb x n rows (both alive during the copy); capacity P + R per row, K and V per layer.
-    const int64_t rows = in.rollout_micro_batch * in.n_samples;
-    const int64_t capacity = in.prompt_len + in.max_new_tokens;
-    const int64_t per_row = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
-    t.kv_cache = per_row * (rows + in.rollout_micro_batch);
-    t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e);
-    t.log_probs = rows * c.vocab_size * 4 * 3;  // decode logits, FP32 softmax and sampling copy
-    t.step_peak = t.kv_cache + t.activations + t.log_probs;
-    return t;
+  t.weights = e * numel;
+  t.engine_peak = t.weights;  // what an untrained role reports as peak_tensor_bytes
+  if (in.work == RoleWork::kInfer) {
+    t.activations = inference_bytes(c, in.micro_batch, in.seq_len, e);
+    if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, false);
+    t.step_peak = t.activations + t.log_probs;
+    return;
   }
+  // Rollout (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
+  // mb x n rows (both alive during the copy); capacity P + R per row, K and V per layer.
+  const int64_t rows = in.rollout_micro_batch * in.n_samples;
+  const int64_t capacity = in.prompt_len + in.max_new_tokens;
+  const int64_t per_row = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
+  t.kv_cache = per_row * (rows + in.rollout_micro_batch);
+  t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e);
+  t.log_probs = rows * c.vocab_size * 4 * 3;  // decode logits, FP32 softmax and sampling copy
+  t.step_peak = t.kv_cache + t.activations + t.log_probs;
+}
 
+// Model states, engine transients, activations and the phases of a training step.
+void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel, MemoryTerms& t) {
+  const models::ModelConfig& c = in.model;
+  const int64_t e = in.compute_bytes;
+  const bool lm = c.head == models::HeadKind::kLanguageModel && in.lm_head_log_probs;
   const int stage = std::clamp(in.zero_stage, 1, 3);
   const bool off_device = in.adam_offload && in.device_kind == DeviceKind::kCuda;
-  const EnginePeak p = engine_peak(units, in.group_size, stage, e, off_device, in.checkpointing,
-                                   c.tie_word_embeddings);
+  const EnginePeak p = engine_peak(units, in.group_size, stage, e, off_device, in.checkpointing);
   t.weights = p.weights;
   t.master = p.master;
   t.optimizer = p.optimizer;
@@ -281,6 +275,28 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
                     (stage == 3 ? e * div_up(units.front(), in.group_size) * in.group_size : 0);
   }
   t.step_peak = std::max({activation_phase, reduction_phase, scoring_phase});
+}
+
+
+}  // namespace
+
+MemoryTerms plan_role(const RoleMemoryInput& in) {
+  if (in.group_size < 1 || in.micro_batch < 1 || in.seq_len < 1 || in.compute_bytes < 1)
+    throw InputError("memory plan for " + in.role + ": group size, micro batch, length and dtype must be positive");
+  const models::ModelConfig& c = in.model;
+  MemoryTerms t;
+  t.overhead = in.device_kind == DeviceKind::kCuda ? kCudaOverhead : kCpuOverhead;
+  const std::vector<int64_t> units = unit_numels(c);
+  int64_t numel = 0;
+  for (int64_t n : units) numel += n;
+  // models/pretrained.cpp: CausalLM's constructor builds FP32 parameters and init_weights
+  // draws each into an FP32 temporary; the largest is the embedding (or an untied head).
+  const int64_t largest_param = std::max({c.vocab_size * c.hidden_size, c.intermediate_size * c.hidden_size,
+                                          c.num_attention_heads * c.head_dim * c.hidden_size});
+  t.load = 4 * (c.num_parameters() + largest_param);
+
+  if (in.work == RoleWork::kTrain) plan_trainer(in, units, numel, t);
+  else plan_untrained(in, numel, t);
   return t;
 }
 
