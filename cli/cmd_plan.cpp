@@ -89,6 +89,7 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
                  u.str(), d.fits() ? "fits" : "OVER BUDGET"});
   }
   out << '\n' << devices.str();
+  if (!plan.fits()) out << '\n';
   for (const auto& d : plan.devices) {
     if (d.fits()) continue;
     std::pair<std::string, int64_t> dominant{"", -1};
@@ -100,12 +101,12 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
         owner = r->input.role;
       }
     }
-    out << "\n" << d.node << ":" << d.device_id << " is over budget by " << mib(d.total - d.capacity)
+    out << d.node << ":" << d.device_id << " is over budget by " << mib(d.total - d.capacity)
         << "; the largest term is " << owner << " " << dominant.first << " (" << mib(dominant.second) << ").\n";
-    break;  // suggestions are computed for the worst device only
   }
   if (!plan.suggestions.empty()) {
-    out << "Changes (each planned again; the first that fits is the smallest):\n";
+    out << "Changes, each planned again (total: the most over-budget device; a combination is\n"
+           "listed first when no single change fits):\n";
     for (const auto& s : plan.suggestions)
       out << "  --set " << s.change << "  ->  " << mib(s.new_total) << (s.fits ? "  (fits)" : "  (still over)") << '\n';
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "core/errors.h"
@@ -441,27 +442,81 @@ std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan
   return out;
 }
 
+// Bytes over capacity, summed over devices (0 when everything fits).
+int64_t overflow(const MemoryPlan& plan) {
+  int64_t over = 0;
+  for (const auto& d : plan.devices) over += std::max<int64_t>(0, d.total - d.capacity);
+  return over;
+}
+
+int64_t device_total(const MemoryPlan& plan, const DevicePlan& device) {
+  for (const auto& d : plan.devices)
+    if (d.node == device.node && d.device_id == device.device_id) return d.total;
+  return 0;
+}
+
+// `spec` with one more override, or nothing when it breaks a rule (batch divisibility, ...).
+std::optional<JobSpec> with_change(const JobSpec& spec, const std::string& change) {
+  try {
+    return JobSpec::parse(spec.json().dump(), spec.source(), {change});
+  } catch (const InputError&) {
+    return std::nullopt;
+  }
+}
+
+// Each candidate alone (reported with the worst device's new total); when none fits alone,
+// also the greedy combination: candidates in order, each kept if it lowers the overflow,
+// until everything fits.
 void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models, const Placement& placement,
                      MemoryPlan& plan) {
   const DevicePlan* worst = nullptr;
-  for (const auto& d : plan.devices)
-    if (!d.fits() && (!worst || d.total - d.capacity > worst->total - worst->capacity)) worst = &d;
+  std::vector<std::string> candidates;
+  for (const auto& d : plan.devices) {
+    if (d.fits()) continue;
+    if (!worst || d.total - d.capacity > worst->total - worst->capacity) worst = &d;
+    for (const auto& c : candidate_changes(spec, plan, d, placement))
+      if (std::find(candidates.begin(), candidates.end(), c) == candidates.end()) candidates.push_back(c);
+  }
   if (!worst) return;
-  for (const auto& change : candidate_changes(spec, plan, *worst, placement)) {
-    JobSpec changed;
-    try {
-      changed = JobSpec::parse(spec.json().dump(), spec.source(), {change});
-    } catch (const InputError&) {
-      continue;  // the change breaks a rule (batch divisibility, ...): not a fix
-    }
-    MemoryPlan again = plan_memory(changed, models, false);
-    PlanSuggestion s{change, 0, again.fits()};
-    for (const auto& d : again.devices)
-      if (d.node == worst->node && d.device_id == worst->device_id) s.new_total = d.total;
-    plan.suggestions.push_back(s);
+  bool any_fits = false;
+  for (const auto& change : candidates) {
+    auto changed = with_change(spec, change);
+    if (!changed) continue;
+    const MemoryPlan again = plan_memory(*changed, models, false);
+    plan.suggestions.push_back({change, device_total(again, *worst), again.fits()});
+    any_fits |= again.fits();
   }
   std::stable_sort(plan.suggestions.begin(), plan.suggestions.end(),
                    [](const PlanSuggestion& a, const PlanSuggestion& b) { return a.fits && !b.fits; });
+  if (any_fits) return;
+  JobSpec current = spec;
+  int64_t over = overflow(plan);
+  std::string combined;
+  MemoryPlan last = plan;
+  // Rounds: the candidates of the changed spec again (a micro batch can halve twice).
+  for (int round = 0; round < 6 && over > 0; ++round) {
+    const int64_t before = over;
+    const Placement now = place(current);
+    std::vector<std::string> next;
+    for (const auto& d : last.devices)
+      if (!d.fits())
+        for (const auto& c : candidate_changes(current, last, d, now))
+          if (std::find(next.begin(), next.end(), c) == next.end()) next.push_back(c);
+    for (const auto& change : next) {
+      auto changed = with_change(current, change);
+      if (!changed) continue;
+      MemoryPlan again = plan_memory(*changed, models, false);
+      if (overflow(again) >= over) continue;
+      current = *changed;
+      over = overflow(again);
+      last = std::move(again);
+      combined += (combined.empty() ? "" : " --set ") + change;
+      if (over == 0) break;
+    }
+    if (over == before) break;
+  }
+  if (combined.find(" --set ") != std::string::npos)
+    plan.suggestions.insert(plan.suggestions.begin(), {combined, device_total(last, *worst), over == 0});
 }
 
 }  // namespace
