@@ -10,6 +10,7 @@
 // /proc/self/clear_refs) - RSS before forward, with parameters and .grad already allocated.
 #include <malloc.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -17,8 +18,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <torch/torch.h>
 
 #include "engine/memory_plan.h"
 #include "models/causal_lm.h"
@@ -71,8 +70,10 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {128, 256, 512};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--preset") preset = v;
-    else if (k == "--batch") batch = std::stoll(v);
+    if (k == "--preset")
+      preset = v;
+    else if (k == "--batch")
+      batch = std::stoll(v);
     else if (k == "--seq") {
       seqs.clear();
       for (size_t p = 0; p < v.size();) {
@@ -81,15 +82,19 @@ int main(int argc, char** argv) {
         p = q == std::string::npos ? v.size() : q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_memory_plan [--preset 100m] [--batch 1] [--seq 128,256,512]\n");
+      std::fprintf(stderr,
+                   "usage: bench_memory_plan [--preset 100m] [--batch 1] [--seq 128,256,512]\n");
       return 2;
     }
   }
   torch::set_num_threads(1);
   const auto config = rlhf::models::preset_config(preset);
-  std::printf("bench_memory_plan: preset %s (%ld parameters), batch %ld, BF16, activations + log-prob buffers\n",
-              preset.c_str(), static_cast<long>(config.num_parameters()), static_cast<long>(batch));
-  std::printf("%-6s %-10s %12s %12s %8s\n", "seq", "checkpoint", "planned MiB", "measured MiB", "error");
+  std::printf(
+      "bench_memory_plan: preset %s (%ld parameters), batch %ld, BF16, activations + log-prob "
+      "buffers\n",
+      preset.c_str(), static_cast<long>(config.num_parameters()), static_cast<long>(batch));
+  std::printf("%-6s %-10s %12s %12s %8s\n", "seq", "checkpoint", "planned MiB", "measured MiB",
+              "error");
   for (int64_t T : seqs) {
     for (bool ckpt : {false, true}) {
       int fds[2];
@@ -99,23 +104,28 @@ int main(int argc, char** argv) {
       if (pid < 0) return std::perror("fork"), 1;
       if (pid == 0) {
         ::close(fds[0]);
-        if (::mallopt(M_MMAP_THRESHOLD, 64 * 1024) != 1 || ::mallopt(M_TRIM_THRESHOLD, 64 * 1024) != 1) ::_exit(3);
+        if (::mallopt(M_MMAP_THRESHOLD, 64 * 1024) != 1 ||
+            ::mallopt(M_TRIM_THRESHOLD, 64 * 1024) != 1)
+          ::_exit(3);
         auto model = std::make_shared<CausalLM>(config);
         model->to(torch::kBFloat16);
         model->train();
         model->set_checkpointing(ckpt ? Checkpointing::kPerLayer : Checkpointing::kNone);
         torch::manual_seed(static_cast<uint64_t>(T));
-        auto ids = torch::randint(0, std::min<int64_t>(config.vocab_size, 259), {batch, T}, torch::kInt64);
+        auto ids =
+            torch::randint(0, std::min<int64_t>(config.vocab_size, 259), {batch, T}, torch::kInt64);
         const double peak = measure(*model, ids);
         if (::write(fds[1], &peak, sizeof peak) != static_cast<ssize_t>(sizeof peak)) ::_exit(5);
         ::_exit(0);
       }
       ::close(fds[1]);
       double measured = -1;
-      const bool got = ::read(fds[0], &measured, sizeof measured) == static_cast<ssize_t>(sizeof measured);
+      const bool got =
+          ::read(fds[0], &measured, sizeof measured) == static_cast<ssize_t>(sizeof measured);
       ::close(fds[0]);
       int status = 0;
-      if (::waitpid(pid, &status, 0) != pid || !got || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      if (::waitpid(pid, &status, 0) != pid || !got || !WIFEXITED(status) ||
+          WEXITSTATUS(status) != 0) {
         std::fprintf(stderr, "measurement child failed (status %d)\n", status);
         return 1;
       }
@@ -128,8 +138,9 @@ int main(int argc, char** argv) {
       in.checkpointing = ckpt;
       const auto terms = rlhf::engine::plan_role(in);
       const double planned = static_cast<double>(terms.activations + terms.log_probs);
-      std::printf("%-6ld %-10s %12.1f %12.1f %+7.1f%%\n", static_cast<long>(T), ckpt ? "per-layer" : "none",
-                  planned / (1 << 20), measured / (1 << 20), 100.0 * (planned - measured) / measured);
+      std::printf("%-6ld %-10s %12.1f %12.1f %+7.1f%%\n", static_cast<long>(T),
+                  ckpt ? "per-layer" : "none", planned / (1 << 20), measured / (1 << 20),
+                  100.0 * (planned - measured) / measured);
     }
   }
   return 0;

@@ -20,7 +20,9 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-extern "C" void on_interrupt(int) { g_stop = true; }
+extern "C" void on_interrupt(int) {
+  g_stop = true;
+}
 
 std::string self_executable() {
   char buf[PATH_MAX] = {};
@@ -34,20 +36,23 @@ std::string self_executable() {
 int cmd_sweep(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       set_option(),
-      {"--grid", true, "a key and the values to sweep (repeatable; the grid is every combination)", "KEY=V1,V2"},
+      {"--grid", true, "a key and the values to sweep (repeatable; the grid is every combination)",
+       "KEY=V1,V2"},
       {"--steps", true, "PPO steps per variant (train.max_steps; default 2)", "N"},
-      {"--plan-only", false, "fill the table from the memory planner alone, marking what would not fit"},
+      {"--plan-only", false,
+       "fill the table from the memory planner alone, marking what would not fit"},
       {"--out", true, "output directory (default <logger.run_dir>/sweep-<name>)", "DIR"},
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf sweep SPEC --grid KEY=V1,V2,... [--grid ...] [--steps N] [--plan-only]\n\n"
-                 "Runs every combination of the grid as its own `rlhf run` (fresh processes, run\n"
-                 "directory <out>/<variant>), one after another, for N steps. A failed or\n"
-                 "out-of-memory variant is recorded with its reason and the sweep goes on; Ctrl-C\n"
-                 "stops the running variant cleanly and keeps what finished. Writes sweep.csv,\n"
-                 "sweep.md and sweep.png (samples/s and peak memory per variant) into <out>.\n\n"
-              << format_options(options);
+    std::cout
+        << "usage: rlhf sweep SPEC --grid KEY=V1,V2,... [--grid ...] [--steps N] [--plan-only]\n\n"
+           "Runs every combination of the grid as its own `rlhf run` (fresh processes, run\n"
+           "directory <out>/<variant>), one after another, for N steps. A failed or\n"
+           "out-of-memory variant is recorded with its reason and the sweep goes on; Ctrl-C\n"
+           "stops the running variant cleanly and keeps what finished. Writes sweep.csv,\n"
+           "sweep.md and sweep.png (samples/s and peak memory per variant) into <out>.\n\n"
+        << format_options(options);
     return 0;
   }
   if (args.positionals().size() != 1)
@@ -74,8 +79,10 @@ int cmd_sweep(const Argv& argv) {
   const auto results = run_sweep(o, g_stop, std::cerr);
   int ok = 0, bad = 0;
   for (const auto& r : results) {
-    if (r.status == VariantStatus::kOk || r.status == VariantStatus::kFits) ++ok;
-    else ++bad;
+    if (r.status == VariantStatus::kOk || r.status == VariantStatus::kFits)
+      ++ok;
+    else
+      ++bad;
   }
   std::cout << sweep_markdown(results, o.grid) << "\nrlhf sweep: " << ok << " of " << results.size()
             << (o.plan_only ? " fit" : " ran") << "; outputs in " << o.out_dir

@@ -27,7 +27,8 @@ json read_json_file(const fs::path& path) {
 }
 
 double relative_error(int64_t planned, int64_t measured) {
-  return measured > 0 ? static_cast<double>(planned - measured) / static_cast<double>(measured) : 0.0;
+  return measured > 0 ? static_cast<double>(planned - measured) / static_cast<double>(measured)
+                      : 0.0;
 }
 
 }  // namespace
@@ -36,8 +37,10 @@ void write_run_plan(const JobSpec& spec, const std::string& run_dir) {
   std::vector<std::string> missing;
   const auto models = load_role_models(spec, missing);
   json out = {{"spec", spec.source()}};
-  if (missing.empty()) out["memory"] = plan_memory(spec, models).to_json();
-  else out["missing"] = missing;
+  if (missing.empty())
+    out["memory"] = plan_memory(spec, models).to_json();
+  else
+    out["missing"] = missing;
   std::error_code ec;
   fs::create_directories(run_dir, ec);
   const fs::path path = fs::path(run_dir) / kPlanFileName;
@@ -47,14 +50,19 @@ void write_run_plan(const JobSpec& spec, const std::string& run_dir) {
   if (!file) throw RuntimeError("cannot write " + path.string());
 }
 
-double MemoryCheckRow::tensor_error() const { return relative_error(planned_engine, measured_tensor); }
-double MemoryCheckRow::rss_error() const { return relative_error(planned_total, measured_rss); }
+double MemoryCheckRow::tensor_error() const {
+  return relative_error(planned_engine, measured_tensor);
+}
+double MemoryCheckRow::rss_error() const {
+  return relative_error(planned_total, measured_rss);
+}
 
 std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
   const fs::path plan_path = fs::path(run_dir) / kPlanFileName;
   const json plan = read_json_file(plan_path);
   if (!plan.contains("memory"))
-    throw InputError(plan_path.string() + ": no memory plan (model directories were missing at run start)");
+    throw InputError(plan_path.string() +
+                     ": no memory plan (model directories were missing at run start)");
   const json& roles = plan["memory"]["roles"];
   const fs::path metrics = fs::path(run_dir) / "metrics.jsonl";
   std::vector<MemoryCheckRow> rows;
@@ -76,12 +84,15 @@ std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
         r.device = m.value("device", std::string());
         r.planned_engine = roles[role].value("engine_peak", int64_t{0});
         r.planned_total = roles[role].value("device_total", int64_t{0});
-        if (m.contains("peak_tensor_bytes")) r.measured_tensor = std::max(r.measured_tensor, m["peak_tensor_bytes"].get<int64_t>());
-        if (m.contains("peak_rss_bytes")) r.measured_rss = std::max(r.measured_rss, m["peak_rss_bytes"].get<int64_t>());
+        if (m.contains("peak_tensor_bytes"))
+          r.measured_tensor = std::max(r.measured_tensor, m["peak_tensor_bytes"].get<int64_t>());
+        if (m.contains("peak_rss_bytes"))
+          r.measured_rss = std::max(r.measured_rss, m["peak_rss_bytes"].get<int64_t>());
       }
     }
   });
-  if (rows.empty()) throw InputError(metrics.string() + ": no memory records (did the run reach a logging step?)");
+  if (rows.empty())
+    throw InputError(metrics.string() + ": no memory records (did the run reach a logging step?)");
   return rows;
 }
 

@@ -5,10 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/spec.h"
 
@@ -26,10 +25,10 @@ struct MemoryCheckRow {
   std::string role;
   int rank = 0;
   std::string device;
-  int64_t planned_engine = 0;   // plan: engine_peak (trainer-tracked tensors, or weights)
-  int64_t measured_tensor = -1; // metrics: peak_tensor_bytes (-1: not reported, e.g. rollout)
-  int64_t planned_total = 0;    // plan: device_total (everything the process holds)
-  int64_t measured_rss = -1;    // metrics: peak_rss_bytes
+  int64_t planned_engine = 0;    // plan: engine_peak (trainer-tracked tensors, or weights)
+  int64_t measured_tensor = -1;  // metrics: peak_tensor_bytes (-1: not reported, e.g. rollout)
+  int64_t planned_total = 0;     // plan: device_total (everything the process holds)
+  int64_t measured_rss = -1;     // metrics: peak_rss_bytes
   // (planned - measured) / measured; 0 when nothing was measured.
   double tensor_error() const;
   double rss_error() const;

@@ -24,7 +24,9 @@ namespace {
 constexpr int64_t kCpuOverhead = 176ll << 20;
 constexpr int64_t kCudaOverhead = 768ll << 20;
 
-int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t div_up(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 int64_t layer_numel(const models::ModelConfig& c) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
@@ -71,7 +73,8 @@ int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int6
 // flight: gradients as large as its saved tensors, plus the softmax backward's FP32 buffers
 // and e-dtype score gradients, (8 + 2e) x heads x T x T (bench_memory_plan measures the
 // whole: within 10% at T = 128..512 on the 100m preset).
-int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e, bool checkpointing) {
+int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e,
+                       bool checkpointing) {
   const int64_t layer = layer_saved_bytes(c, B, T, e);
   const int64_t in_flight = layer + B * c.num_attention_heads * T * T * (8 + 2 * e);
   const int64_t head_norm = B * T * (4 + e) * c.hidden_size;
@@ -85,7 +88,8 @@ int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64
 // bytes per [B, n, V] element at the peak, the e-dtype copy being freed by then. Backward
 // also builds the head's gradient [V, H] in e before autograd adds it to .grad, and with
 // several chunks accumulates it in an FP32 [V, H] buffer first.
-int64_t log_prob_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t chunk, int64_t e, bool backward) {
+int64_t log_prob_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t chunk, int64_t e,
+                       bool backward) {
   const int64_t positions = std::max<int64_t>(1, T - 1);
   const int64_t n = std::min(chunk, positions);
   const int64_t V = c.vocab_size;
@@ -104,8 +108,8 @@ struct EnginePeak {
 
 // Tied embeddings need nothing extra: the head gathers unit 0, which training keeps
 // gathered anyway.
-EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, int64_t e, bool state_off_device,
-                       bool checkpointing) {
+EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, int64_t e,
+                       bool state_off_device, bool checkpointing) {
   EnginePeak p;
   std::vector<int64_t> shard, padded, gathered;
   for (int64_t n : units) {
@@ -118,8 +122,10 @@ EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, 
     p.master += 4 * shard[u];
     p.optimizer += 8 * shard[u];
     p.grads += 4 * (stage == 1 ? padded[u] : shard[u]);
-    if (stage < 3) p.weights += e * units[u];  // the model's own parameters, unpadded
-    else if (state_off_device) p.weights += e * shard[u];  // cached compute shard
+    if (stage < 3)
+      p.weights += e * units[u];  // the model's own parameters, unpadded
+    else if (state_off_device)
+      p.weights += e * shard[u];  // cached compute shard
   }
   // Transient sets: {gathered, buffers}; the peak is the largest sum.
   std::vector<std::pair<int64_t, int64_t>> sets;
@@ -127,8 +133,8 @@ EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, 
   auto reduce_buffer = [&](size_t u) { return 4 * (padded[u] + shard[u]); };  // flat FP32 + shard
   if (stage < 3) {
     for (size_t u = 0; u < units.size(); ++u) {
-      sets.push_back({0, e * padded[u]});                         // refresh_params all-gather
-      if (stage == 2) sets.push_back({0, reduce_buffer(u)});      // reduce-scatter in backward
+      sets.push_back({0, e * padded[u]});                     // refresh_params all-gather
+      if (stage == 2) sets.push_back({0, reduce_buffer(u)});  // reduce-scatter in backward
     }
   } else if (checkpointing) {
     // Embeddings and head stay gathered from forward to the end of backward (autograd holds
@@ -168,10 +174,12 @@ int64_t MemoryTerms::device_total() const {
 
 std::pair<std::string, int64_t> MemoryTerms::dominant() const {
   const std::pair<std::string, int64_t> terms[] = {
-      {"weights", weights},         {"master", master},         {"optimizer", optimizer},
-      {"grads", grads},             {"gathered", gathered},     {"buffers", buffers},
-      {"param_grads", param_grads}, {"activations", activations}, {"log_probs", log_probs},
-      {"kv_cache", kv_cache},       {"overhead", overhead},       {"load", load}};
+      {"weights", weights},         {"master", master},
+      {"optimizer", optimizer},     {"grads", grads},
+      {"gathered", gathered},       {"buffers", buffers},
+      {"param_grads", param_grads}, {"activations", activations},
+      {"log_probs", log_probs},     {"kv_cache", kv_cache},
+      {"overhead", overhead},       {"load", load}};
   auto best = terms[0];
   for (const auto& t : terms)
     if (t.second > best.second) best = t;
@@ -179,19 +187,32 @@ std::pair<std::string, int64_t> MemoryTerms::dominant() const {
 }
 
 json MemoryTerms::to_json() const {
-  return {{"weights", weights},         {"master", master},     {"optimizer", optimizer},
-          {"grads", grads},             {"gathered", gathered}, {"buffers", buffers},
-          {"param_grads", param_grads}, {"activations", activations}, {"log_probs", log_probs},
-          {"kv_cache", kv_cache},       {"overhead", overhead}, {"load", load}, {"host", host},
-          {"step_peak", step_peak},     {"engine_peak", engine_peak}, {"device_total", device_total()}};
+  return {{"weights", weights},
+          {"master", master},
+          {"optimizer", optimizer},
+          {"grads", grads},
+          {"gathered", gathered},
+          {"buffers", buffers},
+          {"param_grads", param_grads},
+          {"activations", activations},
+          {"log_probs", log_probs},
+          {"kv_cache", kv_cache},
+          {"overhead", overhead},
+          {"load", load},
+          {"host", host},
+          {"step_peak", step_peak},
+          {"engine_peak", engine_peak},
+          {"device_total", device_total()}};
 }
 
 std::vector<int64_t> unit_numels(const models::ModelConfig& c) {
   std::vector<int64_t> units = {c.vocab_size * c.hidden_size};
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) units.push_back(layer_numel(c));
   int64_t head = c.hidden_size;  // final norm
-  if (c.head == models::HeadKind::kValue) head += c.hidden_size;
-  else if (!c.tie_word_embeddings) head += c.vocab_size * c.hidden_size;
+  if (c.head == models::HeadKind::kValue)
+    head += c.hidden_size;
+  else if (!c.tie_word_embeddings)
+    head += c.vocab_size * c.hidden_size;
   units.push_back(head);
   return units;
 }
@@ -216,7 +237,8 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   // mb x n rows (both alive during the copy); capacity P + R per row, K and V per layer.
   const int64_t rows = in.rollout_micro_batch * in.n_samples;
   const int64_t capacity = in.prompt_len + in.max_new_tokens;
-  const int64_t per_row = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
+  const int64_t per_row =
+      2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
   t.kv_cache = per_row * (rows + in.rollout_micro_batch);
   t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e);
   t.log_probs = rows * c.vocab_size * 4 * 3;  // decode logits, FP32 softmax and sampling copy
@@ -224,7 +246,8 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
 }
 
 // Model states, engine transients, activations and the phases of a training step.
-void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel, MemoryTerms& t) {
+void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
+                  MemoryTerms& t) {
   const models::ModelConfig& c = in.model;
   const int64_t e = in.compute_bytes;
   const bool lm = c.head == models::HeadKind::kLanguageModel && in.lm_head_log_probs;
@@ -244,7 +267,8 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   }
   // Compute-dtype .grad before the engine takes it: one layer at a time with checkpointing
   // (plus embeddings and head, reduced after backward), every parameter without.
-  const int64_t largest_layer = units.size() > 2 ? *std::max_element(units.begin() + 1, units.end() - 1) : 0;
+  const int64_t largest_layer =
+      units.size() > 2 ? *std::max_element(units.begin() + 1, units.end() - 1) : 0;
   const int64_t grads_in_flight = e * (units.front() + units.back() + largest_layer);
   t.param_grads = in.checkpointing ? grads_in_flight : e * numel;
   t.activations = training_bytes(c, in.micro_batch, in.seq_len, e, in.checkpointing);
@@ -263,7 +287,8 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   if (stage == 3) {
     const int64_t g_embed = e * div_up(units.front(), in.group_size) * in.group_size;
     const int64_t g_head = e * div_up(units.back(), in.group_size) * in.group_size;
-    gathered_then = in.checkpointing ? g_embed + g_head + e * div_up(largest_layer, in.group_size) * in.group_size
+    gathered_then = in.checkpointing ? g_embed + g_head +
+                                           e * div_up(largest_layer, in.group_size) * in.group_size
                                      : e * numel;
   }
   const int64_t activation_phase = t.activations + t.log_probs + grads_in_flight + gathered_then;
@@ -271,19 +296,20 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   const int64_t reduction_phase = unreduced + t.gathered + t.buffers;
   int64_t scoring_phase = 0;  // PPO: the trained roles also score experience without grad
   if (in.infer_micro_batch > 0) {
-    scoring_phase = inference_bytes(c, in.infer_micro_batch, in.seq_len, e) +
-                    (lm ? log_prob_bytes(c, in.infer_micro_batch, in.seq_len, in.logprob_chunk, e, false) : 0) +
-                    (stage == 3 ? e * div_up(units.front(), in.group_size) * in.group_size : 0);
+    scoring_phase =
+        inference_bytes(c, in.infer_micro_batch, in.seq_len, e) +
+        (lm ? log_prob_bytes(c, in.infer_micro_batch, in.seq_len, in.logprob_chunk, e, false) : 0) +
+        (stage == 3 ? e * div_up(units.front(), in.group_size) * in.group_size : 0);
   }
   t.step_peak = std::max({activation_phase, reduction_phase, scoring_phase});
 }
-
 
 }  // namespace
 
 MemoryTerms plan_role(const RoleMemoryInput& in) {
   if (in.group_size < 1 || in.micro_batch < 1 || in.seq_len < 1 || in.compute_bytes < 1)
-    throw InputError("memory plan for " + in.role + ": group size, micro batch, length and dtype must be positive");
+    throw InputError("memory plan for " + in.role +
+                     ": group size, micro batch, length and dtype must be positive");
   const models::ModelConfig& c = in.model;
   MemoryTerms t;
   t.overhead = in.device_kind == DeviceKind::kCuda ? kCudaOverhead : kCpuOverhead;
@@ -292,12 +318,15 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
   for (int64_t n : units) numel += n;
   // models/pretrained.cpp: CausalLM's constructor builds FP32 parameters and init_weights
   // draws each into an FP32 temporary; the largest is the embedding (or an untied head).
-  const int64_t largest_param = std::max({c.vocab_size * c.hidden_size, c.intermediate_size * c.hidden_size,
-                                          c.num_attention_heads * c.head_dim * c.hidden_size});
+  const int64_t largest_param =
+      std::max({c.vocab_size * c.hidden_size, c.intermediate_size * c.hidden_size,
+                c.num_attention_heads * c.head_dim * c.hidden_size});
   t.load = 4 * (c.num_parameters() + largest_param);
 
-  if (in.work == RoleWork::kTrain) plan_trainer(in, units, numel, t);
-  else plan_untrained(in, numel, t);
+  if (in.work == RoleWork::kTrain)
+    plan_trainer(in, units, numel, t);
+  else
+    plan_untrained(in, numel, t);
   return t;
 }
 
@@ -337,18 +366,21 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
   } else {
     in.work = RoleWork::kInfer;
     // PPO scores experience in micro batches of rollout mb x n (ppo/driver.cpp).
-    in.micro_batch = ppo ? in.rollout_micro_batch * in.n_samples : spec.get_int("train.micro_batch_size") * pair;
+    in.micro_batch =
+        ppo ? in.rollout_micro_batch * in.n_samples : spec.get_int("train.micro_batch_size") * pair;
   }
   return in;
 }
 
-std::map<Role, models::ModelConfig> load_role_models(const JobSpec& spec, std::vector<std::string>& missing) {
+std::map<Role, models::ModelConfig> load_role_models(const JobSpec& spec,
+                                                     std::vector<std::string>& missing) {
   std::map<Role, models::ModelConfig> out;
   for (Role role : spec.used_roles()) {
     const std::string dir = spec.get_string(std::string(role_name(role)) + ".model");
     const fs::path file = fs::path(dir) / "config.json";
     if (dir.empty() || !fs::exists(file)) {
-      missing.push_back(std::string(role_name(role)) + ": " + (dir.empty() ? "(no model set)" : file.string()));
+      missing.push_back(std::string(role_name(role)) + ": " +
+                        (dir.empty() ? "(no model set)" : file.string()));
       continue;
     }
     out[role] = models::ModelConfig::from_json_file(file.string());
@@ -383,20 +415,30 @@ json MemoryPlan::to_json() const {
   }
   json devices_json = json::array();
   for (const auto& d : devices)
-    devices_json.push_back({{"node", d.node}, {"device", d.device_id}, {"capacity", d.capacity},
-                            {"roles", d.roles}, {"total", d.total}, {"fits", d.fits()}});
+    devices_json.push_back({{"node", d.node},
+                            {"device", d.device_id},
+                            {"capacity", d.capacity},
+                            {"roles", d.roles},
+                            {"total", d.total},
+                            {"fits", d.fits()}});
   json s = json::array();
-  for (const auto& x : suggestions) s.push_back({{"change", x.change}, {"new_total", x.new_total}, {"fits", x.fits}});
-  return {{"fits", fits()}, {"roles", roles_json}, {"devices", devices_json}, {"suggestions", s},
-          {"note", "per-rank bytes; engine_peak is what the trainer's tracker counts (measured peak_tensor_bytes)"}};
+  for (const auto& x : suggestions)
+    s.push_back({{"change", x.change}, {"new_total", x.new_total}, {"fits", x.fits}});
+  return {{"fits", fits()},
+          {"roles", roles_json},
+          {"devices", devices_json},
+          {"suggestions", s},
+          {"note",
+           "per-rank bytes; engine_peak is what the trainer's tracker counts (measured "
+           "peak_tensor_bytes)"}};
 }
 
 namespace {
 
 // Spec changes worth trying for the roles on one device, in the order a practitioner would
 // reach for them (cheapest in speed first).
-std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan& plan, const DevicePlan& device,
-                                           const Placement& placement) {
+std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan& plan,
+                                           const DevicePlan& device, const Placement& placement) {
   std::vector<std::string> out;
   std::set<std::string> names;
   for (const auto& label : device.roles) names.insert(label.substr(0, label.find('[')));
@@ -407,16 +449,20 @@ std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan
     if (r->input.work == RoleWork::kTrain) {
       trains = true;
       if (!r->input.checkpointing) out.push_back(name + ".gradient_checkpointing=true");
-      if (r->input.zero_stage < 3) out.push_back(name + ".zero_stage=" + std::to_string(r->input.zero_stage + 1));
-      if (!r->input.adam_offload && r->input.device_kind == DeviceKind::kCuda) out.push_back(name + ".adam_offload=true");
+      if (r->input.zero_stage < 3)
+        out.push_back(name + ".zero_stage=" + std::to_string(r->input.zero_stage + 1));
+      if (!r->input.adam_offload && r->input.device_kind == DeviceKind::kCuda)
+        out.push_back(name + ".adam_offload=true");
     }
     generates |= r->input.work == RoleWork::kGenerate;
     infers |= r->input.work == RoleWork::kInfer;
   }
   const int64_t train_mb = spec.get_int("train.micro_batch_size");
-  if (trains && train_mb > 1) out.push_back("train.micro_batch_size=" + std::to_string(train_mb / 2));
+  if (trains && train_mb > 1)
+    out.push_back("train.micro_batch_size=" + std::to_string(train_mb / 2));
   const int64_t rollout_mb = spec.get_int("rollout.micro_batch_size");
-  if ((generates || infers) && rollout_mb > 1) out.push_back("rollout.micro_batch_size=" + std::to_string(rollout_mb / 2));
+  if ((generates || infers) && rollout_mb > 1)
+    out.push_back("rollout.micro_batch_size=" + std::to_string(rollout_mb / 2));
   const int64_t max_len = spec.get_int("data.max_len");
   if (max_len > 2) out.push_back("data.max_len=" + std::to_string(max_len / 2));
   // Spread a role over twice the devices, taking free ones of the same node.
@@ -467,15 +513,16 @@ std::optional<JobSpec> with_change(const JobSpec& spec, const std::string& chang
 // Each candidate alone (reported with the worst device's new total); when none fits alone,
 // also the greedy combination: candidates in order, each kept if it lowers the overflow,
 // until everything fits.
-void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models, const Placement& placement,
-                     MemoryPlan& plan) {
+void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models,
+                     const Placement& placement, MemoryPlan& plan) {
   const DevicePlan* worst = nullptr;
   std::vector<std::string> candidates;
   for (const auto& d : plan.devices) {
     if (d.fits()) continue;
     if (!worst || d.total - d.capacity > worst->total - worst->capacity) worst = &d;
     for (const auto& c : candidate_changes(spec, plan, d, placement))
-      if (std::find(candidates.begin(), candidates.end(), c) == candidates.end()) candidates.push_back(c);
+      if (std::find(candidates.begin(), candidates.end(), c) == candidates.end())
+        candidates.push_back(c);
   }
   if (!worst) return;
   bool any_fits = false;
@@ -486,8 +533,9 @@ void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConf
     plan.suggestions.push_back({change, device_total(again, *worst), again.fits()});
     any_fits |= again.fits();
   }
-  std::stable_sort(plan.suggestions.begin(), plan.suggestions.end(),
-                   [](const PlanSuggestion& a, const PlanSuggestion& b) { return a.fits && !b.fits; });
+  std::stable_sort(
+      plan.suggestions.begin(), plan.suggestions.end(),
+      [](const PlanSuggestion& a, const PlanSuggestion& b) { return a.fits && !b.fits; });
   if (any_fits) return;
   JobSpec current = spec;
   int64_t over = overflow(plan);
@@ -516,12 +564,14 @@ void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConf
     if (over == before) break;
   }
   if (combined.find(" --set ") != std::string::npos)
-    plan.suggestions.insert(plan.suggestions.begin(), {combined, device_total(last, *worst), over == 0});
+    plan.suggestions.insert(plan.suggestions.begin(),
+                            {combined, device_total(last, *worst), over == 0});
 }
 
 }  // namespace
 
-MemoryPlan plan_memory(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models, bool suggest) {
+MemoryPlan plan_memory(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models,
+                       bool suggest) {
   const Placement placement = place(spec);
   MemoryPlan plan;
   for (Role role : spec.used_roles()) {
@@ -542,7 +592,8 @@ MemoryPlan plan_memory(const JobSpec& spec, const std::map<Role, models::ModelCo
       d.node = w.node;
       d.device_id = w.device_id;
       for (const auto& n : placement.nodes)
-        if (n.name == w.node) d.capacity = static_cast<int64_t>(n.memory_gb * static_cast<double>(1ll << 30));
+        if (n.name == w.node)
+          d.capacity = static_cast<int64_t>(n.memory_gb * static_cast<double>(1ll << 30));
       index[key] = plan.devices.size();
       plan.devices.push_back(d);
     }

@@ -7,10 +7,9 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/placement.h"
 #include "core/spec.h"
@@ -28,19 +27,20 @@ enum class RoleWork {
 // The settings of one role that its memory depends on, read from the spec (from_spec) or
 // set by hand in tests.
 struct RoleMemoryInput {
-  std::string role;            // "actor"
-  models::ModelConfig model;   // sizes (head kind and tie_word_embeddings included)
+  std::string role;           // "actor"
+  models::ModelConfig model;  // sizes (head kind and tie_word_embeddings included)
   RoleWork work = RoleWork::kInfer;
   DeviceKind device_kind = DeviceKind::kCpu;
-  int group_size = 1;          // ranks sharing the ZeRO shards
-  int64_t compute_bytes = 2;   // bf16: 2, fp32: 4
-  int zero_stage = 2;          // 1..3 (0 runs as 1, as the trainer does)
-  bool adam_offload = false;   // master + moments in host memory (only moves bytes on cuda)
-  bool checkpointing = true;   // per-layer recompute in backward
-  int64_t micro_batch = 1;     // sequences per forward (train.micro_batch_size, or rollout mb x n)
-  int64_t infer_micro_batch = 0;  // trained roles: sequences per scoring forward (PPO: rollout mb x n)
-  int64_t seq_len = 1;         // tokens per sequence
-  int64_t logprob_chunk = 256; // positions per chunk of the LM head (CausalLM::log_probs)
+  int group_size = 1;         // ranks sharing the ZeRO shards
+  int64_t compute_bytes = 2;  // bf16: 2, fp32: 4
+  int zero_stage = 2;         // 1..3 (0 runs as 1, as the trainer does)
+  bool adam_offload = false;  // master + moments in host memory (only moves bytes on cuda)
+  bool checkpointing = true;  // per-layer recompute in backward
+  int64_t micro_batch = 1;    // sequences per forward (train.micro_batch_size, or rollout mb x n)
+  int64_t infer_micro_batch =
+      0;                // trained roles: sequences per scoring forward (PPO: rollout mb x n)
+  int64_t seq_len = 1;  // tokens per sequence
+  int64_t logprob_chunk = 256;    // positions per chunk of the LM head (CausalLM::log_probs)
   bool lm_head_log_probs = true;  // the role computes log-probs through its LM head
   // Generation only.
   int64_t rollout_micro_batch = 1;  // prompts per KV cache
@@ -71,7 +71,8 @@ struct MemoryTerms {
                             // (one FP32 temporary of the largest), before the dtype conversion
   int64_t host = 0;         // offloaded to host memory (not on the device)
   int64_t step_peak = 0;    // the largest phase sum of the transient terms (see above)
-  int64_t engine_peak = 0;  // MemoryTracker's peak: model states + gathered + buffers (+ host states)
+  int64_t engine_peak =
+      0;  // MemoryTracker's peak: model states + gathered + buffers (+ host states)
 
   int64_t device_total() const;
   // The largest device term: {name, bytes}.
@@ -96,9 +97,9 @@ struct RolePlan {
 struct DevicePlan {
   std::string node;
   int device_id = 0;
-  int64_t capacity = 0;             // bytes (cluster.nodes[].memory_gb)
-  std::vector<std::string> roles;   // "actor[0]", several when colocated (a shared budget)
-  int64_t total = 0;                // sum of the roles' device totals
+  int64_t capacity = 0;            // bytes (cluster.nodes[].memory_gb)
+  std::vector<std::string> roles;  // "actor[0]", several when colocated (a shared budget)
+  int64_t total = 0;               // sum of the roles' device totals
   bool fits() const { return total <= capacity; }
 };
 
@@ -124,7 +125,8 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
 
 // Reads every used role's <model>/config.json. Roles whose file is missing are left out and
 // named in `missing` ("actor: runs/models/tiny/config.json").
-std::map<Role, models::ModelConfig> load_role_models(const JobSpec& spec, std::vector<std::string>& missing);
+std::map<Role, models::ModelConfig> load_role_models(const JobSpec& spec,
+                                                     std::vector<std::string>& missing);
 
 // The plan for a spec whose role models are all given. With `suggest`, over-budget devices
 // get the spec changes that make them fit, each found by planning the changed spec again.

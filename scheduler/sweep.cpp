@@ -31,13 +31,20 @@ using Clock = std::chrono::steady_clock;
 
 const char* variant_status_name(VariantStatus status) {
   switch (status) {
-    case VariantStatus::kOk: return "ok";
-    case VariantStatus::kFailed: return "failed";
-    case VariantStatus::kOutOfMemory: return "out of memory";
-    case VariantStatus::kFits: return "fits";
-    case VariantStatus::kWouldNotFit: return "would not fit";
-    case VariantStatus::kBadSpec: return "bad spec";
-    case VariantStatus::kNotRun: return "not run";
+    case VariantStatus::kOk:
+      return "ok";
+    case VariantStatus::kFailed:
+      return "failed";
+    case VariantStatus::kOutOfMemory:
+      return "out of memory";
+    case VariantStatus::kFits:
+      return "fits";
+    case VariantStatus::kWouldNotFit:
+      return "would not fit";
+    case VariantStatus::kBadSpec:
+      return "bad spec";
+    case VariantStatus::kNotRun:
+      return "not run";
   }
   return "?";
 }
@@ -45,7 +52,8 @@ const char* variant_status_name(VariantStatus status) {
 GridAxis GridAxis::parse(const std::string& text) {
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
-    throw InputError("--grid " + text + ": expected KEY=V1,V2,... (e.g. rollout.n_samples_per_prompt=1,2,4)");
+    throw InputError("--grid " + text +
+                     ": expected KEY=V1,V2,... (e.g. rollout.n_samples_per_prompt=1,2,4)");
   GridAxis axis{text.substr(0, eq), {}};
   std::string current;
   int depth = 0;
@@ -69,7 +77,8 @@ namespace {
 
 // "rollout.n_samples_per_prompt" + "2" -> "n_samples_per_prompt-2"; only [A-Za-z0-9._-].
 std::string dir_part(const std::string& key, const std::string& value) {
-  std::string s = key.substr(key.rfind('.') == std::string::npos ? 0 : key.rfind('.') + 1) + "-" + value;
+  std::string s =
+      key.substr(key.rfind('.') == std::string::npos ? 0 : key.rfind('.') + 1) + "-" + value;
   for (char& c : s)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '-';
   return s;
@@ -101,7 +110,8 @@ std::string last_line(const std::string& path) {
   return last;
 }
 
-// Planned figures for one variant's spec; returns false (with reason) when a model config is missing.
+// Planned figures for one variant's spec; returns false (with reason) when a model config is
+// missing.
 bool fill_plan(const JobSpec& spec, VariantResult& r) {
   std::vector<std::string> missing;
   const auto models = engine::load_role_models(spec, missing);
@@ -117,8 +127,9 @@ bool fill_plan(const JobSpec& spec, VariantResult& r) {
   for (const auto& d : plan.devices) {
     r.max_planned_device = std::max(r.max_planned_device, d.total);
     if (!d.fits() && r.reason.empty())
-      r.reason = d.node + ":" + std::to_string(d.device_id) + " needs " + format_bytes(static_cast<double>(d.total)) +
-                 " of " + format_bytes(static_cast<double>(d.capacity));
+      r.reason = d.node + ":" + std::to_string(d.device_id) + " needs " +
+                 format_bytes(static_cast<double>(d.total)) + " of " +
+                 format_bytes(static_cast<double>(d.capacity));
   }
   r.status = plan.fits() ? VariantStatus::kFits : VariantStatus::kWouldNotFit;
   return true;
@@ -175,8 +186,8 @@ int64_t count_lines(const std::string& path) {
   return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
 }
 
-void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool>& stop, const std::string& tag,
-                 std::ostream& progress) {
+void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool>& stop,
+                 const std::string& tag, std::ostream& progress) {
   fs::create_directories(r.run_dir);
   std::vector<std::string> argv = {o.rlhf_binary, "run", o.spec_path};
   std::vector<std::string> sets = o.base_overrides;
@@ -189,7 +200,8 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
     argv.push_back("--set");
     argv.push_back(s);
   }
-  const fs::path out = fs::path(r.run_dir) / "sweep-stdout.log", err = fs::path(r.run_dir) / "sweep-stderr.log";
+  const fs::path out = fs::path(r.run_dir) / "sweep-stdout.log",
+                 err = fs::path(r.run_dir) / "sweep-stderr.log";
   const std::string metrics = (fs::path(r.run_dir) / "metrics.jsonl").string();
   fs::remove(metrics);
   const auto t0 = Clock::now();
@@ -201,7 +213,8 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
   while (true) {
     const pid_t w = ::waitpid(pid, &status, WNOHANG);
     if (w == pid) break;
-    if (w < 0 && errno != EINTR) throw RuntimeError(std::string("sweep: waitpid failed: ") + std::strerror(errno));
+    if (w < 0 && errno != EINTR)
+      throw RuntimeError(std::string("sweep: waitpid failed: ") + std::strerror(errno));
     if (stop && !interrupted) {
       interrupted = true;
       ::kill(pid, SIGINT);  // `rlhf run` stops its workers and exits
@@ -211,8 +224,8 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
     const int64_t steps = count_lines(metrics);
     if (steps != shown) {
       shown = steps;
-      progress << tag << " " << r.name << ": step " << steps << "/" << o.steps << " ("
-               << std::fixed << std::setprecision(1) << std::chrono::duration<double>(Clock::now() - t0).count()
+      progress << tag << " " << r.name << ": step " << steps << "/" << o.steps << " (" << std::fixed
+               << std::setprecision(1) << std::chrono::duration<double>(Clock::now() - t0).count()
                << " s)" << std::endl;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -228,7 +241,8 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
     r.reason.clear();
   } else {
     const bool oom = (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) ||
-                     last.find("bad_alloc") != std::string::npos || last.find("out of memory") != std::string::npos ||
+                     last.find("bad_alloc") != std::string::npos ||
+                     last.find("out of memory") != std::string::npos ||
                      last.find("signal 9") != std::string::npos;
     r.status = oom ? VariantStatus::kOutOfMemory : VariantStatus::kFailed;
     r.reason = (WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
@@ -239,19 +253,23 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
 
 }  // namespace
 
-std::vector<VariantResult> run_sweep(SweepOptions& o, const std::atomic<bool>& stop, std::ostream& progress) {
+std::vector<VariantResult> run_sweep(SweepOptions& o, const std::atomic<bool>& stop,
+                                     std::ostream& progress) {
   if (o.grid.empty()) throw InputError("rlhf sweep: give at least one --grid KEY=V1,V2,...");
   if (o.steps < 1) throw InputError("rlhf sweep: --steps must be >= 1");
-  const JobSpec base = JobSpec::load(o.spec_path, o.base_overrides);  // a bad base spec fails before anything runs
+  const JobSpec base =
+      JobSpec::load(o.spec_path, o.base_overrides);  // a bad base spec fails before anything runs
   if (o.out_dir.empty())
-    o.out_dir = (fs::path(base.get_string("logger.run_dir")) / ("sweep-" + base.get_string("name"))).string();
+    o.out_dir = (fs::path(base.get_string("logger.run_dir")) / ("sweep-" + base.get_string("name")))
+                    .string();
   fs::create_directories(o.out_dir);
   std::vector<VariantResult> results = expand(o.grid);
   const auto t0 = Clock::now();
   for (size_t i = 0; i < results.size(); ++i) {
     VariantResult& r = results[i];
     r.run_dir = (fs::path(o.out_dir) / r.name).string();
-    const std::string tag = "[" + std::to_string(i + 1) + "/" + std::to_string(results.size()) + "]";
+    const std::string tag =
+        "[" + std::to_string(i + 1) + "/" + std::to_string(results.size()) + "]";
     if (stop) {
       r.reason = "interrupted";
       continue;
@@ -272,7 +290,8 @@ std::vector<VariantResult> run_sweep(SweepOptions& o, const std::atomic<bool>& s
     if (!o.plan_only) run_variant(o, r, stop, tag, progress);
     progress << tag << " " << r.name << ": " << variant_status_name(r.status);
     if (r.status == VariantStatus::kOk)
-      progress << ", " << std::fixed << std::setprecision(1) << r.samples_per_s << " samples/s, " << r.seconds << " s";
+      progress << ", " << std::fixed << std::setprecision(1) << r.samples_per_s << " samples/s, "
+               << r.seconds << " s";
     if (!r.reason.empty()) progress << " (" << r.reason << ")";
     progress << " | sweep " << std::fixed << std::setprecision(0)
              << std::chrono::duration<double>(Clock::now() - t0).count() << " s" << std::endl;
@@ -313,7 +332,9 @@ std::string csv_field(std::string s) {
   return out + "\"";
 }
 
-std::string bytes_or_dash(int64_t b) { return b < 0 ? "-" : format_bytes(static_cast<double>(b)); }
+std::string bytes_or_dash(int64_t b) {
+  return b < 0 ? "-" : format_bytes(static_cast<double>(b));
+}
 
 }  // namespace
 
@@ -322,22 +343,26 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
   std::ofstream out(path);
   const auto roles = roles_of(results);
   for (const auto& axis : grid) out << csv_field(axis.key) << ',';
-  out << "variant,status,reason,steps,seconds,samples_per_s,tokens_per_s,generate_s,score_s,train_s,sync_s,"
+  out << "variant,status,reason,steps,seconds,samples_per_s,tokens_per_s,generate_s,score_s,train_"
+         "s,sync_s,"
          "reward_mean";
   for (const auto& role : roles)
-    out << ',' << role << "_planned_total," << role << "_planned_engine," << role << "_measured_tensor," << role
-        << "_measured_rss";
+    out << ',' << role << "_planned_total," << role << "_planned_engine," << role
+        << "_measured_tensor," << role << "_measured_rss";
   out << '\n';
   for (const auto& r : results) {
     for (const auto& v : r.values) out << csv_field(v) << ',';
-    auto phase = [&r](const char* p) { return r.phase_s.count(p) ? fixed(r.phase_s.at(p), 4) : std::string(); };
-    out << r.name << ',' << csv_field(variant_status_name(r.status)) << ',' << csv_field(r.reason) << ',' << r.steps
-        << ',' << fixed(r.seconds, 2) << ',' << fixed(r.samples_per_s, 3) << ',' << fixed(r.tokens_per_s, 1) << ','
-        << phase("generate") << ',' << phase("score") << ',' << phase("train") << ',' << phase("sync") << ','
-        << fixed(r.reward_mean, 4);
+    auto phase = [&r](const char* p) {
+      return r.phase_s.count(p) ? fixed(r.phase_s.at(p), 4) : std::string();
+    };
+    out << r.name << ',' << csv_field(variant_status_name(r.status)) << ',' << csv_field(r.reason)
+        << ',' << r.steps << ',' << fixed(r.seconds, 2) << ',' << fixed(r.samples_per_s, 3) << ','
+        << fixed(r.tokens_per_s, 1) << ',' << phase("generate") << ',' << phase("score") << ','
+        << phase("train") << ',' << phase("sync") << ',' << fixed(r.reward_mean, 4);
     for (const auto& role : roles) {
       RoleMemoryFigures f = r.memory.count(role) ? r.memory.at(role) : RoleMemoryFigures{};
-      out << ',' << f.planned_total << ',' << f.planned_engine << ',' << f.measured_tensor << ',' << f.measured_rss;
+      out << ',' << f.planned_total << ',' << f.planned_engine << ',' << f.measured_tensor << ','
+          << f.measured_rss;
     }
     out << '\n';
   }
@@ -345,7 +370,8 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
   if (!out) throw RuntimeError("cannot write " + path);
 }
 
-std::string sweep_markdown(const std::vector<VariantResult>& results, const std::vector<GridAxis>& grid) {
+std::string sweep_markdown(const std::vector<VariantResult>& results,
+                           const std::vector<GridAxis>& grid) {
   std::ostringstream md;
   const auto roles = roles_of(results);
   md << '|';
@@ -358,24 +384,29 @@ std::string sweep_markdown(const std::vector<VariantResult>& results, const std:
   for (const auto& r : results) {
     md << '|';
     for (const auto& v : r.values) md << ' ' << v << " |";
-    md << ' ' << variant_status_name(r.status) << (r.reason.empty() ? "" : " (" + r.reason + ")") << " | ";
+    md << ' ' << variant_status_name(r.status) << (r.reason.empty() ? "" : " (" + r.reason + ")")
+       << " | ";
     if (r.steps > 0) {
-      auto phase = [&r](const char* p) { return r.phase_s.count(p) ? fixed(r.phase_s.at(p), 2) : std::string("-"); };
-      md << fixed(r.samples_per_s, 1) << " | " << fixed(r.tokens_per_s, 0) << " | " << phase("generate") << " / "
-         << phase("score") << " / " << phase("train") << " / " << phase("sync") << " | " << fixed(r.reward_mean, 3)
-         << " |";
+      auto phase = [&r](const char* p) {
+        return r.phase_s.count(p) ? fixed(r.phase_s.at(p), 2) : std::string("-");
+      };
+      md << fixed(r.samples_per_s, 1) << " | " << fixed(r.tokens_per_s, 0) << " | "
+         << phase("generate") << " / " << phase("score") << " / " << phase("train") << " / "
+         << phase("sync") << " | " << fixed(r.reward_mean, 3) << " |";
     } else {
       md << "- | - | - | - |";
     }
     for (const auto& role : roles) {
       RoleMemoryFigures f = r.memory.count(role) ? r.memory.at(role) : RoleMemoryFigures{};
-      md << ' ' << bytes_or_dash(f.planned_total) << " / " << bytes_or_dash(f.measured_tensor) << " / "
-         << bytes_or_dash(f.measured_rss) << " |";
+      md << ' ' << bytes_or_dash(f.planned_total) << " / " << bytes_or_dash(f.measured_tensor)
+         << " / " << bytes_or_dash(f.measured_rss) << " |";
     }
     md << '\n';
   }
-  md << "\nplanned: the planner's bytes per rank (everything the process holds); tensor: the largest "
-        "peak_tensor_bytes the run reported (trainer-tracked tensors, or weights); RSS: the process's peak resident set.\n";
+  md << "\nplanned: the planner's bytes per rank (everything the process holds); tensor: the "
+        "largest "
+        "peak_tensor_bytes the run reported (trainer-tracked tensors, or weights); RSS: the "
+        "process's peak resident set.\n";
   return md.str();
 }
 

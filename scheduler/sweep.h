@@ -24,13 +24,13 @@ struct GridAxis {
 };
 
 enum class VariantStatus {
-  kOk,         // ran all its steps
-  kFailed,     // nonzero exit (reason: exit code and the last stderr line)
+  kOk,           // ran all its steps
+  kFailed,       // nonzero exit (reason: exit code and the last stderr line)
   kOutOfMemory,  // killed by the OOM killer or reported an allocation failure
-  kFits,       // --plan-only: every device fits
+  kFits,         // --plan-only: every device fits
   kWouldNotFit,  // --plan-only: some device is over budget
-  kBadSpec,    // the overrides make an invalid spec (reason: the first problem)
-  kNotRun,     // the sweep was interrupted before it
+  kBadSpec,      // the overrides make an invalid spec (reason: the first problem)
+  kNotRun,       // the sweep was interrupted before it
 };
 const char* variant_status_name(VariantStatus status);
 
@@ -42,43 +42,45 @@ struct RoleMemoryFigures {
 };
 
 struct VariantResult {
-  std::string name;                             // "n_samples_per_prompt=2,batch_size=16"
-  std::vector<std::string> overrides;           // "rollout.n_samples_per_prompt=2", ...
-  std::vector<std::string> values;              // one per axis
+  std::string name;                    // "n_samples_per_prompt=2,batch_size=16"
+  std::vector<std::string> overrides;  // "rollout.n_samples_per_prompt=2", ...
+  std::vector<std::string> values;     // one per axis
   VariantStatus status = VariantStatus::kNotRun;
-  std::string reason;                           // why it failed or does not fit
+  std::string reason;  // why it failed or does not fit
   std::string run_dir;
-  double seconds = 0.0;                         // wall time of the child
-  double samples_per_s = 0.0;                   // mean over logged steps (after the first when > 1)
+  double seconds = 0.0;        // wall time of the child
+  double samples_per_s = 0.0;  // mean over logged steps (after the first when > 1)
   double tokens_per_s = 0.0;
-  std::map<std::string, double> phase_s;        // generate, score, train, sync: mean seconds per step
-  double reward_mean = 0.0;                     // of the last logged step
-  int64_t steps = 0;                            // logged steps
+  std::map<std::string, double> phase_s;  // generate, score, train, sync: mean seconds per step
+  double reward_mean = 0.0;               // of the last logged step
+  int64_t steps = 0;                      // logged steps
   std::map<std::string, RoleMemoryFigures> memory;  // per role
-  int64_t max_planned_device = 0;               // largest planned device total
-  int64_t max_measured_rss = -1;                // largest measured RSS over roles
+  int64_t max_planned_device = 0;                   // largest planned device total
+  int64_t max_measured_rss = -1;                    // largest measured RSS over roles
 };
 
 struct SweepOptions {
   std::string spec_path;
   std::vector<std::string> base_overrides;  // --set, applied before the grid values
   std::vector<GridAxis> grid;
-  int64_t steps = 2;                        // train.max_steps of each variant
+  int64_t steps = 2;  // train.max_steps of each variant
   bool plan_only = false;
-  std::string rlhf_binary;                  // the `rlhf` executable to run children with
-  std::string out_dir;                      // default: <logger.run_dir>/sweep-<name>
+  std::string rlhf_binary;  // the `rlhf` executable to run children with
+  std::string out_dir;      // default: <logger.run_dir>/sweep-<name>
 };
 
 // Runs the sweep; `stop` set (by SIGINT) ends the running child cleanly and skips the rest.
 // Progress goes to `progress`. Returns every variant (finished, failed or not run) and
 // writes the outputs into options.out_dir (filled in when empty). Throws InputError for a
 // bad spec or grid.
-std::vector<VariantResult> run_sweep(SweepOptions& options, const std::atomic<bool>& stop, std::ostream& progress);
+std::vector<VariantResult> run_sweep(SweepOptions& options, const std::atomic<bool>& stop,
+                                     std::ostream& progress);
 
 // The three outputs. File names: sweep.csv, sweep.md, sweep.png.
 void write_sweep_csv(const std::vector<VariantResult>& results, const std::vector<GridAxis>& grid,
                      const std::string& path);
-std::string sweep_markdown(const std::vector<VariantResult>& results, const std::vector<GridAxis>& grid);
+std::string sweep_markdown(const std::vector<VariantResult>& results,
+                           const std::vector<GridAxis>& grid);
 void write_sweep_chart(const std::vector<VariantResult>& results, const std::string& path);
 
 }  // namespace rlhf

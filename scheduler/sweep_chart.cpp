@@ -22,34 +22,39 @@ namespace {
 struct Rgb {
   uint8_t r, g, b;
 };
-constexpr Rgb kWhite{255, 255, 255}, kAxis{60, 60, 60}, kThroughput{46, 139, 87}, kPlanned{170, 170, 170},
-    kMeasured{52, 101, 164}, kBad{204, 40, 40};
+constexpr Rgb kWhite{255, 255, 255}, kAxis{60, 60, 60}, kThroughput{46, 139, 87},
+    kPlanned{170, 170, 170}, kMeasured{52, 101, 164}, kBad{204, 40, 40};
 
 class Canvas {
  public:
   Canvas(int w, int h) : w_(w), h_(h), px_(static_cast<size_t>(w) * h, kWhite) {}
   void fill(int x0, int y0, int x1, int y1, Rgb c) {
     for (int y = std::max(0, y0); y < std::min(h_, y1); ++y)
-      for (int x = std::max(0, x0); x < std::min(w_, x1); ++x) px_[static_cast<size_t>(y) * w_ + x] = c;
+      for (int x = std::max(0, x0); x < std::min(w_, x1); ++x)
+        px_[static_cast<size_t>(y) * w_ + x] = c;
   }
   // 3x5 glyphs (scale 2) with the baseline at y: digits, '.', '/', and the capitals of role
   // names and labels; other characters advance as a space.
   void text(int x, int y, const std::string& s, Rgb c) {
     static const std::map<char, const char*> kGlyphs = {
-        {'0', "111101101101111"}, {'1', "010110010010111"}, {'2', "111001111100111"}, {'3', "111001111001111"},
-        {'4', "101101111001001"}, {'5', "111100111001111"}, {'6', "111100111101111"}, {'7', "111001001001001"},
-        {'8', "111101111101111"}, {'9', "111101111001111"}, {'.', "000000000000010"}, {'/', "001001010100100"},
-        {'k', "100101110101101"}, {'M', "101111111101101"}, {'G', "111100101101111"}, {'A', "010101111101101"},
-        {'C', "011100100100011"}, {'T', "111010010010010"}, {'O', "010101101101010"}, {'R', "110101110101101"},
-        {'I', "111010010010111"}, {'E', "111100110100111"}, {'F', "111100110100100"}, {'L', "100100100100111"},
-        {'U', "101101101101111"}, {'W', "101101111111101"}, {'D', "110101101101110"}, {'S', "011100010001110"},
-        {'P', "110101110100100"}, {'K', "101101110101101"}, {'N', "110101101101101"}};
+        {'0', "111101101101111"}, {'1', "010110010010111"}, {'2', "111001111100111"},
+        {'3', "111001111001111"}, {'4', "101101111001001"}, {'5', "111100111001111"},
+        {'6', "111100111101111"}, {'7', "111001001001001"}, {'8', "111101111101111"},
+        {'9', "111101111001111"}, {'.', "000000000000010"}, {'/', "001001010100100"},
+        {'k', "100101110101101"}, {'M', "101111111101101"}, {'G', "111100101101111"},
+        {'A', "010101111101101"}, {'C', "011100100100011"}, {'T', "111010010010010"},
+        {'O', "010101101101010"}, {'R', "110101110101101"}, {'I', "111010010010111"},
+        {'E', "111100110100111"}, {'F', "111100110100100"}, {'L', "100100100100111"},
+        {'U', "101101101101111"}, {'W', "101101111111101"}, {'D', "110101101101110"},
+        {'S', "011100010001110"}, {'P', "110101110100100"}, {'K', "101101110101101"},
+        {'N', "110101101101101"}};
     for (char ch : s) {
       auto it = kGlyphs.find(ch);
       if (it != kGlyphs.end())
         for (int i = 0; i < 15; ++i)
           if (it->second[i] == '1')
-            fill(x + (i % 3) * 2, y - 10 + (i / 3) * 2, x + (i % 3) * 2 + 2, y - 10 + (i / 3) * 2 + 2, c);
+            fill(x + (i % 3) * 2, y - 10 + (i / 3) * 2, x + (i % 3) * 2 + 2,
+                 y - 10 + (i / 3) * 2 + 2, c);
       x += 8;
     }
   }
@@ -129,10 +134,14 @@ std::string Canvas::png() const {
 
 std::string short_number(double v) {
   std::ostringstream o;
-  if (v >= 1e9) o << std::fixed << std::setprecision(1) << v / (1ll << 30) << "G";
-  else if (v >= 1e6) o << std::fixed << std::setprecision(0) << v / (1 << 20) << "M";
-  else if (v >= 1e4) o << std::fixed << std::setprecision(0) << v / 1e3 << "k";
-  else o << std::fixed << std::setprecision(v < 10 ? 2 : 1) << v;
+  if (v >= 1e9)
+    o << std::fixed << std::setprecision(1) << v / (1ll << 30) << "G";
+  else if (v >= 1e6)
+    o << std::fixed << std::setprecision(0) << v / (1 << 20) << "M";
+  else if (v >= 1e4)
+    o << std::fixed << std::setprecision(0) << v / 1e3 << "k";
+  else
+    o << std::fixed << std::setprecision(v < 10 ? 2 : 1) << v;
   return o.str();
 }
 
@@ -143,8 +152,11 @@ std::string swept_role(const std::vector<VariantResult>& results) {
     for (const auto& [role, f] : r.memory) {
       if (f.planned_total <= 0) continue;
       auto it = range.find(role);
-      if (it == range.end()) range[role] = {f.planned_total, f.planned_total};
-      else it->second = {std::min(it->second.first, f.planned_total), std::max(it->second.second, f.planned_total)};
+      if (it == range.end())
+        range[role] = {f.planned_total, f.planned_total};
+      else
+        it->second = {std::min(it->second.first, f.planned_total),
+                      std::max(it->second.second, f.planned_total)};
     }
   std::string best;
   std::pair<int64_t, int64_t> key{-1, -1};
@@ -201,7 +213,8 @@ void write_sweep_chart(const std::vector<VariantResult>& results, const std::str
         const int hm = static_cast<int>((panel - 20) * measured(r) / max_mem);
         c.fill(x + 32, bottom_base - hm, x + 62, bottom_base, kMeasured);
       }
-      c.text(x, bottom_base - std::max(hp, static_cast<int>((panel - 20) * measured(r) / max_mem)) - 4,
+      c.text(x,
+             bottom_base - std::max(hp, static_cast<int>((panel - 20) * measured(r) / max_mem)) - 4,
              short_number(planned(r)), kAxis);
     }
   }

@@ -5,9 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "run_cli.h"
 #include "test_paths.h"
@@ -35,7 +34,8 @@ std::vector<std::vector<std::string>> read_csv(const fs::path& p) {
     std::string cell;
     bool quoted = false;
     for (char c : line) {
-      if (c == '"') quoted = !quoted;
+      if (c == '"')
+        quoted = !quoted;
       else if (c == ',' && !quoted) {
         row.push_back(cell);
         cell.clear();
@@ -62,7 +62,9 @@ class Sweep : public testing::Test {
     dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("sweep-" + std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    ASSERT_EQ(run_cli({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code, 0);
+    ASSERT_EQ(
+        run_cli({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code,
+        0);
     ASSERT_EQ(run_cli({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
                        (dir_ / "tiny-value").string()})
                   .exit_code,
@@ -70,14 +72,17 @@ class Sweep : public testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::vector<std::string> models() const {
-    return {"--set", "actor.model=" + (dir_ / "tiny").string(), "--set", "critic.model=" + (dir_ / "tiny-value").string()};
+    return {"--set", "actor.model=" + (dir_ / "tiny").string(), "--set",
+            "critic.model=" + (dir_ / "tiny-value").string()};
   }
   fs::path dir_;
 };
 
 TEST_F(Sweep, TwoByTwoPpoTinyWritesEveryOutput) {
-  std::vector<std::string> args = {"sweep", "examples/ppo_tiny.json", "--grid", "rollout.n_samples_per_prompt=2,4",
-                                   "--grid", "train.batch_size=16,32", "--steps", "2", "--out", (dir_ / "out").string()};
+  std::vector<std::string> args = {
+      "sweep",  "examples/ppo_tiny.json", "--grid",  "rollout.n_samples_per_prompt=2,4",
+      "--grid", "train.batch_size=16,32", "--steps", "2",
+      "--out",  (dir_ / "out").string()};
   for (const auto& a : models()) args.push_back(a);
   CliResult r = run_cli(args);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -88,7 +93,8 @@ TEST_F(Sweep, TwoByTwoPpoTinyWritesEveryOutput) {
   const auto& h = csv[0];
   EXPECT_EQ(h[0], "rollout.n_samples_per_prompt");
   EXPECT_EQ(h[1], "train.batch_size");
-  const std::vector<std::pair<std::string, std::string>> expected = {{"2", "16"}, {"2", "32"}, {"4", "16"}, {"4", "32"}};
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"2", "16"}, {"2", "32"}, {"4", "16"}, {"4", "32"}};
   for (size_t i = 1; i < csv.size(); ++i) {
     const auto& row = csv[i];
     EXPECT_EQ(row[0], expected[i - 1].first);
@@ -116,8 +122,10 @@ TEST_F(Sweep, TwoByTwoPpoTinyWritesEveryOutput) {
     EXPECT_TRUE(fs::exists(run / "metrics.jsonl")) << run;
   }
   const std::string md = slurp(dir_ / "out" / "sweep.md");
-  EXPECT_NE(md.find("| `rollout.n_samples_per_prompt` | `train.batch_size` |"), std::string::npos) << md;
-  EXPECT_EQ(std::count(md.begin(), md.end(), '\n'), 2 + 4 + 2) << md;  // header, rule, 4 rows, blank, note
+  EXPECT_NE(md.find("| `rollout.n_samples_per_prompt` | `train.batch_size` |"), std::string::npos)
+      << md;
+  EXPECT_EQ(std::count(md.begin(), md.end(), '\n'), 2 + 4 + 2)
+      << md;  // header, rule, 4 rows, blank, note
   const std::string png = slurp(dir_ / "out" / "sweep.png");
   ASSERT_GT(png.size(), 33u);
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
@@ -125,7 +133,8 @@ TEST_F(Sweep, TwoByTwoPpoTinyWritesEveryOutput) {
   EXPECT_EQ(png.substr(png.size() - 8, 4), "IEND");
 
   // `rlhf plan --check` on one variant: planned vs measured rows for every scored role.
-  CliResult check = run_cli({"plan", "--check", (dir_ / "out" / csv[1][column(h, "variant")]).string(), "--json"});
+  CliResult check = run_cli(
+      {"plan", "--check", (dir_ / "out" / csv[1][column(h, "variant")]).string(), "--json"});
   ASSERT_EQ(check.exit_code, 0) << check.err;
   const json rows = json::parse(check.out);
   int with_tensor = 0;
@@ -141,7 +150,8 @@ TEST_F(Sweep, PlanOnlyMarksWhatWouldNotFit) {
   // Long responses make n = 8 samples need far more rollout KV cache and reference
   // activations than n = 2; a declared device memory halfway between the two plans must fit
   // the first and not the second.
-  std::vector<std::string> common = {"--set", "rollout.max_new_tokens=1024", "--set", "data.max_len=1040"};
+  std::vector<std::string> common = {"--set", "rollout.max_new_tokens=1024", "--set",
+                                     "data.max_len=1040"};
   for (const auto& a : models()) common.push_back(a);
   auto device_peak = [&](const std::string& n) {
     std::vector<std::string> args = {"plan", "examples/ppo_tiny.json", "--json", "--set",
@@ -152,16 +162,25 @@ TEST_F(Sweep, PlanOnlyMarksWhatWouldNotFit) {
     int64_t peak = 0;
     const json plan = json::parse(p.out);
     EXPECT_TRUE(plan["memory"].contains("devices")) << p.out.substr(p.out.find("\"memory\""));
-    for (const auto& d : plan["memory"]["devices"]) peak = std::max(peak, d["total"].get<int64_t>());
+    for (const auto& d : plan["memory"]["devices"])
+      peak = std::max(peak, d["total"].get<int64_t>());
     return peak;
   };
   const int64_t small = device_peak("2"), large = device_peak("8");
   ASSERT_LT(small * 1.2, large) << "the grid must change the plan";
   const double gb = static_cast<double>(small + large) / 2 / (1ll << 30);
-  std::vector<std::string> args = {"sweep", "examples/ppo_tiny.json", "--grid", "rollout.n_samples_per_prompt=2,8",
-                                   "--plan-only", "--out", (dir_ / "plan").string(), "--set",
-                                   "cluster.nodes=[{\"name\": \"local\", \"kind\": \"cpu\", \"devices\": 5, "
-                                   "\"memory_gb\": " + std::to_string(gb) + "}]"};
+  std::vector<std::string> args = {
+      "sweep",
+      "examples/ppo_tiny.json",
+      "--grid",
+      "rollout.n_samples_per_prompt=2,8",
+      "--plan-only",
+      "--out",
+      (dir_ / "plan").string(),
+      "--set",
+      "cluster.nodes=[{\"name\": \"local\", \"kind\": \"cpu\", \"devices\": 5, "
+      "\"memory_gb\": " +
+          std::to_string(gb) + "}]"};
   args.insert(args.end(), common.begin(), common.end());
   CliResult r = run_cli(args);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -178,13 +197,16 @@ TEST_F(Sweep, PlanOnlyMarksWhatWouldNotFit) {
 // Ctrl-C: SIGINT after the first variant finished stops the running child cleanly, keeps
 // the finished variant and still writes the outputs; the rest are "not run".
 TEST_F(Sweep, InterruptKeepsFinishedVariants) {
-  std::vector<std::string> args = {"sweep", std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json", "--grid",
-                                   "rollout.n_samples_per_prompt=2,4,8", "--steps", "2", "--out",
-                                   (dir_ / "int").string()};
+  std::vector<std::string> args = {
+      "sweep",   std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json",
+      "--grid",  "rollout.n_samples_per_prompt=2,4,8",
+      "--steps", "2",
+      "--out",   (dir_ / "int").string()};
   for (const auto& a : models()) args.push_back(a);
   rlhf::testing::RlhfProcess sweep(args, dir_.string());
-  ASSERT_TRUE(rlhf::testing::poll_until([&] { return sweep.err().find("[1/3] n_samples_per_prompt-2: ok") != std::string::npos; },
-                                        std::chrono::seconds(120)))
+  ASSERT_TRUE(rlhf::testing::poll_until(
+      [&] { return sweep.err().find("[1/3] n_samples_per_prompt-2: ok") != std::string::npos; },
+      std::chrono::seconds(120)))
       << sweep.err();
   ASSERT_EQ(::kill(sweep.pid(), SIGINT), 0);
   const auto status = sweep.wait(std::chrono::seconds(60));

@@ -2,6 +2,8 @@
 // stages, padding, offload, checkpointing), the planned engine peak against a real
 // Trainer's tracked peak (exact: both count the same tensors), KV cache and colocation, and
 // over-budget suggestions that were re-planned.
+#include "engine/memory_plan.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,7 +11,6 @@
 #include <fstream>
 
 #include "core/spec.h"
-#include "engine/memory_plan.h"
 #include "engine/trainer.h"
 #include "tests/engine/tiny_job.h"
 #include "transport/collective_group.h"
@@ -49,7 +50,8 @@ TEST(MemoryPlan, UnitSizesMatchTheModel) {
   EXPECT_EQ(units[1], kLayer);
   EXPECT_EQ(units[3], kHead);
   EXPECT_EQ(units[0] + units[1] + units[2] + units[3], rt::tiny_config(false).num_parameters());
-  EXPECT_EQ(unit_numels(rt::tiny_config(true)).back(), 64) << "tied: the head unit is the final norm only";
+  EXPECT_EQ(unit_numels(rt::tiny_config(true)).back(), 64)
+      << "tied: the head unit is the final norm only";
 }
 
 // Per rank, P parameters, world 1, BF16: weights 2P, master 4P, AdamW 8P, FP32 grads 4P.
@@ -117,8 +119,10 @@ TEST(MemoryPlan, OffloadMovesStatesOffCudaOnly) {
   EXPECT_EQ(cuda.master, 0);
   EXPECT_EQ(cuda.optimizer, 0);
   EXPECT_EQ(cuda.host, 12 * (kParams / 2));
-  EXPECT_EQ(cuda.weights, 2 * (kParams / 2)) << "stage 3 with offload caches the BF16 shard on the device";
-  EXPECT_EQ(cuda.engine_peak, cpu.engine_peak + cuda.weights) << "the tracker counts host state too";
+  EXPECT_EQ(cuda.weights, 2 * (kParams / 2))
+      << "stage 3 with offload caches the BF16 shard on the device";
+  EXPECT_EQ(cuda.engine_peak, cpu.engine_peak + cuda.weights)
+      << "the tracker counts host state too";
 }
 
 // Activations for B = 2, T = 8 (formula in memory_plan.cpp), by hand:
@@ -169,7 +173,8 @@ TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
 // tracker's peak over a step must equal the planned engine peak to the byte, since both
 // count the same tensors (a mismatch means the planner's replay of ShardedUnit is wrong).
 TEST(MemoryPlan, EnginePeakEqualsTheTrainersTrackedPeak) {
-  const fs::path dir = fs::temp_directory_path() / ("rlhf_memory_plan_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("rlhf_memory_plan_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   torch::set_num_threads(1);
   int n = 0;
@@ -208,10 +213,13 @@ class MemoryPlanSpec : public ::testing::Test {
 
   rlhf::JobSpec spec(const std::string& memory_gb, const std::vector<std::string>& extra = {}) {
     const std::string model = (dir_ / "tiny").string();
-    std::vector<std::string> sets = {"actor.model=" + model, "critic.model=" + model, "ref.model=" + model};
+    std::vector<std::string> sets = {"actor.model=" + model, "critic.model=" + model,
+                                     "ref.model=" + model};
     sets.insert(sets.end(), extra.begin(), extra.end());
-    std::string text = R"({"kind": "ppo", "cluster": {"nodes": [{"name": "local", "kind": "cpu", "devices": 4,
-      "memory_gb": )" + memory_gb + R"(}]},
+    std::string text =
+        R"({"kind": "ppo", "cluster": {"nodes": [{"name": "local", "kind": "cpu", "devices": 4,
+      "memory_gb": )" +
+        memory_gb + R"(}]},
       "actor": {"devices": [0], "zero_stage": 2}, "critic": {"devices": [1]}, "ref": {"colocate_with": "actor"},
       "reward": {"rule": "letters"}, "rollout": {"devices": [2], "batch_size": 8, "micro_batch_size": 4,
       "n_samples_per_prompt": 2, "max_new_tokens": 16},
@@ -239,19 +247,21 @@ TEST_F(MemoryPlanSpec, ColocatedRolesShareTheBudget) {
     if (d.device_id == 0) shared = &d;
   ASSERT_NE(shared, nullptr);
   EXPECT_EQ(shared->roles, (std::vector<std::string>{"actor[0]", "ref[0]"}));
-  EXPECT_EQ(shared->total, plan.role("actor")->terms.device_total() + plan.role("ref")->terms.device_total());
+  EXPECT_EQ(shared->total,
+            plan.role("actor")->terms.device_total() + plan.role("ref")->terms.device_total());
   EXPECT_EQ(shared->capacity, 4ll << 30);
   EXPECT_TRUE(plan.suggestions.empty());
-  EXPECT_EQ(plan.role("ref")->input.micro_batch, 8) << "ref scores rollout micro batches of 4 x 2 samples";
+  EXPECT_EQ(plan.role("ref")->input.micro_batch, 8)
+      << "ref scores rollout micro batches of 4 x 2 samples";
 }
 
 TEST_F(MemoryPlanSpec, OverBudgetDeviceGetsReplannedChanges) {
   // Long sequences without checkpointing: the actor's activations dominate device 0. Its
   // capacity is set halfway between the plans without and with checkpointing, so turning
   // checkpointing on is a change that fits (and the first candidate the planner tries).
-  const std::vector<std::string> longer = {"data.max_len=512", "data.prompt_max_len=256",
-                                           "rollout.max_new_tokens=256", "rollout.micro_batch_size=1",
-                                           "actor.gradient_checkpointing=false"};
+  const std::vector<std::string> longer = {
+      "data.max_len=512", "data.prompt_max_len=256", "rollout.max_new_tokens=256",
+      "rollout.micro_batch_size=1", "actor.gradient_checkpointing=false"};
   auto device0 = [](const MemoryPlan& p) {
     for (const auto& d : p.devices)
       if (d.device_id == 0) return d.total;
@@ -269,7 +279,8 @@ TEST_F(MemoryPlanSpec, OverBudgetDeviceGetsReplannedChanges) {
   const MemoryPlan plan = plan_memory(s, m);
   ASSERT_FALSE(plan.fits());
   ASSERT_FALSE(plan.suggestions.empty());
-  EXPECT_EQ(plan.suggestions.front().change, "actor.gradient_checkpointing=true") << plan.to_json().dump(2);
+  EXPECT_EQ(plan.suggestions.front().change, "actor.gradient_checkpointing=true")
+      << plan.to_json().dump(2);
   EXPECT_TRUE(plan.suggestions.front().fits);
   EXPECT_EQ(plan.suggestions.front().new_total, with);
   for (const auto& sug : plan.suggestions) {
