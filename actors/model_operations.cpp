@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "actors/offline_operations.h"
 #include "core/errors.h"
 #include "models/pretrained.h"
 #include "ppo/kl.h"
@@ -312,6 +313,7 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     reply.args = memory_json(*role);
     return reply;
   });
+  add_offline_operations(registry, role);  // dpo, sft, rm
   return role;
 }
 
