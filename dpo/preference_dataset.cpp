@@ -72,14 +72,20 @@ std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_
 }
 
 std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64_t seed) {
-  if (name != "letters_sft")
+  if (name != "letters_sft" && name != "noisy_sft")
     throw InputError("data.dataset: unknown synthetic SFT dataset \"synthetic:" + name +
-                     "\" (known: synthetic:letters_sft)");
+                     "\" (known: synthetic:letters_sft, synthetic:noisy_sft)");
   std::mt19937_64 rng(seed);
+  std::bernoulli_distribution noisy(0.5);
+  std::uniform_int_distribution<size_t> pick(0, kNoisy.size() - 1);
   std::vector<SftRow> rows;
   for (int64_t i = 0; i < count; ++i) {
     std::string word = random_word(rng, 3, 8, kLower);
-    rows.push_back({word + ":", word, 0});
+    std::string output = word;
+    if (name == "noisy_sft")
+      for (char& c : output)
+        if (noisy(rng)) c = kNoisy[pick(rng)];
+    rows.push_back({word + ":", output, 0});
   }
   return rows;
 }

@@ -50,6 +50,8 @@ OfflineDataset<SftRow> load_sft(const OfflineDataConfig& config);
 // Built-in synthetic datasets (deterministic per seed; documented in docs/datasets.md):
 //   preferences: prompt "word:", chosen = lowercase letters, rejected = digits and capitals.
 //   letters_sft: prompt "word:", output = the word again.
+//   noisy_sft:   the same, each output character replaced with probability 0.5 by a digit
+//                or capital (a policy that a lowercase-preferring reward model can improve).
 std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_t count, uint64_t seed);
 std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64_t seed);
 

@@ -13,8 +13,12 @@ mkdir -p "$runs/models"
 [ -f "$runs/models/tiny-value/config.json" ] ||
   $rlhf init-model --preset tiny --value-head --seed 7 --out "$runs/models/tiny-value"
 
-echo "== 1/3 SFT (examples/sft_tiny.json)"
-$rlhf run examples/sft_tiny.json --set actor.model="$runs/models/tiny" --set logger.run_dir="$runs"
+# SFT on noisy copies (half the characters digits or capitals) gives a policy that writes
+# words, but not the all-lowercase ones the reward model (trained on synthetic:preferences)
+# prefers: PPO's reward then has room to rise.
+echo "== 1/3 SFT (examples/sft_tiny.json on synthetic:noisy_sft)"
+$rlhf run examples/sft_tiny.json --set actor.model="$runs/models/tiny" --set logger.run_dir="$runs" \
+  --set data.dataset=synthetic:noisy_sft
 
 echo "== 2/3 reward model (examples/rm_tiny.json)"
 $rlhf run examples/rm_tiny.json --set reward.model="$runs/models/tiny-value" --set logger.run_dir="$runs"

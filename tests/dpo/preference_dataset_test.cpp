@@ -62,6 +62,23 @@ TEST(PreferenceDataset, SyntheticPairsPreferLowercase) {
   EXPECT_THROW(synthetic_preferences("nope", 1, 1), InputError);
   auto sft = synthetic_sft("letters_sft", 3, 1);
   EXPECT_EQ(sft[0].prompt, sft[0].output + ":");
+  // noisy_sft: same words, each character a digit/capital with probability 0.5. Over 400
+  // rows (~2200 characters) the noisy share is 0.5 +- 0.011 (1 sd); 0.45-0.55 is 4.5 sd.
+  auto noisy = synthetic_sft("noisy_sft", 400, 1);
+  int64_t chars = 0, replaced = 0;
+  for (const auto& r : noisy) {
+    ASSERT_EQ(r.prompt.size(), r.output.size() + 1);
+    for (size_t i = 0; i < r.output.size(); ++i) {
+      ++chars;
+      if (r.output[i] != r.prompt[i]) {
+        ++replaced;
+        EXPECT_FALSE(r.output[i] >= 'a' && r.output[i] <= 'z') << r.output;
+      }
+    }
+  }
+  const double share = static_cast<double>(replaced) / static_cast<double>(chars);
+  EXPECT_GT(share, 0.45);
+  EXPECT_LT(share, 0.55);
 }
 
 TEST(Truncation, KeepsPromptEndThenCutsResponse) {
