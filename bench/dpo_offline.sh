@@ -5,11 +5,13 @@
 # held-out pairs) on the ref group and caches it; the second reads the cache. Prints the
 # reference pass time against one epoch of training (the cost every extra epoch or resume
 # would pay again without the cache), the cache load time, and the step's worker-compute share.
-# Usage: bench/dpo_offline.sh [BUILD_DIR] [PRESET]   (runs under bench-runs/dpo_offline)
+# Usage: bench/dpo_offline.sh [BUILD_DIR] [PRESET] [--set PATH=VALUE]...
+#   (runs under bench-runs/dpo_offline; the --set options go to both runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rlhf=${1:-build}/cli/rlhf
 preset=${2:-tiny}
+shift $(( $# < 2 ? $# : 2 ))
 out=bench-runs/dpo_offline
 mkdir -p "$out"
 export OMP_NUM_THREADS=1
@@ -17,7 +19,7 @@ export OMP_NUM_THREADS=1
 rm -rf "$out/dpo_$preset"
 for pass in 1 2; do
   $rlhf run examples/dpo_tiny.json --set name="dpo_$preset" --set logger.run_dir="$out" \
-    --set actor.model="$out/$preset" --set logger.logging_steps=1 --set ckpt.export_hf=false \
+    --set actor.model="$out/$preset" --set logger.logging_steps=1 --set ckpt.export_hf=false "$@" \
     >"$out/pass$pass.log" 2>&1
 done
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
