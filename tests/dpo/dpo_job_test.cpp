@@ -188,6 +188,31 @@ TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
     EXPECT_NEAR(a.steps[2][key].get<double>(), b.steps[2][key].get<double>(), 1e-4) << key;
 }
 
+TEST_F(OfflineRun, DpoOnTwoZero3RanksMatchesOneRank) {
+  // The same 4 steps with the actor on one rank (2 micro batches of 8 pairs accumulated) and
+  // sharded ZeRO-3 over two ranks (one micro batch each: the same 8-pair groups). Tolerance
+  // 1e-3: only the order of the gradient reduction differs (BF16 compute, FP32 masters).
+  const std::vector<std::string> common = {"--set", "data.max_samples=32", "--set", "ckpt.export_hf=false"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  ASSERT_EQ(run("examples/dpo_tiny.json", "one", with({})).code, 0);
+  Result two = run("examples/dpo_tiny.json", "two",
+                   with({"--set", R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 3, "memory_gb": 4}])",
+                         "--set", "actor.devices=[0,1]", "--set", "ref.devices=[2]", "--set", "actor.zero_stage=3"}));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  Metrics a = read_metrics(run_dir("one") / "metrics.jsonl"), b = read_metrics(run_dir("two") / "metrics.jsonl");
+  ASSERT_EQ(a.steps.size(), 4u);
+  ASSERT_EQ(b.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    for (const char* key : {"loss", "margin", "chosen_reward", "rejected_reward"})
+      EXPECT_NEAR(a.steps[i][key].get<double>(), b.steps[i][key].get<double>(), 1e-3) << key << " step " << i + 1;
+  EXPECT_EQ(b.steps[0]["memory"]["actor"].size(), 2u);
+  ASSERT_EQ(b.evals.size(), 2u);
+  EXPECT_NEAR(a.evals[1]["eval_loss"].get<double>(), b.evals[1]["eval_loss"].get<double>(), 1e-3);
+}
+
 TEST_F(OfflineRun, SimpoRunsWithoutAReferenceGroup) {
   Result r = run("examples/dpo_tiny.json", "simpo",
                  {"--set", "algo.dpo.loss=simpo", "--set", "ref.devices=[]", "--set", "data.max_samples=32",
