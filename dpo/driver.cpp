@@ -161,6 +161,7 @@ class RmJob : public OfflineJob {
  public:
   RmJob(const JobSpec& spec, OfflineDriverOptions options) : OfflineJob(spec, options, Role::kReward, RowLayout::kPairs) {
     type_ = parse_rm_loss(spec.get_string("algo.rm.loss"));
+    use_margin_ = !spec.get_string("data.margin_key").empty();
   }
 
  protected:
@@ -168,9 +169,22 @@ class RmJob : public OfflineJob {
   std::string train_op() const override { return "train_rm"; }
   json train_args() const override { return {{"loss", spec().get_string("algo.rm.loss")}}; }
 
+  void add_step_tensors(const std::vector<int64_t>& index, std::vector<NamedTensor>& tensors) const override {
+    if (!use_margin_) return;
+    std::vector<float> m;
+    for (int64_t i : index) m.push_back(static_cast<float>(train_data()[static_cast<size_t>(i)].margin));
+    tensors.push_back({"margin", torch::tensor(m)});
+  }
+
   json evaluate(Scheduler& s) override {
     auto [chosen, rejected] = split_pairs(gather_rows(s, "sequence_scores", rows_of(eval_data()), "scores"));
-    return {{"eval_loss", rm_loss(type_, chosen, rejected).item<double>()},
+    torch::Tensor margin;
+    if (use_margin_) {
+      std::vector<float> m;
+      for (const auto& e : eval_data()) m.push_back(static_cast<float>(e.margin));
+      margin = torch::tensor(m);
+    }
+    return {{"eval_loss", rm_loss(type_, chosen, rejected, margin).item<double>()},
             {"eval_accuracy", (chosen > rejected).to(torch::kFloat32).mean().item<double>()},
             {"eval_chosen_reward", chosen.mean().item<double>()},
             {"eval_rejected_reward", rejected.mean().item<double>()},
@@ -187,6 +201,7 @@ class RmJob : public OfflineJob {
 
  private:
   RmLossType type_ = RmLossType::kSigmoid;
+  bool use_margin_ = false;  // data.margin_key: a per-pair margin in the sigmoid loss
 };
 
 }  // namespace

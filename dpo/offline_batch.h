@@ -17,6 +17,7 @@ struct TokenizedExample {
   std::vector<int64_t> prompt;
   std::vector<int64_t> response;  // sft: the target; pairs: the chosen response
   std::vector<int64_t> rejected;  // pairs only
+  double margin = 0.0;            // pairs: reward-model margin (data.margin_key)
 };
 
 struct RowTensors {

@@ -137,7 +137,10 @@ void OfflineJob::load_data(RowLayout layout) {
     if (layout == RowLayout::kPairs) {
       auto data = load_preferences(c);
       skipped_lines_ += data.stats.skipped;
-      for (const auto& r : data.rows) out.push_back(tokenize(r.prompt, r.chosen, r.rejected, true));
+      for (const auto& r : data.rows) {
+        out.push_back(tokenize(r.prompt, r.chosen, r.rejected, true));
+        out.back().margin = r.margin;
+      }
     } else {
       auto data = load_sft(c);
       skipped_lines_ += data.stats.skipped;

@@ -19,6 +19,7 @@ struct OfflineDataConfig {
   std::string chosen_key = "chosen";
   std::string rejected_key = "rejected";
   std::string output_key = "output";
+  std::string margin_key;  // empty: no per-pair margin
   int64_t max_samples = 0;
   BadLinePolicy bad_lines = BadLinePolicy::kFatal;
   uint64_t seed = 42;
@@ -29,7 +30,8 @@ struct OfflineDataConfig {
 
 struct PreferenceRow {
   std::string prompt, chosen, rejected;
-  int64_t line = 0;  // 1-based line in the file (0 for synthetic rows)
+  double margin = 0.0;  // reward-model margin (data.margin_key; 0 without it)
+  int64_t line = 0;     // 1-based line in the file (0 for synthetic rows)
 };
 
 struct SftRow {

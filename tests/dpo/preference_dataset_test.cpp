@@ -50,6 +50,23 @@ TEST(PreferenceDataset, BadLineFatalNamesFileLineAndKey) {
   EXPECT_EQ(ds.stats.skipped, 1);
 }
 
+TEST(PreferenceDataset, MarginKeyIsReadAndCheckedPerLine) {
+  OfflineDataConfig c;
+  c.source = temp_file("m.jsonl", "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"m\": 0.75}\n"
+                                  "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"m\": \"x\"}\n");
+  c.margin_key = "m";
+  c.bad_lines = BadLinePolicy::kSkip;
+  auto ds = load_preferences(c);
+  ASSERT_EQ(ds.rows.size(), 1u);
+  EXPECT_EQ(ds.rows[0].margin, 0.75);
+  EXPECT_EQ(ds.stats.skipped, 1);
+  EXPECT_NE(ds.stats.first_problem.find(":2:"), std::string::npos) << ds.stats.first_problem;
+  c.margin_key.clear();  // without the key, margins are 0 and the field is ignored
+  auto plain = load_preferences(c);
+  ASSERT_EQ(plain.rows.size(), 2u);
+  EXPECT_EQ(plain.rows[0].margin, 0.0);
+}
+
 TEST(PreferenceDataset, SyntheticPairsPreferLowercase) {
   auto rows = synthetic_preferences("preferences", 50, 3);
   ASSERT_EQ(rows.size(), 50u);
