@@ -213,6 +213,38 @@ TEST_F(OfflineRun, DpoOnTwoZero3RanksMatchesOneRank) {
   EXPECT_NEAR(a.evals[1]["eval_loss"].get<double>(), b.evals[1]["eval_loss"].get<double>(), 1e-3);
 }
 
+TEST_F(OfflineRun, EachDpoLossReachesTheWorker) {
+  // At step 1 the policy is the reference (h = 0 up to BF16 noise |h| < 0.1: sums of ~10
+  // token log-probs computed in two processes), so each loss has a known value:
+  //   ipo (beta 0.1):  (h - 1 / (2 beta))^2 = 25, within 2 x 5 x 0.1 = 1
+  //   hinge:           relu(1 - beta h) = 1, within 0.01
+  //   sigmoid + label_smoothing 0.2: ln 2 whatever the smoothing, within 0.01
+  //   + nll_loss_coef 1: adds the chosen responses' NLL per token, ~ln 288 = 5.66 for a
+  //     random model (within 0.5), so the loss is ln 2 + ~5.66.
+  struct Case {
+    std::vector<std::string> sets;
+    double expect, tolerance;
+  };
+  const std::vector<Case> cases = {
+      {{"algo.dpo.loss=ipo"}, 25.0, 1.0},
+      {{"algo.dpo.loss=hinge"}, 1.0, 0.01},
+      {{"algo.dpo.label_smoothing=0.2"}, std::log(2.0), 0.01},
+      {{"algo.dpo.nll_loss_coef=1.0"}, std::log(2.0) + std::log(288.0), 0.5},
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    std::vector<std::string> extra = {"--set", "data.max_samples=16", "--set", "train.max_steps=1",
+                                      "--set", "ckpt.export_hf=false"};
+    for (const auto& s : c.sets) extra.insert(extra.end(), {"--set", s});
+    const std::string name = "loss" + std::to_string(n++);
+    Result r = run("examples/dpo_tiny.json", name, extra);
+    ASSERT_EQ(r.code, 0) << c.sets[0] << "\n" << r.out << r.err;
+    Metrics m = read_metrics(run_dir(name) / "metrics.jsonl");
+    ASSERT_EQ(m.steps.size(), 1u);
+    EXPECT_NEAR(m.steps[0]["loss"].get<double>(), c.expect, c.tolerance) << c.sets[0];
+  }
+}
+
 TEST_F(OfflineRun, SimpoRunsWithoutAReferenceGroup) {
   Result r = run("examples/dpo_tiny.json", "simpo",
                  {"--set", "algo.dpo.loss=simpo", "--set", "ref.devices=[]", "--set", "data.max_samples=32",
