@@ -15,7 +15,7 @@ namespace {
 struct RowBatch {
   torch::Tensor sequences;       // [N, T] int64, right-padded
   torch::Tensor attention_mask;  // [N, T]
-  torch::Tensor loss_mask;       // [N, T-1] 1 where token t+1 is a response token (undefined for scores)
+  torch::Tensor loss_mask;  // [N, T-1] 1 where token t+1 is a response token (undefined for scores)
 
   int64_t rows() const { return sequences.size(0); }
   RowBatch slice(int64_t begin, int64_t end) const {
@@ -28,25 +28,27 @@ RowBatch read_rows(const Message& req, bool need_loss_mask) {
   RowBatch b;
   b.sequences = req.tensor("sequences").to(torch::kLong);
   b.attention_mask = req.tensor("attention_mask").to(torch::kLong);
-  TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.size(1) >= 2 && b.sequences.sizes() == b.attention_mask.sizes(),
-              req.op, ": expected sequences and attention_mask [N, T] with T >= 2, got ", b.sequences.sizes(),
-              " and ", b.attention_mask.sizes());
+  TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.size(1) >= 2 &&
+                  b.sequences.sizes() == b.attention_mask.sizes(),
+              req.op, ": expected sequences and attention_mask [N, T] with T >= 2, got ",
+              b.sequences.sizes(), " and ", b.attention_mask.sizes());
   if (need_loss_mask) {
     b.loss_mask = req.tensor("loss_mask").to(torch::kFloat32);
     TORCH_CHECK(b.loss_mask.dim() == 2 && b.loss_mask.size(0) == b.rows() &&
                     b.loss_mask.size(1) == b.sequences.size(1) - 1,
-                req.op, ": expected loss_mask [N, T-1] = [", b.rows(), ", ", b.sequences.size(1) - 1, "], got ",
-                b.loss_mask.sizes());
+                req.op, ": expected loss_mask [N, T-1] = [", b.rows(), ", ",
+                b.sequences.size(1) - 1, "], got ", b.loss_mask.sizes());
   }
   return b;
 }
 
 // Rows [begin, end) of this rank when `rows` split evenly over the group in units of
 // `unit` rows (2 for interleaved pairs, so a pair never straddles two ranks).
-std::pair<int64_t, int64_t> share(int64_t rows, int64_t unit, const WorkerIdentity& self, const std::string& op) {
+std::pair<int64_t, int64_t> share(int64_t rows, int64_t unit, const WorkerIdentity& self,
+                                  const std::string& op) {
   if (rows % (unit * self.world_size) != 0)
-    throw InputError(op + ": " + std::to_string(rows) + " rows do not split into units of " + std::to_string(unit) +
-                     " over " + std::to_string(self.world_size) + " ranks");
+    throw InputError(op + ": " + std::to_string(rows) + " rows do not split into units of " +
+                     std::to_string(unit) + " over " + std::to_string(self.world_size) + " ranks");
   const int64_t per = rows / self.world_size;
   return {self.rank * per, (self.rank + 1) * per};
 }
@@ -60,7 +62,8 @@ torch::Tensor response_log_prob_sums(models::CausalLM& model, const RowBatch& b)
 
 // Reward per row: the value head at each row's last attended token, [N] FP32.
 torch::Tensor row_scores(models::CausalLM& model, const RowBatch& b) {
-  return models::last_token_values(model.values(model.forward(b.sequences, b.attention_mask)), b.attention_mask)
+  return models::last_token_values(model.values(model.forward(b.sequences, b.attention_mask)),
+                                   b.attention_mask)
       .to(torch::kFloat32);
 }
 
@@ -78,7 +81,8 @@ template <typename F>
 torch::Tensor by_chunks(const RowBatch& b, int64_t chunk, F f) {
   if (chunk <= 0) chunk = std::max<int64_t>(1, b.rows());
   std::vector<torch::Tensor> parts;
-  for (int64_t s = 0; s < b.rows(); s += chunk) parts.push_back(f(b.slice(s, std::min(b.rows(), s + chunk))));
+  for (int64_t s = 0; s < b.rows(); s += chunk)
+    parts.push_back(f(b.slice(s, std::min(b.rows(), s + chunk))));
   return torch::cat(parts, 0);
 }
 
@@ -106,8 +110,8 @@ Message sequence_scores(ModelRole& role, const Message& req, const WorkerIdentit
 }
 
 json step_json(const engine::StepMetrics& m) {
-  return {{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
-          {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
+  return {{"step", m.step}, {"loss", m.loss},       {"grad_norm", m.grad_norm},
+          {"lr", m.lr},     {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
 }
 
 // Means of named scalars over the micro batches of one step (this rank).
@@ -164,30 +168,32 @@ dpo::DpoLossConfig dpo_config(const json& args) {
 Message train_dpo(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   const dpo::DpoLossConfig config = dpo_config(req.args);
   const bool ref = dpo::needs_reference(config.type);
-  TORCH_CHECK(!ref || req.has_tensor("ref_log_probs"), "train_dpo: the ", req.args.at("loss").get<std::string>(),
-              " loss needs ref_log_probs [N]");
-  return train_units(role, req, self, 2, true, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
-    torch::Tensor sums = response_log_prob_sums(*role.model, mb);  // [2P]
-    torch::Tensor tokens = mb.loss_mask.sum(1).clamp_min(1);       // [2P]
-    torch::Tensor logps = config.type == dpo::DpoLossType::kSimpo ? sums / tokens : sums;
-    dpo::PairLogProbs lp;
-    lp.chosen = logps.slice(0, 0, logps.size(0), 2);
-    lp.rejected = logps.slice(0, 1, logps.size(0), 2);
-    lp.chosen_tokens = tokens.slice(0, 0, tokens.size(0), 2);
-    if (ref) {
-      torch::Tensor r = req.tensor("ref_log_probs").to(torch::kFloat32).slice(0, b0, b0 + mb.rows());
-      lp.ref_chosen = r.slice(0, 0, r.size(0), 2);
-      lp.ref_rejected = r.slice(0, 1, r.size(0), 2);
-    }
-    dpo::DpoLossResult out = dpo::dpo_loss(config, lp);
-    means.add("accuracy", out.accuracy.item<double>());
-    means.add("chosen_reward", out.chosen_rewards.mean().item<double>());
-    means.add("rejected_reward", out.rejected_rewards.mean().item<double>());
-    means.add("margin", out.margin.item<double>());
-    means.add("chosen_log_prob", lp.chosen.detach().mean().item<double>());
-    means.add("rejected_log_prob", lp.rejected.detach().mean().item<double>());
-    return out.loss;
-  });
+  TORCH_CHECK(!ref || req.has_tensor("ref_log_probs"), "train_dpo: the ",
+              req.args.at("loss").get<std::string>(), " loss needs ref_log_probs [N]");
+  return train_units(
+      role, req, self, 2, true, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
+        torch::Tensor sums = response_log_prob_sums(*role.model, mb);  // [2P]
+        torch::Tensor tokens = mb.loss_mask.sum(1).clamp_min(1);       // [2P]
+        torch::Tensor logps = config.type == dpo::DpoLossType::kSimpo ? sums / tokens : sums;
+        dpo::PairLogProbs lp;
+        lp.chosen = logps.slice(0, 0, logps.size(0), 2);
+        lp.rejected = logps.slice(0, 1, logps.size(0), 2);
+        lp.chosen_tokens = tokens.slice(0, 0, tokens.size(0), 2);
+        if (ref) {
+          torch::Tensor r =
+              req.tensor("ref_log_probs").to(torch::kFloat32).slice(0, b0, b0 + mb.rows());
+          lp.ref_chosen = r.slice(0, 0, r.size(0), 2);
+          lp.ref_rejected = r.slice(0, 1, r.size(0), 2);
+        }
+        dpo::DpoLossResult out = dpo::dpo_loss(config, lp);
+        means.add("accuracy", out.accuracy.item<double>());
+        means.add("chosen_reward", out.chosen_rewards.mean().item<double>());
+        means.add("rejected_reward", out.rejected_rewards.mean().item<double>());
+        means.add("margin", out.margin.item<double>());
+        means.add("chosen_log_prob", lp.chosen.detach().mean().item<double>());
+        means.add("rejected_log_prob", lp.rejected.detach().mean().item<double>());
+        return out.loss;
+      });
 }
 
 // train_sft: the mean NLL of the response tokens of each micro batch (dpo::sft_loss).
@@ -203,18 +209,20 @@ Message train_sft(ModelRole& role, const Message& req, const WorkerIdentity& sel
 // train_rm: rows interleaved chosen/rejected; optional tensor margin [N/2] per pair.
 Message train_rm(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   const dpo::RmLossType type = dpo::parse_rm_loss(req.args.at("loss").get<std::string>());
-  return train_units(role, req, self, 2, false, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
-    torch::Tensor scores = row_scores(*role.model, mb);  // [2P]
-    torch::Tensor chosen = scores.slice(0, 0, scores.size(0), 2);
-    torch::Tensor rejected = scores.slice(0, 1, scores.size(0), 2);
-    torch::Tensor margin;
-    if (req.has_tensor("margin")) margin = req.tensor("margin").slice(0, b0 / 2, b0 / 2 + chosen.size(0));
-    means.add("accuracy", (chosen > rejected).to(torch::kFloat32).mean().item<double>());
-    means.add("chosen_reward", chosen.detach().mean().item<double>());
-    means.add("rejected_reward", rejected.detach().mean().item<double>());
-    means.add("margin", (chosen - rejected).detach().mean().item<double>());
-    return dpo::rm_loss(type, chosen, rejected, margin);
-  });
+  return train_units(
+      role, req, self, 2, false, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
+        torch::Tensor scores = row_scores(*role.model, mb);  // [2P]
+        torch::Tensor chosen = scores.slice(0, 0, scores.size(0), 2);
+        torch::Tensor rejected = scores.slice(0, 1, scores.size(0), 2);
+        torch::Tensor margin;
+        if (req.has_tensor("margin"))
+          margin = req.tensor("margin").slice(0, b0 / 2, b0 / 2 + chosen.size(0));
+        means.add("accuracy", (chosen > rejected).to(torch::kFloat32).mean().item<double>());
+        means.add("chosen_reward", chosen.detach().mean().item<double>());
+        means.add("rejected_reward", rejected.detach().mean().item<double>());
+        means.add("margin", (chosen - rejected).detach().mean().item<double>());
+        return dpo::rm_loss(type, chosen, rejected, margin);
+      });
 }
 
 }  // namespace

@@ -26,7 +26,9 @@ std::string fmt(double v, int precision = 3) {
   return o.str();
 }
 
-double num(const json& j, const char* key) { return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0; }
+double num(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+}
 
 // Interleaved rows [2P] -> (chosen [P], rejected [P]).
 std::pair<torch::Tensor, torch::Tensor> split_pairs(const torch::Tensor& rows) {
@@ -57,16 +59,20 @@ class DpoJob : public OfflineJob {
 
   std::string train_op() const override { return "train_dpo"; }
   json train_args() const override {
-    return {{"loss", spec().get_string("algo.dpo.loss")}, {"beta", config_.beta},
-            {"label_smoothing", config_.label_smoothing}, {"simpo_gamma", config_.simpo_gamma},
+    return {{"loss", spec().get_string("algo.dpo.loss")},
+            {"beta", config_.beta},
+            {"label_smoothing", config_.label_smoothing},
+            {"simpo_gamma", config_.simpo_gamma},
             {"nll_loss_coef", config_.nll_loss_coef}};
   }
 
-  void add_step_tensors(const std::vector<int64_t>& index, std::vector<NamedTensor>& tensors) const override {
+  void add_step_tensors(const std::vector<int64_t>& index,
+                        std::vector<NamedTensor>& tensors) const override {
     if (!needs_reference(config_.type)) return;
     std::vector<int64_t> rows;
     for (int64_t i : index) rows.insert(rows.end(), {2 * i, 2 * i + 1});
-    tensors.push_back({"ref_log_probs", ref_train_.index_select(0, torch::tensor(rows, torch::kLong)).contiguous()});
+    tensors.push_back({"ref_log_probs",
+                       ref_train_.index_select(0, torch::tensor(rows, torch::kLong)).contiguous()});
   }
 
   // Preference accuracy of the implicit rewards on held-out pairs, and the loss there.
@@ -80,49 +86,61 @@ class DpoJob : public OfflineJob {
     lp.chosen_tokens = split_pairs(tokens).first;
     if (!simpo) std::tie(lp.ref_chosen, lp.ref_rejected) = split_pairs(ref_eval_);
     DpoLossResult r = dpo_loss(config_, lp);
-    return {{"eval_loss", r.loss.item<double>()}, {"eval_accuracy", r.accuracy.item<double>()},
+    return {{"eval_loss", r.loss.item<double>()},
+            {"eval_accuracy", r.accuracy.item<double>()},
             {"eval_chosen_reward", r.chosen_rewards.mean().item<double>()},
             {"eval_rejected_reward", r.rejected_rewards.mean().item<double>()},
             {"eval_margin", r.margin.item<double>()}};
   }
 
   std::string step_line(const json& rec) const override {
-    return "loss " + fmt(num(rec, "loss")) + " | acc " + fmt(num(rec, "accuracy"), 2) + " | reward chosen " +
-           fmt(num(rec, "chosen_reward")) + " rejected " + fmt(num(rec, "rejected_reward")) + " margin " +
-           fmt(num(rec, "margin"));
+    return "loss " + fmt(num(rec, "loss")) + " | acc " + fmt(num(rec, "accuracy"), 2) +
+           " | reward chosen " + fmt(num(rec, "chosen_reward")) + " rejected " +
+           fmt(num(rec, "rejected_reward")) + " margin " + fmt(num(rec, "margin"));
   }
   std::string eval_line(const json& f) const override {
-    return "preference accuracy " + fmt(num(f, "eval_accuracy")) + ", loss " + fmt(num(f, "eval_loss")) +
-           ", margin " + fmt(num(f, "eval_margin"));
+    return "preference accuracy " + fmt(num(f, "eval_accuracy")) + ", loss " +
+           fmt(num(f, "eval_loss")) + ", margin " + fmt(num(f, "eval_margin"));
   }
 
  private:
   // log pi_ref summed over each row's response [2P]: from the cache when this exact data
   // and reference model were seen before, else from the reference group (then cached).
-  torch::Tensor reference_log_probs(Scheduler& s, const RowTensors& rows, const char* split, std::ostream& out) {
+  torch::Tensor reference_log_probs(Scheduler& s, const RowTensors& rows, const char* split,
+                                    std::ostream& out) {
     const std::string ref_model = spec().get_string("ref.model");
-    const std::string key = rows_key(rows, model_identity(ref_model, spec().get_string("ref.dtype")));
+    const std::string key =
+        rows_key(rows, model_identity(ref_model, spec().get_string("ref.dtype")));
     RefLogProbCache cache((fs::path(run_dir()) / "ref_cache").string());
     const auto t0 = std::chrono::steady_clock::now();
-    auto since = [&t0] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    auto since = [&t0] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     if (auto hit = cache.find(key, rows.rows())) {
-      out << "dpo: reference log-probs of " << rows.rows() / 2 << " " << split << " pairs loaded from "
-          << cache.file(key) << " in " << fmt(since(), 4) << " s" << std::endl;
+      out << "dpo: reference log-probs of " << rows.rows() / 2 << " " << split
+          << " pairs loaded from " << cache.file(key) << " in " << fmt(since(), 4) << " s"
+          << std::endl;
       return *hit;
     }
-    Message reply = s.group(Role::kRef).scatter(
-        "sequence_log_probs",
-        {{"sequences", rows.sequences}, {"attention_mask", rows.attention_mask}, {"loss_mask", rows.loss_mask}},
-        2 * spec().get_int("train.micro_batch_size"));
+    Message reply = s.group(Role::kRef)
+                        .scatter("sequence_log_probs",
+                                 {{"sequences", rows.sequences},
+                                  {"attention_mask", rows.attention_mask},
+                                  {"loss_mask", rows.loss_mask}},
+                                 2 * spec().get_int("train.micro_batch_size"));
     torch::Tensor lp = reply.tensor("log_probs").to(torch::kFloat32).contiguous();
-    TORCH_CHECK(lp.dim() == 1 && lp.size(0) == rows.rows(), "dpo: the reference group returned ", lp.sizes(),
-                " log-probs for ", rows.rows(), " rows");
+    TORCH_CHECK(lp.dim() == 1 && lp.size(0) == rows.rows(), "dpo: the reference group returned ",
+                lp.sizes(), " log-probs for ", rows.rows(), " rows");
     const double seconds = since();
     const std::string file = cache.store(
-        key, lp, {{"split", split}, {"dataset", spec().get_string(std::string(split) == "train" ? "data.dataset" : "data.eval_dataset")},
-                  {"ref_model", ref_model}});
-    out << "dpo: reference log-probs of " << rows.rows() / 2 << " " << split << " pairs computed on the ref group in "
-        << fmt(seconds, 2) << " s, cached in " << file << std::endl;
+        key, lp,
+        {{"split", split},
+         {"dataset",
+          spec().get_string(std::string(split) == "train" ? "data.dataset" : "data.eval_dataset")},
+         {"ref_model", ref_model}});
+    out << "dpo: reference log-probs of " << rows.rows() / 2 << " " << split
+        << " pairs computed on the ref group in " << fmt(seconds, 2) << " s, cached in " << file
+        << std::endl;
     return lp;
   }
 
@@ -134,7 +152,8 @@ class DpoJob : public OfflineJob {
 // SFT: next-token loss on the response tokens (padded or packed rows).
 class SftJob : public OfflineJob {
  public:
-  SftJob(const JobSpec& spec, OfflineDriverOptions options) : OfflineJob(spec, options, Role::kActor, RowLayout::kSingle) {}
+  SftJob(const JobSpec& spec, OfflineDriverOptions options)
+      : OfflineJob(spec, options, Role::kActor, RowLayout::kSingle) {}
 
  protected:
   const char* kind() const override { return "sft"; }
@@ -152,14 +171,16 @@ class SftJob : public OfflineJob {
     return "loss " + fmt(num(rec, "loss")) + " | grad norm " + fmt(num(rec, "grad_norm"));
   }
   std::string eval_line(const json& f) const override {
-    return "loss " + fmt(num(f, "eval_loss")) + " per response token, perplexity " + fmt(num(f, "eval_perplexity"), 2);
+    return "loss " + fmt(num(f, "eval_loss")) + " per response token, perplexity " +
+           fmt(num(f, "eval_perplexity"), 2);
   }
 };
 
 // Reward model: pairwise loss on the value head's score at each sequence's last token.
 class RmJob : public OfflineJob {
  public:
-  RmJob(const JobSpec& spec, OfflineDriverOptions options) : OfflineJob(spec, options, Role::kReward, RowLayout::kPairs) {
+  RmJob(const JobSpec& spec, OfflineDriverOptions options)
+      : OfflineJob(spec, options, Role::kReward, RowLayout::kPairs) {
     type_ = parse_rm_loss(spec.get_string("algo.rm.loss"));
     use_margin_ = !spec.get_string("data.margin_key").empty();
   }
@@ -169,15 +190,18 @@ class RmJob : public OfflineJob {
   std::string train_op() const override { return "train_rm"; }
   json train_args() const override { return {{"loss", spec().get_string("algo.rm.loss")}}; }
 
-  void add_step_tensors(const std::vector<int64_t>& index, std::vector<NamedTensor>& tensors) const override {
+  void add_step_tensors(const std::vector<int64_t>& index,
+                        std::vector<NamedTensor>& tensors) const override {
     if (!use_margin_) return;
     std::vector<float> m;
-    for (int64_t i : index) m.push_back(static_cast<float>(train_data()[static_cast<size_t>(i)].margin));
+    for (int64_t i : index)
+      m.push_back(static_cast<float>(train_data()[static_cast<size_t>(i)].margin));
     tensors.push_back({"margin", torch::tensor(m)});
   }
 
   json evaluate(Scheduler& s) override {
-    auto [chosen, rejected] = split_pairs(gather_rows(s, "sequence_scores", rows_of(eval_data()), "scores"));
+    auto [chosen, rejected] =
+        split_pairs(gather_rows(s, "sequence_scores", rows_of(eval_data()), "scores"));
     torch::Tensor margin;
     if (use_margin_) {
       std::vector<float> m;
@@ -191,12 +215,13 @@ class RmJob : public OfflineJob {
             {"eval_margin", (chosen - rejected).mean().item<double>()}};
   }
   std::string step_line(const json& rec) const override {
-    return "loss " + fmt(num(rec, "loss")) + " | acc " + fmt(num(rec, "accuracy"), 2) + " | reward chosen " +
-           fmt(num(rec, "chosen_reward")) + " rejected " + fmt(num(rec, "rejected_reward"));
+    return "loss " + fmt(num(rec, "loss")) + " | acc " + fmt(num(rec, "accuracy"), 2) +
+           " | reward chosen " + fmt(num(rec, "chosen_reward")) + " rejected " +
+           fmt(num(rec, "rejected_reward"));
   }
   std::string eval_line(const json& f) const override {
-    return "preference accuracy " + fmt(num(f, "eval_accuracy")) + ", loss " + fmt(num(f, "eval_loss")) +
-           ", margin " + fmt(num(f, "eval_margin"));
+    return "preference accuracy " + fmt(num(f, "eval_accuracy")) + ", loss " +
+           fmt(num(f, "eval_loss")) + ", margin " + fmt(num(f, "eval_margin"));
   }
 
  private:
@@ -209,10 +234,18 @@ class RmJob : public OfflineJob {
 JobDriver offline_driver(const JobSpec& spec, OfflineDriverOptions options) {
   std::shared_ptr<OfflineJob> job;
   switch (spec.kind()) {
-    case JobKind::kDpo: job = std::make_shared<DpoJob>(spec, options); break;
-    case JobKind::kSft: job = std::make_shared<SftJob>(spec, options); break;
-    case JobKind::kRm: job = std::make_shared<RmJob>(spec, options); break;
-    default: throw InputError(std::string("offline_driver: not an offline job kind: ") + job_kind_name(spec.kind()));
+    case JobKind::kDpo:
+      job = std::make_shared<DpoJob>(spec, options);
+      break;
+    case JobKind::kSft:
+      job = std::make_shared<SftJob>(spec, options);
+      break;
+    case JobKind::kRm:
+      job = std::make_shared<RmJob>(spec, options);
+      break;
+    default:
+      throw InputError(std::string("offline_driver: not an offline job kind: ") +
+                       job_kind_name(spec.kind()));
   }
   return [job](Scheduler& scheduler, std::ostream& out) { job->run(scheduler, out); };
 }

@@ -42,7 +42,9 @@ RowTensors to_tensors(const std::vector<Row>& rows, int64_t pad_id) {
 
 }  // namespace
 
-int64_t RowTensors::tokens() const { return attention_mask.sum().item<int64_t>(); }
+int64_t RowTensors::tokens() const {
+  return attention_mask.sum().item<int64_t>();
+}
 
 RowTensors single_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id) {
   std::vector<Row> rows(examples.size());
@@ -79,7 +81,8 @@ RowTensors packed_rows(const std::vector<const TokenizedExample*>& examples, int
   const int64_t m = std::max<int64_t>(1, row_multiple);
   // A filler row attends to one pad token: a row with no attended token would make the
   // attention softmax all -inf (NaN), and NaN * 0 is still NaN in the loss.
-  while (rows.empty() || static_cast<int64_t>(rows.size()) % m != 0) rows.push_back(Row{{pad_id}, {0}});
+  while (rows.empty() || static_cast<int64_t>(rows.size()) % m != 0)
+    rows.push_back(Row{{pad_id}, {0}});
   return to_tensors(rows, pad_id);
 }
 

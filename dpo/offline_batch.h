@@ -4,10 +4,10 @@
 // rejected rows. Packing several SFT examples per row is here too. No tokenizer, no I/O.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <vector>
-
-#include <torch/types.h>
 
 namespace rlhf::dpo {
 

@@ -27,7 +27,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string fmt(double v, int precision) {
   std::ostringstream o;
@@ -35,12 +37,15 @@ std::string fmt(double v, int precision) {
   return o.str();
 }
 
-std::vector<int64_t> to_int64(const std::vector<tokenizer::TokenId>& ids) { return {ids.begin(), ids.end()}; }
+std::vector<int64_t> to_int64(const std::vector<tokenizer::TokenId>& ids) {
+  return {ids.begin(), ids.end()};
+}
 
 // A fresh run keeps an earlier run's metrics and checkpoints under new names (as the PPO
 // driver does): nothing already written is lost. The reference cache stays: it is keyed
 // by content, so a new run over the same data reuses it.
-void set_aside_previous_run(const fs::path& run_dir, const fs::path& ckpt, const char* kind, std::ostream& out) {
+void set_aside_previous_run(const fs::path& run_dir, const fs::path& ckpt, const char* kind,
+                            std::ostream& out) {
   const fs::path metrics = run_dir / "metrics.jsonl";
   if (!fs::exists(metrics) && !fs::exists(ckpt / "driver")) return;
   int k = 1;
@@ -49,7 +54,8 @@ void set_aside_previous_run(const fs::path& run_dir, const fs::path& ckpt, const
   fs::create_directories(keep);
   if (fs::exists(metrics)) fs::rename(metrics, keep / "metrics.jsonl");
   if (fs::exists(ckpt)) fs::rename(ckpt, keep / "ckpt");
-  out << kind << ": an earlier run's metrics and checkpoints were moved to " << keep.string() << std::endl;
+  out << kind << ": an earlier run's metrics and checkpoints were moved to " << keep.string()
+      << std::endl;
 }
 
 // Mean over the ranks' replies of every number a train op returned (the trainer's loss,
@@ -70,10 +76,12 @@ json mean_over_ranks(const std::vector<Message>& replies) {
 
 }  // namespace
 
-OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role trained, RowLayout layout)
+OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role trained,
+                       RowLayout layout)
     : spec_(spec), options_(options), trained_(trained), layout_(layout) {
   run_dir_ = (fs::path(spec.get_string("logger.run_dir")) / spec.get_string("name")).string();
-  ckpt_path_ = spec.get_string("ckpt.path").empty() ? (fs::path(run_dir_) / "ckpt").string() : spec.get_string("ckpt.path");
+  ckpt_path_ = spec.get_string("ckpt.path").empty() ? (fs::path(run_dir_) / "ckpt").string()
+                                                    : spec.get_string("ckpt.path");
   model_dir_ = spec.get_string(std::string(role_name(trained)) + ".model");
   tokenizer_ = tokenizer::load_tokenizer(model_dir_);
   const auto& special = tokenizer_->special_ids();
@@ -83,7 +91,8 @@ OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role t
   fc.input_template = spec.get_string("data.input_template");
   fc.apply_chat_template = spec.get_bool("data.apply_chat_template");
   fc.chat_template = tokenizer::parse_chat_template(spec.get_string("data.chat_template"));
-  formatter_ = std::make_unique<tokenizer::PromptFormatter>(fc, tokenizer::read_tokenizer_config(model_dir_));
+  formatter_ = std::make_unique<tokenizer::PromptFormatter>(
+      fc, tokenizer::read_tokenizer_config(model_dir_));
   batch_size_ = spec.get_int("train.batch_size");
   micro_ = spec.get_int("train.micro_batch_size");
   epochs_ = spec.get_int("train.max_epochs");
@@ -93,9 +102,11 @@ OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role t
   steps_per_epoch_ = static_cast<int64_t>(train_.size()) / batch_size_;
   if (steps_per_epoch_ == 0)
     throw InputError(spec.get_string("data.dataset") + ": " + std::to_string(train_.size()) +
-                     " usable examples, fewer than train.batch_size (" + std::to_string(batch_size_) + ")");
+                     " usable examples, fewer than train.batch_size (" +
+                     std::to_string(batch_size_) + ")");
   total_steps_ = epochs_ * steps_per_epoch_;
-  if (spec.get_int("train.max_steps") > 0) total_steps_ = std::min(total_steps_, spec.get_int("train.max_steps"));
+  if (spec.get_int("train.max_steps") > 0)
+    total_steps_ = std::min(total_steps_, spec.get_int("train.max_steps"));
 }
 
 OfflineJob::~OfflineJob() = default;
@@ -105,14 +116,16 @@ TokenizedExample OfflineJob::tokenize(const std::string& prompt, const std::stri
   const bool chat = spec_.get_bool("data.apply_chat_template");
   TokenizedExample e;
   // A chat template writes BOS itself; plain and templated prompts get the tokenizer's.
-  e.prompt = to_int64(tokenizer_->encode(formatter_->format(json(prompt)),
-                                         chat ? tokenizer::AddSpecial::kNo : tokenizer::AddSpecial::kYes));
+  e.prompt =
+      to_int64(tokenizer_->encode(formatter_->format(json(prompt)),
+                                  chat ? tokenizer::AddSpecial::kNo : tokenizer::AddSpecial::kYes));
   auto encode_response = [&](const std::string& text) {
     std::vector<int64_t> ids = to_int64(tokenizer_->encode(text, tokenizer::AddSpecial::kNo));
     if (eos_id_ >= 0) ids.push_back(eos_id_);  // OpenRLHF appends EOS to every response
     return ids;
   };
-  const int64_t prompt_max = spec_.get_int("data.prompt_max_len"), max_len = spec_.get_int("data.max_len");
+  const int64_t prompt_max = spec_.get_int("data.prompt_max_len"),
+                max_len = spec_.get_int("data.max_len");
   e.response = encode_response(response);
   bool cut = truncate_pair(e.prompt, e.response, prompt_max, max_len);
   if (pair) {
@@ -151,7 +164,8 @@ void OfflineJob::load_data(RowLayout layout) {
   fill(eval_config, eval_);
 }
 
-RowTensors OfflineJob::rows_of(const std::vector<TokenizedExample>& data, const std::vector<int64_t>& index) const {
+RowTensors OfflineJob::rows_of(const std::vector<TokenizedExample>& data,
+                               const std::vector<int64_t>& index) const {
   std::vector<const TokenizedExample*> picked;
   if (index.empty())
     for (const auto& e : data) picked.push_back(&e);
@@ -162,8 +176,10 @@ RowTensors OfflineJob::rows_of(const std::vector<TokenizedExample>& data, const 
 torch::Tensor OfflineJob::gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
                                       const std::string& name) {
   json args = {{"rank_share", true}, {"chunk", 2 * micro_}};
-  auto replies = s.group(trained_).call_all(
-      op, args, {{"sequences", rows.sequences}, {"attention_mask", rows.attention_mask}, {"loss_mask", rows.loss_mask}});
+  auto replies = s.group(trained_).call_all(op, args,
+                                            {{"sequences", rows.sequences},
+                                             {"attention_mask", rows.attention_mask},
+                                             {"loss_mask", rows.loss_mask}});
   std::vector<torch::Tensor> parts;
   for (const auto& r : replies) parts.push_back(r.tensor(name));
   return torch::cat(parts, 0);
@@ -176,8 +192,10 @@ void OfflineJob::init_roles(Scheduler& s) {
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
     auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_, accum_);
-    json args = {{"config", config.to_json()},
-                 {"store_path", (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
+    json args = {
+        {"config", config.to_json()},
+        {"store_path",
+         (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
     calls.push_back(std::async(std::launch::async, [&g, args] { g.call_all("init", args); }));
   }
   for (auto& c : calls) c.get();
@@ -203,14 +221,16 @@ json OfflineJob::train_step(Scheduler& s, int64_t step) {
     rows = rows_of(train_, index);
   }
   const int64_t units = layout_ == RowLayout::kPairs ? rows.rows() / 2 : rows.rows();
-  std::vector<NamedTensor> tensors = {
-      {"sequences", rows.sequences}, {"attention_mask", rows.attention_mask}, {"loss_mask", rows.loss_mask}};
+  std::vector<NamedTensor> tensors = {{"sequences", rows.sequences},
+                                      {"attention_mask", rows.attention_mask},
+                                      {"loss_mask", rows.loss_mask}};
   add_step_tensors(index, tensors);
   json args = train_args();
   args["micro_batch_size"] = units / (group_size_ * accum_);
   auto replies = s.group(trained_).call_all(train_op(), args, tensors);
   const double t_step = seconds_since(t0);
-  json rec = {{"step", step}, {"total_steps", total_steps_}, {"epoch", (step - 1) / steps_per_epoch_ + 1}};
+  json rec = {
+      {"step", step}, {"total_steps", total_steps_}, {"epoch", (step - 1) / steps_per_epoch_ + 1}};
   rec.update(mean_over_ranks(replies));
   rec["time_s"] = t_step;
   // Worker compute (slowest rank's train op) against the step's wall time: the rest is
@@ -253,12 +273,14 @@ int64_t OfflineJob::resume(Scheduler& s) {
       if (f.path().extension() != ".json") continue;
       json j = json::parse(std::ifstream(f.path()), nullptr, false);
       if (!j.is_object() || j.value("step", int64_t{-1}) <= best) continue;
-      if (!fs::exists(fs::path(ckpt_path_) / role_name(trained_) / j.value("tag", std::string()))) continue;
+      if (!fs::exists(fs::path(ckpt_path_) / role_name(trained_) / j.value("tag", std::string())))
+        continue;
       best = j["step"].get<int64_t>();
       tag = j["tag"].get<std::string>();
     }
   if (best < 0) throw InputError("--resume: no complete checkpoint under " + ckpt_path_);
-  s.group(trained_).call_all("load", {{"dir", (fs::path(ckpt_path_) / role_name(trained_) / tag).string()}});
+  s.group(trained_).call_all(
+      "load", {{"dir", (fs::path(ckpt_path_) / role_name(trained_) / tag).string()}});
   return best;
 }
 
@@ -270,10 +292,11 @@ json OfflineJob::memory(Scheduler& s) {
     auto tensors = g.call_all("memory");
     json ranks = json::array();
     for (int rank = 0; rank < g.size(); ++rank)
-      ranks.push_back({{"rank", rank},
-                       {"device", infos[rank].args.value("device", std::string())},
-                       {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})},
-                       {"peak_tensor_bytes", tensors[rank].args.value("peak_tensor_bytes", int64_t{0})}});
+      ranks.push_back(
+          {{"rank", rank},
+           {"device", infos[rank].args.value("device", std::string())},
+           {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})},
+           {"peak_tensor_bytes", tensors[rank].args.value("peak_tensor_bytes", int64_t{0})}});
     out[role_name(role)] = ranks;
   }
   return out;
@@ -282,22 +305,26 @@ json OfflineJob::memory(Scheduler& s) {
 void OfflineJob::write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out) {
   const auto t0 = Clock::now();
   json figures = evaluate(s);
-  json rec = {{"split", "eval"}, {"when", when}, {"step", step}, {"examples", eval_.size()},
+  json rec = {{"split", "eval"},
+              {"when", when},
+              {"step", step},
+              {"examples", eval_.size()},
               {"time_s", seconds_since(t0)}};
   rec.update(figures);
   metrics_->write(rec);
-  out << kind() << ": held-out, " << when << " training (" << eval_.size() << " examples): " << eval_line(figures)
-      << std::endl;
+  out << kind() << ": held-out, " << when << " training (" << eval_.size()
+      << " examples): " << eval_line(figures) << std::endl;
 }
 
 void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
   const std::string dir = (fs::path(run_dir_) / "export" / role_name(trained_)).string();
   s.group(trained_).call_all("export_hf", {{"dir", dir}});
   // The export is a complete model directory: the tokenizer comes along.
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                           "generation_config.json"}) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                           "special_tokens_map.json", "generation_config.json"}) {
     const fs::path from = fs::path(model_dir_) / name;
-    if (fs::exists(from)) fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+    if (fs::exists(from))
+      fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
   }
   out << kind() << ": trained " << role_name(trained_) << " exported to " << dir << std::endl;
 }
@@ -308,9 +335,10 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
   group_size_ = s.group(trained_).size();
   accum_ = std::max<int64_t>(1, batch_size_ / (micro_ * group_size_));
   eval_.resize(eval_.size() - eval_.size() % static_cast<size_t>(group_size_));
-  out << kind() << ": " << train_.size() << " training and " << eval_.size() << " held-out examples (" << truncated_
-      << " truncated to data.max_len, " << skipped_lines_ << " bad lines skipped); " << total_steps_ << " steps of "
-      << batch_size_ << " over " << epochs_ << " epoch(s); metrics: " << metrics_->path() << std::endl;
+  out << kind() << ": " << train_.size() << " training and " << eval_.size()
+      << " held-out examples (" << truncated_ << " truncated to data.max_len, " << skipped_lines_
+      << " bad lines skipped); " << total_steps_ << " steps of " << batch_size_ << " over "
+      << epochs_ << " epoch(s); metrics: " << metrics_->path() << std::endl;
   init_roles(s);
   int64_t step = 0;
   if (options_.resume) {
@@ -319,17 +347,19 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
   }
   prepare(s, out);
   if (!eval_.empty() && step == 0) write_eval(s, "before", 0, out);
-  const int64_t logging = spec_.get_int("logger.logging_steps"), save_steps = spec_.get_int("ckpt.save_steps");
+  const int64_t logging = spec_.get_int("logger.logging_steps"),
+                save_steps = spec_.get_int("ckpt.save_steps");
   for (++step; step <= total_steps_; ++step) {
     json rec = train_step(s, step);
     if (step % logging == 0 || step == total_steps_) {
       rec["memory"] = memory(s);
       metrics_->write(rec);
-      out << "step " << step << "/" << total_steps_ << " | epoch " << rec["epoch"] << " | " << step_line(rec) << " | "
-          << fmt(rec["time_s"].get<double>(), 2) << " s | " << fmt(rec["tokens_per_s"].get<double>(), 0) << " tok/s"
-          << std::endl;
+      out << "step " << step << "/" << total_steps_ << " | epoch " << rec["epoch"] << " | "
+          << step_line(rec) << " | " << fmt(rec["time_s"].get<double>(), 2) << " s | "
+          << fmt(rec["tokens_per_s"].get<double>(), 0) << " tok/s" << std::endl;
     }
-    if ((save_steps > 0 && step % save_steps == 0) || (save_steps == -1 && step == total_steps_)) save(s, step);
+    if ((save_steps > 0 && step % save_steps == 0) || (save_steps == -1 && step == total_steps_))
+      save(s, step);
   }
   if (!eval_.empty()) write_eval(s, "after", total_steps_, out);
   if (spec_.get_bool("ckpt.export_hf")) export_model(s, out);

@@ -7,11 +7,10 @@
 
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/spec.h"
 #include "dpo/driver.h"
@@ -44,7 +43,8 @@ class OfflineJob {
   virtual std::string train_op() const = 0;
   virtual nlohmann::json train_args() const = 0;
   // Tensors a step needs beyond the rows of its examples `index` (into train_data()).
-  virtual void add_step_tensors(const std::vector<int64_t>& /*index*/, std::vector<NamedTensor>& /*tensors*/) const {}
+  virtual void add_step_tensors(const std::vector<int64_t>& /*index*/,
+                                std::vector<NamedTensor>& /*tensors*/) const {}
   // Held-out figures on eval_data() (called only when there is some).
   virtual nlohmann::json evaluate(Scheduler& s) = 0;
   virtual std::string step_line(const nlohmann::json& rec) const = 0;
@@ -60,15 +60,17 @@ class OfflineJob {
   int64_t pad_id() const { return pad_id_; }
   const std::string& run_dir() const { return run_dir_; }
   // Rows of `data`'s examples `index` (all when empty) in this job's layout, unpacked.
-  RowTensors rows_of(const std::vector<TokenizedExample>& data, const std::vector<int64_t>& index = {}) const;
+  RowTensors rows_of(const std::vector<TokenizedExample>& data,
+                     const std::vector<int64_t>& index = {}) const;
   // Values of a call_all with args.rank_share over `rows`: the ranks' tensors `name`
   // concatenated in rank order (rows in order). `op` on the trained group.
-  torch::Tensor gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows, const std::string& name);
+  torch::Tensor gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
+                            const std::string& name);
 
  private:
   void load_data(RowLayout layout);
-  TokenizedExample tokenize(const std::string& prompt, const std::string& response, const std::string& rejected,
-                            bool pair);
+  TokenizedExample tokenize(const std::string& prompt, const std::string& response,
+                            const std::string& rejected, bool pair);
   void init_roles(Scheduler& s);
   std::vector<int64_t> step_index(int64_t step) const;
   nlohmann::json train_step(Scheduler& s, int64_t step);

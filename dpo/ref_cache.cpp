@@ -72,18 +72,22 @@ std::optional<torch::Tensor> RefLogProbCache::find(const std::string& key, int64
   try {
     models::SafetensorsFile f(file(key));
     torch::Tensor t = f.view("log_probs");
-    if (t.dim() != 1 || t.size(0) != rows || t.scalar_type() != torch::kFloat32) return std::nullopt;
+    if (t.dim() != 1 || t.size(0) != rows || t.scalar_type() != torch::kFloat32)
+      return std::nullopt;
     return t.clone();
   } catch (const std::exception&) {
     return std::nullopt;
   }
 }
 
-std::string RefLogProbCache::store(const std::string& key, const torch::Tensor& log_probs, const json& info) {
-  TORCH_CHECK(log_probs.dim() == 1, "RefLogProbCache::store: expected log_probs [N], got ", log_probs.sizes());
+std::string RefLogProbCache::store(const std::string& key, const torch::Tensor& log_probs,
+                                   const json& info) {
+  TORCH_CHECK(log_probs.dim() == 1, "RefLogProbCache::store: expected log_probs [N], got ",
+              log_probs.sizes());
   std::error_code ec;
   fs::create_directories(dir_, ec);
-  if (ec) throw RuntimeError(dir_ + ": cannot create the reference log-prob cache: " + ec.message());
+  if (ec)
+    throw RuntimeError(dir_ + ": cannot create the reference log-prob cache: " + ec.message());
   models::save_safetensors(file(key), {{"log_probs", log_probs.to(torch::kFloat32).contiguous()}});
   const fs::path index_path = fs::path(dir_) / "index.json";
   json index = read_index(index_path);
@@ -98,7 +102,8 @@ std::string RefLogProbCache::store(const std::string& key, const torch::Tensor& 
     if (!out) throw RuntimeError(tmp.string() + ": cannot write the cache index");
   }
   fs::rename(tmp, index_path, ec);
-  if (ec) throw RuntimeError(index_path.string() + ": cannot write the cache index: " + ec.message());
+  if (ec)
+    throw RuntimeError(index_path.string() + ": cannot write the cache index: " + ec.message());
   return file(key);
 }
 

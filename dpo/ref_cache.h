@@ -6,11 +6,11 @@
 // the log-probs is the driver's business; this only names, stores and finds them.
 #pragma once
 
-#include <optional>
-#include <string>
+#include <torch/types.h>
 
 #include <nlohmann/json.hpp>
-#include <torch/types.h>
+#include <optional>
+#include <string>
 
 #include "dpo/offline_batch.h"
 
@@ -33,7 +33,8 @@ class RefLogProbCache {
   std::optional<torch::Tensor> find(const std::string& key, int64_t rows) const;
   // Writes the file (temporary name, then rename), then the index entry. Returns the path.
   // Throws RuntimeError on I/O failure.
-  std::string store(const std::string& key, const torch::Tensor& log_probs, const nlohmann::json& info);
+  std::string store(const std::string& key, const torch::Tensor& log_probs,
+                    const nlohmann::json& info);
   std::string file(const std::string& key) const;
 
  private:

@@ -4,15 +4,13 @@
 // trajectory, and an rm export serving as PPO's reward model. Tiny models come from
 // `rlhf init-model` in a fresh directory per test.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -87,7 +85,8 @@ class OfflineRun : public testing::Test {
     fs::create_directories(dir_);
     auto r = rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}, dir_);
     ASSERT_EQ(r.code, 0) << r.err;
-    r = rlhf({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out", (dir_ / "tiny-value").string()},
+    r = rlhf({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
+              (dir_ / "tiny-value").string()},
              dir_);
     ASSERT_EQ(r.code, 0) << r.err;
   }
@@ -97,12 +96,17 @@ class OfflineRun : public testing::Test {
   // `rlhf run EXAMPLE` with this test's models and run directory.
   Result run(const std::string& example, const std::string& name, std::vector<std::string> extra) {
     const bool rm = example.find("rm_") != std::string::npos;
-    std::vector<std::string> args = {"run", example,
-                                     "--set", (rm ? "reward.model=" + (dir_ / "tiny-value").string()
-                                                  : "actor.model=" + (dir_ / "tiny").string()),
-                                     "--set", "logger.run_dir=" + (dir_ / "runs").string(),
-                                     "--set", "name=" + name,
-                                     "--set", "logger.logging_steps=1"};
+    std::vector<std::string> args = {"run",
+                                     example,
+                                     "--set",
+                                     (rm ? "reward.model=" + (dir_ / "tiny-value").string()
+                                         : "actor.model=" + (dir_ / "tiny").string()),
+                                     "--set",
+                                     "logger.run_dir=" + (dir_ / "runs").string(),
+                                     "--set",
+                                     "name=" + name,
+                                     "--set",
+                                     "logger.logging_steps=1"};
     args.insert(args.end(), extra.begin(), extra.end());
     return rlhf(args, dir_);
   }
@@ -123,10 +127,12 @@ TEST_F(OfflineRun, DpoWithTheReferenceInItsOwnProcess) {
     const json& s = m.steps[i];
     EXPECT_EQ(s["step"], static_cast<int>(i) + 1);
     EXPECT_EQ(s["epoch"], static_cast<int>(i) / 2 + 1);
-    for (const char* key : {"loss", "accuracy", "chosen_reward", "rejected_reward", "margin", "grad_norm",
-                            "tokens_per_s", "samples_per_s"})
-      EXPECT_TRUE(s.contains(key) && s[key].is_number() && std::isfinite(s[key].get<double>())) << key << s.dump();
-    EXPECT_NEAR(s["margin"].get<double>(), s["chosen_reward"].get<double>() - s["rejected_reward"].get<double>(), 1e-5);
+    for (const char* key : {"loss", "accuracy", "chosen_reward", "rejected_reward", "margin",
+                            "grad_norm", "tokens_per_s", "samples_per_s"})
+      EXPECT_TRUE(s.contains(key) && s[key].is_number() && std::isfinite(s[key].get<double>()))
+          << key << s.dump();
+    EXPECT_NEAR(s["margin"].get<double>(),
+                s["chosen_reward"].get<double>() - s["rejected_reward"].get<double>(), 1e-5);
     for (const char* role : {"actor", "ref"}) {
       ASSERT_TRUE(s["memory"].contains(role)) << role;
       EXPECT_GT(s["memory"][role][0]["peak_rss_bytes"].get<int64_t>(), 0) << role;
@@ -156,8 +162,10 @@ TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
     a.insert(a.end(), data.begin(), data.end());
     return a;
   };
-  ASSERT_EQ(run("examples/dpo_tiny.json", "straight", with({"--set", "train.max_steps=3"})).code, 0);
-  Result first = run("examples/dpo_tiny.json", "resumed", with({"--set", "train.max_steps=2", "--set", "ckpt.save_steps=1"}));
+  ASSERT_EQ(run("examples/dpo_tiny.json", "straight", with({"--set", "train.max_steps=3"})).code,
+            0);
+  Result first = run("examples/dpo_tiny.json", "resumed",
+                     with({"--set", "train.max_steps=2", "--set", "ckpt.save_steps=1"}));
   ASSERT_EQ(first.code, 0) << first.err;
   std::vector<fs::path> cache_files;
   for (const auto& f : fs::directory_iterator(run_dir("resumed") / "ref_cache"))
@@ -166,15 +174,17 @@ TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
   std::vector<fs::file_time_type> mtimes;
   for (const auto& f : cache_files) mtimes.push_back(fs::last_write_time(f));
 
-  Result second = run("examples/dpo_tiny.json", "resumed",
-                      with({"--set", "train.max_steps=3", "--set", "ckpt.save_steps=1", "--resume"}));
+  Result second =
+      run("examples/dpo_tiny.json", "resumed",
+          with({"--set", "train.max_steps=3", "--set", "ckpt.save_steps=1", "--resume"}));
   ASSERT_EQ(second.code, 0) << second.out << second.err;
   EXPECT_NE(second.out.find("resumed after step 2"), std::string::npos) << second.out;
   // The resumed job asks the reference group nothing: both sets come from the cache files,
   // which are not rewritten.
   EXPECT_EQ(count(second.out, "loaded from"), 2u) << second.out;
   EXPECT_EQ(count(second.out, "computed on the ref group"), 0u) << second.out;
-  for (size_t i = 0; i < cache_files.size(); ++i) EXPECT_EQ(fs::last_write_time(cache_files[i]), mtimes[i]);
+  for (size_t i = 0; i < cache_files.size(); ++i)
+    EXPECT_EQ(fs::last_write_time(cache_files[i]), mtimes[i]);
 
   Metrics a = read_metrics(run_dir("straight") / "metrics.jsonl");
   Metrics b = read_metrics(run_dir("resumed") / "metrics.jsonl");
@@ -192,22 +202,28 @@ TEST_F(OfflineRun, DpoOnTwoZero3RanksMatchesOneRank) {
   // The same 4 steps with the actor on one rank (2 micro batches of 8 pairs accumulated) and
   // sharded ZeRO-3 over two ranks (one micro batch each: the same 8-pair groups). Tolerance
   // 1e-3: only the order of the gradient reduction differs (BF16 compute, FP32 masters).
-  const std::vector<std::string> common = {"--set", "data.max_samples=32", "--set", "ckpt.export_hf=false"};
+  const std::vector<std::string> common = {"--set", "data.max_samples=32", "--set",
+                                           "ckpt.export_hf=false"};
   auto with = [&](std::vector<std::string> a) {
     a.insert(a.end(), common.begin(), common.end());
     return a;
   };
   ASSERT_EQ(run("examples/dpo_tiny.json", "one", with({})).code, 0);
-  Result two = run("examples/dpo_tiny.json", "two",
-                   with({"--set", R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 3, "memory_gb": 4}])",
-                         "--set", "actor.devices=[0,1]", "--set", "ref.devices=[2]", "--set", "actor.zero_stage=3"}));
+  Result two =
+      run("examples/dpo_tiny.json", "two",
+          with({"--set",
+                R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 3, "memory_gb": 4}])",
+                "--set", "actor.devices=[0,1]", "--set", "ref.devices=[2]", "--set",
+                "actor.zero_stage=3"}));
   ASSERT_EQ(two.code, 0) << two.out << two.err;
-  Metrics a = read_metrics(run_dir("one") / "metrics.jsonl"), b = read_metrics(run_dir("two") / "metrics.jsonl");
+  Metrics a = read_metrics(run_dir("one") / "metrics.jsonl"),
+          b = read_metrics(run_dir("two") / "metrics.jsonl");
   ASSERT_EQ(a.steps.size(), 4u);
   ASSERT_EQ(b.steps.size(), 4u);
   for (size_t i = 0; i < 4; ++i)
     for (const char* key : {"loss", "margin", "chosen_reward", "rejected_reward"})
-      EXPECT_NEAR(a.steps[i][key].get<double>(), b.steps[i][key].get<double>(), 1e-3) << key << " step " << i + 1;
+      EXPECT_NEAR(a.steps[i][key].get<double>(), b.steps[i][key].get<double>(), 1e-3)
+          << key << " step " << i + 1;
   EXPECT_EQ(b.steps[0]["memory"]["actor"].size(), 2u);
   ASSERT_EQ(b.evals.size(), 2u);
   EXPECT_NEAR(a.evals[1]["eval_loss"].get<double>(), b.evals[1]["eval_loss"].get<double>(), 1e-3);
@@ -246,9 +262,10 @@ TEST_F(OfflineRun, EachDpoLossReachesTheWorker) {
 }
 
 TEST_F(OfflineRun, SimpoRunsWithoutAReferenceGroup) {
-  Result r = run("examples/dpo_tiny.json", "simpo",
-                 {"--set", "algo.dpo.loss=simpo", "--set", "ref.devices=[]", "--set", "data.max_samples=32",
-                  "--set", "train.max_steps=2", "--set", "ckpt.export_hf=false"});
+  Result r =
+      run("examples/dpo_tiny.json", "simpo",
+          {"--set", "algo.dpo.loss=simpo", "--set", "ref.devices=[]", "--set",
+           "data.max_samples=32", "--set", "train.max_steps=2", "--set", "ckpt.export_hf=false"});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(worker_roles(run_dir("simpo")), (std::set<std::string>{"actor"}));
   Metrics m = read_metrics(run_dir("simpo") / "metrics.jsonl");
@@ -275,7 +292,8 @@ TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
   EXPECT_LT(m.steps.back()["loss"].get<double>(), m.steps.front()["loss"].get<double>());
 
   Result packed = run("examples/sft_tiny.json", "packed",
-                      {"--set", "data.packing=true", "--set", "train.max_steps=2", "--set", "ckpt.export_hf=false"});
+                      {"--set", "data.packing=true", "--set", "train.max_steps=2", "--set",
+                       "ckpt.export_hf=false"});
   ASSERT_EQ(packed.code, 0) << packed.out << packed.err;
   Metrics p = read_metrics(run_dir("packed") / "metrics.jsonl");
   ASSERT_EQ(p.steps.size(), 2u);
@@ -298,19 +316,23 @@ TEST_F(OfflineRun, RewardModelLearnsAndServesPpo) {
   const fs::path exported = run_dir("rm") / "export" / "reward";
   ASSERT_TRUE(fs::exists(exported / "config.json"));
   // The export is a reward model PPO can load and score with.
-  Result ppo = rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "tiny").string(),
-                     "--set", "critic.model=" + (dir_ / "tiny-value").string(), "--set", "reward.rule=",
-                     "--set", "reward.model=" + exported.string(), "--set", "train.max_steps=1",
-                     "--set", "logger.run_dir=" + (dir_ / "runs").string(), "--set", "name=ppo-with-rm",
-                     "--set", "ckpt.export_hf=false"}, dir_);
+  Result ppo =
+      rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "tiny").string(),
+            "--set", "critic.model=" + (dir_ / "tiny-value").string(), "--set",
+            "reward.rule=", "--set", "reward.model=" + exported.string(), "--set",
+            "train.max_steps=1", "--set", "logger.run_dir=" + (dir_ / "runs").string(), "--set",
+            "name=ppo-with-rm", "--set", "ckpt.export_hf=false"},
+           dir_);
   ASSERT_EQ(ppo.code, 0) << ppo.out << ppo.err;
   EXPECT_NE(ppo.out.find("step 1/1 | reward"), std::string::npos) << ppo.out;
 }
 
 TEST_F(OfflineRun, BadPreferenceLineIsNamedBeforeAnyWorkerStarts) {
   const fs::path data = dir_ / "prefs.jsonl";
-  std::ofstream(data) << R"({"prompt": "a:", "chosen": "b", "rejected": "C"})" << "\n"
-                      << R"({"prompt": "a:", "chosen": "b"})" << "\n";
+  std::ofstream(data) << R"({"prompt": "a:", "chosen": "b", "rejected": "C"})"
+                      << "\n"
+                      << R"({"prompt": "a:", "chosen": "b"})"
+                      << "\n";
   Result r = run("examples/dpo_tiny.json", "bad", {"--set", "data.dataset=" + data.string()});
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("prefs.jsonl:2"), std::string::npos) << r.err;

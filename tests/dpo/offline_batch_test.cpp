@@ -1,13 +1,13 @@
 // Token rows of offline jobs (layout, loss masks, packing) and the reference log-prob
 // cache (keys follow content, store/find round trip, damaged files are misses).
-#include <gtest/gtest.h>
+#include "dpo/offline_batch.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "dpo/offline_batch.h"
 #include "dpo/ref_cache.h"
 #include "test_paths.h"
 
@@ -64,7 +64,8 @@ TEST(RefCache, KeyFollowsRowsAndModel) {
 }
 
 TEST(RefCache, StoreThenFindAndDamagedFilesAreMisses) {
-  const fs::path dir = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("ref-cache-" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::path(RLHF_BINARY_DIR) / "test-runs" / ("ref-cache-" + std::to_string(getpid()));
   fs::remove_all(dir);
   RefLogProbCache cache(dir.string());
   EXPECT_FALSE(cache.find("abc", 4).has_value());
@@ -72,7 +73,7 @@ TEST(RefCache, StoreThenFindAndDamagedFilesAreMisses) {
   cache.store("abc", lp, {{"split", "train"}});
   auto hit = cache.find("abc", 4);
   ASSERT_TRUE(hit.has_value());
-  EXPECT_TRUE(torch::equal(*hit, lp));           // exact: FP32 stored as is
+  EXPECT_TRUE(torch::equal(*hit, lp));             // exact: FP32 stored as is
   EXPECT_FALSE(cache.find("abc", 5).has_value());  // row count differs: not this dataset
   std::ofstream(cache.file("abc"), std::ios::trunc) << "garbage";
   EXPECT_FALSE(cache.find("abc", 4).has_value());
