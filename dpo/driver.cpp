@@ -1,5 +1,6 @@
 #include "dpo/driver.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -53,8 +54,8 @@ class DpoJob : public OfflineJob {
 
   void prepare(Scheduler& s, std::ostream& out) override {
     if (!needs_reference(config_.type)) return;
-    ref_train_ = reference_log_probs(s, rows_of(train_data()), "train", out);
-    if (!eval_data().empty()) ref_eval_ = reference_log_probs(s, rows_of(eval_data()), "eval", out);
+    ref_train_ = reference_log_probs(s, train_data(), "train", out);
+    if (!eval_data().empty()) ref_eval_ = reference_log_probs(s, eval_data(), "eval", out);
   }
 
   std::string train_op() const override { return "train_dpo"; }
@@ -104,33 +105,48 @@ class DpoJob : public OfflineJob {
   }
 
  private:
-  // log pi_ref summed over each row's response [2P]: from the cache when this exact data
-  // and reference model were seen before, else from the reference group (then cached).
-  torch::Tensor reference_log_probs(Scheduler& s, const RowTensors& rows, const char* split,
-                                    std::ostream& out) {
+  // log pi_ref summed over each row's response [2P] of `data`: from the cache when this
+  // exact data and reference model were seen before, else from the reference group (then
+  // cached). Rows are built kChunkPairs pairs at a time (padded per chunk: with right
+  // padding and causal attention a row's sum does not depend on it), never all at once.
+  torch::Tensor reference_log_probs(Scheduler& s, const std::vector<TokenizedExample>& data,
+                                    const char* split, std::ostream& out) {
+    constexpr int64_t kChunkPairs = 1024;
+    const int64_t pairs = static_cast<int64_t>(data.size());
+    auto chunk = [&](int64_t begin) {
+      std::vector<int64_t> index;
+      for (int64_t i = begin; i < std::min(pairs, begin + kChunkPairs); ++i) index.push_back(i);
+      return rows_of(data, index);
+    };
     const std::string ref_model = spec().get_string("ref.model");
-    const std::string key =
-        rows_key(rows, model_identity(ref_model, spec().get_string("ref.dtype")));
+    RowsKey hasher;
+    for (int64_t b = 0; b < pairs; b += kChunkPairs) hasher.add(chunk(b));
+    const std::string key = hasher.hex(model_identity(ref_model, spec().get_string("ref.dtype")));
     RefLogProbCache cache((fs::path(run_dir()) / "ref_cache").string());
     const auto t0 = std::chrono::steady_clock::now();
     auto since = [&t0] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
-    if (auto hit = cache.find(key, rows.rows())) {
-      out << "dpo: reference log-probs of " << rows.rows() / 2 << " " << split
-          << " pairs loaded from " << cache.file(key) << " in " << fmt(since(), 4) << " s"
-          << std::endl;
+    if (auto hit = cache.find(key, 2 * pairs)) {
+      out << "dpo: reference log-probs of " << pairs << " " << split << " pairs loaded from "
+          << cache.file(key) << " in " << fmt(since(), 4) << " s" << std::endl;
       return *hit;
     }
-    Message reply = s.group(Role::kRef)
-                        .scatter("sequence_log_probs",
-                                 {{"sequences", rows.sequences},
-                                  {"attention_mask", rows.attention_mask},
-                                  {"loss_mask", rows.loss_mask}},
-                                 2 * spec().get_int("train.micro_batch_size"));
-    torch::Tensor lp = reply.tensor("log_probs").to(torch::kFloat32).contiguous();
-    TORCH_CHECK(lp.dim() == 1 && lp.size(0) == rows.rows(), "dpo: the reference group returned ",
-                lp.sizes(), " log-probs for ", rows.rows(), " rows");
+    std::vector<torch::Tensor> parts;
+    for (int64_t b = 0; b < pairs; b += kChunkPairs) {
+      RowTensors rows = chunk(b);
+      Message reply = s.group(Role::kRef)
+                          .scatter("sequence_log_probs",
+                                   {{"sequences", rows.sequences},
+                                    {"attention_mask", rows.attention_mask},
+                                    {"loss_mask", rows.loss_mask}},
+                                   2 * spec().get_int("train.micro_batch_size"));
+      torch::Tensor lp = reply.tensor("log_probs").to(torch::kFloat32);
+      TORCH_CHECK(lp.dim() == 1 && lp.size(0) == rows.rows(), "dpo: the reference group returned ",
+                  lp.sizes(), " log-probs for ", rows.rows(), " rows");
+      parts.push_back(lp);
+    }
+    torch::Tensor lp = torch::cat(parts, 0).contiguous();
     const double seconds = since();
     const std::string file = cache.store(
         key, lp,
@@ -138,7 +154,7 @@ class DpoJob : public OfflineJob {
          {"dataset",
           spec().get_string(std::string(split) == "train" ? "data.dataset" : "data.eval_dataset")},
          {"ref_model", ref_model}});
-    out << "dpo: reference log-probs of " << rows.rows() / 2 << " " << split
+    out << "dpo: reference log-probs of " << pairs << " " << split
         << " pairs computed on the ref group in " << fmt(seconds, 2) << " s, cached in " << file
         << std::endl;
     return lp;

@@ -39,15 +39,26 @@ json read_index(const fs::path& path) {
 
 }  // namespace
 
-std::string rows_key(const RowTensors& rows, const std::string& model_identity) {
-  uint64_t h = kFnvOffset;
-  fnv_tensor(h, rows.sequences);
-  fnv_tensor(h, rows.attention_mask);
-  fnv_tensor(h, rows.loss_mask);
+RowsKey::RowsKey() : hash_(kFnvOffset) {}
+
+void RowsKey::add(const RowTensors& rows) {
+  fnv_tensor(hash_, rows.sequences);
+  fnv_tensor(hash_, rows.attention_mask);
+  fnv_tensor(hash_, rows.loss_mask);
+}
+
+std::string RowsKey::hex(const std::string& model_identity) const {
+  uint64_t h = hash_;
   fnv(h, model_identity.data(), model_identity.size());
   std::ostringstream o;
   o << std::hex << h;
   return o.str();
+}
+
+std::string rows_key(const RowTensors& rows, const std::string& model_identity) {
+  RowsKey key;
+  key.add(rows);
+  return key.hex(model_identity);
 }
 
 std::string model_identity(const std::string& model_dir, const std::string& dtype) {

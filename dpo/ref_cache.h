@@ -16,8 +16,20 @@
 
 namespace rlhf::dpo {
 
-// Hex FNV-1a 64 over the rows' sequences, attention and loss masks (bytes and shapes) and
-// `model_identity` (see model_identity()).
+// Hex FNV-1a 64 over the rows' sequences, attention and loss masks (bytes and shapes), in
+// the order they are added, and the reference model's identity (see model_identity()).
+// Rows may come in chunks, so a large dataset is never padded and held whole.
+class RowsKey {
+ public:
+  RowsKey();
+  void add(const RowTensors& rows);
+  std::string hex(const std::string& model_identity) const;
+
+ private:
+  uint64_t hash_;
+};
+
+// RowsKey of one block of rows.
 std::string rows_key(const RowTensors& rows, const std::string& model_identity);
 
 // The model directory, its weight files' sizes and modification times, and the dtype: a
