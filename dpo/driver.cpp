@@ -4,8 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <iomanip>
-#include <sstream>
 
 #include "core/errors.h"
 #include "dpo/losses.h"
@@ -20,12 +18,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::string fmt(double v, int precision = 3) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(precision) << v;
-  return o.str();
-}
 
 double num(const json& j, const char* key) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
@@ -95,13 +87,13 @@ class DpoJob : public OfflineJob {
   }
 
   std::string step_line(const json& rec) const override {
-    return "loss " + fmt(num(rec, "loss")) + " | acc " + fmt(num(rec, "accuracy"), 2) +
-           " | reward chosen " + fmt(num(rec, "chosen_reward")) + " rejected " +
-           fmt(num(rec, "rejected_reward")) + " margin " + fmt(num(rec, "margin"));
+    return "loss " + fixed(num(rec, "loss")) + " | acc " + fixed(num(rec, "accuracy"), 2) +
+           " | reward chosen " + fixed(num(rec, "chosen_reward")) + " rejected " +
+           fixed(num(rec, "rejected_reward")) + " margin " + fixed(num(rec, "margin"));
   }
   std::string eval_line(const json& f) const override {
-    return "preference accuracy " + fmt(num(f, "eval_accuracy")) + ", loss " +
-           fmt(num(f, "eval_loss")) + ", margin " + fmt(num(f, "eval_margin"));
+    return "preference accuracy " + fixed(num(f, "eval_accuracy")) + ", loss " +
+           fixed(num(f, "eval_loss")) + ", margin " + fixed(num(f, "eval_margin"));
   }
 
  private:
@@ -129,7 +121,7 @@ class DpoJob : public OfflineJob {
     };
     if (auto hit = cache.find(key, 2 * pairs)) {
       out << "dpo: reference log-probs of " << pairs << " " << split << " pairs loaded from "
-          << cache.file(key) << " in " << fmt(since(), 4) << " s" << std::endl;
+          << cache.file(key) << " in " << fixed(since(), 4) << " s" << std::endl;
       return *hit;
     }
     std::vector<torch::Tensor> parts;
@@ -155,7 +147,7 @@ class DpoJob : public OfflineJob {
           spec().get_string(std::string(split) == "train" ? "data.dataset" : "data.eval_dataset")},
          {"ref_model", ref_model}});
     out << "dpo: reference log-probs of " << pairs << " " << split
-        << " pairs computed on the ref group in " << fmt(seconds, 2) << " s, cached in " << file
+        << " pairs computed on the ref group in " << fixed(seconds, 2) << " s, cached in " << file
         << std::endl;
     return lp;
   }
@@ -184,11 +176,11 @@ class SftJob : public OfflineJob {
     return {{"eval_loss", loss}, {"eval_perplexity", std::exp(loss)}};
   }
   std::string step_line(const json& rec) const override {
-    return "loss " + fmt(num(rec, "loss")) + " | grad norm " + fmt(num(rec, "grad_norm"));
+    return "loss " + fixed(num(rec, "loss")) + " | grad norm " + fixed(num(rec, "grad_norm"));
   }
   std::string eval_line(const json& f) const override {
-    return "loss " + fmt(num(f, "eval_loss")) + " per response token, perplexity " +
-           fmt(num(f, "eval_perplexity"), 2);
+    return "loss " + fixed(num(f, "eval_loss")) + " per response token, perplexity " +
+           fixed(num(f, "eval_perplexity"), 2);
   }
 };
 
@@ -231,13 +223,13 @@ class RmJob : public OfflineJob {
             {"eval_margin", (chosen - rejected).mean().item<double>()}};
   }
   std::string step_line(const json& rec) const override {
-    return "loss " + fmt(num(rec, "loss")) + " | acc " + fmt(num(rec, "accuracy"), 2) +
-           " | reward chosen " + fmt(num(rec, "chosen_reward")) + " rejected " +
-           fmt(num(rec, "rejected_reward"));
+    return "loss " + fixed(num(rec, "loss")) + " | acc " + fixed(num(rec, "accuracy"), 2) +
+           " | reward chosen " + fixed(num(rec, "chosen_reward")) + " rejected " +
+           fixed(num(rec, "rejected_reward"));
   }
   std::string eval_line(const json& f) const override {
-    return "preference accuracy " + fmt(num(f, "eval_accuracy")) + ", loss " +
-           fmt(num(f, "eval_loss")) + ", margin " + fmt(num(f, "eval_margin"));
+    return "preference accuracy " + fixed(num(f, "eval_accuracy")) + ", loss " +
+           fixed(num(f, "eval_loss")) + ", margin " + fixed(num(f, "eval_margin"));
   }
 
  private:

@@ -31,12 +31,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::string fmt(double v, int precision) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(precision) << v;
-  return o.str();
-}
-
 std::vector<int64_t> to_int64(const std::vector<tokenizer::TokenId>& ids) {
   return {ids.begin(), ids.end()};
 }
@@ -110,6 +104,12 @@ OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role t
 }
 
 OfflineJob::~OfflineJob() = default;
+
+std::string OfflineJob::fixed(double v, int precision) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(precision) << v;
+  return o.str();
+}
 
 TokenizedExample OfflineJob::tokenize(const std::string& prompt, const std::string& response,
                                       const std::string& rejected, bool pair) {
@@ -355,8 +355,8 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
       rec["memory"] = memory(s);
       metrics_->write(rec);
       out << "step " << step << "/" << total_steps_ << " | epoch " << rec["epoch"] << " | "
-          << step_line(rec) << " | " << fmt(rec["time_s"].get<double>(), 2) << " s | "
-          << fmt(rec["tokens_per_s"].get<double>(), 0) << " tok/s" << std::endl;
+          << step_line(rec) << " | " << fixed(rec["time_s"].get<double>(), 2) << " s | "
+          << fixed(rec["tokens_per_s"].get<double>(), 0) << " tok/s" << std::endl;
     }
     if ((save_steps > 0 && step % save_steps == 0) || (save_steps == -1 && step == total_steps_))
       save(s, step);

@@ -51,6 +51,7 @@ class OfflineJob {
   virtual std::string eval_line(const nlohmann::json& figures) const = 0;
 
   // Helpers for subclasses.
+  static std::string fixed(double v, int precision = 3);  // "0.693" for console lines
   const JobSpec& spec() const { return spec_; }
   Role trained_role() const { return trained_; }
   const std::vector<TokenizedExample>& train_data() const { return train_; }
