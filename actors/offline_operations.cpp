@@ -109,11 +109,6 @@ Message sequence_scores(ModelRole& role, const Message& req, const WorkerIdentit
   return reply;
 }
 
-json step_json(const engine::StepMetrics& m) {
-  return {{"step", m.step}, {"loss", m.loss},       {"grad_norm", m.grad_norm},
-          {"lr", m.lr},     {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
-}
-
 // Means of named scalars over the micro batches of one step (this rank).
 class MicroMeans {
  public:
@@ -147,7 +142,7 @@ Message train_units(ModelRole& role, const Message& req, const WorkerIdentity& s
     return loss_fn(all.slice(b0, b1), b0, means);
   });
   Message reply;
-  reply.args = step_json(metrics);
+  reply.args = step_metrics_json(metrics);
   means.write(reply.args);
   reply.args["rows"] = end - begin;
   return reply;
