@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "actors/offline_operations.h"
 #include "core/errors.h"
 #include "models/pretrained.h"
 #include "ppo/kl.h"
@@ -148,11 +149,6 @@ std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self, 
   return {self.rank * per, (self.rank + 1) * per};
 }
 
-json step_json(const engine::StepMetrics& m) {
-  return {{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
-          {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
-}
-
 // train_actor: one optimizer step of the PPO policy loss (plus the KL loss term when asked)
 // over this rank's share of the global batch, in micro batches of args.micro_batch_size.
 Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& self) {
@@ -195,7 +191,7 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   });
   Message reply;
   double n = std::max<int64_t>(1, micro_batches);
-  reply.args = step_json(metrics);
+  reply.args = step_metrics_json(metrics);
   reply.args["clip_frac"] = clip_sum / n;
   reply.args["approx_kl"] = ppo_kl_sum / n;
   reply.args["kl_loss"] = kl_sum / n;
@@ -219,7 +215,7 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
                            ppo::LossAggregation::kTokenMean);
   });
   Message reply;
-  reply.args = step_json(metrics);
+  reply.args = step_metrics_json(metrics);
   return reply;
 }
 
@@ -245,6 +241,11 @@ Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& 
 }
 
 }  // namespace
+
+json step_metrics_json(const engine::StepMetrics& m) {
+  return {{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
+          {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
+}
 
 std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
   auto role = std::make_shared<ModelRole>();
@@ -312,6 +313,7 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     reply.args = memory_json(*role);
     return reply;
   });
+  add_offline_operations(registry, role);  // dpo, sft, rm
   return role;
 }
 

@@ -34,6 +34,10 @@ struct ModelRole {
   models::CausalLM& checked_model(const std::string& op) const;
 };
 
+// A train op's reply args from the trainer's step: step, loss, grad_norm, lr, skipped,
+// peak_tensor_bytes.
+nlohmann::json step_metrics_json(const engine::StepMetrics& m);
+
 // Registers the model operations on a shared ModelRole (created empty; `init` fills it).
 // Returns the role state so other operations of the worker (weight sync) can reach it.
 std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry);

@@ -1,6 +1,6 @@
 // `rlhf run SPEC`: validate the spec, place the workers, start and supervise them, run the
 // job's driver, stop everything. A worker failure or SIGINT/SIGTERM stops the job with
-// exit code 1 and a report naming the worker. The driver follows the job kind (ppo today);
+// exit code 1 and a report naming the worker. The driver follows the job kind (ppo, or dpo/sft/rm);
 // --smoke-rounds runs the transport smoke driver (scheduler/smoke_driver.h) instead.
 #include <unistd.h>
 
@@ -14,6 +14,7 @@
 #include "core/spec.h"
 #include "engine/memory_check.h"
 #include "scheduler/scheduler.h"
+#include "dpo/driver.h"
 #include "ppo/driver.h"
 #include "scheduler/smoke_driver.h"
 #include "scheduler/worker_process.h"
@@ -68,9 +69,8 @@ int cmd_run(const Argv& argv) {
   } else {
     const auto missing = missing_inputs(spec);
     if (!missing.empty()) throw InputError(spec.source() + ": " + missing.front().path + ": " + missing.front().message);
-    if (spec.kind() != JobKind::kPpo)
-      throw RuntimeError(std::string("the ") + job_kind_name(spec.kind()) + " job driver is not built yet (only ppo runs)");
-    driver = ppo::ppo_driver(spec, {args.flag("--resume")});
+    driver = spec.kind() == JobKind::kPpo ? ppo::ppo_driver(spec, {args.flag("--resume")})
+                                          : dpo::offline_driver(spec, {args.flag("--resume")});
   }
   const Placement placement = place(spec);
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);

@@ -215,6 +215,53 @@ std::vector<double> JobSpec::get_float_list(const std::string& path) const {
 
 namespace rlhf {
 
+namespace {
+
+// Positions a model was trained for: max_position_embeddings, times the factor of a linear or
+// dynamic RoPE scaling (HF keeps the original value in those configs). nullopt when the
+// config cannot be read or lacks the key (the model loader reports unreadable configs).
+std::optional<int64_t> position_limit(const std::filesystem::path& config_file) {
+  std::ifstream in(config_file);
+  const auto config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("max_position_embeddings") ||
+      !config["max_position_embeddings"].is_number_integer())
+    return std::nullopt;
+  auto limit = config["max_position_embeddings"].get<int64_t>();
+  const auto& scaling = config.value("rope_scaling", nlohmann::json());
+  if (scaling.is_object() && scaling.value("factor", nlohmann::json()).is_number()) {
+    const std::string type = scaling.value("rope_type", scaling.value("type", std::string()));
+    if (type == "linear" || type == "dynamic")
+      limit = static_cast<int64_t>(static_cast<double>(limit) * scaling["factor"].get<double>());
+  }
+  return limit;
+}
+
+}  // namespace
+
+std::vector<SpecProblem> lengths_beyond_models(const JobSpec& spec) {
+  namespace fs = std::filesystem;
+  const bool ppo = spec.kind() == JobKind::kPpo;
+  // The longest sequence a job builds: prompt + response for PPO, data.max_len otherwise.
+  const int64_t longest = ppo ? spec.get_int("data.prompt_max_len") +
+                                    spec.get_int("rollout.max_new_tokens")
+                              : spec.get_int("data.max_len");
+  const std::string what = ppo ? "data.prompt_max_len + rollout.max_new_tokens" : "data.max_len";
+  std::vector<SpecProblem> out;
+  std::vector<std::string> seen;
+  for (Role r : spec.used_roles()) {
+    const std::string key = std::string(role_name(r)) + ".model";
+    const std::string dir = spec.get_string(key);
+    if (dir.empty() || std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
+    seen.push_back(dir);
+    const auto limit = position_limit(fs::path(dir) / "config.json");
+    if (!limit || longest <= *limit) continue;
+    out.push_back({what, std::to_string(longest) + " tokens exceed " + key + " (" + dir +
+                             ") max_position_embeddings " + std::to_string(*limit) +
+                             "; lower the lengths or use a model trained for longer sequences"});
+  }
+  return out;
+}
+
 std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
   namespace fs = std::filesystem;
   std::vector<SpecProblem> out;
@@ -235,6 +282,7 @@ std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
                              " (a random test model: rlhf init-model --preset tiny" +
                              (value_head ? " --value-head" : "") + " --out " + dir + ")"});
   }
+  for (const auto& problem : lengths_beyond_models(spec)) out.push_back(problem);
   const char* dataset = spec.kind() == JobKind::kPpo ? "data.prompt_dataset" : "data.dataset";
   for (const char* path : {dataset, "data.eval_dataset"}) {
     const std::string file = spec.get_string(path);

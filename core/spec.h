@@ -88,6 +88,12 @@ namespace rlhf {
 // Inputs a job reads that do not exist on this machine: model directories (without a
 // config.json) and dataset files (synthetic:NAME is built in). `rlhf validate` prints
 // these as warnings (the spec may be meant for another machine); `rlhf run` fails on them.
+// Also includes lengths_beyond_models().
 std::vector<SpecProblem> missing_inputs(const JobSpec& spec);
+
+// Sequence lengths (data.prompt_max_len + rollout.max_new_tokens for PPO, data.max_len for
+// the offline kinds) longer than a role model's config.json max_position_embeddings (times a
+// linear/dynamic RoPE scaling factor).
+std::vector<SpecProblem> lengths_beyond_models(const JobSpec& spec);
 
 }  // namespace rlhf

@@ -137,6 +137,8 @@ std::vector<KeySpec> build_table() {
   t.string("data.chosen_key", "chosen", "JSON key of the preferred response.");
   t.string("data.rejected_key", "rejected", "JSON key of the dispreferred response.");
   t.string("data.output_key", "output", "JSON key of the target response in SFT data.");
+  t.string("data.margin_key", "",
+           "JSON key of a per-pair reward margin for rm: -log sigmoid(r_c - r_r - margin) (empty: none).");
   t.string("data.input_template", "", "Prompt template with {} for the prompt text.");
   t.boolean("data.apply_chat_template", false, "Format prompts with the model's chat template.");
   t.choice("data.chat_template", "auto", {"auto", "chatml", "llama3", "llama2", "mistral"},

@@ -15,6 +15,7 @@ OfflineDataConfig OfflineDataConfig::from_spec(const JobSpec& spec, bool eval) {
   c.chosen_key = spec.get_string("data.chosen_key");
   c.rejected_key = spec.get_string("data.rejected_key");
   c.output_key = spec.get_string("data.output_key");
+  c.margin_key = spec.get_string("data.margin_key");
   c.max_samples = spec.get_int("data.max_samples");
   c.bad_lines = parse_bad_line_policy(spec.get_string("data.bad_lines"));
   c.seed = static_cast<uint64_t>(spec.get_int("train.seed")) + (eval ? 1 : 0);
@@ -72,22 +73,35 @@ std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_
 }
 
 std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64_t seed) {
-  if (name != "letters_sft")
+  if (name != "letters_sft" && name != "noisy_sft")
     throw InputError("data.dataset: unknown synthetic SFT dataset \"synthetic:" + name +
-                     "\" (known: synthetic:letters_sft)");
+                     "\" (known: synthetic:letters_sft, synthetic:noisy_sft)");
   std::mt19937_64 rng(seed);
+  std::bernoulli_distribution noisy(0.5);
+  std::uniform_int_distribution<size_t> pick(0, kNoisy.size() - 1);
   std::vector<SftRow> rows;
   for (int64_t i = 0; i < count; ++i) {
     std::string word = random_word(rng, 3, 8, kLower);
-    rows.push_back({word + ":", word, 0});
+    std::string output = word;
+    if (name == "noisy_sft")
+      for (char& c : output)
+        if (noisy(rng)) c = kNoisy[pick(rng)];
+    rows.push_back({word + ":", output, 0});
   }
   return rows;
 }
 
 OfflineDataset<PreferenceRow> load_preferences(const OfflineDataConfig& c) {
   return load<PreferenceRow>(c, synthetic_preferences, [&](const json& row, int64_t line) {
-    return PreferenceRow{string_field(row, c.prompt_key), string_field(row, c.chosen_key),
-                         string_field(row, c.rejected_key), line};
+    PreferenceRow r{string_field(row, c.prompt_key), string_field(row, c.chosen_key),
+                    string_field(row, c.rejected_key), 0.0, line};
+    if (!c.margin_key.empty()) {
+      auto it = row.find(c.margin_key);
+      if (it == row.end() || !it->is_number())
+        throw InputError("expected a number at key \"" + c.margin_key + "\" (data.margin_key)");
+      r.margin = it->get<double>();
+    }
+    return r;
   });
 }
 

@@ -19,6 +19,7 @@ struct OfflineDataConfig {
   std::string chosen_key = "chosen";
   std::string rejected_key = "rejected";
   std::string output_key = "output";
+  std::string margin_key;  // empty: no per-pair margin
   int64_t max_samples = 0;
   BadLinePolicy bad_lines = BadLinePolicy::kFatal;
   uint64_t seed = 42;
@@ -29,7 +30,8 @@ struct OfflineDataConfig {
 
 struct PreferenceRow {
   std::string prompt, chosen, rejected;
-  int64_t line = 0;  // 1-based line in the file (0 for synthetic rows)
+  double margin = 0.0;  // reward-model margin (data.margin_key; 0 without it)
+  int64_t line = 0;     // 1-based line in the file (0 for synthetic rows)
 };
 
 struct SftRow {
@@ -50,6 +52,8 @@ OfflineDataset<SftRow> load_sft(const OfflineDataConfig& config);
 // Built-in synthetic datasets (deterministic per seed; documented in docs/datasets.md):
 //   preferences: prompt "word:", chosen = lowercase letters, rejected = digits and capitals.
 //   letters_sft: prompt "word:", output = the word again.
+//   noisy_sft:   the same, each output character replaced with probability 0.5 by a digit
+//                or capital (a policy that a lowercase-preferring reward model can improve).
 std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_t count, uint64_t seed);
 std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64_t seed);
 

@@ -39,7 +39,8 @@ TEST(Cli, EverySubcommandHasHelp) {
 }
 
 TEST(Cli, ExamplesValidate) {
-  for (const char* example : {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "ppo_8gpu.json"}) {
+  for (const char* example : {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "sft_tiny.json",
+                              "rm_tiny.json", "ppo_8gpu.json"}) {
     CliResult r = run_cli({"validate", std::string("examples/") + example});
     EXPECT_EQ(r.exit_code, 0) << example << "\n" << r.err;
     EXPECT_TRUE(contains(r.out, std::string("ok: examples/") + example)) << r.out;

@@ -2,6 +2,8 @@
 // defaults, overrides, round trips and the generated reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -269,6 +271,38 @@ TEST(Spec, SimpoWarnsThatReferenceIsUnused) {
         w.find("simpo needs no reference") != std::string::npos)
       warned = true;
   EXPECT_TRUE(warned);
+}
+
+// A model's max_position_embeddings (times a linear RoPE factor) bounds the sequences a job
+// builds; `rlhf run` refuses before starting workers, `rlhf validate` warns.
+TEST(Spec, LengthsBeyondTheModelsPositionsAreNamed) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(RLHF_BINARY_DIR) / "tests/core/short_model";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"max_position_embeddings": 24})";
+  json spec = base_spec();
+  spec["actor"]["model"] = dir.string();
+  // prompt 16 + response 16 = 32 > 24.
+  auto problems = lengths_beyond_models(JobSpec::parse(spec.dump(), "job.json"));
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].path, "data.prompt_max_len + rollout.max_new_tokens");
+  EXPECT_NE(problems[0].message.find("32 tokens exceed actor.model"), std::string::npos)
+      << problems[0].message;
+  EXPECT_NE(problems[0].message.find("max_position_embeddings 24"), std::string::npos);
+  // 16 + 8 = 24 fits exactly.
+  EXPECT_TRUE(lengths_beyond_models(
+                  JobSpec::parse(spec.dump(), "job.json", {"rollout.max_new_tokens=8"}))
+                  .empty());
+  // Linear RoPE scaling by 2 doubles the limit to 48.
+  std::ofstream(dir / "config.json")
+      << R"({"max_position_embeddings": 24, "rope_scaling": {"type": "linear", "factor": 2.0}})";
+  EXPECT_TRUE(lengths_beyond_models(JobSpec::parse(spec.dump(), "job.json")).empty());
+  // The problem is among the inputs `rlhf run` refuses.
+  std::ofstream(dir / "config.json") << R"({"max_position_embeddings": 24})";
+  problems = missing_inputs(JobSpec::parse(spec.dump(), "job.json"));
+  EXPECT_TRUE(std::any_of(problems.begin(), problems.end(), [](const SpecProblem& p) {
+    return p.path == "data.prompt_max_len + rollout.max_new_tokens";
+  }));
 }
 
 TEST(Spec, CommentsAreAllowed) {

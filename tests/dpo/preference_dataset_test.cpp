@@ -50,6 +50,23 @@ TEST(PreferenceDataset, BadLineFatalNamesFileLineAndKey) {
   EXPECT_EQ(ds.stats.skipped, 1);
 }
 
+TEST(PreferenceDataset, MarginKeyIsReadAndCheckedPerLine) {
+  OfflineDataConfig c;
+  c.source = temp_file("m.jsonl", "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"m\": 0.75}\n"
+                                  "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"m\": \"x\"}\n");
+  c.margin_key = "m";
+  c.bad_lines = BadLinePolicy::kSkip;
+  auto ds = load_preferences(c);
+  ASSERT_EQ(ds.rows.size(), 1u);
+  EXPECT_EQ(ds.rows[0].margin, 0.75);
+  EXPECT_EQ(ds.stats.skipped, 1);
+  EXPECT_NE(ds.stats.first_problem.find(":2:"), std::string::npos) << ds.stats.first_problem;
+  c.margin_key.clear();  // without the key, margins are 0 and the field is ignored
+  auto plain = load_preferences(c);
+  ASSERT_EQ(plain.rows.size(), 2u);
+  EXPECT_EQ(plain.rows[0].margin, 0.0);
+}
+
 TEST(PreferenceDataset, SyntheticPairsPreferLowercase) {
   auto rows = synthetic_preferences("preferences", 50, 3);
   ASSERT_EQ(rows.size(), 50u);
@@ -62,6 +79,23 @@ TEST(PreferenceDataset, SyntheticPairsPreferLowercase) {
   EXPECT_THROW(synthetic_preferences("nope", 1, 1), InputError);
   auto sft = synthetic_sft("letters_sft", 3, 1);
   EXPECT_EQ(sft[0].prompt, sft[0].output + ":");
+  // noisy_sft: same words, each character a digit/capital with probability 0.5. Over 400
+  // rows (~2200 characters) the noisy share is 0.5 +- 0.011 (1 sd); 0.45-0.55 is 4.5 sd.
+  auto noisy = synthetic_sft("noisy_sft", 400, 1);
+  int64_t chars = 0, replaced = 0;
+  for (const auto& r : noisy) {
+    ASSERT_EQ(r.prompt.size(), r.output.size() + 1);
+    for (size_t i = 0; i < r.output.size(); ++i) {
+      ++chars;
+      if (r.output[i] != r.prompt[i]) {
+        ++replaced;
+        EXPECT_FALSE(r.output[i] >= 'a' && r.output[i] <= 'z') << r.output;
+      }
+    }
+  }
+  const double share = static_cast<double>(replaced) / static_cast<double>(chars);
+  EXPECT_GT(share, 0.45);
+  EXPECT_LT(share, 0.55);
 }
 
 TEST(Truncation, KeepsPromptEndThenCutsResponse) {

@@ -82,6 +82,24 @@ TEST(CliTokenize, DecodeAndSpecialTokens) {
   EXPECT_EQ(r.out, "\"Hello, world!\"\n");
 }
 
+// A tokenizer.model inside the rlhf binary, beside LibTorch (libsentencepiece could not:
+// its embedded protobuf aborted the process there).
+TEST(CliTokenize, SentencePieceModelInTheRlhfBinary) {
+  const fs::path fixtures = fs::path(RLHF_SOURCE_DIR) / "tests/fixtures/tokenizer";
+  const auto cases =
+      nlohmann::json::parse(read_file(fixtures / "expected_sentencepiece.json"))["cases"];
+  const auto& c = cases[0];
+  const std::string dir = "'" + (fixtures / "tiny_sp").string() + "'";
+  const fs::path input = fs::path(RLHF_BINARY_DIR) / "tests/tokenizer/cli_sp_input.jsonl";
+  std::ofstream(input) << c["text"].dump() << '\n';
+  auto r = tokenize("--tokenizer " + dir + " --input '" + input.string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out), c["ids"]);
+  r = tokenize("--tokenizer " + dir + " --decode --skip-special --text '" + c["ids"].dump() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out), c["decoded_skip_special"]);
+}
+
 TEST(CliTokenize, BadInputExitsTwoNamingTheLine) {
   const fs::path input = fs::path(RLHF_BINARY_DIR) / "tests/tokenizer/cli_bad.jsonl";
   std::ofstream(input) << "\"fine\"\n{not json\n";

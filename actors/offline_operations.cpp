@@ -1,0 +1,243 @@
+#include "actors/offline_operations.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/errors.h"
+#include "dpo/losses.h"
+
+namespace rlhf {
+
+using nlohmann::json;
+
+namespace {
+
+struct RowBatch {
+  torch::Tensor sequences;       // [N, T] int64, right-padded
+  torch::Tensor attention_mask;  // [N, T]
+  torch::Tensor loss_mask;  // [N, T-1] 1 where token t+1 is a response token (undefined for scores)
+
+  int64_t rows() const { return sequences.size(0); }
+  RowBatch slice(int64_t begin, int64_t end) const {
+    return {sequences.slice(0, begin, end), attention_mask.slice(0, begin, end),
+            loss_mask.defined() ? loss_mask.slice(0, begin, end) : torch::Tensor()};
+  }
+};
+
+RowBatch read_rows(const Message& req, bool need_loss_mask) {
+  RowBatch b;
+  b.sequences = req.tensor("sequences").to(torch::kLong);
+  b.attention_mask = req.tensor("attention_mask").to(torch::kLong);
+  TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.size(1) >= 2 &&
+                  b.sequences.sizes() == b.attention_mask.sizes(),
+              req.op, ": expected sequences and attention_mask [N, T] with T >= 2, got ",
+              b.sequences.sizes(), " and ", b.attention_mask.sizes());
+  if (need_loss_mask) {
+    b.loss_mask = req.tensor("loss_mask").to(torch::kFloat32);
+    TORCH_CHECK(b.loss_mask.dim() == 2 && b.loss_mask.size(0) == b.rows() &&
+                    b.loss_mask.size(1) == b.sequences.size(1) - 1,
+                req.op, ": expected loss_mask [N, T-1] = [", b.rows(), ", ",
+                b.sequences.size(1) - 1, "], got ", b.loss_mask.sizes());
+  }
+  return b;
+}
+
+// Rows [begin, end) of this rank when `rows` split evenly over the group in units of
+// `unit` rows (2 for interleaved pairs, so a pair never straddles two ranks).
+std::pair<int64_t, int64_t> share(int64_t rows, int64_t unit, const WorkerIdentity& self,
+                                  const std::string& op) {
+  if (rows % (unit * self.world_size) != 0)
+    throw InputError(op + ": " + std::to_string(rows) + " rows do not split into units of " +
+                     std::to_string(unit) + " over " + std::to_string(self.world_size) + " ranks");
+  const int64_t per = rows / self.world_size;
+  return {self.rank * per, (self.rank + 1) * per};
+}
+
+// Sums over response tokens of log pi(y_t | x, y_<t): [N] (FP32, with a graph when grad is on).
+torch::Tensor response_log_prob_sums(models::CausalLM& model, const RowBatch& b) {
+  torch::Tensor hidden = model.forward(b.sequences, b.attention_mask);
+  torch::Tensor lp = model.next_token_log_probs(hidden, b.sequences);  // [N, T-1]
+  return (lp * b.loss_mask).sum(1);
+}
+
+// Reward per row: the value head at each row's last attended token, [N] FP32.
+torch::Tensor row_scores(models::CausalLM& model, const RowBatch& b) {
+  return models::last_token_values(model.values(model.forward(b.sequences, b.attention_mask)),
+                                   b.attention_mask)
+      .to(torch::kFloat32);
+}
+
+// The rows this call works on: all of them (a scatter'd micro batch), or this rank's
+// share (args.rank_share, for call_all on a trained, possibly ZeRO-3, group).
+RowBatch requested_rows(const Message& req, const WorkerIdentity& self, bool need_loss_mask) {
+  RowBatch all = read_rows(req, need_loss_mask);
+  if (!req.args.value("rank_share", false)) return all;
+  auto [begin, end] = share(all.rows(), 1, self, req.op);
+  return all.slice(begin, end);
+}
+
+// f(chunk) for chunks of args.chunk rows (all at once without it), concatenated.
+template <typename F>
+torch::Tensor by_chunks(const RowBatch& b, int64_t chunk, F f) {
+  if (chunk <= 0) chunk = std::max<int64_t>(1, b.rows());
+  std::vector<torch::Tensor> parts;
+  for (int64_t s = 0; s < b.rows(); s += chunk)
+    parts.push_back(f(b.slice(s, std::min(b.rows(), s + chunk))));
+  return torch::cat(parts, 0);
+}
+
+Message sequence_log_probs(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  torch::NoGradGuard no_grad;
+  models::CausalLM& model = role.checked_model(req.op);
+  RowBatch b = requested_rows(req, self, true);
+  Message reply;
+  reply.add("log_probs", by_chunks(b, req.args.value("chunk", int64_t{0}), [&](const RowBatch& c) {
+                           return response_log_prob_sums(model, c);
+                         }).contiguous());
+  reply.add("tokens", b.loss_mask.sum(1).contiguous());
+  return reply;
+}
+
+Message sequence_scores(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  torch::NoGradGuard no_grad;
+  models::CausalLM& model = role.checked_model(req.op);
+  RowBatch b = requested_rows(req, self, false);
+  Message reply;
+  reply.add("scores", by_chunks(b, req.args.value("chunk", int64_t{0}), [&](const RowBatch& c) {
+                        return row_scores(model, c);
+                      }).contiguous());
+  return reply;
+}
+
+// Means of named scalars over the micro batches of one step (this rank).
+class MicroMeans {
+ public:
+  void add(const std::string& key, double v) {
+    sums_[key] += v;
+    counts_[key] += 1;
+  }
+  void write(json& out) const {
+    for (const auto& [k, s] : sums_) out[k] = s / static_cast<double>(counts_.at(k));
+  }
+
+ private:
+  std::map<std::string, double> sums_;
+  std::map<std::string, int64_t> counts_;
+};
+
+// Runs one optimizer step over this rank's share of the global batch, in micro batches of
+// args.micro_batch_size units (pairs for pair jobs: 2 rows each), loss_fn(rows, begin).
+template <typename LossFn>
+Message train_units(ModelRole& role, const Message& req, const WorkerIdentity& self, int64_t unit,
+                    bool need_loss_mask, LossFn loss_fn) {
+  if (!role.trainer) throw RuntimeError(req.op + ": this worker's role is not trained");
+  RowBatch all = read_rows(req, need_loss_mask);
+  auto [begin, end] = share(all.rows(), unit, self, req.op);
+  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>() * unit;
+  MicroMeans means;
+  auto metrics = role.trainer->train_step([&](int64_t i) {
+    const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
+    TORCH_CHECK(b0 < b1, req.op, ": micro batch ", i, " is empty: this rank holds ", end - begin,
+                " rows, fewer than grad_accum_steps x micro_batch_size");
+    return loss_fn(all.slice(b0, b1), b0, means);
+  });
+  Message reply;
+  reply.args = step_metrics_json(metrics);
+  means.write(reply.args);
+  reply.args["rows"] = end - begin;
+  return reply;
+}
+
+dpo::DpoLossConfig dpo_config(const json& args) {
+  dpo::DpoLossConfig c;
+  c.type = dpo::parse_dpo_loss(args.at("loss").get<std::string>());
+  c.beta = args.at("beta").get<double>();
+  c.label_smoothing = args.value("label_smoothing", 0.0);
+  c.simpo_gamma = args.value("simpo_gamma", 0.5);
+  c.nll_loss_coef = args.value("nll_loss_coef", 0.0);
+  return c;
+}
+
+// train_dpo: rows interleaved chosen/rejected; tensors ref_log_probs [N] (sums over the
+// response, absent for simpo). SimPO compares length-normalised averages (SimPO eq. 4).
+Message train_dpo(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  const dpo::DpoLossConfig config = dpo_config(req.args);
+  const bool ref = dpo::needs_reference(config.type);
+  TORCH_CHECK(!ref || req.has_tensor("ref_log_probs"), "train_dpo: the ",
+              req.args.at("loss").get<std::string>(), " loss needs ref_log_probs [N]");
+  return train_units(
+      role, req, self, 2, true, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
+        torch::Tensor sums = response_log_prob_sums(*role.model, mb);  // [2P]
+        torch::Tensor tokens = mb.loss_mask.sum(1).clamp_min(1);       // [2P]
+        torch::Tensor logps = config.type == dpo::DpoLossType::kSimpo ? sums / tokens : sums;
+        dpo::PairLogProbs lp;
+        lp.chosen = logps.slice(0, 0, logps.size(0), 2);
+        lp.rejected = logps.slice(0, 1, logps.size(0), 2);
+        lp.chosen_tokens = tokens.slice(0, 0, tokens.size(0), 2);
+        if (ref) {
+          torch::Tensor r =
+              req.tensor("ref_log_probs").to(torch::kFloat32).slice(0, b0, b0 + mb.rows());
+          lp.ref_chosen = r.slice(0, 0, r.size(0), 2);
+          lp.ref_rejected = r.slice(0, 1, r.size(0), 2);
+        }
+        dpo::DpoLossResult out = dpo::dpo_loss(config, lp);
+        means.add("accuracy", out.accuracy.item<double>());
+        means.add("chosen_reward", out.chosen_rewards.mean().item<double>());
+        means.add("rejected_reward", out.rejected_rewards.mean().item<double>());
+        means.add("margin", out.margin.item<double>());
+        means.add("chosen_log_prob", lp.chosen.detach().mean().item<double>());
+        means.add("rejected_log_prob", lp.rejected.detach().mean().item<double>());
+        return out.loss;
+      });
+}
+
+// train_sft: the mean NLL of the response tokens of each micro batch (dpo::sft_loss).
+Message train_sft(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  return train_units(role, req, self, 1, true, [&](const RowBatch& mb, int64_t, MicroMeans& means) {
+    torch::Tensor hidden = role.model->forward(mb.sequences, mb.attention_mask);
+    torch::Tensor lp = role.model->next_token_log_probs(hidden, mb.sequences);  // [B, T-1]
+    means.add("tokens", mb.loss_mask.sum().item<double>());
+    return dpo::sft_loss(lp, mb.loss_mask);
+  });
+}
+
+// train_rm: rows interleaved chosen/rejected; optional tensor margin [N/2] per pair.
+Message train_rm(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  const dpo::RmLossType type = dpo::parse_rm_loss(req.args.at("loss").get<std::string>());
+  return train_units(
+      role, req, self, 2, false, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
+        torch::Tensor scores = row_scores(*role.model, mb);  // [2P]
+        torch::Tensor chosen = scores.slice(0, 0, scores.size(0), 2);
+        torch::Tensor rejected = scores.slice(0, 1, scores.size(0), 2);
+        torch::Tensor margin;
+        if (req.has_tensor("margin"))
+          margin = req.tensor("margin").slice(0, b0 / 2, b0 / 2 + chosen.size(0));
+        means.add("accuracy", (chosen > rejected).to(torch::kFloat32).mean().item<double>());
+        means.add("chosen_reward", chosen.detach().mean().item<double>());
+        means.add("rejected_reward", rejected.detach().mean().item<double>());
+        means.add("margin", (chosen - rejected).detach().mean().item<double>());
+        return dpo::rm_loss(type, chosen, rejected, margin);
+      });
+}
+
+}  // namespace
+
+void add_offline_operations(OperationRegistry& registry, std::shared_ptr<ModelRole> role) {
+  registry.add("sequence_log_probs", [role](const Message& req, const WorkerIdentity& self) {
+    return sequence_log_probs(*role, req, self);
+  });
+  registry.add("sequence_scores", [role](const Message& req, const WorkerIdentity& self) {
+    return sequence_scores(*role, req, self);
+  });
+  registry.add("train_dpo", [role](const Message& req, const WorkerIdentity& self) {
+    return train_dpo(*role, req, self);
+  });
+  registry.add("train_sft", [role](const Message& req, const WorkerIdentity& self) {
+    return train_sft(*role, req, self);
+  });
+  registry.add("train_rm", [role](const Message& req, const WorkerIdentity& self) {
+    return train_rm(*role, req, self);
+  });
+}
+
+}  // namespace rlhf

@@ -1,0 +1,89 @@
+#include "dpo/offline_batch.h"
+
+#include <algorithm>
+
+namespace rlhf::dpo {
+
+namespace {
+
+// A row's tokens and which of them are response tokens.
+struct Row {
+  std::vector<int64_t> ids;
+  std::vector<uint8_t> is_response;
+
+  void append(const std::vector<int64_t>& part, bool response) {
+    ids.insert(ids.end(), part.begin(), part.end());
+    is_response.insert(is_response.end(), part.size(), response ? 1 : 0);
+  }
+};
+
+RowTensors to_tensors(const std::vector<Row>& rows, int64_t pad_id) {
+  int64_t t = 2;
+  for (const auto& r : rows) t = std::max<int64_t>(t, static_cast<int64_t>(r.ids.size()));
+  const int64_t n = static_cast<int64_t>(rows.size());
+  RowTensors out;
+  out.sequences = torch::full({n, t}, pad_id, torch::kLong);
+  out.attention_mask = torch::zeros({n, t}, torch::kLong);
+  out.loss_mask = torch::zeros({n, t - 1}, torch::kFloat32);
+  auto seq = out.sequences.accessor<int64_t, 2>();
+  auto att = out.attention_mask.accessor<int64_t, 2>();
+  auto loss = out.loss_mask.accessor<float, 2>();
+  for (int64_t i = 0; i < n; ++i) {
+    const Row& r = rows[static_cast<size_t>(i)];
+    for (size_t j = 0; j < r.ids.size(); ++j) {
+      seq[i][static_cast<int64_t>(j)] = r.ids[j];
+      att[i][static_cast<int64_t>(j)] = 1;
+      // Position j-1 predicts token j: a loss term when token j is a response token.
+      if (j >= 1 && r.is_response[j]) loss[i][static_cast<int64_t>(j) - 1] = 1.0f;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t RowTensors::tokens() const {
+  return attention_mask.sum().item<int64_t>();
+}
+
+RowTensors single_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id) {
+  std::vector<Row> rows(examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    rows[i].append(examples[i]->prompt, false);
+    rows[i].append(examples[i]->response, true);
+  }
+  return to_tensors(rows, pad_id);
+}
+
+RowTensors pair_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id) {
+  std::vector<Row> rows(2 * examples.size());
+  for (size_t i = 0; i < examples.size(); ++i) {
+    rows[2 * i].append(examples[i]->prompt, false);
+    rows[2 * i].append(examples[i]->response, true);
+    rows[2 * i + 1].append(examples[i]->prompt, false);
+    rows[2 * i + 1].append(examples[i]->rejected, true);
+  }
+  return to_tensors(rows, pad_id);
+}
+
+RowTensors packed_rows(const std::vector<const TokenizedExample*>& examples, int64_t max_len,
+                       int64_t row_multiple, int64_t pad_id) {
+  std::vector<Row> rows;
+  for (const TokenizedExample* e : examples) {
+    const size_t len = e->prompt.size() + e->response.size();
+    auto fits = std::find_if(rows.begin(), rows.end(), [&](const Row& r) {
+      return r.ids.size() + len <= static_cast<size_t>(max_len);
+    });
+    if (fits == rows.end()) fits = rows.insert(rows.end(), Row{});
+    fits->append(e->prompt, false);
+    fits->append(e->response, true);
+  }
+  const int64_t m = std::max<int64_t>(1, row_multiple);
+  // A filler row attends to one pad token: a row with no attended token would make the
+  // attention softmax all -inf (NaN), and NaN * 0 is still NaN in the loss.
+  while (rows.empty() || static_cast<int64_t>(rows.size()) % m != 0)
+    rows.push_back(Row{{pad_id}, {0}});
+  return to_tensors(rows, pad_id);
+}
+
+}  // namespace rlhf::dpo

@@ -1,0 +1,44 @@
+// Token rows for offline jobs (dpo, sft, rm): tokenized examples in, the tensors the
+// workers' offline operations read out (actors/offline_operations.h has the layout).
+// Rows are right-padded to the longest row of the batch; pair jobs interleave chosen and
+// rejected rows. Packing several SFT examples per row is here too. No tokenizer, no I/O.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace rlhf::dpo {
+
+// One prompt with one response (SFT) or two (preference pair), as token ids; the
+// response already ends with EOS when the tokenizer has one.
+struct TokenizedExample {
+  std::vector<int64_t> prompt;
+  std::vector<int64_t> response;  // sft: the target; pairs: the chosen response
+  std::vector<int64_t> rejected;  // pairs only
+  double margin = 0.0;            // pairs: reward-model margin (data.margin_key)
+};
+
+struct RowTensors {
+  torch::Tensor sequences;       // [N, T] int64 prompt + response, right-padded with pad_id
+  torch::Tensor attention_mask;  // [N, T] int64
+  torch::Tensor loss_mask;       // [N, T-1] float: 1 where token t+1 is a response token
+
+  int64_t rows() const { return sequences.size(0); }
+  int64_t tokens() const;  // attended tokens in all rows
+};
+
+// One row per example (its prompt + response). T = the longest row (at least 2).
+RowTensors single_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id);
+// Two rows per example: 2i = prompt + chosen, 2i+1 = prompt + rejected.
+RowTensors pair_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id);
+// Examples laid end to end in rows of at most `max_len` tokens (first fit, in order), then
+// empty rows (all padding, no loss) until the row count is a multiple of `row_multiple`.
+// The loss mask covers each example's response tokens only; attention and position ids
+// run across example boundaries inside a row, as in TRL's ConstantLengthDataset: cheap
+// packing, without the block-diagonal mask (docs/dpo.md says so).
+RowTensors packed_rows(const std::vector<const TokenizedExample*>& examples, int64_t max_len,
+                       int64_t row_multiple, int64_t pad_id);
+
+}  // namespace rlhf::dpo

@@ -1,0 +1,369 @@
+#include "dpo/offline_job.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <iomanip>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/metrics.h"
+#include "dpo/preference_dataset.h"
+#include "engine/role_config.h"
+#include "scheduler/role_group.h"
+#include "scheduler/scheduler.h"
+#include "tokenizer/prompt_format.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
+
+namespace rlhf::dpo {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::vector<int64_t> to_int64(const std::vector<tokenizer::TokenId>& ids) {
+  return {ids.begin(), ids.end()};
+}
+
+// A fresh run keeps an earlier run's metrics and checkpoints under new names (as the PPO
+// driver does): nothing already written is lost. The reference cache stays: it is keyed
+// by content, so a new run over the same data reuses it.
+void set_aside_previous_run(const fs::path& run_dir, const fs::path& ckpt, const char* kind,
+                            std::ostream& out) {
+  const fs::path metrics = run_dir / "metrics.jsonl";
+  if (!fs::exists(metrics) && !fs::exists(ckpt / "driver")) return;
+  int k = 1;
+  while (fs::exists(run_dir / ("previous-" + std::to_string(k)))) ++k;
+  const fs::path keep = run_dir / ("previous-" + std::to_string(k));
+  fs::create_directories(keep);
+  if (fs::exists(metrics)) fs::rename(metrics, keep / "metrics.jsonl");
+  if (fs::exists(ckpt)) fs::rename(ckpt, keep / "ckpt");
+  out << kind << ": an earlier run's metrics and checkpoints were moved to " << keep.string()
+      << std::endl;
+}
+
+// Mean over the ranks' replies of every number a train op returned (the trainer's loss,
+// grad norm and lr agree across ranks already; accuracy and rewards are per rank).
+json mean_over_ranks(const std::vector<Message>& replies) {
+  json out = json::object();
+  for (const auto& [key, v] : replies.front().args.items()) {
+    if (!v.is_number() || key == "step" || key == "rows" || key == "compute_s") continue;
+    double sum = 0;
+    for (const auto& r : replies) {
+      const json& x = r.args.at(key);
+      sum += x.is_number() ? x.get<double>() : std::nan("");
+    }
+    out[key] = sum / static_cast<double>(replies.size());
+  }
+  return out;
+}
+
+}  // namespace
+
+OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role trained,
+                       RowLayout layout)
+    : spec_(spec), options_(options), trained_(trained), layout_(layout) {
+  run_dir_ = (fs::path(spec.get_string("logger.run_dir")) / spec.get_string("name")).string();
+  ckpt_path_ = spec.get_string("ckpt.path").empty() ? (fs::path(run_dir_) / "ckpt").string()
+                                                    : spec.get_string("ckpt.path");
+  model_dir_ = spec.get_string(std::string(role_name(trained)) + ".model");
+  tokenizer_ = tokenizer::load_tokenizer(model_dir_);
+  const auto& special = tokenizer_->special_ids();
+  if (special.eos) eos_id_ = *special.eos;
+  pad_id_ = special.pad ? *special.pad : (special.eos ? *special.eos : 0);
+  tokenizer::PromptFormatConfig fc;
+  fc.input_template = spec.get_string("data.input_template");
+  fc.apply_chat_template = spec.get_bool("data.apply_chat_template");
+  fc.chat_template = tokenizer::parse_chat_template(spec.get_string("data.chat_template"));
+  formatter_ = std::make_unique<tokenizer::PromptFormatter>(
+      fc, tokenizer::read_tokenizer_config(model_dir_));
+  batch_size_ = spec.get_int("train.batch_size");
+  micro_ = spec.get_int("train.micro_batch_size");
+  epochs_ = spec.get_int("train.max_epochs");
+  seed_ = static_cast<uint64_t>(spec.get_int("train.seed"));
+  packing_ = layout == RowLayout::kSingle && spec.get_bool("data.packing");
+  load_data(layout);
+  steps_per_epoch_ = static_cast<int64_t>(train_.size()) / batch_size_;
+  if (steps_per_epoch_ == 0)
+    throw InputError(spec.get_string("data.dataset") + ": " + std::to_string(train_.size()) +
+                     " usable examples, fewer than train.batch_size (" +
+                     std::to_string(batch_size_) + ")");
+  total_steps_ = epochs_ * steps_per_epoch_;
+  if (spec.get_int("train.max_steps") > 0)
+    total_steps_ = std::min(total_steps_, spec.get_int("train.max_steps"));
+}
+
+OfflineJob::~OfflineJob() = default;
+
+std::string OfflineJob::fixed(double v, int precision) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(precision) << v;
+  return o.str();
+}
+
+TokenizedExample OfflineJob::tokenize(const std::string& prompt, const std::string& response,
+                                      const std::string& rejected, bool pair) {
+  const bool chat = spec_.get_bool("data.apply_chat_template");
+  TokenizedExample e;
+  // A chat template writes BOS itself; plain and templated prompts get the tokenizer's.
+  e.prompt =
+      to_int64(tokenizer_->encode(formatter_->format(json(prompt)),
+                                  chat ? tokenizer::AddSpecial::kNo : tokenizer::AddSpecial::kYes));
+  auto encode_response = [&](const std::string& text) {
+    std::vector<int64_t> ids = to_int64(tokenizer_->encode(text, tokenizer::AddSpecial::kNo));
+    if (eos_id_ >= 0) ids.push_back(eos_id_);  // OpenRLHF appends EOS to every response
+    return ids;
+  };
+  const int64_t prompt_max = spec_.get_int("data.prompt_max_len"),
+                max_len = spec_.get_int("data.max_len");
+  e.response = encode_response(response);
+  bool cut = truncate_pair(e.prompt, e.response, prompt_max, max_len);
+  if (pair) {
+    e.rejected = encode_response(rejected);
+    cut = truncate_pair(e.prompt, e.rejected, prompt_max, max_len) || cut;
+  }
+  truncated_ += cut ? 1 : 0;
+  return e;
+}
+
+void OfflineJob::load_data(RowLayout layout) {
+  OfflineDataConfig train_config = OfflineDataConfig::from_spec(spec_, false);
+  OfflineDataConfig eval_config = OfflineDataConfig::from_spec(spec_, true);
+  // Without an eval set, a synthetic training set gets a held-out draw of its own generator
+  // (another seed); a file has none (there is nothing to split off that the user chose).
+  if (eval_config.source.empty() && train_config.source.rfind("synthetic:", 0) == 0) {
+    eval_config.source = train_config.source;
+    eval_config.max_samples = 256;
+  }
+  auto fill = [&](const OfflineDataConfig& c, std::vector<TokenizedExample>& out) {
+    if (c.source.empty()) return;
+    if (layout == RowLayout::kPairs) {
+      auto data = load_preferences(c);
+      skipped_lines_ += data.stats.skipped;
+      for (const auto& r : data.rows) {
+        out.push_back(tokenize(r.prompt, r.chosen, r.rejected, true));
+        out.back().margin = r.margin;
+      }
+    } else {
+      auto data = load_sft(c);
+      skipped_lines_ += data.stats.skipped;
+      for (const auto& r : data.rows) out.push_back(tokenize(r.prompt, r.output, "", false));
+    }
+  };
+  fill(train_config, train_);
+  fill(eval_config, eval_);
+}
+
+RowTensors OfflineJob::rows_of(const std::vector<TokenizedExample>& data,
+                               const std::vector<int64_t>& index) const {
+  std::vector<const TokenizedExample*> picked;
+  if (index.empty())
+    for (const auto& e : data) picked.push_back(&e);
+  for (int64_t i : index) picked.push_back(&data.at(static_cast<size_t>(i)));
+  return layout_ == RowLayout::kPairs ? pair_rows(picked, pad_id_) : single_rows(picked, pad_id_);
+}
+
+torch::Tensor OfflineJob::gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
+                                      const std::string& name) {
+  json args = {{"rank_share", true}, {"chunk", 2 * micro_}};
+  auto replies = s.group(trained_).call_all(op, args,
+                                            {{"sequences", rows.sequences},
+                                             {"attention_mask", rows.attention_mask},
+                                             {"loss_mask", rows.loss_mask}});
+  std::vector<torch::Tensor> parts;
+  for (const auto& r : replies) parts.push_back(r.tensor(name));
+  return torch::cat(parts, 0);
+}
+
+void OfflineJob::init_roles(Scheduler& s) {
+  fs::remove_all(fs::path(run_dir_) / "stores");
+  fs::create_directories(fs::path(run_dir_) / "stores");
+  std::vector<std::future<void>> calls;
+  for (Role role : s.roles()) {
+    RoleGroup& g = s.group(role);
+    auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_, accum_);
+    json args = {
+        {"config", config.to_json()},
+        {"store_path",
+         (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
+    calls.push_back(std::async(std::launch::async, [&g, args] { g.call_all("init", args); }));
+  }
+  for (auto& c : calls) c.get();
+}
+
+std::vector<int64_t> OfflineJob::step_index(int64_t step) const {
+  const int64_t epoch = (step - 1) / steps_per_epoch_, k = (step - 1) % steps_per_epoch_;
+  torch::Generator gen = at::detail::createCPUGenerator(seed_ * 31 + static_cast<uint64_t>(epoch));
+  torch::Tensor order = torch::randperm(static_cast<int64_t>(train_.size()), gen, torch::kLong);
+  torch::Tensor picked = order.slice(0, k * batch_size_, (k + 1) * batch_size_).contiguous();
+  return {picked.data_ptr<int64_t>(), picked.data_ptr<int64_t>() + picked.numel()};
+}
+
+json OfflineJob::train_step(Scheduler& s, int64_t step) {
+  const auto t0 = Clock::now();
+  const std::vector<int64_t> index = step_index(step);
+  RowTensors rows;
+  if (packing_) {
+    std::vector<const TokenizedExample*> picked;
+    for (int64_t i : index) picked.push_back(&train_[static_cast<size_t>(i)]);
+    rows = packed_rows(picked, spec_.get_int("data.max_len"), group_size_ * accum_, pad_id_);
+  } else {
+    rows = rows_of(train_, index);
+  }
+  const int64_t units = layout_ == RowLayout::kPairs ? rows.rows() / 2 : rows.rows();
+  std::vector<NamedTensor> tensors = {{"sequences", rows.sequences},
+                                      {"attention_mask", rows.attention_mask},
+                                      {"loss_mask", rows.loss_mask}};
+  add_step_tensors(index, tensors);
+  json args = train_args();
+  args["micro_batch_size"] = units / (group_size_ * accum_);
+  auto replies = s.group(trained_).call_all(train_op(), args, tensors);
+  const double t_step = seconds_since(t0);
+  json rec = {
+      {"step", step}, {"total_steps", total_steps_}, {"epoch", (step - 1) / steps_per_epoch_ + 1}};
+  rec.update(mean_over_ranks(replies));
+  rec["time_s"] = t_step;
+  // Worker compute (slowest rank's train op) against the step's wall time: the rest is
+  // batch building, transport and waiting (bench/dpo_offline.sh).
+  double compute = 0;
+  for (const auto& r : replies) compute = std::max(compute, r.args.value("compute_s", 0.0));
+  rec["worker_compute_s"] = compute;
+  rec["overhead_share"] = std::max(0.0, 1.0 - compute / t_step);
+  rec["tokens_per_s"] = static_cast<double>(rows.tokens()) / t_step;
+  rec["samples_per_s"] = static_cast<double>(index.size()) / t_step;
+  rec["rows"] = rows.rows();
+  return rec;
+}
+
+void OfflineJob::save(Scheduler& s, int64_t step) {
+  const std::string tag = "global_step" + std::to_string(step);
+  json args = {{"save_only_model", spec_.get_bool("ckpt.save_only_model")},
+               {"max_num", spec_.get_int("ckpt.max_num")},
+               {"dir", (fs::path(ckpt_path_) / role_name(trained_) / tag).string()}};
+  s.group(trained_).call_all("save", args);
+  // The driver's state last: its presence marks the step's checkpoint complete.
+  fs::path dir = fs::path(ckpt_path_) / "driver";
+  fs::create_directories(dir);
+  json state = {{"step", step}, {"tag", tag}, {"kind", kind()}};
+  fs::path tmp = dir / (tag + ".json.tmp");
+  {
+    std::ofstream f(tmp);
+    f << state.dump(2);
+    if (!f) throw RuntimeError(tmp.string() + ": cannot write the driver state");
+  }
+  fs::rename(tmp, dir / (tag + ".json"));
+}
+
+int64_t OfflineJob::resume(Scheduler& s) {
+  fs::path dir = fs::path(ckpt_path_) / "driver";
+  int64_t best = -1;
+  std::string tag;
+  if (fs::exists(dir))
+    for (const auto& f : fs::directory_iterator(dir)) {
+      if (f.path().extension() != ".json") continue;
+      json j = json::parse(std::ifstream(f.path()), nullptr, false);
+      if (!j.is_object() || j.value("step", int64_t{-1}) <= best) continue;
+      if (!fs::exists(fs::path(ckpt_path_) / role_name(trained_) / j.value("tag", std::string())))
+        continue;
+      best = j["step"].get<int64_t>();
+      tag = j["tag"].get<std::string>();
+    }
+  if (best < 0) throw InputError("--resume: no complete checkpoint under " + ckpt_path_);
+  s.group(trained_).call_all(
+      "load", {{"dir", (fs::path(ckpt_path_) / role_name(trained_) / tag).string()}});
+  return best;
+}
+
+json OfflineJob::memory(Scheduler& s) {
+  json out = json::object();
+  for (Role role : s.roles()) {
+    RoleGroup& g = s.group(role);
+    auto infos = g.call_all("info");
+    auto tensors = g.call_all("memory");
+    json ranks = json::array();
+    for (int rank = 0; rank < g.size(); ++rank)
+      ranks.push_back(
+          {{"rank", rank},
+           {"device", infos[rank].args.value("device", std::string())},
+           {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})},
+           {"peak_tensor_bytes", tensors[rank].args.value("peak_tensor_bytes", int64_t{0})}});
+    out[role_name(role)] = ranks;
+  }
+  return out;
+}
+
+void OfflineJob::write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out) {
+  const auto t0 = Clock::now();
+  json figures = evaluate(s);
+  json rec = {{"split", "eval"},
+              {"when", when},
+              {"step", step},
+              {"examples", eval_.size()},
+              {"time_s", seconds_since(t0)}};
+  rec.update(figures);
+  metrics_->write(rec);
+  out << kind() << ": held-out, " << when << " training (" << eval_.size()
+      << " examples): " << eval_line(figures) << std::endl;
+}
+
+void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
+  const std::string dir = (fs::path(run_dir_) / "export" / role_name(trained_)).string();
+  s.group(trained_).call_all("export_hf", {{"dir", dir}});
+  // The export is a complete model directory: the tokenizer comes along.
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                           "special_tokens_map.json", "generation_config.json"}) {
+    const fs::path from = fs::path(model_dir_) / name;
+    if (fs::exists(from))
+      fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+  }
+  out << kind() << ": trained " << role_name(trained_) << " exported to " << dir << std::endl;
+}
+
+void OfflineJob::run(Scheduler& s, std::ostream& out) {
+  if (!options_.resume) set_aside_previous_run(run_dir_, ckpt_path_, kind(), out);
+  metrics_ = std::make_unique<MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string());
+  group_size_ = s.group(trained_).size();
+  accum_ = std::max<int64_t>(1, batch_size_ / (micro_ * group_size_));
+  eval_.resize(eval_.size() - eval_.size() % static_cast<size_t>(group_size_));
+  out << kind() << ": " << train_.size() << " training and " << eval_.size()
+      << " held-out examples (" << truncated_ << " truncated to data.max_len, " << skipped_lines_
+      << " bad lines skipped); " << total_steps_ << " steps of " << batch_size_ << " over "
+      << epochs_ << " epoch(s); metrics: " << metrics_->path() << std::endl;
+  init_roles(s);
+  int64_t step = 0;
+  if (options_.resume) {
+    step = resume(s);
+    out << kind() << ": resumed after step " << step << " from " << ckpt_path_ << std::endl;
+  }
+  prepare(s, out);
+  if (!eval_.empty() && step == 0) write_eval(s, "before", 0, out);
+  const int64_t logging = spec_.get_int("logger.logging_steps"),
+                save_steps = spec_.get_int("ckpt.save_steps");
+  for (++step; step <= total_steps_; ++step) {
+    json rec = train_step(s, step);
+    if (step % logging == 0 || step == total_steps_) {
+      rec["memory"] = memory(s);
+      metrics_->write(rec);
+      out << "step " << step << "/" << total_steps_ << " | epoch " << rec["epoch"] << " | "
+          << step_line(rec) << " | " << fixed(rec["time_s"].get<double>(), 2) << " s | "
+          << fixed(rec["tokens_per_s"].get<double>(), 0) << " tok/s" << std::endl;
+    }
+    if ((save_steps > 0 && step % save_steps == 0) || (save_steps == -1 && step == total_steps_))
+      save(s, step);
+  }
+  if (!eval_.empty()) write_eval(s, "after", total_steps_, out);
+  if (spec_.get_bool("ckpt.export_hf")) export_model(s, out);
+  out << kind() << ": done; metrics in " << metrics_->path() << std::endl;
+}
+
+}  // namespace rlhf::dpo

@@ -1,0 +1,101 @@
+// The loop shared by the offline drivers (dpo, sft, rm): reading and tokenizing the data,
+// the order of global batches (a fresh permutation per epoch, so a step number fixes its
+// batch and --resume continues the same trajectory), the trained group's init, save, load
+// and export, metrics records and console lines. A job subclass says what a step sends,
+// what it reports and how it evaluates; nothing here knows a loss.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/spec.h"
+#include "dpo/driver.h"
+#include "dpo/offline_batch.h"
+#include "transport/message.h"
+
+namespace rlhf {
+class Scheduler;
+class MetricsSink;
+namespace tokenizer {
+class Tokenizer;
+class PromptFormatter;
+}  // namespace tokenizer
+}  // namespace rlhf
+
+namespace rlhf::dpo {
+
+enum class RowLayout { kSingle, kPairs };  // sft: one row per example; dpo, rm: two
+
+class OfflineJob {
+ public:
+  OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role trained, RowLayout layout);
+  virtual ~OfflineJob();
+  void run(Scheduler& s, std::ostream& out);
+
+ protected:
+  virtual const char* kind() const = 0;
+  // After every role's init (and a resume's load), before the first step.
+  virtual void prepare(Scheduler&, std::ostream&) {}
+  virtual std::string train_op() const = 0;
+  virtual nlohmann::json train_args() const = 0;
+  // Tensors a step needs beyond the rows of its examples `index` (into train_data()).
+  virtual void add_step_tensors(const std::vector<int64_t>& /*index*/,
+                                std::vector<NamedTensor>& /*tensors*/) const {}
+  // Held-out figures on eval_data() (called only when there is some).
+  virtual nlohmann::json evaluate(Scheduler& s) = 0;
+  virtual std::string step_line(const nlohmann::json& rec) const = 0;
+  virtual std::string eval_line(const nlohmann::json& figures) const = 0;
+
+  // Helpers for subclasses.
+  static std::string fixed(double v, int precision = 3);  // "0.693" for console lines
+  const JobSpec& spec() const { return spec_; }
+  Role trained_role() const { return trained_; }
+  const std::vector<TokenizedExample>& train_data() const { return train_; }
+  // The eval examples, trimmed to a multiple of the trained group's size (so each rank of
+  // a call_all takes an equal share).
+  const std::vector<TokenizedExample>& eval_data() const { return eval_; }
+  int64_t pad_id() const { return pad_id_; }
+  const std::string& run_dir() const { return run_dir_; }
+  // Rows of `data`'s examples `index` (all when empty) in this job's layout, unpacked.
+  RowTensors rows_of(const std::vector<TokenizedExample>& data,
+                     const std::vector<int64_t>& index = {}) const;
+  // Values of a call_all with args.rank_share over `rows`: the ranks' tensors `name`
+  // concatenated in rank order (rows in order). `op` on the trained group.
+  torch::Tensor gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
+                            const std::string& name);
+
+ private:
+  void load_data(RowLayout layout);
+  TokenizedExample tokenize(const std::string& prompt, const std::string& response,
+                            const std::string& rejected, bool pair);
+  void init_roles(Scheduler& s);
+  std::vector<int64_t> step_index(int64_t step) const;
+  nlohmann::json train_step(Scheduler& s, int64_t step);
+  void save(Scheduler& s, int64_t step);
+  int64_t resume(Scheduler& s);
+  void export_model(Scheduler& s, std::ostream& out);
+  void write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out);
+  nlohmann::json memory(Scheduler& s);
+
+  JobSpec spec_;
+  OfflineDriverOptions options_;
+  Role trained_;
+  RowLayout layout_;
+  std::string run_dir_, ckpt_path_, model_dir_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<tokenizer::PromptFormatter> formatter_;
+  int64_t pad_id_ = 0, eos_id_ = -1;
+  std::vector<TokenizedExample> train_, eval_;
+  int64_t truncated_ = 0, skipped_lines_ = 0;
+  int64_t batch_size_ = 0, micro_ = 0, group_size_ = 1, accum_ = 1;
+  int64_t epochs_ = 1, steps_per_epoch_ = 0, total_steps_ = 0;
+  uint64_t seed_ = 42;
+  bool packing_ = false;
+  std::unique_ptr<MetricsSink> metrics_;
+};
+
+}  // namespace rlhf::dpo

@@ -1,0 +1,344 @@
+// End-to-end dpo, sft and rm jobs through the real `rlhf` binary: the trained role and (for
+// DPO) the reference model each in their own worker process, metrics and held-out figures
+// on disk, the reference log-probs computed once and reused, resume continuing the same
+// trajectory, and an rm export serving as PPO's reward model. Tiny models come from
+// `rlhf init-model` in a fresh directory per test.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "test_paths.h"
+
+namespace rlhf::dpo {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Result rlhf(const std::vector<std::string>& args, const fs::path& dir) {
+  static int n = 0;
+  std::string base = (dir / ("cmd" + std::to_string(n++))).string();
+  std::string cmd = std::string("cd '") + RLHF_SOURCE_DIR + "' && '" + RLHF_CLI_PATH + "'";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " >'" + base + ".out' 2>'" + base + ".err'";
+  int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(base + ".out"), slurp(base + ".err")};
+}
+
+// metrics.jsonl split into step records and held-out records ("split": "eval").
+struct Metrics {
+  std::vector<json> steps, evals;
+};
+Metrics read_metrics(const fs::path& file) {
+  Metrics m;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    json j = json::parse(line);
+    (j.value("split", "") == "eval" ? m.evals : m.steps).push_back(j);
+  }
+  return m;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::set<std::string> worker_roles(const fs::path& run_dir, size_t* pids = nullptr) {
+  auto workers = json::parse(slurp(run_dir / "workers.json"));
+  std::set<std::string> roles;
+  std::set<int> distinct;
+  for (const auto& w : workers) {
+    roles.insert(w["role"].get<std::string>());
+    distinct.insert(w["pid"].get<int>());
+  }
+  if (pids) *pids = distinct.size();
+  return roles;
+}
+
+class OfflineRun : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("dpo-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    auto r = rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}, dir_);
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = rlhf({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
+              (dir_ / "tiny-value").string()},
+             dir_);
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  // `rlhf run EXAMPLE` with this test's models and run directory.
+  Result run(const std::string& example, const std::string& name, std::vector<std::string> extra) {
+    const bool rm = example.find("rm_") != std::string::npos;
+    std::vector<std::string> args = {"run",
+                                     example,
+                                     "--set",
+                                     (rm ? "reward.model=" + (dir_ / "tiny-value").string()
+                                         : "actor.model=" + (dir_ / "tiny").string()),
+                                     "--set",
+                                     "logger.run_dir=" + (dir_ / "runs").string(),
+                                     "--set",
+                                     "name=" + name,
+                                     "--set",
+                                     "logger.logging_steps=1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return rlhf(args, dir_);
+  }
+  fs::path run_dir(const std::string& name) const { return dir_ / "runs" / name; }
+  fs::path dir_;
+};
+
+TEST_F(OfflineRun, DpoWithTheReferenceInItsOwnProcess) {
+  // 32 pairs, batch 16: 2 steps per epoch, 2 epochs.
+  Result r = run("examples/dpo_tiny.json", "dpo", {"--set", "data.max_samples=32"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  size_t pids = 0;
+  EXPECT_EQ(worker_roles(run_dir("dpo"), &pids), (std::set<std::string>{"actor", "ref"}));
+  EXPECT_EQ(pids, 2u);
+  Metrics m = read_metrics(run_dir("dpo") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 4u);
+  for (size_t i = 0; i < m.steps.size(); ++i) {
+    const json& s = m.steps[i];
+    EXPECT_EQ(s["step"], static_cast<int>(i) + 1);
+    EXPECT_EQ(s["epoch"], static_cast<int>(i) / 2 + 1);
+    for (const char* key : {"loss", "accuracy", "chosen_reward", "rejected_reward", "margin",
+                            "grad_norm", "tokens_per_s", "samples_per_s"})
+      EXPECT_TRUE(s.contains(key) && s[key].is_number() && std::isfinite(s[key].get<double>()))
+          << key << s.dump();
+    EXPECT_NEAR(s["margin"].get<double>(),
+                s["chosen_reward"].get<double>() - s["rejected_reward"].get<double>(), 1e-5);
+    for (const char* role : {"actor", "ref"}) {
+      ASSERT_TRUE(s["memory"].contains(role)) << role;
+      EXPECT_GT(s["memory"][role][0]["peak_rss_bytes"].get<int64_t>(), 0) << role;
+      EXPECT_GT(s["memory"][role][0]["peak_tensor_bytes"].get<int64_t>(), 0) << role;
+    }
+  }
+  // Before the first update the policy is the reference: rewards ~0, loss = ln 2. The
+  // tolerance covers BF16 forwards of the same weights in two processes (log-prob sums of
+  // ~10 tokens differ by ~1e-2, times beta 0.1); a misaligned or missing reference log-prob
+  // would put the loss far from ln 2.
+  EXPECT_NEAR(m.steps[0]["loss"].get<double>(), std::log(2.0), 0.02);
+  EXPECT_NEAR(m.steps[0]["margin"].get<double>(), 0.0, 0.05);
+  // The reference runs once per pair: train and held-out sets, then never again.
+  EXPECT_EQ(count(r.out, "computed on the ref group"), 2u) << r.out;
+  EXPECT_EQ(count(r.out, "loaded from"), 0u) << r.out;
+  EXPECT_TRUE(fs::exists(run_dir("dpo") / "ref_cache" / "index.json"));
+  ASSERT_EQ(m.evals.size(), 2u);
+  EXPECT_EQ(m.evals[0]["when"], "before");
+  EXPECT_EQ(m.evals[1]["when"], "after");
+  EXPECT_EQ(m.evals[1]["examples"], 256);
+  EXPECT_TRUE(fs::exists(run_dir("dpo") / "export" / "actor" / "model.safetensors"));
+}
+
+TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
+  const std::vector<std::string> data = {"--set", "data.max_samples=32"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), data.begin(), data.end());
+    return a;
+  };
+  ASSERT_EQ(run("examples/dpo_tiny.json", "straight", with({"--set", "train.max_steps=3"})).code,
+            0);
+  Result first = run("examples/dpo_tiny.json", "resumed",
+                     with({"--set", "train.max_steps=2", "--set", "ckpt.save_steps=1"}));
+  ASSERT_EQ(first.code, 0) << first.err;
+  std::vector<fs::path> cache_files;
+  for (const auto& f : fs::directory_iterator(run_dir("resumed") / "ref_cache"))
+    if (f.path().extension() == ".safetensors") cache_files.push_back(f.path());
+  ASSERT_EQ(cache_files.size(), 2u);  // train and held-out
+  std::vector<fs::file_time_type> mtimes;
+  for (const auto& f : cache_files) mtimes.push_back(fs::last_write_time(f));
+
+  Result second =
+      run("examples/dpo_tiny.json", "resumed",
+          with({"--set", "train.max_steps=3", "--set", "ckpt.save_steps=1", "--resume"}));
+  ASSERT_EQ(second.code, 0) << second.out << second.err;
+  EXPECT_NE(second.out.find("resumed after step 2"), std::string::npos) << second.out;
+  // The resumed job asks the reference group nothing: both sets come from the cache files,
+  // which are not rewritten.
+  EXPECT_EQ(count(second.out, "loaded from"), 2u) << second.out;
+  EXPECT_EQ(count(second.out, "computed on the ref group"), 0u) << second.out;
+  for (size_t i = 0; i < cache_files.size(); ++i)
+    EXPECT_EQ(fs::last_write_time(cache_files[i]), mtimes[i]);
+
+  Metrics a = read_metrics(run_dir("straight") / "metrics.jsonl");
+  Metrics b = read_metrics(run_dir("resumed") / "metrics.jsonl");
+  ASSERT_EQ(a.steps.size(), 3u);
+  ASSERT_EQ(b.steps.size(), 3u);
+  // Same batch order (fixed by the step number), weights and optimizer state: the resumed
+  // step 3 reproduces the uninterrupted one. 1e-4: single-threaded CPU kernels are
+  // deterministic; the margin covers printing of doubles.
+  EXPECT_EQ(b.steps[2]["step"], 3);
+  for (const char* key : {"loss", "accuracy", "margin", "grad_norm"})
+    EXPECT_NEAR(a.steps[2][key].get<double>(), b.steps[2][key].get<double>(), 1e-4) << key;
+}
+
+TEST_F(OfflineRun, DpoOnTwoZero3RanksMatchesOneRank) {
+  // The same 4 steps with the actor on one rank (2 micro batches of 8 pairs accumulated) and
+  // sharded ZeRO-3 over two ranks (one micro batch each: the same 8-pair groups). Tolerance
+  // 1e-3: only the order of the gradient reduction differs (BF16 compute, FP32 masters).
+  const std::vector<std::string> common = {"--set", "data.max_samples=32", "--set",
+                                           "ckpt.export_hf=false"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  ASSERT_EQ(run("examples/dpo_tiny.json", "one", with({})).code, 0);
+  Result two =
+      run("examples/dpo_tiny.json", "two",
+          with({"--set",
+                R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 3, "memory_gb": 4}])",
+                "--set", "actor.devices=[0,1]", "--set", "ref.devices=[2]", "--set",
+                "actor.zero_stage=3"}));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  Metrics a = read_metrics(run_dir("one") / "metrics.jsonl"),
+          b = read_metrics(run_dir("two") / "metrics.jsonl");
+  ASSERT_EQ(a.steps.size(), 4u);
+  ASSERT_EQ(b.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    for (const char* key : {"loss", "margin", "chosen_reward", "rejected_reward"})
+      EXPECT_NEAR(a.steps[i][key].get<double>(), b.steps[i][key].get<double>(), 1e-3)
+          << key << " step " << i + 1;
+  EXPECT_EQ(b.steps[0]["memory"]["actor"].size(), 2u);
+  ASSERT_EQ(b.evals.size(), 2u);
+  EXPECT_NEAR(a.evals[1]["eval_loss"].get<double>(), b.evals[1]["eval_loss"].get<double>(), 1e-3);
+}
+
+TEST_F(OfflineRun, EachDpoLossReachesTheWorker) {
+  // At step 1 the policy is the reference (h = 0 up to BF16 noise |h| < 0.1: sums of ~10
+  // token log-probs computed in two processes), so each loss has a known value:
+  //   ipo (beta 0.1):  (h - 1 / (2 beta))^2 = 25, within 2 x 5 x 0.1 = 1
+  //   hinge:           relu(1 - beta h) = 1, within 0.01
+  //   sigmoid + label_smoothing 0.2: ln 2 whatever the smoothing, within 0.01
+  //   + nll_loss_coef 1: adds the chosen responses' NLL per token, ~ln 288 = 5.66 for a
+  //     random model (within 0.5), so the loss is ln 2 + ~5.66.
+  struct Case {
+    std::vector<std::string> sets;
+    double expect, tolerance;
+  };
+  const std::vector<Case> cases = {
+      {{"algo.dpo.loss=ipo"}, 25.0, 1.0},
+      {{"algo.dpo.loss=hinge"}, 1.0, 0.01},
+      {{"algo.dpo.label_smoothing=0.2"}, std::log(2.0), 0.01},
+      {{"algo.dpo.nll_loss_coef=1.0"}, std::log(2.0) + std::log(288.0), 0.5},
+  };
+  int n = 0;
+  for (const auto& c : cases) {
+    std::vector<std::string> extra = {"--set", "data.max_samples=16", "--set", "train.max_steps=1",
+                                      "--set", "ckpt.export_hf=false"};
+    for (const auto& s : c.sets) extra.insert(extra.end(), {"--set", s});
+    const std::string name = "loss" + std::to_string(n++);
+    Result r = run("examples/dpo_tiny.json", name, extra);
+    ASSERT_EQ(r.code, 0) << c.sets[0] << "\n" << r.out << r.err;
+    Metrics m = read_metrics(run_dir(name) / "metrics.jsonl");
+    ASSERT_EQ(m.steps.size(), 1u);
+    EXPECT_NEAR(m.steps[0]["loss"].get<double>(), c.expect, c.tolerance) << c.sets[0];
+  }
+}
+
+TEST_F(OfflineRun, SimpoRunsWithoutAReferenceGroup) {
+  Result r =
+      run("examples/dpo_tiny.json", "simpo",
+          {"--set", "algo.dpo.loss=simpo", "--set", "ref.devices=[]", "--set",
+           "data.max_samples=32", "--set", "train.max_steps=2", "--set", "ckpt.export_hf=false"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(worker_roles(run_dir("simpo")), (std::set<std::string>{"actor"}));
+  Metrics m = read_metrics(run_dir("simpo") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 2u);
+  // SimPO at step 1 compares length-normalised log-probs of a random policy: loss =
+  // -log sigmoid(beta (avg_c - avg_r) - gamma) with |beta (avg_c - avg_r)| small (beta 0.1,
+  // averages within ~1 nat of each other), so near -log sigmoid(-0.5) = 0.974.
+  EXPECT_NEAR(m.steps[0]["loss"].get<double>(), 0.974, 0.1);
+  EXPECT_FALSE(fs::exists(run_dir("simpo") / "ref_cache"));
+}
+
+TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
+  // 128 examples, batch 16, 6 epochs: 48 steps.
+  Result r = run("examples/sft_tiny.json", "sft", {"--set", "data.max_samples=128"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  Metrics m = read_metrics(run_dir("sft") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 48u);
+  ASSERT_EQ(m.evals.size(), 2u);
+  const double before = m.evals[0]["eval_loss"], after = m.evals[1]["eval_loss"];
+  // A random tiny model starts near ln(vocab) = ln 288 = 5.66 nats per token; 48 steps at
+  // lr 3e-3 take it well below (a fall of 1 nat is far beyond step-to-step noise).
+  EXPECT_NEAR(before, std::log(288.0), 0.5);
+  EXPECT_LT(after, before - 1.0) << "before " << before << " after " << after;
+  EXPECT_LT(m.steps.back()["loss"].get<double>(), m.steps.front()["loss"].get<double>());
+
+  Result packed = run("examples/sft_tiny.json", "packed",
+                      {"--set", "data.packing=true", "--set", "train.max_steps=2", "--set",
+                       "ckpt.export_hf=false"});
+  ASSERT_EQ(packed.code, 0) << packed.out << packed.err;
+  Metrics p = read_metrics(run_dir("packed") / "metrics.jsonl");
+  ASSERT_EQ(p.steps.size(), 2u);
+  // 16 examples of at most 10+9 tokens packed into rows of 32: fewer rows than examples,
+  // and a multiple of the 2 micro batches of the step.
+  EXPECT_LT(p.steps[0]["rows"].get<int>(), 16);
+  EXPECT_EQ(p.steps[0]["rows"].get<int>() % 2, 0);
+  EXPECT_TRUE(std::isfinite(p.steps[0]["loss"].get<double>()));
+}
+
+TEST_F(OfflineRun, RewardModelLearnsAndServesPpo) {
+  Result r = run("examples/rm_tiny.json", "rm", {"--set", "data.max_samples=128"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(worker_roles(run_dir("rm")), (std::set<std::string>{"reward"}));
+  Metrics m = read_metrics(run_dir("rm") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 8u);
+  ASSERT_EQ(m.evals.size(), 2u);
+  // 256 held-out pairs: chance is 0.5 +- 0.031 (one standard deviation), so 0.75 is 8 sigma.
+  EXPECT_GT(m.evals[1]["eval_accuracy"].get<double>(), 0.75) << m.evals[1].dump();
+  const fs::path exported = run_dir("rm") / "export" / "reward";
+  ASSERT_TRUE(fs::exists(exported / "config.json"));
+  // The export is a reward model PPO can load and score with.
+  Result ppo =
+      rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "tiny").string(),
+            "--set", "critic.model=" + (dir_ / "tiny-value").string(), "--set",
+            "reward.rule=", "--set", "reward.model=" + exported.string(), "--set",
+            "train.max_steps=1", "--set", "logger.run_dir=" + (dir_ / "runs").string(), "--set",
+            "name=ppo-with-rm", "--set", "ckpt.export_hf=false"},
+           dir_);
+  ASSERT_EQ(ppo.code, 0) << ppo.out << ppo.err;
+  EXPECT_NE(ppo.out.find("step 1/1 | reward"), std::string::npos) << ppo.out;
+}
+
+TEST_F(OfflineRun, BadPreferenceLineIsNamedBeforeAnyWorkerStarts) {
+  const fs::path data = dir_ / "prefs.jsonl";
+  std::ofstream(data) << R"({"prompt": "a:", "chosen": "b", "rejected": "C"})"
+                      << "\n"
+                      << R"({"prompt": "a:", "chosen": "b"})"
+                      << "\n";
+  Result r = run("examples/dpo_tiny.json", "bad", {"--set", "data.dataset=" + data.string()});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("prefs.jsonl:2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rejected"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_dir("bad") / "workers.json"));
+}
+
+}  // namespace
+}  // namespace rlhf::dpo
