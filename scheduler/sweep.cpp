@@ -150,7 +150,8 @@ void read_metrics(const std::string& path, VariantResult& r) {
   for (size_t i = first; i < records.size(); ++i) {
     r.samples_per_s += records[i].value("samples_per_s", 0.0) / n;
     r.tokens_per_s += records[i].value("tokens_per_s", 0.0) / n;
-    const json times = records[i].value("time_s", json::object());
+    json times = records[i].value("time_s", json::object());
+    if (!times.is_object()) times = {{"step", times}};  // offline jobs log the step time alone
     for (const char* phase : {"generate", "score", "train", "sync", "step"})
       r.phase_s[phase] += times.value(phase, 0.0) / n;
   }
