@@ -16,16 +16,20 @@ Message ping(const Message&, const WorkerIdentity& self) {
   return reply;
 }
 
-// Returns the request's tensors and args, plus the rank that served it. `delay_ms` makes
+// Returns the request's tensors and args, plus the rank that served it and how many echo
+// calls this worker has served so far (`served`, this one included). `delay_ms` makes
 // lower ranks answer later (delay_ms * (world_size - 1 - rank)) so tests can check that
 // results are gathered in batch order, not arrival order.
 Message echo(const Message& request, const WorkerIdentity& self) {
+  static int64_t served = 0;  // a worker serves one request at a time
+  ++served;
   int64_t delay_ms = request.args.value("delay_ms", int64_t{0});
   if (delay_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms * (self.world_size - 1 - self.rank)));
   Message reply;
   reply.args = request.args;
   reply.args["rank"] = self.rank;
+  reply.args["served"] = served;
   reply.tensors = request.tensors;
   return reply;
 }

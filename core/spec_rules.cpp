@@ -363,6 +363,10 @@ void check_lengths_and_algo(Validation& v) {
                                          " leaves no room for a response within data.max_len (" +
                                          std::to_string(max_len) + ")");
   }
+  if (v.ok({"ref.zero_stage"}) && num(v, "ref.zero_stage") != 0)
+    v.problem("ref.zero_stage", "only 0 is supported: the reference keeps full weights on every "
+                                "worker (sharded reference inference is not built), found " +
+                                    v.at("ref.zero_stage").dump());
   double dual = real(v, "actor.dual_clip");
   if (v.ok({"actor.dual_clip"}) && dual != 0 && dual <= 1)
     v.problem("actor.dual_clip", "expected 0 (off) or a number > 1, found " + v.at("actor.dual_clip").dump());

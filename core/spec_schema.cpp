@@ -216,7 +216,9 @@ std::vector<KeySpec> build_table() {
   t.string("reward.rule", "", "Built-in rule reward instead of a model (see docs/rewards.md).");
 
   add_role_placement(t, "ref", "Reference model directory (default: actor.model).");
-  t.integer("ref.zero_stage", 0, 0, 3, "0: full weights per worker; 3: sharded across the group.");
+  t.integer("ref.zero_stage", 0, 0, 3,
+            "0: full weights on every ref worker (the only value supported: sharded reference "
+            "inference is not built; more ref workers serve more micro batches at once).");
 
   add_role_placement(t, "rollout", "Generation model (default: actor.model; synced after each step).");
 

@@ -252,9 +252,10 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   // Each future yields the group's reply and its ranks (for the compute accounting).
   using Scored = std::pair<Message, int>;
   auto call = [&](Role role, const char* op, json a) {
-    return in_parallel([&s, &seq, role, op, a, micro]() -> Scored {
+    const Dispatch dispatch = dispatch_for(spec_, role);
+    return in_parallel([&s, &seq, role, op, a, micro, dispatch]() -> Scored {
       RoleGroup& g = s.group(role);
-      return {g.scatter(op, seq, micro, a), g.size()};
+      return {g.scatter(op, seq, micro, a, std::nullopt, dispatch), g.size()};
     });
   };
   json actor_args = args;

@@ -55,8 +55,14 @@ Message RoleGroup::call(int rank, Message request, Timeout timeout) {
   return checked(scheduler_.await_any({id}, deadline(timeout)).second, rank);
 }
 
+Dispatch dispatch_for(const JobSpec& spec, Role role) {
+  const bool sharded = spec.trains(role) && spec.get_int(std::string(role_name(role)) + ".zero_stage") == 3;
+  return sharded ? Dispatch::kEqualPerRank : Dispatch::kLeastLoaded;
+}
+
 Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>& batch,
-                           int64_t micro_batch_size, const nlohmann::json& args, Timeout timeout) {
+                           int64_t micro_batch_size, const nlohmann::json& args, Timeout timeout,
+                           Dispatch dispatch) {
   TORCH_CHECK(!batch.empty(), "scatter \"", op, "\": empty batch");
   TORCH_CHECK(micro_batch_size > 0, "scatter \"", op, "\": micro_batch_size must be > 0, got ", micro_batch_size);
   const int64_t rows = batch.front().tensor.dim() > 0 ? batch.front().tensor.size(0) : 0;
@@ -66,31 +72,51 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
                 "\" has shape ", t.tensor.sizes(), ", expected ", rows, " rows like \"", batch.front().name, "\"");
   const auto until = deadline(timeout);
   const int64_t chunks = (rows + micro_batch_size - 1) / micro_batch_size;
+  const int ranks = size();
+  // Calls to make: one per micro batch, plus repeats of the last so that every rank gets
+  // the same count (kEqualPerRank). Call c carries micro batch min(c, chunks - 1).
+  const int64_t calls = dispatch == Dispatch::kEqualPerRank ? (chunks + ranks - 1) / ranks * ranks : chunks;
   const int max_inflight = std::max(1, scheduler_.config().max_inflight);
-  std::vector<int> inflight(size(), 0);
-  std::map<uint64_t, std::pair<int64_t, int>> owner;  // request id -> (micro batch, rank)
+  std::vector<int> inflight(ranks, 0);
+  std::vector<int64_t> next_call_of_rank(ranks);  // kEqualPerRank: rank r makes calls r, r + R, ...
+  for (int r = 0; r < ranks; ++r) next_call_of_rank[r] = r;
+  std::map<uint64_t, std::pair<int64_t, int>> owner;  // request id -> (call, rank)
   std::vector<Message> results(chunks);
   int64_t next = 0, done = 0;
-  while (done < chunks) {
+  const auto submit = [&](int64_t call, int rank) {
+    Message request;
+    request.op = op;
+    request.args = args;
+    const int64_t chunk = std::min(call, chunks - 1);
+    const int64_t begin = chunk * micro_batch_size, len = std::min(micro_batch_size, rows - begin);
+    for (const auto& t : batch) request.add(t.name, t.tensor.narrow(0, begin, len));
+    owner[scheduler_.submit(workers_[rank], std::move(request))] = {call, rank};
+    ++inflight[rank];
+  };
+  while (done < calls) {
     // Dispatch while some rank is below its in-flight bound.
-    while (next < chunks) {
-      const int rank = static_cast<int>(std::min_element(inflight.begin(), inflight.end()) - inflight.begin());
-      if (inflight[rank] >= max_inflight) break;
-      Message request;
-      request.op = op;
-      request.args = args;
-      const int64_t begin = next * micro_batch_size, len = std::min(micro_batch_size, rows - begin);
-      for (const auto& t : batch) request.add(t.name, t.tensor.narrow(0, begin, len));
-      owner[scheduler_.submit(workers_[rank], std::move(request))] = {next++, rank};
-      ++inflight[rank];
+    if (dispatch == Dispatch::kLeastLoaded) {
+      while (next < calls) {
+        const int rank = static_cast<int>(std::min_element(inflight.begin(), inflight.end()) - inflight.begin());
+        if (inflight[rank] >= max_inflight) break;
+        submit(next++, rank);
+      }
+    } else {
+      for (int r = 0; r < ranks; ++r) {
+        while (inflight[r] < max_inflight && next_call_of_rank[r] < calls) {
+          submit(next_call_of_rank[r], r);
+          next_call_of_rank[r] += ranks;
+        }
+      }
     }
     std::vector<uint64_t> waiting;
     for (const auto& [id, where] : owner) waiting.push_back(id);
     auto [id, reply] = scheduler_.await_any(waiting, until);
-    const auto [chunk, rank] = owner.at(id);
+    const auto [call, rank] = owner.at(id);
     owner.erase(id);
     --inflight[rank];
-    results[chunk] = checked(reply, rank);
+    Message checked_reply = checked(reply, rank);
+    if (call < chunks) results[call] = std::move(checked_reply);
     ++done;
   }
   Message gathered;

@@ -56,6 +56,8 @@ const std::vector<BadCase>& bad_cases() {
       {"malformed_json", "{\"kind\": \"ppo\",\n  \"train\": {\"batch_size\": 8,}\n}", "",
        "malformed JSON at line 2", true},
       {"not_an_object", "[1, 2, 3]", "", "expected a JSON object at the top level", true},
+      {"sharded_reference", R"({"ref": {"zero_stage": 3}})", "ref.zero_stage",
+       "only 0 is supported"},
       {"unknown_top_key", R"({"rollouts": {"batch_size": 8}})", "rollouts",
        "unknown key (did you mean rollout", false},
       {"unknown_nested_key", R"({"rollout": {"n_sample_per_prompt": 4}})",

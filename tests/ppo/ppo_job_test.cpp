@@ -42,7 +42,8 @@ std::string slurp(const fs::path& p) {
 Result rlhf(const std::vector<std::string>& args, const fs::path& dir) {
   static int n = 0;
   std::string base = (dir / ("cmd" + std::to_string(n++))).string();
-  std::string cmd = std::string("cd '") + RLHF_SOURCE_DIR + "' && '" + RLHF_CLI_PATH + "'";
+  // A job that hangs fails the test (exit 124) instead of stalling the suite.
+  std::string cmd = std::string("cd '") + RLHF_SOURCE_DIR + "' && timeout 300 '" + RLHF_CLI_PATH + "'";
   for (const auto& a : args) cmd += " '" + a + "'";
   cmd += " >'" + base + ".out' 2>'" + base + ".err'";
   int status = std::system(cmd.c_str());
@@ -163,6 +164,19 @@ TEST_F(PpoJob, RolloutColocatedWithTheActor) {
   EXPECT_EQ(device["rollout"], device["actor"]);
   EXPECT_NE(device["critic"], device["actor"]);
   EXPECT_EQ(read_metrics(run_dir("coloc") / "metrics.jsonl").size(), 2u);
+}
+
+// A ZeRO-3 actor over 2 ranks runs collectives in every forward: when the rollout batch makes
+// one scoring micro batch (64 rows), both ranks must still be called, or rank 0 waits in
+// its all-gather forever (this hung before scatter learned Dispatch::kEqualPerRank).
+TEST_F(PpoJob, ShardedActorScoresFewerMicroBatchesThanRanks) {
+  auto r = run("zero3", {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":6,"memory_gb":4}])",
+                         "--set", "actor.devices=[0,5]", "--set", "actor.zero_stage=3",
+                         "--set", "rollout.micro_batch_size=16", "--set", "train.max_steps=2"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto rows = read_metrics(dir_ / "runs/zero3/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1]["memory"]["actor"].size(), 2u);  // both actor ranks reported
 }
 
 TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {

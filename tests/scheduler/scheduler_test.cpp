@@ -117,6 +117,31 @@ TEST(Scheduler, FanOutOverThreeRanksReturnsInBatchOrder) {
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
 }
 
+// kEqualPerRank (for ops with collectives, like a ZeRO-3 forward): 7 micro batches over 3
+// ranks become 9 calls, 3 per rank (the last micro batch repeated twice); the gathered
+// result still holds each row once, in batch order.
+TEST(Scheduler, EqualPerRankDispatchGivesEveryRankTheSameNumberOfCalls) {
+  Scheduler s(test_config("equal-per-rank"), testing::local_placement({{Role::kActor, 3}}));
+  s.start();
+  const auto rows = at::arange(13 * 4, at::kLong).reshape({13, 4});
+  Message out = s.group(Role::kActor).scatter("echo", {{"rows", rows}}, 2, {{"delay_ms", 20}},
+                                              std::nullopt, Dispatch::kEqualPerRank);
+  EXPECT_TRUE(at::equal(out.tensor("rows"), rows));
+  const auto& micro = out.args.at("micro_batches");
+  ASSERT_EQ(micro.size(), 7u);
+  for (size_t c = 0; c < micro.size(); ++c)
+    EXPECT_EQ(micro[c].at("rank").get<int>(), static_cast<int>(c % 3)) << "round robin";
+  // The next echo on each rank is its 4th: 3 calls each before it.
+  for (const auto& reply : s.group(Role::kActor).call_all("echo"))
+    EXPECT_EQ(reply.args.at("served").get<int64_t>(), 4) << "rank " << reply.args.at("rank");
+  // One micro batch over 3 ranks: each rank still gets exactly one call.
+  Message one = s.group(Role::kActor).scatter("echo", {{"rows", rows}}, 64, nlohmann::json::object(),
+                                              std::nullopt, Dispatch::kEqualPerRank);
+  EXPECT_TRUE(at::equal(one.tensor("rows"), rows));
+  for (const auto& reply : s.group(Role::kActor).call_all("echo"))
+    EXPECT_EQ(reply.args.at("served").get<int64_t>(), 6) << "rank " << reply.args.at("rank");
+}
+
 TEST(Scheduler, ErrorReplyNamesTheRankAndTheWorkerKeepsServing) {
   Scheduler s(test_config("error-reply"), testing::local_placement({{Role::kReward, 2}}));
   s.start();
