@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/spec_args.h"
 #include "core/placement.h"
+#include "core/run_dir.h"
 #include "core/spec.h"
 #include "engine/memory_check.h"
 #include "scheduler/scheduler.h"
@@ -74,6 +75,11 @@ int cmd_run(const Argv& argv) {
   }
   const Placement placement = place(spec);
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
+  if (!smoke && !args.flag("--resume")) {
+    if (auto kept = set_aside_previous_run(spec))
+      std::cout << "rlhf run: an earlier run's metrics, plan and checkpoints were moved to " << *kept
+                << std::endl;
+  }
   if (!smoke) engine::write_run_plan(spec, scheduler.config().run_dir);  // planned beside measured
   try {
     scheduler.start();

@@ -11,8 +11,10 @@
 
 #include "core/errors.h"
 #include "core/metrics.h"
+#include "core/run_dir.h"
 #include "dpo/preference_dataset.h"
 #include "engine/role_config.h"
+#include "scheduler/peak_memory.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
 #include "tokenizer/prompt_format.h"
@@ -33,23 +35,6 @@ double seconds_since(Clock::time_point t) {
 
 std::vector<int64_t> to_int64(const std::vector<tokenizer::TokenId>& ids) {
   return {ids.begin(), ids.end()};
-}
-
-// A fresh run keeps an earlier run's metrics and checkpoints under new names (as the PPO
-// driver does): nothing already written is lost. The reference cache stays: it is keyed
-// by content, so a new run over the same data reuses it.
-void set_aside_previous_run(const fs::path& run_dir, const fs::path& ckpt, const char* kind,
-                            std::ostream& out) {
-  const fs::path metrics = run_dir / "metrics.jsonl";
-  if (!fs::exists(metrics) && !fs::exists(ckpt / "driver")) return;
-  int k = 1;
-  while (fs::exists(run_dir / ("previous-" + std::to_string(k)))) ++k;
-  const fs::path keep = run_dir / ("previous-" + std::to_string(k));
-  fs::create_directories(keep);
-  if (fs::exists(metrics)) fs::rename(metrics, keep / "metrics.jsonl");
-  if (fs::exists(ckpt)) fs::rename(ckpt, keep / "ckpt");
-  out << kind << ": an earlier run's metrics and checkpoints were moved to " << keep.string()
-      << std::endl;
 }
 
 // Mean over the ranks' replies of every number a train op returned (the trainer's loss,
@@ -73,9 +58,8 @@ json mean_over_ranks(const std::vector<Message>& replies) {
 OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role trained,
                        RowLayout layout)
     : spec_(spec), options_(options), trained_(trained), layout_(layout) {
-  run_dir_ = (fs::path(spec.get_string("logger.run_dir")) / spec.get_string("name")).string();
-  ckpt_path_ = spec.get_string("ckpt.path").empty() ? (fs::path(run_dir_) / "ckpt").string()
-                                                    : spec.get_string("ckpt.path");
+  run_dir_ = run_directory(spec);
+  ckpt_path_ = checkpoint_directory(spec);
   model_dir_ = spec.get_string(std::string(role_name(trained)) + ".model");
   tokenizer_ = tokenizer::load_tokenizer(model_dir_);
   const auto& special = tokenizer_->special_ids();
@@ -284,24 +268,6 @@ int64_t OfflineJob::resume(Scheduler& s) {
   return best;
 }
 
-json OfflineJob::memory(Scheduler& s) {
-  json out = json::object();
-  for (Role role : s.roles()) {
-    RoleGroup& g = s.group(role);
-    auto infos = g.call_all("info");
-    auto tensors = g.call_all("memory");
-    json ranks = json::array();
-    for (int rank = 0; rank < g.size(); ++rank)
-      ranks.push_back(
-          {{"rank", rank},
-           {"device", infos[rank].args.value("device", std::string())},
-           {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})},
-           {"peak_tensor_bytes", tensors[rank].args.value("peak_tensor_bytes", int64_t{0})}});
-    out[role_name(role)] = ranks;
-  }
-  return out;
-}
-
 void OfflineJob::write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out) {
   const auto t0 = Clock::now();
   json figures = evaluate(s);
@@ -330,7 +296,6 @@ void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
 }
 
 void OfflineJob::run(Scheduler& s, std::ostream& out) {
-  if (!options_.resume) set_aside_previous_run(run_dir_, ckpt_path_, kind(), out);
   metrics_ = std::make_unique<MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string());
   group_size_ = s.group(trained_).size();
   accum_ = std::max<int64_t>(1, batch_size_ / (micro_ * group_size_));
@@ -352,7 +317,7 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
   for (++step; step <= total_steps_; ++step) {
     json rec = train_step(s, step);
     if (step % logging == 0 || step == total_steps_) {
-      rec["memory"] = memory(s);
+      rec["memory"] = peak_memory_by_role(s);
       metrics_->write(rec);
       out << "step " << step << "/" << total_steps_ << " | epoch " << rec["epoch"] << " | "
           << step_line(rec) << " | " << fixed(rec["time_s"].get<double>(), 2) << " s | "

@@ -79,7 +79,6 @@ class OfflineJob {
   int64_t resume(Scheduler& s);
   void export_model(Scheduler& s, std::ostream& out);
   void write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out);
-  nlohmann::json memory(Scheduler& s);
 
   JobSpec spec_;
   OfflineDriverOptions options_;

@@ -12,12 +12,14 @@
 
 #include "core/errors.h"
 #include "core/metrics.h"
+#include "core/run_dir.h"
 #include "engine/role_config.h"
 #include "ppo/advantages.h"
 #include "ppo/ppo_config.h"
 #include "ppo/prompt_batches.h"
 #include "ppo/remote_reward.h"
 #include "ppo/rule_rewards.h"
+#include "scheduler/peak_memory.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
 #include "tokenizer/prompt_format.h"
@@ -105,7 +107,6 @@ class PpoJob {
   double sync_weights(Scheduler& s);  // returns worker compute on the critical path
   void save(Scheduler& s, int64_t step);
   int64_t resume(Scheduler& s);
-  json memory(Scheduler& s);
   std::string response_text(const Rollout& r, int64_t row) const;
 
   JobSpec spec_;
@@ -128,7 +129,7 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
       options_(options),
       kl_(spec.get_float("algo.kl.init_coef"), spec.get_float("algo.kl.target"),
           spec.get_int("algo.kl.horizon")) {
-  run_dir_ = (fs::path(spec.get_string("logger.run_dir")) / spec.get_string("name")).string();
+  run_dir_ = run_directory(spec);
   c_ = PpoConfig::from_spec(spec, run_dir_);
   has_ref_ = spec.uses(Role::kRef);
   has_critic_ = spec.uses(Role::kCritic);
@@ -416,47 +417,13 @@ int64_t PpoJob::resume(Scheduler& s) {
   return best;
 }
 
-json PpoJob::memory(Scheduler& s) {
-  json out = json::object();
-  for (Role role : s.roles()) {
-    RoleGroup& g = s.group(role);
-    auto infos = g.call_all("info");
-    std::vector<Message> tensors;
-    if (role != Role::kRollout) tensors = g.call_all("memory");
-    json ranks = json::array();
-    for (int rank = 0; rank < g.size(); ++rank) {
-      json m = {{"rank", rank}, {"device", infos[rank].args.value("device", std::string())},
-                {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})}};
-      if (!tensors.empty()) m["peak_tensor_bytes"] = tensors[rank].args.value("peak_tensor_bytes", int64_t{0});
-      ranks.push_back(m);
-    }
-    out[role_name(role)] = ranks;
-  }
-  return out;
-}
-
 std::string fmt(double v, int precision = 3) {
   std::ostringstream o;
   o << std::fixed << std::setprecision(precision) << v;
   return o.str();
 }
 
-// A fresh run keeps an earlier run's metrics and checkpoints under new names rather than
-// appending to or resuming from them: nothing already written is lost.
-void set_aside_previous_run(const fs::path& run_dir, const fs::path& ckpt, std::ostream& out) {
-  const fs::path metrics = run_dir / "metrics.jsonl";
-  if (!fs::exists(metrics) && !fs::exists(ckpt / "driver")) return;
-  int k = 1;
-  while (fs::exists(run_dir / ("previous-" + std::to_string(k)))) ++k;
-  const fs::path keep = run_dir / ("previous-" + std::to_string(k));
-  fs::create_directories(keep);
-  if (fs::exists(metrics)) fs::rename(metrics, keep / "metrics.jsonl");
-  if (fs::exists(ckpt)) fs::rename(ckpt, keep / "ckpt");
-  out << "ppo: an earlier run's metrics and checkpoints were moved to " << keep.string() << std::endl;
-}
-
 void PpoJob::run(Scheduler& s, std::ostream& out) {
-  if (!options_.resume) set_aside_previous_run(run_dir_, c_.ckpt_path, out);
   MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string());
   out << "ppo: " << stream_->size() << " prompts (" << truncated_prompts_ << " truncated to "
       << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
@@ -505,7 +472,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                   {"tokens_per_s", tokens / t_step},
                   {"weight_version", r.weight_version},
                   {"prompts_consumed", stream_->consumed()},
-                  {"memory", memory(s)}};
+                  {"memory", peak_memory_by_role(s)}};
       rec.update(losses);
       metrics.write(rec);
       out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"]) << " +- "

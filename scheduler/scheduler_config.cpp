@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "core/run_dir.h"
+
 namespace rlhf {
 namespace {
 
@@ -18,7 +20,7 @@ SchedulerConfig SchedulerConfig::from_spec(const JobSpec& spec, std::string work
   SchedulerConfig c;
   c.worker_program = std::move(worker_program);
   c.bind_host = spec.get_string("cluster.interface");
-  c.run_dir = (std::filesystem::path(spec.get_string("logger.run_dir")) / spec.get_string("name")).string();
+  c.run_dir = run_directory(spec);
   c.heartbeat_interval = seconds_key(spec, "scheduler.heartbeat_interval_s");
   c.worker_timeout = seconds_key(spec, "scheduler.worker_timeout_s");
   c.request_timeout = seconds_key(spec, "scheduler.request_timeout_s");

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/run_dir.h"
 #include "core/spec.h"
 #include "core/spec_schema.h"
 #include "test_paths.h"
@@ -305,6 +306,32 @@ TEST(Spec, LengthsBeyondTheModelsPositionsAreNamed) {
   EXPECT_TRUE(std::any_of(problems.begin(), problems.end(), [](const SpecProblem& p) {
     return p.path == "data.prompt_max_len + rollout.max_new_tokens";
   }));
+}
+
+// A fresh run keeps an earlier run's metrics, plan and checkpoints under previous-K.
+TEST(RunDir, FreshRunSetsAsideTheEarlierRunsOutputs) {
+  namespace fs = std::filesystem;
+  const fs::path parent = fs::path(RLHF_BINARY_DIR) / "tests/core/run_dirs";
+  fs::remove_all(parent);
+  const JobSpec spec =
+      JobSpec::parse(base_spec().dump(), "job.json", {"logger.run_dir=" + parent.string(), "name=job"});
+  EXPECT_EQ(run_directory(spec), (parent / "job").string());
+  EXPECT_EQ(checkpoint_directory(spec), (parent / "job/ckpt").string());
+  EXPECT_FALSE(set_aside_previous_run(spec).has_value()) << "nothing to keep yet";
+  const fs::path run = parent / "job";
+  fs::create_directories(run / "ckpt/actor");
+  std::ofstream(run / "metrics.jsonl") << "{\"step\": 1}\n";
+  std::ofstream(run / "plan.json") << "{}";
+  const auto kept = set_aside_previous_run(spec);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(*kept, (run / "previous-1").string());
+  EXPECT_TRUE(fs::exists(run / "previous-1/metrics.jsonl"));
+  EXPECT_TRUE(fs::exists(run / "previous-1/plan.json"));
+  EXPECT_TRUE(fs::exists(run / "previous-1/ckpt/actor"));
+  EXPECT_FALSE(fs::exists(run / "metrics.jsonl"));
+  std::ofstream(run / "metrics.jsonl") << "{\"step\": 2}\n";
+  EXPECT_EQ(set_aside_previous_run(spec).value_or(""), (run / "previous-2").string());
+  EXPECT_TRUE(fs::exists(run / "previous-1/metrics.jsonl")) << "earlier copies stay";
 }
 
 TEST(Spec, CommentsAreAllowed) {

@@ -1,0 +1,29 @@
+#include "scheduler/peak_memory.h"
+
+#include "scheduler/role_group.h"
+#include "scheduler/scheduler.h"
+
+namespace rlhf {
+
+nlohmann::json peak_memory_by_role(Scheduler& s) {
+  nlohmann::json out = nlohmann::json::object();
+  for (Role role : s.roles()) {
+    RoleGroup& g = s.group(role);
+    const auto infos = g.call_all("info");
+    std::vector<Message> tensors;
+    if (role != Role::kRollout) tensors = g.call_all("memory");  // model roles only
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int rank = 0; rank < g.size(); ++rank) {
+      nlohmann::json m = {{"rank", rank},
+                          {"device", infos[rank].args.value("device", std::string())},
+                          {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})}};
+      if (!tensors.empty())
+        m["peak_tensor_bytes"] = tensors[rank].args.value("peak_tensor_bytes", int64_t{0});
+      ranks.push_back(m);
+    }
+    out[role_name(role)] = ranks;
+  }
+  return out;
+}
+
+}  // namespace rlhf
