@@ -33,8 +33,8 @@ class Canvas {
       for (int x = std::max(0, x0); x < std::min(w_, x1); ++x)
         px_[static_cast<size_t>(y) * w_ + x] = c;
   }
-  // 3x5 glyphs (scale 2) with the baseline at y: digits, '.', '/', and the capitals of role
-  // names and labels; other characters advance as a space.
+  // 3x5 glyphs (scale 2) with the baseline at y: digits, capitals, 'k' and . / _ - = : ,;
+  // other characters advance as a space.
   void text(int x, int y, const std::string& s, Rgb c) {
     static const std::map<char, const char*> kGlyphs = {
         {'0', "111101101101111"}, {'1', "010110010010111"}, {'2', "111001111100111"},
@@ -47,9 +47,16 @@ class Canvas {
         {'E', "111100110100111"}, {'F', "111100110100100"}, {'L', "100100100100111"},
         {'U', "101101101101111"}, {'W', "101101111111101"}, {'D', "110101101101110"},
         {'S', "011100010001110"}, {'P', "110101110100100"}, {'K', "101101110101101"},
-        {'N', "110101101101101"}};
+        {'N', "110101101101101"}, {'B', "110101110101110"}, {'H', "101101111101101"},
+        {'J', "001001001101010"}, {'Q', "010101101110011"}, {'V', "101101101101010"},
+        {'X', "101101010101101"}, {'Y', "101101010010010"}, {'Z', "111001010100111"},
+        {'_', "000000000000111"}, {'-', "000000111000000"}, {'=', "000111000111000"},
+        {':', "000010000010000"}, {',', "000000000010100"}};
     for (char ch : s) {
       auto it = kGlyphs.find(ch);
+      // Letters without a glyph of their own (all but 'k') are drawn as capitals.
+      if (it == kGlyphs.end())
+        it = kGlyphs.find(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
       if (it != kGlyphs.end())
         for (int i = 0; i < 15; ++i)
           if (it->second[i] == '1')
@@ -174,8 +181,8 @@ std::string swept_role(const std::vector<VariantResult>& results) {
 
 void write_sweep_chart(const std::vector<VariantResult>& results, const std::string& path) {
   const int n = std::max<int>(1, static_cast<int>(results.size()));
-  const int slot = 90, left = 20, width = std::max(260, left * 2 + n * slot), panel = 180, gap = 40,
-            height = 2 * panel + 3 * gap;
+  const int slot = 90, left = 20, width = std::max(420, left * 2 + n * slot), panel = 180, gap = 40,
+            height = 2 * panel + 3 * gap + 40;
   Canvas c(width, height);
   const std::string role = swept_role(results);
   auto planned = [&role](const VariantResult& r) {
@@ -194,6 +201,29 @@ void write_sweep_chart(const std::vector<VariantResult>& results, const std::str
   std::string label = "PEAK " + role;
   for (char& ch : label) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   c.text(left, top_base + 30, label, kAxis);
+  c.fill(left + 8 * static_cast<int>(label.size()) + 16, top_base + 20, left + 8 * static_cast<int>(label.size()) + 26, top_base + 30, kPlanned);
+  c.text(left + 8 * static_cast<int>(label.size()) + 30, top_base + 30, "PLANNED", kAxis);
+  c.fill(left + 8 * static_cast<int>(label.size()) + 94, top_base + 20, left + 8 * static_cast<int>(label.size()) + 104, top_base + 30, kMeasured);
+  c.text(left + 8 * static_cast<int>(label.size()) + 108, top_base + 30, "RSS", kAxis);
+  // Under each bar its swept values ("2/16"); the last line names the keys in that order.
+  if (!results.empty()) {
+    const auto& first = results.front();
+    std::string keys;
+    const size_t axes = first.values.size();
+    for (size_t a = 0; a < axes && a < first.overrides.size(); ++a) {
+      const std::string& o = first.overrides[first.overrides.size() - axes + a];
+      std::string key = o.substr(0, o.find('='));
+      key = key.substr(key.rfind('.') == std::string::npos ? 0 : key.rfind('.') + 1);
+      keys += (a ? " / " : "") + key;
+    }
+    c.text(left, height - 10, "X: " + keys, kAxis);
+  }
+  for (int i = 0; i < static_cast<int>(results.size()); ++i) {
+    std::string values;
+    for (size_t a = 0; a < results[i].values.size(); ++a)
+      values += (a ? "/" : "") + results[i].values[a];
+    c.text(left + i * slot + 10, bottom_base + 18, values, kAxis);
+  }
   c.fill(left, top_base, width - left, top_base + 2, kAxis);
   c.fill(left, bottom_base, width - left, bottom_base + 2, kAxis);
   for (int i = 0; i < static_cast<int>(results.size()); ++i) {
