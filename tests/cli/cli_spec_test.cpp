@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "run_cli.h"
+#include "tests/support/run_cli.h"
 #include "test_paths.h"
 
 namespace rlhf::test {

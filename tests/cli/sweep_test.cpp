@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "run_cli.h"
+#include "tests/support/run_cli.h"
 #include "test_paths.h"
 #include "tests/support/processes.h"
 
@@ -18,13 +18,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using rlhf::test::CliResult;
 using rlhf::test::run_cli;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using rlhf::test::slurp;
 
 std::vector<std::vector<std::string>> read_csv(const fs::path& p) {
   std::vector<std::vector<std::string>> rows;

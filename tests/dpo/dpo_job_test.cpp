@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "test_paths.h"
+#include "tests/support/run_cli.h"
 
 namespace rlhf::dpo {
 namespace {
@@ -22,27 +23,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = test::CliResult;
+using test::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-Result rlhf(const std::vector<std::string>& args, const fs::path& dir) {
-  static int n = 0;
-  std::string base = (dir / ("cmd" + std::to_string(n++))).string();
-  std::string cmd = std::string("cd '") + RLHF_SOURCE_DIR + "' && '" + RLHF_CLI_PATH + "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " >'" + base + ".out' 2>'" + base + ".err'";
-  int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(base + ".out"), slurp(base + ".err")};
-}
+// `rlhf ARGS` (from the source directory, killed after 300 s).
+Result rlhf(const std::vector<std::string>& args) { return test::run_cli(args); }
 
 // metrics.jsonl split into step records and held-out records ("split": "eval").
 struct Metrics {
@@ -50,12 +35,8 @@ struct Metrics {
 };
 Metrics read_metrics(const fs::path& file) {
   Metrics m;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    json j = json::parse(line);
+  for (const json& j : test::read_jsonl(file))
     (j.value("split", "") == "eval" ? m.evals : m.steps).push_back(j);
-  }
   return m;
 }
 
@@ -83,12 +64,11 @@ class OfflineRun : public testing::Test {
     dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("dpo-" + std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    auto r = rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}, dir_);
-    ASSERT_EQ(r.code, 0) << r.err;
+    auto r = rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
     r = rlhf({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
-              (dir_ / "tiny-value").string()},
-             dir_);
-    ASSERT_EQ(r.code, 0) << r.err;
+              (dir_ / "tiny-value").string()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
@@ -108,7 +88,7 @@ class OfflineRun : public testing::Test {
                                      "--set",
                                      "logger.logging_steps=1"};
     args.insert(args.end(), extra.begin(), extra.end());
-    return rlhf(args, dir_);
+    return rlhf(args);
   }
   fs::path run_dir(const std::string& name) const { return dir_ / "runs" / name; }
   fs::path dir_;
@@ -117,7 +97,7 @@ class OfflineRun : public testing::Test {
 TEST_F(OfflineRun, DpoWithTheReferenceInItsOwnProcess) {
   // 32 pairs, batch 16: 2 steps per epoch, 2 epochs.
   Result r = run("examples/dpo_tiny.json", "dpo", {"--set", "data.max_samples=32"});
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   size_t pids = 0;
   EXPECT_EQ(worker_roles(run_dir("dpo"), &pids), (std::set<std::string>{"actor", "ref"}));
   EXPECT_EQ(pids, 2u);
@@ -162,11 +142,11 @@ TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
     a.insert(a.end(), data.begin(), data.end());
     return a;
   };
-  ASSERT_EQ(run("examples/dpo_tiny.json", "straight", with({"--set", "train.max_steps=3"})).code,
+  ASSERT_EQ(run("examples/dpo_tiny.json", "straight", with({"--set", "train.max_steps=3"})).exit_code,
             0);
   Result first = run("examples/dpo_tiny.json", "resumed",
                      with({"--set", "train.max_steps=2", "--set", "ckpt.save_steps=1"}));
-  ASSERT_EQ(first.code, 0) << first.err;
+  ASSERT_EQ(first.exit_code, 0) << first.err;
   std::vector<fs::path> cache_files;
   for (const auto& f : fs::directory_iterator(run_dir("resumed") / "ref_cache"))
     if (f.path().extension() == ".safetensors") cache_files.push_back(f.path());
@@ -177,7 +157,7 @@ TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
   Result second =
       run("examples/dpo_tiny.json", "resumed",
           with({"--set", "train.max_steps=3", "--set", "ckpt.save_steps=1", "--resume"}));
-  ASSERT_EQ(second.code, 0) << second.out << second.err;
+  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
   EXPECT_NE(second.out.find("resumed after step 2"), std::string::npos) << second.out;
   // The resumed job asks the reference group nothing: both sets come from the cache files,
   // which are not rewritten.
@@ -208,14 +188,14 @@ TEST_F(OfflineRun, DpoOnTwoZero3RanksMatchesOneRank) {
     a.insert(a.end(), common.begin(), common.end());
     return a;
   };
-  ASSERT_EQ(run("examples/dpo_tiny.json", "one", with({})).code, 0);
+  ASSERT_EQ(run("examples/dpo_tiny.json", "one", with({})).exit_code, 0);
   Result two =
       run("examples/dpo_tiny.json", "two",
           with({"--set",
                 R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 3, "memory_gb": 4}])",
                 "--set", "actor.devices=[0,1]", "--set", "ref.devices=[2]", "--set",
                 "actor.zero_stage=3"}));
-  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  ASSERT_EQ(two.exit_code, 0) << two.out << two.err;
   Metrics a = read_metrics(run_dir("one") / "metrics.jsonl"),
           b = read_metrics(run_dir("two") / "metrics.jsonl");
   ASSERT_EQ(a.steps.size(), 4u);
@@ -254,7 +234,7 @@ TEST_F(OfflineRun, EachDpoLossReachesTheWorker) {
     for (const auto& s : c.sets) extra.insert(extra.end(), {"--set", s});
     const std::string name = "loss" + std::to_string(n++);
     Result r = run("examples/dpo_tiny.json", name, extra);
-    ASSERT_EQ(r.code, 0) << c.sets[0] << "\n" << r.out << r.err;
+    ASSERT_EQ(r.exit_code, 0) << c.sets[0] << "\n" << r.out << r.err;
     Metrics m = read_metrics(run_dir(name) / "metrics.jsonl");
     ASSERT_EQ(m.steps.size(), 1u);
     EXPECT_NEAR(m.steps[0]["loss"].get<double>(), c.expect, c.tolerance) << c.sets[0];
@@ -266,7 +246,7 @@ TEST_F(OfflineRun, SimpoRunsWithoutAReferenceGroup) {
       run("examples/dpo_tiny.json", "simpo",
           {"--set", "algo.dpo.loss=simpo", "--set", "ref.devices=[]", "--set",
            "data.max_samples=32", "--set", "train.max_steps=2", "--set", "ckpt.export_hf=false"});
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(worker_roles(run_dir("simpo")), (std::set<std::string>{"actor"}));
   Metrics m = read_metrics(run_dir("simpo") / "metrics.jsonl");
   ASSERT_EQ(m.steps.size(), 2u);
@@ -280,7 +260,7 @@ TEST_F(OfflineRun, SimpoRunsWithoutAReferenceGroup) {
 TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
   // 128 examples, batch 16, 6 epochs: 48 steps.
   Result r = run("examples/sft_tiny.json", "sft", {"--set", "data.max_samples=128"});
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   Metrics m = read_metrics(run_dir("sft") / "metrics.jsonl");
   ASSERT_EQ(m.steps.size(), 48u);
   ASSERT_EQ(m.evals.size(), 2u);
@@ -294,7 +274,7 @@ TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
   Result packed = run("examples/sft_tiny.json", "packed",
                       {"--set", "data.packing=true", "--set", "train.max_steps=2", "--set",
                        "ckpt.export_hf=false"});
-  ASSERT_EQ(packed.code, 0) << packed.out << packed.err;
+  ASSERT_EQ(packed.exit_code, 0) << packed.out << packed.err;
   Metrics p = read_metrics(run_dir("packed") / "metrics.jsonl");
   ASSERT_EQ(p.steps.size(), 2u);
   // 16 examples of at most 10+9 tokens packed into rows of 32: fewer rows than examples,
@@ -306,7 +286,7 @@ TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
 
 TEST_F(OfflineRun, RewardModelLearnsAndServesPpo) {
   Result r = run("examples/rm_tiny.json", "rm", {"--set", "data.max_samples=128"});
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(worker_roles(run_dir("rm")), (std::set<std::string>{"reward"}));
   Metrics m = read_metrics(run_dir("rm") / "metrics.jsonl");
   ASSERT_EQ(m.steps.size(), 8u);
@@ -321,9 +301,8 @@ TEST_F(OfflineRun, RewardModelLearnsAndServesPpo) {
             "--set", "critic.model=" + (dir_ / "tiny-value").string(), "--set",
             "reward.rule=", "--set", "reward.model=" + exported.string(), "--set",
             "train.max_steps=1", "--set", "logger.run_dir=" + (dir_ / "runs").string(), "--set",
-            "name=ppo-with-rm", "--set", "ckpt.export_hf=false"},
-           dir_);
-  ASSERT_EQ(ppo.code, 0) << ppo.out << ppo.err;
+            "name=ppo-with-rm", "--set", "ckpt.export_hf=false"});
+  ASSERT_EQ(ppo.exit_code, 0) << ppo.out << ppo.err;
   EXPECT_NE(ppo.out.find("step 1/1 | reward"), std::string::npos) << ppo.out;
 }
 
@@ -334,7 +313,7 @@ TEST_F(OfflineRun, BadPreferenceLineIsNamedBeforeAnyWorkerStarts) {
                       << R"({"prompt": "a:", "chosen": "b"})"
                       << "\n";
   Result r = run("examples/dpo_tiny.json", "bad", {"--set", "data.dataset=" + data.string()});
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("prefs.jsonl:2"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rejected"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir("bad") / "workers.json"));

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "test_paths.h"
+#include "tests/support/run_cli.h"
 
 namespace rlhf::ppo {
 namespace {
@@ -27,36 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = test::CliResult;
+using test::slurp;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// `rlhf ARGS` (from the source directory, killed after 300 s).
+Result rlhf(const std::vector<std::string>& args) { return test::run_cli(args); }
 
-Result rlhf(const std::vector<std::string>& args, const fs::path& dir) {
-  static int n = 0;
-  std::string base = (dir / ("cmd" + std::to_string(n++))).string();
-  // A job that hangs fails the test (exit 124) instead of stalling the suite.
-  std::string cmd = std::string("cd '") + RLHF_SOURCE_DIR + "' && timeout 300 '" + RLHF_CLI_PATH + "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " >'" + base + ".out' 2>'" + base + ".err'";
-  int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(base + ".out"), slurp(base + ".err")};
-}
-
-std::vector<json> read_metrics(const fs::path& file) {
-  std::vector<json> out;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
-}
+std::vector<json> read_metrics(const fs::path& file) { return test::read_jsonl(file); }
 
 class PpoJob : public testing::Test {
  protected:
@@ -64,10 +42,10 @@ class PpoJob : public testing::Test {
     dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("ppo-" + std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    ASSERT_EQ(rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}, dir_).code, 0);
+    ASSERT_EQ(rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code, 0);
     auto r = rlhf({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
-                   (dir_ / "tiny-value").string()}, dir_);
-    ASSERT_EQ(r.code, 0) << r.err;
+                   (dir_ / "tiny-value").string()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   // `rlhf run` on ppo_tiny with this test's models and run directory.
   Result run(const std::string& name, std::vector<std::string> extra,
@@ -79,7 +57,7 @@ class PpoJob : public testing::Test {
     if (example == "examples/ppo_tiny.json")
       args.insert(args.end(), {"--set", "critic.model=" + (dir_ / "tiny-value").string()});
     args.insert(args.end(), extra.begin(), extra.end());
-    return rlhf(args, dir_);
+    return rlhf(args);
   }
   fs::path run_dir(const std::string& name) const { return dir_ / "runs" / name; }
   fs::path dir_;
@@ -89,7 +67,7 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
   // A reward model instead of the example's rule: all five roles run as processes.
   Result r = run("three", {"--set", "train.max_steps=3", "--set", "reward.rule=", "--set",
                            "reward.model=" + (dir_ / "tiny-value").string()});
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto metrics = read_metrics(run_dir("three") / "metrics.jsonl");
   ASSERT_EQ(metrics.size(), 3u);
   for (size_t i = 0; i < metrics.size(); ++i) {
@@ -129,17 +107,17 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
   EXPECT_TRUE(fs::exists(run_dir("three") / "export" / "actor" / "config.json"));
   EXPECT_TRUE(fs::exists(run_dir("three") / "export" / "actor" / "tokenizer_config.json"));
   Result gen = rlhf({"generate", "--model", (run_dir("three") / "export" / "actor").string(), "--prompt",
-                     "abc:", "--max-new-tokens", "4"}, dir_);
-  EXPECT_EQ(gen.code, 0) << gen.err;
+                     "abc:", "--max-new-tokens", "4"});
+  EXPECT_EQ(gen.exit_code, 0) << gen.err;
 }
 
 TEST_F(PpoJob, ResumeContinuesTheSameTrajectory) {
   // Uninterrupted: 3 steps. Interrupted: 2 steps (checkpoint each step), then --resume to 3.
-  ASSERT_EQ(run("straight", {"--set", "train.max_steps=3"}).code, 0);
+  ASSERT_EQ(run("straight", {"--set", "train.max_steps=3"}).exit_code, 0);
   Result first = run("resumed", {"--set", "train.max_steps=2", "--set", "ckpt.save_steps=1"});
-  ASSERT_EQ(first.code, 0) << first.err;
+  ASSERT_EQ(first.exit_code, 0) << first.err;
   Result second = run("resumed", {"--set", "train.max_steps=3", "--set", "ckpt.save_steps=1", "--resume"});
-  ASSERT_EQ(second.code, 0) << second.out << second.err;
+  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
   EXPECT_NE(second.out.find("resumed after step 2"), std::string::npos) << second.out;
   auto a = read_metrics(run_dir("straight") / "metrics.jsonl");
   auto b = read_metrics(run_dir("resumed") / "metrics.jsonl");
@@ -157,7 +135,7 @@ TEST_F(PpoJob, RolloutColocatedWithTheActor) {
   // Asked for, the rollout group shares the actor's device instead of its own slot.
   Result r = run("coloc", {"--set", "train.max_steps=2", "--set", "rollout.devices=[]", "--set",
                            "rollout.colocate_with=actor"});
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto workers = json::parse(slurp(run_dir("coloc") / "workers.json"));
   std::map<std::string, std::string> device;
   for (const auto& w : workers) device[w["role"].get<std::string>()] = w["device"].get<std::string>();
@@ -173,7 +151,7 @@ TEST_F(PpoJob, ShardedActorScoresFewerMicroBatchesThanRanks) {
   auto r = run("zero3", {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":6,"memory_gb":4}])",
                          "--set", "actor.devices=[0,5]", "--set", "actor.zero_stage=3",
                          "--set", "rollout.micro_batch_size=16", "--set", "train.max_steps=2"});
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto rows = read_metrics(dir_ / "runs/zero3/metrics.jsonl");
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[1]["memory"]["actor"].size(), 2u);  // both actor ranks reported
@@ -181,8 +159,8 @@ TEST_F(PpoJob, ShardedActorScoresFewerMicroBatchesThanRanks) {
 
 TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
   Result r = rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "nope").string(),
-                   "--set", "logger.run_dir=" + (dir_ / "runs").string()}, dir_);
-  EXPECT_EQ(r.code, 2);
+                   "--set", "logger.run_dir=" + (dir_ / "runs").string()});
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("actor.model"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "runs" / "ppo_tiny" / "workers.json"));
 }
@@ -244,7 +222,7 @@ TEST_F(PpoJob, RemoteRewardServerScoresEverySample) {
   // RLOO with a remote reward: no reward-model process is started.
   Result r = run("remote", {"--set", "train.max_steps=2", "--set", "reward.rule=", "--set",
                             "reward.remote_url=" + server.url(), "--set", "algo.advantage.estimator=rloo"});
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(server.requests.load(), 2);
   EXPECT_EQ(server.samples.load(), 2 * 64);  // 16 prompts x 4 samples per step
   auto workers = json::parse(slurp(run_dir("remote") / "workers.json"));
@@ -257,7 +235,7 @@ TEST_F(PpoJob, GrpoExampleLearnsTheLettersTask) {
   // machine moved it by ~0.4. A margin of 0.1 is far beyond noise and still fails on a
   // policy that does not learn (e.g. a sign error in the advantages).
   Result r = run("grpo", {}, "examples/grpo_tiny.json");
-  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = read_metrics(run_dir("grpo") / "metrics.jsonl");
   ASSERT_EQ(m.size(), 30u);
   double first = 0, last = 0;

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../cli/run_cli.h"
+#include "tests/support/run_cli.h"
 #include "models/pretrained.h"
 #include "rollout/generator.h"
 

@@ -1,4 +1,4 @@
-#include "run_cli.h"
+#include "tests/support/run_cli.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,13 +20,6 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
-
 std::string temp_dir() {
   static const std::string dir = [] {
     auto d = std::filesystem::temp_directory_path() / ("rlhf-cli-test-" + std::to_string(getpid()));
@@ -38,10 +31,25 @@ std::string temp_dir() {
 
 }  // namespace
 
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
 CliResult run_cli(const std::vector<std::string>& args) {
   static int counter = 0;
   std::string base = temp_dir() + "/run" + std::to_string(counter++);
-  std::string cmd = "cd " + quote(RLHF_SOURCE_DIR) + " && " + quote(RLHF_CLI_PATH);
+  std::string cmd = "cd " + quote(RLHF_SOURCE_DIR) + " && timeout 300 " + quote(RLHF_CLI_PATH);
   for (const auto& a : args) cmd += " " + quote(a);
   cmd += " >" + quote(base + ".out") + " 2>" + quote(base + ".err");
   int status = std::system(cmd.c_str());

@@ -1,0 +1,30 @@
+// Test support shared by the suites that run the real `rlhf` binary: run it and capture its
+// exit code, stdout and stderr; read the files a run writes.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace rlhf::test {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `rlhf ARGS` from the source directory (examples/ paths work); `args` are passed
+// through a shell, each single-quoted. A run past 300 s is killed (exit code 124), so a
+// hanging job fails its test instead of stalling the suite.
+CliResult run_cli(const std::vector<std::string>& args);
+
+// The whole file ("" when it cannot be read).
+std::string slurp(const std::string& path);
+// One JSON value per non-empty line.
+std::vector<nlohmann::json> read_jsonl(const std::string& path);
+
+// Writes `text` to a fresh file under the test temp dir and returns its path.
+std::string write_temp(const std::string& name, const std::string& text);
+
+}  // namespace rlhf::test
