@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/proc_memory.h"
 #include "engine/memory_plan.h"
 #include "models/causal_lm.h"
 
@@ -26,27 +27,9 @@ namespace {
 
 using rlhf::models::CausalLM;
 using rlhf::models::Checkpointing;
-
-double rss_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  long total = 0, resident = 0;
-  statm >> total >> resident;
-  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-}
-
-double hwm_bytes() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
-  return -1;
-}
-
-bool reset_hwm() {
-  std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";
-  clear.flush();
-  return static_cast<bool>(clear);
-}
+using rlhf::bench::hwm_bytes;
+using rlhf::bench::reset_hwm;
+using rlhf::bench::rss_bytes;
 
 // Peak bytes of one forward+backward of the next-token loss above the pre-forward RSS.
 double measure(CausalLM& model, const torch::Tensor& ids) {

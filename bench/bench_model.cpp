@@ -24,6 +24,7 @@
 
 #include <torch/torch.h>
 
+#include "bench/proc_memory.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
 
@@ -34,28 +35,9 @@ using rlhf::models::CausalLM;
 using rlhf::models::Checkpointing;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double rss_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  long pages_total = 0, pages_resident = 0;
-  statm >> pages_total >> pages_resident;
-  return static_cast<double>(pages_resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-}
-
-double hwm_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
-  return -1;
-}
-
-bool reset_hwm() {
-  std::ofstream clear("/proc/self/clear_refs");
-  clear << "5";
-  clear.flush();
-  return static_cast<bool>(clear);
-}
+using rlhf::bench::hwm_bytes;
+using rlhf::bench::reset_hwm;
+using rlhf::bench::rss_bytes;
 
 std::string cpu_bf16_flags() {
   std::ifstream cpuinfo("/proc/cpuinfo");
