@@ -6,15 +6,19 @@ namespace rlhf::dpo {
 
 namespace {
 
-// A row's tokens and which of them are response tokens.
+// A row's tokens, which of them are response tokens, and the packed segment (example) each
+// belongs to: the attention mask's value, 1 unless examples are packed.
 struct Row {
   std::vector<int64_t> ids;
   std::vector<uint8_t> is_response;
+  std::vector<int64_t> segment;
 
-  void append(const std::vector<int64_t>& part, bool response) {
+  void append(const std::vector<int64_t>& part, bool response, int64_t segment_id = 1) {
     ids.insert(ids.end(), part.begin(), part.end());
     is_response.insert(is_response.end(), part.size(), response ? 1 : 0);
+    segment.insert(segment.end(), part.size(), segment_id);
   }
+  int64_t segments() const { return segment.empty() ? 0 : segment.back(); }
 };
 
 RowTensors to_tensors(const std::vector<Row>& rows, int64_t pad_id) {
@@ -32,7 +36,7 @@ RowTensors to_tensors(const std::vector<Row>& rows, int64_t pad_id) {
     const Row& r = rows[static_cast<size_t>(i)];
     for (size_t j = 0; j < r.ids.size(); ++j) {
       seq[i][static_cast<int64_t>(j)] = r.ids[j];
-      att[i][static_cast<int64_t>(j)] = 1;
+      att[i][static_cast<int64_t>(j)] = r.segment[j];
       // Position j-1 predicts token j: a loss term when token j is a response token.
       if (j >= 1 && r.is_response[j]) loss[i][static_cast<int64_t>(j) - 1] = 1.0f;
     }
@@ -43,7 +47,7 @@ RowTensors to_tensors(const std::vector<Row>& rows, int64_t pad_id) {
 }  // namespace
 
 int64_t RowTensors::tokens() const {
-  return attention_mask.sum().item<int64_t>();
+  return (attention_mask != 0).sum().item<int64_t>();
 }
 
 RowTensors single_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id) {
@@ -75,14 +79,15 @@ RowTensors packed_rows(const std::vector<const TokenizedExample*>& examples, int
       return r.ids.size() + len <= static_cast<size_t>(max_len);
     });
     if (fits == rows.end()) fits = rows.insert(rows.end(), Row{});
-    fits->append(e->prompt, false);
-    fits->append(e->response, true);
+    const int64_t segment = fits->segments() + 1;
+    fits->append(e->prompt, false, segment);
+    fits->append(e->response, true, segment);
   }
   const int64_t m = std::max<int64_t>(1, row_multiple);
   // A filler row attends to one pad token: a row with no attended token would make the
   // attention softmax all -inf (NaN), and NaN * 0 is still NaN in the loss.
   while (rows.empty() || static_cast<int64_t>(rows.size()) % m != 0)
-    rows.push_back(Row{{pad_id}, {0}});
+    rows.push_back(Row{{pad_id}, {0}, {1}});
   return to_tensors(rows, pad_id);
 }
 

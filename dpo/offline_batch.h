@@ -22,7 +22,7 @@ struct TokenizedExample {
 
 struct RowTensors {
   torch::Tensor sequences;       // [N, T] int64 prompt + response, right-padded with pad_id
-  torch::Tensor attention_mask;  // [N, T] int64
+  torch::Tensor attention_mask;  // [N, T] int64: 0 padding, k >= 1 the k-th example of the row
   torch::Tensor loss_mask;       // [N, T-1] float: 1 where token t+1 is a response token
 
   int64_t rows() const { return sequences.size(0); }
@@ -35,9 +35,10 @@ RowTensors single_rows(const std::vector<const TokenizedExample*>& examples, int
 RowTensors pair_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id);
 // Examples laid end to end in rows of at most `max_len` tokens (first fit, in order), then
 // empty rows (all padding, no loss) until the row count is a multiple of `row_multiple`.
-// The loss mask covers each example's response tokens only; attention and position ids
-// run across example boundaries inside a row, as in TRL's ConstantLengthDataset: cheap
-// packing, without the block-diagonal mask (docs/dpo.md says so).
+// The loss mask covers each example's response tokens only. The attention mask numbers
+// the examples of a row 1, 2, ... so the model keeps them apart: each attends only to
+// itself and its positions restart at 0 (a block-diagonal causal mask), which gives every
+// example the same loss as on a row of its own.
 RowTensors packed_rows(const std::vector<const TokenizedExample*>& examples, int64_t max_len,
                        int64_t row_multiple, int64_t pad_id);
 

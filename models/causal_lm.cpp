@@ -219,8 +219,17 @@ std::vector<ParamUnit> CausalLM::param_units() {
 }
 
 torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {
-  auto pos = attention_mask.to(torch::kInt64).cumsum(-1) - 1;
-  return pos.masked_fill_(attention_mask == 0, 1);
+  auto segment = attention_mask.to(torch::kInt64);
+  auto present = segment != 0;
+  auto pos = present.to(torch::kInt64).cumsum(-1) - 1;  // [B, T] over all tokens of the row
+  // Where a packed segment follows another one directly, remember the running count there;
+  // subtracting the latest such start restarts positions at 0. Plain 0/1 masks (padding
+  // anywhere) have no such start and keep OpenRLHF's cumsum - 1.
+  auto previous = torch::cat({torch::zeros_like(segment.narrow(-1, 0, 1)),
+                              segment.narrow(-1, 0, segment.size(-1) - 1)}, -1);
+  auto starts = present.logical_and(previous != 0).logical_and(segment != previous);
+  auto start_pos = std::get<0>(torch::where(starts, pos, torch::zeros_like(pos)).cummax(-1));
+  return (pos - start_pos).masked_fill_(present.logical_not(), 1);
 }
 
 torch::Tensor last_token_values(const torch::Tensor& values, const torch::Tensor& attention_mask) {
@@ -228,7 +237,7 @@ torch::Tensor last_token_values(const torch::Tensor& values, const torch::Tensor
               "last_token_values: values and attention_mask must both be [B, T], got ", values.sizes(), " and ",
               attention_mask.sizes());
   const int64_t T = attention_mask.size(1);
-  auto last = T - 1 - attention_mask.to(torch::kInt64).fliplr().argmax(1, /*keepdim=*/true);  // [B, 1]
+  auto last = T - 1 - (attention_mask != 0).to(torch::kInt64).fliplr().argmax(1, /*keepdim=*/true);  // [B, 1]
   return values.gather(1, last).squeeze(1);
 }
 

@@ -45,8 +45,11 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   void init_weights(uint64_t seed);
 
   // input_ids, attention_mask: [B, T] (with a cache, attention_mask covers cached + new
-  // positions: [B, cache.length() + T]); position_ids: [B, T], or undefined to derive from
-  // the mask (cumsum - 1, as OpenRLHF). Returns the final-normed hidden states [B, T, H].
+  // positions: [B, cache.length() + T]); attention_mask is 0 for padding and 1 for tokens,
+  // or k >= 1 for the tokens of segment k of a packed row (each segment attends only to
+  // itself and its positions restart at 0). position_ids: [B, T], or undefined to derive
+  // from the mask (cumsum - 1 per segment, as OpenRLHF). Returns the final-normed hidden
+  // states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         const torch::Tensor& position_ids = {}, KvCache* cache = nullptr);
 
@@ -103,7 +106,8 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   LayerHooks* hooks_ = nullptr;
 };
 
-// OpenRLHF's position ids: cumsum(mask) - 1, with padding positions set to 1. [B, T] -> [B, T].
+// OpenRLHF's position ids: cumsum(mask != 0) - 1, restarting at 0 where a packed segment
+// (a new nonzero mask value) begins, with padding positions set to 1. [B, T] -> [B, T].
 torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask);
 
 // A reward per sequence: values [B, T] at each row's last non-padding position of

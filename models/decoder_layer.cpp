@@ -83,8 +83,13 @@ torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t
   auto k_pos = torch::arange(0, S, opts).unsqueeze(0);     // [1, S]
   auto allowed = k_pos <= q_pos;                            // [T, S]
   if (sliding_window > 0) allowed = allowed.logical_and(q_pos - k_pos < sliding_window);
-  auto keys_present = attention_mask.to(torch::kBool).unsqueeze(1);  // [B, 1, S]
-  auto mask = allowed.unsqueeze(0).logical_and(keys_present).logical_or(k_pos == q_pos);  // [B, T, S]
+  auto segment = attention_mask.to(torch::kInt64);                          // [B, S]
+  auto keys_present = (segment != 0).unsqueeze(1);                          // [B, 1, S]
+  // Packed rows: a token attends within its segment only (padding queries keep all keys).
+  auto q_segment = segment.narrow(1, past, T).unsqueeze(2);                  // [B, T, 1]
+  auto same_segment = (q_segment == segment.unsqueeze(1)).logical_or(q_segment == 0);  // [B, T, S]
+  auto mask = allowed.unsqueeze(0).logical_and(keys_present).logical_and(same_segment)
+                  .logical_or(k_pos == q_pos);  // [B, T, S]
   mask = mask.unsqueeze(1);                                                                // [B, 1, T, S]
   if (uses_fused_attention()) return mask;
   auto bias = torch::zeros(mask.sizes(), mask.options().dtype(torch::kFloat32));

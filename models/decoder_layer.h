@@ -29,9 +29,10 @@ void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids,
                    torch::Tensor& cos, torch::Tensor& sin);
 
 // The mask for queries at positions [past, past + T) over keys [0, past + T), from
-// attention_mask [B, past + T] (1 = token, 0 = padding): causal, padding keys hidden,
-// optional sliding window; each query always sees itself so no row is empty (rows of
-// padding queries are garbage but finite, as in HF).
+// attention_mask [B, past + T] (0 = padding; 1 = token; k >= 1 = token of packed segment
+// k): causal, padding keys hidden, a token sees only keys of its own segment, optional
+// sliding window; each query always sees itself so no row is empty (rows of padding
+// queries are garbage but finite, as in HF).
 torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t past, int64_t T,
                                     int64_t sliding_window);
 

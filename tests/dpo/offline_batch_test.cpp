@@ -49,6 +49,10 @@ TEST(OfflineBatch, PackedRowsFitExamplesAndPadTheRowCount) {
   EXPECT_EQ(row(r.loss_mask, 0), (std::vector<int64_t>{0, 1, 1, 0, 1, 1}));
   EXPECT_EQ(row(r.sequences, 1), (std::vector<int64_t>{8, 9, 10, 11, 0, 0, 0}));
   EXPECT_EQ(row(r.loss_mask, 1), (std::vector<int64_t>{0, 0, 1, 0, 0, 0}));
+  // The attention mask numbers the examples of a row: a is segment 1, b segment 2.
+  EXPECT_EQ(row(r.attention_mask, 0), (std::vector<int64_t>{1, 1, 1, 1, 2, 2, 2}));
+  EXPECT_EQ(row(r.attention_mask, 1), (std::vector<int64_t>{1, 1, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(r.tokens(), 7 + 4 + 1 + 1);
   // Filler rows attend to one pad token (no all-masked softmax) and carry no loss.
   EXPECT_EQ(row(r.attention_mask, 3), (std::vector<int64_t>{1, 0, 0, 0, 0, 0, 0}));
   EXPECT_EQ(r.loss_mask[3].sum().item<float>(), 0.0f);

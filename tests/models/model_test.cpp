@@ -199,6 +199,29 @@ TEST(CausalLM, FrozenEmbeddingsStillGiveCheckpointedLayersTheirGradients) {
   EXPECT_FALSE(model->embed_tokens->weight.grad().defined());
 }
 
+// Packed rows (attention_mask numbering segments 1, 2, ...): every segment gets the hidden
+// states it gets alone, so SFT packing trains exactly as separate rows do.
+TEST(CausalLM, PackedSegmentsEqualSeparateRows) {
+  torch::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  auto model = tiny_model();
+  auto a = random_ids(1, 5, 288, 5), b = random_ids(1, 4, 288, 6);
+  auto alone_a = model->forward(a, torch::ones_like(a));
+  auto alone_b = model->forward(b, torch::ones_like(b));
+  auto mask = torch::cat({torch::full({1, 5}, 1, torch::kInt64), torch::full({1, 4}, 2, torch::kInt64),
+                          torch::zeros({1, 2}, torch::kInt64)}, 1);
+  auto ids = torch::cat({a, b, torch::full({1, 2}, 256, torch::kInt64)}, 1);
+  EXPECT_TRUE(torch::equal(position_ids_from_mask(mask),
+                           torch::tensor({{0, 1, 2, 3, 4, 0, 1, 2, 3, 1, 1}}, torch::kInt64)));
+  auto packed = model->forward(ids, mask);
+  // Masked keys add exp(-huge) = 0 exactly: FP32 rounding of reordered sums only.
+  EXPECT_LT(relative_error(packed.narrow(1, 0, 5), alone_a), 1e-5);
+  EXPECT_LT(relative_error(packed.narrow(1, 5, 4), alone_b), 1e-5);
+  // A plain 0/1 mask with a hole keeps OpenRLHF's cumsum - 1 (no restart).
+  EXPECT_TRUE(torch::equal(position_ids_from_mask(torch::tensor({{0, 1, 1, 0, 1}}, torch::kInt64)),
+                           torch::tensor({{1, 0, 1, 1, 2}}, torch::kInt64)));
+}
+
 TEST(AttentionMask, CausalPaddingWindowAndCacheOffsetsAsATable) {
   if (uses_fused_attention()) GTEST_SKIP() << "torch >= 2 returns a bool mask; the table below is the FP32 one";
   // attention_mask [1, 4] with the first key padded; queries are positions 2 and 3 (2 cached).
