@@ -74,6 +74,15 @@ int cmd_run(const Argv& argv) {
                                           : dpo::offline_driver(spec, {args.flag("--resume")});
   }
   const Placement placement = place(spec);
+  // Workers run their models on CPU: moving models, trainer states and collectives onto
+  // CUDA devices is not built yet, and a cuda spec must not silently train on the CPU.
+  // `rlhf plan` and `rlhf validate` still take cuda specs (memory planning for GPUs).
+  for (const auto& w : placement.workers) {
+    if (w.device_kind == DeviceKind::kCuda)
+      throw InputError(spec.source() + ": cluster.nodes: " + w.label() + " is placed on cuda node '" + w.node +
+                       "', but this version of rlhf trains on cpu nodes only (the worker GPU path is not "
+                       "built yet); use \"kind\": \"cpu\" nodes, or `rlhf plan` to size a GPU job");
+  }
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
   if (!smoke && !args.flag("--resume")) {
     if (auto kept = set_aside_previous_run(spec))

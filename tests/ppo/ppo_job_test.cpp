@@ -165,6 +165,21 @@ TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
   EXPECT_FALSE(fs::exists(dir_ / "runs" / "ppo_tiny" / "workers.json"));
 }
 
+// A cuda spec is refused before any worker starts, rather than silently training on the CPU
+// (the worker GPU path is not built); plan still sizes it.
+TEST_F(PpoJob, CudaNodesAreRefusedByRunButPlanned) {
+  const std::string cuda = R"(cluster.nodes=[{"name":"gpu","kind":"cuda","devices":5,"memory_gb":80}])";
+  Result r = run("cuda", {"--set", cuda});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("is placed on cuda node 'gpu'"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "runs" / "cuda" / "workers.json"));
+  Result plan = rlhf({"plan", "examples/ppo_tiny.json", "--set", cuda,
+                      "--set", "actor.model=" + (dir_ / "tiny").string(),
+                      "--set", "critic.model=" + (dir_ / "tiny-value").string()});
+  EXPECT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("80.00 GiB"), std::string::npos) << plan.out;
+}
+
 // A verifier on loopback: scores each response by its share of lowercase letters.
 class ScoringServer {
  public:
