@@ -13,6 +13,7 @@
 #include "core/metrics.h"
 #include "core/run_dir.h"
 #include "dpo/preference_dataset.h"
+#include "engine/memory_check.h"
 #include "engine/role_config.h"
 #include "scheduler/peak_memory.h"
 #include "scheduler/role_group.h"
@@ -296,6 +297,7 @@ void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
 }
 
 void OfflineJob::run(Scheduler& s, std::ostream& out) {
+  planned_ = engine::planned_roles(run_dir_);
   metrics_ = std::make_unique<MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string());
   group_size_ = s.group(trained_).size();
   accum_ = std::max<int64_t>(1, batch_size_ / (micro_ * group_size_));
@@ -317,7 +319,7 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
   for (++step; step <= total_steps_; ++step) {
     json rec = train_step(s, step);
     if (step % logging == 0 || step == total_steps_) {
-      rec["memory"] = peak_memory_by_role(s);
+      rec["memory"] = peak_memory_by_role(s, planned_);
       metrics_->write(rec);
       out << "step " << step << "/" << total_steps_ << " | epoch " << rec["epoch"] << " | "
           << step_line(rec) << " | " << fixed(rec["time_s"].get<double>(), 2) << " s | "

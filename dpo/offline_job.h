@@ -81,6 +81,7 @@ class OfflineJob {
   void write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out);
 
   JobSpec spec_;
+  nlohmann::json planned_;  // plan.json's per-role figures (null without a plan)
   OfflineDriverOptions options_;
   Role trained_;
   RowLayout layout_;

@@ -57,6 +57,14 @@ double MemoryCheckRow::rss_error() const {
   return relative_error(planned_total, measured_rss);
 }
 
+json planned_roles(const std::string& run_dir) {
+  const fs::path plan_path = fs::path(run_dir) / kPlanFileName;
+  if (!fs::exists(plan_path)) return nullptr;
+  const json plan = read_json_file(plan_path);
+  if (!plan.contains("memory") || !plan["memory"].contains("roles")) return nullptr;
+  return plan["memory"]["roles"];
+}
+
 std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
   const fs::path plan_path = fs::path(run_dir) / kPlanFileName;
   const json plan = read_json_file(plan_path);

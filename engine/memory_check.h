@@ -20,6 +20,11 @@ inline constexpr const char* kPlanFileName = "plan.json";
 // its own error). Throws RuntimeError when the file cannot be written.
 void write_run_plan(const JobSpec& spec, const std::string& run_dir);
 
+// The plan's per-role figures of <run_dir>/plan.json ({"actor": {"device_total": ..,
+// "engine_peak": .., ...}, ...}), or null when the run has no memory plan (no plan.json, or
+// model directories were missing). Drivers put them beside the measured peaks.
+nlohmann::json planned_roles(const std::string& run_dir);
+
 // One role rank: the planner's figures and the largest measured ones over all metrics records.
 struct MemoryCheckRow {
   std::string role;

@@ -13,6 +13,7 @@
 #include "core/errors.h"
 #include "core/metrics.h"
 #include "core/run_dir.h"
+#include "engine/memory_check.h"
 #include "engine/role_config.h"
 #include "ppo/advantages.h"
 #include "ppo/ppo_config.h"
@@ -122,6 +123,7 @@ class PpoJob {
   const RuleReward* rule_ = nullptr;
   std::unique_ptr<RemoteReward> remote_;
   bool has_ref_ = false, has_critic_ = false, has_reward_model_ = false;
+  json planned_;  // plan.json's per-role figures (null without a plan), beside measured peaks
 };
 
 PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
@@ -424,6 +426,7 @@ std::string fmt(double v, int precision = 3) {
 }
 
 void PpoJob::run(Scheduler& s, std::ostream& out) {
+  planned_ = engine::planned_roles(run_dir_);
   MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string());
   out << "ppo: " << stream_->size() << " prompts (" << truncated_prompts_ << " truncated to "
       << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
@@ -472,7 +475,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                   {"tokens_per_s", tokens / t_step},
                   {"weight_version", r.weight_version},
                   {"prompts_consumed", stream_->consumed()},
-                  {"memory", peak_memory_by_role(s)}};
+                  {"memory", peak_memory_by_role(s, planned_)}};
       rec.update(losses);
       metrics.write(rec);
       out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"]) << " +- "

@@ -5,7 +5,7 @@
 
 namespace rlhf {
 
-nlohmann::json peak_memory_by_role(Scheduler& s) {
+nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_roles) {
   nlohmann::json out = nlohmann::json::object();
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
@@ -19,6 +19,11 @@ nlohmann::json peak_memory_by_role(Scheduler& s) {
                           {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})}};
       if (!tensors.empty())
         m["peak_tensor_bytes"] = tensors[rank].args.value("peak_tensor_bytes", int64_t{0});
+      if (planned_roles.is_object() && planned_roles.contains(role_name(role))) {
+        const auto& plan = planned_roles[role_name(role)];
+        m["planned_total_bytes"] = plan.value("device_total", int64_t{0});
+        m["planned_tensor_bytes"] = plan.value("engine_peak", int64_t{0});
+      }
       ranks.push_back(m);
     }
     out[role_name(role)] = ranks;

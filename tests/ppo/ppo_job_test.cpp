@@ -90,7 +90,11 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
     for (const char* role : {"actor", "critic", "reward", "ref", "rollout"}) {
       ASSERT_TRUE(m["memory"].contains(role)) << role;
       EXPECT_GT(m["memory"][role][0]["peak_rss_bytes"].get<int64_t>(), 0) << role;
+      // What `rlhf plan` predicted (plan.json) sits beside the measured peak.
+      EXPECT_GT(m["memory"][role][0].value("planned_total_bytes", int64_t{0}), 0) << role;
     }
+    // The trainer's tracked peak is planned to the byte (engine/memory_plan replays it).
+    EXPECT_EQ(m["memory"]["actor"][0]["planned_tensor_bytes"], m["memory"]["actor"][0]["peak_tensor_bytes"]);
   }
   // Five roles, each its own process.
   auto workers = json::parse(slurp(run_dir("three") / "workers.json"));
