@@ -38,7 +38,7 @@ int cmd_sweep(const Argv& argv) {
       set_option(),
       {"--grid", true, "a key and the values to sweep (repeatable; the grid is every combination)",
        "KEY=V1,V2"},
-      {"--steps", true, "PPO steps per variant (train.max_steps; default 2)", "N"},
+      {"--steps", true, "training steps per variant (train.max_steps; default 2)", "N"},
       {"--plan-only", false,
        "fill the table from the memory planner alone, marking what would not fit"},
       {"--out", true, "output directory (default <logger.run_dir>/sweep-<name>)", "DIR"},

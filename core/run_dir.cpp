@@ -18,15 +18,23 @@ std::string checkpoint_directory(const JobSpec& spec) {
 std::optional<std::string> set_aside_previous_run(const JobSpec& spec) {
   const fs::path run_dir = run_directory(spec);
   const fs::path ckpt = checkpoint_directory(spec);
-  const fs::path metrics = run_dir / "metrics.jsonl", plan = run_dir / "plan.json";
-  if (!fs::exists(metrics) && !fs::exists(ckpt)) return std::nullopt;
+  const fs::path metrics = run_dir / "metrics.jsonl", plan = run_dir / "plan.json",
+                 exported = run_dir / "export";
+  if (!fs::exists(metrics) && !fs::exists(ckpt) && !fs::exists(exported)) return std::nullopt;
   int k = 1;
   while (fs::exists(run_dir / ("previous-" + std::to_string(k)))) ++k;
-  const fs::path keep = run_dir / ("previous-" + std::to_string(k));
+  const std::string suffix = "previous-" + std::to_string(k);
+  const fs::path keep = run_dir / suffix;
   fs::create_directories(keep);
-  if (fs::exists(metrics)) fs::rename(metrics, keep / "metrics.jsonl");
-  if (fs::exists(plan)) fs::rename(plan, keep / "plan.json");
-  if (fs::exists(ckpt)) fs::rename(ckpt, keep / "ckpt");
+  for (const fs::path& p : {metrics, plan, exported})
+    if (fs::exists(p)) fs::rename(p, keep / p.filename());
+  if (fs::exists(ckpt)) {
+    // A checkpoint directory inside the run directory moves with the rest; one elsewhere
+    // (ckpt.path, perhaps another filesystem) is renamed beside itself: <ckpt>-previous-K.
+    const auto relative = fs::relative(fs::weakly_canonical(ckpt), fs::weakly_canonical(run_dir));
+    const bool inside = !relative.empty() && *relative.begin() != "..";
+    fs::rename(ckpt, inside ? keep / "ckpt" : fs::path(ckpt.string() + "-" + suffix));
+  }
   return keep.string();
 }
 

@@ -72,22 +72,46 @@ RowTensors pair_rows(const std::vector<const TokenizedExample*>& examples, int64
 
 RowTensors packed_rows(const std::vector<const TokenizedExample*>& examples, int64_t max_len,
                        int64_t row_multiple, int64_t pad_id) {
-  std::vector<Row> rows;
+  // First fit, in order: each bin is the examples of one row.
+  std::vector<std::vector<const TokenizedExample*>> bins;
+  std::vector<size_t> used;  // tokens per bin
   for (const TokenizedExample* e : examples) {
     const size_t len = e->prompt.size() + e->response.size();
-    auto fits = std::find_if(rows.begin(), rows.end(), [&](const Row& r) {
-      return r.ids.size() + len <= static_cast<size_t>(max_len);
-    });
-    if (fits == rows.end()) fits = rows.insert(rows.end(), Row{});
-    const int64_t segment = fits->segments() + 1;
-    fits->append(e->prompt, false, segment);
-    fits->append(e->response, true, segment);
+    size_t b = 0;
+    while (b < bins.size() && used[b] + len > static_cast<size_t>(max_len)) ++b;
+    if (b == bins.size()) {
+      bins.emplace_back();
+      used.push_back(0);
+    }
+    bins[b].push_back(e);
+    used[b] += len;
   }
   const int64_t m = std::max<int64_t>(1, row_multiple);
-  // A filler row attends to one pad token: a row with no attended token would make the
-  // attention softmax all -inf (NaN), and NaN * 0 is still NaN in the loss.
-  while (rows.empty() || static_cast<int64_t>(rows.size()) % m != 0)
-    rows.push_back(Row{{pad_id}, {0}, {1}});
+  const int64_t total = std::max<int64_t>(1, (static_cast<int64_t>(bins.size()) + m - 1) / m * m);
+  // Rows the multiple adds are filled by splitting the fullest bins first: an all-padding
+  // micro batch would add a zero loss to the step's average and shrink its gradient.
+  while (static_cast<int64_t>(bins.size()) < total) {
+    auto most = std::max_element(bins.begin(), bins.end(),
+                                 [](const auto& a, const auto& b) { return a.size() < b.size(); });
+    if (most == bins.end() || most->size() < 2) break;
+    const TokenizedExample* moved = most->back();
+    most->pop_back();
+    bins.push_back({moved});
+  }
+  // Fewer examples than rows: spread the real rows evenly among the filler ones. A filler
+  // row attends to one pad token: a row with no attended token would make the attention
+  // softmax all -inf (NaN), and NaN * 0 is still NaN in the loss.
+  std::vector<Row> rows(static_cast<size_t>(total), Row{{pad_id}, {0}, {1}});
+  const auto real = static_cast<int64_t>(bins.size());
+  for (int64_t b = 0; b < real; ++b) {
+    Row& row = rows[static_cast<size_t>(b * total / real)];
+    row = Row{};
+    int64_t segment = 0;
+    for (const TokenizedExample* e : bins[static_cast<size_t>(b)]) {
+      row.append(e->prompt, false, ++segment);
+      row.append(e->response, true, segment);
+    }
+  }
   return to_tensors(rows, pad_id);
 }
 

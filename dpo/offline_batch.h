@@ -33,8 +33,10 @@ struct RowTensors {
 RowTensors single_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id);
 // Two rows per example: 2i = prompt + chosen, 2i+1 = prompt + rejected.
 RowTensors pair_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id);
-// Examples laid end to end in rows of at most `max_len` tokens (first fit, in order), then
-// empty rows (all padding, no loss) until the row count is a multiple of `row_multiple`.
+// Examples laid end to end in rows of at most `max_len` tokens (first fit, in order); the
+// row count is rounded up to a multiple of `row_multiple` by splitting the fullest rows
+// (every row holds an example while there are enough), else with empty rows (all padding,
+// no loss) spread evenly between the real ones.
 // The loss mask covers each example's response tokens only. The attention mask numbers
 // the examples of a row 1, 2, ... so the model keeps them apart: each attends only to
 // itself and its positions restart at 0 (a block-diagonal causal mask), which gives every

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -153,9 +155,10 @@ void read_metrics(const std::string& path, VariantResult& r) {
     json times = records[i].value("time_s", json::object());
     if (!times.is_object()) times = {{"step", times}};  // offline jobs log the step time alone
     for (const char* phase : {"generate", "score", "train", "sync", "step"})
-      r.phase_s[phase] += times.value(phase, 0.0) / n;
+      if (times.contains(phase)) r.phase_s[phase] += times.value(phase, 0.0) / n;
   }
-  r.reward_mean = records.back().value("reward_mean", 0.0);
+  // Offline jobs (dpo, sft, rm) have no reward: NaN prints as "-".
+  r.reward_mean = records.back().value("reward_mean", std::numeric_limits<double>::quiet_NaN());
   const json peaks = engine::measured_peaks(path);
   for (const auto& [role, m] : peaks.items()) {
     RoleMemoryFigures& f = r.memory[role];
@@ -182,9 +185,17 @@ pid_t spawn(const std::vector<std::string>& argv, const fs::path& out, const fs:
   return pid;
 }
 
-int64_t count_lines(const std::string& path) {
+// Training steps logged so far in the child's metrics.jsonl (records with samples_per_s;
+// held-out records are not steps), counting only a file written since `since`: an earlier
+// run's file is the child's to set aside (previous-K), not the sweep's to delete.
+int64_t count_steps(const std::string& path, fs::file_time_type since) {
+  std::error_code ec;
+  if (!fs::exists(path, ec) || fs::last_write_time(path, ec) < since || ec) return 0;
   std::ifstream in(path);
-  return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  int64_t steps = 0;
+  for (std::string line; std::getline(in, line);)
+    steps += line.find("\"samples_per_s\"") != std::string::npos ? 1 : 0;
+  return steps;
 }
 
 void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool>& stop,
@@ -204,8 +215,8 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
   const fs::path out = fs::path(r.run_dir) / "sweep-stdout.log",
                  err = fs::path(r.run_dir) / "sweep-stderr.log";
   const std::string metrics = (fs::path(r.run_dir) / "metrics.jsonl").string();
-  fs::remove(metrics);
   const auto t0 = Clock::now();
+  const auto started = fs::file_time_type::clock::now();
   const pid_t pid = spawn(argv, out, err);
   int status = 0;
   bool interrupted = false;
@@ -222,7 +233,7 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
       kill_at = Clock::now() + std::chrono::seconds(30);
     }
     if (interrupted && Clock::now() > kill_at) ::kill(pid, SIGKILL);
-    const int64_t steps = count_lines(metrics);
+    const int64_t steps = count_steps(metrics, started);
     if (steps != shown) {
       shown = steps;
       progress << tag << " " << r.name << ": step " << steps << "/" << o.steps << " (" << std::fixed
@@ -345,8 +356,7 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
   const auto roles = roles_of(results);
   for (const auto& axis : grid) out << csv_field(axis.key) << ',';
   out << "variant,status,reason,steps,seconds,samples_per_s,tokens_per_s,generate_s,score_s,train_"
-         "s,sync_s,"
-         "reward_mean";
+         "s,sync_s,step_s,reward_mean";
   for (const auto& role : roles)
     out << ',' << role << "_planned_total," << role << "_planned_engine," << role
         << "_measured_tensor," << role << "_measured_rss";
@@ -359,7 +369,8 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
     out << r.name << ',' << csv_field(variant_status_name(r.status)) << ',' << csv_field(r.reason)
         << ',' << r.steps << ',' << fixed(r.seconds, 2) << ',' << fixed(r.samples_per_s, 3) << ','
         << fixed(r.tokens_per_s, 1) << ',' << phase("generate") << ',' << phase("score") << ','
-        << phase("train") << ',' << phase("sync") << ',' << fixed(r.reward_mean, 4);
+        << phase("train") << ',' << phase("sync") << ',' << phase("step") << ','
+        << (std::isnan(r.reward_mean) ? std::string() : fixed(r.reward_mean, 4));
     for (const auto& role : roles) {
       RoleMemoryFigures f = r.memory.count(role) ? r.memory.at(role) : RoleMemoryFigures{};
       out << ',' << f.planned_total << ',' << f.planned_engine << ',' << f.measured_tensor << ','
@@ -377,7 +388,7 @@ std::string sweep_markdown(const std::vector<VariantResult>& results,
   const auto roles = roles_of(results);
   md << '|';
   for (const auto& axis : grid) md << " `" << axis.key << "` |";
-  md << " status | samples/s | tokens/s | gen / score / train / sync s | reward |";
+  md << " status | samples/s | tokens/s | seconds per phase | reward |";
   for (const auto& role : roles) md << ' ' << role << " planned / tensor / RSS |";
   md << "\n|";
   for (size_t i = 0; i < grid.size() + 5 + roles.size(); ++i) md << " --- |";
@@ -388,12 +399,15 @@ std::string sweep_markdown(const std::vector<VariantResult>& results,
     md << ' ' << variant_status_name(r.status) << (r.reason.empty() ? "" : " (" + r.reason + ")")
        << " | ";
     if (r.steps > 0) {
-      auto phase = [&r](const char* p) {
-        return r.phase_s.count(p) ? fixed(r.phase_s.at(p), 2) : std::string("-");
-      };
+      std::string phases;  // "gen 0.03 / score 0.01 / train 0.03 / sync 0.00", or "step 0.04"
+      for (const auto& [key, name] : {std::pair<const char*, const char*>{"generate", "gen"},
+                                      {"score", "score"}, {"train", "train"}, {"sync", "sync"},
+                                      {"step", "step"}})
+        if (r.phase_s.count(key))
+          phases += (phases.empty() ? "" : " / ") + std::string(name) + " " + fixed(r.phase_s.at(key), 2);
       md << fixed(r.samples_per_s, 1) << " | " << fixed(r.tokens_per_s, 0) << " | "
-         << phase("generate") << " / " << phase("score") << " / " << phase("train") << " / "
-         << phase("sync") << " | " << fixed(r.reward_mean, 3) << " |";
+         << (phases.empty() ? "-" : phases) << " | "
+         << (std::isnan(r.reward_mean) ? std::string("-") : fixed(r.reward_mean, 3)) << " |";
     } else {
       md << "- | - | - | - |";
     }

@@ -52,7 +52,7 @@ struct VariantResult {
   double samples_per_s = 0.0;  // mean over logged steps (after the first when > 1)
   double tokens_per_s = 0.0;
   std::map<std::string, double> phase_s;  // generate, score, train, sync: mean seconds per step
-  double reward_mean = 0.0;               // of the last logged step
+  double reward_mean = 0.0;  // of the last logged step; NaN when the job logs none (dpo, sft, rm)
   int64_t steps = 0;                      // logged steps
   std::map<std::string, RoleMemoryFigures> memory;  // per role
   int64_t max_planned_device = 0;                   // largest planned device total

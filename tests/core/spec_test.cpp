@@ -332,6 +332,18 @@ TEST(RunDir, FreshRunSetsAsideTheEarlierRunsOutputs) {
   std::ofstream(run / "metrics.jsonl") << "{\"step\": 2}\n";
   EXPECT_EQ(set_aside_previous_run(spec).value_or(""), (run / "previous-2").string());
   EXPECT_TRUE(fs::exists(run / "previous-1/metrics.jsonl")) << "earlier copies stay";
+  // An exported model is kept too; a ckpt.path outside the run directory is renamed beside
+  // itself (a move into the run directory could cross filesystems).
+  fs::create_directories(run / "export/actor");
+  const fs::path outside = parent / "shared-ckpt";
+  fs::create_directories(outside / "actor");
+  const JobSpec custom = JobSpec::parse(base_spec().dump(), "job.json",
+                                        {"logger.run_dir=" + parent.string(), "name=job",
+                                         "ckpt.path=" + outside.string()});
+  EXPECT_EQ(set_aside_previous_run(custom).value_or(""), (run / "previous-3").string());
+  EXPECT_TRUE(fs::exists(run / "previous-3/export/actor"));
+  EXPECT_TRUE(fs::exists(parent / "shared-ckpt-previous-3/actor"));
+  EXPECT_FALSE(fs::exists(outside));
 }
 
 TEST(Spec, CommentsAreAllowed) {

@@ -42,9 +42,9 @@ TEST(OfflineBatch, PairRowsInterleaveAndMaskOnlyResponseTokens) {
 
 TEST(OfflineBatch, PackedRowsFitExamplesAndPadTheRowCount) {
   TokenizedExample a{{1, 2}, {3, 4}, {}}, b{{5}, {6, 7}, {}}, c{{8, 9, 10}, {11}, {}};
-  // max_len 7: a (4) + b (3) share a row, c (4) starts the next; 4 rows for a multiple of 4.
-  RowTensors r = packed_rows({&a, &b, &c}, 7, 4, /*pad_id=*/0);
-  ASSERT_EQ(r.rows(), 4);
+  // max_len 7: a (4) + b (3) share a row, c (4) starts the next; 2 rows are a multiple of 2.
+  RowTensors r = packed_rows({&a, &b, &c}, 7, 2, /*pad_id=*/0);
+  ASSERT_EQ(r.rows(), 2);
   EXPECT_EQ(row(r.sequences, 0), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(row(r.loss_mask, 0), (std::vector<int64_t>{0, 1, 1, 0, 1, 1}));
   EXPECT_EQ(row(r.sequences, 1), (std::vector<int64_t>{8, 9, 10, 11, 0, 0, 0}));
@@ -52,9 +52,26 @@ TEST(OfflineBatch, PackedRowsFitExamplesAndPadTheRowCount) {
   // The attention mask numbers the examples of a row: a is segment 1, b segment 2.
   EXPECT_EQ(row(r.attention_mask, 0), (std::vector<int64_t>{1, 1, 1, 1, 2, 2, 2}));
   EXPECT_EQ(row(r.attention_mask, 1), (std::vector<int64_t>{1, 1, 1, 1, 0, 0, 0}));
-  EXPECT_EQ(r.tokens(), 7 + 4 + 1 + 1);
+  EXPECT_EQ(r.tokens(), 7 + 4);
+
+  // A multiple of 4: the shared row is split first (every example gets a row of its own),
+  // then one filler row, after the real ones.
+  r = packed_rows({&a, &b, &c}, 7, 4, /*pad_id=*/0);
+  ASSERT_EQ(r.rows(), 4);
+  EXPECT_EQ(row(r.sequences, 0), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(row(r.sequences, 1), (std::vector<int64_t>{8, 9, 10, 11}));
+  EXPECT_EQ(row(r.sequences, 2), (std::vector<int64_t>{5, 6, 7, 0}));
   // Filler rows attend to one pad token (no all-masked softmax) and carry no loss.
-  EXPECT_EQ(row(r.attention_mask, 3), (std::vector<int64_t>{1, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(row(r.attention_mask, 3), (std::vector<int64_t>{1, 0, 0, 0}));
+  EXPECT_EQ(r.loss_mask[3].sum().item<float>(), 0.0f);
+
+  // Two examples over 4 rows: real rows spread out (rows 0 and 2), so two micro batches of
+  // two rows both hold one example rather than one holding only padding.
+  r = packed_rows({&a, &c}, 7, 4, /*pad_id=*/0);
+  ASSERT_EQ(r.rows(), 4);
+  EXPECT_GT(r.loss_mask[0].sum().item<float>(), 0.0f);
+  EXPECT_EQ(r.loss_mask[1].sum().item<float>(), 0.0f);
+  EXPECT_GT(r.loss_mask[2].sum().item<float>(), 0.0f);
   EXPECT_EQ(r.loss_mask[3].sum().item<float>(), 0.0f);
 }
 
