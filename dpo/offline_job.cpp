@@ -111,19 +111,12 @@ TokenizedExample OfflineJob::tokenize(const std::string& prompt, const std::stri
   };
   const int64_t prompt_max = spec_.get_int("data.prompt_max_len"),
                 max_len = spec_.get_int("data.max_len");
-  // A response cut to fit still ends in EOS: OpenRLHF overwrites the last kept token with
-  // it, so a reward model is trained at the token PPO will score it at.
-  auto fit = [&](std::vector<int64_t>& ids) {
-    const size_t full = ids.size();
-    const bool cut = truncate_pair(e.prompt, ids, prompt_max, max_len);
-    if (ids.size() < full && eos_id_ >= 0 && !ids.empty()) ids.back() = eos_id_;
-    return cut;
-  };
+  // A response cut to fit still ends in EOS (truncate_pair overwrites its last kept token).
   e.response = encode_response(response);
-  bool cut = fit(e.response);
+  bool cut = truncate_pair(e.prompt, e.response, prompt_max, max_len, eos_id_);
   if (pair) {
     e.rejected = encode_response(rejected);
-    cut = fit(e.rejected) || cut;
+    cut = truncate_pair(e.prompt, e.rejected, prompt_max, max_len, eos_id_) || cut;
   }
   truncated_ += cut ? 1 : 0;
   return e;

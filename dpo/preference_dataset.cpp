@@ -112,7 +112,7 @@ OfflineDataset<SftRow> load_sft(const OfflineDataConfig& c) {
 }
 
 bool truncate_pair(std::vector<int64_t>& prompt, std::vector<int64_t>& response, int64_t prompt_max_len,
-                   int64_t max_len) {
+                   int64_t max_len, int64_t eos_id) {
   bool cut = false;
   if (static_cast<int64_t>(prompt.size()) > prompt_max_len) {
     prompt.erase(prompt.begin(), prompt.end() - prompt_max_len);
@@ -121,6 +121,7 @@ bool truncate_pair(std::vector<int64_t>& prompt, std::vector<int64_t>& response,
   const int64_t room = std::max<int64_t>(1, max_len - static_cast<int64_t>(prompt.size()));
   if (static_cast<int64_t>(response.size()) > room) {
     response.resize(static_cast<size_t>(room));
+    if (eos_id >= 0) response.back() = eos_id;
     cut = true;
   }
   return cut;

@@ -59,9 +59,11 @@ std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64
 
 // Truncates a (prompt, response) pair of token ids to `max_len` total, keeping the prompt:
 // a prompt longer than `prompt_max_len` keeps its last prompt_max_len tokens, then the
-// response is cut to what is left (at least 1 token when max_len > prompt_max_len).
+// response is cut to what is left (at least 1 token when max_len > prompt_max_len). A cut
+// response ends in `eos_id` when it is >= 0 (its last kept token is overwritten, as
+// OpenRLHF does, so a reward model is trained at the token PPO scores it at).
 // Returns true when anything was cut.
 bool truncate_pair(std::vector<int64_t>& prompt, std::vector<int64_t>& response, int64_t prompt_max_len,
-                   int64_t max_len);
+                   int64_t max_len, int64_t eos_id = -1);
 
 }  // namespace rlhf::dpo

@@ -105,6 +105,14 @@ TEST(Truncation, KeepsPromptEndThenCutsResponse) {
   EXPECT_EQ(response, (std::vector<int64_t>{6, 7}));
   std::vector<int64_t> p2 = {1}, r2 = {2, 3};
   EXPECT_FALSE(truncate_pair(p2, r2, 3, 5));
+  // With an EOS id, a cut response still ends in EOS (OpenRLHF overwrites the last kept
+  // token); an uncut one is left alone.
+  std::vector<int64_t> p3 = {1, 2, 3}, r3 = {6, 7, 8, 99};
+  EXPECT_TRUE(truncate_pair(p3, r3, 3, 5, /*eos_id=*/99));
+  EXPECT_EQ(r3, (std::vector<int64_t>{6, 99}));
+  std::vector<int64_t> p4 = {1}, r4 = {2, 99};
+  EXPECT_FALSE(truncate_pair(p4, r4, 3, 5, 99));
+  EXPECT_EQ(r4, (std::vector<int64_t>{2, 99}));
 }
 
 }  // namespace
