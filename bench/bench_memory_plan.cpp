@@ -80,16 +80,8 @@ int main(int argc, char** argv) {
               "error");
   for (int64_t T : seqs) {
     for (bool ckpt : {false, true}) {
-      int fds[2];
-      if (::pipe(fds) != 0) return std::perror("pipe"), 1;
-      std::fflush(stdout);
-      const pid_t pid = ::fork();
-      if (pid < 0) return std::perror("fork"), 1;
-      if (pid == 0) {
-        ::close(fds[0]);
-        if (::mallopt(M_MMAP_THRESHOLD, 64 * 1024) != 1 ||
-            ::mallopt(M_TRIM_THRESHOLD, 64 * 1024) != 1)
-          ::_exit(3);
+      const auto child = rlhf::bench::measure_in_child(1, [&] {
+        torch::set_num_threads(1);  // the parent's OpenMP pool does not survive fork
         auto model = std::make_shared<CausalLM>(config);
         model->to(torch::kBFloat16);
         model->train();
@@ -97,21 +89,10 @@ int main(int argc, char** argv) {
         torch::manual_seed(static_cast<uint64_t>(T));
         auto ids =
             torch::randint(0, std::min<int64_t>(config.vocab_size, 259), {batch, T}, torch::kInt64);
-        const double peak = measure(*model, ids);
-        if (::write(fds[1], &peak, sizeof peak) != static_cast<ssize_t>(sizeof peak)) ::_exit(5);
-        ::_exit(0);
-      }
-      ::close(fds[1]);
-      double measured = -1;
-      const bool got =
-          ::read(fds[0], &measured, sizeof measured) == static_cast<ssize_t>(sizeof measured);
-      ::close(fds[0]);
-      int status = 0;
-      if (::waitpid(pid, &status, 0) != pid || !got || !WIFEXITED(status) ||
-          WEXITSTATUS(status) != 0) {
-        std::fprintf(stderr, "measurement child failed (status %d)\n", status);
-        return 1;
-      }
+        return std::vector<double>{measure(*model, ids)};
+      });
+      if (!child) return 1;
+      const double measured = child->front();
       rlhf::engine::RoleMemoryInput in;
       in.role = "bench";
       in.model = config;

@@ -158,39 +158,28 @@ int main(int argc, char** argv) {
 
   // Memory in a forked child whose malloc mmaps every block >= 64 KiB from the start (see
   // the file comment); the parent waits, then times with the default malloc.
-  int fds[2];
-  if (::pipe(fds) != 0) return std::perror("pipe"), 1;
-  std::fflush(stdout);
-  const pid_t pid = ::fork();
-  if (pid < 0) return std::perror("fork"), 1;
-  if (pid == 0) {
-    ::close(fds[0]);
-    if (::mallopt(M_MMAP_THRESHOLD, 64 * 1024) != 1 || ::mallopt(M_TRIM_THRESHOLD, 64 * 1024) != 1) ::_exit(3);
+  const auto child = rlhf::bench::measure_in_child(lengths.size() * 4, [&] {
+    std::vector<double> out;
+    // One thread: the parent's OpenMP pool does not survive fork (a parallel region in the
+    // child waits forever for its workers).
+    torch::set_num_threads(1);
     if (!reset_hwm()) ::_exit(4);
     auto model = make_model();
     for (size_t s = 0; s < lengths.size(); ++s)
       for (int m = 0; m < 2; ++m) {
         model->set_checkpointing(m ? Checkpointing::kPerLayer : Checkpointing::kNone);
         measure_memory(*model, make_input(lengths[s]), figures[s][m]);
-        double out[2] = {figures[s][m].held, figures[s][m].peak};
-        if (::write(fds[1], out, sizeof out) != static_cast<ssize_t>(sizeof out)) ::_exit(5);
+        out.push_back(figures[s][m].held);
+        out.push_back(figures[s][m].peak);
       }
-    ::_exit(0);
-  }
-  ::close(fds[1]);
+    return out;
+  });
+  if (!child) return 1;
   for (size_t s = 0; s < lengths.size(); ++s)
     for (int m = 0; m < 2; ++m) {
-      double in[2];
-      if (::read(fds[0], in, sizeof in) != static_cast<ssize_t>(sizeof in)) break;
-      figures[s][m].held = in[0];
-      figures[s][m].peak = in[1];
+      figures[s][m].held = (*child)[4 * s + 2 * static_cast<size_t>(m)];
+      figures[s][m].peak = (*child)[4 * s + 2 * static_cast<size_t>(m) + 1];
     }
-  ::close(fds[0]);
-  int status = 0;
-  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "memory measurement child failed (status %d)\n", status);
-    return 1;
-  }
   const bool hwm_ok = true;
 
   auto model = make_model();
