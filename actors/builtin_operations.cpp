@@ -25,7 +25,8 @@ Message echo(const Message& request, const WorkerIdentity& self) {
   ++served;
   int64_t delay_ms = request.args.value("delay_ms", int64_t{0});
   if (delay_ms > 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms * (self.world_size - 1 - self.rank)));
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(delay_ms * (self.world_size - 1 - self.rank)));
   Message reply;
   reply.args = request.args;
   reply.args["rank"] = self.rank;

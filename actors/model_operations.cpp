@@ -67,10 +67,12 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   load.head = role.config.head;
   load.value_head_prefix = role.config.value_head_prefix;
   role.model = models::load_pretrained(role.config.model_dir, load);
-  role.config_json = read_text((std::filesystem::path(role.config.model_dir) / "config.json").string());
+  role.config_json =
+      read_text((std::filesystem::path(role.config.model_dir) / "config.json").string());
   if (trained) {
-    role.model->set_checkpointing(role.config.gradient_checkpointing ? models::Checkpointing::kPerLayer
-                                                                     : models::Checkpointing::kNone);
+    role.model->set_checkpointing(role.config.gradient_checkpointing
+                                      ? models::Checkpointing::kPerLayer
+                                      : models::Checkpointing::kNone);
     transport::CollectiveConfig cc;
     cc.rank = self.rank;
     cc.size = self.world_size;
@@ -101,11 +103,12 @@ Batch read_batch(const Message& req) {
   b.sequences = req.tensor("sequences").to(torch::kLong);
   b.attention_mask = req.tensor("attention_mask").to(torch::kLong);
   b.action_len = req.args.at("action_len").get<int64_t>();
-  TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.sizes() == b.attention_mask.sizes(),
-              req.op, ": expected sequences and attention_mask [B, T], got ", b.sequences.sizes(),
-              " and ", b.attention_mask.sizes());
+  TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.sizes() == b.attention_mask.sizes(), req.op,
+              ": expected sequences and attention_mask [B, T], got ", b.sequences.sizes(), " and ",
+              b.attention_mask.sizes());
   TORCH_CHECK(b.action_len >= 1 && b.action_len < b.sequences.size(1), req.op,
-              ": action_len must be in [1, T), got ", b.action_len, " for T = ", b.sequences.size(1));
+              ": action_len must be in [1, T), got ", b.action_len,
+              " for T = ", b.sequences.size(1));
   return b;
 }
 
@@ -127,7 +130,8 @@ torch::Tensor action_entropy(models::CausalLM& model, const torch::Tensor& hidde
   torch::Tensor h = hidden.slice(1, t - 1 - a, t - 1);
   std::vector<torch::Tensor> parts;
   for (int64_t s = 0; s < a; s += 16) {
-    torch::Tensor logp = torch::log_softmax(model.logits(h.slice(1, s, std::min(a, s + 16))).to(torch::kFloat32), -1);
+    torch::Tensor logp = torch::log_softmax(
+        model.logits(h.slice(1, s, std::min(a, s + 16))).to(torch::kFloat32), -1);
     parts.push_back(-(logp.exp() * logp).sum(-1));
   }
   return torch::cat(parts, 1);
@@ -141,7 +145,8 @@ torch::Tensor action_values(models::CausalLM& model, const Batch& b) {
 }
 
 // This rank's rows of a global batch of `rows` split evenly over the group.
-std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self, const std::string& op) {
+std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self,
+                                      const std::string& op) {
   if (rows % self.world_size != 0)
     throw InputError(op + ": " + std::to_string(rows) + " rows do not split over " +
                      std::to_string(self.world_size) + " ranks");
@@ -163,7 +168,8 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   pc.aggregation = ppo::parse_loss_aggregation(req.args.at("loss_agg").get<std::string>());
   const double kl_coef = req.args.value("kl_loss_coef", 0.0);
   const bool kl_loss = kl_coef > 0 && req.has_tensor("log_probs_ref");
-  const auto kl_estimator = ppo::parse_kl_estimator(req.args.value("kl_estimator", std::string("k1")));
+  const auto kl_estimator =
+      ppo::parse_kl_estimator(req.args.value("kl_estimator", std::string("k1")));
   double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
   int64_t micro_batches = 0;
   auto metrics = role.trainer->train_step([&](int64_t i) {
@@ -178,7 +184,8 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
     torch::Tensor loss = r.loss;
     if (kl_loss) {
       // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
-      torch::Tensor kl = ppo::approx_kl(lp, req.tensor("log_probs_ref").slice(0, b0, b1), kl_estimator);
+      torch::Tensor kl =
+          ppo::approx_kl(lp, req.tensor("log_probs_ref").slice(0, b0, b1), kl_estimator);
       torch::Tensor m = mask.to(torch::kFloat32);
       torch::Tensor kl_mean = (kl * m).sum() / m.sum().clamp_min(1);
       loss = loss + kl_coef * kl_mean;
@@ -209,10 +216,9 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
     int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
     TORCH_CHECK(b0 < b1, "train_critic: micro batch ", i, " is empty");
     torch::Tensor v = action_values(*role.model, slice(all, b0, b1));
-    return ppo::value_loss(v, req.tensor("values_old").slice(0, b0, b1),
-                           req.tensor("returns").slice(0, b0, b1),
-                           req.tensor("action_mask").slice(0, b0, b1), value_clip,
-                           ppo::LossAggregation::kTokenMean);
+    return ppo::value_loss(
+        v, req.tensor("values_old").slice(0, b0, b1), req.tensor("returns").slice(0, b0, b1),
+        req.tensor("action_mask").slice(0, b0, b1), value_clip, ppo::LossAggregation::kTokenMean);
   });
   Message reply;
   reply.args = step_metrics_json(metrics);
@@ -236,20 +242,23 @@ Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& 
   auto stats = rollout::send_weights(source, self.rank == 0 ? role.sync_group.get() : nullptr,
                                      ++role.weight_version, wire);
   Message reply;
-  reply.args = {{"weight_version", stats.version}, {"bytes", stats.bytes}, {"seconds", stats.seconds}};
+  reply.args = {
+      {"weight_version", stats.version}, {"bytes", stats.bytes}, {"seconds", stats.seconds}};
   return reply;
 }
 
 }  // namespace
 
 json step_metrics_json(const engine::StepMetrics& m) {
-  return {{"step", m.step}, {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"lr", m.lr},
-          {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
+  return {{"step", m.step}, {"loss", m.loss},       {"grad_norm", m.grad_norm},
+          {"lr", m.lr},     {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
 }
 
 std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
   auto role = std::make_shared<ModelRole>();
-  registry.add("init", [role](const Message& req, const WorkerIdentity& self) { return init(*role, req, self); });
+  registry.add("init", [role](const Message& req, const WorkerIdentity& self) {
+    return init(*role, req, self);
+  });
   registry.add("log_probs", [role](const Message& req, const WorkerIdentity&) {
     // args.entropy: also the policy's per-token entropy (for the metrics).
     torch::NoGradGuard no_grad;
@@ -259,7 +268,8 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     torch::Tensor lp = model.next_token_log_probs(hidden, b.sequences);
     Message reply;
     reply.add("log_probs", lp.slice(1, lp.size(1) - b.action_len, lp.size(1)).contiguous());
-    if (req.args.value("entropy", false)) reply.add("entropy", action_entropy(model, hidden, b.action_len).contiguous());
+    if (req.args.value("entropy", false))
+      reply.add("entropy", action_entropy(model, hidden, b.action_len).contiguous());
     return reply;
   });
   registry.add("values", [role](const Message& req, const WorkerIdentity&) {

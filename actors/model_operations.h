@@ -28,7 +28,7 @@ struct ModelRole {
   std::unique_ptr<engine::Trainer> trainer;           // trained roles only
   std::string config_json;                            // the model's config.json text (for export)
   std::unique_ptr<transport::CollectiveGroup> sync_group;  // actor rank 0 -> rollout ranks
-  int64_t weight_version = 0;                         // pushes done so far
+  int64_t weight_version = 0;                              // pushes done so far
 
   // Throws RuntimeError when `init` has not run yet.
   models::CausalLM& checked_model(const std::string& op) const;

@@ -1,10 +1,10 @@
 // load_model, generate, sync_weights on a rollout worker. See rollout_operations.h.
 #include "actors/rollout_operations.h"
 
+#include <ATen/ATen.h>
+
 #include <memory>
 #include <mutex>
-
-#include <ATen/ATen.h>
 
 #include "core/errors.h"
 #include "models/config.h"
@@ -23,7 +23,8 @@ struct RolloutState {
 };
 
 rollout::Generator& loaded(RolloutState& state, const std::string& op) {
-  if (!state.generator) throw InputError(op + ": no model on this rollout worker; call load_model first");
+  if (!state.generator)
+    throw InputError(op + ": no model on this rollout worker; call load_model first");
   return *state.generator;
 }
 
@@ -39,7 +40,8 @@ Message load_model(RolloutState& state, const Message& request) {
     load.head = models::HeadKind::kLanguageModel;
     model = models::load_pretrained(a.at("model").get<std::string>(), load);
   } else if (a.contains("preset")) {
-    model = std::make_shared<models::CausalLM>(models::preset_config(a.at("preset").get<std::string>()));
+    model = std::make_shared<models::CausalLM>(
+        models::preset_config(a.at("preset").get<std::string>()));
     model->init_weights(a.value("seed", uint64_t{0}));
     if (a.contains("dtype")) model->to(models::dtype_from_name(a.at("dtype").get<std::string>()));
   } else {
@@ -50,8 +52,10 @@ Message load_model(RolloutState& state, const Message& request) {
   config.n_samples_per_prompt = a.value("n_samples_per_prompt", config.n_samples_per_prompt);
   config.micro_batch_size = a.value("micro_batch_size", config.micro_batch_size);
   config.pad_token_id = a.value("pad_token_id", config.pad_token_id);
-  if (a.contains("stop_token_ids")) config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();
-  else if (model->config().eos_token_id >= 0) config.stop_token_ids = {model->config().eos_token_id};
+  if (a.contains("stop_token_ids"))
+    config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();
+  else if (model->config().eos_token_id >= 0)
+    config.stop_token_ids = {model->config().eos_token_id};
   state.generator = std::make_unique<rollout::Generator>(model, config);
   Message reply;
   reply.args = {{"parameters", model->config().num_parameters()}, {"weight_version", 0}};
@@ -80,9 +84,10 @@ Message generate(RolloutState& state, const Message& request) {
       throw InputError("generate: prompt_index must be [B] consecutive prompt positions");
     first_prompt = index[0].item<int64_t>();
   }
-  const auto out = generator.generate(request.tensor("prompt_ids"), request.tensor("prompt_mask"), params,
-                                      first_prompt);
-  const auto padded = rollout::concat_outputs({out}, generator.config().max_new_tokens, generator.config().pad_token_id);
+  const auto out = generator.generate(request.tensor("prompt_ids"), request.tensor("prompt_mask"),
+                                      params, first_prompt);
+  const auto padded = rollout::concat_outputs({out}, generator.config().max_new_tokens,
+                                              generator.config().pad_token_id);
   Message reply;
   reply.add("sequences", padded.sequences);
   reply.add("attention_mask", padded.attention_mask);
@@ -108,7 +113,8 @@ Message sync_weights(RolloutState& state, const Message& request, const WorkerId
   const auto stats = rollout::receive_weights(generator.model(), *state.sync_group);
   generator.set_weight_version(stats.version);
   Message reply;
-  reply.args = {{"weight_version", stats.version}, {"bytes", stats.bytes}, {"seconds", stats.seconds}};
+  reply.args = {
+      {"weight_version", stats.version}, {"bytes", stats.bytes}, {"seconds", stats.seconds}};
   return reply;
 }
 

@@ -2,11 +2,10 @@
 // thread, connected by an inproc PAIR socket so tensors pass between them without copies.
 #include "actors/worker.h"
 
-#include <chrono>
-
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -23,8 +22,10 @@ using std::chrono::milliseconds;
 
 std::string env_or_throw(const char* name) {
   const char* v = std::getenv(name);
-  if (!v || !*v) throw InputError(std::string("environment variable ") + name + " is not set "
-                                  "(rlhf worker is started by `rlhf run`)");
+  if (!v || !*v)
+    throw InputError(std::string("environment variable ") + name +
+                     " is not set "
+                     "(rlhf worker is started by `rlhf run`)");
   return v;
 }
 
@@ -79,14 +80,16 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       Message request = decode(std::move(*frames), limits);
       op = request.op;
       if (request.kind != MessageKind::kRequest)
-        throw MessageError(std::string("expected a request, got a ") + message_kind_name(request.kind));
+        throw MessageError(std::string("expected a request, got a ") +
+                           message_kind_name(request.kind));
       const Operation* handler = registry.find(request.op);
       if (!handler) throw InputError("unknown operation \"" + request.op + "\"");
       const auto started = std::chrono::steady_clock::now();
       reply = (*handler)(request, self);
       // The handler's own time, so drivers can tell worker compute from everything around it.
       if (reply.args.is_object())
-        reply.args["compute_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        reply.args["compute_s"] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       reply.kind = MessageKind::kReply;
       reply.id = request.id;
       reply.op = request.op;
@@ -96,7 +99,8 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       std::cerr << me << "rejected malformed message (id " << id << "): " << e.what() << std::endl;
       reply = make_error(id, op, std::string("malformed message: ") + e.what());
     } catch (const std::exception& e) {
-      std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what() << std::endl;
+      std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
+                << std::endl;
       reply = make_error(id, op, e.what());
     }
     try {
@@ -122,8 +126,8 @@ WorkerConfig WorkerConfig::from_env() {
   const char* run_dir = std::getenv("RLHF_RUN_DIR");
   c.run_dir = run_dir ? run_dir : "";
   if (c.identity.rank >= c.identity.world_size)
-    throw InputError("RLHF_RANK " + std::to_string(c.identity.rank) + " is not below RLHF_WORLD_SIZE " +
-                     std::to_string(c.identity.world_size));
+    throw InputError("RLHF_RANK " + std::to_string(c.identity.rank) +
+                     " is not below RLHF_WORLD_SIZE " + std::to_string(c.identity.world_size));
   return c;
 }
 
@@ -140,12 +144,13 @@ int Worker::run() {
 
   Message hello;
   hello.kind = MessageKind::kRegister;
-  hello.args = {{"token", config_.token}, {"role", self.role},   {"rank", self.rank},
-                {"pid", static_cast<int64_t>(getpid())}, {"host", hostname()},
-                {"device", self.device}};
+  hello.args = {{"token", config_.token}, {"role", self.role},
+                {"rank", self.rank},      {"pid", static_cast<int64_t>(getpid())},
+                {"host", hostname()},     {"device", self.device}};
   scheduler.send(hello);
   auto answer = scheduler.recv(config_.register_timeout);
-  if (!answer) throw RuntimeError(me + "no answer from the scheduler at " + config_.scheduler_endpoint);
+  if (!answer)
+    throw RuntimeError(me + "no answer from the scheduler at " + config_.scheduler_endpoint);
   Message accepted = decode(std::move(*answer), config_.limits);
   if (accepted.kind != MessageKind::kRegistered)
     throw RuntimeError(me + "the scheduler refused registration: " + accepted.error);

@@ -4,9 +4,8 @@
 // Usage: bench_engine [--steps S] [--seq T] [--micro-batch B] [--comm-mib M] [--train 0|1]
 //        [--threads K per rank; default cores / N]
 #include <sys/wait.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -28,7 +27,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 struct Options {
   int64_t steps = 3;
@@ -104,16 +105,18 @@ void train_rank(transport::CollectiveGroup& group, const Options& o, std::ostrea
   steady /= std::max<size_t>(1, times.size() - 1);
   const double tokens = double(group.size() * o.micro_batch * o.seq);
   const auto& m = last.memory;
-  out << "N=" << group.size() << "  params=" << config.num_parameters() / 1e6 << "M  first step " << times[0]
-      << " s  steady step " << steady << " s  tokens/s " << tokens / steady << "  loss " << last.loss << "\n"
-      << "      steady step split: forward " << phase[0] / std::max<int64_t>(1, o.steps - 1) << " s, backward "
-      << phase[1] / std::max<int64_t>(1, o.steps - 1) << " s, optimizer step " << phase[2] / std::max<int64_t>(1, o.steps - 1)
-      << " s\n"
+  out << "N=" << group.size() << "  params=" << config.num_parameters() / 1e6 << "M  first step "
+      << times[0] << " s  steady step " << steady << " s  tokens/s " << tokens / steady << "  loss "
+      << last.loss << "\n"
+      << "      steady step split: forward " << phase[0] / std::max<int64_t>(1, o.steps - 1)
+      << " s, backward " << phase[1] / std::max<int64_t>(1, o.steps - 1) << " s, optimizer step "
+      << phase[2] / std::max<int64_t>(1, o.steps - 1) << " s\n"
       << "      model FLOP/s per rank (8 x P x tokens: forward, recompute, backward) "
-      << 8.0 * config.num_parameters() * o.micro_batch * o.seq / steady / 1e9 << " G vs BF16 matmul "
-      << mm_flop / mm_time / 1e9 << " G measured now\n"
-      << "      per-rank model states " << m.model_states() / 1e6 << " MB (16 B x P / N = "
-      << 16.0 * config.num_parameters() / group.size() / 1e6 << " MB), engine peak " << m.peak / 1e6 << " MB\n";
+      << 8.0 * config.num_parameters() * o.micro_batch * o.seq / steady / 1e9
+      << " G vs BF16 matmul " << mm_flop / mm_time / 1e9 << " G measured now\n"
+      << "      per-rank model states " << m.model_states() / 1e6
+      << " MB (16 B x P / N = " << 16.0 * config.num_parameters() / group.size() / 1e6
+      << " MB), engine peak " << m.peak / 1e6 << " MB\n";
 }
 
 // One rank of the collective benchmark: M MiB moved per collective.
@@ -140,8 +143,9 @@ void comm_rank(transport::CollectiveGroup& group, const Options& o, std::ostream
     out << "  " << what << ": " << t * 1e3 << " ms, algbw " << gb / t << " GB/s, busbw "
         << gb * (n - 1) / n / t << " GB/s, time / memcpy " << t / t_copy << "\n";
   };
-  out << "collectives, N=" << n << ", " << o.comm_mib << " MiB each (best of 5); memcpy of the same bytes: "
-      << t_copy * 1e3 << " ms = " << gb / t_copy << " GB/s\n";
+  out << "collectives, N=" << n << ", " << o.comm_mib
+      << " MiB each (best of 5); memcpy of the same bytes: " << t_copy * 1e3
+      << " ms = " << gb / t_copy << " GB/s\n";
   line("all_gather (BF16)", t_ag);
   line("reduce_scatter (FP32; Gloo all-reduce, keep own slice)", t_rs);
   line("all_reduce (FP32)", t_ar);
@@ -157,9 +161,17 @@ void run_ranks(const std::string& mode, int n, const Options& o, char** argv) {
   for (int r = 0; r < n; ++r) {
     pid_t pid = ::fork();
     if (pid == 0) {
-      std::vector<std::string> args{"/proc/self/exe", "--rank", mode, std::to_string(n), std::to_string(r), store,
-                                    dir + "/out", std::to_string(o.steps), std::to_string(o.seq),
-                                    std::to_string(o.micro_batch), std::to_string(o.comm_mib),
+      std::vector<std::string> args{"/proc/self/exe",
+                                    "--rank",
+                                    mode,
+                                    std::to_string(n),
+                                    std::to_string(r),
+                                    store,
+                                    dir + "/out",
+                                    std::to_string(o.steps),
+                                    std::to_string(o.seq),
+                                    std::to_string(o.micro_batch),
+                                    std::to_string(o.comm_mib),
                                     std::to_string(o.threads)};
       std::vector<char*> cargs;
       for (auto& a : args) cargs.push_back(a.data());
@@ -173,7 +185,8 @@ void run_ranks(const std::string& mode, int n, const Options& o, char** argv) {
   for (pid_t pid : pids) {
     int status = 0;
     ::waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("a rank failed (" + mode + ")");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw std::runtime_error("a rank failed (" + mode + ")");
   }
   std::ifstream in(dir + "/out");
   std::cout << in.rdbuf() << std::flush;
@@ -186,14 +199,17 @@ int main(int argc, char** argv) {
     if (argc > 1 && std::string(argv[1]) == "--rank") {
       const std::string mode = argv[2];
       const int n = std::stoi(argv[3]), rank = std::stoi(argv[4]);
-      Options o{std::stoll(argv[7]), std::stoll(argv[8]), std::stoll(argv[9]), std::stoll(argv[10]), true,
-                std::stoll(argv[11])};
+      Options o{
+          std::stoll(argv[7]), std::stoll(argv[8]), std::stoll(argv[9]), std::stoll(argv[10]), true,
+          std::stoll(argv[11])};
       const int cores = static_cast<int>(std::thread::hardware_concurrency());
       torch::set_num_threads(o.threads > 0 ? static_cast<int>(o.threads) : std::max(1, cores / n));
       auto group = join(rank, n, argv[5]);
       std::ostringstream out;
-      if (mode == "train") train_rank(*group, o, out);
-      else comm_rank(*group, o, out);
+      if (mode == "train")
+        train_rank(*group, o, out);
+      else
+        comm_rank(*group, o, out);
       if (rank == 0) std::ofstream(argv[6]) << out.str();
       return 0;
     }
@@ -201,13 +217,20 @@ int main(int argc, char** argv) {
     for (int i = 1; i + 1 < argc; i += 2) {
       const std::string key = argv[i];
       const int64_t value = std::stoll(argv[i + 1]);
-      if (key == "--steps") o.steps = value;
-      else if (key == "--seq") o.seq = value;
-      else if (key == "--micro-batch") o.micro_batch = value;
-      else if (key == "--comm-mib") o.comm_mib = value;
-      else if (key == "--train") o.train = value != 0;
-      else if (key == "--threads") o.threads = value;
-      else throw std::runtime_error("unknown option " + key);
+      if (key == "--steps")
+        o.steps = value;
+      else if (key == "--seq")
+        o.seq = value;
+      else if (key == "--micro-batch")
+        o.micro_batch = value;
+      else if (key == "--comm-mib")
+        o.comm_mib = value;
+      else if (key == "--train")
+        o.train = value != 0;
+      else if (key == "--threads")
+        o.threads = value;
+      else
+        throw std::runtime_error("unknown option " + key);
     }
     std::ifstream cpuinfo("/proc/cpuinfo");
     const std::string info((std::istreambuf_iterator<char>(cpuinfo)), {});
@@ -215,8 +238,9 @@ int main(int argc, char** argv) {
               << (info.find("amx_bf16") != std::string::npos ? "yes" : "no") << ", avx512_bf16 "
               << (info.find("avx512_bf16") != std::string::npos ? "yes" : "no") << "\n";
     run_ranks("comm", 2, o, argv);
-    std::cout << "ZeRO-3 BF16 training, preset 100m, micro batch " << o.micro_batch << " x " << o.seq
-              << " tokens per rank, per-layer checkpointing, " << o.steps << " steps (first is warm-up)\n";
+    std::cout << "ZeRO-3 BF16 training, preset 100m, micro batch " << o.micro_batch << " x "
+              << o.seq << " tokens per rank, per-layer checkpointing, " << o.steps
+              << " steps (first is warm-up)\n";
     if (o.train) {
       for (int n : {1, 2}) run_ranks("train", n, o, argv);
     }

@@ -25,11 +25,11 @@
 
 namespace {
 
-using rlhf::models::CausalLM;
-using rlhf::models::Checkpointing;
 using rlhf::bench::hwm_bytes;
 using rlhf::bench::reset_hwm;
 using rlhf::bench::rss_bytes;
+using rlhf::models::CausalLM;
+using rlhf::models::Checkpointing;
 
 // Peak bytes of one forward+backward of the next-token loss above the pre-forward RSS.
 double measure(CausalLM& model, const torch::Tensor& ids) {

@@ -12,6 +12,7 @@
 #include <malloc.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <array>
@@ -21,8 +22,6 @@
 #include <iostream>
 #include <sstream>
 #include <string>
-
-#include <torch/torch.h>
 
 #include "bench/proc_memory.h"
 #include "models/causal_lm.h"
@@ -34,7 +33,9 @@ using Clock = std::chrono::steady_clock;
 using rlhf::models::CausalLM;
 using rlhf::models::Checkpointing;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 using rlhf::bench::hwm_bytes;
 using rlhf::bench::reset_hwm;
 using rlhf::bench::rss_bytes;
@@ -44,7 +45,8 @@ std::string cpu_bf16_flags() {
   std::string text((std::istreambuf_iterator<char>(cpuinfo)), {});
   std::string out;
   for (const char* f : {"amx_bf16", "avx512_bf16"})
-    if (text.find(std::string(" ") + f) != std::string::npos) out += std::string(out.empty() ? "" : ", ") + f;
+    if (text.find(std::string(" ") + f) != std::string::npos)
+      out += std::string(out.empty() ? "" : ", ") + f;
   return out.empty() ? "none" : out;
 }
 
@@ -97,10 +99,14 @@ void measure_memory(CausalLM& model, const torch::Tensor& ids, StepFigures& f) {
 // (layers and the LM head), plus attention's QK^T and PV: 3 x 4 x B x T^2 x heads x head_dim
 // per layer (the explicit kernel computes the full square, masked).
 double step_flops(const rlhf::models::ModelConfig& c, int64_t B, int64_t T) {
-  const double layer_params = static_cast<double>(c.num_parameters() - c.vocab_size * c.hidden_size -
-                                                  (c.num_hidden_layers * 2 + 1) * c.hidden_size) / c.num_hidden_layers;
-  const double matmul_params = c.num_hidden_layers * layer_params + static_cast<double>(c.vocab_size) * c.hidden_size;
-  const double attention = 3.0 * 4.0 * B * T * T * c.num_attention_heads * c.head_dim * c.num_hidden_layers;
+  const double layer_params =
+      static_cast<double>(c.num_parameters() - c.vocab_size * c.hidden_size -
+                          (c.num_hidden_layers * 2 + 1) * c.hidden_size) /
+      c.num_hidden_layers;
+  const double matmul_params =
+      c.num_hidden_layers * layer_params + static_cast<double>(c.vocab_size) * c.hidden_size;
+  const double attention =
+      3.0 * 4.0 * B * T * T * c.num_attention_heads * c.head_dim * c.num_hidden_layers;
   return 6.0 * matmul_params * B * T + attention;
 }
 
@@ -121,27 +127,36 @@ int main(int argc, char** argv) {
   int steps = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--preset") preset = v;
-    else if (k == "--batch") batch = std::stoll(v);
-    else if (k == "--steps") steps = std::stoi(v);
-    else if (k == "--threads") torch::set_num_threads(std::stoi(v));
-    else if (k == "--seq") seqs = {std::stoll(v.substr(0, v.find(','))), std::stoll(v.substr(v.find(',') + 1))};
+    if (k == "--preset")
+      preset = v;
+    else if (k == "--batch")
+      batch = std::stoll(v);
+    else if (k == "--steps")
+      steps = std::stoi(v);
+    else if (k == "--threads")
+      torch::set_num_threads(std::stoi(v));
+    else if (k == "--seq")
+      seqs = {std::stoll(v.substr(0, v.find(','))), std::stoll(v.substr(v.find(',') + 1))};
     else {
-      std::cerr << "usage: bench_model [--preset 100m] [--batch 1] [--seq 256,512] [--threads N] [--steps 2]\n";
+      std::cerr << "usage: bench_model [--preset 100m] [--batch 1] [--seq 256,512] [--threads N] "
+                   "[--steps 2]\n";
       return 2;
     }
   }
   std::string load;
   std::getline(std::ifstream("/proc/loadavg"), load);
-  std::printf("bench_model: preset %s, batch %ld, BF16, %d torch threads, CPU BF16 units: %s; loadavg %s\n",
-              preset.c_str(), static_cast<long>(batch), torch::get_num_threads(), cpu_bf16_flags().c_str(),
-              load.c_str());
+  std::printf(
+      "bench_model: preset %s, batch %ld, BF16, %d torch threads, CPU BF16 units: %s; loadavg %s\n",
+      preset.c_str(), static_cast<long>(batch), torch::get_num_threads(), cpu_bf16_flags().c_str(),
+      load.c_str());
   const double mm_bf16 = matmul_flops(1024, 768, 2048, torch::kBFloat16);
   const double mm_fp32 = matmul_flops(1024, 768, 2048, torch::kFloat32);
-  std::printf("matmul [1024,768]x[768,2048]: BF16 %.1f GFLOP/s, FP32 %.1f GFLOP/s\n", mm_bf16 / 1e9, mm_fp32 / 1e9);
+  std::printf("matmul [1024,768]x[768,2048]: BF16 %.1f GFLOP/s, FP32 %.1f GFLOP/s\n", mm_bf16 / 1e9,
+              mm_fp32 / 1e9);
 
   auto config = rlhf::models::preset_config(preset);
-  std::printf("model: %ld parameters (%s of BF16 weights)\n\n", static_cast<long>(config.num_parameters()),
+  std::printf("model: %ld parameters (%s of BF16 weights)\n\n",
+              static_cast<long>(config.num_parameters()),
               mib(config.num_parameters() * 2.0).c_str());
   const std::vector<int64_t> lengths = seqs;
   std::vector<std::array<StepFigures, 2>> figures(lengths.size());
@@ -189,23 +204,28 @@ int main(int argc, char** argv) {
       figures[s][m].seconds = time_steps(*model, make_input(lengths[s]), steps);
     }
 
-  std::printf("%-6s %-11s %10s %12s %10s %12s %12s\n", "seq", "checkpoint", "step s", "tokens/s", "GFLOP/s",
-              "held", "peak");
+  std::printf("%-6s %-11s %10s %12s %10s %12s %12s\n", "seq", "checkpoint", "step s", "tokens/s",
+              "GFLOP/s", "held", "peak");
   for (size_t s = 0; s < lengths.size(); ++s) {
     const int64_t T = lengths[s];
     const auto& f = figures[s];
     for (int m = 0; m < 2; ++m) {
-      std::printf("%-6ld %-11s %10.2f %12.0f %10.1f %12s %12s\n", static_cast<long>(T), m ? "per-layer" : "none",
-                  f[m].seconds, batch * T / f[m].seconds, step_flops(config, batch, T) / f[m].seconds / 1e9,
-                  mib(f[m].held).c_str(), hwm_ok ? mib(f[m].peak).c_str() : "n/a");
+      std::printf("%-6ld %-11s %10.2f %12.0f %10.1f %12s %12s\n", static_cast<long>(T),
+                  m ? "per-layer" : "none", f[m].seconds, batch * T / f[m].seconds,
+                  step_flops(config, batch, T) / f[m].seconds / 1e9, mib(f[m].held).c_str(),
+                  hwm_ok ? mib(f[m].peak).c_str() : "n/a");
     }
-    std::printf("  seq %ld: checkpointing keeps %.1fx less after forward, peak %.2fx lower, costs %.2fx time; "
-                "model FLOP/s = %.0f%% of measured BF16 matmul (%.0f%% without checkpointing)\n",
-                static_cast<long>(T), f[0].held / std::max(f[1].held, 1.0), f[0].peak / std::max(f[1].peak, 1.0),
-                f[1].seconds / f[0].seconds, 100.0 * step_flops(config, batch, T) / f[1].seconds / mm_bf16,
-                100.0 * step_flops(config, batch, T) / f[0].seconds / mm_bf16);
+    std::printf(
+        "  seq %ld: checkpointing keeps %.1fx less after forward, peak %.2fx lower, costs %.2fx "
+        "time; "
+        "model FLOP/s = %.0f%% of measured BF16 matmul (%.0f%% without checkpointing)\n",
+        static_cast<long>(T), f[0].held / std::max(f[1].held, 1.0),
+        f[0].peak / std::max(f[1].peak, 1.0), f[1].seconds / f[0].seconds,
+        100.0 * step_flops(config, batch, T) / f[1].seconds / mm_bf16,
+        100.0 * step_flops(config, batch, T) / f[0].seconds / mm_bf16);
   }
   std::getline(std::ifstream("/proc/loadavg"), load);
-  std::printf("loadavg at the end: %s (other processes share these cores: figures scale with it)\n", load.c_str());
+  std::printf("loadavg at the end: %s (other processes share these cores: figures scale with it)\n",
+              load.c_str());
   return 0;
 }

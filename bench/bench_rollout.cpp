@@ -4,7 +4,9 @@
 // FLOP per token over a measured BF16 matmul rate), and weight-sync seconds per GB over
 // Gloo between two processes (this program re-executed as the receiver).
 // Usage: bench_rollout [--threads N] [--new-tokens R] [--quick]
+#include <ATen/Parallel.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,9 +19,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/Parallel.h>
-#include <torch/torch.h>
-
 #include "models/causal_lm.h"
 #include "models/config.h"
 #include "rollout/generator.h"
@@ -31,7 +30,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 // Best of 5 copies of a 256 MiB buffer: bytes read + written per second.
 double memcpy_bandwidth() {
@@ -42,7 +43,8 @@ double memcpy_bandwidth() {
     auto t = Clock::now();
     std::memcpy(b.data(), a.data(), bytes);
     best = std::min(best, seconds_since(t));
-    a[static_cast<size_t>(i)] = b[bytes - 1 - static_cast<size_t>(i)];  // keep the copies observable
+    a[static_cast<size_t>(i)] =
+        b[bytes - 1 - static_cast<size_t>(i)];  // keep the copies observable
   }
   return 2.0 * static_cast<double>(bytes) / best;
 }
@@ -50,7 +52,8 @@ double memcpy_bandwidth() {
 // Best of 5 BF16 matmuls of a decode-step shape ([64, 768] x [768, 2048], the 100m MLP at
 // batch 64): FLOP/s, for the compute bound.
 double bf16_matmul_flops() {
-  auto a = torch::randn({64, 768}).to(torch::kBFloat16), b = torch::randn({768, 2048}).to(torch::kBFloat16);
+  auto a = torch::randn({64, 768}).to(torch::kBFloat16),
+       b = torch::randn({768, 2048}).to(torch::kBFloat16);
   torch::matmul(a, b);
   double best = 1e30;
   for (int i = 0; i < 5; ++i) {
@@ -68,8 +71,8 @@ std::shared_ptr<models::CausalLM> model_100m(uint64_t seed) {
   return model;
 }
 
-rollout::GenerationTimings run_generate(const std::shared_ptr<models::CausalLM>& model, int64_t batch, int64_t prompt,
-                                       int64_t new_tokens) {
+rollout::GenerationTimings run_generate(const std::shared_ptr<models::CausalLM>& model,
+                                        int64_t batch, int64_t prompt, int64_t new_tokens) {
   rollout::GenerationConfig config;
   config.max_new_tokens = new_tokens;
   config.micro_batch_size = batch;  // one KV cache for the whole batch
@@ -87,30 +90,36 @@ void bench_decode(double bandwidth, double flops, int64_t new_tokens, bool quick
   const auto& c = model->config();
   const double weight_bytes = static_cast<double>(c.num_parameters()) * 2.0;
   // K and V of one position in every layer, BF16.
-  const double kv_bytes_per_position = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2.0;
+  const double kv_bytes_per_position =
+      2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2.0;
   std::cout << "model 100m: " << c.num_parameters() / 1e6 << " M parameters, " << weight_bytes / 1e6
             << " MB BF16 weights; " << new_tokens << " new tokens, no stop token\n\n";
-  std::cout << std::setw(6) << "batch" << std::setw(8) << "prompt" << std::setw(12) << "prefill_s" << std::setw(12)
-            << "decode_s" << std::setw(10) << "ms/step" << std::setw(14) << "decode_tok/s" << std::setw(14)
-            << "bw_bound" << std::setw(9) << "ratio" << std::setw(12) << "flop_bound" << std::setw(9) << "ratio"
-            << '\n';
-  const double flop_bound = flops / (2.0 * static_cast<double>(c.num_parameters()));  // tokens/s, matmuls only
-  std::vector<int64_t> batches = quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 8, 32, 64};
+  std::cout << std::setw(6) << "batch" << std::setw(8) << "prompt" << std::setw(12) << "prefill_s"
+            << std::setw(12) << "decode_s" << std::setw(10) << "ms/step" << std::setw(14)
+            << "decode_tok/s" << std::setw(14) << "bw_bound" << std::setw(9) << "ratio"
+            << std::setw(12) << "flop_bound" << std::setw(9) << "ratio" << '\n';
+  const double flop_bound =
+      flops / (2.0 * static_cast<double>(c.num_parameters()));  // tokens/s, matmuls only
+  std::vector<int64_t> batches =
+      quick ? std::vector<int64_t>{1, 8} : std::vector<int64_t>{1, 8, 32, 64};
   for (int64_t prompt : {int64_t{32}, int64_t{256}}) {
     for (int64_t batch : batches) {
-      run_generate(model, batch, std::min<int64_t>(prompt, 8), 2);  // warm-up (allocations, oneDNN kernels)
+      run_generate(model, batch, std::min<int64_t>(prompt, 8),
+                   2);  // warm-up (allocations, oneDNN kernels)
       const auto t = run_generate(model, batch, prompt, new_tokens);
       const double tok_s = static_cast<double>(t.decode_tokens) / t.decode_seconds;
       // Each decode step reads every weight once and the batch's KV cache (average length).
       const double avg_len = static_cast<double>(prompt) + static_cast<double>(new_tokens) / 2.0;
-      const double step_bytes = weight_bytes + static_cast<double>(batch) * avg_len * kv_bytes_per_position;
+      const double step_bytes =
+          weight_bytes + static_cast<double>(batch) * avg_len * kv_bytes_per_position;
       const double bound = static_cast<double>(batch) * bandwidth / step_bytes;
-      std::cout << std::setw(6) << batch << std::setw(8) << prompt << std::fixed << std::setprecision(3)
-                << std::setw(12) << t.prefill_seconds << std::setw(12) << t.decode_seconds << std::setprecision(1)
-                << std::setw(10) << 1e3 * t.decode_seconds / static_cast<double>(t.decode_steps) << std::setw(14)
-                << tok_s << std::setw(14) << bound << std::setprecision(3) << std::setw(9) << tok_s / bound
-                << std::setprecision(1) << std::setw(12) << flop_bound << std::setprecision(3) << std::setw(9)
-                << tok_s / flop_bound << '\n';
+      std::cout << std::setw(6) << batch << std::setw(8) << prompt << std::fixed
+                << std::setprecision(3) << std::setw(12) << t.prefill_seconds << std::setw(12)
+                << t.decode_seconds << std::setprecision(1) << std::setw(10)
+                << 1e3 * t.decode_seconds / static_cast<double>(t.decode_steps) << std::setw(14)
+                << tok_s << std::setw(14) << bound << std::setprecision(3) << std::setw(9)
+                << tok_s / bound << std::setprecision(1) << std::setw(12) << flop_bound
+                << std::setprecision(3) << std::setw(9) << tok_s / flop_bound << '\n';
       std::cout.unsetf(std::ios::fixed);
     }
   }
@@ -133,14 +142,17 @@ int sync_receiver(const std::string& store, int rounds) {
 }
 
 void bench_sync(const std::string& self, double bandwidth) {
-  const auto store = (std::filesystem::temp_directory_path() / ("bench_rollout_sync_" + std::to_string(getpid()))).string();
+  const auto store =
+      (std::filesystem::temp_directory_path() / ("bench_rollout_sync_" + std::to_string(getpid())))
+          .string();
   std::filesystem::remove(store);
   const int rounds = 3;
   pid_t child = fork();
   if (child < 0) throw std::runtime_error("fork failed");
   if (child == 0) {
     const std::string r = std::to_string(rounds);
-    execl(self.c_str(), self.c_str(), "--sync-receiver", store.c_str(), r.c_str(), static_cast<char*>(nullptr));
+    execl(self.c_str(), self.c_str(), "--sync-receiver", store.c_str(), r.c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   auto model = model_100m(0);
@@ -158,9 +170,9 @@ void bench_sync(const std::string& self, double bandwidth) {
     throw std::runtime_error("sync receiver failed");
   std::filesystem::remove(store);
   const double gb = static_cast<double>(bytes) / 1e9;
-  std::cout << "\nweight sync (Gloo, 2 processes, BF16, one broadcast per unit, best of " << rounds << "): " << gb
-            << " GB in " << best << " s = " << best / gb << " s/GB (" << gb / best << " GB/s; memcpy moves "
-            << bandwidth / 2e9 << " GB/s of payload)\n";
+  std::cout << "\nweight sync (Gloo, 2 processes, BF16, one broadcast per unit, best of " << rounds
+            << "): " << gb << " GB in " << best << " s = " << best / gb << " s/GB (" << gb / best
+            << " GB/s; memcpy moves " << bandwidth / 2e9 << " GB/s of payload)\n";
 }
 
 }  // namespace
@@ -176,18 +188,24 @@ int main(int argc, char** argv) {
     bool quick = false;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
-      else if (a == "--new-tokens" && i + 1 < argc) new_tokens = std::stoll(argv[++i]);
-      else if (a == "--quick") quick = true;
-      else throw std::invalid_argument("unknown argument " + a + " (usage: bench_rollout [--threads N] "
-                                       "[--new-tokens R] [--quick])");
+      if (a == "--threads" && i + 1 < argc)
+        threads = std::stoi(argv[++i]);
+      else if (a == "--new-tokens" && i + 1 < argc)
+        new_tokens = std::stoll(argv[++i]);
+      else if (a == "--quick")
+        quick = true;
+      else
+        throw std::invalid_argument("unknown argument " + a +
+                                    " (usage: bench_rollout [--threads N] "
+                                    "[--new-tokens R] [--quick])");
     }
     torch::set_num_threads(threads);
     std::ifstream cpuinfo("/proc/cpuinfo");
     const std::string info((std::istreambuf_iterator<char>(cpuinfo)), {});
     std::cout << "threads " << at::get_num_threads() << "; CPU has amx_bf16: "
               << (info.find("amx_bf16") != std::string::npos ? "yes" : "no")
-              << ", avx512_bf16: " << (info.find("avx512_bf16") != std::string::npos ? "yes" : "no") << '\n';
+              << ", avx512_bf16: " << (info.find("avx512_bf16") != std::string::npos ? "yes" : "no")
+              << '\n';
     const double bw = memcpy_bandwidth();
     std::cout << "memcpy bandwidth (read + write, 1 thread, 256 MiB): " << bw / 1e9 << " GB/s\n";
     const double flops = bf16_matmul_flops();

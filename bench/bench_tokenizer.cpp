@@ -154,7 +154,6 @@ int main(int argc, char** argv) {
   bench("qwen1_5", ".cache/tokenizers/qwen1_5", docs, bytes / 1e6, threads, only);
   bench("mistral", ".cache/tokenizers/mistral", docs, bytes / 1e6, threads, only);
   bench("sentencepiece", "tests/fixtures/tokenizer/tiny_sp", docs, bytes / 1e6, threads, only);
-  bench("sp_unigram", "tests/fixtures/tokenizer/tiny_sp_unigram", docs, bytes / 1e6, threads,
-        only);
+  bench("sp_unigram", "tests/fixtures/tokenizer/tiny_sp_unigram", docs, bytes / 1e6, threads, only);
   return 0;
 }

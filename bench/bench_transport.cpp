@@ -2,6 +2,7 @@
 // ZeroMQ ipc, tcp loopback and the shared-memory path, each as a ratio to memcpy of the same
 // bytes here; small-message round-trip latency; the scheduler's own time per operation.
 // Usage: bench_transport [path/to/rlhf]   (the rlhf binary, for the scheduler part)
+#include <ATen/ATen.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,8 +14,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
-
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
 #include "transport/channel.h"
@@ -25,11 +24,15 @@ using std::chrono::milliseconds;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 const std::vector<size_t> kSizes = {size_t{1} << 20, size_t{16} << 20, size_t{256} << 20};
 
-int reps_for(size_t bytes) { return bytes >= (size_t{256} << 20) ? 5 : bytes >= (size_t{16} << 20) ? 20 : 100; }
+int reps_for(size_t bytes) {
+  return bytes >= (size_t{256} << 20) ? 5 : bytes >= (size_t{16} << 20) ? 20 : 100;
+}
 
 // memcpy into an already-touched buffer: the ceiling any copy of these bytes can reach.
 double memcpy_gbs(size_t bytes) {
@@ -95,7 +98,8 @@ std::unique_ptr<Peer> start_peer(const std::string& bind_endpoint) {
   auto peer = std::make_unique<Peer>();
   peer->pid = pid;
   const std::string endpoint = peer->req.bind(bind_endpoint);
-  if (write(fds[1], endpoint.c_str(), endpoint.size() + 1) < 0) throw std::runtime_error("write failed");
+  if (write(fds[1], endpoint.c_str(), endpoint.size() + 1) < 0)
+    throw std::runtime_error("write failed");
   close(fds[1]);
   return peer;
 }
@@ -134,7 +138,8 @@ void throughput(const std::string& label, const std::string& endpoint, const Enc
     const double mean = total / reps_for(kSizes[i]);
     const double gbs = kSizes[i] / mean / 1e9;
     std::printf("  %-5s %4zu MiB: mean %8.3f ms  best %8.3f ms  %6.2f GB/s  = %5.1f%% of memcpy\n",
-                label.c_str(), kSizes[i] >> 20, mean * 1e3, best * 1e3, gbs, 100 * gbs / memcpy_rates[i]);
+                label.c_str(), kSizes[i] >> 20, mean * 1e3, best * 1e3, gbs,
+                100 * gbs / memcpy_rates[i]);
   }
   stop_peer(*peer);
 }
@@ -148,8 +153,8 @@ double latency(const std::string& label, const std::string& endpoint) {
   for (int r = 0; r < 200; ++r) round_trip(*peer, m, {});
   for (int r = 0; r < 3000; ++r) t.push_back(round_trip(*peer, m, {}));
   std::sort(t.begin(), t.end());
-  std::printf("  %-5s round trip (8-byte tensor + header): median %6.1f us  p99 %6.1f us\n", label.c_str(),
-              t[t.size() / 2] * 1e6, t[t.size() * 99 / 100] * 1e6);
+  std::printf("  %-5s round trip (8-byte tensor + header): median %6.1f us  p99 %6.1f us\n",
+              label.c_str(), t[t.size() / 2] * 1e6, t[t.size() * 99 / 100] * 1e6);
   stop_peer(*peer);
   return t[t.size() / 2];
 }
@@ -159,8 +164,8 @@ void scheduler_overhead(const std::string& rlhf_path, double raw_ipc_round_trip)
   w.role = Role::kRollout;
   w.node = "local";
   w.host = "127.0.0.1";
-  w.env = {{kEnvRole, "rollout"}, {kEnvRank, "0"}, {kEnvWorldSize, "1"}, {kEnvDevice, "cpu:0"},
-           {kEnvNode, "local"}, {"OMP_NUM_THREADS", "1"}};
+  w.env = {{kEnvRole, "rollout"}, {kEnvRank, "0"},     {kEnvWorldSize, "1"},
+           {kEnvDevice, "cpu:0"}, {kEnvNode, "local"}, {"OMP_NUM_THREADS", "1"}};
   Placement p;
   p.workers = {w};
   SchedulerConfig c;
@@ -180,16 +185,19 @@ void scheduler_overhead(const std::string& rlhf_path, double raw_ipc_round_trip)
   std::printf("  scheduler call_all(\"ping\") on 1 worker (ipc): median %6.1f us  p99 %6.1f us\n",
               t[t.size() / 2] * 1e6, t[t.size() * 99 / 100] * 1e6);
   const double overhead = t[t.size() / 2] - raw_ipc_round_trip;
-  std::printf("  scheduler's own time per operation: %.1f us (median minus the raw ipc round trip);\n"
-              "    a PPO step of ~100 operations taking 1 s would spend %.3f%% of it in the scheduler\n",
-              overhead * 1e6, 100.0 * 100 * overhead / 1.0);
+  std::printf(
+      "  scheduler's own time per operation: %.1f us (median minus the raw ipc round trip);\n"
+      "    a PPO step of ~100 operations taking 1 s would spend %.3f%% of it in the scheduler\n",
+      overhead * 1e6, 100.0 * 100 * overhead / 1.0);
   // scatter of a 64-row batch in micro batches of 8 (8 requests) with tensors of 64 KiB per row.
   auto batch = at::randn({64, 16384});
   auto t0 = Clock::now();
   const int n = 50;
   for (int r = 0; r < n; ++r) g.scatter("echo", {{"x", batch}}, 8);
-  std::printf("  scheduler scatter(\"echo\") 64x64 KiB rows, micro batch 8: %6.2f ms per call (%.1f MB each way)\n",
-              seconds_since(t0) / n * 1e3, batch.nbytes() / 1e6);
+  std::printf(
+      "  scheduler scatter(\"echo\") 64x64 KiB rows, micro batch 8: %6.2f ms per call (%.1f MB "
+      "each way)\n",
+      seconds_since(t0) / n * 1e3, batch.nbytes() / 1e6);
   s.shutdown();
 }
 
@@ -203,11 +211,12 @@ int main(int argc, char** argv) {
   std::printf("memcpy (pre-touched destination, best of reps):\n");
   for (size_t b : kSizes) {
     memcpy_rates.push_back(memcpy_gbs(b));
-    std::printf("  %4zu MiB: %6.2f GB/s   (into a fresh allocation each time, mean: %6.2f GB/s)\n", b >> 20,
-                memcpy_rates.back(), memcpy_fresh_gbs(b));
+    std::printf("  %4zu MiB: %6.2f GB/s   (into a fresh allocation each time, mean: %6.2f GB/s)\n",
+                b >> 20, memcpy_rates.back(), memcpy_fresh_gbs(b));
   }
   const std::string ipc = "ipc:///tmp/rlhf-bench-" + std::to_string(getpid()) + ".sock";
-  std::printf("one tensor per message, sender -> receiver process, decoded there, small ack back:\n");
+  std::printf(
+      "one tensor per message, sender -> receiver process, decoded there, small ack back:\n");
   throughput("ipc", ipc, {}, memcpy_rates);
   throughput("tcp", tcp_wildcard("127.0.0.1"), {}, memcpy_rates);
   throughput("shm", ipc, EncodeOptions{1 << 20}, memcpy_rates);

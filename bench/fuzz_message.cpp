@@ -3,14 +3,13 @@
 // frame takes the rest) and go through decode(). A MessageError is the expected answer to
 // garbage; any other exception, crash or sanitizer report is a bug. Decoded messages are
 // re-encoded and decoded again, and must match. Built and run by scripts/fuzz (clang).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-
 #include <cstring>
-
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include "transport/message.h"
 
@@ -49,7 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;  // rejected with a reason: the expected outcome for garbage
   }
   rlhf::Message again = rlhf::decode(rlhf::encode(m), limits);
-  if (again.tensors.size() != m.tensors.size() || again.args != m.args || again.id != m.id) std::abort();
+  if (again.tensors.size() != m.tensors.size() || again.args != m.args || again.id != m.id)
+    std::abort();
   for (size_t i = 0; i < m.tensors.size(); ++i) {  // bytes, so NaN payloads compare too
     const at::Tensor& a = m.tensors[i].tensor;
     const at::Tensor& b = again.tensors[i].tensor;

@@ -39,7 +39,9 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& 
   }
 }
 
-bool Args::flag(const std::string& name) const { return values_.count(name) > 0; }
+bool Args::flag(const std::string& name) const {
+  return values_.count(name) > 0;
+}
 
 std::optional<std::string> Args::value(const std::string& name) const {
   auto it = values_.find(name);

@@ -10,9 +10,9 @@
 namespace rlhf::cli {
 
 struct OptionSpec {
-  std::string name;       // "--set"
-  bool takes_value;       // false: a flag
-  std::string help;       // one line for `rlhf CMD --help`
+  std::string name;  // "--set"
+  bool takes_value;  // false: a flag
+  std::string help;  // one line for `rlhf CMD --help`
   std::string value_name = "VALUE";
 };
 
@@ -22,8 +22,8 @@ class Args {
   Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& options);
 
   bool flag(const std::string& name) const;
-  std::optional<std::string> value(const std::string& name) const;       // last occurrence
-  std::vector<std::string> values(const std::string& name) const;        // all occurrences
+  std::optional<std::string> value(const std::string& name) const;  // last occurrence
+  std::vector<std::string> values(const std::string& name) const;   // all occurrences
   const std::vector<std::string>& positionals() const { return positionals_; }
 
  private:

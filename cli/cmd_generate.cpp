@@ -1,13 +1,13 @@
 // `rlhf generate --model DIR --prompt TEXT | --input FILE.jsonl`: samples responses from any
 // HF checkpoint with the rollout engine and the model's tokenizer, to look at what a model
 // says before and after training. Prompts are used as given (no chat template).
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -61,7 +61,8 @@ std::vector<std::string> read_prompts(const Args& args) {
       throw InputError(where + ": not valid JSON: " + e.what());
     }
     if (j.is_object() && j.contains("prompt")) j = j["prompt"];
-    if (!j.is_string()) throw InputError(where + ": expected {\"prompt\": \"...\"} or a JSON string");
+    if (!j.is_string())
+      throw InputError(where + ": expected {\"prompt\": \"...\"} or a JSON string");
     prompts.push_back(j.get<std::string>());
   }
   if (prompts.empty()) throw InputError(path + ": no prompts");
@@ -75,7 +76,8 @@ int cmd_generate(const Argv& argv) {
       {"--model", true, "HF model directory (config.json, safetensors, tokenizer files)", "DIR"},
       {"--prompt", true, "one prompt text", "TEXT"},
       {"--input", true, "JSON lines: {\"prompt\": \"...\"} or a JSON string per line", "FILE"},
-      {"--output", true, "write JSON lines here (default: text to stdout for --prompt, else JSON lines)", "FILE"},
+      {"--output", true,
+       "write JSON lines here (default: text to stdout for --prompt, else JSON lines)", "FILE"},
       {"--n", true, "responses per prompt (default 1)", "N"},
       {"--temperature", true, "sampling temperature, 0 = greedy (default 1)", "T"},
       {"--top-p", true, "nucleus mass in (0, 1] (default 1: off)", "P"},
@@ -87,17 +89,22 @@ int cmd_generate(const Argv& argv) {
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf generate --model DIR (--prompt TEXT | --input FILE.jsonl) [--n N] [--temperature T]\n"
-                 "                     [--top-p P] [--top-k K] [--max-new-tokens M] [--seed S] [--output FILE]\n\n"
-                 "Samples responses with the rollout engine (KV cache, batched) and the model's tokenizer.\n"
-                 "JSON lines carry prompt, sample, response, response_ids, finish_reason (stop|length),\n"
-                 "log_prob (sum over the response under the sampling distribution).\n\n"
-              << format_options(options);
+    std::cout
+        << "usage: rlhf generate --model DIR (--prompt TEXT | --input FILE.jsonl) [--n N] "
+           "[--temperature T]\n"
+           "                     [--top-p P] [--top-k K] [--max-new-tokens M] [--seed S] [--output "
+           "FILE]\n\n"
+           "Samples responses with the rollout engine (KV cache, batched) and the model's "
+           "tokenizer.\n"
+           "JSON lines carry prompt, sample, response, response_ids, finish_reason (stop|length),\n"
+           "log_prob (sum over the response under the sampling distribution).\n\n"
+        << format_options(options);
     return 0;
   }
   const auto model_dir = args.value("--model");
   if (!model_dir || (args.value("--prompt").has_value() == args.value("--input").has_value()))
-    throw InputError("generate needs --model DIR and one of --prompt TEXT or --input FILE (see --help)");
+    throw InputError(
+        "generate needs --model DIR and one of --prompt TEXT or --input FILE (see --help)");
   rollout::SamplingParams sampling;
   sampling.temperature = number_option(args, "--temperature", 1.0);
   sampling.top_p = number_option(args, "--top-p", 1.0);
@@ -155,12 +162,15 @@ int cmd_generate(const Argv& argv) {
     const int64_t len = out.response_lengths[row].item<int64_t>();
     std::vector<tokenizer::TokenId> response;
     for (int64_t t = 0; t < len; ++t)
-      response.push_back(static_cast<tokenizer::TokenId>(out.sequences[row][out.prompt_length + t].item<int64_t>()));
-    const bool stopped = len > 0 && std::find(config.stop_token_ids.begin(), config.stop_token_ids.end(),
-                                              int64_t{response.back()}) != config.stop_token_ids.end();
+      response.push_back(static_cast<tokenizer::TokenId>(
+          out.sequences[row][out.prompt_length + t].item<int64_t>()));
+    const bool stopped =
+        len > 0 && std::find(config.stop_token_ids.begin(), config.stop_token_ids.end(),
+                             int64_t{response.back()}) != config.stop_token_ids.end();
     const std::string reply = tok->decode(response, tokenizer::SkipSpecial::kYes);
     if (text) {
-      sink << "--- sample " << row % n << (stopped ? " (stop)" : " (length)") << " ---\n" << reply << '\n';
+      sink << "--- sample " << row % n << (stopped ? " (stop)" : " (length)") << " ---\n"
+           << reply << '\n';
       continue;
     }
     nlohmann::json j = {{"prompt", prompts[static_cast<size_t>(row / n)]},
@@ -169,9 +179,11 @@ int cmd_generate(const Argv& argv) {
                         {"response_ids", response},
                         {"finish_reason", stopped ? "stop" : "length"},
                         {"log_prob", out.log_probs[row].sum().item<double>()}};
-    sink << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';  // random models emit broken UTF-8
+    sink << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+         << '\n';  // random models emit broken UTF-8
   }
-  if (file.is_open() && !file.flush()) throw RuntimeError(*args.value("--output") + ": write failed");
+  if (file.is_open() && !file.flush())
+    throw RuntimeError(*args.value("--output") + ": write failed");
   return 0;
 }
 

@@ -30,7 +30,8 @@ const char* const kByteTokenizerConfig =
 int cmd_init_model(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       {"--preset", true, "model size: " + join(models::preset_names(), ", "), "NAME"},
-      {"--out", true, "directory to write (created; must not hold a config.json unless --force)", "DIR"},
+      {"--out", true, "directory to write (created; must not hold a config.json unless --force)",
+       "DIR"},
       {"--value-head", false, "a scalar value head (critic, reward) instead of the LM head"},
       {"--value-head-prefix", true, "value head weight name prefix (default score)", "NAME"},
       {"--seed", true, "initialisation seed (default 0)", "S"},
@@ -39,18 +40,21 @@ int cmd_init_model(const Argv& argv) {
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf init-model --preset NAME --out DIR [--value-head] [--seed S] [--dtype bf16|fp32]\n\n"
-                 "Writes a randomly initialised Llama-style model in Hugging Face format: config.json,\n"
-                 "model.safetensors and the byte tokenizer's tokenizer_config.json. Presets:\n"
-                 "  tiny   2 layers, hidden 64, 4 heads (2 kv), vocab 288: tests\n"
-                 "  small  4 layers, hidden 256, 8 heads (4 kv), vocab 288\n"
-                 "  100m   12 layers, hidden 768, 12 heads (4 kv), vocab 32000, tied: benchmarks\n\n"
-              << format_options(options);
+    std::cout
+        << "usage: rlhf init-model --preset NAME --out DIR [--value-head] [--seed S] [--dtype "
+           "bf16|fp32]\n\n"
+           "Writes a randomly initialised Llama-style model in Hugging Face format: config.json,\n"
+           "model.safetensors and the byte tokenizer's tokenizer_config.json. Presets:\n"
+           "  tiny   2 layers, hidden 64, 4 heads (2 kv), vocab 288: tests\n"
+           "  small  4 layers, hidden 256, 8 heads (4 kv), vocab 288\n"
+           "  100m   12 layers, hidden 768, 12 heads (4 kv), vocab 32000, tied: benchmarks\n\n"
+        << format_options(options);
     return 0;
   }
   const auto preset = args.value("--preset");
   const auto out = args.value("--out");
-  if (!preset || !out) throw InputError("init-model needs --preset NAME and --out DIR (see --help)");
+  if (!preset || !out)
+    throw InputError("init-model needs --preset NAME and --out DIR (see --help)");
   models::ModelConfig config = models::preset_config(*preset);
   if (args.flag("--value-head")) {
     config.head = models::HeadKind::kValue;
@@ -81,8 +85,8 @@ int cmd_init_model(const Argv& argv) {
   if (!tok) throw RuntimeError(tok_path + ": write failed");
   std::cout << "wrote " << *out << ": preset " << *preset << ", "
             << (config.head == models::HeadKind::kValue ? "value head" : "LM head") << ", "
-            << config.num_parameters() << " parameters, " << models::dtype_hf_name(dtype) << ", seed " << seed
-            << '\n';
+            << config.num_parameters() << " parameters, " << models::dtype_hf_name(dtype)
+            << ", seed " << seed << '\n';
   return 0;
 }
 

@@ -1,12 +1,12 @@
 // `rlhf logprobs --model DIR --input FILE.jsonl`: each sequence's per-token log-probs as
 // JSON lines, to check a converted or trained model. Token ids only (text input arrives
 // with tokenizer/); one sequence at a time, so no padding enters the numbers.
+#include <torch/torch.h>
+
 #include <fstream>
 #include <functional>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -35,13 +35,16 @@ std::vector<int64_t> parse_ids(const std::string& line, const std::string& where
     j = nlohmann::json(std::vector<int64_t>(ids.begin(), ids.end()));
   } else if (j.is_object()) {
     if (!j.contains("input_ids"))
-      throw InputError(where + ": expected key \"input_ids\" or \"text\" (or a bare array of ids, or a string)");
+      throw InputError(
+          where + ": expected key \"input_ids\" or \"text\" (or a bare array of ids, or a string)");
     j = j["input_ids"];
   }
-  if (!j.is_array() || j.empty()) throw InputError(where + ": expected a non-empty array of token ids");
+  if (!j.is_array() || j.empty())
+    throw InputError(where + ": expected a non-empty array of token ids");
   std::vector<int64_t> ids;
   for (const auto& v : j) {
-    if (!v.is_number_integer()) throw InputError(where + ": token id " + v.dump() + " is not an integer");
+    if (!v.is_number_integer())
+      throw InputError(where + ": token id " + v.dump() + " is not an integer");
     int64_t id = v.get<int64_t>();
     if (id < 0 || id >= vocab)
       throw InputError(where + ": token id " + std::to_string(id) + " outside the vocabulary [0, " +
@@ -56,22 +59,27 @@ std::vector<int64_t> parse_ids(const std::string& line, const std::string& where
 int cmd_logprobs(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       {"--model", true, "HF model directory (config.json + safetensors)", "DIR"},
-      {"--input", true, "JSON lines: {\"input_ids\": [...]}, [...], {\"text\": \"...\"} or \"...\" per line", "FILE"},
+      {"--input", true,
+       "JSON lines: {\"input_ids\": [...]}, [...], {\"text\": \"...\"} or \"...\" per line",
+       "FILE"},
       {"--output", true, "write here instead of stdout", "FILE"},
       {"--dtype", true, "compute dtype: fp32 or bf16 (default: the model's torch_dtype)", "DTYPE"},
       {"--chunk", true, "positions per log-prob chunk (default 256)", "N"},
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf logprobs --model DIR --input FILE.jsonl [--output FILE] [--dtype fp32|bf16]\n\n"
-                 "For each input line, writes {\"line\": N, \"log_probs\": [...], \"sum\": S}: the log-prob\n"
+    std::cout << "usage: rlhf logprobs --model DIR --input FILE.jsonl [--output FILE] [--dtype "
+                 "fp32|bf16]\n\n"
+                 "For each input line, writes {\"line\": N, \"log_probs\": [...], \"sum\": S}: the "
+                 "log-prob\n"
                  "of every token after the first given the tokens before it (T-1 values, FP32).\n\n"
               << format_options(options);
     return 0;
   }
   const auto model_dir = args.value("--model");
   const auto input = args.value("--input");
-  if (!model_dir || !input) throw InputError("logprobs needs --model DIR and --input FILE (see --help)");
+  if (!model_dir || !input)
+    throw InputError("logprobs needs --model DIR and --input FILE (see --help)");
   models::LoadOptions load;
   if (auto d = args.value("--dtype")) load.dtype = models::dtype_from_name(*d);
   load.head = models::HeadKind::kLanguageModel;
@@ -101,14 +109,17 @@ int cmd_logprobs(const Argv& argv) {
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto ids = parse_ids(line, *input + ":" + std::to_string(n), model->config().vocab_size, tokenizer);
+    auto ids =
+        parse_ids(line, *input + ":" + std::to_string(n), model->config().vocab_size, tokenizer);
     auto input_ids = torch::tensor(ids, torch::kInt64).unsqueeze(0);  // [1, T]
     auto hidden = model->forward(input_ids, torch::ones_like(input_ids));
     auto lp = model->next_token_log_probs(hidden, input_ids, chunk).squeeze(0);  // [T-1]
     std::vector<float> values(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel());
     double sum = 0;
     for (float v : values) sum += v;
-    out << nlohmann::json{{"line", n}, {"input_ids", ids}, {"log_probs", values}, {"sum", sum}}.dump() << '\n';
+    out << nlohmann::json{{"line", n}, {"input_ids", ids}, {"log_probs", values}, {"sum", sum}}
+               .dump()
+        << '\n';
   }
   out.flush();
   if (!out) throw RuntimeError("logprobs: writing the output failed");

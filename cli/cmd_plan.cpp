@@ -53,7 +53,9 @@ nlohmann::json placement_json(const Placement& p) {
   return {{"workers", workers}};
 }
 
-std::string mib(int64_t bytes) { return bytes ? format_bytes(static_cast<double>(bytes)) : "-"; }
+std::string mib(int64_t bytes) {
+  return bytes ? format_bytes(static_cast<double>(bytes)) : "-";
+}
 
 std::string percent(double ratio) {
   std::ostringstream o;
@@ -63,30 +65,36 @@ std::string percent(double ratio) {
 
 void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
   out << "\nMemory per rank (bytes each worker of the role holds, each term at its own peak). The\n"
-         "transient terms peak in different phases of a step (activations, log-probs and the .grad\n"
-         "in flight first; all .grad and collective buffers at the reduction), so total = overhead +\n"
+         "transient terms peak in different phases of a step (activations, log-probs and the "
+         ".grad\n"
+         "in flight first; all .grad and collective buffers at the reduction), so total = overhead "
+         "+\n"
          "max(load, weights + master + adam + grads + the largest phase); engine = what the\n"
          "trainer's tracker counts, reported as peak_tensor_bytes:\n";
-  TextTable roles({"role", "ranks", "weights", "master", "adam", "grads", "gathered", "buffers", ".grad",
-                   "activations", "log-probs", "kv-cache", "load", "overhead", "total", "engine"});
+  TextTable roles({"role", "ranks", "weights", "master", "adam", "grads", "gathered", "buffers",
+                   ".grad", "activations", "log-probs", "kv-cache", "load", "overhead", "total",
+                   "engine"});
   for (const auto& r : plan.roles) {
     const auto& t = r.terms;
     std::string role = r.input.role;
     if (r.input.work == engine::RoleWork::kTrain)
-      role += " (zero " + std::to_string(r.input.zero_stage) + (r.input.checkpointing ? ", ckpt" : "") +
-              (r.input.adam_offload ? ", offload" : "") + ")";
-    roles.add({role, std::to_string(r.input.group_size), mib(t.weights), mib(t.master), mib(t.optimizer),
-               mib(t.grads), mib(t.gathered), mib(t.buffers), mib(t.param_grads), mib(t.activations),
-               mib(t.log_probs), mib(t.kv_cache), mib(t.load), mib(t.overhead), mib(t.device_total()), mib(t.engine_peak)});
+      role += " (zero " + std::to_string(r.input.zero_stage) +
+              (r.input.checkpointing ? ", ckpt" : "") + (r.input.adam_offload ? ", offload" : "") +
+              ")";
+    roles.add({role, std::to_string(r.input.group_size), mib(t.weights), mib(t.master),
+               mib(t.optimizer), mib(t.grads), mib(t.gathered), mib(t.buffers), mib(t.param_grads),
+               mib(t.activations), mib(t.log_probs), mib(t.kv_cache), mib(t.load), mib(t.overhead),
+               mib(t.device_total()), mib(t.engine_peak)});
   }
   out << roles.str();
   TextTable devices({"device", "roles", "planned", "capacity", "use", ""});
   for (const auto& d : plan.devices) {
-    const double use = d.capacity > 0 ? static_cast<double>(d.total) / static_cast<double>(d.capacity) : 0.0;
+    const double use =
+        d.capacity > 0 ? static_cast<double>(d.total) / static_cast<double>(d.capacity) : 0.0;
     std::ostringstream u;
     u << std::fixed << std::setprecision(1) << 100.0 * use << "%";
-    devices.add({d.node + ":" + std::to_string(d.device_id), join(d.roles, "+"), mib(d.total), mib(d.capacity),
-                 u.str(), d.fits() ? "fits" : "OVER BUDGET"});
+    devices.add({d.node + ":" + std::to_string(d.device_id), join(d.roles, "+"), mib(d.total),
+                 mib(d.capacity), u.str(), d.fits() ? "fits" : "OVER BUDGET"});
   }
   out << '\n' << devices.str();
   if (!plan.fits()) out << '\n';
@@ -102,13 +110,15 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
       }
     }
     out << d.node << ":" << d.device_id << " is over budget by " << mib(d.total - d.capacity)
-        << "; the largest term is " << owner << " " << dominant.first << " (" << mib(dominant.second) << ").\n";
+        << "; the largest term is " << owner << " " << dominant.first << " ("
+        << mib(dominant.second) << ").\n";
   }
   if (!plan.suggestions.empty()) {
     out << "Changes, each planned again (total: the most over-budget device; a combination is\n"
            "listed first when no single change fits):\n";
     for (const auto& s : plan.suggestions)
-      out << "  --set " << s.change << "  ->  " << mib(s.new_total) << (s.fits ? "  (fits)" : "  (still over)") << '\n';
+      out << "  --set " << s.change << "  ->  " << mib(s.new_total)
+          << (s.fits ? "  (fits)" : "  (still over)") << '\n';
   }
 }
 
@@ -117,21 +127,28 @@ int check_run(const std::string& run_dir, bool as_json) {
   if (as_json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& r : rows)
-      out.push_back({{"role", r.role}, {"rank", r.rank}, {"device", r.device}, {"planned_engine", r.planned_engine},
-                     {"measured_tensor", r.measured_tensor}, {"tensor_error", r.tensor_error()},
-                     {"planned_total", r.planned_total}, {"measured_rss", r.measured_rss}, {"rss_error", r.rss_error()}});
+      out.push_back({{"role", r.role},
+                     {"rank", r.rank},
+                     {"device", r.device},
+                     {"planned_engine", r.planned_engine},
+                     {"measured_tensor", r.measured_tensor},
+                     {"tensor_error", r.tensor_error()},
+                     {"planned_total", r.planned_total},
+                     {"measured_rss", r.measured_rss},
+                     {"rss_error", r.rss_error()}});
     std::cout << out.dump(2) << '\n';
     return 0;
   }
   std::cout << run_dir << ": planned vs measured peak memory per role and rank\n"
             << "(tensor: the trainer's tracked tensors, or the weights of an untrained role; "
                "total vs RSS: everything the process holds)\n\n";
-  TextTable t({"role", "rank", "device", "planned tensor", "measured tensor", "error", "planned total", "peak RSS",
-               "error"});
+  TextTable t({"role", "rank", "device", "planned tensor", "measured tensor", "error",
+               "planned total", "peak RSS", "error"});
   for (const auto& r : rows)
     t.add({r.role, std::to_string(r.rank), r.device, mib(r.planned_engine),
-           r.measured_tensor < 0 ? "-" : mib(r.measured_tensor), r.measured_tensor < 0 ? "-" : percent(r.tensor_error()),
-           mib(r.planned_total), r.measured_rss < 0 ? "-" : mib(r.measured_rss),
+           r.measured_tensor < 0 ? "-" : mib(r.measured_tensor),
+           r.measured_tensor < 0 ? "-" : percent(r.tensor_error()), mib(r.planned_total),
+           r.measured_rss < 0 ? "-" : mib(r.measured_rss),
            r.measured_rss < 0 ? "-" : percent(r.rss_error())});
   std::cout << t.str();
   return 0;
@@ -182,9 +199,11 @@ int cmd_plan(const Argv& argv) {
   TextTable workers({"role", "rank", "node", "host", "device", "colocated", "env"});
   for (const auto& w : p.workers) {
     std::string env = "OMP_NUM_THREADS=" + w.env.at("OMP_NUM_THREADS");
-    if (w.env.count("CUDA_VISIBLE_DEVICES")) env = "CUDA_VISIBLE_DEVICES=" + w.env.at("CUDA_VISIBLE_DEVICES") + " " + env;
+    if (w.env.count("CUDA_VISIBLE_DEVICES"))
+      env = "CUDA_VISIBLE_DEVICES=" + w.env.at("CUDA_VISIBLE_DEVICES") + " " + env;
     workers.add({role_name(w.role), std::to_string(w.rank) + "/" + std::to_string(w.group_size),
-                 w.node, w.host, std::string(device_kind_name(w.device_kind)) + ":" + std::to_string(w.device_id),
+                 w.node, w.host,
+                 std::string(device_kind_name(w.device_kind)) + ":" + std::to_string(w.device_id),
                  w.colocated_with.empty() ? "-" : w.colocated_with, env});
   }
   std::cout << workers.str()

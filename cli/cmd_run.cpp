@@ -13,10 +13,10 @@
 #include "core/placement.h"
 #include "core/run_dir.h"
 #include "core/spec.h"
-#include "engine/memory_check.h"
-#include "scheduler/scheduler.h"
 #include "dpo/driver.h"
+#include "engine/memory_check.h"
 #include "ppo/driver.h"
+#include "scheduler/scheduler.h"
 #include "scheduler/smoke_driver.h"
 #include "scheduler/worker_process.h"
 
@@ -46,16 +46,18 @@ int cmd_run(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       set_option(),
       {"--resume", false, "continue from the newest complete checkpoint under ckpt.path"},
-      {"--smoke-rounds", true, "run the built-in transport smoke driver (N echo rounds) instead of the job", "N"},
+      {"--smoke-rounds", true,
+       "run the built-in transport smoke driver (N echo rounds) instead of the job", "N"},
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf run SPEC [--set PATH=VALUE]... [--resume]\n\n"
+    std::cout
+        << "usage: rlhf run SPEC [--set PATH=VALUE]... [--resume]\n\n"
            "Places and starts one worker process per device, supervises them (a dead or silent\n"
            "worker stops the job within seconds, exit 1, with its role, rank, device, exit\n"
            "status and log tail), runs the job and stops every worker. Worker logs go to\n"
            "<logger.run_dir>/<name>/logs/<role>-<rank>.log.\n\n"
-              << format_options(options);
+        << format_options(options);
     return 0;
   }
   const bool smoke = args.value("--smoke-rounds").has_value();
@@ -69,7 +71,9 @@ int cmd_run(const Argv& argv) {
     driver = smoke_driver(rounds);
   } else {
     const auto missing = missing_inputs(spec);
-    if (!missing.empty()) throw InputError(spec.source() + ": " + missing.front().path + ": " + missing.front().message);
+    if (!missing.empty())
+      throw InputError(spec.source() + ": " + missing.front().path + ": " +
+                       missing.front().message);
     driver = spec.kind() == JobKind::kPpo ? ppo::ppo_driver(spec, {args.flag("--resume")})
                                           : dpo::offline_driver(spec, {args.flag("--resume")});
   }
@@ -79,15 +83,16 @@ int cmd_run(const Argv& argv) {
   // `rlhf plan` and `rlhf validate` still take cuda specs (memory planning for GPUs).
   for (const auto& w : placement.workers) {
     if (w.device_kind == DeviceKind::kCuda)
-      throw InputError(spec.source() + ": cluster.nodes: " + w.label() + " is placed on cuda node '" + w.node +
-                       "', but this version of rlhf trains on cpu nodes only (the worker GPU path is not "
-                       "built yet); use \"kind\": \"cpu\" nodes, or `rlhf plan` to size a GPU job");
+      throw InputError(
+          spec.source() + ": cluster.nodes: " + w.label() + " is placed on cuda node '" + w.node +
+          "', but this version of rlhf trains on cpu nodes only (the worker GPU path is not "
+          "built yet); use \"kind\": \"cpu\" nodes, or `rlhf plan` to size a GPU job");
   }
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
   if (!smoke && !args.flag("--resume")) {
     if (auto kept = set_aside_previous_run(spec))
-      std::cout << "rlhf run: an earlier run's metrics, plan and checkpoints were moved to " << *kept
-                << std::endl;
+      std::cout << "rlhf run: an earlier run's metrics, plan and checkpoints were moved to "
+                << *kept << std::endl;
   }
   if (!smoke) engine::write_run_plan(spec, scheduler.config().run_dir);  // planned beside measured
   try {

@@ -1,8 +1,8 @@
 // `rlhf spec`: the job-spec reference generated from the key table.
 #include <iostream>
 
-#include "cli/commands.h"
 #include "cli/args.h"
+#include "cli/commands.h"
 #include "core/errors.h"
 #include "core/spec_schema.h"
 

@@ -1,13 +1,12 @@
 // `rlhf worker`: the process `rlhf run` starts for each placed device. Reads its identity
 // from the environment, registers, serves operations until shutdown. Not for direct use.
+#include <ATen/Parallel.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
-
-#include <ATen/Parallel.h>
 
 #include "actors/builtin_operations.h"
 #include "actors/model_operations.h"
@@ -33,20 +32,23 @@ int cmd_worker(const Argv& argv) {
   const std::vector<OptionSpec> options = {{"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf worker\n\n"
-                 "Internal: a worker process started by `rlhf run`, one per placed device. It reads\n"
-                 "RLHF_ROLE, RLHF_RANK, RLHF_WORLD_SIZE, RLHF_DEVICE, RLHF_SCHEDULER, RLHF_TOKEN and\n"
-                 "RLHF_RUN_DIR, registers with the scheduler and serves operations until shutdown.\n\n"
-              << format_options(options);
+    std::cout
+        << "usage: rlhf worker\n\n"
+           "Internal: a worker process started by `rlhf run`, one per placed device. It reads\n"
+           "RLHF_ROLE, RLHF_RANK, RLHF_WORLD_SIZE, RLHF_DEVICE, RLHF_SCHEDULER, RLHF_TOKEN and\n"
+           "RLHF_RUN_DIR, registers with the scheduler and serves operations until shutdown.\n\n"
+        << format_options(options);
     return 0;
   }
   WorkerConfig config = WorkerConfig::from_env();
   tie_to_parent();
-  if (const char* threads = std::getenv("OMP_NUM_THREADS")) at::set_num_threads(std::max(1, std::atoi(threads)));
+  if (const char* threads = std::getenv("OMP_NUM_THREADS"))
+    at::set_num_threads(std::max(1, std::atoi(threads)));
   OperationRegistry registry;
   add_builtin_operations(registry);
   const std::string& role = config.identity.role;
-  if (role == "actor" || role == "critic" || role == "reward" || role == "ref") add_model_operations(registry);
+  if (role == "actor" || role == "critic" || role == "reward" || role == "ref")
+    add_model_operations(registry);
   if (role == "rollout") add_rollout_operations(registry);
   return Worker(std::move(config), std::move(registry)).run();
 }

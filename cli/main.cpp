@@ -8,10 +8,11 @@
 namespace {
 
 void print_help() {
-  std::cout << "rlhf: train language models with RLHF (PPO, GRPO, RLOO, REINFORCE++, DPO, SFT, RM)\n"
-               "from one JSON job spec, each model role on its own device group.\n\n"
-               "usage: rlhf COMMAND [ARGS...]      rlhf COMMAND --help for its options\n\n"
-               "commands:\n";
+  std::cout
+      << "rlhf: train language models with RLHF (PPO, GRPO, RLOO, REINFORCE++, DPO, SFT, RM)\n"
+         "from one JSON job spec, each model role on its own device group.\n\n"
+         "usage: rlhf COMMAND [ARGS...]      rlhf COMMAND --help for its options\n\n"
+         "commands:\n";
   for (const auto& c : rlhf::cli::commands()) {
     std::string name = c.name;
     std::cout << "  " << name << std::string(name.size() < 12 ? 12 - name.size() : 1, ' ')

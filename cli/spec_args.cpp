@@ -8,13 +8,15 @@
 namespace rlhf::cli {
 
 OptionSpec set_option() {
-  return {"--set", true, "override a spec key, e.g. --set rollout.n_samples_per_prompt=8 (repeatable)",
+  return {"--set", true,
+          "override a spec key, e.g. --set rollout.n_samples_per_prompt=8 (repeatable)",
           "PATH=VALUE"};
 }
 
 JobSpec load_spec_arg(const Args& args, const std::string& command) {
   if (args.positionals().size() != 1)
-    throw InputError("expected one job spec file: rlhf " + command + " SPEC [--set PATH=VALUE ...]");
+    throw InputError("expected one job spec file: rlhf " + command +
+                     " SPEC [--set PATH=VALUE ...]");
   return JobSpec::load(args.positionals()[0], args.values("--set"));
 }
 
@@ -27,13 +29,14 @@ std::string spec_summary(const JobSpec& spec) {
     out += " (loss " + spec.get_string("algo.dpo.loss") + ")";
   std::vector<std::string> groups;
   std::vector<std::string> nodes_used;
-  for (Role r : spec.used_roles()) groups.push_back(std::string(role_name(r)) + " " + std::to_string(p.group_size(r)));
+  for (Role r : spec.used_roles())
+    groups.push_back(std::string(role_name(r)) + " " + std::to_string(p.group_size(r)));
   for (const auto& w : p.workers)
     if (std::find(nodes_used.begin(), nodes_used.end(), w.node) == nodes_used.end())
       nodes_used.push_back(w.node);
   out += ": " + std::to_string(p.workers.size()) + " workers on " +
-         std::to_string(nodes_used.size()) + (nodes_used.size() == 1 ? " node" : " nodes") +
-         " (" + join(groups, ", ") + ")";
+         std::to_string(nodes_used.size()) + (nodes_used.size() == 1 ? " node" : " nodes") + " (" +
+         join(groups, ", ") + ")";
   if (spec.kind() == JobKind::kPpo)
     out += "; " + std::to_string(spec.get_int("rollout.batch_size")) + " prompts x " +
            std::to_string(spec.get_int("rollout.n_samples_per_prompt")) + " samples per step";

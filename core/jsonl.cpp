@@ -46,10 +46,12 @@ JsonlStats read_jsonl(const std::string& path, BadLinePolicy policy, int64_t max
 }
 
 std::string string_field(const nlohmann::json& row, const std::string& key) {
-  if (!row.is_object()) throw InputError("expected a JSON object, found " + row.dump().substr(0, 40));
+  if (!row.is_object())
+    throw InputError("expected a JSON object, found " + row.dump().substr(0, 40));
   auto it = row.find(key);
   if (it == row.end()) throw InputError("missing key \"" + key + "\"");
-  if (!it->is_string()) throw InputError("expected a string at key \"" + key + "\", found " + it->dump().substr(0, 40));
+  if (!it->is_string())
+    throw InputError("expected a string at key \"" + key + "\", found " + it->dump().substr(0, 40));
   return it->get<std::string>();
 }
 

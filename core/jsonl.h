@@ -4,9 +4,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace rlhf {
 

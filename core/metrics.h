@@ -3,9 +3,8 @@
 #pragma once
 
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace rlhf {
 

@@ -8,7 +8,9 @@ namespace rlhf {
 
 using nlohmann::json;
 
-const char* device_kind_name(DeviceKind kind) { return kind == DeviceKind::kCuda ? "cuda" : "cpu"; }
+const char* device_kind_name(DeviceKind kind) {
+  return kind == DeviceKind::kCuda ? "cuda" : "cpu";
+}
 
 std::string WorkerPlacement::torch_device() const {
   // CUDA_VISIBLE_DEVICES holds exactly this worker's GPU, so inside it the GPU is cuda:0.
@@ -26,7 +28,9 @@ std::vector<WorkerPlacement> Placement::group(Role role) const {
   return out;
 }
 
-int Placement::group_size(Role role) const { return static_cast<int>(group(role).size()); }
+int Placement::group_size(Role role) const {
+  return static_cast<int>(group(role).size());
+}
 
 std::vector<NodeSpec> cluster_nodes(const JobSpec& spec) {
   std::vector<NodeSpec> nodes;
@@ -74,9 +78,11 @@ Placement place(const JobSpec& spec) {
       w.env[kEnvRank] = std::to_string(rank);
       w.env[kEnvWorldSize] = std::to_string(size);
       w.env[kEnvNode] = node.name;
-      w.env[kEnvDevice] = std::string(device_kind_name(node.kind)) + ":" + std::to_string(w.device_id);
+      w.env[kEnvDevice] =
+          std::string(device_kind_name(node.kind)) + ":" + std::to_string(w.device_id);
       w.env["OMP_NUM_THREADS"] = threads;
-      if (node.kind == DeviceKind::kCuda) w.env["CUDA_VISIBLE_DEVICES"] = std::to_string(w.device_id);
+      if (node.kind == DeviceKind::kCuda)
+        w.env["CUDA_VISIBLE_DEVICES"] = std::to_string(w.device_id);
       p.workers.push_back(std::move(w));
     }
   }

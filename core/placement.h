@@ -15,32 +15,32 @@ enum class DeviceKind { kCpu, kCuda };
 const char* device_kind_name(DeviceKind kind);
 
 struct NodeSpec {
-  std::string name;     // "local", "gpu-a"
-  std::string host;     // "127.0.0.1"
+  std::string name;  // "local", "gpu-a"
+  std::string host;  // "127.0.0.1"
   DeviceKind kind = DeviceKind::kCpu;
-  int devices = 0;      // device count (logical slots on cpu)
-  double memory_gb = 0; // memory per device (GiB)
+  int devices = 0;       // device count (logical slots on cpu)
+  double memory_gb = 0;  // memory per device (GiB)
 };
 
 // Environment variable names every worker gets (the scheduler adds the last three at launch).
-inline constexpr const char* kEnvRole = "RLHF_ROLE";              // "actor"
-inline constexpr const char* kEnvRank = "RLHF_RANK";              // rank within the role group
-inline constexpr const char* kEnvWorldSize = "RLHF_WORLD_SIZE";   // role group size
-inline constexpr const char* kEnvDevice = "RLHF_DEVICE";          // physical: "cpu:3", "cuda:5"
-inline constexpr const char* kEnvNode = "RLHF_NODE";              // node name
-inline constexpr const char* kEnvScheduler = "RLHF_SCHEDULER";    // scheduler endpoint
-inline constexpr const char* kEnvToken = "RLHF_TOKEN";            // per-job registration token
-inline constexpr const char* kEnvRunDir = "RLHF_RUN_DIR";         // run directory
+inline constexpr const char* kEnvRole = "RLHF_ROLE";             // "actor"
+inline constexpr const char* kEnvRank = "RLHF_RANK";             // rank within the role group
+inline constexpr const char* kEnvWorldSize = "RLHF_WORLD_SIZE";  // role group size
+inline constexpr const char* kEnvDevice = "RLHF_DEVICE";         // physical: "cpu:3", "cuda:5"
+inline constexpr const char* kEnvNode = "RLHF_NODE";             // node name
+inline constexpr const char* kEnvScheduler = "RLHF_SCHEDULER";   // scheduler endpoint
+inline constexpr const char* kEnvToken = "RLHF_TOKEN";           // per-job registration token
+inline constexpr const char* kEnvRunDir = "RLHF_RUN_DIR";        // run directory
 
 struct WorkerPlacement {
   Role role = Role::kActor;
-  int rank = 0;              // within its role group
-  int group_size = 1;        // ranks in the role group
-  std::string node;          // node name
-  std::string host;          // node host
+  int rank = 0;        // within its role group
+  int group_size = 1;  // ranks in the role group
+  std::string node;    // node name
+  std::string host;    // node host
   DeviceKind device_kind = DeviceKind::kCpu;
-  int device_id = 0;         // on its node; CUDA_VISIBLE_DEVICES for cuda
-  std::string colocated_with;  // role name whose devices this worker shares, or ""
+  int device_id = 0;                       // on its node; CUDA_VISIBLE_DEVICES for cuda
+  std::string colocated_with;              // role name whose devices this worker shares, or ""
   std::map<std::string, std::string> env;  // what the worker process gets (see kEnv*)
 
   // "cuda:0" inside the worker (after CUDA_VISIBLE_DEVICES), "cpu" on cpu nodes.

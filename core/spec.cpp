@@ -17,21 +17,30 @@ using nlohmann::json;
 
 const char* job_kind_name(JobKind kind) {
   switch (kind) {
-    case JobKind::kPpo: return "ppo";
-    case JobKind::kDpo: return "dpo";
-    case JobKind::kSft: return "sft";
-    case JobKind::kRm: return "rm";
+    case JobKind::kPpo:
+      return "ppo";
+    case JobKind::kDpo:
+      return "dpo";
+    case JobKind::kSft:
+      return "sft";
+    case JobKind::kRm:
+      return "rm";
   }
   return "?";
 }
 
 const char* role_name(Role role) {
   switch (role) {
-    case Role::kActor: return "actor";
-    case Role::kCritic: return "critic";
-    case Role::kReward: return "reward";
-    case Role::kRef: return "ref";
-    case Role::kRollout: return "rollout";
+    case Role::kActor:
+      return "actor";
+    case Role::kCritic:
+      return "critic";
+    case Role::kReward:
+      return "reward";
+    case Role::kRef:
+      return "ref";
+    case Role::kRollout:
+      return "rollout";
   }
   return "?";
 }
@@ -183,7 +192,9 @@ JobKind JobSpec::kind() const {
   return JobKind::kPpo;
 }
 
-std::vector<Role> JobSpec::used_roles() const { return detail::used_roles(resolved_); }
+std::vector<Role> JobSpec::used_roles() const {
+  return detail::used_roles(resolved_);
+}
 
 bool JobSpec::uses(Role role) const {
   for (Role r : used_roles())
@@ -191,7 +202,9 @@ bool JobSpec::uses(Role role) const {
   return false;
 }
 
-bool JobSpec::trains(Role role) const { return detail::trains(resolved_, role); }
+bool JobSpec::trains(Role role) const {
+  return detail::trains(resolved_, role);
+}
 
 const nlohmann::json& JobSpec::at(const std::string& path) const {
   if (!find_key(path)) throw std::logic_error("JobSpec: no key '" + path + "' in the table");
@@ -202,8 +215,12 @@ int64_t JobSpec::get_int(const std::string& path) const {
   const nlohmann::json& v = at(path);
   return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
 }
-double JobSpec::get_float(const std::string& path) const { return at(path).get<double>(); }
-bool JobSpec::get_bool(const std::string& path) const { return at(path).get<bool>(); }
+double JobSpec::get_float(const std::string& path) const {
+  return at(path).get<double>();
+}
+bool JobSpec::get_bool(const std::string& path) const {
+  return at(path).get<bool>();
+}
 std::string JobSpec::get_string(const std::string& path) const {
   return at(path).get<std::string>();
 }
@@ -242,9 +259,9 @@ std::vector<SpecProblem> lengths_beyond_models(const JobSpec& spec) {
   namespace fs = std::filesystem;
   const bool ppo = spec.kind() == JobKind::kPpo;
   // The longest sequence a job builds: prompt + response for PPO, data.max_len otherwise.
-  const int64_t longest = ppo ? spec.get_int("data.prompt_max_len") +
-                                    spec.get_int("rollout.max_new_tokens")
-                              : spec.get_int("data.max_len");
+  const int64_t longest =
+      ppo ? spec.get_int("data.prompt_max_len") + spec.get_int("rollout.max_new_tokens")
+          : spec.get_int("data.max_len");
   const std::string what = ppo ? "data.prompt_max_len + rollout.max_new_tokens" : "data.max_len";
   std::vector<SpecProblem> out;
   std::vector<std::string> seen;
@@ -271,8 +288,10 @@ std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
     const std::string dir = spec.get_string(std::string(role_name(r)) + ".model");
     if (dir.empty() || fs::exists(fs::path(dir) / "config.json")) continue;
     auto it = std::find_if(dirs.begin(), dirs.end(), [&](const auto& d) { return d.first == dir; });
-    if (it == dirs.end()) dirs.push_back({dir, {role_name(r)}});
-    else it->second.push_back(role_name(r));
+    if (it == dirs.end())
+      dirs.push_back({dir, {role_name(r)}});
+    else
+      it->second.push_back(role_name(r));
   }
   for (const auto& [dir, roles] : dirs) {
     bool value_head = roles.front() == "critic" || roles.front() == "reward";

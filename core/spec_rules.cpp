@@ -29,8 +29,12 @@ json::json_pointer pointer(const std::string& dotted_path) {
   return json::json_pointer("/" + join(split(dotted_path, '.'), "/"));
 }
 
-const json& Validation::at(const std::string& path) const { return resolved.at(pointer(path)); }
-void Validation::set(const std::string& path, json value) { resolved[pointer(path)] = std::move(value); }
+const json& Validation::at(const std::string& path) const {
+  return resolved.at(pointer(path));
+}
+void Validation::set(const std::string& path, json value) {
+  resolved[pointer(path)] = std::move(value);
+}
 
 namespace {
 
@@ -39,12 +43,16 @@ bool is_group_estimator(const std::string& e) {
          e == "dr_grpo";
 }
 
-std::string str(const Validation& v, const std::string& path) { return v.at(path).get<std::string>(); }
+std::string str(const Validation& v, const std::string& path) {
+  return v.at(path).get<std::string>();
+}
 int64_t num(const Validation& v, const std::string& path) {
   const json& j = v.at(path);
   return j.is_number_integer() ? j.get<int64_t>() : static_cast<int64_t>(j.get<double>());
 }
-double real(const Validation& v, const std::string& path) { return v.at(path).get<double>(); }
+double real(const Validation& v, const std::string& path) {
+  return v.at(path).get<double>();
+}
 
 // A device of the cluster: node index and device id on that node.
 struct Device {
@@ -97,9 +105,9 @@ std::vector<NodeInfo> check_nodes(Validation& v) {
     good &= expect(n.contains("devices") && n["devices"].is_number_integer() &&
                        n["devices"].get<int64_t>() >= 1,
                    "devices", "an integer >= 1 (the device count)");
-    good &= expect(n.contains("memory_gb") && n["memory_gb"].is_number() &&
-                       n["memory_gb"].get<double>() > 0,
-                   "memory_gb", cuda ? "memory per GPU in GiB (a number > 0)" : "a number > 0");
+    good &= expect(
+        n.contains("memory_gb") && n["memory_gb"].is_number() && n["memory_gb"].get<double>() > 0,
+        "memory_gb", cuda ? "memory per GPU in GiB (a number > 0)" : "a number > 0");
     if (!good) continue;
     std::string name = n["name"];
     if (seen.count(name)) {
@@ -135,17 +143,19 @@ void check_models_and_data(Validation& v, const std::vector<Role>& used) {
     // reward without any source is reported below.
     if ((r == Role::kRef || r == Role::kRollout) && !actor_model) continue;
     if (r == Role::kReward && kind == "ppo") continue;
-    std::string what = r == Role::kCritic
-                           ? "a value-model directory (it defaults to reward.model, which is not set)"
-                           : "a Hugging Face model directory (rlhf init-model makes one)";
+    std::string what =
+        r == Role::kCritic
+            ? "a value-model directory (it defaults to reward.model, which is not set)"
+            : "a Hugging Face model directory (rlhf init-model makes one)";
     v.problem(role + ".model", "required for a " + kind + " job: " + what);
   }
   if (kind == "ppo") {
     bool has_source = !str(v, "reward.model").empty() || !str(v, "reward.remote_url").empty() ||
                       !str(v, "reward.rule").empty();
     if (!has_source)
-      v.problem("reward", "a ppo job needs a reward source: reward.model, reward.remote_url or "
-                          "reward.rule");
+      v.problem("reward",
+                "a ppo job needs a reward source: reward.model, reward.remote_url or "
+                "reward.rule");
     if (!str(v, "reward.remote_url").empty() && !str(v, "reward.rule").empty())
       v.problem("reward.rule", "set either reward.rule or reward.remote_url, not both");
     if (str(v, "data.prompt_dataset").empty())
@@ -175,9 +185,8 @@ std::vector<Device> parse_devices(Validation& v, const std::string& role,
       int64_t d = id.get<int64_t>();
       if (d >= nodes[node].devices) {
         v.problem(path, "device " + std::to_string(d) + " does not exist on node \"" +
-                            nodes[node].name + "\" (it has " +
-                            std::to_string(nodes[node].devices) + " devices: 0.." +
-                            std::to_string(nodes[node].devices - 1) + ")");
+                            nodes[node].name + "\" (it has " + std::to_string(nodes[node].devices) +
+                            " devices: 0.." + std::to_string(nodes[node].devices - 1) + ")");
         continue;
       }
       Device dev{node, d};
@@ -199,8 +208,8 @@ std::vector<Device> parse_devices(Validation& v, const std::string& role,
     if (it == nodes.end()) {
       std::vector<std::string> names;
       for (const auto& n : nodes) names.push_back(n.name);
-      v.problem(path, "no node named \"" + node_name + "\" in cluster.nodes (nodes: " +
-                          join(names, ", ") + ")");
+      v.problem(path, "no node named \"" + node_name +
+                          "\" in cluster.nodes (nodes: " + join(names, ", ") + ")");
       continue;
     }
     add_list(static_cast<size_t>(it - nodes.begin()), ids);
@@ -209,7 +218,8 @@ std::vector<Device> parse_devices(Validation& v, const std::string& role,
 }
 
 json devices_json(const std::vector<Device>& devs, const std::vector<NodeInfo>& nodes) {
-  bool all_first = std::all_of(devs.begin(), devs.end(), [](const Device& d) { return d.node == 0; });
+  bool all_first =
+      std::all_of(devs.begin(), devs.end(), [](const Device& d) { return d.node == 0; });
   if (all_first) {
     json list = json::array();
     for (const auto& d : devs) list.push_back(d.id);
@@ -238,8 +248,9 @@ std::map<std::string, int64_t> resolve_devices(Validation& v, const std::vector<
     if (target == role) {
       v.problem(path, "a role cannot colocate with itself");
     } else if (!is_used(target)) {
-      v.problem(path, "\"" + target + "\" is not used by this job, so there is nothing to "
-                                       "share devices with");
+      v.problem(path, "\"" + target +
+                          "\" is not used by this job, so there is nothing to "
+                          "share devices with");
     } else if (!str(v, target + ".colocate_with").empty()) {
       v.problem(path, "\"" + target + "\" itself colocates with \"" +
                           str(v, target + ".colocate_with") + "\"; name that role instead");
@@ -332,11 +343,11 @@ void check_batches(Validation& v, const std::vector<Role>& used,
   const int64_t n = num(v, "rollout.n_samples_per_prompt"), rb = num(v, "rollout.batch_size");
   if (train_ok && v.ok({"rollout.batch_size", "rollout.n_samples_per_prompt"}) &&
       (rb * n) % train_bs != 0)
-    v.problem("rollout.batch_size",
-              std::to_string(rb) + " prompts x rollout.n_samples_per_prompt (" +
-                  std::to_string(n) + ") = " + std::to_string(rb * n) +
-                  " samples is not a multiple of train.batch_size (" + std::to_string(train_bs) +
-                  ")");
+    v.problem("rollout.batch_size", std::to_string(rb) +
+                                        " prompts x rollout.n_samples_per_prompt (" +
+                                        std::to_string(n) + ") = " + std::to_string(rb * n) +
+                                        " samples is not a multiple of train.batch_size (" +
+                                        std::to_string(train_bs) + ")");
   std::string est = str(v, "algo.advantage.estimator");
   if (is_group_estimator(est) && n < 2 && v.ok({"rollout.n_samples_per_prompt"}))
     v.problem("rollout.n_samples_per_prompt",
@@ -344,9 +355,9 @@ void check_batches(Validation& v, const std::vector<Role>& used,
                   " estimator compares samples of the same prompt: set it to 2 or more");
   if (v.ok({"rollout.micro_batch_size", "rollout.batch_size"}) &&
       num(v, "rollout.micro_batch_size") > rb)
-    v.problem("rollout.micro_batch_size", "is " + std::to_string(num(v, "rollout.micro_batch_size")) +
-                                              ", larger than rollout.batch_size (" +
-                                              std::to_string(rb) + ")");
+    v.problem("rollout.micro_batch_size",
+              "is " + std::to_string(num(v, "rollout.micro_batch_size")) +
+                  ", larger than rollout.batch_size (" + std::to_string(rb) + ")");
 }
 
 void check_lengths_and_algo(Validation& v) {
@@ -364,17 +375,20 @@ void check_lengths_and_algo(Validation& v) {
                                          std::to_string(max_len) + ")");
   }
   if (v.ok({"ref.zero_stage"}) && num(v, "ref.zero_stage") != 0)
-    v.problem("ref.zero_stage", "only 0 is supported: the reference keeps full weights on every "
-                                "worker (sharded reference inference is not built), found " +
-                                    v.at("ref.zero_stage").dump());
+    v.problem("ref.zero_stage",
+              "only 0 is supported: the reference keeps full weights on every "
+              "worker (sharded reference inference is not built), found " +
+                  v.at("ref.zero_stage").dump());
   double dual = real(v, "actor.dual_clip");
   if (v.ok({"actor.dual_clip"}) && dual != 0 && dual <= 1)
-    v.problem("actor.dual_clip", "expected 0 (off) or a number > 1, found " + v.at("actor.dual_clip").dump());
+    v.problem("actor.dual_clip",
+              "expected 0 (off) or a number > 1, found " + v.at("actor.dual_clip").dump());
   if (v.ok({"algo.kl.target", "algo.kl.init_coef"}) && real(v, "algo.kl.target") > 0 &&
       real(v, "algo.kl.init_coef") == 0)
     v.problem("algo.kl.target", "an adaptive KL target needs algo.kl.init_coef > 0");
   if (v.ok({"ckpt.save_steps"}) && num(v, "ckpt.save_steps") == 0)
-    v.problem("ckpt.save_steps", "expected -1 (only at the end) or a number of steps >= 1, found 0");
+    v.problem("ckpt.save_steps",
+              "expected -1 (only at the end) or a number of steps >= 1, found 0");
   const auto clip = v.at("reward.clip_range");
   if (v.ok({"reward.clip_range"}) && clip[0].get<double>() >= clip[1].get<double>())
     v.problem("reward.clip_range", "expected [low, high] with low < high, found " + clip.dump());

@@ -2,19 +2,18 @@
 // after every key was type-checked and defaults were filled. Not for other folders.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/spec.h"
 
 namespace rlhf::detail {
 
 struct Validation {
-  nlohmann::json resolved;           // every key present; a bad value replaced by its default
-  std::set<std::string> bad_paths;   // keys whose own value was wrong (rules skip them)
+  nlohmann::json resolved;          // every key present; a bad value replaced by its default
+  std::set<std::string> bad_paths;  // keys whose own value was wrong (rules skip them)
   std::vector<SpecProblem> problems;
   std::vector<std::string> warnings;
   std::set<std::string> user_paths;  // keys the user set (in the file or with --set)

@@ -138,7 +138,8 @@ std::vector<KeySpec> build_table() {
   t.string("data.rejected_key", "rejected", "JSON key of the dispreferred response.");
   t.string("data.output_key", "output", "JSON key of the target response in SFT data.");
   t.string("data.margin_key", "",
-           "JSON key of a per-pair reward margin for rm: -log sigmoid(r_c - r_r - margin) (empty: none).");
+           "JSON key of a per-pair reward margin for rm: -log sigmoid(r_c - r_r - margin) (empty: "
+           "none).");
   t.string("data.input_template", "", "Prompt template with {} for the prompt text.");
   t.boolean("data.apply_chat_template", false, "Format prompts with the model's chat template.");
   t.choice("data.chat_template", "auto", {"auto", "chatml", "llama3", "llama2", "mistral"},
@@ -184,7 +185,8 @@ std::vector<KeySpec> build_table() {
   t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
   t.choice("algo.dpo.loss", "sigmoid", {"sigmoid", "ipo", "hinge", "simpo"},
            "DPO-family loss; simpo needs no reference model.");
-  t.number("algo.dpo.beta", 0.1, 0, kInf, "DPO beta: strength of the implicit KL to the reference.", true);
+  t.number("algo.dpo.beta", 0.1, 0, kInf, "DPO beta: strength of the implicit KL to the reference.",
+           true);
   t.number("algo.dpo.label_smoothing", 0.0, 0, 0.5, "cDPO label smoothing.");
   t.number("algo.dpo.simpo_gamma", 0.5, 0, kInf, "SimPO target reward margin gamma.");
   t.number("algo.dpo.nll_loss_coef", 0.0, 0, kInf, "Weight of the NLL loss on chosen responses.");
@@ -220,14 +222,16 @@ std::vector<KeySpec> build_table() {
             "0: full weights on every ref worker (the only value supported: sharded reference "
             "inference is not built; more ref workers serve more micro batches at once).");
 
-  add_role_placement(t, "rollout", "Generation model (default: actor.model; synced after each step).");
+  add_role_placement(t, "rollout",
+                     "Generation model (default: actor.model; synced after each step).");
 
   // Checkpoints and logging.
   t.string("ckpt.path", "", "Checkpoint directory (default: the run directory's ckpt/).");
   t.integer("ckpt.save_steps", -1, -1, kInf, "Save every N steps (-1: only at the end).");
   t.integer("ckpt.max_num", 3, 1, 1000, "Keep the newest N checkpoints.");
   t.boolean("ckpt.save_only_model", false, "Skip optimizer state in checkpoints.");
-  t.boolean("ckpt.export_hf", true, "Export trained models as Hugging Face directories at the end.");
+  t.boolean("ckpt.export_hf", true,
+            "Export trained models as Hugging Face directories at the end.");
   t.string("logger.run_dir", "runs", "Parent directory of run directories.");
   t.integer("logger.logging_steps", 1, 1, kInf, "Log metrics every N steps.");
   return t.take();
@@ -255,7 +259,8 @@ bool is_integer(const json& v) {
 std::string range_text(const KeySpec& k) {
   std::string lo = k.min ? format_number(*k.min) : "";
   std::string hi = k.max ? format_number(*k.max) : "";
-  if (k.min && k.max) return " in " + std::string(k.min_exclusive ? "(" : "[") + lo + ", " + hi + "]";
+  if (k.min && k.max)
+    return " in " + std::string(k.min_exclusive ? "(" : "[") + lo + ", " + hi + "]";
   if (k.min) return std::string(k.min_exclusive ? " > " : " >= ") + lo;
   if (k.max) return " <= " + hi;
   return "";
@@ -287,34 +292,51 @@ std::string check_devices(const json& v) {
 
 const char* key_type_name(KeyType type) {
   switch (type) {
-    case KeyType::kInt: return "integer";
-    case KeyType::kFloat: return "number";
-    case KeyType::kBool: return "boolean";
-    case KeyType::kString: return "string";
-    case KeyType::kEnum: return "choice";
-    case KeyType::kFloatList: return "numbers";
-    case KeyType::kIntList: return "integers";
-    case KeyType::kDevices: return "devices";
-    case KeyType::kNodes: return "nodes";
+    case KeyType::kInt:
+      return "integer";
+    case KeyType::kFloat:
+      return "number";
+    case KeyType::kBool:
+      return "boolean";
+    case KeyType::kString:
+      return "string";
+    case KeyType::kEnum:
+      return "choice";
+    case KeyType::kFloatList:
+      return "numbers";
+    case KeyType::kIntList:
+      return "integers";
+    case KeyType::kDevices:
+      return "devices";
+    case KeyType::kNodes:
+      return "nodes";
   }
   return "?";
 }
 
 std::string KeySpec::expectation() const {
   switch (type) {
-    case KeyType::kInt: return "an integer" + range_text(*this);
-    case KeyType::kFloat: return "a number" + range_text(*this);
-    case KeyType::kBool: return "true or false";
-    case KeyType::kString: return "a string";
+    case KeyType::kInt:
+      return "an integer" + range_text(*this);
+    case KeyType::kFloat:
+      return "a number" + range_text(*this);
+    case KeyType::kBool:
+      return "true or false";
+    case KeyType::kString:
+      return "a string";
     case KeyType::kEnum: {
       std::vector<std::string> shown;
       for (const auto& c : choices) shown.push_back(c.empty() ? "\"\"" : c);
       return "one of " + join(shown, ", ");
     }
-    case KeyType::kFloatList: return "a list of " + std::to_string(list_len) + " numbers";
-    case KeyType::kIntList: return "a list of integers" + range_text(*this);
-    case KeyType::kDevices: return "a list of device ids or an object {\"node\": [ids]}";
-    case KeyType::kNodes: return "a list of node objects";
+    case KeyType::kFloatList:
+      return "a list of " + std::to_string(list_len) + " numbers";
+    case KeyType::kIntList:
+      return "a list of integers" + range_text(*this);
+    case KeyType::kDevices:
+      return "a list of device ids or an object {\"node\": [ids]}";
+    case KeyType::kNodes:
+      return "a list of node objects";
   }
   return "?";
 }
@@ -330,8 +352,10 @@ std::string KeySpec::check(const json& v) const {
     case KeyType::kFloat:
       if (!v.is_number()) return bad();
       return in_range(*this, v.get<double>()) ? "" : bad();
-    case KeyType::kBool: return v.is_boolean() ? "" : bad();
-    case KeyType::kString: return v.is_string() ? "" : bad();
+    case KeyType::kBool:
+      return v.is_boolean() ? "" : bad();
+    case KeyType::kString:
+      return v.is_string() ? "" : bad();
     case KeyType::kEnum:
       if (!v.is_string()) return bad();
       for (const auto& c : choices)
@@ -366,7 +390,8 @@ json KeySpec::parse_override(const std::string& text) const {
   };
   switch (type) {
     case KeyType::kString:
-    case KeyType::kEnum: return text;
+    case KeyType::kEnum:
+      return text;
     case KeyType::kBool:
       if (text == "true" || text == "1") return true;
       if (text == "false" || text == "0") return false;
@@ -420,7 +445,8 @@ const std::vector<std::string>& node_fields() {
 
 json default_spec_json() {
   json out = json::object();
-  for (const auto& k : spec_keys()) out[json::json_pointer("/" + join(split(k.path, '.'), "/"))] = k.default_value;
+  for (const auto& k : spec_keys())
+    out[json::json_pointer("/" + join(split(k.path, '.'), "/"))] = k.default_value;
   return out;
 }
 

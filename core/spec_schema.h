@@ -3,11 +3,10 @@
 // come from this one table; nothing else declares a key or a default.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace rlhf {
 

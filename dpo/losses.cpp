@@ -7,7 +7,9 @@
 namespace rlhf::dpo {
 
 namespace {
-torch::Tensor logsigmoid(const torch::Tensor& x) { return torch::log_sigmoid(x); }
+torch::Tensor logsigmoid(const torch::Tensor& x) {
+  return torch::log_sigmoid(x);
+}
 }  // namespace
 
 DpoLossType parse_dpo_loss(const std::string& name) {
@@ -18,7 +20,9 @@ DpoLossType parse_dpo_loss(const std::string& name) {
   throw InputError("algo.dpo.loss: expected sigmoid, ipo, hinge or simpo, found \"" + name + "\"");
 }
 
-bool needs_reference(DpoLossType type) { return type != DpoLossType::kSimpo; }
+bool needs_reference(DpoLossType type) {
+  return type != DpoLossType::kSimpo;
+}
 
 DpoLossResult dpo_loss(const DpoLossConfig& c, const PairLogProbs& lp) {
   TORCH_CHECK(lp.chosen.dim() == 1 && lp.chosen.sizes() == lp.rejected.sizes(),
@@ -37,8 +41,12 @@ DpoLossResult dpo_loss(const DpoLossConfig& c, const PairLogProbs& lp) {
       losses = -logsigmoid(c.beta * h) * (1.0 - c.label_smoothing) -
                logsigmoid(-c.beta * h) * c.label_smoothing;
       break;
-    case DpoLossType::kIpo: losses = (h - 1.0 / (2.0 * c.beta)).pow(2); break;
-    case DpoLossType::kHinge: losses = torch::relu(1.0 - c.beta * h); break;
+    case DpoLossType::kIpo:
+      losses = (h - 1.0 / (2.0 * c.beta)).pow(2);
+      break;
+    case DpoLossType::kHinge:
+      losses = torch::relu(1.0 - c.beta * h);
+      break;
     case DpoLossType::kSimpo:
       losses = -logsigmoid(c.beta * h - c.simpo_gamma) * (1.0 - c.label_smoothing) -
                logsigmoid(-(c.beta * h - c.simpo_gamma)) * c.label_smoothing;
@@ -48,9 +56,8 @@ DpoLossResult dpo_loss(const DpoLossConfig& c, const PairLogProbs& lp) {
   out.loss = losses.mean();
   if (c.nll_loss_coef > 0) {
     TORCH_CHECK(lp.chosen_tokens.defined(), "dpo_loss: nll_loss_coef needs chosen_tokens");
-    torch::Tensor per_token = c.type == DpoLossType::kSimpo
-                                  ? pc
-                                  : pc / lp.chosen_tokens.to(torch::kFloat32).clamp_min(1);
+    torch::Tensor per_token =
+        c.type == DpoLossType::kSimpo ? pc : pc / lp.chosen_tokens.to(torch::kFloat32).clamp_min(1);
     out.loss = out.loss + c.nll_loss_coef * (-per_token).mean();
   }
   out.chosen_rewards = (c.beta * (pc - rc)).detach();
@@ -79,8 +86,8 @@ torch::Tensor rm_loss(RmLossType type, const torch::Tensor& chosen_scores,
 }
 
 torch::Tensor sft_loss(const torch::Tensor& log_probs, const torch::Tensor& loss_mask) {
-  TORCH_CHECK(log_probs.sizes() == loss_mask.sizes(), "sft_loss: shapes differ: ",
-              log_probs.sizes(), " vs ", loss_mask.sizes());
+  TORCH_CHECK(log_probs.sizes() == loss_mask.sizes(),
+              "sft_loss: shapes differ: ", log_probs.sizes(), " vs ", loss_mask.sizes());
   torch::Tensor m = loss_mask.to(torch::kFloat32);
   return -(log_probs.to(torch::kFloat32) * m).sum() / m.sum().clamp_min(1);
 }

@@ -3,9 +3,9 @@
 // Definitions as OpenRLHF (DPOLoss, PairWiseLoss, LogExpLoss) and TRL (hinge, SimPO).
 #pragma once
 
-#include <string>
-
 #include <torch/types.h>
+
+#include <string>
 
 namespace rlhf::dpo {
 
@@ -25,11 +25,11 @@ struct DpoLossConfig {
 // Per-pair sequence log-probabilities [P] (sums over response tokens; SimPO uses the
 // length-normalised averages, so pass averages for it) and response lengths for the NLL term.
 struct PairLogProbs {
-  torch::Tensor chosen;        // [P] log pi(y_w|x)   (sum, or average for simpo)
-  torch::Tensor rejected;      // [P] log pi(y_l|x)
-  torch::Tensor ref_chosen;    // [P] log pi_ref(y_w|x); undefined for simpo
-  torch::Tensor ref_rejected;  // [P]
-  torch::Tensor chosen_tokens; // [P] response lengths of chosen (for the NLL term); optional
+  torch::Tensor chosen;         // [P] log pi(y_w|x)   (sum, or average for simpo)
+  torch::Tensor rejected;       // [P] log pi(y_l|x)
+  torch::Tensor ref_chosen;     // [P] log pi_ref(y_w|x); undefined for simpo
+  torch::Tensor ref_rejected;   // [P]
+  torch::Tensor chosen_tokens;  // [P] response lengths of chosen (for the NLL term); optional
 };
 
 struct DpoLossResult {

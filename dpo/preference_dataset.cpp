@@ -41,7 +41,8 @@ template <typename Row, typename MakeSynthetic, typename ParseRow>
 OfflineDataset<Row> load(const OfflineDataConfig& c, MakeSynthetic synthetic, ParseRow parse) {
   OfflineDataset<Row> out;
   if (c.source.rfind(kSynthetic, 0) == 0) {
-    out.rows = synthetic(c.source.substr(kSynthetic.size()), c.max_samples > 0 ? c.max_samples : 512, c.seed);
+    out.rows = synthetic(c.source.substr(kSynthetic.size()),
+                         c.max_samples > 0 ? c.max_samples : 512, c.seed);
     out.stats.rows = static_cast<int64_t>(out.rows.size());
     return out;
   }
@@ -50,13 +51,16 @@ OfflineDataset<Row> load(const OfflineDataConfig& c, MakeSynthetic synthetic, Pa
   });
   if (out.rows.empty())
     throw InputError(c.source + ": no usable rows" +
-                     (out.stats.first_problem.empty() ? "" : " (first problem: " + out.stats.first_problem + ")"));
+                     (out.stats.first_problem.empty()
+                          ? ""
+                          : " (first problem: " + out.stats.first_problem + ")"));
   return out;
 }
 
 }  // namespace
 
-std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_t count, uint64_t seed) {
+std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_t count,
+                                                 uint64_t seed) {
   if (name != "preferences")
     throw InputError("data.dataset: unknown synthetic preference dataset \"synthetic:" + name +
                      "\" (known: synthetic:preferences)");
@@ -111,8 +115,8 @@ OfflineDataset<SftRow> load_sft(const OfflineDataConfig& c) {
   });
 }
 
-bool truncate_pair(std::vector<int64_t>& prompt, std::vector<int64_t>& response, int64_t prompt_max_len,
-                   int64_t max_len, int64_t eos_id) {
+bool truncate_pair(std::vector<int64_t>& prompt, std::vector<int64_t>& response,
+                   int64_t prompt_max_len, int64_t max_len, int64_t eos_id) {
   bool cut = false;
   if (static_cast<int64_t>(prompt.size()) > prompt_max_len) {
     prompt.erase(prompt.begin(), prompt.end() - prompt_max_len);

@@ -54,7 +54,8 @@ OfflineDataset<SftRow> load_sft(const OfflineDataConfig& config);
 //   letters_sft: prompt "word:", output = the word again.
 //   noisy_sft:   the same, each output character replaced with probability 0.5 by a digit
 //                or capital (a policy that a lowercase-preferring reward model can improve).
-std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_t count, uint64_t seed);
+std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_t count,
+                                                 uint64_t seed);
 std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64_t seed);
 
 // Truncates a (prompt, response) pair of token ids to `max_len` total, keeping the prompt:
@@ -63,7 +64,7 @@ std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64
 // response ends in `eos_id` when it is >= 0 (its last kept token is overwritten, as
 // OpenRLHF does, so a reward model is trained at the token PPO scores it at).
 // Returns true when anything was cut.
-bool truncate_pair(std::vector<int64_t>& prompt, std::vector<int64_t>& response, int64_t prompt_max_len,
-                   int64_t max_len, int64_t eos_id = -1);
+bool truncate_pair(std::vector<int64_t>& prompt, std::vector<int64_t>& response,
+                   int64_t prompt_max_len, int64_t max_len, int64_t eos_id = -1);
 
 }  // namespace rlhf::dpo

@@ -9,14 +9,16 @@ namespace rlhf::engine {
 void adamw_update(torch::Tensor& master, torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq,
                   const torch::Tensor& grad, const DecayRanges& decay, const AdamWStep& hp) {
   TORCH_CHECK(master.scalar_type() == torch::kFloat && grad.scalar_type() == torch::kFloat &&
-                  exp_avg.scalar_type() == torch::kFloat && exp_avg_sq.scalar_type() == torch::kFloat,
+                  exp_avg.scalar_type() == torch::kFloat &&
+                  exp_avg_sq.scalar_type() == torch::kFloat,
               "adamw_update: all tensors must be FP32");
   TORCH_CHECK(master.numel() == grad.numel() && master.numel() == exp_avg.numel() &&
                   master.numel() == exp_avg_sq.numel(),
               "adamw_update: shard sizes differ: ", master.numel(), " ", grad.numel());
   torch::NoGradGuard no_grad;
   if (hp.weight_decay != 0.0) {
-    for (const auto& [begin, end] : decay) master.narrow(0, begin, end - begin).mul_(1.0 - hp.lr * hp.weight_decay);
+    for (const auto& [begin, end] : decay)
+      master.narrow(0, begin, end - begin).mul_(1.0 - hp.lr * hp.weight_decay);
   }
   exp_avg.mul_(hp.beta1).add_(grad, 1.0 - hp.beta1);
   exp_avg_sq.mul_(hp.beta2).addcmul_(grad, grad, 1.0 - hp.beta2);

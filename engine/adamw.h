@@ -2,11 +2,11 @@
 // PyTorch's torch.optim.AdamW update order. It does not clip, schedule or communicate.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <utility>
 #include <vector>
-
-#include <torch/types.h>
 
 namespace rlhf::engine {
 

@@ -1,17 +1,16 @@
 // Sharded checkpoint save (temporary directory, commit by rename), load, rotation.
 #include "engine/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
-#include <nlohmann/json.hpp>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/errors.h"
@@ -49,7 +48,8 @@ std::string shared_suffix(transport::CollectiveGroup& group) {
   if (group.rank() == 0) value[0] = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
   group.broadcast(value, 0);
   char text[16];
-  std::snprintf(text, sizeof(text), "%08llx", static_cast<unsigned long long>(value[0].item<int64_t>()));
+  std::snprintf(text, sizeof(text), "%08llx",
+                static_cast<unsigned long long>(value[0].item<int64_t>()));
   return text;
 }
 
@@ -57,7 +57,8 @@ json layout_of(const std::vector<std::unique_ptr<ShardedUnit>>& units) {
   json out = json::array();
   for (const auto& unit : units) {
     json params = json::array();
-    for (const auto& slot : unit->slots()) params.push_back({{"name", slot.name}, {"shape", slot.shape}});
+    for (const auto& slot : unit->slots())
+      params.push_back({{"name", slot.name}, {"shape", slot.shape}});
     out.push_back({{"name", unit->name()}, {"numel", unit->numel()}, {"params", params}});
   }
   return out;
@@ -96,7 +97,8 @@ void rotate(const fs::path& dir, int max_num) {
 }
 
 // Rank 0's part of the commit: manifest, then the rename.
-void commit(const fs::path& tmp, const fs::path& dir, const json& manifest, const std::string& suffix) {
+void commit(const fs::path& tmp, const fs::path& dir, const json& manifest,
+            const std::string& suffix) {
   {
     std::ofstream out(tmp / kManifestName);
     out << manifest.dump(1);
@@ -110,15 +112,18 @@ void commit(const fs::path& tmp, const fs::path& dir, const json& manifest, cons
   if (fs::exists(dir)) fs::rename(dir, old, ec);  // re-saving the same step
   if (ec) throw RuntimeError("checkpoint: cannot move aside " + dir.string() + ": " + ec.message());
   fs::rename(tmp, dir, ec);
-  if (ec) throw RuntimeError("checkpoint: cannot rename " + tmp.string() + " to " + dir.string() + ": " + ec.message());
+  if (ec)
+    throw RuntimeError("checkpoint: cannot rename " + tmp.string() + " to " + dir.string() + ": " +
+                       ec.message());
   fsync_path(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
   fs::remove_all(old, ec);
 }
 
 }  // namespace
 
-void save_sharded_checkpoint(const std::string& dir_name, const std::vector<std::unique_ptr<ShardedUnit>>& units,
-                             int64_t step, int zero_stage, transport::CollectiveGroup& group,
+void save_sharded_checkpoint(const std::string& dir_name,
+                             const std::vector<std::unique_ptr<ShardedUnit>>& units, int64_t step,
+                             int zero_stage, transport::CollectiveGroup& group,
                              const CheckpointOptions& options) {
   const fs::path dir = fs::absolute(fs::path(dir_name)).lexically_normal();
   const std::string suffix = shared_suffix(group);
@@ -142,7 +147,8 @@ void save_sharded_checkpoint(const std::string& dir_name, const std::vector<std:
     tensors.emplace_back("rng.cpu", generator.get_state());
   }
   std::vector<models::TensorInfo> layout;
-  for (const auto& [name, t] : tensors) layout.push_back({name, t.scalar_type(), t.sizes().vec(), 0, 0});
+  for (const auto& [name, t] : tensors)
+    layout.push_back({name, t.scalar_type(), t.sizes().vec(), 0, 0});
   models::SafetensorsWriter writer((tmp / rank_file(group.rank())).string(), layout,
                                    {{"format", "pt"}, {"step", std::to_string(step)}});
   for (const auto& [name, t] : tensors) writer.write(name, t);
@@ -164,12 +170,15 @@ void save_sharded_checkpoint(const std::string& dir_name, const std::vector<std:
   group.barrier();  // committed before any rank goes on
 }
 
-int64_t load_sharded_checkpoint(const std::string& dir_name, const std::vector<std::unique_ptr<ShardedUnit>>& units,
+int64_t load_sharded_checkpoint(const std::string& dir_name,
+                                const std::vector<std::unique_ptr<ShardedUnit>>& units,
                                 transport::CollectiveGroup& group) {
   const fs::path dir(dir_name);
   const std::string manifest_path = (dir / kManifestName).string();
   auto manifest = read_manifest(dir);
-  if (!manifest) throw InputError("checkpoint: " + manifest_path + ": missing or not an rlhf checkpoint manifest");
+  if (!manifest)
+    throw InputError("checkpoint: " + manifest_path +
+                     ": missing or not an rlhf checkpoint manifest");
   const int world = manifest->value("world_size", -1);
   if (world != group.size()) {
     throw InputError("checkpoint: " + manifest_path + ": saved by " + std::to_string(world) +
@@ -177,7 +186,8 @@ int64_t load_sharded_checkpoint(const std::string& dir_name, const std::vector<s
                      " (resharding is not supported; use an HF export)");
   }
   if ((*manifest)["units"] != layout_of(units)) {
-    throw InputError("checkpoint: " + manifest_path + ": the model's parameter layout differs from the checkpoint's");
+    throw InputError("checkpoint: " + manifest_path +
+                     ": the model's parameter layout differs from the checkpoint's");
   }
   const bool model_only = manifest->value("save_only_model", false);
   models::SafetensorsFile file((dir / rank_file(group.rank())).string());

@@ -30,16 +30,18 @@ struct CheckpointOptions {
 
 // Writes the checkpoint of `units` at optimizer step `step` to `dir`, then keeps only the
 // newest `max_num` checkpoints (by step) among `dir`'s siblings that have a manifest, and
-// removes stale *.tmp-* siblings (one trainer per parent directory). Collective. Throws RuntimeError on I/O
-// failure (the previous checkpoint is untouched).
-void save_sharded_checkpoint(const std::string& dir, const std::vector<std::unique_ptr<ShardedUnit>>& units,
-                             int64_t step, int zero_stage, transport::CollectiveGroup& group,
+// removes stale *.tmp-* siblings (one trainer per parent directory). Collective. Throws
+// RuntimeError on I/O failure (the previous checkpoint is untouched).
+void save_sharded_checkpoint(const std::string& dir,
+                             const std::vector<std::unique_ptr<ShardedUnit>>& units, int64_t step,
+                             int zero_stage, transport::CollectiveGroup& group,
                              const CheckpointOptions& options);
 
 // Loads this rank's shards from `dir` into `units` and restores the RNG; returns the step.
 // Throws InputError naming the file when the manifest is missing or bad, the world size
 // or the unit layout differ, or a shard file is missing or corrupt.
-int64_t load_sharded_checkpoint(const std::string& dir, const std::vector<std::unique_ptr<ShardedUnit>>& units,
+int64_t load_sharded_checkpoint(const std::string& dir,
+                                const std::vector<std::unique_ptr<ShardedUnit>>& units,
                                 transport::CollectiveGroup& group);
 
 // The complete checkpoint with the highest step directly under `root`, if any.

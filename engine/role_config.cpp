@@ -14,9 +14,12 @@ const char* zero_name(ZeroStage s) {
 
 const char* scheduler_name(LrScheduler s) {
   switch (s) {
-    case LrScheduler::kConstant: return "constant";
-    case LrScheduler::kConstantWithWarmup: return "constant_with_warmup";
-    case LrScheduler::kCosineWithMinLr: return "cosine_with_min_lr";
+    case LrScheduler::kConstant:
+      return "constant";
+    case LrScheduler::kConstantWithWarmup:
+      return "constant_with_warmup";
+    case LrScheduler::kCosineWithMinLr:
+      return "cosine_with_min_lr";
   }
   return "?";
 }
@@ -34,8 +37,8 @@ T field(const json& j, const char* key) {
   try {
     return j.at(key).get<T>();
   } catch (const json::exception&) {
-    throw InputError(std::string("role config: key \"") + key + "\" has the wrong type: " +
-                     j.at(key).dump());
+    throw InputError(std::string("role config: key \"") + key +
+                     "\" has the wrong type: " + j.at(key).dump());
   }
 }
 
@@ -59,9 +62,11 @@ TrainerConfig trainer_from_json(const json& j) {
   TrainerConfig t;
   std::string stage = field<std::string>(j, "zero_stage");
   if (stage != "1" && stage != "2" && stage != "3")
-    throw InputError("role config: zero_stage must be 1, 2 or 3 for a trained role, found " + stage);
-  t.zero_stage = stage == "1" ? ZeroStage::kOptimizer
-                              : stage == "2" ? ZeroStage::kGradients : ZeroStage::kParameters;
+    throw InputError("role config: zero_stage must be 1, 2 or 3 for a trained role, found " +
+                     stage);
+  t.zero_stage = stage == "1"   ? ZeroStage::kOptimizer
+                 : stage == "2" ? ZeroStage::kGradients
+                                : ZeroStage::kParameters;
   t.lr = field<double>(j, "lr");
   t.beta1 = field<double>(j, "beta1");
   t.beta2 = field<double>(j, "beta2");
@@ -73,8 +78,8 @@ TrainerConfig trainer_from_json(const json& j) {
   t.min_lr_ratio = field<double>(j, "min_lr_ratio");
   t.total_steps = field<int64_t>(j, "total_steps");
   t.grad_accum_steps = field<int64_t>(j, "grad_accum_steps");
-  t.optimizer_placement = field<bool>(j, "adam_offload") ? OptimizerPlacement::kHost
-                                                        : OptimizerPlacement::kDevice;
+  t.optimizer_placement =
+      field<bool>(j, "adam_offload") ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
   return t;
 }
 
@@ -130,8 +135,9 @@ ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64
   TrainerConfig t;
   int64_t stage = spec.get_int(r + ".zero_stage");
   // ZeRO stage 0 (plain data parallel) runs as stage 1: same numbers, sharded optimizer.
-  t.zero_stage = stage <= 1 ? ZeroStage::kOptimizer
-                            : stage == 2 ? ZeroStage::kGradients : ZeroStage::kParameters;
+  t.zero_stage = stage <= 1   ? ZeroStage::kOptimizer
+                 : stage == 2 ? ZeroStage::kGradients
+                              : ZeroStage::kParameters;
   t.compute_dtype = c.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
   t.lr = spec.get_float(r + ".adam.lr");
   auto betas = spec.get_float_list(r + ".adam.betas");
@@ -144,8 +150,8 @@ ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64
   t.warmup_ratio = spec.get_float(r + ".lr_warmup_ratio");
   t.total_steps = std::max<int64_t>(1, total_steps);
   t.grad_accum_steps = std::max<int64_t>(1, grad_accum_steps);
-  t.optimizer_placement = spec.get_bool(r + ".adam_offload") ? OptimizerPlacement::kHost
-                                                            : OptimizerPlacement::kDevice;
+  t.optimizer_placement =
+      spec.get_bool(r + ".adam_offload") ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
   c.trainer = t;
   return c;
 }

@@ -4,10 +4,9 @@
 // workers in actors/) sit above it.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "core/spec.h"
 #include "engine/trainer_config.h"
@@ -16,8 +15,8 @@
 namespace rlhf::engine {
 
 struct ModelRoleConfig {
-  std::string role;       // "actor", "critic", "reward", "ref", "rollout"
-  std::string model_dir;  // HF directory
+  std::string role;            // "actor", "critic", "reward", "ref", "rollout"
+  std::string model_dir;       // HF directory
   std::string dtype = "bf16";  // compute dtype: bf16 | fp32
   models::HeadKind head = models::HeadKind::kLanguageModel;
   std::string value_head_prefix = "score";

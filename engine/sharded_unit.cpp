@@ -27,8 +27,8 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
   const int world = group->size();
   const int rank = group->rank();
   for (const auto& [param_name, param] : unit.params) {
-    TORCH_CHECK(param.defined() && param.numel() > 0, "ShardedUnit ", name_, ": parameter ", param_name,
-                " is empty (already sharded by another trainer?)");
+    TORCH_CHECK(param.defined() && param.numel() > 0, "ShardedUnit ", name_, ": parameter ",
+                param_name, " is empty (already sharded by another trainer?)");
     ParamSlot slot{param_name, param, param.sizes().vec(), 0, param.numel()};
     if (!param.requires_grad()) {
       param.set_data(param.data().to(ctx_.device, ctx_.compute_dtype));
@@ -45,7 +45,8 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
 
   // Rank 0's values, broadcast so every rank starts from the same weights.
   auto flat = torch::zeros({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
-  for (const auto& slot : slots_) flat.narrow(0, slot.offset, slot.numel).copy_(slot.param.data().reshape({-1}));
+  for (const auto& slot : slots_)
+    flat.narrow(0, slot.offset, slot.numel).copy_(slot.param.data().reshape({-1}));
   if (world > 1 && padded_ > 0) group->broadcast(flat, 0);
   master_ = flat.narrow(0, rank * shard_, shard_).to(ctx_.state_device, torch::kFloat, false, true);
   exp_avg_ = torch::zeros_like(master_);
@@ -57,7 +58,8 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
     if (ctx_.stage == ZeroStage::kParameters) {
       slot.param.set_data(torch::empty({0}, flat.options().dtype(ctx_.compute_dtype)));
     } else {
-      slot.param.set_data(flat.narrow(0, slot.offset, slot.numel).view(slot.shape).to(ctx_.compute_dtype).clone());
+      slot.param.set_data(
+          flat.narrow(0, slot.offset, slot.numel).view(slot.shape).to(ctx_.compute_dtype).clone());
       state_bytes_[0] += bytes_of(slot.param);
     }
   }
@@ -95,7 +97,8 @@ torch::Tensor ShardedUnit::compute_shard() const {
 }
 
 void ShardedUnit::set_full_params(const torch::Tensor& flat) {
-  for (auto& slot : slots_) slot.param.set_data(flat.narrow(0, slot.offset, slot.numel).view(slot.shape));
+  for (auto& slot : slots_)
+    slot.param.set_data(flat.narrow(0, slot.offset, slot.numel).view(slot.shape));
 }
 
 void ShardedUnit::gather() {
@@ -127,7 +130,8 @@ void ShardedUnit::release() {
 }
 
 void ShardedUnit::reduce_grads() {
-  if (slots_.empty()) return;  // all frozen: the same on every rank, so no collective is skipped unevenly
+  if (slots_.empty())
+    return;  // all frozen: the same on every rank, so no collective is skipped unevenly
   torch::NoGradGuard no_grad;
   if (ctx_.stage == ZeroStage::kOptimizer) {
     for (auto& slot : slots_) {
@@ -176,11 +180,14 @@ void ShardedUnit::refresh_params() {
   auto full = torch::empty({padded_}, torch::TensorOptions(ctx_.compute_dtype).device(ctx_.device));
   ctx_.tracker->add(MemoryKind::kBuffers, bytes_of(full));
   ctx_.group->all_gather(full, compute_shard());
-  for (auto& slot : slots_) slot.param.data().copy_(full.narrow(0, slot.offset, slot.numel).view(slot.shape));
+  for (auto& slot : slots_)
+    slot.param.data().copy_(full.narrow(0, slot.offset, slot.numel).view(slot.shape));
   ctx_.tracker->sub(MemoryKind::kBuffers, bytes_of(full));
 }
 
-void ShardedUnit::zero_grads() { grad_.zero_(); }
+void ShardedUnit::zero_grads() {
+  grad_.zero_();
+}
 
 torch::Tensor ShardedUnit::gather_master() {
   auto full = torch::empty({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));

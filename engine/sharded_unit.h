@@ -4,10 +4,10 @@
 // FSDP's flat parameters. It does not decide when to gather or reduce (the Trainer does).
 #pragma once
 
+#include <torch/types.h>
+
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "engine/adamw.h"
 #include "engine/memory_tracker.h"
@@ -29,10 +29,10 @@ struct ShardContext {
 
 // A parameter's place in its unit's flat buffer.
 struct ParamSlot {
-  std::string name;             // HF name
-  torch::Tensor param;          // the model's parameter; its data is swapped at stage 3
-  std::vector<int64_t> shape;   // full shape
-  int64_t offset = 0;           // into the flat buffer
+  std::string name;            // HF name
+  torch::Tensor param;         // the model's parameter; its data is swapped at stage 3
+  std::vector<int64_t> shape;  // full shape
+  int64_t offset = 0;          // into the flat buffer
   int64_t numel = 0;
 };
 

@@ -26,7 +26,8 @@ class Trainer::Hooks final : public models::LayerHooks {
   Trainer& trainer_;
 };
 
-Trainer::Trainer(const TrainerConfig& config, models::ShardableModel& model, transport::CollectiveGroup& group)
+Trainer::Trainer(const TrainerConfig& config, models::ShardableModel& model,
+                 transport::CollectiveGroup& group)
     : config_(config), model_(model), group_(group), schedule_((config.validate(), config)) {
   ShardContext context;
   context.group = &group_;
@@ -34,26 +35,32 @@ Trainer::Trainer(const TrainerConfig& config, models::ShardableModel& model, tra
   context.stage = config_.zero_stage;
   context.compute_dtype = config_.compute_dtype;
   context.device = config_.device;
-  context.state_device =
-      config_.optimizer_placement == OptimizerPlacement::kHost ? torch::Device(torch::kCPU) : config_.device;
-  for (const auto& unit : model_.param_units()) units_.push_back(std::make_unique<ShardedUnit>(unit, context));
+  context.state_device = config_.optimizer_placement == OptimizerPlacement::kHost
+                             ? torch::Device(torch::kCPU)
+                             : config_.device;
+  for (const auto& unit : model_.param_units())
+    units_.push_back(std::make_unique<ShardedUnit>(unit, context));
   TORCH_CHECK(!units_.empty(), "Trainer: the model has no parameter units");
   reduced_.assign(units_.size(), false);
   hooks_ = std::make_unique<Hooks>(*this);
   model_.set_layer_hooks(hooks_.get());
 }
 
-Trainer::~Trainer() { model_.set_layer_hooks(nullptr); }
+Trainer::~Trainer() {
+  model_.set_layer_hooks(nullptr);
+}
 
 void Trainer::before_unit(int unit) {
-  TORCH_CHECK(unit >= 0 && unit < static_cast<int>(units_.size()), "Trainer: hook for unknown unit ", unit);
+  TORCH_CHECK(unit >= 0 && unit < static_cast<int>(units_.size()),
+              "Trainer: hook for unknown unit ", unit);
   units_[unit]->gather();
   if (config_.tied_embeddings && unit == static_cast<int>(units_.size()) - 1) units_[0]->gather();
 }
 
 void Trainer::after_unit(int unit) {
   units_[unit]->release_if_unused();
-  if (config_.tied_embeddings && unit == static_cast<int>(units_.size()) - 1) units_[0]->release_if_unused();
+  if (config_.tied_embeddings && unit == static_cast<int>(units_.size()) - 1)
+    units_[0]->release_if_unused();
 }
 
 void Trainer::after_unit_backward(int unit) {
@@ -80,8 +87,8 @@ void Trainer::backward(const torch::Tensor& loss) {
 }
 
 StepMetrics Trainer::step() {
-  TORCH_CHECK(micro_ == config_.grad_accum_steps, "Trainer::step: expected ", config_.grad_accum_steps,
-              " micro batches before a step, got ", micro_);
+  TORCH_CHECK(micro_ == config_.grad_accum_steps, "Trainer::step: expected ",
+              config_.grad_accum_steps, " micro batches before a step, got ", micro_);
   StepMetrics metrics;
   std::vector<torch::Tensor> grads;
   auto sums = torch::zeros({2}, torch::TensorOptions(torch::kDouble));  // [sum of g^2, loss sum]
@@ -104,7 +111,8 @@ StepMetrics Trainer::step() {
     // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
     double coef = 1.0;
     if (config_.max_norm > 0.0) coef = std::min(1.0, config_.max_norm / (metrics.grad_norm + 1e-6));
-    AdamWStep hp{metrics.lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, step_ + 1};
+    AdamWStep hp{metrics.lr,  config_.beta1,        config_.beta2,
+                 config_.eps, config_.weight_decay, step_ + 1};
     for (size_t u = 0; u < units_.size(); ++u) {
       if (coef < 1.0) grads[u].mul_(coef);
       units_[u]->apply_adamw(grads[u], hp);
@@ -126,11 +134,13 @@ StepMetrics Trainer::train_step(const LossFn& loss_fn) {
 }
 
 void Trainer::save_checkpoint(const std::string& dir, const CheckpointOptions& options) {
-  save_sharded_checkpoint(dir, units_, step_, static_cast<int>(config_.zero_stage), group_, options);
+  save_sharded_checkpoint(dir, units_, step_, static_cast<int>(config_.zero_stage), group_,
+                          options);
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
-  TORCH_CHECK(micro_ == 0, "Trainer::load_checkpoint: in the middle of a step (", micro_, " micro batches)");
+  TORCH_CHECK(micro_ == 0, "Trainer::load_checkpoint: in the middle of a step (", micro_,
+              " micro batches)");
   step_ = load_sharded_checkpoint(dir, units_, group_);
   for (auto& unit : units_) unit->refresh_params();
 }
@@ -144,7 +154,8 @@ int64_t heap_in_use() {
 
 }  // namespace
 
-void Trainer::export_hf(const std::string& dir, const std::string& config_json, torch::Dtype dtype) {
+void Trainer::export_hf(const std::string& dir, const std::string& config_json,
+                        torch::Dtype dtype) {
   const bool writer_rank = group_.rank() == 0;
   const fs::path final_dir(dir);
   const fs::path tmp_dir = final_dir.string() + ".tmp-export";
@@ -158,28 +169,36 @@ void Trainer::export_hf(const std::string& dir, const std::string& config_json, 
         for (const auto& slot : *list) layout.push_back({slot.name, dtype, slot.shape, 0, 0});
       }
     }
-    writer = std::make_unique<models::SafetensorsWriter>((tmp_dir / models::kSingleFileName).string(), layout);
+    writer = std::make_unique<models::SafetensorsWriter>(
+        (tmp_dir / models::kSingleFileName).string(), layout);
   }
   export_memory_ = ExportMemory{};
   const int64_t heap_start = heap_in_use();
   const int64_t engine_start = tracker_.total();
   tracker_.reset_peak();
   for (auto& unit : units_) {
-    export_memory_.largest_unit_bytes = std::max(export_memory_.largest_unit_bytes, unit->padded_numel() * 4);
+    export_memory_.largest_unit_bytes =
+        std::max(export_memory_.largest_unit_bytes, unit->padded_numel() * 4);
     torch::Tensor full = unit->gather_master();  // [padded] FP32: one unit, never more
     const int64_t full_bytes = full.numel() * 4;
     tracker_.add(MemoryKind::kGathered, full_bytes);
     if (writer_rank) {
       for (const auto& slot : unit->slots()) {
-        auto tensor = full.narrow(0, slot.offset, slot.numel).view(slot.shape).to(torch::kCPU, dtype);
-        tracker_.add(MemoryKind::kBuffers, tensor.numel() * static_cast<int64_t>(tensor.element_size()));
-        export_memory_.peak_heap_growth = std::max(export_memory_.peak_heap_growth, heap_in_use() - heap_start);
+        auto tensor =
+            full.narrow(0, slot.offset, slot.numel).view(slot.shape).to(torch::kCPU, dtype);
+        tracker_.add(MemoryKind::kBuffers,
+                     tensor.numel() * static_cast<int64_t>(tensor.element_size()));
+        export_memory_.peak_heap_growth =
+            std::max(export_memory_.peak_heap_growth, heap_in_use() - heap_start);
         writer->write(slot.name, tensor);
-        tracker_.sub(MemoryKind::kBuffers, tensor.numel() * static_cast<int64_t>(tensor.element_size()));
+        tracker_.sub(MemoryKind::kBuffers,
+                     tensor.numel() * static_cast<int64_t>(tensor.element_size()));
       }
-      for (const auto& slot : unit->frozen()) writer->write(slot.name, slot.param.data().to(torch::kCPU, dtype));
+      for (const auto& slot : unit->frozen())
+        writer->write(slot.name, slot.param.data().to(torch::kCPU, dtype));
     }
-    export_memory_.peak_heap_growth = std::max(export_memory_.peak_heap_growth, heap_in_use() - heap_start);
+    export_memory_.peak_heap_growth =
+        std::max(export_memory_.peak_heap_growth, heap_in_use() - heap_start);
     full = torch::Tensor();
     tracker_.sub(MemoryKind::kGathered, full_bytes);
   }
@@ -189,11 +208,14 @@ void Trainer::export_hf(const std::string& dir, const std::string& config_json, 
     std::ofstream config_file(tmp_dir / "config.json");
     config_file << config_json;
     config_file.close();
-    if (!config_file) throw RuntimeError("export_hf: cannot write " + (tmp_dir / "config.json").string());
+    if (!config_file)
+      throw RuntimeError("export_hf: cannot write " + (tmp_dir / "config.json").string());
     std::error_code ec;
     fs::remove_all(final_dir, ec);
     fs::rename(tmp_dir, final_dir, ec);
-    if (ec) throw RuntimeError("export_hf: cannot rename " + tmp_dir.string() + " to " + dir + ": " + ec.message());
+    if (ec)
+      throw RuntimeError("export_hf: cannot rename " + tmp_dir.string() + " to " + dir + ": " +
+                         ec.message());
   }
   group_.barrier();  // the export is complete on disk when any rank returns
 }

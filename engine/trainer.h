@@ -5,12 +5,12 @@
 // losses: the caller's loss function does.
 #pragma once
 
+#include <torch/types.h>
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "engine/checkpoint.h"
 #include "engine/lr_schedule.h"
@@ -38,7 +38,8 @@ class Trainer {
   // layer hooks. Neither is owned; both must outlive the Trainer. At stage 3 the model's
   // parameter tensors stay empty outside the hooks (also after the Trainer is gone: a
   // checkpoint or export_hf carries the weights). Throws InputError for a bad config.
-  Trainer(const TrainerConfig& config, models::ShardableModel& model, transport::CollectiveGroup& group);
+  Trainer(const TrainerConfig& config, models::ShardableModel& model,
+          transport::CollectiveGroup& group);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -66,9 +67,9 @@ class Trainer {
   MemoryReport memory_report() const { return tracker_.report(); }
   // Peak engine bytes and peak measured heap growth during the last export_hf.
   struct ExportMemory {
-    int64_t peak_engine_bytes = 0;     // accounted (gathered unit + conversion buffer)
-    int64_t peak_heap_growth = 0;      // measured (malloc'd bytes above the start)
-    int64_t largest_unit_bytes = 0;    // FP32 bytes of the largest unit (the bound)
+    int64_t peak_engine_bytes = 0;   // accounted (gathered unit + conversion buffer)
+    int64_t peak_heap_growth = 0;    // measured (malloc'd bytes above the start)
+    int64_t largest_unit_bytes = 0;  // FP32 bytes of the largest unit (the bound)
   };
   ExportMemory last_export_memory() const { return export_memory_; }
 

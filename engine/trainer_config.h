@@ -2,10 +2,10 @@
 // Defaults are OpenRLHF's where the concept exists there (actor optimizer settings).
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <string>
-
-#include <torch/types.h>
 
 namespace rlhf::engine {
 
@@ -18,9 +18,9 @@ enum class ZeroStage : int {
 
 // HF transformers' schedule names, as OpenRLHF passes them to get_scheduler.
 enum class LrScheduler {
-  kConstant,             // lr throughout (HF "constant": no warmup)
-  kConstantWithWarmup,   // linear warmup from 0, then lr
-  kCosineWithMinLr,      // linear warmup, then cosine from lr down to min_lr_ratio x lr
+  kConstant,            // lr throughout (HF "constant": no warmup)
+  kConstantWithWarmup,  // linear warmup from 0, then lr
+  kCosineWithMinLr,     // linear warmup, then cosine from lr down to min_lr_ratio x lr
 };
 
 // Where the FP32 master weights and AdamW moments live (OpenRLHF `adam_offload`).
@@ -36,12 +36,12 @@ struct TrainerConfig {
   torch::Device device = torch::kCPU;
 
   // AdamW (Loshchilov & Hutter: decoupled weight decay), on FP32 master weights.
-  double lr = 1e-6;            // OpenRLHF --actor_learning_rate
-  double beta1 = 0.9;          // OpenRLHF --adam_betas (0.9, 0.95)
+  double lr = 1e-6;    // OpenRLHF --actor_learning_rate
+  double beta1 = 0.9;  // OpenRLHF --adam_betas (0.9, 0.95)
   double beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.0;   // OpenRLHF --l2; never applied to biases and norm weights
-  double max_norm = 1.0;       // global gradient-norm clip across all shards; <= 0: off
+  double weight_decay = 0.0;  // OpenRLHF --l2; never applied to biases and norm weights
+  double max_norm = 1.0;      // global gradient-norm clip across all shards; <= 0: off
 
   LrScheduler lr_scheduler = LrScheduler::kCosineWithMinLr;
   double warmup_ratio = 0.03;  // warmup steps = ceil(total_steps x warmup_ratio)

@@ -18,7 +18,8 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // One decoder layer, recomputed in backward (torch.utils.checkpoint's pattern). The model
@@ -27,20 +28,23 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // re-gathers the layer there), after_backward once its parameter grads are in .grad.
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, DecoderLayerImpl* layer, LayerHooks* hooks, int64_t index,
-                               const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
-                               const torch::Tensor& mask) {
+  static torch::Tensor forward(AutogradContext* ctx, DecoderLayerImpl* layer, LayerHooks* hooks,
+                               int64_t index, const torch::Tensor& hidden, const torch::Tensor& cos,
+                               const torch::Tensor& sin, const torch::Tensor& mask) {
     // Raw pointers travel as integers: the layer and hooks outlive the autograd graph.
     ctx->saved_data["layer"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(layer));
     ctx->saved_data["hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
     ctx->saved_data["index"] = index;
     ctx->save_for_backward({hidden, cos, sin, mask});
-    return layer->forward(hidden, AttentionInputs{cos, sin, mask}, nullptr, index);  // grad mode is off here
+    return layer->forward(hidden, AttentionInputs{cos, sin, mask}, nullptr,
+                          index);  // grad mode is off here
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* layer = reinterpret_cast<DecoderLayerImpl*>(static_cast<intptr_t>(ctx->saved_data["layer"].toInt()));
-    auto* hooks = reinterpret_cast<LayerHooks*>(static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
+    auto* layer = reinterpret_cast<DecoderLayerImpl*>(
+        static_cast<intptr_t>(ctx->saved_data["layer"].toInt()));
+    auto* hooks =
+        reinterpret_cast<LayerHooks*>(static_cast<intptr_t>(ctx->saved_data["hooks"].toInt()));
     const int64_t index = ctx->saved_data["index"].toInt();
     const int unit = static_cast<int>(index) + 1;
     auto saved = ctx->get_saved_variables();
@@ -55,8 +59,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
       hooks->after_forward(unit);
       hooks->after_backward(unit);
     }
-    return {torch::Tensor(), torch::Tensor(), torch::Tensor(), x.grad(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor(), x.grad(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -71,19 +75,27 @@ CausalLM::CausalLM(ModelConfig config) : config_(std::move(config)) {
     embed_options.padding_idx(c.pad_token_id);  // as HF: the padding row gets no gradient
   embed_tokens = stack->register_module("embed_tokens", torch::nn::Embedding(embed_options));
   layers = stack->register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(std::make_shared<DecoderLayerImpl>(c));
-  norm = stack->register_module("norm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    layers->push_back(std::make_shared<DecoderLayerImpl>(c));
+  norm =
+      stack->register_module("norm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
   using torch::nn::LinearOptions;
   if (c.head == HeadKind::kValue) {
-    value_head = register_module(c.value_head_prefix, torch::nn::Linear(LinearOptions(c.hidden_size, 1).bias(false)));
+    value_head = register_module(c.value_head_prefix,
+                                 torch::nn::Linear(LinearOptions(c.hidden_size, 1).bias(false)));
   } else if (!c.tie_word_embeddings) {
-    lm_head = register_module("lm_head", torch::nn::Linear(LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
   }
   init_weights(0);
 }
 
-torch::Dtype CausalLM::dtype() const { return embed_tokens->weight.scalar_type(); }
-torch::Device CausalLM::device() const { return embed_tokens->weight.device(); }
+torch::Dtype CausalLM::dtype() const {
+  return embed_tokens->weight.scalar_type();
+}
+torch::Device CausalLM::device() const {
+  return embed_tokens->weight.device();
+}
 
 void CausalLM::init_weights(uint64_t seed) {
   // A private generator: constructing a model never disturbs the global RNG stream. Values
@@ -112,7 +124,8 @@ void CausalLM::init_weights(uint64_t seed) {
 torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,
                                   KvCache* cache) {
   auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
-  if (checkpointing_ == Checkpointing::kPerLayer && torch::GradMode::is_enabled() && cache == nullptr) {
+  if (checkpointing_ == Checkpointing::kPerLayer && torch::GradMode::is_enabled() &&
+      cache == nullptr) {
     // A frozen embedding gives an input without grad; the layer's parameters still need theirs.
     torch::Tensor x = hidden.requires_grad() ? hidden : hidden.detach().requires_grad_(true);
     return CheckpointedLayer::apply(layer, hooks_, i, x, in.cos, in.sin, in.mask);
@@ -123,18 +136,21 @@ torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const 
 torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                                 const torch::Tensor& position_ids, KvCache* cache) {
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
-              "CausalLM::forward: input_ids must be int64 [B, T], got ", input_ids.scalar_type(), input_ids.sizes());
+              "CausalLM::forward: input_ids must be int64 [B, T], got ", input_ids.scalar_type(),
+              input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   const int64_t past = cache ? cache->length() : 0;
-  TORCH_CHECK(!cache || cache->batch() == B, "CausalLM::forward: cache batch ", cache ? cache->batch() : 0,
-              " != input batch ", B);
-  torch::Tensor mask = attention_mask.defined() ? attention_mask
-                                                : torch::ones({B, past + T}, input_ids.options());
+  TORCH_CHECK(!cache || cache->batch() == B, "CausalLM::forward: cache batch ",
+              cache ? cache->batch() : 0, " != input batch ", B);
+  torch::Tensor mask =
+      attention_mask.defined() ? attention_mask : torch::ones({B, past + T}, input_ids.options());
   TORCH_CHECK(mask.dim() == 2 && mask.size(0) == B && mask.size(1) == past + T,
-              "CausalLM::forward: attention_mask must be [", B, ", ", past + T, "], got ", mask.sizes());
-  torch::Tensor pos = position_ids.defined() ? position_ids : position_ids_from_mask(mask).narrow(1, past, T);
-  TORCH_CHECK(pos.sizes() == input_ids.sizes(), "CausalLM::forward: position_ids must be [B, T] like input_ids, got ",
-              pos.sizes());
+              "CausalLM::forward: attention_mask must be [", B, ", ", past + T, "], got ",
+              mask.sizes());
+  torch::Tensor pos =
+      position_ids.defined() ? position_ids : position_ids_from_mask(mask).narrow(1, past, T);
+  TORCH_CHECK(pos.sizes() == input_ids.sizes(),
+              "CausalLM::forward: position_ids must be [B, T] like input_ids, got ", pos.sizes());
 
   before(0);
   torch::Tensor h = embed_tokens->forward(input_ids);  // [B, T, H]
@@ -160,8 +176,10 @@ torch::Tensor CausalLM::head_weight() {
   return config_.tie_word_embeddings ? embed_tokens->weight : lm_head->weight;
 }
 
-torch::Tensor CausalLM::log_probs(const torch::Tensor& hidden, const torch::Tensor& labels, int64_t chunk) {
-  TORCH_CHECK(config_.head == HeadKind::kLanguageModel, "CausalLM::log_probs needs an LM head; this model has a value head");
+torch::Tensor CausalLM::log_probs(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                  int64_t chunk) {
+  TORCH_CHECK(config_.head == HeadKind::kLanguageModel,
+              "CausalLM::log_probs needs an LM head; this model has a value head");
   const int head_unit = static_cast<int>(num_layers()) + 1;
   before(head_unit);
   auto out = chunked_log_probs(hidden, head_weight(), labels, chunk);
@@ -169,17 +187,19 @@ torch::Tensor CausalLM::log_probs(const torch::Tensor& hidden, const torch::Tens
   return out;
 }
 
-torch::Tensor CausalLM::next_token_log_probs(const torch::Tensor& hidden, const torch::Tensor& input_ids,
-                                             int64_t chunk) {
-  TORCH_CHECK(hidden.dim() == 3 && input_ids.dim() == 2 && hidden.size(1) == input_ids.size(1) && hidden.size(1) >= 1,
-              "next_token_log_probs: hidden [B, T, H] and input_ids [B, T] must agree, got ", hidden.sizes(), " and ",
-              input_ids.sizes());
+torch::Tensor CausalLM::next_token_log_probs(const torch::Tensor& hidden,
+                                             const torch::Tensor& input_ids, int64_t chunk) {
+  TORCH_CHECK(hidden.dim() == 3 && input_ids.dim() == 2 && hidden.size(1) == input_ids.size(1) &&
+                  hidden.size(1) >= 1,
+              "next_token_log_probs: hidden [B, T, H] and input_ids [B, T] must agree, got ",
+              hidden.sizes(), " and ", input_ids.sizes());
   const int64_t T = hidden.size(1);
   return log_probs(hidden.narrow(1, 0, T - 1), input_ids.narrow(1, 1, T - 1), chunk);
 }
 
 torch::Tensor CausalLM::logits(const torch::Tensor& hidden) {
-  TORCH_CHECK(config_.head == HeadKind::kLanguageModel, "CausalLM::logits needs an LM head; this model has a value head");
+  TORCH_CHECK(config_.head == HeadKind::kLanguageModel,
+              "CausalLM::logits needs an LM head; this model has a value head");
   const int head_unit = static_cast<int>(num_layers()) + 1;
   before(head_unit);
   auto out = torch::matmul(hidden, head_weight().t());
@@ -188,7 +208,8 @@ torch::Tensor CausalLM::logits(const torch::Tensor& hidden) {
 }
 
 torch::Tensor CausalLM::values(const torch::Tensor& hidden) {
-  TORCH_CHECK(config_.head == HeadKind::kValue, "CausalLM::values needs a value head; this model has an LM head");
+  TORCH_CHECK(config_.head == HeadKind::kValue,
+              "CausalLM::values needs a value head; this model has an LM head");
   const int head_unit = static_cast<int>(num_layers()) + 1;
   before(head_unit);
   auto out = value_head->forward(hidden).squeeze(-1).to(torch::kFloat32);  // [B, T]
@@ -208,12 +229,15 @@ std::vector<ParamUnit> CausalLM::param_units() {
   for (int64_t i = 0; i < num_layers(); ++i) {
     ParamUnit unit{"layers." + std::to_string(i), {}};
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    for (const auto& p : layers->ptr(i)->named_parameters()) unit.params.emplace_back(prefix + p.key(), p.value());
+    for (const auto& p : layers->ptr(i)->named_parameters())
+      unit.params.emplace_back(prefix + p.key(), p.value());
     units.push_back(std::move(unit));
   }
   ParamUnit head{"head", {{"model.norm.weight", norm->weight}}};
-  if (config_.head == HeadKind::kValue) head.params.emplace_back(config_.value_head_prefix + ".weight", value_head->weight);
-  else if (!config_.tie_word_embeddings) head.params.emplace_back("lm_head.weight", lm_head->weight);
+  if (config_.head == HeadKind::kValue)
+    head.params.emplace_back(config_.value_head_prefix + ".weight", value_head->weight);
+  else if (!config_.tie_word_embeddings)
+    head.params.emplace_back("lm_head.weight", lm_head->weight);
   units.push_back(std::move(head));
   return units;
 }
@@ -225,8 +249,9 @@ torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {
   // Where a packed segment follows another one directly, remember the running count there;
   // subtracting the latest such start restarts positions at 0. Plain 0/1 masks (padding
   // anywhere) have no such start and keep OpenRLHF's cumsum - 1.
-  auto previous = torch::cat({torch::zeros_like(segment.narrow(-1, 0, 1)),
-                              segment.narrow(-1, 0, segment.size(-1) - 1)}, -1);
+  auto previous = torch::cat(
+      {torch::zeros_like(segment.narrow(-1, 0, 1)), segment.narrow(-1, 0, segment.size(-1) - 1)},
+      -1);
   auto starts = present.logical_and(previous != 0).logical_and(segment != previous);
   auto start_pos = std::get<0>(torch::where(starts, pos, torch::zeros_like(pos)).cummax(-1));
   return (pos - start_pos).masked_fill_(present.logical_not(), 1);
@@ -234,10 +259,12 @@ torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {
 
 torch::Tensor last_token_values(const torch::Tensor& values, const torch::Tensor& attention_mask) {
   TORCH_CHECK(values.dim() == 2 && values.sizes() == attention_mask.sizes(),
-              "last_token_values: values and attention_mask must both be [B, T], got ", values.sizes(), " and ",
-              attention_mask.sizes());
+              "last_token_values: values and attention_mask must both be [B, T], got ",
+              values.sizes(), " and ", attention_mask.sizes());
   const int64_t T = attention_mask.size(1);
-  auto last = T - 1 - (attention_mask != 0).to(torch::kInt64).fliplr().argmax(1, /*keepdim=*/true);  // [B, 1]
+  auto last =
+      T - 1 -
+      (attention_mask != 0).to(torch::kInt64).fliplr().argmax(1, /*keepdim=*/true);  // [B, 1]
   return values.gather(1, last).squeeze(1);
 }
 

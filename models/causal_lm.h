@@ -4,17 +4,17 @@
 // live in pretrained.h; sampling lives in rollout/.
 #pragma once
 
-#include <cstdint>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
-
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "models/config.h"
 #include "models/decoder_layer.h"
@@ -41,7 +41,8 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   int64_t num_layers() const { return config_.num_hidden_layers; }
 
   // HF's _init_weights: normal(0, initializer_range) weights, zero biases, unit norms, zero
-  // padding embedding; a value head gets normal(0, 1/(H+1)) as OpenRLHF's. Uses its own generator (the global RNG is untouched).
+  // padding embedding; a value head gets normal(0, 1/(H+1)) as OpenRLHF's. Uses its own generator
+  // (the global RNG is untouched).
   void init_weights(uint64_t seed);
 
   // input_ids, attention_mask: [B, T] (with a cache, attention_mask covers cached + new
@@ -55,7 +56,8 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
 
   // log p(labels[b,t] | hidden[b,t]) through the LM head, in chunks of `chunk` positions:
   // hidden [B, T, H], labels [B, T] -> [B, T] FP32.
-  torch::Tensor log_probs(const torch::Tensor& hidden, const torch::Tensor& labels, int64_t chunk = 256);
+  torch::Tensor log_probs(const torch::Tensor& hidden, const torch::Tensor& labels,
+                          int64_t chunk = 256);
   // Log-probs of each next token: hidden [B, T, H], input_ids [B, T] -> [B, T-1] FP32
   // (OpenRLHF's action log-probs before the action mask).
   torch::Tensor next_token_log_probs(const torch::Tensor& hidden, const torch::Tensor& input_ids,
@@ -93,7 +95,8 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   torch::nn::Linear value_head{nullptr};  // "<value_head_prefix>.weight", [1, H]
 
  private:
-  torch::Tensor run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in, KvCache* cache);
+  torch::Tensor run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,
+                          KvCache* cache);
   void before(int unit) {
     if (hooks_) hooks_->before_forward(unit);
   }

@@ -4,9 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/errors.h"
 
@@ -38,7 +37,8 @@ T get_or(const json& j, const char* key, T fallback, const std::string& source) 
 
 template <typename T>
 T require(const json& j, const char* key, const std::string& source) {
-  if (!j.contains(key) || j[key].is_null()) throw InputError(source + ": missing required key \"" + key + "\"");
+  if (!j.contains(key) || j[key].is_null())
+    throw InputError(source + ": missing required key \"" + key + "\"");
   return get_or<T>(j, key, T{}, source);
 }
 
@@ -55,7 +55,8 @@ RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
   auto it = j.find("rope_scaling");
   if (it == j.end() || it->is_null()) return r;
   if (!it->is_object()) throw InputError(source + ": rope_scaling must be an object or null");
-  std::string type = get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", source), source);
+  std::string type =
+      get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", source), source);
   if (type == "default") return r;
   if (type == "linear") {
     r.type = RopeScalingType::kLinear;
@@ -66,7 +67,8 @@ RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
     r.factor = require<double>(*it, "factor", where);
     r.low_freq_factor = require<double>(*it, "low_freq_factor", where);
     r.high_freq_factor = require<double>(*it, "high_freq_factor", where);
-    r.original_max_position_embeddings = require<int64_t>(*it, "original_max_position_embeddings", where);
+    r.original_max_position_embeddings =
+        require<int64_t>(*it, "original_max_position_embeddings", where);
     if (r.high_freq_factor <= r.low_freq_factor)
       throw InputError(where + ": high_freq_factor must exceed low_freq_factor");
   } else {
@@ -86,8 +88,9 @@ void parse_architectures(const json& j, ModelConfig& c, const std::string& sourc
       c.head = HeadKind::kValue;
       continue;
     }
-    throw InputError(source + ": architecture \"" + a + "\" is not supported for model_type \"" + c.model_type +
-                     "\" (supported: " + prefix + "ForCausalLM, " + prefix + "ForSequenceClassification)");
+    throw InputError(source + ": architecture \"" + a + "\" is not supported for model_type \"" +
+                     c.model_type + "\" (supported: " + prefix + "ForCausalLM, " + prefix +
+                     "ForSequenceClassification)");
   }
   if (c.architectures.empty()) c.architectures = {prefix + "ForCausalLM"};
   if (j.contains("value_head_prefix")) {
@@ -98,7 +101,8 @@ void parse_architectures(const json& j, ModelConfig& c, const std::string& sourc
     int64_t labels = j.contains("id2label") && j["id2label"].is_object() ? j["id2label"].size() : 1;
     labels = get_or<int64_t>(j, "num_labels", labels, source);
     if (labels != 1)
-      throw InputError(source + ": a value head has 1 output; config has " + std::to_string(labels) + " labels");
+      throw InputError(source + ": a value head has 1 output; config has " +
+                       std::to_string(labels) + " labels");
   }
 }
 
@@ -118,7 +122,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   bool known = false;
   for (const char* t : kModelTypes) known |= c.model_type == t;
   if (!known)
-    throw InputError(source + ": model_type \"" + c.model_type + "\" is not supported (supported: llama, mistral, qwen2)");
+    throw InputError(source + ": model_type \"" + c.model_type +
+                     "\" is not supported (supported: llama, mistral, qwen2)");
   parse_architectures(j, c, source);
   const std::string act = get_or<std::string>(j, "hidden_act", "silu", source);
   if (act != "silu" && act != "swish")
@@ -129,8 +134,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.num_attention_heads = require<int64_t>(j, "num_attention_heads", source);
   c.num_key_value_heads = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
   c.vocab_size = require<int64_t>(j, "vocab_size", source);
-  c.head_dim = get_or<int64_t>(j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0,
-                               source);
+  c.head_dim = get_or<int64_t>(
+      j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0, source);
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, source);
   c.rope_theta = get_or<double>(j, "rope_theta", 10000.0, source);
   c.rope_scaling = parse_rope_scaling(j, source);
@@ -149,7 +154,9 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   }
   if (c.model_type == "mistral") c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, source);
   if (get_or<double>(j, "attention_dropout", 0.0, source) != 0.0)
-    throw InputError(source + ": attention_dropout > 0 is not supported (checkpointed training replays no dropout)");
+    throw InputError(
+        source +
+        ": attention_dropout > 0 is not supported (checkpointed training replays no dropout)");
   c.bos_token_id = token_id(j, "bos_token_id");
   c.eos_token_id = token_id(j, "eos_token_id");
   c.pad_token_id = token_id(j, "pad_token_id");
@@ -169,7 +176,8 @@ ModelConfig ModelConfig::from_json_file(const std::string& path) {
 
 void ModelConfig::validate(const std::string& source) const {
   auto positive = [&](int64_t v, const char* key) {
-    if (v <= 0) throw InputError(source + ": " + key + " must be positive, got " + std::to_string(v));
+    if (v <= 0)
+      throw InputError(source + ": " + key + " must be positive, got " + std::to_string(v));
   };
   positive(hidden_size, "hidden_size");
   positive(intermediate_size, "intermediate_size");
@@ -180,17 +188,20 @@ void ModelConfig::validate(const std::string& source) const {
   positive(vocab_size, "vocab_size");
   if (num_attention_heads % num_key_value_heads != 0)
     throw InputError(source + ": num_attention_heads (" + std::to_string(num_attention_heads) +
-                     ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")");
+                     ") must be a multiple of num_key_value_heads (" +
+                     std::to_string(num_key_value_heads) + ")");
   if (head_dim % 2 != 0) throw InputError(source + ": head_dim must be even for rotary embeddings");
   if (head == HeadKind::kValue && value_head_prefix.find('.') != std::string::npos)
-    throw InputError(source + ": value_head_prefix \"" + value_head_prefix + "\" may not contain '.'");
+    throw InputError(source + ": value_head_prefix \"" + value_head_prefix +
+                     "\" may not contain '.'");
 }
 
 std::string ModelConfig::to_json_text() const {
   json j = original_json.empty() ? json::object() : json::parse(original_json);
   const std::string prefix = class_prefix(model_type);
   j["model_type"] = model_type;
-  j["architectures"] = {prefix + (head == HeadKind::kValue ? "ForSequenceClassification" : "ForCausalLM")};
+  j["architectures"] = {prefix +
+                        (head == HeadKind::kValue ? "ForSequenceClassification" : "ForCausalLM")};
   j["hidden_act"] = "silu";
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -205,18 +216,20 @@ std::string ModelConfig::to_json_text() const {
   } else if (rope_scaling.type == RopeScalingType::kLinear) {
     j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
   } else {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", rope_scaling.factor},
-                         {"low_freq_factor", rope_scaling.low_freq_factor},
-                         {"high_freq_factor", rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", rope_scaling.factor},
+        {"low_freq_factor", rope_scaling.low_freq_factor},
+        {"high_freq_factor", rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   }
   j["max_position_embeddings"] = max_position_embeddings;
   j["vocab_size"] = vocab_size;
   j["tie_word_embeddings"] = tie_word_embeddings;
   if (model_type != "qwen2") j["attention_bias"] = qkv_bias;
   if (model_type == "llama") j["mlp_bias"] = mlp_bias;
-  if (model_type == "mistral") j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  if (model_type == "mistral")
+    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = initializer_range;
   j["torch_dtype"] = torch_dtype;
@@ -243,15 +256,19 @@ int64_t ModelConfig::num_parameters() const {
   if (o_proj_bias) layer += H;
   if (mlp_bias) layer += 2 * I + H;
   int64_t total = vocab_size * H + num_hidden_layers * layer + H;
-  if (head == HeadKind::kValue) total += H;
-  else if (!tie_word_embeddings) total += vocab_size * H;
+  if (head == HeadKind::kValue)
+    total += H;
+  else if (!tie_word_embeddings)
+    total += vocab_size * H;
   return total;
 }
 
-std::vector<std::string> preset_names() { return {"tiny", "small", "100m"}; }
+std::vector<std::string> preset_names() {
+  return {"tiny", "small", "100m"};
+}
 
 ModelConfig preset_config(const std::string& name) {
-  ModelConfig c;  // defaults are the tiny preset
+  ModelConfig c;         // defaults are the tiny preset
   c.bos_token_id = 257;  // the byte tokenizer's <s>, </s>, <pad> (see bytetok format)
   c.eos_token_id = 258;
   c.pad_token_id = 256;

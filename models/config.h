@@ -21,8 +21,8 @@ enum class RopeScalingType { kNone, kLinear, kLlama3 };
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
   double factor = 1.0;
-  double low_freq_factor = 1.0;                  // llama3
-  double high_freq_factor = 4.0;                 // llama3
+  double low_freq_factor = 1.0;                     // llama3
+  double high_freq_factor = 4.0;                    // llama3
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
@@ -41,8 +41,8 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   int64_t vocab_size = 288;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;    // attention_bias (llama), always on for qwen2
-  bool o_proj_bias = false; // attention_bias (llama); never for qwen2
+  bool qkv_bias = false;     // attention_bias (llama), always on for qwen2
+  bool o_proj_bias = false;  // attention_bias (llama); never for qwen2
   bool mlp_bias = false;
   int64_t sliding_window = 0;  // 0: full attention (mistral may set a window)
   double initializer_range = 0.02;

@@ -2,10 +2,10 @@
 // RMSNorm statistics and softmax in FP32, matmuls in the parameters' dtype.
 #include "models/decoder_layer.h"
 
+#include <torch/version.h>
+
 #include <cmath>
 #include <limits>
-
-#include <torch/version.h>
 
 #include "models/kv_cache.h"
 
@@ -16,7 +16,8 @@ namespace {
 // HF's inv_freq: 1 / theta^(2i/D), then the rope_scaling adjustment, all in FP32.
 torch::Tensor inverse_frequencies(const ModelConfig& c) {
   const int64_t D = c.head_dim;
-  auto exponents = torch::arange(0, D, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(D);
+  auto exponents =
+      torch::arange(0, D, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(D);
   torch::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
   const RopeScaling& r = c.rope_scaling;
   if (r.type == RopeScalingType::kLinear) return inv_freq / r.factor;
@@ -61,14 +62,16 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
 
 }  // namespace
 
-bool uses_fused_attention() { return TORCH_VERSION_MAJOR >= 2; }
+bool uses_fused_attention() {
+  return TORCH_VERSION_MAJOR >= 2;
+}
 
 void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids, torch::Dtype dtype,
                    torch::Tensor& cos, torch::Tensor& sin) {
   TORCH_CHECK(position_ids.dim() == 2, "position_ids must be [B, T], got ", position_ids.sizes());
   auto inv_freq = inverse_frequencies(config).to(position_ids.device());
   auto freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
-  auto emb = torch::cat({freqs, freqs}, -1);                                   // [B, T, D]
+  auto emb = torch::cat({freqs, freqs}, -1);                               // [B, T, D]
   cos = emb.cos().to(dtype);
   sin = emb.sin().to(dtype);
 }
@@ -76,21 +79,24 @@ void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids,
 torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t past, int64_t T,
                                     int64_t sliding_window) {
   const int64_t S = past + T;
-  TORCH_CHECK(attention_mask.dim() == 2 && attention_mask.size(1) == S, "attention_mask must be [B, ", S,
-              "] (cached + new positions), got ", attention_mask.sizes());
+  TORCH_CHECK(attention_mask.dim() == 2 && attention_mask.size(1) == S,
+              "attention_mask must be [B, ", S, "] (cached + new positions), got ",
+              attention_mask.sizes());
   auto opts = torch::TensorOptions().dtype(torch::kInt64).device(attention_mask.device());
   auto q_pos = torch::arange(past, S, opts).unsqueeze(1);  // [T, 1]
   auto k_pos = torch::arange(0, S, opts).unsqueeze(0);     // [1, S]
-  auto allowed = k_pos <= q_pos;                            // [T, S]
+  auto allowed = k_pos <= q_pos;                           // [T, S]
   if (sliding_window > 0) allowed = allowed.logical_and(q_pos - k_pos < sliding_window);
-  auto segment = attention_mask.to(torch::kInt64);                          // [B, S]
-  auto keys_present = (segment != 0).unsqueeze(1);                          // [B, 1, S]
+  auto segment = attention_mask.to(torch::kInt64);  // [B, S]
+  auto keys_present = (segment != 0).unsqueeze(1);  // [B, 1, S]
   // Packed rows: a token attends within its segment only (padding queries keep all keys).
-  auto q_segment = segment.narrow(1, past, T).unsqueeze(2);                  // [B, T, 1]
+  auto q_segment = segment.narrow(1, past, T).unsqueeze(2);                            // [B, T, 1]
   auto same_segment = (q_segment == segment.unsqueeze(1)).logical_or(q_segment == 0);  // [B, T, S]
-  auto mask = allowed.unsqueeze(0).logical_and(keys_present).logical_and(same_segment)
+  auto mask = allowed.unsqueeze(0)
+                  .logical_and(keys_present)
+                  .logical_and(same_segment)
                   .logical_or(k_pos == q_pos);  // [B, T, S]
-  mask = mask.unsqueeze(1);                                                                // [B, 1, T, S]
+  mask = mask.unsqueeze(1);                     // [B, 1, T, S]
   if (uses_fused_attention()) return mask;
   auto bias = torch::zeros(mask.sizes(), mask.options().dtype(torch::kFloat32));
   return bias.masked_fill_(mask.logical_not(), std::numeric_limits<float>::lowest());
@@ -109,19 +115,27 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 AttentionImpl::AttentionImpl(const ModelConfig& c)
     : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
   using torch::nn::LinearOptions;
-  q_proj = register_module("q_proj", torch::nn::Linear(LinearOptions(c.hidden_size, heads_ * head_dim_).bias(c.qkv_bias)));
-  k_proj = register_module("k_proj", torch::nn::Linear(LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(c.qkv_bias)));
-  v_proj = register_module("v_proj", torch::nn::Linear(LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(c.qkv_bias)));
-  o_proj = register_module("o_proj", torch::nn::Linear(LinearOptions(heads_ * head_dim_, c.hidden_size).bias(c.o_proj_bias)));
+  q_proj = register_module(
+      "q_proj",
+      torch::nn::Linear(LinearOptions(c.hidden_size, heads_ * head_dim_).bias(c.qkv_bias)));
+  k_proj = register_module(
+      "k_proj",
+      torch::nn::Linear(LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(c.qkv_bias)));
+  v_proj = register_module(
+      "v_proj",
+      torch::nn::Linear(LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(c.qkv_bias)));
+  o_proj = register_module(
+      "o_proj",
+      torch::nn::Linear(LinearOptions(heads_ * head_dim_, c.hidden_size).bias(c.o_proj_bias)));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
-                                     int64_t layer_index) {
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
+                                     KvCache* cache, int64_t layer_index) {
   const int64_t B = x.size(0), T = x.size(1);
   auto q = q_proj->forward(x).view({B, T, heads_, head_dim_}).transpose(1, 2);     // [B, nh, T, D]
   auto k = k_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);  // [B, kv, T, D]
   auto v = v_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);  // [B, kv, T, D]
-  auto cos = in.cos.unsqueeze(1), sin = in.sin.unsqueeze(1);                         // [B, 1, T, D]
+  auto cos = in.cos.unsqueeze(1), sin = in.sin.unsqueeze(1);                       // [B, 1, T, D]
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache) std::tie(k, v) = cache->append(layer_index, k, v);  // [B, kv, S, D]
@@ -132,9 +146,15 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
 
 MlpImpl::MlpImpl(const ModelConfig& c) {
   using torch::nn::LinearOptions;
-  gate_proj = register_module("gate_proj", torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
-  up_proj = register_module("up_proj", torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
-  down_proj = register_module("down_proj", torch::nn::Linear(LinearOptions(c.intermediate_size, c.hidden_size).bias(c.mlp_bias)));
+  gate_proj = register_module(
+      "gate_proj",
+      torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
+  up_proj = register_module(
+      "up_proj",
+      torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
+  down_proj = register_module(
+      "down_proj",
+      torch::nn::Linear(LinearOptions(c.intermediate_size, c.hidden_size).bias(c.mlp_bias)));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -144,13 +164,14 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
   self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c));
   mlp = register_module("mlp", std::make_shared<MlpImpl>(c));
-  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
+  input_layernorm = register_module("input_layernorm",
+                                    std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
 }
 
-torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
-                                        int64_t layer_index) {
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
+                                        KvCache* cache, int64_t layer_index) {
   auto h = x + self_attn->forward(input_layernorm->forward(x), in, cache, layer_index);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }

@@ -3,11 +3,11 @@
 // own checkpointing or hooks: causal_lm.cpp wraps layers in those.
 #pragma once
 
-#include <memory>
-
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/types.h>
+
+#include <memory>
 
 #include "models/config.h"
 
@@ -54,7 +54,8 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const ModelConfig& config);
   // x: [B, T, H] -> [B, T, H]. With a cache, this step's keys/values are appended to layer
   // `layer_index` and attention runs over everything cached.
-  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache, int64_t layer_index);
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
+                        int64_t layer_index);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -72,7 +73,8 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const ModelConfig& config);
   // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)).
-  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache, int64_t layer_index);
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
+                        int64_t layer_index);
   std::shared_ptr<AttentionImpl> self_attn;
   std::shared_ptr<MlpImpl> mlp;
   std::shared_ptr<RMSNormImpl> input_layernorm, post_attention_layernorm;

@@ -3,11 +3,11 @@
 // sequences are batched: that is rollout/'s job.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <utility>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "models/config.h"
 

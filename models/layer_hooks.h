@@ -5,16 +5,16 @@
 // as soon as its backward has produced them.
 #pragma once
 
+#include <torch/types.h>
+
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <torch/types.h>
-
 namespace rlhf::models {
 
 struct ParamUnit {
-  std::string name;  // "embed", "layers.3", "head"
+  std::string name;                                           // "embed", "layers.3", "head"
   std::vector<std::pair<std::string, torch::Tensor>> params;  // HF names -> parameter
 };
 

@@ -18,15 +18,16 @@ torch::Tensor chunk_logits(const torch::Tensor& h, const torch::Tensor& weight) 
 
 class ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
  public:
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden, const torch::Tensor& weight,
-                               const torch::Tensor& labels, int64_t chunk) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& hidden,
+                               const torch::Tensor& weight, const torch::Tensor& labels,
+                               int64_t chunk) {
     const int64_t B = hidden.size(0), T = hidden.size(1);
     auto out = torch::empty({B, T}, hidden.options().dtype(torch::kFloat32));
     auto lse = torch::empty({B, T}, hidden.options().dtype(torch::kFloat32));
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int64_t n = std::min(chunk, T - t0);
       auto logits = chunk_logits(hidden.narrow(1, t0, n), weight);  // [B, n, V]
-      auto chunk_lse = torch::logsumexp(logits, -1);                 // [B, n]
+      auto chunk_lse = torch::logsumexp(logits, -1);                // [B, n]
       auto picked = logits.gather(-1, labels.narrow(1, t0, n).unsqueeze(-1)).squeeze(-1);
       out.narrow(1, t0, n).copy_(picked - chunk_lse);
       lse.narrow(1, t0, n).copy_(chunk_lse);
@@ -51,20 +52,24 @@ class ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     // buffer); a single chunk writes it directly, rounded once as a plain matmul would be.
     const bool single_chunk = T <= chunk;
     torch::Tensor grad_weight;
-    if (want_weight && !single_chunk) grad_weight = torch::zeros({V, H}, weight.options().dtype(torch::kFloat32));
+    if (want_weight && !single_chunk)
+      grad_weight = torch::zeros({V, H}, weight.options().dtype(torch::kFloat32));
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int64_t n = std::min(chunk, T - t0);
-      auto h = hidden.narrow(1, t0, n);                              // [B, n, H]
-      auto gc = g.narrow(1, t0, n).unsqueeze(-1);                    // [B, n, 1]
-      auto probs = (chunk_logits(h, weight) - lse.narrow(1, t0, n).unsqueeze(-1)).exp_();  // [B, n, V]
+      auto h = hidden.narrow(1, t0, n);            // [B, n, H]
+      auto gc = g.narrow(1, t0, n).unsqueeze(-1);  // [B, n, 1]
+      auto probs =
+          (chunk_logits(h, weight) - lse.narrow(1, t0, n).unsqueeze(-1)).exp_();  // [B, n, V]
       auto grad_logits = probs.mul_(-gc);
       grad_logits.scatter_add_(-1, labels.narrow(1, t0, n).unsqueeze(-1), gc);
       auto gl = grad_logits.to(hidden.scalar_type());  // matmuls in the compute dtype
       if (want_hidden) grad_hidden.narrow(1, t0, n).copy_(torch::matmul(gl, weight));
       if (want_weight) {
         auto chunk_grad = torch::matmul(gl.reshape({-1, V}).t(), h.reshape({-1, H}));  // [V, H]
-        if (single_chunk) grad_weight = chunk_grad;
-        else grad_weight.add_(chunk_grad);
+        if (single_chunk)
+          grad_weight = chunk_grad;
+        else
+          grad_weight.add_(chunk_grad);
       }
     }
     if (want_weight) grad_weight = grad_weight.to(weight.scalar_type());
@@ -74,13 +79,16 @@ class ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
 
 }  // namespace
 
-torch::Tensor chunked_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& labels,
-                                int64_t chunk) {
-  TORCH_CHECK(hidden.dim() == 3, "chunked_log_probs: hidden must be [B, T, H], got ", hidden.sizes());
-  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(2), "chunked_log_probs: weight must be [V, ",
-              hidden.size(2), "], got ", weight.sizes());
-  TORCH_CHECK(labels.dim() == 2 && labels.size(0) == hidden.size(0) && labels.size(1) == hidden.size(1),
-              "chunked_log_probs: labels must be [B, T] = ", hidden.sizes().slice(0, 2), ", got ", labels.sizes());
+torch::Tensor chunked_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                const torch::Tensor& labels, int64_t chunk) {
+  TORCH_CHECK(hidden.dim() == 3, "chunked_log_probs: hidden must be [B, T, H], got ",
+              hidden.sizes());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == hidden.size(2),
+              "chunked_log_probs: weight must be [V, ", hidden.size(2), "], got ", weight.sizes());
+  TORCH_CHECK(
+      labels.dim() == 2 && labels.size(0) == hidden.size(0) && labels.size(1) == hidden.size(1),
+      "chunked_log_probs: labels must be [B, T] = ", hidden.sizes().slice(0, 2), ", got ",
+      labels.sizes());
   TORCH_CHECK(labels.scalar_type() == torch::kInt64, "chunked_log_probs: labels must be int64");
   TORCH_CHECK(chunk > 0, "chunked_log_probs: chunk must be positive");
   if (labels.numel() > 0) {

@@ -3,9 +3,9 @@
 // (the backward recomputes each chunk's logits). Gradients are exact, not approximated.
 #pragma once
 
-#include <cstdint>
-
 #include <torch/types.h>
+
+#include <cstdint>
 
 namespace rlhf::models {
 

@@ -43,7 +43,8 @@ std::string dtype_hf_name(torch::Dtype dtype) {
   throw InputError(std::string("unsupported model dtype ") + c10::toString(dtype));
 }
 
-void load_weights(CausalLM& model, const CheckpointReader& checkpoint, const std::vector<std::string>& allowed_missing,
+void load_weights(CausalLM& model, const CheckpointReader& checkpoint,
+                  const std::vector<std::string>& allowed_missing,
                   const std::vector<std::string>& ignored) {
   torch::NoGradGuard no_grad;
   std::set<std::string> expected;
@@ -57,7 +58,8 @@ void load_weights(CausalLM& model, const CheckpointReader& checkpoint, const std
     }
     const TensorInfo& info = checkpoint.info(name);
     if (c10::IntArrayRef(info.shape) != param.sizes()) {
-      wrong_shape.push_back(name + " " + shape_text(info.shape) + " in " + fs::path(checkpoint.file_of(name)).filename().string() +
+      wrong_shape.push_back(name + " " + shape_text(info.shape) + " in " +
+                            fs::path(checkpoint.file_of(name)).filename().string() +
                             ", model expects " + shape_text(param.sizes()));
       continue;
     }
@@ -75,8 +77,7 @@ void load_weights(CausalLM& model, const CheckpointReader& checkpoint, const std
   if (!missing.empty()) problems += "; missing tensors: " + list_names(missing);
   if (!unexpected.empty()) problems += "; unexpected tensors: " + list_names(unexpected);
   if (!wrong_shape.empty()) problems += "; wrong shapes: " + list_names(wrong_shape);
-  if (!problems.empty())
-    throw InputError("checkpoint does not match the model config" + problems);
+  if (!problems.empty()) throw InputError("checkpoint does not match the model config" + problems);
 }
 
 std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options) {
@@ -91,7 +92,8 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOpti
   model->to(dtype);
   std::vector<std::string> allowed_missing, ignored;
   if (config.head == HeadKind::kValue && stored_head != HeadKind::kValue) {
-    allowed_missing.push_back(config.value_head_prefix + ".weight");  // initialised by the constructor
+    allowed_missing.push_back(config.value_head_prefix +
+                              ".weight");  // initialised by the constructor
     ignored.push_back("lm_head.weight");
   }
   try {

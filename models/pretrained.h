@@ -3,12 +3,12 @@
 // all) and converts dtypes. Tokenizer files are not read here (tokenizer/ does that).
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
-
-#include <torch/types.h>
 
 #include "models/causal_lm.h"
 #include "models/config.h"
@@ -43,6 +43,7 @@ void load_weights(CausalLM& model, const CheckpointReader& checkpoint,
 
 // Writes DIR/config.json (torch_dtype = the parameters' dtype) and the weights
 // (model.safetensors, or shards + index above max_shard_bytes). Creates DIR.
-void save_pretrained(CausalLM& model, const std::string& dir, uint64_t max_shard_bytes = 4ull << 30);
+void save_pretrained(CausalLM& model, const std::string& dir,
+                     uint64_t max_shard_bytes = 4ull << 30);
 
 }  // namespace rlhf::models

@@ -14,7 +14,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
@@ -25,7 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 struct DtypeName {
   torch::Dtype dtype;
@@ -38,7 +39,9 @@ constexpr DtypeName kDtypeNames[] = {
     {torch::kBool, "BOOL"},
 };
 
-uint64_t element_size(torch::Dtype dtype) { return c10::elementSize(dtype); }
+uint64_t element_size(torch::Dtype dtype) {
+  return c10::elementSize(dtype);
+}
 
 uint64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what) {
   uint64_t n = 1;
@@ -103,7 +106,8 @@ class MappedFile {
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   map_ = std::make_shared<MappedFile>(path);
   const uint64_t size = map_->size();
-  if (size < 8) throw InputError(path + ": truncated safetensors file (" + std::to_string(size) + " bytes)");
+  if (size < 8)
+    throw InputError(path + ": truncated safetensors file (" + std::to_string(size) + " bytes)");
   uint64_t header_len = 0;
   std::memcpy(&header_len, map_->data(), 8);
   if (header_len > size - 8)
@@ -116,7 +120,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   } catch (const nlohmann::json::exception& e) {
     throw InputError(path + ": corrupt safetensors header: " + e.what());
   }
-  if (!header.is_object()) throw InputError(path + ": corrupt safetensors header: not a JSON object");
+  if (!header.is_object())
+    throw InputError(path + ": corrupt safetensors header: not a JSON object");
   const uint64_t data_size = size - data_offset_;
   for (const auto& [name, entry] : header.items()) {
     const std::string what = path + ": tensor \"" + name + "\"";
@@ -134,11 +139,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       t.begin = offsets[0];
       t.end = offsets[1];
       if (t.begin > t.end || t.end > data_size)
-        throw InputError(what + ": data [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
-                         ") lies outside the file's " + std::to_string(data_size) +
-                         " data bytes (truncated?)");
+        throw InputError(what + ": data [" + std::to_string(t.begin) + ", " +
+                         std::to_string(t.end) + ") lies outside the file's " +
+                         std::to_string(data_size) + " data bytes (truncated?)");
       if (checked_numel(t.shape, what) * element_size(t.dtype) != t.nbytes())
-        throw InputError(what + ": " + std::to_string(t.nbytes()) + " bytes do not match its dtype and shape");
+        throw InputError(what + ": " + std::to_string(t.nbytes()) +
+                         " bytes do not match its dtype and shape");
       tensors_.push_back(std::move(t));
     } catch (const nlohmann::json::exception& e) {
       throw InputError(what + ": corrupt header entry: " + e.what());
@@ -151,8 +157,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
             [](const TensorInfo& a, const TensorInfo& b) { return a.begin < b.begin; });
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (i > 0 && tensors_[i].begin < tensors_[i - 1].end && tensors_[i].nbytes() > 0)
-      throw InputError(path + ": tensors \"" + tensors_[i - 1].name + "\" and \"" + tensors_[i].name +
-                       "\" overlap");
+      throw InputError(path + ": tensors \"" + tensors_[i - 1].name + "\" and \"" +
+                       tensors_[i].name + "\" overlap");
     index_[tensors_[i].name] = i;
   }
 }
@@ -169,7 +175,8 @@ torch::Tensor SafetensorsFile::view(const std::string& name) const {
   if (t.nbytes() == 0) return torch::empty(t.shape, options);
   void* ptr = map_->data() + data_offset_ + t.begin;
   auto keep = map_;
-  return torch::from_blob(ptr, t.shape, [keep](void*) {}, options);
+  return torch::from_blob(
+      ptr, t.shape, [keep](void*) {}, options);
 }
 
 // --- writing ---------------------------------------------------------------------------
@@ -197,8 +204,10 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorInfo> l
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (auto& t : layout_) {
-    if (t.name == "__metadata__") throw InputError(path_ + ": a tensor may not be named __metadata__");
-    if (header.contains(t.name)) throw InputError(path_ + ": duplicate tensor name \"" + t.name + "\"");
+    if (t.name == "__metadata__")
+      throw InputError(path_ + ": a tensor may not be named __metadata__");
+    if (header.contains(t.name))
+      throw InputError(path_ + ": duplicate tensor name \"" + t.name + "\"");
     t.begin = offset;
     t.end = offset + checked_numel(t.shape, t.name) * element_size(t.dtype);
     offset = t.end;
@@ -226,9 +235,9 @@ void SafetensorsWriter::write(const std::string& name, const torch::Tensor& tens
     throw InputError(path_ + ": tensor \"" + name + "\" written past the end of the layout");
   const TensorInfo& t = layout_[next_];
   TORCH_CHECK(t.name == name, path_, ": expected tensor \"", t.name, "\" next, got \"", name, "\"");
-  TORCH_CHECK(tensor.scalar_type() == t.dtype && tensor.sizes().vec() == t.shape, path_, ": tensor \"",
-              name, "\" is ", tensor.scalar_type(), tensor.sizes(), ", the layout says ", t.dtype,
-              c10::IntArrayRef(t.shape));
+  TORCH_CHECK(tensor.scalar_type() == t.dtype && tensor.sizes().vec() == t.shape, path_,
+              ": tensor \"", name, "\" is ", tensor.scalar_type(), tensor.sizes(),
+              ", the layout says ", t.dtype, c10::IntArrayRef(t.shape));
   torch::Tensor cpu = tensor.detach().to(torch::kCPU).contiguous();
   write_all(fd_, static_cast<const char*>(cpu.data_ptr()), t.nbytes(), path_ + ".tmp");
   ++next_;
@@ -262,9 +271,11 @@ std::string shard_file_name(int index, int count) {
   return buf;
 }
 
-void write_checkpoint_index(const std::string& dir, const std::map<std::string, std::string>& weight_map,
+void write_checkpoint_index(const std::string& dir,
+                            const std::map<std::string, std::string>& weight_map,
                             uint64_t total_size) {
-  nlohmann::ordered_json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total_size}}},
+                                  {"weight_map", weight_map}};
   const std::string path = (fs::path(dir) / kIndexFileName).string();
   const std::string tmp = path + ".tmp";
   {
@@ -276,7 +287,8 @@ void write_checkpoint_index(const std::string& dir, const std::map<std::string, 
     throw RuntimeError(tmp + ": rename failed: " + errno_text());
 }
 
-void save_checkpoint(const std::string& dir, const NamedTensors& tensors, uint64_t max_shard_bytes) {
+void save_checkpoint(const std::string& dir, const NamedTensors& tensors,
+                     uint64_t max_shard_bytes) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw RuntimeError(dir + ": cannot create directory: " + ec.message());
@@ -328,7 +340,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
       throw InputError(index_path.string() + ": missing object \"weight_map\"");
     std::map<std::string, size_t> file_ids;
     for (const auto& [name, file_json] : index["weight_map"].items()) {
-      if (!file_json.is_string()) throw InputError(index_path.string() + ": weight_map[\"" + name + "\"] is not a file name");
+      if (!file_json.is_string())
+        throw InputError(index_path.string() + ": weight_map[\"" + name + "\"] is not a file name");
       const std::string file = file_json.get<std::string>();
       auto it = file_ids.find(file);
       if (it == file_ids.end()) {
@@ -344,7 +357,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
     files_.push_back(std::make_unique<SafetensorsFile>(single.string()));
     for (const auto& t : files_[0]->tensors()) where_[t.name] = 0;
   } else {
-    throw InputError(dir + ": no " + kSingleFileName + " or " + kIndexFileName + " (not an HF checkpoint directory)");
+    throw InputError(dir + ": no " + kSingleFileName + " or " + kIndexFileName +
+                     " (not an HF checkpoint directory)");
   }
 }
 

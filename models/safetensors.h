@@ -3,14 +3,14 @@
 // in model.safetensors.index.json). Knows nothing about models: names map to tensors.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <torch/types.h>
 
 namespace rlhf::models {
 

@@ -38,7 +38,8 @@ namespace {
 // A number from a reply's args; JSON has no NaN, so a NaN arrives as null and reads as NaN.
 double number(const json& args, const char* key) {
   auto it = args.find(key);
-  if (it == args.end()) throw RuntimeError(std::string("reply without \"") + key + "\": " + args.dump());
+  if (it == args.end())
+    throw RuntimeError(std::string("reply without \"") + key + "\": " + args.dump());
   return it->is_number() ? it->get<double>() : std::nan("");
 }
 
@@ -46,7 +47,8 @@ double number(const json& args, const char* key) {
 // spread over the group's ranks (sum / ranks); call_all's ranks run together (max).
 double scatter_compute(const Message& reply, int ranks) {
   double sum = 0;
-  for (const auto& mb : reply.args.value("micro_batches", json::array())) sum += mb.value("compute_s", 0.0);
+  for (const auto& mb : reply.args.value("micro_batches", json::array()))
+    sum += mb.value("compute_s", 0.0);
   return sum / std::max(1, ranks);
 }
 double call_all_compute(const std::vector<Message>& replies) {
@@ -61,9 +63,9 @@ double seconds_since(Clock::time_point t) {
 
 // One step's samples, prompt-major (the n samples of a prompt are consecutive).
 struct Rollout {
-  torch::Tensor sequences;          // [B, T] prompt (left-padded) + response (right-padded)
-  torch::Tensor attention_mask;     // [B, T]
-  torch::Tensor action_mask;        // [B, A] response tokens up to and including EOS
+  torch::Tensor sequences;       // [B, T] prompt (left-padded) + response (right-padded)
+  torch::Tensor attention_mask;  // [B, T]
+  torch::Tensor action_mask;     // [B, A] response tokens up to and including EOS
   std::vector<std::string> prompts, responses, labels;  // [B]
   int64_t weight_version = 0;
   double compute_s = 0;  // rollout workers' generate time on the critical path
@@ -75,13 +77,13 @@ struct Experience {
   torch::Tensor scores;           // [B] raw reward-source scores
   torch::Tensor response_length;  // [B] action tokens
   // Per token.
-  torch::Tensor log_probs_old;    // [B, A] actor log pi_old(a|s)
-  torch::Tensor log_probs_ref;    // [B, A] reference log-probs (undefined without a ref)
-  torch::Tensor values;           // [B, A] critic values (undefined without a critic)
-  torch::Tensor kl;               // [B, A] per-token KL estimate (zeros without a ref)
-  torch::Tensor entropy;          // [B, A] policy entropy at each action position
-  BatchAdvantages adv;            // rewards, advantages, returns [B, A]
-  double compute_s = 0;           // slowest scoring group's worker time
+  torch::Tensor log_probs_old;  // [B, A] actor log pi_old(a|s)
+  torch::Tensor log_probs_ref;  // [B, A] reference log-probs (undefined without a ref)
+  torch::Tensor values;         // [B, A] critic values (undefined without a critic)
+  torch::Tensor kl;             // [B, A] per-token KL estimate (zeros without a ref)
+  torch::Tensor entropy;        // [B, A] policy entropy at each action position
+  BatchAdvantages adv;          // rewards, advantages, returns [B, A]
+  double compute_s = 0;         // slowest scoring group's worker time
 };
 
 std::vector<NamedTensor> sequence_tensors(const Rollout& r) {
@@ -138,14 +140,17 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
   has_reward_model_ = spec.uses(Role::kReward);
   if (!c_.reward_rule.empty()) rule_ = &find_rule_reward(c_.reward_rule);
   if (!c_.reward_remote_url.empty())
-    remote_ = std::make_unique<RemoteReward>(RemoteRewardConfig{c_.reward_remote_url, c_.reward_remote_timeout_s});
+    remote_ = std::make_unique<RemoteReward>(
+        RemoteRewardConfig{c_.reward_remote_url, c_.reward_remote_timeout_s});
   tokenizer_ = tokenizer::load_tokenizer(spec.get_string("actor.model"));
   const auto& special = tokenizer_->special_ids();
-  if (!special.eos) throw InputError(spec.get_string("actor.model") + ": the tokenizer has no EOS token");
+  if (!special.eos)
+    throw InputError(spec.get_string("actor.model") + ": the tokenizer has no EOS token");
   eos_id_ = *special.eos;
   pad_id_ = special.pad ? *special.pad : eos_id_;
   stream_ = std::make_unique<PromptStream>(tokenize_prompts(spec), pad_id_, c_.seed);
-  const int64_t steps_per_episode = (stream_->size() + c_.rollout_batch_size - 1) / c_.rollout_batch_size;
+  const int64_t steps_per_episode =
+      (stream_->size() + c_.rollout_batch_size - 1) / c_.rollout_batch_size;
   total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.num_episodes * steps_per_episode;
 }
 
@@ -155,14 +160,15 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec) {
   fc.input_template = spec.get_string("data.input_template");
   fc.apply_chat_template = spec.get_bool("data.apply_chat_template");
   fc.chat_template = tokenizer::parse_chat_template(spec.get_string("data.chat_template"));
-  tokenizer::PromptFormatter formatter(fc, tokenizer::read_tokenizer_config(spec.get_string("actor.model")));
+  tokenizer::PromptFormatter formatter(
+      fc, tokenizer::read_tokenizer_config(spec.get_string("actor.model")));
   std::vector<TokenizedPrompt> out;
   for (const auto& row : data.rows) {
     TokenizedPrompt p;
     p.text = formatter.format(row.input);
     // A chat template writes BOS itself; plain and templated prompts get the tokenizer's.
-    auto ids = tokenizer_->encode(p.text, fc.apply_chat_template ? tokenizer::AddSpecial::kNo
-                                                                 : tokenizer::AddSpecial::kYes);
+    auto ids = tokenizer_->encode(
+        p.text, fc.apply_chat_template ? tokenizer::AddSpecial::kNo : tokenizer::AddSpecial::kYes);
     // Keep the end of an over-long prompt: the response continues from it.
     if (static_cast<int64_t>(ids.size()) > c_.prompt_max_len) {
       ids.erase(ids.begin(), ids.end() - c_.prompt_max_len);
@@ -199,8 +205,10 @@ void PpoJob::init_roles(Scheduler& s) {
     } else {
       int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
       auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum);
-      args = {{"config", config.to_json()},
-              {"store_path", (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
+      args = {
+          {"config", config.to_json()},
+          {"store_path",
+           (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
     }
     calls.push_back(in_parallel([&g, op, args] { g.call_all(op, args); }));
   }
@@ -217,7 +225,9 @@ Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step) {
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   Message reply = s.group(Role::kRollout)
                       .scatter("generate",
-                               {{"prompt_ids", batch.prompt_ids}, {"prompt_mask", batch.prompt_mask}, {"prompt_index", index}},
+                               {{"prompt_ids", batch.prompt_ids},
+                                {"prompt_mask", batch.prompt_mask},
+                                {"prompt_index", index}},
                                c_.rollout_micro_batch_size, args);
   Rollout r;
   r.compute_s = scatter_compute(reply, s.group(Role::kRollout).size());
@@ -271,7 +281,8 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   Experience e;
   if (rule_) {
     std::vector<float> v;
-    for (size_t i = 0; i < r.responses.size(); ++i) v.push_back(static_cast<float>(rule_->fn(r.prompts[i], r.responses[i], r.labels[i])));
+    for (size_t i = 0; i < r.responses.size(); ++i)
+      v.push_back(static_cast<float>(rule_->fn(r.prompts[i], r.responses[i], r.labels[i])));
     e.scores = torch::tensor(v);
   } else if (remote_) {
     auto v = remote_->score(r.prompts, r.responses, r.labels);
@@ -312,8 +323,9 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
   json critic_args = {{"action_len", r.action_mask.size(1)},
                       {"micro_batch_size", c_.train_micro_batch_size},
                       {"value_clip", c_.value_clip}};
-  json sums = {{"policy_loss", 0.0}, {"value_loss", 0.0}, {"clip_frac", 0.0}, {"approx_kl", 0.0},
-               {"actor_grad_norm", 0.0}, {"critic_grad_norm", 0.0}, {"actor_lr", 0.0}};
+  json sums = {{"policy_loss", 0.0}, {"value_loss", 0.0},      {"clip_frac", 0.0},
+               {"approx_kl", 0.0},   {"actor_grad_norm", 0.0}, {"critic_grad_norm", 0.0},
+               {"actor_lr", 0.0}};
   int64_t updates = 0;
   double compute = 0;
   torch::Generator gen = at::detail::createCPUGenerator(c_.seed * 31 + static_cast<uint64_t>(step));
@@ -328,7 +340,8 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
       auto actor_tensors = common;
       actor_tensors.push_back({"log_probs_old", pick(e.log_probs_old)});
       actor_tensors.push_back({"advantages", pick(e.adv.advantages)});
-      if (c_.kl_use_loss && has_ref_) actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
+      if (c_.kl_use_loss && has_ref_)
+        actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
       std::future<std::vector<Message>> critic;
       if (has_critic_) {
         auto critic_tensors = common;
@@ -357,7 +370,8 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
       ++updates;
     }
   }
-  for (const char* k : {"policy_loss", "value_loss", "clip_frac", "approx_kl", "actor_grad_norm", "critic_grad_norm"})
+  for (const char* k : {"policy_loss", "value_loss", "clip_frac", "approx_kl", "actor_grad_norm",
+                        "critic_grad_norm"})
     sums[k] = sums[k].get<double>() / static_cast<double>(std::max<int64_t>(1, updates));
   sums["updates"] = updates;
   sums["compute_s"] = compute;
@@ -367,8 +381,12 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
 double PpoJob::sync_weights(Scheduler& s) {
   const std::string store = (fs::path(run_dir_) / "stores" / "weight_sync.store").string();
   RoleGroup& rollout = s.group(Role::kRollout);
-  auto receive = in_parallel([&] { return rollout.call_all("sync_weights", {{"store_path", store}}); });
-  auto pushed = s.group(Role::kActor).call_all("push_weights", {{"store_path", store}, {"sync_size", rollout.size() + 1}});
+  auto receive = in_parallel([&] {
+    return rollout.call_all("sync_weights", {{"store_path", store}});
+  });
+  auto pushed =
+      s.group(Role::kActor)
+          .call_all("push_weights", {{"store_path", store}, {"sync_size", rollout.size() + 1}});
   return std::max(call_all_compute(pushed), call_all_compute(receive.get()));
 }
 
@@ -386,7 +404,10 @@ void PpoJob::save(Scheduler& s, int64_t step) {
   // The driver's own state last: its presence marks the whole step's checkpoint complete.
   fs::path dir = fs::path(c_.ckpt_path) / "driver";
   fs::create_directories(dir);
-  json state = {{"step", step}, {"prompts_consumed", stream_->consumed()}, {"kl_coef", kl_.value()}, {"tag", tag}};
+  json state = {{"step", step},
+                {"prompts_consumed", stream_->consumed()},
+                {"kl_coef", kl_.value()},
+                {"tag", tag}};
   fs::path tmp = dir / (tag + ".json.tmp");
   std::ofstream(tmp) << state.dump(2);
   fs::rename(tmp, dir / (tag + ".json"));
@@ -400,7 +421,8 @@ int64_t PpoJob::resume(Scheduler& s) {
     for (const auto& f : fs::directory_iterator(dir)) {
       if (f.path().extension() != ".json") continue;
       json j = json::parse(std::ifstream(f.path()), nullptr, false);
-      if (j.is_object() && j.value("step", int64_t{-1}) > best && fs::exists(fs::path(c_.ckpt_path) / "actor" / j.value("tag", std::string()))) {
+      if (j.is_object() && j.value("step", int64_t{-1}) > best &&
+          fs::exists(fs::path(c_.ckpt_path) / "actor" / j.value("tag", std::string()))) {
         best = j["step"].get<int64_t>();
         state = j;
       }
@@ -430,7 +452,8 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
   MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string());
   out << "ppo: " << stream_->size() << " prompts (" << truncated_prompts_ << " truncated to "
       << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
-      << " prompts x " << c_.n_samples_per_prompt << " samples; metrics: " << metrics.path() << std::endl;
+      << " prompts x " << c_.n_samples_per_prompt << " samples; metrics: " << metrics.path()
+      << std::endl;
   init_roles(s);
   int64_t step = 0;
   if (options_.resume) {
@@ -460,17 +483,25 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
       const double tokens = r.attention_mask.sum().item<double>();
       // Worker compute on the step's critical path; the rest is scheduling, transport,
       // driver-side math (advantages, rewards) and waiting (bench/ppo_overhead measures it).
-      const double compute = r.compute_s + e.compute_s + losses["compute_s"].get<double>() + sync_compute;
-      json rec = {{"step", step}, {"total_steps", total_steps_},
+      const double compute =
+          r.compute_s + e.compute_s + losses["compute_s"].get<double>() + sync_compute;
+      json rec = {{"step", step},
+                  {"total_steps", total_steps_},
                   {"reward_mean", e.scores.mean().item<double>()},
                   {"reward_std", e.scores.std(false).item<double>()},
                   {"return_mean", (e.adv.rewards.sum(1)).mean().item<double>()},
-                  {"kl", kl_mean}, {"kl_coef", kl_coef},
+                  {"kl", kl_mean},
+                  {"kl_coef", kl_coef},
                   {"response_length", e.response_length.to(torch::kFloat32).mean().item<double>()},
                   {"entropy", ((e.entropy * mask).sum() / mask.sum().clamp_min(1)).item<double>()},
                   {"worker_compute_s", compute},
                   {"overhead_share", std::max(0.0, 1.0 - compute / t_step)},
-                  {"time_s", {{"generate", t_gen}, {"score", t_score}, {"train", t_train}, {"sync", t_sync}, {"step", t_step}}},
+                  {"time_s",
+                   {{"generate", t_gen},
+                    {"score", t_score},
+                    {"train", t_train},
+                    {"sync", t_sync},
+                    {"step", t_step}}},
                   {"samples_per_s", static_cast<double>(r.sequences.size(0)) / t_step},
                   {"tokens_per_s", tokens / t_step},
                   {"weight_version", r.weight_version},
@@ -478,14 +509,17 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                   {"memory", peak_memory_by_role(s, planned_)}};
       rec.update(losses);
       metrics.write(rec);
-      out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"]) << " +- "
-          << fmt(rec["reward_std"]) << " | kl " << fmt(kl_mean, 4) << " | policy " << fmt(rec["policy_loss"])
+      out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"])
+          << " +- " << fmt(rec["reward_std"]) << " | kl " << fmt(kl_mean, 4) << " | policy "
+          << fmt(rec["policy_loss"])
           << (has_critic_ ? " | value " + fmt(rec["value_loss"]) : std::string()) << " | len "
           << fmt(rec["response_length"], 1) << " | " << fmt(t_step, 2) << " s (gen "
-          << static_cast<int>(100 * t_gen / t_step) << "%) | " << fmt(rec["samples_per_s"], 1) << " samples/s"
-          << std::endl;
+          << static_cast<int>(100 * t_gen / t_step) << "%) | " << fmt(rec["samples_per_s"], 1)
+          << " samples/s" << std::endl;
     }
-    if ((c_.save_steps > 0 && step % c_.save_steps == 0) || (c_.save_steps == -1 && step == total_steps_)) save(s, step);
+    if ((c_.save_steps > 0 && step % c_.save_steps == 0) ||
+        (c_.save_steps == -1 && step == total_steps_))
+      save(s, step);
   }
   if (c_.export_hf) {
     std::string dir = (fs::path(run_dir_) / "export" / "actor").string();
@@ -494,7 +528,8 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                              "special_tokens_map.json", "generation_config.json"}) {
       const fs::path from = fs::path(spec_.get_string("actor.model")) / name;
-      if (fs::exists(from)) fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+      if (fs::exists(from))
+        fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
     }
     out << "ppo: trained actor exported to " << dir << std::endl;
   }

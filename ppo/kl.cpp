@@ -20,9 +20,15 @@ torch::Tensor approx_kl(const torch::Tensor& log_probs, const torch::Tensor& log
   torch::Tensor r = log_probs.to(torch::kFloat32) - log_probs_ref.to(torch::kFloat32);
   torch::Tensor kl;
   switch (estimator) {
-    case KlEstimator::kK1: kl = r; break;
-    case KlEstimator::kK2: kl = r.pow(2) / 2.0; break;
-    case KlEstimator::kK3: kl = (-r).exp() - 1 + r; break;
+    case KlEstimator::kK1:
+      kl = r;
+      break;
+    case KlEstimator::kK2:
+      kl = r.pow(2) / 2.0;
+      break;
+    case KlEstimator::kK3:
+      kl = (-r).exp() - 1 + r;
+      break;
   }
   return kl.clamp(-10.0, 10.0);
 }

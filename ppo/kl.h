@@ -2,9 +2,9 @@
 // controllers (fixed, adaptive). Matches OpenRLHF's compute_approx_kl and KL controllers.
 #pragma once
 
-#include <string>
-
 #include <torch/types.h>
+
+#include <string>
 
 namespace rlhf::ppo {
 

@@ -2,9 +2,9 @@
 // dual clip), the clipped value loss, and the KL loss term. OpenRLHF's PolicyLoss/ValueLoss.
 #pragma once
 
-#include <string>
-
 #include <torch/types.h>
+
+#include <string>
 
 namespace rlhf::ppo {
 
@@ -16,7 +16,7 @@ enum class LossAggregation {
 LossAggregation parse_loss_aggregation(const std::string& name);
 
 struct PolicyLossConfig {
-  double clip_low = 0.2;   // ratio clipped to [1 - clip_low, 1 + clip_high]
+  double clip_low = 0.2;  // ratio clipped to [1 - clip_low, 1 + clip_high]
   double clip_high = 0.2;
   double dual_clip = 0.0;  // c > 1 bounds the loss of negative advantages (0: off)
   LossAggregation aggregation = LossAggregation::kTokenMean;

@@ -34,7 +34,8 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.kl_horizon = spec.get_int("algo.kl.horizon");
   c.kl_use_loss = spec.get_bool("algo.kl.use_loss");
   const double eps = spec.get_float("actor.eps_clip");
-  const double low = spec.get_float("actor.eps_clip_low"), high = spec.get_float("actor.eps_clip_high");
+  const double low = spec.get_float("actor.eps_clip_low"),
+               high = spec.get_float("actor.eps_clip_high");
   c.policy.clip_low = low > 0 ? low : eps;
   c.policy.clip_high = high > 0 ? high : eps;
   c.policy.dual_clip = spec.get_float("actor.dual_clip");

@@ -56,7 +56,9 @@ struct PpoConfig {
 
   int64_t samples_per_step() const { return rollout_batch_size * n_samples_per_prompt; }
   // Optimizer steps per PPO step: epochs x global batches over the step's samples.
-  int64_t optimizer_steps_per_step() const { return max_epochs * (samples_per_step() / train_batch_size); }
+  int64_t optimizer_steps_per_step() const {
+    return max_epochs * (samples_per_step() / train_batch_size);
+  }
 };
 
 }  // namespace rlhf::ppo

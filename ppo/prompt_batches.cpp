@@ -25,7 +25,8 @@ int64_t PromptStream::index_at(int64_t position) const {
 
 PromptBatch PromptStream::next(int64_t count) {
   std::vector<const TokenizedPrompt*> picked;
-  for (int64_t i = 0; i < count; ++i) picked.push_back(&prompts_[static_cast<size_t>(index_at(consumed_ + i))]);
+  for (int64_t i = 0; i < count; ++i)
+    picked.push_back(&prompts_[static_cast<size_t>(index_at(consumed_ + i))]);
   consumed_ += count;
   size_t longest = 1;
   for (const auto* p : picked) longest = std::max(longest, p->ids.size());
@@ -45,6 +46,8 @@ PromptBatch PromptStream::next(int64_t count) {
   return b;
 }
 
-void PromptStream::seek(int64_t consumed) { consumed_ = consumed; }
+void PromptStream::seek(int64_t consumed) {
+  consumed_ = consumed;
+}
 
 }  // namespace rlhf::ppo

@@ -4,11 +4,11 @@
 // seeded order that reshuffles each episode. The position in the stream is resumable.
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "ppo/prompt_dataset.h"
 
@@ -16,7 +16,7 @@ namespace rlhf::ppo {
 
 struct TokenizedPrompt {
   std::vector<int64_t> ids;
-  std::string text;   // the formatted prompt
+  std::string text;  // the formatted prompt
   std::string label;
 };
 

@@ -46,7 +46,8 @@ const std::vector<std::string>& synthetic_prompt_datasets() {
 std::vector<PromptRow> synthetic_prompts(const std::string& name, int64_t count, uint64_t seed) {
   if (name != "letters")
     throw InputError("data.prompt_dataset: unknown synthetic dataset \"synthetic:" + name +
-                     "\" (known: synthetic:" + join(synthetic_prompt_datasets(), ", synthetic:") + ")");
+                     "\" (known: synthetic:" + join(synthetic_prompt_datasets(), ", synthetic:") +
+                     ")");
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> length(3, 8), letter(0, 25);
   std::vector<PromptRow> rows;
@@ -62,8 +63,8 @@ PromptDataset load_prompts(const PromptDataConfig& c) {
   PromptDataset out;
   const std::string prefix = "synthetic:";
   if (c.source.rfind(prefix, 0) == 0) {
-    out.rows = synthetic_prompts(c.source.substr(prefix.size()), c.max_samples > 0 ? c.max_samples : 1024,
-                                 c.seed);
+    out.rows = synthetic_prompts(c.source.substr(prefix.size()),
+                                 c.max_samples > 0 ? c.max_samples : 1024, c.seed);
     out.stats.rows = static_cast<int64_t>(out.rows.size());
     return out;
   }
@@ -82,14 +83,17 @@ PromptDataset load_prompts(const PromptDataConfig& c) {
   });
   if (out.rows.empty())
     throw InputError(c.source + ": no usable prompts" +
-                     (out.stats.first_problem.empty() ? "" : " (first problem: " + out.stats.first_problem + ")"));
+                     (out.stats.first_problem.empty()
+                          ? ""
+                          : " (first problem: " + out.stats.first_problem + ")"));
   return out;
 }
 
 std::string prompt_text(const json& input) {
   if (input.is_string()) return input.get<std::string>();
   std::string text;
-  for (const auto& m : input) text += m["role"].get<std::string>() + ": " + m["content"].get<std::string>() + "\n";
+  for (const auto& m : input)
+    text += m["role"].get<std::string>() + ": " + m["content"].get<std::string>() + "\n";
   return text;
 }
 

@@ -4,10 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/jsonl.h"
 #include "core/spec.h"
@@ -15,10 +14,10 @@
 namespace rlhf::ppo {
 
 struct PromptDataConfig {
-  std::string source;        // JSONL path or "synthetic:NAME"
+  std::string source;  // JSONL path or "synthetic:NAME"
   std::string input_key = "input";
-  std::string label_key;     // "" for none
-  int64_t max_samples = 0;   // 0: all
+  std::string label_key;    // "" for none
+  int64_t max_samples = 0;  // 0: all
   BadLinePolicy bad_lines = BadLinePolicy::kFatal;
   uint64_t seed = 42;
 

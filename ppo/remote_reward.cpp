@@ -20,7 +20,8 @@ RemoteReward::RemoteReward(RemoteRewardConfig config) : config_(std::move(config
   const std::string scheme = "http://";
   const std::string& url = config_.url;
   if (url.rfind(scheme, 0) != 0)
-    throw InputError("reward.remote_url: expected http://host[:port][/path], found \"" + url + "\"");
+    throw InputError("reward.remote_url: expected http://host[:port][/path], found \"" + url +
+                     "\"");
   std::string rest = url.substr(scheme.size());
   auto slash = rest.find('/');
   std::string authority = rest.substr(0, slash);
@@ -59,15 +60,25 @@ std::vector<double> RemoteReward::score(const std::vector<std::string>& prompts,
   auto deadline = std::chrono::milliseconds(static_cast<int64_t>(config_.timeout_s * 1000));
   stream.expires_after(deadline);
   resolver.async_resolve(host_, port_, [&](beast::error_code ec, tcp::resolver::results_type r) {
-    if (ec) { failure = ec; return; }
+    if (ec) {
+      failure = ec;
+      return;
+    }
     stage = "connect";
     stream.async_connect(r, [&](beast::error_code ec2, const tcp::endpoint&) {
-      if (ec2) { failure = ec2; return; }
+      if (ec2) {
+        failure = ec2;
+        return;
+      }
       stage = "send";
       http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
-        if (ec3) { failure = ec3; return; }
+        if (ec3) {
+          failure = ec3;
+          return;
+        }
         stage = "receive";
-        http::async_read(stream, buffer, res, [&](beast::error_code ec4, size_t) { failure = ec4; });
+        http::async_read(stream, buffer, res,
+                         [&](beast::error_code ec4, size_t) { failure = ec4; });
       });
     });
   });

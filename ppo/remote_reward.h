@@ -13,8 +13,8 @@
 namespace rlhf::ppo {
 
 struct RemoteRewardConfig {
-  std::string url;         // http://host:port/path
-  double timeout_s = 30.0; // connect + send + receive
+  std::string url;          // http://host:port/path
+  double timeout_s = 30.0;  // connect + send + receive
 };
 
 class RemoteReward {

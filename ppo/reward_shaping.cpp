@@ -16,17 +16,25 @@ AdvantageEstimator parse_advantage_estimator(const std::string& name) {
 
 const char* advantage_estimator_name(AdvantageEstimator e) {
   switch (e) {
-    case AdvantageEstimator::kGae: return "gae";
-    case AdvantageEstimator::kReinforce: return "reinforce";
-    case AdvantageEstimator::kRloo: return "rloo";
-    case AdvantageEstimator::kReinforceBaseline: return "reinforce_baseline";
-    case AdvantageEstimator::kGroupNorm: return "group_norm";
-    case AdvantageEstimator::kDrGrpo: return "dr_grpo";
+    case AdvantageEstimator::kGae:
+      return "gae";
+    case AdvantageEstimator::kReinforce:
+      return "reinforce";
+    case AdvantageEstimator::kRloo:
+      return "rloo";
+    case AdvantageEstimator::kReinforceBaseline:
+      return "reinforce_baseline";
+    case AdvantageEstimator::kGroupNorm:
+      return "group_norm";
+    case AdvantageEstimator::kDrGrpo:
+      return "dr_grpo";
   }
   return "?";
 }
 
-bool uses_critic(AdvantageEstimator e) { return e == AdvantageEstimator::kGae; }
+bool uses_critic(AdvantageEstimator e) {
+  return e == AdvantageEstimator::kGae;
+}
 
 bool uses_group_baseline(AdvantageEstimator e) {
   return e == AdvantageEstimator::kRloo || e == AdvantageEstimator::kReinforceBaseline ||

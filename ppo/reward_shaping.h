@@ -3,9 +3,9 @@
 // per-token KL penalty. Matches OpenRLHF's compute_advantages_and_returns + compute_reward.
 #pragma once
 
-#include <string>
-
 #include <torch/types.h>
+
+#include <string>
 
 namespace rlhf::ppo {
 
@@ -14,9 +14,9 @@ enum class AdvantageEstimator { kGae, kReinforce, kRloo, kReinforceBaseline, kGr
 // "gae", "reinforce", "rloo", "reinforce_baseline", "group_norm" (alias "grpo"), "dr_grpo".
 AdvantageEstimator parse_advantage_estimator(const std::string& name);
 const char* advantage_estimator_name(AdvantageEstimator e);
-bool uses_critic(AdvantageEstimator e);        // gae
-bool uses_group_baseline(AdvantageEstimator e); // rloo, reinforce_baseline, group_norm, dr_grpo
-bool whitens_advantages(AdvantageEstimator e);  // gae, reinforce, reinforce_baseline
+bool uses_critic(AdvantageEstimator e);          // gae
+bool uses_group_baseline(AdvantageEstimator e);  // rloo, reinforce_baseline, group_norm, dr_grpo
+bool whitens_advantages(AdvantageEstimator e);   // gae, reinforce, reinforce_baseline
 
 // Per-prompt baseline over scores [P * n] (the n samples of a prompt are consecutive):
 //   rloo:               r_i - (sum_j r_j - r_i) / (n - 1)

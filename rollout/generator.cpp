@@ -2,12 +2,12 @@
 // finished rows. See generator.h.
 #include "rollout/generator.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <chrono>
 #include <numeric>
 #include <string>
-
-#include <ATen/ATen.h>
 
 #include "core/errors.h"
 #include "models/kv_cache.h"
@@ -35,13 +35,17 @@ struct Responses {
 }  // namespace
 
 void GenerationConfig::validate() const {
-  if (max_new_tokens < 1) throw InputError("rollout.max_new_tokens must be >= 1, got " + std::to_string(max_new_tokens));
+  if (max_new_tokens < 1)
+    throw InputError("rollout.max_new_tokens must be >= 1, got " + std::to_string(max_new_tokens));
   if (n_samples_per_prompt < 1)
-    throw InputError("rollout.n_samples_per_prompt must be >= 1, got " + std::to_string(n_samples_per_prompt));
+    throw InputError("rollout.n_samples_per_prompt must be >= 1, got " +
+                     std::to_string(n_samples_per_prompt));
   if (micro_batch_size < 1)
-    throw InputError("rollout.micro_batch_size must be >= 1, got " + std::to_string(micro_batch_size));
+    throw InputError("rollout.micro_batch_size must be >= 1, got " +
+                     std::to_string(micro_batch_size));
   if (!(compact_fraction >= 0.0 && compact_fraction < 1.0))
-    throw InputError("generation: compact_fraction must be in [0, 1), got " + std::to_string(compact_fraction));
+    throw InputError("generation: compact_fraction must be in [0, 1), got " +
+                     std::to_string(compact_fraction));
 }
 
 Generator::Generator(std::shared_ptr<models::CausalLM> model, GenerationConfig config)
@@ -53,27 +57,30 @@ Generator::Generator(std::shared_ptr<models::CausalLM> model, GenerationConfig c
   const int64_t V = model_->config().vocab_size;
   for (int64_t id : config_.stop_token_ids) {
     if (id < 0 || id >= V)
-      throw InputError("generation: stop token id " + std::to_string(id) + " outside the vocabulary [0, " +
-                       std::to_string(V) + ")");
+      throw InputError("generation: stop token id " + std::to_string(id) +
+                       " outside the vocabulary [0, " + std::to_string(V) + ")");
   }
   model_->eval();
 }
 
-GenerationOutput Generator::generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
-                                     const SamplingParams& params, int64_t first_prompt) {
-  TORCH_CHECK(prompt_ids.dim() == 2 && prompt_ids.scalar_type() == torch::kInt64 && prompt_ids.size(0) > 0 &&
-                  prompt_ids.size(1) > 0,
-              "generate: prompt_ids must be int64 [B, P] with B, P > 0, got ", prompt_ids.scalar_type(),
-              prompt_ids.sizes());
-  TORCH_CHECK(prompt_mask.sizes() == prompt_ids.sizes(), "generate: prompt_mask must be [B, P] like prompt_ids, got ",
-              prompt_mask.sizes());
+GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
+                                     const torch::Tensor& prompt_mask, const SamplingParams& params,
+                                     int64_t first_prompt) {
+  TORCH_CHECK(prompt_ids.dim() == 2 && prompt_ids.scalar_type() == torch::kInt64 &&
+                  prompt_ids.size(0) > 0 && prompt_ids.size(1) > 0,
+              "generate: prompt_ids must be int64 [B, P] with B, P > 0, got ",
+              prompt_ids.scalar_type(), prompt_ids.sizes());
+  TORCH_CHECK(prompt_mask.sizes() == prompt_ids.sizes(),
+              "generate: prompt_mask must be [B, P] like prompt_ids, got ", prompt_mask.sizes());
   params.validate();
   const auto mask = prompt_mask.to(torch::kCPU, torch::kInt64);
-  if ((mask.sum(1) == 0).any().item<bool>()) throw InputError("generate: a prompt row has no tokens (all padding)");
+  if ((mask.sum(1) == 0).any().item<bool>())
+    throw InputError("generate: a prompt row has no tokens (all padding)");
   const int64_t V = model_->config().vocab_size;
   const auto ids = prompt_ids.to(torch::kCPU);
   if (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= V)
-    throw InputError("generate: prompt token ids outside the vocabulary [0, " + std::to_string(V) + ")");
+    throw InputError("generate: prompt token ids outside the vocabulary [0, " + std::to_string(V) +
+                     ")");
 
   const int64_t B = ids.size(0), n = config_.n_samples_per_prompt, mb = config_.micro_batch_size;
   TORCH_CHECK(first_prompt >= 0, "generate: first_prompt must be >= 0, got ", first_prompt);
@@ -82,16 +89,19 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids, const torc
   int64_t longest = 0;
   for (int64_t begin = 0; begin < B; begin += mb) {
     const int64_t b = std::min(mb, B - begin);
-    parts.push_back(generate_micro_batch(ids.narrow(0, begin, b), mask.narrow(0, begin, b), sampler, (first_prompt + begin) * n));
+    parts.push_back(generate_micro_batch(ids.narrow(0, begin, b), mask.narrow(0, begin, b), sampler,
+                                         (first_prompt + begin) * n));
     longest = std::max(longest, parts.back().action_mask.size(1));
   }
-  auto out = parts.size() == 1 ? std::move(parts[0]) : concat_outputs(parts, longest, config_.pad_token_id);
+  auto out = parts.size() == 1 ? std::move(parts[0])
+                               : concat_outputs(parts, longest, config_.pad_token_id);
   out.weight_version = weight_version_;
   return out;
 }
 
-GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
-                                                 Sampler& sampler, int64_t first_row) {
+GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids,
+                                                 const torch::Tensor& prompt_mask, Sampler& sampler,
+                                                 int64_t first_row) {
   torch::NoGradGuard no_grad;
   models::CausalLM& model = *model_;
   const auto device = model.device();
@@ -105,22 +115,24 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   models::KvCache cache(model.config(), b, P + R, model.dtype(), device);
   const auto mask_dev = prompt_mask.to(device);
   auto hidden = model.forward(prompt_ids.to(device), mask_dev, {}, &cache);  // [b, P, H]
-  auto logits = model.logits(hidden.narrow(1, P - 1, 1)).squeeze(1);       // [b, V]
+  auto logits = model.logits(hidden.narrow(1, P - 1, 1)).squeeze(1);         // [b, V]
   hidden = torch::Tensor();
   const auto expand = torch::arange(b, torch::kInt64).repeat_interleave(n);  // [N]
   if (n > 1) {
     cache.select_rows(expand);
     logits = logits.index_select(0, expand.to(device));
   }
-  auto attention = torch::zeros({N, P + R}, torch::TensorOptions(torch::kInt64).device(device));  // [C, P + R]
+  auto attention =
+      torch::zeros({N, P + R}, torch::TensorOptions(torch::kInt64).device(device));  // [C, P + R]
   attention.narrow(1, 0, P).copy_(mask_dev.index_select(0, expand.to(device)));
   const auto prompt_len_t = prompt_mask.sum(1).index_select(0, expand).contiguous();
-  const std::vector<int64_t> prompt_len(prompt_len_t.data_ptr<int64_t>(), prompt_len_t.data_ptr<int64_t>() + N);
+  const std::vector<int64_t> prompt_len(prompt_len_t.data_ptr<int64_t>(),
+                                        prompt_len_t.data_ptr<int64_t>() + N);
   timings.prefill_seconds = seconds_since(clock);
   clock = Clock::now();
 
-  Responses out{torch::full({N, R}, config_.pad_token_id, torch::kInt64), torch::zeros({N, R}, torch::kFloat32),
-                std::vector<int64_t>(N, 0)};
+  Responses out{torch::full({N, R}, config_.pad_token_id, torch::kInt64),
+                torch::zeros({N, R}, torch::kFloat32), std::vector<int64_t>(N, 0)};
   auto* out_tokens = out.tokens.data_ptr<int64_t>();
   auto* out_log_probs = out.log_probs.data_ptr<float>();
   // Cache row c holds micro-batch row rows[c]; live[c] says it is still generating.
@@ -137,7 +149,8 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
       request_rows.push_back(first_row + rows[c]);
     }
     // Finished rows are not sampled: only the live rows' logits reach the sampler.
-    auto to_sample = local.size() == rows.size() ? logits : logits.index_select(0, index_tensor(local, device));
+    auto to_sample =
+        local.size() == rows.size() ? logits : logits.index_select(0, index_tensor(local, device));
     auto sampled = sampler.sample(to_sample, request_rows);
     if (t > 0) timings.decode_tokens += static_cast<int64_t>(local.size());
     const auto tokens = sampled.tokens.to(torch::kCPU).contiguous();
@@ -158,7 +171,8 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
     if (n_live == 0 || t == R - 1) break;
 
     const auto C = static_cast<int64_t>(rows.size());
-    if (C - n_live > 0 && static_cast<double>(C - n_live) > config_.compact_fraction * static_cast<double>(C)) {
+    if (C - n_live > 0 &&
+        static_cast<double>(C - n_live) > config_.compact_fraction * static_cast<double>(C)) {
       std::vector<int64_t> keep;
       for (int64_t c = 0; c < C; ++c) {
         if (live[static_cast<size_t>(c)]) keep.push_back(c);
@@ -184,17 +198,20 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
     }
     attention.select(1, P + t).fill_(1);
     const auto C2 = static_cast<int64_t>(rows.size());
-    hidden = model.forward(index_tensor(next, device).view({C2, 1}), attention.narrow(1, 0, P + t + 1),
-                           index_tensor(positions, device).view({C2, 1}), &cache);
+    hidden =
+        model.forward(index_tensor(next, device).view({C2, 1}), attention.narrow(1, 0, P + t + 1),
+                      index_tensor(positions, device).view({C2, 1}), &cache);
     logits = model.logits(hidden).squeeze(1);  // [C, V]
     ++timings.decode_steps;
   }
   timings.decode_seconds = seconds_since(clock);
 
   GenerationOutput result;
-  const auto lengths = torch::tensor(out.lengths, torch::kInt64);                            // [N]
-  result.action_mask = torch::arange(steps, torch::kInt64).unsqueeze(0) < lengths.unsqueeze(1);  // [N, R]
-  result.sequences = torch::cat({prompt_ids.index_select(0, expand), out.tokens.narrow(1, 0, steps)}, 1);
+  const auto lengths = torch::tensor(out.lengths, torch::kInt64);  // [N]
+  result.action_mask =
+      torch::arange(steps, torch::kInt64).unsqueeze(0) < lengths.unsqueeze(1);  // [N, R]
+  result.sequences =
+      torch::cat({prompt_ids.index_select(0, expand), out.tokens.narrow(1, 0, steps)}, 1);
   result.attention_mask =
       torch::cat({prompt_mask.index_select(0, expand), result.action_mask.to(torch::kInt64)}, 1);
   result.log_probs = out.log_probs.narrow(1, 0, steps).contiguous();
@@ -211,12 +228,15 @@ GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int6
   const int64_t P = parts[0].prompt_length;
   for (const auto& part : parts) {
     const int64_t R = part.action_mask.size(1);
-    TORCH_CHECK(part.prompt_length == P && R <= response_length, "concat_outputs: parts disagree (prompt length ",
-                part.prompt_length, " vs ", P, ", response ", R, " vs ", response_length, ")");
+    TORCH_CHECK(part.prompt_length == P && R <= response_length,
+                "concat_outputs: parts disagree (prompt length ", part.prompt_length, " vs ", P,
+                ", response ", R, " vs ", response_length, ")");
     const int64_t pad = response_length - R;
-    sequences.push_back(at::constant_pad_nd(part.sequences, {0, pad}, static_cast<double>(pad_token_id)));
+    sequences.push_back(
+        at::constant_pad_nd(part.sequences, {0, pad}, static_cast<double>(pad_token_id)));
     attention.push_back(at::constant_pad_nd(part.attention_mask, {0, pad}, 0));
-    actions.push_back(at::constant_pad_nd(part.action_mask.to(torch::kInt64), {0, pad}, 0).to(torch::kBool));
+    actions.push_back(
+        at::constant_pad_nd(part.action_mask.to(torch::kInt64), {0, pad}, 0).to(torch::kBool));
     log_probs.push_back(at::constant_pad_nd(part.log_probs, {0, pad}, 0));
     lengths.push_back(part.response_lengths);
   }

@@ -4,11 +4,11 @@
 // not tokenize, schedule requests or receive weights (weight_sync.h does that).
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "models/causal_lm.h"
 #include "rollout/sampling.h"
@@ -17,11 +17,11 @@ namespace rlhf::rollout {
 
 // The job spec's rollout.* generation keys.
 struct GenerationConfig {
-  int64_t max_new_tokens = 1024;       // rollout.max_new_tokens
-  int64_t n_samples_per_prompt = 1;    // rollout.n_samples_per_prompt
-  int64_t micro_batch_size = 8;        // prompts per KV cache (rollout.micro_batch_size)
+  int64_t max_new_tokens = 1024;        // rollout.max_new_tokens
+  int64_t n_samples_per_prompt = 1;     // rollout.n_samples_per_prompt
+  int64_t micro_batch_size = 8;         // prompts per KV cache (rollout.micro_batch_size)
   std::vector<int64_t> stop_token_ids;  // EOS and rollout.stop_token_ids: a row ends after one
-  int64_t pad_token_id = 0;            // fills sequences after a row's end
+  int64_t pad_token_id = 0;             // fills sequences after a row's end
   // Rows that finished stay in the decode batch (fed a pad token, not sampled) until they
   // are more than this fraction of it; then the KV cache is compacted to the live rows.
   // 0 compacts at every finish; the default bounds wasted compute at 25% and the copies to
@@ -41,11 +41,12 @@ struct GenerationTimings {
 
 // One generate call's result. Row i * n + s is sample s of prompt i (OpenRLHF's order).
 struct GenerationOutput {
-  torch::Tensor sequences;         // [N, P + R] int64: left-padded prompt, response, pad after its end
-  torch::Tensor attention_mask;    // [N, P + R] int64: prompt tokens and response tokens up to the end
-  torch::Tensor action_mask;       // [N, R] bool: response tokens up to and including the stop token
-  torch::Tensor log_probs;         // [N, R] FP32: log-prob of each response token under the
-                                   // distribution it was sampled from (sampling_log_probs); 0 off the mask
+  torch::Tensor sequences;  // [N, P + R] int64: left-padded prompt, response, pad after its end
+  torch::Tensor
+      attention_mask;         // [N, P + R] int64: prompt tokens and response tokens up to the end
+  torch::Tensor action_mask;  // [N, R] bool: response tokens up to and including the stop token
+  torch::Tensor log_probs;    // [N, R] FP32: log-prob of each response token under the
+                            // distribution it was sampled from (sampling_log_probs); 0 off the mask
   torch::Tensor response_lengths;  // [N] int64: action_mask.sum(1)
   int64_t prompt_length = 0;       // P
   int64_t weight_version = 0;      // the weights that produced it
@@ -74,8 +75,9 @@ class Generator {
 
  private:
   // One micro batch: prompts [b, P], first_row = its first output row in the request.
-  GenerationOutput generate_micro_batch(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
-                                        Sampler& sampler, int64_t first_row);
+  GenerationOutput generate_micro_batch(const torch::Tensor& prompt_ids,
+                                        const torch::Tensor& prompt_mask, Sampler& sampler,
+                                        int64_t first_row);
 
   std::shared_ptr<models::CausalLM> model_;
   GenerationConfig config_;

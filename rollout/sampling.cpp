@@ -2,10 +2,10 @@
 // streams. See sampling.h.
 #include "rollout/sampling.h"
 
+#include <ATen/ATen.h>
+
 #include <limits>
 #include <string>
-
-#include <ATen/ATen.h>
 
 #include "core/errors.h"
 
@@ -28,14 +28,17 @@ double uniform_open_closed(std::mt19937_64& stream) {
 }  // namespace
 
 void SamplingParams::validate() const {
-  if (!(temperature >= 0.0)) throw InputError("sampling: temperature must be >= 0, got " + std::to_string(temperature));
-  if (top_k == 0 || top_k < -1) throw InputError("sampling: top_k must be -1 (off) or >= 1, got " + std::to_string(top_k));
-  if (!(top_p > 0.0 && top_p <= 1.0)) throw InputError("sampling: top_p must be in (0, 1], got " + std::to_string(top_p));
+  if (!(temperature >= 0.0))
+    throw InputError("sampling: temperature must be >= 0, got " + std::to_string(temperature));
+  if (top_k == 0 || top_k < -1)
+    throw InputError("sampling: top_k must be -1 (off) or >= 1, got " + std::to_string(top_k));
+  if (!(top_p > 0.0 && top_p <= 1.0))
+    throw InputError("sampling: top_p must be in (0, 1], got " + std::to_string(top_p));
 }
 
 torch::Tensor sampling_log_probs(const torch::Tensor& logits, const SamplingParams& params) {
-  TORCH_CHECK(logits.dim() == 2 && logits.is_floating_point(), "sampling: logits must be float [B, V], got ",
-              logits.scalar_type(), logits.sizes());
+  TORCH_CHECK(logits.dim() == 2 && logits.is_floating_point(),
+              "sampling: logits must be float [B, V], got ", logits.scalar_type(), logits.sizes());
   params.validate();
   torch::Tensor scores = logits.to(torch::kFloat32);
   if (params.greedy()) return torch::log_softmax(scores, -1);
@@ -60,10 +63,11 @@ torch::Tensor sampling_log_probs(const torch::Tensor& logits, const SamplingPara
   return torch::log_softmax(scores, -1);
 }
 
-Sampler::Sampler(SamplingParams params, int64_t rows, int64_t first_row) : params_(params), first_row_(first_row) {
+Sampler::Sampler(SamplingParams params, int64_t rows, int64_t first_row)
+    : params_(params), first_row_(first_row) {
   params_.validate();
-  TORCH_CHECK(rows > 0 && first_row >= 0, "Sampler: rows must be positive and first_row >= 0, got ", rows, ", ",
-              first_row);
+  TORCH_CHECK(rows > 0 && first_row >= 0, "Sampler: rows must be positive and first_row >= 0, got ",
+              rows, ", ", first_row);
   streams_.reserve(static_cast<size_t>(rows));
   for (int64_t r = first_row; r < first_row + rows; ++r)
     streams_.emplace_back(splitmix64(params_.seed ^ splitmix64(static_cast<uint64_t>(r))));
@@ -71,7 +75,8 @@ Sampler::Sampler(SamplingParams params, int64_t rows, int64_t first_row) : param
 
 Sampled Sampler::sample(const torch::Tensor& logits, const std::vector<int64_t>& rows) {
   TORCH_CHECK(logits.dim() == 2 && static_cast<size_t>(logits.size(0)) == rows.size(),
-              "Sampler::sample: logits must be [A, V] with A = rows given (", rows.size(), "), got ", logits.sizes());
+              "Sampler::sample: logits must be [A, V] with A = rows given (", rows.size(),
+              "), got ", logits.sizes());
   auto log_probs = sampling_log_probs(logits, params_);  // [A, V] FP32
   torch::Tensor tokens;
   if (params_.greedy()) {
@@ -80,14 +85,16 @@ Sampled Sampler::sample(const torch::Tensor& logits, const std::vector<int64_t>&
     std::vector<double> u(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       const int64_t k = rows[i] - first_row_;
-      TORCH_CHECK(k >= 0 && k < static_cast<int64_t>(streams_.size()), "Sampler::sample: row ", rows[i], " outside [",
-                  first_row_, ", ", first_row_ + static_cast<int64_t>(streams_.size()), ")");
+      TORCH_CHECK(k >= 0 && k < static_cast<int64_t>(streams_.size()), "Sampler::sample: row ",
+                  rows[i], " outside [", first_row_, ", ",
+                  first_row_ + static_cast<int64_t>(streams_.size()), ")");
       u[i] = uniform_open_closed(streams_[static_cast<size_t>(k)]);
     }
     // The first token whose cumulative probability reaches u * total: removed tokens have
     // zero width in the CDF and u > 0, so they are never chosen.
     auto cdf = log_probs.exp().to(torch::kFloat64).cumsum(-1);  // [A, V]
-    auto target = torch::tensor(u, torch::kFloat64).to(cdf.device()).unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
+    auto target = torch::tensor(u, torch::kFloat64).to(cdf.device()).unsqueeze(1) *
+                  cdf.narrow(1, cdf.size(1) - 1, 1);
     tokens = torch::searchsorted(cdf, target).squeeze(1).clamp_max(cdf.size(1) - 1);
   }
   auto chosen = log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1);

@@ -3,11 +3,11 @@
 // the model or decide when a sequence stops (generator.h does).
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <random>
 #include <vector>
-
-#include <torch/types.h>
 
 namespace rlhf::rollout {
 
@@ -50,8 +50,9 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
   // logits [A, V] (any float dtype, any device) of the request rows `rows` (A row ids in
-  // [first_row, first_row + rows)): one token per row, by inverse-CDF sampling with one uniform draw from each
-  // row's stream (greedy draws none). Returns tokens and log-probs on the logits' device.
+  // [first_row, first_row + rows)): one token per row, by inverse-CDF sampling with one uniform
+  // draw from each row's stream (greedy draws none). Returns tokens and log-probs on the logits'
+  // device.
   Sampled sample(const torch::Tensor& logits, const std::vector<int64_t>& rows);
 
  private:

@@ -1,11 +1,11 @@
 // Weight sync: header + layout check, then one flat broadcast per unit. See weight_sync.h.
 #include "rollout/weight_sync.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
-
-#include <ATen/ATen.h>
 
 #include "core/errors.h"
 #include "engine/trainer.h"
@@ -51,7 +51,8 @@ torch::Device control_device(const transport::CollectiveGroup& group) {
 
 // Every rank says whether it can take this sync (0 yes, 1 no); all learn the worst.
 bool all_ok(transport::CollectiveGroup& group, bool ok) {
-  auto flag = torch::tensor({static_cast<int64_t>(ok ? 0 : 1)}, torch::kInt64).to(control_device(group));
+  auto flag =
+      torch::tensor({static_cast<int64_t>(ok ? 0 : 1)}, torch::kInt64).to(control_device(group));
   group.all_reduce(flag, transport::ReduceOp::kMax);
   return flag.item<int64_t>() == 0;
 }
@@ -68,7 +69,8 @@ int64_t layout_hash(const std::vector<std::vector<TensorSpec>>& layout) {
   };
   for (size_t u = 0; u < layout.size(); ++u) {
     auto specs = layout[u];
-    std::sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
+    std::sort(specs.begin(), specs.end(),
+              [](const TensorSpec& a, const TensorSpec& b) { return a.name < b.name; });
     mix("|" + std::to_string(u));
     for (const auto& s : specs) {
       mix(s.name + ":");
@@ -79,11 +81,14 @@ int64_t layout_hash(const std::vector<std::vector<TensorSpec>>& layout) {
   return static_cast<int64_t>(h >> 1);
 }
 
-std::vector<std::vector<TensorSpec>> ModelWeights::layout() { return layout_of_units(model_.param_units()); }
+std::vector<std::vector<TensorSpec>> ModelWeights::layout() {
+  return layout_of_units(model_.param_units());
+}
 
 NamedTensors ModelWeights::acquire(int64_t unit) {
   auto units = model_.param_units();
-  TORCH_CHECK(unit >= 0 && unit < static_cast<int64_t>(units.size()), "ModelWeights: unit ", unit, " out of range");
+  TORCH_CHECK(unit >= 0 && unit < static_cast<int64_t>(units.size()), "ModelWeights: unit ", unit,
+              " out of range");
   return units[static_cast<size_t>(unit)].params;
 }
 
@@ -101,7 +106,8 @@ std::vector<std::vector<TensorSpec>> TrainerWeights::layout() {
 
 NamedTensors TrainerWeights::acquire(int64_t unit) {
   const auto& units = trainer_.units();
-  TORCH_CHECK(unit >= 0 && unit < static_cast<int64_t>(units.size()), "TrainerWeights: unit ", unit, " out of range");
+  TORCH_CHECK(unit >= 0 && unit < static_cast<int64_t>(units.size()), "TrainerWeights: unit ", unit,
+              " out of range");
   auto& u = *units[static_cast<size_t>(unit)];
   gathered_here_ = !u.gathered();
   u.gather();  // ZeRO-3: all-gather over the trainer's group; a no-op at stages 1-2
@@ -117,8 +123,8 @@ void TrainerWeights::release(int64_t unit) {
   gathered_here_ = false;
 }
 
-WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* group, int64_t version,
-                             torch::Dtype wire_dtype) {
+WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* group,
+                             int64_t version, torch::Dtype wire_dtype) {
   torch::NoGradGuard no_grad;
   const auto start = Clock::now();
   const auto layout = source.layout();
@@ -126,14 +132,18 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
   WeightSyncStats stats;
   stats.version = version;
   if (group) {
-    TORCH_CHECK(group->rank() == 0, "send_weights: the actor must be rank 0 of the sync group, got rank ",
+    TORCH_CHECK(group->rank() == 0,
+                "send_weights: the actor must be rank 0 of the sync group, got rank ",
                 group->rank());
-    auto header = torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(wire_dtype)}, torch::kInt64)
-                      .to(control_device(*group));
+    auto header =
+        torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(wire_dtype)},
+                      torch::kInt64)
+            .to(control_device(*group));
     group->broadcast(header, 0);
     if (!all_ok(*group, true))
       throw RuntimeError("weight sync v" + std::to_string(version) +
-                         ": a rollout rank's model layout differs from the actor's (see its log); nothing was sent");
+                         ": a rollout rank's model layout differs from the actor's (see its log); "
+                         "nothing was sent");
   }
   for (int64_t u = 0; u < units; ++u) {
     auto tensors = source.acquire(u);
@@ -159,15 +169,17 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
   auto units = model.param_units();
   const auto layout = layout_of_units(units);
   const int64_t mine = layout_hash(layout);
-  auto header = torch::zeros({kHeaderSize}, torch::TensorOptions(torch::kInt64).device(control_device(group)));
+  auto header = torch::zeros({kHeaderSize},
+                             torch::TensorOptions(torch::kInt64).device(control_device(group)));
   group.broadcast(header, 0);
   header = header.to(torch::kCPU);
   const auto* h = header.data_ptr<int64_t>();
   const bool ok = h[kUnits] == static_cast<int64_t>(units.size()) && h[kLayoutHash] == mine;
   if (!all_ok(group, ok) || !ok) {
     throw RuntimeError("weight sync v" + std::to_string(h[kVersion]) + " on sync rank " +
-                       std::to_string(group.rank()) + ": the actor's layout (" + std::to_string(h[kUnits]) +
-                       " units, hash " + std::to_string(h[kLayoutHash]) + ") differs from this model's (" +
+                       std::to_string(group.rank()) + ": the actor's layout (" +
+                       std::to_string(h[kUnits]) + " units, hash " +
+                       std::to_string(h[kLayoutHash]) + ") differs from this model's (" +
                        std::to_string(units.size()) + " units, hash " + std::to_string(mine) +
                        "), or another rollout rank's does");
   }

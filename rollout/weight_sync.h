@@ -5,12 +5,12 @@
 // the group (transport/) or decide when to sync (the driver does).
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "models/causal_lm.h"
 #include "transport/collective_group.h"
@@ -78,8 +78,8 @@ struct WeightSyncStats {
 // group); `group` is the sync group on actor rank 0 (which must be its rank 0) and nullptr
 // on the other actor ranks. Tensors travel in `wire_dtype` (the rollout converts to its
 // own). Throws RuntimeError when a receiver's layout differs (after telling every rank).
-WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* group, int64_t version,
-                             torch::Dtype wire_dtype);
+WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* group,
+                             int64_t version, torch::Dtype wire_dtype);
 
 // Rollout side (sync group rank > 0): receives one sync into `model`'s parameters in place
 // and returns its version. Throws RuntimeError when the sender's layout differs from the

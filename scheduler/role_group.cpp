@@ -21,8 +21,8 @@ std::chrono::steady_clock::time_point RoleGroup::deadline(Timeout timeout) const
 
 Message RoleGroup::checked(const Message& reply, int rank) const {
   if (reply.kind == MessageKind::kError)
-    throw RuntimeError(std::string(role_name(role_)) + "[" + std::to_string(rank) + "] operation \"" +
-                       reply.op + "\" failed: " + reply.error);
+    throw RuntimeError(std::string(role_name(role_)) + "[" + std::to_string(rank) +
+                       "] operation \"" + reply.op + "\" failed: " + reply.error);
   return reply;
 }
 
@@ -56,7 +56,8 @@ Message RoleGroup::call(int rank, Message request, Timeout timeout) {
 }
 
 Dispatch dispatch_for(const JobSpec& spec, Role role) {
-  const bool sharded = spec.trains(role) && spec.get_int(std::string(role_name(role)) + ".zero_stage") == 3;
+  const bool sharded =
+      spec.trains(role) && spec.get_int(std::string(role_name(role)) + ".zero_stage") == 3;
   return sharded ? Dispatch::kEqualPerRank : Dispatch::kLeastLoaded;
 }
 
@@ -64,18 +65,22 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
                            int64_t micro_batch_size, const nlohmann::json& args, Timeout timeout,
                            Dispatch dispatch) {
   TORCH_CHECK(!batch.empty(), "scatter \"", op, "\": empty batch");
-  TORCH_CHECK(micro_batch_size > 0, "scatter \"", op, "\": micro_batch_size must be > 0, got ", micro_batch_size);
+  TORCH_CHECK(micro_batch_size > 0, "scatter \"", op, "\": micro_batch_size must be > 0, got ",
+              micro_batch_size);
   const int64_t rows = batch.front().tensor.dim() > 0 ? batch.front().tensor.size(0) : 0;
-  TORCH_CHECK(rows > 0, "scatter \"", op, "\": tensor \"", batch.front().name, "\" has no rows to split");
+  TORCH_CHECK(rows > 0, "scatter \"", op, "\": tensor \"", batch.front().name,
+              "\" has no rows to split");
   for (const auto& t : batch)
-    TORCH_CHECK(t.tensor.dim() > 0 && t.tensor.size(0) == rows, "scatter \"", op, "\": tensor \"", t.name,
-                "\" has shape ", t.tensor.sizes(), ", expected ", rows, " rows like \"", batch.front().name, "\"");
+    TORCH_CHECK(t.tensor.dim() > 0 && t.tensor.size(0) == rows, "scatter \"", op, "\": tensor \"",
+                t.name, "\" has shape ", t.tensor.sizes(), ", expected ", rows, " rows like \"",
+                batch.front().name, "\"");
   const auto until = deadline(timeout);
   const int64_t chunks = (rows + micro_batch_size - 1) / micro_batch_size;
   const int ranks = size();
   // Calls to make: one per micro batch, plus repeats of the last so that every rank gets
   // the same count (kEqualPerRank). Call c carries micro batch min(c, chunks - 1).
-  const int64_t calls = dispatch == Dispatch::kEqualPerRank ? (chunks + ranks - 1) / ranks * ranks : chunks;
+  const int64_t calls =
+      dispatch == Dispatch::kEqualPerRank ? (chunks + ranks - 1) / ranks * ranks : chunks;
   const int max_inflight = std::max(1, scheduler_.config().max_inflight);
   std::vector<int> inflight(ranks, 0);
   std::vector<int64_t> next_call_of_rank(ranks);  // kEqualPerRank: rank r makes calls r, r + R, ...
@@ -97,7 +102,8 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
     // Dispatch while some rank is below its in-flight bound.
     if (dispatch == Dispatch::kLeastLoaded) {
       while (next < calls) {
-        const int rank = static_cast<int>(std::min_element(inflight.begin(), inflight.end()) - inflight.begin());
+        const int rank =
+            static_cast<int>(std::min_element(inflight.begin(), inflight.end()) - inflight.begin());
         if (inflight[rank] >= max_inflight) break;
         submit(next++, rank);
       }

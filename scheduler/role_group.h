@@ -45,8 +45,10 @@ class RoleGroup {
   // Runs `op` with `args` (and `tensors`, sent to every rank) on every rank; replies in rank
   // order. Throws RuntimeError naming the rank when one answers with an error, WorkerFailure
   // or JobInterrupted when the job fails meanwhile, RuntimeError on timeout.
-  std::vector<Message> call_all(const std::string& op, const nlohmann::json& args = nlohmann::json::object(),
-                                const std::vector<NamedTensor>& tensors = {}, Timeout timeout = std::nullopt);
+  std::vector<Message> call_all(const std::string& op,
+                                const nlohmann::json& args = nlohmann::json::object(),
+                                const std::vector<NamedTensor>& tensors = {},
+                                Timeout timeout = std::nullopt);
   // One request to one rank.
   Message call(int rank, Message request, Timeout timeout = std::nullopt);
 
@@ -55,9 +57,9 @@ class RoleGroup {
   // chosen by `dispatch` with `args`, and concatenates every reply tensor along dim 0 in
   // batch order. The result's args hold "micro_batches": the reply args of each micro
   // batch, in order (repeats sent for kEqualPerRank are not included).
-  Message scatter(const std::string& op, const std::vector<NamedTensor>& batch, int64_t micro_batch_size,
-                  const nlohmann::json& args = nlohmann::json::object(), Timeout timeout = std::nullopt,
-                  Dispatch dispatch = Dispatch::kLeastLoaded);
+  Message scatter(const std::string& op, const std::vector<NamedTensor>& batch,
+                  int64_t micro_batch_size, const nlohmann::json& args = nlohmann::json::object(),
+                  Timeout timeout = std::nullopt, Dispatch dispatch = Dispatch::kLeastLoaded);
 
  private:
   std::chrono::steady_clock::time_point deadline(Timeout timeout) const;

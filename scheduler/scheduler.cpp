@@ -5,13 +5,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
 
 #include "scheduler/role_group.h"
 #include "scheduler/worker_process.h"
@@ -89,7 +88,8 @@ RoleGroup& Scheduler::group(Role role) {
 
 void Scheduler::start() {
   namespace fs = std::filesystem;
-  if (config_.worker_program.empty()) throw std::logic_error("SchedulerConfig.worker_program is empty");
+  if (config_.worker_program.empty())
+    throw std::logic_error("SchedulerConfig.worker_program is empty");
   const fs::path logs = fs::path(config_.run_dir) / "logs";
   std::error_code ec;
   fs::create_directories(logs, ec);
@@ -97,10 +97,12 @@ void Scheduler::start() {
   token_ = make_job_token();
   io_ = std::make_unique<Io>();
   io_->router = std::make_unique<Channel>(io_->context, zmq::socket_type::router, milliseconds(0));
-  io_->router->set_max_message_size(config_.limits.max_total_bytes + config_.limits.max_header_bytes);
+  io_->router->set_max_message_size(config_.limits.max_total_bytes +
+                                    config_.limits.max_header_bytes);
   tcp_endpoint_ = io_->router->bind(tcp_wildcard(config_.bind_host));
-  io_->ipc_path = (fs::temp_directory_path() / ("rlhf-" + std::to_string(getpid()) + "-" +
-                                                token_.substr(0, 12) + ".sock")).string();
+  io_->ipc_path = (fs::temp_directory_path() /
+                   ("rlhf-" + std::to_string(getpid()) + "-" + token_.substr(0, 12) + ".sock"))
+                      .string();
   ipc_endpoint_ = io_->router->bind("ipc://" + io_->ipc_path);
   io_->inbox = std::make_unique<Channel>(io_->context, zmq::socket_type::pull, milliseconds(0));
   io_->inbox->bind(kOutbox);
@@ -116,8 +118,8 @@ void Scheduler::start() {
     if (!is_local_host(w.host))
       throw RuntimeError("worker " + w.label() + " is placed on host " + w.host +
                          ": launching workers on other hosts is not supported yet");
-    const std::string log = (logs / (std::string(role_name(w.role)) + "-" + std::to_string(w.rank) +
-                                     ".log")).string();
+    const std::string log =
+        (logs / (std::string(role_name(w.role)) + "-" + std::to_string(w.rank) + ".log")).string();
     std::vector<std::pair<std::string, std::string>> env = {
         {kEnvScheduler, ipc_endpoint_}, {kEnvToken, token_}, {kEnvRunDir, config_.run_dir}};
     io_->processes.push_back(
@@ -131,10 +133,13 @@ void Scheduler::start() {
 
   nlohmann::json listing = nlohmann::json::array();
   for (const auto& info : infos_)
-    listing.push_back({{"role", role_name(info.placement.role)}, {"rank", info.placement.rank},
-                       {"pid", info.pid}, {"host", info.placement.host},
-                       {"device", info.placement.env.count(kEnvDevice) ? info.placement.env.at(kEnvDevice) : ""},
-                       {"log", info.log_path}});
+    listing.push_back(
+        {{"role", role_name(info.placement.role)},
+         {"rank", info.placement.rank},
+         {"pid", info.pid},
+         {"host", info.placement.host},
+         {"device", info.placement.env.count(kEnvDevice) ? info.placement.env.at(kEnvDevice) : ""},
+         {"log", info.log_path}});
   std::ofstream(fs::path(config_.run_dir) / "workers.json") << listing.dump(2) << '\n';
 
   io_->next_heartbeat = Clock::now() + config_.heartbeat_interval;
@@ -192,7 +197,7 @@ uint64_t Scheduler::submit(size_t index, Message request) {
 }
 
 std::pair<uint64_t, Message> Scheduler::await_any(const std::vector<uint64_t>& ids,
-                                                   Clock::time_point deadline) {
+                                                  Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     for (uint64_t id : ids) {
@@ -207,7 +212,8 @@ std::pair<uint64_t, Message> Scheduler::await_any(const std::vector<uint64_t>& i
     if (stopped_) throw RuntimeError("the scheduler has stopped");
     if (deadline == Clock::time_point::max()) {
       changed_.wait(lock);
-    } else if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && Clock::now() >= deadline) {
+    } else if (changed_.wait_until(lock, deadline) == std::cv_status::timeout &&
+               Clock::now() >= deadline) {
       const uint64_t id = ids.empty() ? 0 : ids.front();
       std::string who = pending_.count(id) ? infos_[pending_[id]].placement.label() : "?";
       throw RuntimeError("operation \"" + pending_op_[id] + "\" on " + who + " (request " +
@@ -258,8 +264,8 @@ void Scheduler::on_incoming(Frames&& frames) {
   try {
     m = decode(std::move(frames), config_.limits);
   } catch (const MessageError& e) {
-    std::cerr << "rlhf scheduler: malformed message from " << infos_[index].placement.label() << ": "
-              << e.what() << std::endl;
+    std::cerr << "rlhf scheduler: malformed message from " << infos_[index].placement.label()
+              << ": " << e.what() << std::endl;
     m = make_error(peeked, "", std::string("malformed reply: ") + e.what());
   }
   if (m.kind != MessageKind::kReply && m.kind != MessageKind::kError) return;  // heartbeat
@@ -285,9 +291,11 @@ void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) 
     return refuse(std::string("malformed message: ") + e.what());
   }
   if (m.kind != MessageKind::kRegister)
-    return refuse(std::string("a ") + message_kind_name(m.kind) + " from a peer that has not registered");
+    return refuse(std::string("a ") + message_kind_name(m.kind) +
+                  " from a peer that has not registered");
   const auto token = m.args.find("token");
-  if (token == m.args.end() || !token->is_string() || !token_matches(token_, token->get<std::string>()))
+  if (token == m.args.end() || !token->is_string() ||
+      !token_matches(token_, token->get<std::string>()))
     return refuse("wrong or missing job token");
   const std::string role = m.args.value("role", std::string());
   const int rank = m.args.value("rank", -1);
@@ -338,7 +346,8 @@ bool Scheduler::supervise() {
   io_->asio.poll();
   if (io_->signal_received) {
     const char* abbrev = sigabbrev_np(io_->signal_received);
-    fail(std::string("interrupted by SIG") + (abbrev ? abbrev : "?") + ": stopping every worker\n", true);
+    fail(std::string("interrupted by SIG") + (abbrev ? abbrev : "?") + ": stopping every worker\n",
+         true);
     return false;
   }
   const auto now = Clock::now();
@@ -357,7 +366,8 @@ bool Scheduler::supervise() {
       if (now - slot.launched > config_.register_timeout) {
         process.signal(SIGKILL);
         fail(process.report("did not register within " +
-                            std::to_string(config_.register_timeout.count()) + " ms (killed)"), false);
+                            std::to_string(config_.register_timeout.count()) + " ms (killed)"),
+             false);
         return false;
       }
       continue;
@@ -365,7 +375,8 @@ bool Scheduler::supervise() {
     if (config_.worker_timeout.count() > 0 && now - slot.last_seen > config_.worker_timeout) {
       process.signal(SIGKILL);
       fail(process.report("stopped answering: no message for " +
-                          std::to_string(config_.worker_timeout.count()) + " ms (killed)"), false);
+                          std::to_string(config_.worker_timeout.count()) + " ms (killed)"),
+           false);
       return false;
     }
     if (beat) {
@@ -385,8 +396,10 @@ void Scheduler::stop_workers() {
   auto all_exited = [&] {
     bool done = true;
     for (size_t i = 0; i < procs.size(); ++i)
-      if (!io_->slots[i].exited && !procs[i]->poll_exit()) done = false;
-      else io_->slots[i].exited = true;
+      if (!io_->slots[i].exited && !procs[i]->poll_exit())
+        done = false;
+      else
+        io_->slots[i].exited = true;
     return done;
   };
   for (size_t i = 0; i < procs.size(); ++i) {
@@ -395,7 +408,8 @@ void Scheduler::stop_workers() {
       Message bye;
       bye.kind = MessageKind::kShutdown;
       Frames out = encode(bye);
-      out.insert(out.begin(), zmq::message_t(io_->slots[i].routing_id->data(), io_->slots[i].routing_id->size()));
+      out.insert(out.begin(), zmq::message_t(io_->slots[i].routing_id->data(),
+                                             io_->slots[i].routing_id->size()));
       io_->router->send(std::move(out));
     } else {
       procs[i]->signal(SIGTERM);

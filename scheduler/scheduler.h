@@ -82,7 +82,8 @@ class Scheduler {
   // Waits for the reply to any of `ids`; returns which and the reply (kReply or kError).
   // Throws WorkerFailure / JobInterrupted when the job fails meanwhile, RuntimeError on the
   // deadline (naming the operation and worker).
-  std::pair<uint64_t, Message> await_any(const std::vector<uint64_t>& ids, Clock::time_point deadline);
+  std::pair<uint64_t, Message> await_any(const std::vector<uint64_t>& ids,
+                                         Clock::time_point deadline);
 
  private:
   struct Io;  // sockets, processes and registration state: I/O thread only
@@ -107,7 +108,7 @@ class Scheduler {
   std::atomic<int> refused_{0};
   std::atomic<bool> stop_requested_{false};
 
-  std::mutex send_mutex_;  // guards the driver-side socket in io_
+  std::mutex send_mutex_;     // guards the driver-side socket in io_
   mutable std::mutex mutex_;  // guards everything below
   std::condition_variable changed_;
   uint64_t next_id_ = 1;
@@ -117,7 +118,7 @@ class Scheduler {
   size_t registered_ = 0;
   std::optional<std::string> failure_;  // first failure report
   bool interrupted_ = false;
-  bool stopped_ = false;                // every worker has been stopped and reaped
+  bool stopped_ = false;  // every worker has been stopped and reaped
 };
 
 }  // namespace rlhf

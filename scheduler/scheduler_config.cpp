@@ -1,17 +1,17 @@
 // SchedulerConfig from the job spec. Kept apart from scheduler.cpp so programs that build
 // a config by hand (tests, benchmarks) do not link the spec.
-#include "scheduler/scheduler.h"
-
 #include <cmath>
 #include <filesystem>
 
 #include "core/run_dir.h"
+#include "scheduler/scheduler.h"
 
 namespace rlhf {
 namespace {
 
 std::chrono::milliseconds seconds_key(const JobSpec& spec, const std::string& path) {
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(spec.get_float(path) * 1000.0)));
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(std::llround(spec.get_float(path) * 1000.0)));
 }
 
 }  // namespace

@@ -46,9 +46,10 @@ void smoke(Scheduler& scheduler, std::ostream& out, int rounds) {
     group.call_all("ping");
     const double ping_ms = ms_since(t0);
     for (const auto& info : group.call_all("info")) {
-      out << "  " << std::left << std::setw(10) << role_name(role) << " rank " << info.args.value("rank", -1)
-          << "  pid " << info.args.value("pid", int64_t{0}) << "  device " << info.args.value("device", "")
-          << "  peak RSS " << info.args.value("peak_rss_bytes", int64_t{0}) / (1 << 20) << " MiB\n";
+      out << "  " << std::left << std::setw(10) << role_name(role) << " rank "
+          << info.args.value("rank", -1) << "  pid " << info.args.value("pid", int64_t{0})
+          << "  device " << info.args.value("device", "") << "  peak RSS "
+          << info.args.value("peak_rss_bytes", int64_t{0}) / (1 << 20) << " MiB\n";
     }
     const auto batch = smoke_batch(4 * group.size() + 1);
     t0 = Clock::now();

@@ -401,10 +401,13 @@ std::string sweep_markdown(const std::vector<VariantResult>& results,
     if (r.steps > 0) {
       std::string phases;  // "gen 0.03 / score 0.01 / train 0.03 / sync 0.00", or "step 0.04"
       for (const auto& [key, name] : {std::pair<const char*, const char*>{"generate", "gen"},
-                                      {"score", "score"}, {"train", "train"}, {"sync", "sync"},
+                                      {"score", "score"},
+                                      {"train", "train"},
+                                      {"sync", "sync"},
                                       {"step", "step"}})
         if (r.phase_s.count(key))
-          phases += (phases.empty() ? "" : " / ") + std::string(name) + " " + fixed(r.phase_s.at(key), 2);
+          phases +=
+              (phases.empty() ? "" : " / ") + std::string(name) + " " + fixed(r.phase_s.at(key), 2);
       md << fixed(r.samples_per_s, 1) << " | " << fixed(r.tokens_per_s, 0) << " | "
          << (phases.empty() ? "-" : phases) << " | "
          << (std::isnan(r.reward_mean) ? std::string("-") : fixed(r.reward_mean, 3)) << " |";

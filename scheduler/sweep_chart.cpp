@@ -201,9 +201,11 @@ void write_sweep_chart(const std::vector<VariantResult>& results, const std::str
   std::string label = "PEAK " + role;
   for (char& ch : label) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   c.text(left, top_base + 30, label, kAxis);
-  c.fill(left + 8 * static_cast<int>(label.size()) + 16, top_base + 20, left + 8 * static_cast<int>(label.size()) + 26, top_base + 30, kPlanned);
+  c.fill(left + 8 * static_cast<int>(label.size()) + 16, top_base + 20,
+         left + 8 * static_cast<int>(label.size()) + 26, top_base + 30, kPlanned);
   c.text(left + 8 * static_cast<int>(label.size()) + 30, top_base + 30, "PLANNED", kAxis);
-  c.fill(left + 8 * static_cast<int>(label.size()) + 94, top_base + 20, left + 8 * static_cast<int>(label.size()) + 104, top_base + 30, kMeasured);
+  c.fill(left + 8 * static_cast<int>(label.size()) + 94, top_base + 20,
+         left + 8 * static_cast<int>(label.size()) + 104, top_base + 30, kMeasured);
   c.text(left + 8 * static_cast<int>(label.size()) + 108, top_base + 30, "RSS", kAxis);
   // Under each bar its swept values ("2/16"); the last line names the keys in that order.
   if (!results.empty()) {

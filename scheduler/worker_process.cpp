@@ -5,16 +5,15 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include <deque>
-#include <fstream>
-#include <sstream>
-
 #include <boost/process/args.hpp>
 #include <boost/process/child.hpp>
 #include <boost/process/env.hpp>
 #include <boost/process/environment.hpp>
 #include <boost/process/exe.hpp>
 #include <boost/process/io.hpp>
+#include <deque>
+#include <fstream>
+#include <sstream>
 
 namespace bp = boost::process;
 
@@ -29,7 +28,8 @@ std::string describe_wait_status(int status) {
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     const char* abbrev = sigabbrev_np(sig);
-    return "killed by signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+    return "killed by signal " + std::to_string(sig) +
+           (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
   }
   return "wait status " + std::to_string(status);
 }
@@ -56,11 +56,12 @@ WorkerProcess::WorkerProcess(WorkerPlacement placement, const std::string& progr
   for (const auto& [k, v] : placement_.env) env[k] = v;
   for (const auto& [k, v] : extra_env) env[k] = v;
   std::error_code ec;
-  impl_ = std::make_unique<Impl>(Impl{bp::child(bp::exe = program, bp::args = args, bp::env = env,
-                                                (bp::std_out & bp::std_err) > log_path_,
-                                                bp::std_in < bp::null, ec)});
+  impl_ = std::make_unique<Impl>(
+      Impl{bp::child(bp::exe = program, bp::args = args, bp::env = env,
+                     (bp::std_out & bp::std_err) > log_path_, bp::std_in < bp::null, ec)});
   if (ec)
-    throw RuntimeError("cannot start worker " + placement_.label() + " (" + program + "): " + ec.message());
+    throw RuntimeError("cannot start worker " + placement_.label() + " (" + program +
+                       "): " + ec.message());
   pid_ = impl_->child.id();
 }
 
@@ -94,9 +95,9 @@ std::string WorkerProcess::report(const std::string& what, size_t tail) const {
   std::ostringstream out;
   const auto& p = placement_;
   out << "worker " << p.label() << " " << what << "\n"
-      << "  role " << role_name(p.role) << ", rank " << p.rank << " of " << p.group_size << ", host "
-      << p.host << " (node " << p.node << "), device " << device_kind_name(p.device_kind) << ":"
-      << p.device_id << ", pid " << pid_ << "\n"
+      << "  role " << role_name(p.role) << ", rank " << p.rank << " of " << p.group_size
+      << ", host " << p.host << " (node " << p.node << "), device "
+      << device_kind_name(p.device_kind) << ":" << p.device_id << ", pid " << pid_ << "\n"
       << "  last lines of " << log_path_ << ":\n";
   std::istringstream lines(tail_lines(log_path_, tail));
   for (std::string line; std::getline(lines, line);) out << "    | " << line << "\n";

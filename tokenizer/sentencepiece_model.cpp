@@ -67,8 +67,12 @@ class WireReader {
 
   void skip(WireType type) {
     switch (type) {
-      case WireType::kVarint: varint(); return;
-      case WireType::kLengthDelimited: length_delimited(); return;
+      case WireType::kVarint:
+        varint();
+        return;
+      case WireType::kLengthDelimited:
+        length_delimited();
+        return;
       case WireType::kFixed64:
       case WireType::kFixed32: {
         const size_t n = type == WireType::kFixed64 ? 8 : 4;
@@ -129,7 +133,8 @@ SentencePiece parse_piece(WireReader reader) {
         piece.type = static_cast<PieceType>(value);
         break;
       }
-      default: reader.skip(type);
+      default:
+        reader.skip(type);
     }
   }
   return piece;
@@ -151,8 +156,12 @@ void parse_trainer_spec(WireReader reader, SentencePieceModel& model) {
         model.algorithm = static_cast<SentencePieceAlgorithm>(value);
         break;
       }
-      case 24: model.treat_whitespace_as_suffix = parse_bool(reader, type, "treat_whitespace_as_suffix"); break;
-      case 35: model.byte_fallback = parse_bool(reader, type, "byte_fallback"); break;
+      case 24:
+        model.treat_whitespace_as_suffix = parse_bool(reader, type, "treat_whitespace_as_suffix");
+        break;
+      case 35:
+        model.byte_fallback = parse_bool(reader, type, "byte_fallback");
+        break;
       case 44:
         reader.expect(type, WireType::kLengthDelimited, "unk_surface");
         model.unk_surface = std::string(reader.length_delimited());
@@ -169,7 +178,8 @@ void parse_trainer_spec(WireReader reader, SentencePieceModel& model) {
         reader.expect(type, WireType::kLengthDelimited, "pad_piece");
         model.pad_piece = std::string(reader.length_delimited());
         break;
-      default: reader.skip(type);
+      default:
+        reader.skip(type);
     }
   }
 }
@@ -187,10 +197,17 @@ SentencePieceNormalizerSpec parse_normalizer_spec(WireReader reader) {
         reader.expect(type, WireType::kLengthDelimited, "precompiled_charsmap");
         spec.precompiled_charsmap = std::string(reader.length_delimited());
         break;
-      case 3: spec.add_dummy_prefix = parse_bool(reader, type, "add_dummy_prefix"); break;
-      case 4: spec.remove_extra_whitespaces = parse_bool(reader, type, "remove_extra_whitespaces"); break;
-      case 5: spec.escape_whitespaces = parse_bool(reader, type, "escape_whitespaces"); break;
-      default: reader.skip(type);
+      case 3:
+        spec.add_dummy_prefix = parse_bool(reader, type, "add_dummy_prefix");
+        break;
+      case 4:
+        spec.remove_extra_whitespaces = parse_bool(reader, type, "remove_extra_whitespaces");
+        break;
+      case 5:
+        spec.escape_whitespaces = parse_bool(reader, type, "escape_whitespaces");
+        break;
+      default:
+        reader.skip(type);
     }
   }
   return spec;
@@ -207,18 +224,26 @@ SentencePieceModel SentencePieceModel::parse(const std::string& bytes, const std
     if (field >= 1 && field <= 5 && field != 4)
       reader.expect(type, WireType::kLengthDelimited, "ModelProto message");
     switch (field) {
-      case 1: model.pieces.push_back(parse_piece(nested(reader, path, "ModelProto.pieces"))); break;
-      case 2: parse_trainer_spec(nested(reader, path, "trainer_spec"), model); break;
-      case 3: model.normalizer = parse_normalizer_spec(nested(reader, path, "normalizer_spec")); break;
+      case 1:
+        model.pieces.push_back(parse_piece(nested(reader, path, "ModelProto.pieces")));
+        break;
+      case 2:
+        parse_trainer_spec(nested(reader, path, "trainer_spec"), model);
+        break;
+      case 3:
+        model.normalizer = parse_normalizer_spec(nested(reader, path, "normalizer_spec"));
+        break;
       case 5: {
         const auto spec = parse_normalizer_spec(nested(reader, path, "denormalizer_spec"));
         model.has_denormalizer = !spec.precompiled_charsmap.empty();
         break;
       }
-      default: reader.skip(type);
+      default:
+        reader.skip(type);
     }
   }
-  if (model.pieces.empty()) throw InputError(path + ": not a SentencePiece model: it has no pieces");
+  if (model.pieces.empty())
+    throw InputError(path + ": not a SentencePiece model: it has no pieces");
   return model;
 }
 

@@ -13,8 +13,14 @@
 namespace rlhf::tokenizer {
 
 // sentencepiece_model.proto, ModelProto.SentencePiece.Type.
-enum class PieceType : int { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4,
-                             kUnused = 5, kByte = 6 };
+enum class PieceType : int {
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6
+};
 // TrainerSpec.ModelType.
 enum class SentencePieceAlgorithm : int { kUnigram = 1, kBpe = 2, kWord = 3, kChar = 4 };
 

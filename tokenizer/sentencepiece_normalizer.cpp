@@ -12,10 +12,18 @@ namespace rlhf::tokenizer {
 namespace {
 
 // Darts-clone DoubleArrayUnit fields.
-bool unit_has_leaf(uint32_t unit) { return (unit >> 8) & 1; }
-uint32_t unit_value(uint32_t unit) { return unit & ((1u << 31) - 1); }
-uint32_t unit_label(uint32_t unit) { return unit & ((1u << 31) | 0xFF); }
-uint32_t unit_offset(uint32_t unit) { return (unit >> 10) << ((unit & (1u << 9)) >> 6); }
+bool unit_has_leaf(uint32_t unit) {
+  return (unit >> 8) & 1;
+}
+uint32_t unit_value(uint32_t unit) {
+  return unit & ((1u << 31) - 1);
+}
+uint32_t unit_label(uint32_t unit) {
+  return unit & ((1u << 31) | 0xFF);
+}
+uint32_t unit_offset(uint32_t unit) {
+  return (unit >> 10) << ((unit & (1u << 9)) >> 6);
+}
 
 uint32_t read_le32(const char* p) {
   uint32_t v = 0;

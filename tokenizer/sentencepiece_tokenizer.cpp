@@ -89,8 +89,9 @@ void insert_into_trie(std::vector<Node>& trie, const std::string& piece, TokenId
 
 template <typename Node>
 int32_t trie_child(const Node& node, unsigned char byte) {
-  const auto it = std::lower_bound(node.children.begin(), node.children.end(), byte,
-                                   [](const auto& child, unsigned char b) { return child.first < b; });
+  const auto it =
+      std::lower_bound(node.children.begin(), node.children.end(), byte,
+                       [](const auto& child, unsigned char b) { return child.first < b; });
   return it != node.children.end() && it->first == byte ? it->second : -1;
 }
 
@@ -109,7 +110,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path,
   if (model_.treat_whitespace_as_suffix)
     throw InputError(path + ": SentencePiece treat_whitespace_as_suffix is not supported");
   if (model_.has_denormalizer)
-    throw InputError(path + ": SentencePiece denormalizer_spec with a character map is not supported");
+    throw InputError(path +
+                     ": SentencePiece denormalizer_spec with a character map is not supported");
   byte_ids_.fill(-1);
   trie_.emplace_back();
   min_score_ = FLT_MAX;
@@ -138,7 +140,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& path,
   }
   if (unk_id_ < 0) throw InputError(path + ": SentencePiece model has no unknown piece");
   if (model_.byte_fallback && std::count(byte_ids_.begin(), byte_ids_.end(), -1) > 0)
-    throw InputError(path + ": byte_fallback is on but the model lacks some of the 256 byte pieces");
+    throw InputError(path +
+                     ": byte_fallback is on but the model lacks some of the 256 byte pieces");
   std::stable_sort(special_pieces_.begin(), special_pieces_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 
@@ -278,7 +281,8 @@ std::vector<SentencePieceTokenizer::Segment> SentencePieceTokenizer::encode_unig
   const auto relax = [&](size_t start, size_t end, TokenId id, float piece_score) {
     const float candidate = best[start].score + piece_score;
     auto& node = best[end];
-    if (node.start < 0 || candidate > node.score) node = {id, candidate, static_cast<int64_t>(start)};
+    if (node.start < 0 || candidate > node.score)
+      node = {id, candidate, static_cast<int64_t>(start)};
   };
   for (size_t start = 0; start < size;) {
     const size_t char_len =
@@ -364,8 +368,8 @@ std::string SentencePieceTokenizer::decode(const std::vector<TokenId>& ids,
   const bool strip_first_space =
       model_.normalizer.add_dummy_prefix || model_.normalizer.remove_extra_whitespaces;
   std::string text;
-  std::string bytes;        // pending <0xXX> pieces, decoded together as UTF-8
-  bool at_start = true;     // no text yet in this run: a leading "▁" is the dummy prefix
+  std::string bytes;     // pending <0xXX> pieces, decoded together as UTF-8
+  bool at_start = true;  // no text yet in this run: a leading "▁" is the dummy prefix
   const auto flush_bytes = [&] {
     if (bytes.empty()) return;
     const size_t before = text.size();

@@ -36,7 +36,8 @@ void Channel::set_max_message_size(uint64_t bytes) {
 void Channel::send(Frames&& frames) {
   for (size_t i = 0; i < frames.size(); ++i) {
     auto flags = i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none;
-    if (!socket_.send(frames[i], flags)) throw RuntimeError("zmq send would block on a blocking socket");
+    if (!socket_.send(frames[i], flags))
+      throw RuntimeError("zmq send would block on a blocking socket");
   }
   frames.clear();
 }
@@ -51,6 +52,8 @@ std::optional<Frames> Channel::recv(std::optional<std::chrono::milliseconds> tim
   return frames;
 }
 
-std::string tcp_wildcard(const std::string& host) { return "tcp://" + host + ":*"; }
+std::string tcp_wildcard(const std::string& host) {
+  return "tcp://" + host + ":*";
+}
 
 }  // namespace rlhf

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <optional>
 #include <string>
-
 #include <zmq.hpp>
 
 #include "transport/message.h"

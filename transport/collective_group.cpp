@@ -8,7 +8,8 @@
 namespace rlhf::transport {
 
 std::unique_ptr<CollectiveGroup> make_collective_group(const CollectiveConfig& config) {
-  if (config.backend == CollectiveBackend::kNccl) return make_nccl_group(config, open_store(config));
+  if (config.backend == CollectiveBackend::kNccl)
+    return make_nccl_group(config, open_store(config));
   return std::make_unique<GlooGroup>(config);
 }
 

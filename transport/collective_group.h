@@ -3,12 +3,12 @@
 // It does not move messages between roles (that is the ZeroMQ side of transport/).
 #pragma once
 
+#include <torch/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
-
-#include <torch/types.h>
 
 namespace rlhf::transport {
 
@@ -30,7 +30,7 @@ struct CollectiveConfig {
   uint16_t port = 0;               // kTcp: store port (must be set: peers need to know it)
   StoreHost store_host = StoreHost::kRank0;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and wait
-  int cuda_device = 0;             // kNccl: the device this rank's tensors live on
+  int cuda_device = 0;  // kNccl: the device this rank's tensors live on
 };
 
 // Collectives on contiguous tensors of one dtype. Every call blocks until done and throws

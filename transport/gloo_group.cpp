@@ -11,7 +11,8 @@ namespace {
 
 void check_cpu_contiguous(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined() && t.device().is_cpu() && t.is_contiguous(), "gloo ", what,
-              ": needs a defined, contiguous CPU tensor, got ", t.defined() ? t.toString() : "undefined");
+              ": needs a defined, contiguous CPU tensor, got ",
+              t.defined() ? t.toString() : "undefined");
 }
 
 // Gloo in LibTorch 1.13 has no BF16: operations that only move bytes see BF16 tensors as
@@ -21,7 +22,8 @@ torch::Tensor as_movable(const torch::Tensor& t) {
 }
 
 std::string message_of(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e))
+    return error->what_without_backtrace();
   return e.what();
 }
 
@@ -107,6 +109,8 @@ void GlooGroup::broadcast(torch::Tensor& tensor, int root) {
   run("broadcast", [&] { return group_->broadcast(tensors, options); });
 }
 
-void GlooGroup::barrier() { run("barrier", [&] { return group_->barrier(); }); }
+void GlooGroup::barrier() {
+  run("barrier", [&] { return group_->barrier(); });
+}
 
 }  // namespace rlhf::transport

@@ -1,14 +1,14 @@
 // Encoding and validated decoding of transport messages (see message.h for the format).
 #include "transport/message.h"
 
-#include "transport/shm_tensor.h"
+#include <ATen/ATen.h>
 
 #include <cstring>
 #include <memory>
 #include <set>
 #include <utility>
 
-#include <ATen/ATen.h>
+#include "transport/shm_tensor.h"
 
 namespace rlhf {
 namespace {
@@ -20,8 +20,8 @@ struct KindName {
   const char* name;
 };
 constexpr KindName kKinds[] = {
-    {MessageKind::kRequest, "request"},     {MessageKind::kReply, "reply"},
-    {MessageKind::kError, "error"},         {MessageKind::kRegister, "register"},
+    {MessageKind::kRequest, "request"},       {MessageKind::kReply, "reply"},
+    {MessageKind::kError, "error"},           {MessageKind::kRegister, "register"},
     {MessageKind::kRegistered, "registered"}, {MessageKind::kHeartbeat, "heartbeat"},
     {MessageKind::kShutdown, "shutdown"},
 };
@@ -31,9 +31,9 @@ struct DtypeName {
   const char* name;
 };
 constexpr DtypeName kDtypes[] = {
-    {c10::kFloat, "float32"}, {c10::kDouble, "float64"}, {c10::kHalf, "float16"},
-    {c10::kBFloat16, "bfloat16"}, {c10::kChar, "int8"},  {c10::kByte, "uint8"},
-    {c10::kShort, "int16"},   {c10::kInt, "int32"},      {c10::kLong, "int64"},
+    {c10::kFloat, "float32"},     {c10::kDouble, "float64"}, {c10::kHalf, "float16"},
+    {c10::kBFloat16, "bfloat16"}, {c10::kChar, "int8"},      {c10::kByte, "uint8"},
+    {c10::kShort, "int16"},       {c10::kInt, "int32"},      {c10::kLong, "int64"},
     {c10::kBool, "bool"},
 };
 
@@ -44,7 +44,9 @@ MessageKind parse_kind(const std::string& name) {
 }
 
 // ZeroMQ's free callback: drops the reference that kept the tensor's bytes alive.
-void release_tensor(void* /*data*/, void* hint) { delete static_cast<at::Tensor*>(hint); }
+void release_tensor(void* /*data*/, void* hint) {
+  delete static_cast<at::Tensor*>(hint);
+}
 
 zmq::message_t tensor_frame(const at::Tensor& contiguous_cpu) {
   const size_t nbytes = contiguous_cpu.nbytes();
@@ -55,7 +57,8 @@ zmq::message_t tensor_frame(const at::Tensor& contiguous_cpu) {
   return frame;
 }
 
-const nlohmann::json& require(const nlohmann::json& obj, const char* key, const std::string& where) {
+const nlohmann::json& require(const nlohmann::json& obj, const char* key,
+                              const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end()) throw MessageError(where + ": missing \"" + key + "\"");
   return *it;
@@ -64,7 +67,8 @@ const nlohmann::json& require(const nlohmann::json& obj, const char* key, const 
 uint64_t require_unsigned(const nlohmann::json& obj, const char* key, const std::string& where) {
   const auto& v = require(obj, key, where);
   if (!v.is_number_unsigned())
-    throw MessageError(where + ": \"" + key + "\" must be a non-negative integer, found " + v.dump());
+    throw MessageError(where + ": \"" + key + "\" must be a non-negative integer, found " +
+                       v.dump());
   return v.get<uint64_t>();
 }
 
@@ -83,7 +87,8 @@ struct TensorSpec {
 };
 
 // Checks one tensor entry of the header against the limits; never allocates by its sizes.
-TensorSpec parse_tensor_spec(const nlohmann::json& entry, size_t index, const MessageLimits& limits) {
+TensorSpec parse_tensor_spec(const nlohmann::json& entry, size_t index,
+                             const MessageLimits& limits) {
   const std::string where = "header tensors[" + std::to_string(index) + "]";
   if (!entry.is_object()) throw MessageError(where + " must be an object");
   TensorSpec spec;
@@ -130,7 +135,8 @@ at::Tensor tensor_from_frame(zmq::message_t&& frame, const TensorSpec& spec) {
     std::memcpy(copy.data_ptr(), data, spec.nbytes);
     return copy;
   }
-  return at::from_blob(data, spec.shape, [owned](void*) mutable { owned.reset(); }, options);
+  return at::from_blob(
+      data, spec.shape, [owned](void*) mutable { owned.reset(); }, options);
 }
 
 }  // namespace
@@ -174,14 +180,18 @@ Message& Message::add(std::string name, torch::Tensor tensor) {
 Frames encode(const Message& message, const EncodeOptions& options) {
   Frames frames;
   frames.reserve(1 + message.tensors.size());
-  nlohmann::json header = {{"v", kFormatVersion},       {"kind", message_kind_name(message.kind)},
-                           {"op", message.op},          {"id", message.id},
-                           {"step", message.step},      {"args", message.args},
+  nlohmann::json header = {{"v", kFormatVersion},
+                           {"kind", message_kind_name(message.kind)},
+                           {"op", message.op},
+                           {"id", message.id},
+                           {"step", message.step},
+                           {"args", message.args},
                            {"tensors", nlohmann::json::array()}};
   if (!message.error.empty()) header["error"] = message.error;
   std::vector<at::Tensor> ready;
   for (const auto& [name, tensor] : message.tensors) {
-    TORCH_CHECK(tensor.defined(), "message \"", message.op, "\": tensor \"", name, "\" is undefined");
+    TORCH_CHECK(tensor.defined(), "message \"", message.op, "\": tensor \"", name,
+                "\" is undefined");
     at::Tensor t = tensor.device().is_cpu() ? tensor : tensor.cpu();
     t = t.contiguous();
     nlohmann::json entry = {{"name", name},
@@ -232,8 +242,8 @@ Message decode(Frames&& frames, const MessageLimits& limits) {
   const auto& entries = require(header, "tensors", where);
   if (!entries.is_array()) throw MessageError("header: \"tensors\" must be an array");
   if (entries.size() > limits.max_tensors)
-    throw MessageError("header declares " + std::to_string(entries.size()) +
-                       " tensors, limit " + std::to_string(limits.max_tensors));
+    throw MessageError("header declares " + std::to_string(entries.size()) + " tensors, limit " +
+                       std::to_string(limits.max_tensors));
   if (frames.size() != 1 + entries.size())
     throw MessageError("header declares " + std::to_string(entries.size()) + " tensors but " +
                        std::to_string(frames.size() - 1) + " data frames follow");
@@ -256,9 +266,9 @@ Message decode(Frames&& frames, const MessageLimits& limits) {
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& spec = specs[i];
-    m.tensors.push_back({spec.name, spec.shm.empty()
-                                        ? tensor_from_frame(std::move(frames[1 + i]), spec)
-                                        : shm_import(spec.shm, spec.dtype, spec.shape, spec.nbytes)});
+    m.tensors.push_back(
+        {spec.name, spec.shm.empty() ? tensor_from_frame(std::move(frames[1 + i]), spec)
+                                     : shm_import(spec.shm, spec.dtype, spec.shape, spec.nbytes)});
   }
   frames.clear();
   return m;
@@ -268,7 +278,8 @@ uint64_t peek_request_id(const zmq::message_t& header) noexcept {
   try {
     const char* text = static_cast<const char*>(header.data());
     auto j = nlohmann::json::parse(text, text + header.size(), nullptr, false);
-    if (j.is_object() && j.contains("id") && j["id"].is_number_unsigned()) return j["id"].get<uint64_t>();
+    if (j.is_object() && j.contains("id") && j["id"].is_number_unsigned())
+      return j["id"].get<uint64_t>();
   } catch (...) {
   }
   return 0;

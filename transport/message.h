@@ -4,12 +4,12 @@
 // yields tensors that own their frame's memory. No sockets here (see channel.h).
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
-#include <torch/types.h>
 #include <zmq.hpp>
 
 #include "core/errors.h"
@@ -36,12 +36,12 @@ struct NamedTensor {
 
 struct Message {
   MessageKind kind = MessageKind::kRequest;
-  std::string op;      // operation name ("echo", "train_step"), echoed in replies
-  uint64_t id = 0;     // request id; replies and errors carry the request's id
-  int64_t step = 0;    // training step the message belongs to (for logs)
+  std::string op;    // operation name ("echo", "train_step"), echoed in replies
+  uint64_t id = 0;   // request id; replies and errors carry the request's id
+  int64_t step = 0;  // training step the message belongs to (for logs)
   nlohmann::json args = nlohmann::json::object();  // small scalar arguments / results
   std::vector<NamedTensor> tensors;
-  std::string error;   // what went wrong (kError only)
+  std::string error;  // what went wrong (kError only)
 
   // The tensor called `name`; throws InputError naming the operation when absent.
   const torch::Tensor& tensor(const std::string& name) const;
@@ -51,7 +51,7 @@ struct Message {
 
 // Bounds a receiver enforces before it trusts a header.
 struct MessageLimits {
-  size_t max_header_bytes = size_t{1} << 20;     // 1 MiB of JSON
+  size_t max_header_bytes = size_t{1} << 20;  // 1 MiB of JSON
   size_t max_tensors = 4096;
   size_t max_dims = 16;
   uint64_t max_total_bytes = uint64_t{16} << 30;  // 16 GiB of tensor data per message

@@ -30,15 +30,24 @@ void check_nccl(ncclResult_t status, const char* what, int rank) {
 
 ncclDataType_t nccl_dtype(const torch::Tensor& t) {
   switch (t.scalar_type()) {
-    case torch::kFloat: return ncclFloat32;
-    case torch::kDouble: return ncclFloat64;
-    case torch::kHalf: return ncclFloat16;
-    case torch::kBFloat16: return ncclBfloat16;
-    case torch::kInt: return ncclInt32;
-    case torch::kLong: return ncclInt64;
-    case torch::kByte: return ncclUint8;
-    case torch::kChar: return ncclInt8;
-    default: TORCH_CHECK(false, "nccl group: unsupported dtype ", t.scalar_type());
+    case torch::kFloat:
+      return ncclFloat32;
+    case torch::kDouble:
+      return ncclFloat64;
+    case torch::kHalf:
+      return ncclFloat16;
+    case torch::kBFloat16:
+      return ncclBfloat16;
+    case torch::kInt:
+      return ncclInt32;
+    case torch::kLong:
+      return ncclInt64;
+    case torch::kByte:
+      return ncclUint8;
+    case torch::kChar:
+      return ncclInt8;
+    default:
+      TORCH_CHECK(false, "nccl group: unsupported dtype ", t.scalar_type());
   }
 }
 
@@ -80,9 +89,10 @@ class NcclGroup final : public CollectiveGroup {
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
     check_cuda_contiguous(tensor, "all_reduce");
-    check_nccl(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor),
-                             op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream()),
-               "ncclAllReduce", rank_);
+    check_nccl(
+        ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor),
+                      op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream()),
+        "ncclAllReduce", rank_);
     wait();
   }
 
@@ -110,8 +120,8 @@ class NcclGroup final : public CollectiveGroup {
 
   void broadcast(torch::Tensor& tensor, int root) override {
     check_cuda_contiguous(tensor, "broadcast");
-    check_nccl(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor),
-                             root, comm_, stream()),
+    check_nccl(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                             nccl_dtype(tensor), root, comm_, stream()),
                "ncclBroadcast", rank_);
     wait();
   }

@@ -1,6 +1,7 @@
 // POSIX shm_open/mmap behind the shared-memory tensor path.
 #include "transport/shm_tensor.h"
 
+#include <ATen/ATen.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,14 +12,14 @@
 #include <cerrno>
 #include <cstring>
 
-#include <ATen/ATen.h>
-
 #include "transport/message.h"
 
 namespace rlhf {
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 // Closes a descriptor on every path.
 struct Fd {
@@ -50,7 +51,8 @@ std::string shm_export(const torch::Tensor& t) {
     throw RuntimeError("ftruncate(" + name + ", " + std::to_string(nbytes) + ") failed: " + why);
   }
   if (nbytes > 0) {
-    void* map = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
+    void* map =
+        ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
     if (map == MAP_FAILED) {
       const std::string why = errno_text();
       ::shm_unlink(name.c_str());
@@ -62,8 +64,8 @@ std::string shm_export(const torch::Tensor& t) {
   return name;
 }
 
-torch::Tensor shm_import(const std::string& name, c10::ScalarType dtype, const std::vector<int64_t>& shape,
-                         uint64_t nbytes) {
+torch::Tensor shm_import(const std::string& name, c10::ScalarType dtype,
+                         const std::vector<int64_t>& shape, uint64_t nbytes) {
   if (!is_shm_name(name)) throw MessageError("bad shared-memory segment name \"" + name + "\"");
   Fd fd{::shm_open(name.c_str(), O_RDWR, 0)};
   if (fd.fd < 0) throw MessageError("shared-memory segment " + name + ": " + errno_text());
@@ -77,7 +79,8 @@ torch::Tensor shm_import(const std::string& name, c10::ScalarType dtype, const s
   if (nbytes == 0) return at::empty(shape, options);
   void* map = ::mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.fd, 0);
   if (map == MAP_FAILED) throw MessageError("mmap(" + name + ") failed: " + errno_text());
-  return at::from_blob(map, shape, [nbytes](void* p) { ::munmap(p, nbytes); }, options);
+  return at::from_blob(
+      map, shape, [nbytes](void* p) { ::munmap(p, nbytes); }, options);
 }
 
 }  // namespace rlhf

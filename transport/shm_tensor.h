@@ -5,11 +5,11 @@
 // in /dev/shm until reboot (names start with /rlhf- so they can be found).
 #pragma once
 
+#include <torch/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 namespace rlhf {
 
@@ -20,8 +20,8 @@ std::string shm_export(const torch::Tensor& contiguous_cpu);
 // Maps segment `name` (which must look like shm_export's names and hold exactly `nbytes`),
 // unlinks it, and returns a tensor over the mapping. Throws MessageError on a bad name or
 // size, or when the segment cannot be opened.
-torch::Tensor shm_import(const std::string& name, c10::ScalarType dtype, const std::vector<int64_t>& shape,
-                         uint64_t nbytes);
+torch::Tensor shm_import(const std::string& name, c10::ScalarType dtype,
+                         const std::vector<int64_t>& shape, uint64_t nbytes);
 
 // Whether `name` has the form shm_export produces (checked before any system call).
 bool is_shm_name(const std::string& name);

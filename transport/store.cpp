@@ -15,12 +15,14 @@ c10::intrusive_ptr<c10d::Store> open_store(const CollectiveConfig& config) {
   }
   try {
     if (config.store == StoreKind::kFile) {
-      if (config.store_path.empty()) throw InputError("collective group: file store needs store_path");
+      if (config.store_path.empty())
+        throw InputError("collective group: file store needs store_path");
       auto store = c10::make_intrusive<c10d::FileStore>(config.store_path, config.size);
       store->setTimeout(config.timeout);
       return store;
     }
-    if (config.port == 0) throw InputError("collective group: tcp store needs a port (" + who + ")");
+    if (config.port == 0)
+      throw InputError("collective group: tcp store needs a port (" + who + ")");
     c10d::TCPStoreOptions options;
     options.port = config.port;
     options.isServer = config.store_host == StoreHost::kRank0 && config.rank == 0;
@@ -32,9 +34,9 @@ c10::intrusive_ptr<c10d::Store> open_store(const CollectiveConfig& config) {
     throw;
   } catch (const std::exception& e) {
     throw RuntimeError("collective group: " + who + ": cannot open the " +
-                       (config.store == StoreKind::kFile ? "file store " + config.store_path
-                                                         : "tcp store " + config.host + ":" +
-                                                               std::to_string(config.port)) +
+                       (config.store == StoreKind::kFile
+                            ? "file store " + config.store_path
+                            : "tcp store " + config.host + ":" + std::to_string(config.port)) +
                        ": " + e.what());
   }
 }

@@ -2,9 +2,8 @@
 // the token, answers malformed frames (bad JSON, truncated, wrong sizes, huge declared
 // sizes, wrong frame counts) with error replies and keeps serving, and exits by itself when
 // the scheduler falls silent.
-#include <gtest/gtest.h>
-
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include "actors/operation_registry.h"
 #include "scheduler/worker_process.h"
@@ -17,7 +16,9 @@ namespace {
 using namespace std::chrono_literals;
 using testing::poll_until;
 
-zmq::message_t frame(const std::string& s) { return zmq::message_t(s.data(), s.size()); }
+zmq::message_t frame(const std::string& s) {
+  return zmq::message_t(s.data(), s.size());
+}
 
 // The test's side of the job: a ROUTER that the worker registers with.
 class FakeScheduler {
@@ -30,7 +31,8 @@ class FakeScheduler {
     worker_ = std::make_unique<WorkerProcess>(
         placement, RLHF_CLI_PATH, std::vector<std::string>{"worker"},
         std::vector<std::pair<std::string, std::string>>{
-            {kEnvScheduler, endpoint}, {kEnvToken, offered_token.empty() ? token : offered_token},
+            {kEnvScheduler, endpoint},
+            {kEnvToken, offered_token.empty() ? token : offered_token},
             {kEnvRunDir, dir_}},
         dir_ + "/actor-1.log");
     auto frames = router_.recv(30000ms);
@@ -96,23 +98,32 @@ TEST(Worker, MalformedFramesGetErrorRepliesAndServingContinues) {
   struct Case {
     const char* what;
     Frames frames;
-    uint64_t id;          // the id the error reply must carry
-    const char* reason;   // in the error text
+    uint64_t id;         // the id the error reply must carry
+    const char* reason;  // in the error text
   };
   std::vector<Case> cases;
   Frames bad_json;
   bad_json.push_back(frame("{\"v\":1,\"kind\":\"request\",\"op\":"));
   cases.push_back({"bad JSON", std::move(bad_json), 0, "header is not valid JSON"});
-  cases.push_back({"truncated", with_tensor(11, R"({"name":"x","dtype":"float32","shape":[8],"nbytes":32})", {20}), 11,
-                   "frame has 20 bytes, header declares 32"});
-  cases.push_back({"wrong nbytes", with_tensor(12, R"({"name":"x","dtype":"int64","shape":[2,2],"nbytes":16})", {16}),
-                   12, "needs 32"});
-  cases.push_back({"huge", with_tensor(13, R"({"name":"x","dtype":"float32","shape":[1048576,1048576,16],"nbytes":4})", {4}),
-                   13, "exceeds the size limit"});
-  cases.push_back({"missing frame", with_tensor(14, R"({"name":"x","dtype":"uint8","shape":[3],"nbytes":3})", {}), 14,
-                   "declares 1 tensors but 0 data frames"});
-  cases.push_back({"bad dtype", with_tensor(15, R"({"name":"x","dtype":"qint8","shape":[3],"nbytes":3})", {3}), 15,
-                   "unknown dtype"});
+  cases.push_back(
+      {"truncated",
+       with_tensor(11, R"({"name":"x","dtype":"float32","shape":[8],"nbytes":32})", {20}), 11,
+       "frame has 20 bytes, header declares 32"});
+  cases.push_back(
+      {"wrong nbytes",
+       with_tensor(12, R"({"name":"x","dtype":"int64","shape":[2,2],"nbytes":16})", {16}), 12,
+       "needs 32"});
+  cases.push_back(
+      {"huge",
+       with_tensor(13, R"({"name":"x","dtype":"float32","shape":[1048576,1048576,16],"nbytes":4})",
+                   {4}),
+       13, "exceeds the size limit"});
+  cases.push_back({"missing frame",
+                   with_tensor(14, R"({"name":"x","dtype":"uint8","shape":[3],"nbytes":3})", {}),
+                   14, "declares 1 tensors but 0 data frames"});
+  cases.push_back({"bad dtype",
+                   with_tensor(15, R"({"name":"x","dtype":"qint8","shape":[3],"nbytes":3})", {3}),
+                   15, "unknown dtype"});
   Frames empty_header(1);  // a lone empty frame: not a stop signal, just a bad message
   cases.push_back({"empty header", std::move(empty_header), 0, "header is not valid JSON"});
   for (auto& c : cases) {
@@ -150,8 +161,10 @@ TEST(Worker, ExitsWhenTheSchedulerFallsSilent) {
   std::optional<int> status;
   ASSERT_TRUE(poll_until([&] { return (status = s.worker().poll_exit()).has_value(); }, 10s));
   EXPECT_EQ(describe_wait_status(*status), "exit code 1");
-  EXPECT_NE(testing::read_file(s.worker().log_path()).find("no message from the scheduler for 500 ms"),
-            std::string::npos) << testing::read_file(s.worker().log_path());
+  EXPECT_NE(
+      testing::read_file(s.worker().log_path()).find("no message from the scheduler for 500 ms"),
+      std::string::npos)
+      << testing::read_file(s.worker().log_path());
 }
 
 TEST(Worker, RefusedRegistrationExits) {
@@ -159,7 +172,8 @@ TEST(Worker, RefusedRegistrationExits) {
   std::optional<int> status;
   ASSERT_TRUE(poll_until([&] { return (status = s.worker().poll_exit()).has_value(); }, 10s));
   EXPECT_EQ(describe_wait_status(*status), "exit code 1");
-  EXPECT_NE(testing::read_file(s.worker().log_path()).find("wrong or missing job token"), std::string::npos);
+  EXPECT_NE(testing::read_file(s.worker().log_path()).find("wrong or missing job token"),
+            std::string::npos);
 }
 
 TEST(OperationRegistry, FindsAndRefusesDuplicates) {
@@ -167,7 +181,8 @@ TEST(OperationRegistry, FindsAndRefusesDuplicates) {
   r.add("x", [](const Message&, const WorkerIdentity&) { return Message{}; });
   EXPECT_NE(r.find("x"), nullptr);
   EXPECT_EQ(r.find("y"), nullptr);
-  EXPECT_THROW(r.add("x", [](const Message&, const WorkerIdentity&) { return Message{}; }), std::logic_error);
+  EXPECT_THROW(r.add("x", [](const Message&, const WorkerIdentity&) { return Message{}; }),
+               std::logic_error);
 }
 
 }  // namespace

@@ -2,12 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
-#include "tests/support/run_cli.h"
 #include "test_paths.h"
+#include "tests/support/run_cli.h"
 
 namespace rlhf::test {
 namespace {
@@ -19,7 +18,8 @@ bool contains(const std::string& text, const std::string& part) {
 TEST(Cli, HelpListsCommandsAndExitCodes) {
   CliResult r = run_cli({"--help"});
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* word : {"validate", "plan", "spec", "exit codes: 0 success, 1 runtime failure, 2 bad input"})
+  for (const char* word :
+       {"validate", "plan", "spec", "exit codes: 0 success, 1 runtime failure, 2 bad input"})
     EXPECT_TRUE(contains(r.out, word)) << word << "\n" << r.out;
 }
 
@@ -48,7 +48,8 @@ TEST(Cli, ExamplesValidate) {
 }
 
 TEST(Cli, ValidateReportsEveryProblemAndExits2) {
-  std::string spec = write_temp("bad.json", R"({"train": {"batch_size": 0}, "rollout": {"n_sample_per_prompt": 2}})");
+  std::string spec = write_temp(
+      "bad.json", R"({"train": {"batch_size": 0}, "rollout": {"n_sample_per_prompt": 2}})");
   CliResult r = run_cli({"validate", spec});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(contains(r.err, spec + ": ")) << r.err;
@@ -65,19 +66,23 @@ TEST(Cli, MalformedJsonNamesLine) {
 }
 
 TEST(Cli, SetOverridesAreAppliedAndChecked) {
-  CliResult ok = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=2",
-                          "--set=train.batch_size=16", "--print"});
+  CliResult ok =
+      run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=2",
+               "--set=train.batch_size=16", "--print"});
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   auto resolved = nlohmann::json::parse(ok.out);
   EXPECT_EQ(resolved["rollout"]["n_samples_per_prompt"], 2);
   EXPECT_EQ(resolved["train"]["batch_size"], 16);
 
   // 16 prompts x 3 samples = 48 is not a multiple of the example's train batch of 32.
-  CliResult bad = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=3"});
+  CliResult bad =
+      run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=3"});
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_TRUE(contains(bad.err, "48 samples is not a multiple of train.batch_size (32)")) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "48 samples is not a multiple of train.batch_size (32)"))
+      << bad.err;
 
-  CliResult typo = run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.temprature=0.5"});
+  CliResult typo =
+      run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.temprature=0.5"});
   EXPECT_EQ(typo.exit_code, 2);
   EXPECT_TRUE(contains(typo.err, "did you mean rollout.temperature?")) << typo.err;
 }

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tests/support/run_cli.h"
 #include "test_paths.h"
 #include "tests/support/processes.h"
+#include "tests/support/run_cli.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Placement: workers per device, ranks, nodes, colocation, automatic devices, environment.
-#include <gtest/gtest.h>
-
 #include "core/placement.h"
+
+#include <gtest/gtest.h>
 
 namespace rlhf {
 namespace {
@@ -10,8 +10,10 @@ using nlohmann::json;
 
 JobSpec spec_of(const std::string& patch) {
   json doc = json::parse(R"({
-    "cluster": {"nodes": [{"name": "a", "host": "10.0.0.1", "kind": "cuda", "devices": 4, "memory_gb": 80},
-                          {"name": "b", "host": "10.0.0.2", "kind": "cuda", "devices": 4, "memory_gb": 80}]},
+    "cluster": {"nodes": [{"name": "a", "host": "10.0.0.1", "kind": "cuda", "devices": 4,
+        "memory_gb": 80},
+                          {"name": "b", "host": "10.0.0.2", "kind": "cuda", "devices": 4,
+                              "memory_gb": 80}]},
     "actor": {"model": "m", "devices": {"a": [0, 1], "b": [0, 1]}},
     "critic": {"model": "c", "devices": {"a": [2]}},
     "reward": {"model": "r", "devices": {"a": [3]}},
@@ -59,7 +61,8 @@ TEST(Placement, EnvironmentPerWorker) {
 }
 
 TEST(Placement, CpuSlotsGetNoCudaVisibleDevices) {
-  Placement p = place(spec_of(R"({"cluster": {"nodes": [{"name": "a", "devices": 8}, {"name": "b", "devices": 8}]}})"));
+  Placement p = place(spec_of(
+      R"({"cluster": {"nodes": [{"name": "a", "devices": 8}, {"name": "b", "devices": 8}]}})"));
   for (const auto& w : p.workers) {
     EXPECT_EQ(w.env.count("CUDA_VISIBLE_DEVICES"), 0u) << w.label();
     EXPECT_EQ(w.torch_device(), "cpu");
@@ -84,7 +87,8 @@ TEST(Placement, AutomaticDevicesTakeFreeSlotsInRoleOrder) {
   JobSpec s = JobSpec::parse(R"({"actor": {"model": "m"}, "reward": {"rule": "letters"},
       "algo": {"advantage": {"estimator": "reinforce"}},
       "rollout": {"batch_size": 16}, "train": {"batch_size": 16},
-      "data": {"prompt_dataset": "synthetic:x"}})", "job.json");
+      "data": {"prompt_dataset": "synthetic:x"}})",
+                             "job.json");
   Placement p = place(s);
   ASSERT_EQ(p.workers.size(), 3u);  // actor, ref, rollout
   EXPECT_EQ(p.group(Role::kActor)[0].device_id, 0);
@@ -96,8 +100,10 @@ TEST(Placement, AutomaticDevicesTakeFreeSlotsInRoleOrder) {
 
 TEST(Placement, ExplicitDevicesAreReservedBeforeAutomaticOnes) {
   JobSpec s = JobSpec::parse(R"({"actor": {"model": "m"}, "reward": {"rule": "letters"},
-      "algo": {"advantage": {"estimator": "reinforce"}}, "rollout": {"devices": [0], "batch_size": 16},
-      "train": {"batch_size": 16}, "data": {"prompt_dataset": "synthetic:x"}})", "job.json");
+      "algo": {"advantage": {"estimator": "reinforce"}}, "rollout": {"devices": [0],
+          "batch_size": 16},
+      "train": {"batch_size": 16}, "data": {"prompt_dataset": "synthetic:x"}})",
+                             "job.json");
   Placement p = place(s);
   EXPECT_EQ(p.group(Role::kRollout)[0].device_id, 0);
   EXPECT_EQ(p.group(Role::kActor)[0].device_id, 1);

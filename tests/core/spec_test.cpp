@@ -1,5 +1,7 @@
 // Job-spec validation: a table of bad specs, each with the message a user must see, plus
 // defaults, overrides, round trips and the generated reference.
+#include "core/spec.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 #include <sstream>
 
 #include "core/run_dir.h"
-#include "core/spec.h"
 #include "core/spec_schema.h"
 #include "test_paths.h"
 
@@ -45,8 +46,8 @@ std::vector<SpecProblem> problems_of(const std::string& text,
 
 struct BadCase {
   const char* name;
-  std::string patch;  // JSON merge patch on base_spec(), or raw text when `raw` is set
-  std::string path;   // the JSON path the problem must name
+  std::string patch;     // JSON merge patch on base_spec(), or raw text when `raw` is set
+  std::string path;      // the JSON path the problem must name
   std::string fragment;  // what the message must say
   bool raw = false;
   std::vector<std::string> overrides = {};
@@ -95,31 +96,45 @@ const std::vector<BadCase>& bad_cases() {
        "device 0 is listed twice"},
       {"no_free_device", R"({"ref": {"devices": []}, "reward": {"devices": [3, 4]}})",
        "ref.devices", "no free device left for ref"},
-      {"colocate_unused_role", R"({"actor": {"colocate_with": "critic"}, "algo": {"advantage": {"estimator": "reinforce"}}})",
+      {"colocate_unused_role",
+       R"({"actor": {"colocate_with": "critic"},
+           "algo": {"advantage": {"estimator": "reinforce"}}})",
        "actor.colocate_with", "\"critic\" is not used by this job"},
       {"colocate_self", R"({"ref": {"colocate_with": "ref"}})", "ref.colocate_with",
        "cannot colocate with itself"},
       {"colocate_outside_target", R"({"rollout": {"colocate_with": "actor", "devices": [5]}})",
        "rollout.devices", "is not one of actor's devices"},
-      {"node_missing_devices", R"({"cluster": {"nodes": [{"name": "a", "kind": "cpu", "memory_gb": 4}]}})",
-       "cluster.nodes", "cluster.nodes[0].devices: expected an integer >= 1"},
-      {"node_unknown_field", R"({"cluster": {"nodes": [{"name": "local", "devices": 6, "gpus": 8}]}})",
-       "cluster.nodes", "cluster.nodes[0].gpus: unknown node field"},
-      {"cuda_node_without_memory", R"({"cluster": {"nodes": [{"name": "local", "kind": "cuda", "devices": 6}]}})",
+      {"node_missing_devices",
+       R"({"cluster": {"nodes": [{"name": "a", "kind": "cpu", "memory_gb": 4}]}})", "cluster.nodes",
+       "cluster.nodes[0].devices: expected an integer >= 1"},
+      {"node_unknown_field",
+       R"({"cluster": {"nodes": [{"name": "local", "devices": 6, "gpus": 8}]}})", "cluster.nodes",
+       "cluster.nodes[0].gpus: unknown node field"},
+      {"cuda_node_without_memory",
+       R"({"cluster": {"nodes": [{"name": "local", "kind": "cuda", "devices": 6}]}})",
        "cluster.nodes", "memory per GPU in GiB"},
-      {"duplicate_node_name", R"({"cluster": {"nodes": [{"name": "a", "devices": 6}, {"name": "a", "devices": 2}]}, "actor": {"devices": {"a": [0, 1]}}})",
+      {"duplicate_node_name",
+       R"({"cluster": {"nodes": [{"name": "a", "devices": 6}, {"name": "a", "devices": 2}]},
+           "actor": {"devices": {"a": [0, 1]}}})",
        "cluster.nodes", "is already the name of cluster.nodes[0]"},
-      {"train_batch_not_divisible", R"({"train": {"batch_size": 6, "micro_batch_size": 2}, "rollout": {"batch_size": 6}})",
-       "train.batch_size", "6 is not divisible by train.micro_batch_size (2) x actor group size (2) = 4"},
+      {"train_batch_not_divisible",
+       R"({"train": {"batch_size": 6, "micro_batch_size": 2}, "rollout": {"batch_size": 6}})",
+       "train.batch_size",
+       "6 is not divisible by train.micro_batch_size (2) x actor group size (2) = 4"},
       {"rollout_not_multiple_of_train", R"({"rollout": {"batch_size": 6}})", "rollout.batch_size",
-       "6 prompts x rollout.n_samples_per_prompt (2) = 12 samples is not a multiple of train.batch_size (8)"},
-      {"micro_larger_than_batch", R"({"train": {"micro_batch_size": 16}})", "train.micro_batch_size",
-       "larger than train.batch_size (8)"},
-      {"group_estimator_needs_samples", R"({"algo": {"advantage": {"estimator": "grpo"}}, "rollout": {"n_samples_per_prompt": 1, "batch_size": 8}, "critic": null})",
+       "6 prompts x rollout.n_samples_per_prompt (2) = 12 samples is not a multiple of "
+       "train.batch_size (8)"},
+      {"micro_larger_than_batch", R"({"train": {"micro_batch_size": 16}})",
+       "train.micro_batch_size", "larger than train.batch_size (8)"},
+      {"group_estimator_needs_samples",
+       R"({"algo": {"advantage": {"estimator": "grpo"}}, "rollout": {"n_samples_per_prompt": 1,
+           "batch_size": 8}, "critic": null})",
        "rollout.n_samples_per_prompt", "the grpo estimator compares samples of the same prompt"},
       {"lengths_inconsistent", R"({"data": {"prompt_max_len": 30}})", "data.max_len",
        "32 is shorter than data.prompt_max_len (30) + rollout.max_new_tokens (16) = 46"},
-      {"dpo_prompt_fills_max_len", R"({"kind": "dpo", "data": {"dataset": "d.jsonl", "prompt_max_len": 32}, "critic": null, "reward": null, "rollout": {"devices": []}})",
+      {"dpo_prompt_fills_max_len",
+       R"({"kind": "dpo", "data": {"dataset": "d.jsonl", "prompt_max_len": 32}, "critic": null,
+           "reward": null, "rollout": {"devices": []}})",
        "data.prompt_max_len", "leaves no room for a response"},
       {"missing_actor_model", R"({"actor": {"model": ""}})", "actor.model",
        "required for a ppo job"},
@@ -134,19 +149,32 @@ const std::vector<BadCase>& bad_cases() {
        "expected -1 (only at the end)"},
       {"clip_range_order", R"({"reward": {"clip_range": [5, -5]}})", "reward.clip_range",
        "low < high"},
-      {"set_unknown_key", "{}", "rollout.n_sample", "--set: unknown key", false,
+      {"set_unknown_key",
+       "{}",
+       "rollout.n_sample",
+       "--set: unknown key",
+       false,
        {"rollout.n_sample=4"}},
-      {"set_bad_value", "{}", "rollout.n_samples_per_prompt",
-       "--set rollout.n_samples_per_prompt=four: expected an integer", false,
+      {"set_bad_value",
+       "{}",
+       "rollout.n_samples_per_prompt",
+       "--set rollout.n_samples_per_prompt=four: expected an integer",
+       false,
        {"rollout.n_samples_per_prompt=four"}},
-      {"set_without_equals", "{}", "", "--set rollout.batch_size: expected PATH=VALUE", false,
+      {"set_without_equals",
+       "{}",
+       "",
+       "--set rollout.batch_size: expected PATH=VALUE",
+       false,
        {"rollout.batch_size"}},
   };
   return kCases;
 }
 
 // Shown by GoogleTest (and ctest) instead of the struct's bytes.
-void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const BadCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class BadSpec : public testing::TestWithParam<BadCase> {};
 
@@ -172,9 +200,13 @@ TEST_P(BadSpec, ReportsPathAndMessage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, BadSpec, testing::ValuesIn(bad_cases()),
-                         [](const testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+                         [](const testing::TestParamInfo<BadCase>& info) {
+                           return info.param.name;
+                         });
 
-TEST(Spec, BaseSpecIsValid) { EXPECT_TRUE(problems_of(base_spec().dump()).empty()); }
+TEST(Spec, BaseSpecIsValid) {
+  EXPECT_TRUE(problems_of(base_spec().dump()).empty());
+}
 
 TEST(Spec, ReportsEveryProblemAtOnce) {
   json doc = base_spec();
@@ -215,10 +247,10 @@ TEST(Spec, DefaultsFilledAndModelsInherited) {
 }
 
 TEST(Spec, OverridesAreTypedAndWin) {
-  JobSpec s = JobSpec::parse(base_spec().dump(), "job.json",
-                             {"rollout.n_samples_per_prompt=4", "actor.adam.lr=1e-5",
-                              "actor.gradient_checkpointing=false", "algo.kl.estimator=k3",
-                              "actor.adam.betas=0.8,0.9", "ref.devices=[4]"});
+  JobSpec s = JobSpec::parse(
+      base_spec().dump(), "job.json",
+      {"rollout.n_samples_per_prompt=4", "actor.adam.lr=1e-5", "actor.gradient_checkpointing=false",
+       "algo.kl.estimator=k3", "actor.adam.betas=0.8,0.9", "ref.devices=[4]"});
   EXPECT_EQ(s.get_int("rollout.n_samples_per_prompt"), 4);
   EXPECT_DOUBLE_EQ(s.get_float("actor.adam.lr"), 1e-5);
   EXPECT_FALSE(s.get_bool("actor.gradient_checkpointing"));
@@ -228,14 +260,15 @@ TEST(Spec, OverridesAreTypedAndWin) {
 
 TEST(Spec, OverrideCanCreateARuleViolation) {
   // 8 prompts x 3 samples = 24 is not a multiple of train.batch_size 16.
-  auto problems = problems_of(base_spec().dump(),
-                              {"rollout.n_samples_per_prompt=3", "train.batch_size=16"});
+  auto problems =
+      problems_of(base_spec().dump(), {"rollout.n_samples_per_prompt=3", "train.batch_size=16"});
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_EQ(problems[0].path, "rollout.batch_size");
 }
 
 TEST(Spec, RoundTripIsUnchanged) {
-  for (const char* example : {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "ppo_8gpu.json"}) {
+  for (const char* example :
+       {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "ppo_8gpu.json"}) {
     JobSpec first = JobSpec::load(std::string(RLHF_SOURCE_DIR) + "/examples/" + example);
     JobSpec second = JobSpec::parse(first.json().dump(2), "printed");
     EXPECT_EQ(first.json(), second.json()) << example;
@@ -249,7 +282,8 @@ TEST(Spec, UsedRolesFollowKindAndAlgorithm) {
     json doc = base_spec();
     doc.merge_patch(json::parse(patch));
     std::vector<std::string> names;
-    for (Role r : JobSpec::parse(doc.dump(), "job.json").used_roles()) names.push_back(role_name(r));
+    for (Role r : JobSpec::parse(doc.dump(), "job.json").used_roles())
+      names.push_back(role_name(r));
     return names;
   };
   using V = std::vector<std::string>;
@@ -259,14 +293,16 @@ TEST(Spec, UsedRolesFollowKindAndAlgorithm) {
   EXPECT_EQ(roles(R"({"reward": {"rule": "letters"}, "algo": {"kl": {"init_coef": 0}}})"),
             (V{"actor", "critic", "rollout"}));
   EXPECT_EQ(roles(R"({"kind": "dpo", "data": {"dataset": "d"}})"), (V{"actor", "ref"}));
-  EXPECT_EQ(roles(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "simpo"}}})"),
-            (V{"actor"}));
+  EXPECT_EQ(
+      roles(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "simpo"}}})"),
+      (V{"actor"}));
   EXPECT_EQ(roles(R"({"kind": "rm", "data": {"dataset": "d"}})"), (V{"reward"}));
 }
 
 TEST(Spec, SimpoWarnsThatReferenceIsUnused) {
   json doc = base_spec();
-  doc.merge_patch(json::parse(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "simpo"}}})"));
+  doc.merge_patch(json::parse(
+      R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "simpo"}}})"));
   JobSpec s = JobSpec::parse(doc.dump(), "job.json");
   bool warned = false;
   for (const auto& w : s.warnings())
@@ -293,9 +329,9 @@ TEST(Spec, LengthsBeyondTheModelsPositionsAreNamed) {
       << problems[0].message;
   EXPECT_NE(problems[0].message.find("max_position_embeddings 24"), std::string::npos);
   // 16 + 8 = 24 fits exactly.
-  EXPECT_TRUE(lengths_beyond_models(
-                  JobSpec::parse(spec.dump(), "job.json", {"rollout.max_new_tokens=8"}))
-                  .empty());
+  EXPECT_TRUE(
+      lengths_beyond_models(JobSpec::parse(spec.dump(), "job.json", {"rollout.max_new_tokens=8"}))
+          .empty());
   // Linear RoPE scaling by 2 doubles the limit to 48.
   std::ofstream(dir / "config.json")
       << R"({"max_position_embeddings": 24, "rope_scaling": {"type": "linear", "factor": 2.0}})";
@@ -313,8 +349,8 @@ TEST(RunDir, FreshRunSetsAsideTheEarlierRunsOutputs) {
   namespace fs = std::filesystem;
   const fs::path parent = fs::path(RLHF_BINARY_DIR) / "tests/core/run_dirs";
   fs::remove_all(parent);
-  const JobSpec spec =
-      JobSpec::parse(base_spec().dump(), "job.json", {"logger.run_dir=" + parent.string(), "name=job"});
+  const JobSpec spec = JobSpec::parse(base_spec().dump(), "job.json",
+                                      {"logger.run_dir=" + parent.string(), "name=job"});
   EXPECT_EQ(run_directory(spec), (parent / "job").string());
   EXPECT_EQ(checkpoint_directory(spec), (parent / "job/ckpt").string());
   EXPECT_FALSE(set_aside_previous_run(spec).has_value()) << "nothing to keep yet";
@@ -337,9 +373,9 @@ TEST(RunDir, FreshRunSetsAsideTheEarlierRunsOutputs) {
   fs::create_directories(run / "export/actor");
   const fs::path outside = parent / "shared-ckpt";
   fs::create_directories(outside / "actor");
-  const JobSpec custom = JobSpec::parse(base_spec().dump(), "job.json",
-                                        {"logger.run_dir=" + parent.string(), "name=job",
-                                         "ckpt.path=" + outside.string()});
+  const JobSpec custom = JobSpec::parse(
+      base_spec().dump(), "job.json",
+      {"logger.run_dir=" + parent.string(), "name=job", "ckpt.path=" + outside.string()});
   EXPECT_EQ(set_aside_previous_run(custom).value_or(""), (run / "previous-3").string());
   EXPECT_TRUE(fs::exists(run / "previous-3/export/actor"));
   EXPECT_TRUE(fs::exists(parent / "shared-ckpt-previous-3/actor"));
@@ -363,8 +399,8 @@ TEST(SpecSchema, CommittedReferenceMatchesTheTable) {
   ASSERT_TRUE(in) << "docs/job-spec.md missing";
   std::stringstream buf;
   buf << in.rdbuf();
-  EXPECT_EQ(buf.str(), spec_markdown())
-      << "docs/job-spec.md is stale: regenerate with build/cli/rlhf spec --markdown > docs/job-spec.md";
+  EXPECT_EQ(buf.str(), spec_markdown()) << "docs/job-spec.md is stale: regenerate with "
+                                           "build/cli/rlhf spec --markdown > docs/job-spec.md";
 }
 
 }  // namespace

@@ -6,9 +6,14 @@ namespace rlhf {
 namespace {
 
 TEST(Text, EditDistanceTable) {
-  struct Case { const char* a; const char* b; size_t d; };
-  const Case cases[] = {{"", "", 0}, {"abc", "abc", 0}, {"abc", "abd", 1}, {"kitten", "sitting", 3},
-                        {"", "xyz", 3}, {"batch_size", "bach_size", 1}};
+  struct Case {
+    const char* a;
+    const char* b;
+    size_t d;
+  };
+  const Case cases[] = {{"", "", 0},       {"abc", "abc", 0},
+                        {"abc", "abd", 1}, {"kitten", "sitting", 3},
+                        {"", "xyz", 3},    {"batch_size", "bach_size", 1}};
   for (const auto& c : cases) EXPECT_EQ(edit_distance(c.a, c.b), c.d) << c.a << " vs " << c.b;
 }
 

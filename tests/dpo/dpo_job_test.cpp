@@ -27,7 +27,9 @@ using Result = test::CliResult;
 using test::slurp;
 
 // `rlhf ARGS` (from the source directory, killed after 300 s).
-Result rlhf(const std::vector<std::string>& args) { return test::run_cli(args); }
+Result rlhf(const std::vector<std::string>& args) {
+  return test::run_cli(args);
+}
 
 // metrics.jsonl split into step records and held-out records ("split": "eval").
 struct Metrics {
@@ -142,8 +144,8 @@ TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
     a.insert(a.end(), data.begin(), data.end());
     return a;
   };
-  ASSERT_EQ(run("examples/dpo_tiny.json", "straight", with({"--set", "train.max_steps=3"})).exit_code,
-            0);
+  ASSERT_EQ(
+      run("examples/dpo_tiny.json", "straight", with({"--set", "train.max_steps=3"})).exit_code, 0);
   Result first = run("examples/dpo_tiny.json", "resumed",
                      with({"--set", "train.max_steps=2", "--set", "ckpt.save_steps=1"}));
   ASSERT_EQ(first.exit_code, 0) << first.err;

@@ -1,5 +1,7 @@
 // Offline datasets: JSONL preference and SFT rows with line-numbered errors, the skip
 // policy, synthetic datasets, and truncation that keeps the prompt.
+#include "dpo/preference_dataset.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -7,13 +9,13 @@
 #include <fstream>
 
 #include "core/errors.h"
-#include "dpo/preference_dataset.h"
 
 namespace rlhf::dpo {
 namespace {
 
 std::string temp_file(const std::string& name, const std::string& text) {
-  auto dir = std::filesystem::temp_directory_path() / ("rlhf-dpo-test-" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("rlhf-dpo-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::string path = (dir / name).string();
   std::ofstream(path) << text;
@@ -36,13 +38,16 @@ TEST(PreferenceDataset, ReadsConfiguredKeys) {
 
 TEST(PreferenceDataset, BadLineFatalNamesFileLineAndKey) {
   OfflineDataConfig c;
-  c.source = temp_file("bad.jsonl", "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n"
-                                    "{\"prompt\": \"p\", \"chosen\": \"a\"}\n");
+  c.source = temp_file("bad.jsonl",
+                       "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n"
+                       "{\"prompt\": \"p\", \"chosen\": \"a\"}\n");
   try {
     load_preferences(c);
     FAIL() << "accepted";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find(c.source + ":2: missing key \"rejected\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(c.source + ":2: missing key \"rejected\""),
+              std::string::npos)
+        << e.what();
   }
   c.bad_lines = BadLinePolicy::kSkip;
   auto ds = load_preferences(c);
@@ -52,8 +57,10 @@ TEST(PreferenceDataset, BadLineFatalNamesFileLineAndKey) {
 
 TEST(PreferenceDataset, MarginKeyIsReadAndCheckedPerLine) {
   OfflineDataConfig c;
-  c.source = temp_file("m.jsonl", "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"m\": 0.75}\n"
-                                  "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"m\": \"x\"}\n");
+  c.source =
+      temp_file("m.jsonl",
+                "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"m\": 0.75}\n"
+                "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\", \"m\": \"x\"}\n");
   c.margin_key = "m";
   c.bad_lines = BadLinePolicy::kSkip;
   auto ds = load_preferences(c);

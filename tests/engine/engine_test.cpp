@@ -23,7 +23,8 @@ using namespace rlhf::engine;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("rlhf_engine_unit_" + name + "_" + std::to_string(::getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / ("rlhf_engine_unit_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -35,12 +36,14 @@ std::unique_ptr<rlhf::transport::CollectiveGroup> solo_group(const fs::path& dir
   return rlhf::transport::make_collective_group(config);
 }
 
-std::vector<double> train(Trainer& trainer, rlhf::models::CausalLM& model, int64_t steps, int64_t first = 0) {
+std::vector<double> train(Trainer& trainer, rlhf::models::CausalLM& model, int64_t steps,
+                          int64_t first = 0) {
   std::vector<double> losses;
   for (int64_t step = first; step < first + steps; ++step) {
     losses.push_back(trainer
                          .train_step([&](int64_t i) {
-                           return rt::nll_loss(model, rt::micro_batch(step, i, model.config().vocab_size));
+                           return rt::nll_loss(model,
+                                               rt::micro_batch(step, i, model.config().vocab_size));
                          })
                          .loss);
   }
@@ -118,7 +121,8 @@ TEST(TrainerStage3, ParametersLiveOnlyWhileAUnitNeedsThem) {
   trainer.backward(loss);
   EXPECT_EQ(trainer.memory_report().gathered, 0);
   EXPECT_GT(trainer.memory_report().peak, trainer.memory_report().model_states() + kept - 1);
-  for (int i = 1; i < 4; ++i) trainer.backward(rt::nll_loss(*model, rt::micro_batch(0, i, model->config().vocab_size)));
+  for (int i = 1; i < 4; ++i)
+    trainer.backward(rt::nll_loss(*model, rt::micro_batch(0, i, model->config().vocab_size)));
   const auto metrics = trainer.step();
   EXPECT_EQ(metrics.step, 1);
   EXPECT_GT(metrics.grad_norm, 0.0);
@@ -151,15 +155,18 @@ TEST(TrainerCheckpoint, SaveOnlyModelRotationAndLoadErrors) {
   for (int64_t step = 1; step <= 4; ++step) {
     train(trainer, *model, 1, step - 1);
     options.save_only_model = step == 4;
-    trainer.save_checkpoint((dir / "ckpts" / ("global_step" + std::to_string(step))).string(), options);
+    trainer.save_checkpoint((dir / "ckpts" / ("global_step" + std::to_string(step))).string(),
+                            options);
   }
   std::vector<std::string> kept;
-  for (const auto& e : fs::directory_iterator(dir / "ckpts")) kept.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir / "ckpts"))
+    kept.push_back(e.path().filename().string());
   std::sort(kept.begin(), kept.end());
   EXPECT_EQ(kept, (std::vector<std::string>{"global_step3", "global_step4"}));
 
   // The model-only checkpoint holds masters but no moments; loading restarts the moments.
-  rlhf::models::SafetensorsFile model_only((dir / "ckpts/global_step4/rank_00000.safetensors").string());
+  rlhf::models::SafetensorsFile model_only(
+      (dir / "ckpts/global_step4/rank_00000.safetensors").string());
   EXPECT_TRUE(model_only.contains("units.0.master"));
   EXPECT_FALSE(model_only.contains("units.0.exp_avg"));
   trainer.load_checkpoint((dir / "ckpts/global_step4").string());
@@ -201,11 +208,13 @@ TEST(TrainerFrozen, FrozenParametersStayWholeUnchangedAndExported) {
   const auto head_before = model->lm_head->weight.detach().clone();
   Trainer trainer(rt::parity_config(3, torch::kFloat, 1), *model, *group);
   EXPECT_EQ(trainer.units()[0]->numel(), 0);
-  EXPECT_EQ(model->embed_tokens->weight.numel(), before.numel()) << "frozen weights are never sharded";
+  EXPECT_EQ(model->embed_tokens->weight.numel(), before.numel())
+      << "frozen weights are never sharded";
   train(trainer, *model, 3);
   EXPECT_TRUE(torch::equal(model->embed_tokens->weight, before));
   trainer.export_hf((dir / "hf").string(), model->config().to_json_text(), torch::kFloat);
   rlhf::models::SafetensorsFile file((dir / "hf/model.safetensors").string());
   EXPECT_TRUE(torch::equal(file.view("model.embed_tokens.weight"), before));
-  EXPECT_FALSE(torch::equal(file.view("lm_head.weight"), head_before)) << "trainable weights must have moved";
+  EXPECT_FALSE(torch::equal(file.view("lm_head.weight"), head_before))
+      << "trainable weights must have moved";
 }

@@ -9,9 +9,8 @@
 //     FIRST..LAST saving ROOT/global_stepK after each; with pause_at=K, rank 1 writes
 //     ROOT/paused and sleeps inside the save of step K (the test kills it there); with
 //     export, exports to ROOT/hf and reports the export memory and an eval loss.
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <iostream>
@@ -28,7 +27,7 @@ using nlohmann::json;
 namespace {
 
 json memory_json(const engine::MemoryReport& m) {
-  return {{"params", m.params}, {"master", m.master},   {"optimizer", m.optimizer},
+  return {{"params", m.params}, {"master", m.master},     {"optimizer", m.optimizer},
           {"grads", m.grads},   {"gathered", m.gathered}, {"peak", m.peak}};
 }
 
@@ -57,8 +56,10 @@ json parity(transport::CollectiveGroup& group) {
     bool checkpointing = true;
   };
   std::vector<Run> runs;
-  for (auto [tag, dtype] : {std::pair{"fp32", torch::kFloat}, std::pair{"bf16", torch::kBFloat16}}) {
-    for (int stage = 1; stage <= 3; ++stage) runs.push_back({tag + std::string("_stage") + std::to_string(stage), dtype, stage});
+  for (auto [tag, dtype] :
+       {std::pair{"fp32", torch::kFloat}, std::pair{"bf16", torch::kBFloat16}}) {
+    for (int stage = 1; stage <= 3; ++stage)
+      runs.push_back({tag + std::string("_stage") + std::to_string(stage), dtype, stage});
   }
   runs.push_back({"fp32_stage3_tied", torch::kFloat, 3, true});
   runs.push_back({"fp32_stage3_no_checkpointing", torch::kFloat, 3, false, false});
@@ -77,7 +78,10 @@ json parity(transport::CollectiveGroup& group) {
       lrs.push_back(m.lr);
       if (step == 0) memory = memory_json(m.memory);
     }
-    out[run.name] = {{"losses", losses}, {"grad_norms", norms}, {"lrs", lrs}, {"memory", memory},
+    out[run.name] = {{"losses", losses},
+                     {"grad_norms", norms},
+                     {"lrs", lrs},
+                     {"memory", memory},
                      {"num_params", n_params}};
   }
   return out;
@@ -119,10 +123,13 @@ json checkpoint_run(transport::CollectiveGroup& group, const std::vector<std::st
   if (do_export) {
     trainer.export_hf(root + "/hf", model->config().to_json_text(), torch::kFloat);
     auto em = trainer.last_export_memory();
-    out["export"] = {{"peak_engine_bytes", em.peak_engine_bytes}, {"peak_heap_growth", em.peak_heap_growth},
+    out["export"] = {{"peak_engine_bytes", em.peak_engine_bytes},
+                     {"peak_heap_growth", em.peak_heap_growth},
                      {"largest_unit_bytes", em.largest_unit_bytes}};
     torch::NoGradGuard no_grad;
-    out["eval_loss"] = testing::nll_loss(*model, testing::micro_batch(99, 0, model->config().vocab_size)).item<double>();
+    out["eval_loss"] =
+        testing::nll_loss(*model, testing::micro_batch(99, 0, model->config().vocab_size))
+            .item<double>();
   }
   return out;
 }
@@ -143,7 +150,9 @@ int main(int argc, char** argv) {
     config.timeout = std::chrono::seconds(60);
     auto group = transport::make_collective_group(config);
     const std::string mode = argv[1];
-    json out = mode == "parity" ? parity(*group) : checkpoint_run(*group, std::vector<std::string>(argv + 6, argv + argc));
+    json out = mode == "parity"
+                   ? parity(*group)
+                   : checkpoint_run(*group, std::vector<std::string>(argv + 6, argv + argc));
     std::ofstream(argv[5]) << out.dump(1);
     return 0;
   } catch (const std::exception& e) {

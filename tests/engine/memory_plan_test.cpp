@@ -220,8 +220,10 @@ class MemoryPlanSpec : public ::testing::Test {
         R"({"kind": "ppo", "cluster": {"nodes": [{"name": "local", "kind": "cpu", "devices": 4,
       "memory_gb": )" +
         memory_gb + R"(}]},
-      "actor": {"devices": [0], "zero_stage": 2}, "critic": {"devices": [1]}, "ref": {"colocate_with": "actor"},
-      "reward": {"rule": "letters"}, "rollout": {"devices": [2], "batch_size": 8, "micro_batch_size": 4,
+      "actor": {"devices": [0], "zero_stage": 2}, "critic": {"devices": [1]},
+          "ref": {"colocate_with": "actor"},
+      "reward": {"rule": "letters"}, "rollout": {"devices": [2], "batch_size": 8,
+          "micro_batch_size": 4,
       "n_samples_per_prompt": 2, "max_new_tokens": 16},
       "data": {"prompt_dataset": "synthetic:letters", "prompt_max_len": 16, "max_len": 32},
       "train": {"batch_size": 16, "micro_batch_size": 8}})";

@@ -30,7 +30,8 @@ inline models::ModelConfig tiny_config(bool tied) {
 inline std::shared_ptr<models::CausalLM> tiny_model(bool tied, bool checkpointing = true) {
   auto model = std::make_shared<models::CausalLM>(tiny_config(tied));
   model->init_weights(1234);
-  model->set_checkpointing(checkpointing ? models::Checkpointing::kPerLayer : models::Checkpointing::kNone);
+  model->set_checkpointing(checkpointing ? models::Checkpointing::kPerLayer
+                                         : models::Checkpointing::kNone);
   return model;
 }
 

@@ -26,7 +26,8 @@ namespace {
 const std::string kWorker = std::string(RLHF_BINARY_DIR) + "/tests/engine/rlhf_engine_worker";
 
 fs::path fresh_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("rlhf_engine_" + name + "_" + std::to_string(::getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / ("rlhf_engine_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -38,13 +39,15 @@ std::string read_file(const fs::path& path) {
 }
 
 // Starts `n` ranks of the worker with `args` after the standard ones; returns the processes.
-std::vector<std::unique_ptr<ChildProcess>> start_group(int n, const std::string& mode, const fs::path& dir,
+std::vector<std::unique_ptr<ChildProcess>> start_group(int n, const std::string& mode,
+                                                       const fs::path& dir,
                                                        const std::vector<std::string>& args) {
   std::vector<std::unique_ptr<ChildProcess>> ranks;
   const std::string store = (dir / ("store_" + mode + std::to_string(::rand()))).string();
   for (int r = 0; r < n; ++r) {
-    std::vector<std::string> argv{kWorker, mode, std::to_string(r), std::to_string(n), store,
-                                  (dir / (mode + "_out" + std::to_string(r) + ".json")).string()};
+    std::vector<std::string> argv{
+        kWorker,           mode,  std::to_string(r),
+        std::to_string(n), store, (dir / (mode + "_out" + std::to_string(r) + ".json")).string()};
     argv.insert(argv.end(), args.begin(), args.end());
     ranks.push_back(std::make_unique<ChildProcess>(argv, (dir / "log").string()));
   }
@@ -52,11 +55,14 @@ std::vector<std::unique_ptr<ChildProcess>> start_group(int n, const std::string&
 }
 
 // Runs a group to completion and returns rank 0's JSON output.
-json run_group(int n, const std::string& mode, const fs::path& dir, const std::vector<std::string>& args = {}) {
+json run_group(int n, const std::string& mode, const fs::path& dir,
+               const std::vector<std::string>& args = {}) {
   auto ranks = start_group(n, mode, dir, args);
   for (int r = 0; r < n; ++r) {
     int code = ranks[r]->wait(std::chrono::seconds(240));
-    if (code != 0) throw std::runtime_error("rank " + std::to_string(r) + " exited " + std::to_string(code) + ":\n" + read_file(dir / "log"));
+    if (code != 0)
+      throw std::runtime_error("rank " + std::to_string(r) + " exited " + std::to_string(code) +
+                               ":\n" + read_file(dir / "log"));
   }
   return json::parse(read_file(dir / (mode + "_out0.json")));
 }
@@ -80,11 +86,16 @@ Reference reference_run(bool tied) {
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& p : model->named_parameters()) {
     const std::string& n = p.key();
-    (n.find("norm.weight") != std::string::npos || n.find("bias") != std::string::npos ? no_decay : decay).push_back(p.value());
+    (n.find("norm.weight") != std::string::npos || n.find("bias") != std::string::npos ? no_decay
+                                                                                       : decay)
+        .push_back(p.value());
   }
   using torch::optim::AdamWOptions;
   auto options = [&](double wd) {
-    return std::make_unique<AdamWOptions>(AdamWOptions(config.lr).betas({config.beta1, config.beta2}).eps(config.eps).weight_decay(wd));
+    return std::make_unique<AdamWOptions>(AdamWOptions(config.lr)
+                                              .betas({config.beta1, config.beta2})
+                                              .eps(config.eps)
+                                              .weight_decay(wd));
   };
   torch::optim::AdamW adamw({torch::optim::OptimizerParamGroup(decay, options(config.weight_decay)),
                              torch::optim::OptimizerParamGroup(no_decay, options(0.0))});
@@ -97,7 +108,8 @@ Reference reference_run(bool tied) {
       loss_sum += loss.item<double>();
     }
     ref.losses.push_back(loss_sum / rt::kGlobalMicroBatches);
-    ref.grad_norms.push_back(torch::nn::utils::clip_grad_norm_(model->parameters(), config.max_norm));
+    ref.grad_norms.push_back(
+        torch::nn::utils::clip_grad_norm_(model->parameters(), config.max_norm));
     const double lr = reference_lr(step, config);
     ref.lrs.push_back(lr);
     for (auto& group : adamw.param_groups()) static_cast<AdamWOptions&>(group.options()).lr(lr);
@@ -107,10 +119,12 @@ Reference reference_run(bool tied) {
   return ref;
 }
 
-void expect_close(const json& got, const std::vector<double>& want, double rel, const std::string& what) {
+void expect_close(const json& got, const std::vector<double>& want, double rel,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_NEAR(got[i].get<double>(), want[i], rel * std::max(1.0, std::abs(want[i]))) << what << " at step " << i;
+    EXPECT_NEAR(got[i].get<double>(), want[i], rel * std::max(1.0, std::abs(want[i])))
+        << what << " at step " << i;
   }
 }
 
@@ -126,8 +140,8 @@ TEST_P(TrainerGroup, StagesMatchSingleProcessReferenceAndShardMemory) {
   const Reference ref = reference_run(false);
   const Reference ref_tied = reference_run(true);
 
-  for (const std::string run : {"fp32_stage1", "fp32_stage2", "fp32_stage3", "fp32_stage3_no_checkpointing",
-                                "fp32_stage3_tied"}) {
+  for (const std::string run : {"fp32_stage1", "fp32_stage2", "fp32_stage3",
+                                "fp32_stage3_no_checkpointing", "fp32_stage3_tied"}) {
     SCOPED_TRACE(run + ", N = " + std::to_string(n));
     const Reference& want = run == "fp32_stage3_tied" ? ref_tied : ref;
     // FP32: the same math as the reference up to summation order (micro batches summed per
@@ -158,10 +172,14 @@ TEST_P(TrainerGroup, StagesMatchSingleProcessReferenceAndShardMemory) {
     const json& mem = run["memory"];
     const double states = mem["params"].get<double>() + mem["master"].get<double>() +
                           mem["optimizer"].get<double>() + mem["grads"].get<double>();
-    const double expected = stage == 3 ? 16 * p / n : stage == 2 ? 2 * p + 16 * p / n : 6 * p + 12 * p / n;
+    const double expected = stage == 3   ? 16 * p / n
+                            : stage == 2 ? 2 * p + 16 * p / n
+                                         : 6 * p + 12 * p / n;
     // Padding adds < N elements per unit: far inside the 10%.
-    EXPECT_NEAR(states / expected, 1.0, 0.10) << "stage " << stage << " N " << n << ": " << states << " bytes";
-    EXPECT_GE(mem["peak"].get<double>(), states) << "peak below the resident state, stage " << stage;
+    EXPECT_NEAR(states / expected, 1.0, 0.10)
+        << "stage " << stage << " N " << n << ": " << states << " bytes";
+    EXPECT_GE(mem["peak"].get<double>(), states)
+        << "peak below the resident state, stage " << stage;
   }
 }
 
@@ -211,13 +229,15 @@ TEST(TrainerCheckpoint, RankKilledMidSaveLeavesPreviousCheckpointThatResumesExac
     if (entry.is_directory()) names.push_back(entry.path().filename().string());
   }
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"global_step3", "global_step4", "global_step5", "hf"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"global_step3", "global_step4", "global_step5", "hf"}));
 
   // The export loads back through models/ and computes the trainer's eval loss. FP32 export of
   // the FP32 masters: the same weights, so the same loss up to float rounding (1e-6).
   auto exported = rlhf::models::load_pretrained((killed / "hf").string());
   torch::NoGradGuard no_grad;
-  const double eval = rt::nll_loss(*exported, rt::micro_batch(99, 0, exported->config().vocab_size)).item<double>();
+  const double eval =
+      rt::nll_loss(*exported, rt::micro_batch(99, 0, exported->config().vocab_size)).item<double>();
   EXPECT_NEAR(eval, c["eval_loss"].get<double>(), 1e-6);
   // Streaming bound: beyond its own shards a rank held one gathered unit (FP32) plus one
   // converted tensor of it: at most 2x the largest unit, accounted and measured (malloc).
@@ -225,5 +245,6 @@ TEST(TrainerCheckpoint, RankKilledMidSaveLeavesPreviousCheckpointThatResumesExac
   const double unit = em["largest_unit_bytes"].get<double>();
   EXPECT_GT(unit, 0);
   EXPECT_LE(em["peak_engine_bytes"].get<double>(), 2 * unit);
-  EXPECT_LE(em["peak_heap_growth"].get<double>(), 2 * unit + (256 << 10)) << "256 KiB allocator slack";
+  EXPECT_LE(em["peak_heap_growth"].get<double>(), 2 * unit + (256 << 10))
+      << "256 KiB allocator slack";
 }

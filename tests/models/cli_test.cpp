@@ -1,7 +1,6 @@
 // `rlhf init-model` and `rlhf logprobs`, run as the real binary.
 #include <cstdio>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "models/pretrained.h"
@@ -47,7 +46,8 @@ TEST(Cli, InitModelWritesAnHfDirectory) {
   EXPECT_EQ(run_cli("init-model --preset tiny --out " + dir.str()).code, 2);
   TempDir again;
   ASSERT_EQ(run_cli("init-model --preset tiny --out " + again.str() + " --seed 5").code, 0);
-  EXPECT_TRUE(torch::equal(load_pretrained(again.str())->embed_tokens->weight, model->embed_tokens->weight));
+  EXPECT_TRUE(torch::equal(load_pretrained(again.str())->embed_tokens->weight,
+                           model->embed_tokens->weight));
 
   TempDir critic;
   r = run_cli("init-model --preset tiny --value-head --dtype fp32 --out " + critic.str());
@@ -62,7 +62,8 @@ TEST(Cli, LogprobsMatchesTheLibraryAndRejectsBadLines) {
   TempDir dir;
   ASSERT_EQ(run_cli("init-model --preset tiny --dtype fp32 --out " + dir.str()).code, 0);
   std::ofstream(dir / "in.jsonl") << "[257, 72, 105, 33]\n\n{\"input_ids\": [257, 1]}\n";
-  auto r = run_cli("logprobs --model " + dir.str() + " --input " + (dir / "in.jsonl") + " --output " + (dir / "out.jsonl"));
+  auto r = run_cli("logprobs --model " + dir.str() + " --input " + (dir / "in.jsonl") +
+                   " --output " + (dir / "out.jsonl"));
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream out(dir / "out.jsonl");
   std::string l1, l2;
@@ -83,7 +84,9 @@ TEST(Cli, LogprobsMatchesTheLibraryAndRejectsBadLines) {
   std::ofstream(dir / "bad.jsonl") << "[1, 2]\n[1, 999]\n";
   r = run_cli("logprobs --model " + dir.str() + " --input " + (dir / "bad.jsonl"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("bad.jsonl:2: token id 999 outside the vocabulary [0, 288)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.jsonl:2: token id 999 outside the vocabulary [0, 288)"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(Cli, LogprobsOfTextEqualTheByteTokenizerIds) {
@@ -91,7 +94,8 @@ TEST(Cli, LogprobsOfTextEqualTheByteTokenizerIds) {
   ASSERT_EQ(run_cli("init-model --preset tiny --dtype fp32 --out " + dir.str()).code, 0);
   // "Hi!" through the byte tokenizer is BOS (257) then the bytes 72, 105, 33.
   std::ofstream(dir / "in.jsonl") << "{\"text\": \"Hi!\"}\n\"Hi!\"\n[257, 72, 105, 33]\n";
-  auto r = run_cli("logprobs --model " + dir.str() + " --input " + (dir / "in.jsonl") + " --output " + (dir / "out.jsonl"));
+  auto r = run_cli("logprobs --model " + dir.str() + " --input " + (dir / "in.jsonl") +
+                   " --output " + (dir / "out.jsonl"));
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream out(dir / "out.jsonl");
   std::vector<nlohmann::json> rows;

@@ -1,7 +1,8 @@
 // config.json parsing: the fields the model honours, and clear errors for what it cannot.
+#include "models/config.h"
+
 #include "core/errors.h"
 #include "models/causal_lm.h"
-#include "models/config.h"
 #include "test_paths.h"
 #include "test_util.h"
 
@@ -13,7 +14,8 @@ using testing::expect_error;
 const std::string kFixtures = std::string(RLHF_SOURCE_DIR) + "/tests/fixtures/llama_tiny/";
 
 std::string with(const std::string& extra) {
-  return R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+  return R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2,
              "num_attention_heads": 4, "vocab_size": 100)" +
          extra + "}";
 }
@@ -26,7 +28,7 @@ TEST(ModelConfig, ReadsTheFixtureConfigs) {
   EXPECT_FALSE(gqa.qkv_bias);
 
   auto qwen = ModelConfig::from_json_file(kFixtures + "qwen2_tied_bias/config.json");
-  EXPECT_TRUE(qwen.qkv_bias);  // Qwen2 always biases q/k/v ...
+  EXPECT_TRUE(qwen.qkv_bias);      // Qwen2 always biases q/k/v ...
   EXPECT_FALSE(qwen.o_proj_bias);  // ... and never o_proj
   EXPECT_TRUE(qwen.tie_word_embeddings);
   EXPECT_DOUBLE_EQ(qwen.rope_theta, 1e6);
@@ -42,7 +44,8 @@ TEST(ModelConfig, ReadsTheFixtureConfigs) {
 }
 
 TEST(ModelConfig, DefaultsAndTokenIds) {
-  auto c = ModelConfig::from_json_text(with(R"(, "eos_token_id": [128001, 128009], "bos_token_id": 1)"), "cfg");
+  auto c = ModelConfig::from_json_text(
+      with(R"(, "eos_token_id": [128001, 128009], "bos_token_id": 1)"), "cfg");
   EXPECT_EQ(c.num_key_value_heads, 4);  // defaults to num_attention_heads
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(c.eos_token_id, 128001);  // Llama 3 lists several; the first is kept
@@ -51,38 +54,64 @@ TEST(ModelConfig, DefaultsAndTokenIds) {
 }
 
 TEST(ModelConfig, MistralSlidingWindowAndQwen2Defaults) {
-  auto m = ModelConfig::from_json_text(R"({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+  auto m = ModelConfig::from_json_text(
+      R"({"model_type": "mistral", "architectures": ["MistralForCausalLM"],
       "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "num_key_value_heads": 2, "vocab_size": 100, "sliding_window": 4096})", "m");
+      "num_key_value_heads": 2, "vocab_size": 100, "sliding_window": 4096})",
+      "m");
   EXPECT_EQ(m.sliding_window, 4096);
   auto null_window = ModelConfig::from_json_text(R"({"model_type": "mistral", "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
-      "sliding_window": null})", "m");
+      "sliding_window": null})",
+                                                 "m");
   EXPECT_EQ(null_window.sliding_window, 0);
-  expect_error<InputError>([] { ModelConfig::from_json_text(R"({"model_type": "qwen2", "hidden_size": 64,
+  expect_error<InputError>(
+      [] {
+        ModelConfig::from_json_text(R"({"model_type": "qwen2", "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
-      "use_sliding_window": true})", "q"); }, {"use_sliding_window"});
+      "use_sliding_window": true})",
+                                    "q");
+      },
+      {"use_sliding_window"});
 }
 
 TEST(ModelConfig, UnsupportedOptionsAreErrorsNamingThem) {
-  expect_error<InputError>([] { ModelConfig::from_json_text(R"({"model_type": "gpt2"})", "cfg.json"); },
-                           {"cfg.json", "model_type \"gpt2\"", "llama, mistral, qwen2"});
-  expect_error<InputError>([] { ModelConfig::from_json_text(with(R"(, "architectures": ["LlamaForTokenClassification"])"), "c"); },
-                           {"LlamaForTokenClassification"});
-  expect_error<InputError>([] { ModelConfig::from_json_text(with(R"(, "hidden_act": "gelu")"), "c"); },
-                           {"hidden_act \"gelu\""});
-  expect_error<InputError>([] { ModelConfig::from_json_text(with(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})"), "c"); },
-                           {"rope_scaling type \"yarn\""});
-  expect_error<InputError>([] { ModelConfig::from_json_text(with(R"(, "rope_scaling": {"type": "dynamic", "factor": 2})"), "c"); },
-                           {"\"dynamic\""});
-  expect_error<InputError>([] { ModelConfig::from_json_text(with(R"(, "num_key_value_heads": 3)"), "c"); },
-                           {"multiple of num_key_value_heads"});
-  expect_error<InputError>([] { ModelConfig::from_json_text(with(R"(, "attention_dropout": 0.1)"), "c"); },
-                           {"attention_dropout"});
-  expect_error<InputError>([] { ModelConfig::from_json_text(R"({"model_type": "llama", "hidden_size": 64})", "c"); },
-                           {"missing required key \"intermediate_size\""});
-  expect_error<InputError>([] { ModelConfig::from_json_text(with(R"(, "hidden_size": "big")"), "c"); },
-                           {"\"hidden_size\"", "wrong type"});  // a duplicate key: the last one wins
+  expect_error<InputError>(
+      [] { ModelConfig::from_json_text(R"({"model_type": "gpt2"})", "cfg.json"); },
+      {"cfg.json", "model_type \"gpt2\"", "llama, mistral, qwen2"});
+  expect_error<InputError>(
+      [] {
+        ModelConfig::from_json_text(with(R"(, "architectures": ["LlamaForTokenClassification"])"),
+                                    "c");
+      },
+      {"LlamaForTokenClassification"});
+  expect_error<InputError>(
+      [] { ModelConfig::from_json_text(with(R"(, "hidden_act": "gelu")"), "c"); },
+      {"hidden_act \"gelu\""});
+  expect_error<InputError>(
+      [] {
+        ModelConfig::from_json_text(with(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})"),
+                                    "c");
+      },
+      {"rope_scaling type \"yarn\""});
+  expect_error<InputError>(
+      [] {
+        ModelConfig::from_json_text(with(R"(, "rope_scaling": {"type": "dynamic", "factor": 2})"),
+                                    "c");
+      },
+      {"\"dynamic\""});
+  expect_error<InputError>(
+      [] { ModelConfig::from_json_text(with(R"(, "num_key_value_heads": 3)"), "c"); },
+      {"multiple of num_key_value_heads"});
+  expect_error<InputError>(
+      [] { ModelConfig::from_json_text(with(R"(, "attention_dropout": 0.1)"), "c"); },
+      {"attention_dropout"});
+  expect_error<InputError>(
+      [] { ModelConfig::from_json_text(R"({"model_type": "llama", "hidden_size": 64})", "c"); },
+      {"missing required key \"intermediate_size\""});
+  expect_error<InputError>(
+      [] { ModelConfig::from_json_text(with(R"(, "hidden_size": "big")"), "c"); },
+      {"\"hidden_size\"", "wrong type"});  // a duplicate key: the last one wins
 }
 
 TEST(ModelConfig, JsonRoundTripKeepsEveryField) {

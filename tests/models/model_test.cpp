@@ -31,7 +31,8 @@ torch::Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 }
 
 // Next-token loss over the batch and every parameter's gradient afterwards.
-std::vector<torch::Tensor> grads_of_loss(CausalLM& model, const torch::Tensor& ids, const torch::Tensor& mask) {
+std::vector<torch::Tensor> grads_of_loss(CausalLM& model, const torch::Tensor& ids,
+                                         const torch::Tensor& mask) {
   model.zero_grad();
   auto hidden = model.forward(ids, mask);
   auto lp = model.next_token_log_probs(hidden, ids, 4);
@@ -73,7 +74,8 @@ class RecordingHooks : public LayerHooks {
     auto units = model.param_units();
     for (const auto& [name, p] : units[unit].params) grads_ready &= p.grad().defined();
     if (unit > 1)
-      for (const auto& [name, p] : units[unit - 1].params) earlier_layer_untouched &= !p.grad().defined();
+      for (const auto& [name, p] : units[unit - 1].params)
+        earlier_layer_untouched &= !p.grad().defined();
   }
   CausalLM& model;
   std::vector<std::string> events;
@@ -89,7 +91,8 @@ TEST(CausalLM, HooksWrapEveryUnitAndTheRecompute) {
   auto ids = random_ids(1, 6, 288, 2);
   auto hidden = model->forward(ids, torch::ones_like(ids));
   auto lp = model->next_token_log_probs(hidden, ids);
-  const std::vector<std::string> forward = {"f+0", "f-0", "f+1", "f-1", "f+2", "f-2", "f+3", "f-3", "f+3", "f-3"};
+  const std::vector<std::string> forward = {"f+0", "f-0", "f+1", "f-1", "f+2",
+                                            "f-2", "f+3", "f-3", "f+3", "f-3"};
   EXPECT_EQ(hooks.events, forward);
   hooks.events.clear();
   lp.sum().backward();
@@ -97,7 +100,8 @@ TEST(CausalLM, HooksWrapEveryUnitAndTheRecompute) {
   const std::vector<std::string> backward = {"f+2", "f-2", "b2", "f+1", "f-1", "b1"};
   EXPECT_EQ(hooks.events, backward);
   EXPECT_TRUE(hooks.grads_ready) << "after_backward(unit) came before the unit's .grad was filled";
-  EXPECT_TRUE(hooks.earlier_layer_untouched) << "layer 1's grads existed before layer 2's after_backward";
+  EXPECT_TRUE(hooks.earlier_layer_untouched)
+      << "layer 1's grads existed before layer 2's after_backward";
   model->set_layer_hooks(nullptr);
 }
 
@@ -115,7 +119,8 @@ TEST(CausalLM, ParamUnitsCoverEveryParameterOnceWithHfNames) {
   EXPECT_EQ(by_name.size(), named.size());
   for (const auto& p : named) {
     ASSERT_TRUE(by_name.count(p.key())) << p.key();
-    EXPECT_TRUE(by_name[p.key()].is_same(p.value())) << p.key() << ": the unit must hold the parameter itself";
+    EXPECT_TRUE(by_name[p.key()].is_same(p.value()))
+        << p.key() << ": the unit must hold the parameter itself";
   }
   auto critic = tiny_model(HeadKind::kValue)->param_units();
   EXPECT_EQ(critic.back().params.back().first, "score.weight");
@@ -131,7 +136,8 @@ TEST(CausalLM, KvCacheDecodeEqualsFullForward) {
   mask[1].narrow(0, 0, 2).zero_();  // row 1: left-padded prompt, as rollout batches are
   auto full = model->forward(ids, mask);
   KvCache cache(model->config(), B, T, torch::kFloat32);
-  std::vector<torch::Tensor> steps = {model->forward(ids.narrow(1, 0, prompt), mask.narrow(1, 0, prompt), {}, &cache)};
+  std::vector<torch::Tensor> steps = {
+      model->forward(ids.narrow(1, 0, prompt), mask.narrow(1, 0, prompt), {}, &cache)};
   for (int64_t t = prompt; t < T; ++t)
     steps.push_back(model->forward(ids.narrow(1, t, 1), mask.narrow(1, 0, t + 1), {}, &cache));
   EXPECT_EQ(cache.length(), T);
@@ -140,7 +146,9 @@ TEST(CausalLM, KvCacheDecodeEqualsFullForward) {
   // Same math on the same numbers, split differently over matmuls: FP32 rounding only.
   EXPECT_LT(relative_error(decoded.index({valid}), full.index({valid})), 1e-5);
   EXPECT_EQ(cache.keys(0, 0, T).sizes(), (std::vector<int64_t>{B, 2, T, 16}));
-  EXPECT_THROW(model->forward(ids.narrow(1, 0, 1), torch::ones({B, T + 1}, torch::kInt64), {}, &cache), c10::Error);
+  EXPECT_THROW(
+      model->forward(ids.narrow(1, 0, 1), torch::ones({B, T + 1}, torch::kInt64), {}, &cache),
+      c10::Error);
 }
 
 TEST(CausalLM, PaddingLeavesValidPositionsUnchanged) {
@@ -151,8 +159,10 @@ TEST(CausalLM, PaddingLeavesValidPositionsUnchanged) {
   auto alone = model->forward(ids, torch::ones_like(ids));
   auto pad = torch::full({1, 3}, 256, torch::kInt64);
   auto zeros = torch::zeros({1, 3}, torch::kInt64), ones = torch::ones({1, 6}, torch::kInt64);
-  auto left = model->forward(torch::cat({pad, ids}, 1), torch::cat({zeros, ones}, 1)).narrow(1, 3, 6);
-  auto right = model->forward(torch::cat({ids, pad}, 1), torch::cat({ones, zeros}, 1)).narrow(1, 0, 6);
+  auto left =
+      model->forward(torch::cat({pad, ids}, 1), torch::cat({zeros, ones}, 1)).narrow(1, 3, 6);
+  auto right =
+      model->forward(torch::cat({ids, pad}, 1), torch::cat({ones, zeros}, 1)).narrow(1, 0, 6);
   // Padding only adds masked keys (exp(-huge) = 0 exactly): FP32 rounding of reordered sums.
   EXPECT_LT(relative_error(left, alone), 1e-5);
   EXPECT_LT(relative_error(right, alone), 1e-5);
@@ -165,7 +175,9 @@ TEST(ChunkedLogProbs, EqualsFullLogSoftmaxInValueAndGradient) {
   auto weight = torch::randn({50, 16}, torch::requires_grad());
   auto labels = torch::randint(0, 50, {2, 7}, torch::kInt64);
   auto g = torch::randn({2, 7});
-  auto ref = torch::log_softmax(torch::matmul(hidden, weight.t()), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1);
+  auto ref = torch::log_softmax(torch::matmul(hidden, weight.t()), -1)
+                 .gather(-1, labels.unsqueeze(-1))
+                 .squeeze(-1);
   auto ref_grads = torch::autograd::grad({ref}, {hidden, weight}, {g});
   for (int64_t chunk : {1, 3, 7, 100}) {
     auto lp = chunked_log_probs(hidden, weight, labels, chunk);
@@ -181,11 +193,14 @@ TEST(ChunkedLogProbs, EqualsFullLogSoftmaxInValueAndGradient) {
 }
 
 TEST(CausalLM, RewardIsTheValueAtTheLastRealToken) {
-  auto values = torch::tensor({{1.f, 2.f, 3.f, 4.f}, {5.f, 6.f, 7.f, 8.f}, {9.f, 10.f, 11.f, 12.f}});
-  auto mask = torch::tensor({{1, 1, 0, 0}, {0, 1, 1, 1}, {0, 0, 1, 0}}, torch::kInt64);  // right, left, both
+  auto values =
+      torch::tensor({{1.f, 2.f, 3.f, 4.f}, {5.f, 6.f, 7.f, 8.f}, {9.f, 10.f, 11.f, 12.f}});
+  auto mask = torch::tensor({{1, 1, 0, 0}, {0, 1, 1, 1}, {0, 0, 1, 0}},
+                            torch::kInt64);  // right, left, both
   EXPECT_TRUE(torch::equal(last_token_values(values, mask), torch::tensor({2.f, 8.f, 11.f})));
-  EXPECT_TRUE(torch::equal(position_ids_from_mask(mask),
-                           torch::tensor({{0, 1, 1, 1}, {1, 0, 1, 2}, {1, 1, 0, 1}}, torch::kInt64)));
+  EXPECT_TRUE(
+      torch::equal(position_ids_from_mask(mask),
+                   torch::tensor({{0, 1, 1, 1}, {1, 0, 1, 2}, {1, 1, 0, 1}}, torch::kInt64)));
 }
 
 TEST(CausalLM, FrozenEmbeddingsStillGiveCheckpointedLayersTheirGradients) {
@@ -208,8 +223,10 @@ TEST(CausalLM, PackedSegmentsEqualSeparateRows) {
   auto a = random_ids(1, 5, 288, 5), b = random_ids(1, 4, 288, 6);
   auto alone_a = model->forward(a, torch::ones_like(a));
   auto alone_b = model->forward(b, torch::ones_like(b));
-  auto mask = torch::cat({torch::full({1, 5}, 1, torch::kInt64), torch::full({1, 4}, 2, torch::kInt64),
-                          torch::zeros({1, 2}, torch::kInt64)}, 1);
+  auto mask =
+      torch::cat({torch::full({1, 5}, 1, torch::kInt64), torch::full({1, 4}, 2, torch::kInt64),
+                  torch::zeros({1, 2}, torch::kInt64)},
+                 1);
   auto ids = torch::cat({a, b, torch::full({1, 2}, 256, torch::kInt64)}, 1);
   EXPECT_TRUE(torch::equal(position_ids_from_mask(mask),
                            torch::tensor({{0, 1, 2, 3, 4, 0, 1, 2, 3, 1, 1}}, torch::kInt64)));
@@ -223,16 +240,19 @@ TEST(CausalLM, PackedSegmentsEqualSeparateRows) {
 }
 
 TEST(AttentionMask, CausalPaddingWindowAndCacheOffsetsAsATable) {
-  if (uses_fused_attention()) GTEST_SKIP() << "torch >= 2 returns a bool mask; the table below is the FP32 one";
+  if (uses_fused_attention())
+    GTEST_SKIP() << "torch >= 2 returns a bool mask; the table below is the FP32 one";
   // attention_mask [1, 4] with the first key padded; queries are positions 2 and 3 (2 cached).
-  auto bias = attention_mask_tensor(torch::tensor({{0, 1, 1, 1}}, torch::kInt64), /*past=*/2, /*T=*/2,
-                                    /*sliding_window=*/2);
+  auto bias =
+      attention_mask_tensor(torch::tensor({{0, 1, 1, 1}}, torch::kInt64), /*past=*/2, /*T=*/2,
+                            /*sliding_window=*/2);
   auto allowed = (bias == 0).to(torch::kInt64).squeeze();  // [T, S]
   // query 2 sees keys 1..2 (0 is padding), query 3 sees keys 2..3 (window of 2).
   EXPECT_TRUE(torch::equal(allowed, torch::tensor({{0, 1, 1, 0}, {0, 0, 1, 1}}, torch::kInt64)));
   auto padded_query = attention_mask_tensor(torch::tensor({{0, 1}}, torch::kInt64), 0, 2, 0);
   // A padding query sees only itself: never an empty softmax row.
-  EXPECT_TRUE(torch::equal((padded_query == 0).to(torch::kInt64).squeeze(), torch::tensor({{1, 0}, {0, 1}}, torch::kInt64)));
+  EXPECT_TRUE(torch::equal((padded_query == 0).to(torch::kInt64).squeeze(),
+                           torch::tensor({{1, 0}, {0, 1}}, torch::kInt64)));
 }
 
 TEST(CausalLM, PaddingEmbeddingRowGetsNoGradientAsInHf) {

@@ -65,7 +65,9 @@ TEST_P(Parity, Fp32MatchesTheReferenceTo1e5) {
   } else {
     EXPECT_LT(relative_error(valid(out.main, mask), valid(expected.view("logits"), mask)), kTol);
     auto pairs = expected.view("loss_weights") > 0;
-    EXPECT_LT(relative_error(out.log_probs.index({pairs}), expected.view("log_probs").index({pairs})), kTol);
+    EXPECT_LT(
+        relative_error(out.log_probs.index({pairs}), expected.view("log_probs").index({pairs})),
+        kTol);
   }
   EXPECT_LT(relative_error(out.loss, expected.view("loss")), kTol);
   int checked = 0;
@@ -95,13 +97,16 @@ TEST_P(Parity, Bf16StaysWithinRoundingOfTheReference) {
   // 5.1e-2 for gradients (through twice the ops). Bounds: 5e-2 outputs, 1e-1 gradients; a
   // wrong mask, RoPE, bias or head gives errors of order 1 (and the FP32 test pins 1e-5).
   constexpr double kTol = 5e-2;
-  const double main_error =
-      relative_error(valid(out.main, mask), valid(expected.view(model->config().head == HeadKind::kValue ? "values" : "logits"), mask));
+  const double main_error = relative_error(
+      valid(out.main, mask),
+      valid(expected.view(model->config().head == HeadKind::kValue ? "values" : "logits"), mask));
   EXPECT_LT(main_error, kTol);
   RecordProperty("bf16_output_error", std::to_string(main_error));
   if (model->config().head == HeadKind::kLanguageModel) {
     auto pairs = expected.view("loss_weights") > 0;
-    EXPECT_LT(relative_error(out.log_probs.index({pairs}), expected.view("log_probs").index({pairs})), kTol);
+    EXPECT_LT(
+        relative_error(out.log_probs.index({pairs}), expected.view("log_probs").index({pairs})),
+        kTol);
   }
   double worst = 0;
   for (auto& [name, param] : model->state_tensors()) {
@@ -112,7 +117,8 @@ TEST_P(Parity, Bf16StaysWithinRoundingOfTheReference) {
   RecordProperty("bf16_worst_grad_error", std::to_string(worst));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::Values("llama_gqa", "qwen2_tied_bias", "llama3_value"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Parity,
+                         ::testing::Values("llama_gqa", "qwen2_tied_bias", "llama3_value"));
 
 }  // namespace
 }  // namespace rlhf::models

@@ -1,9 +1,10 @@
 // HF directories: save -> load is bit-exact (single and sharded), and a checkpoint that
 // does not fit the config is one error listing every bad tensor.
+#include "models/pretrained.h"
+
 #include <fstream>
 
 #include "core/errors.h"
-#include "models/pretrained.h"
 #include "test_util.h"
 
 namespace rlhf::models {
@@ -55,7 +56,8 @@ TEST(Pretrained, ShardedSaveLoadsBackAndConvertsDtype) {
   fp32.dtype = torch::kFloat32;
   auto wide = load_pretrained(dir.str(), fp32);
   EXPECT_EQ(wide->dtype(), torch::kFloat32);
-  EXPECT_TRUE(torch::equal(wide->embed_tokens->weight.to(torch::kBFloat16), model->embed_tokens->weight));
+  EXPECT_TRUE(
+      torch::equal(wide->embed_tokens->weight.to(torch::kBFloat16), model->embed_tokens->weight));
 }
 
 TEST(Pretrained, MismatchedCheckpointListsEveryProblem) {
@@ -64,15 +66,17 @@ TEST(Pretrained, MismatchedCheckpointListsEveryProblem) {
   save_pretrained(*model, dir.str());
   NamedTensors tensors;
   for (auto& [name, t] : model->state_tensors()) {
-    if (name == "model.norm.weight") continue;                                       // missing
-    if (name == "model.layers.1.mlp.up_proj.weight") t = torch::zeros({3, 3});      // wrong shape
+    if (name == "model.norm.weight") continue;                                  // missing
+    if (name == "model.layers.1.mlp.up_proj.weight") t = torch::zeros({3, 3});  // wrong shape
     tensors.emplace_back(name, t);
   }
   tensors.emplace_back("model.layers.7.extra.weight", torch::zeros({2}));  // unexpected
   save_checkpoint(dir.str(), tensors);
-  expect_error<InputError>([&] { load_pretrained(dir.str()); },
-                           {dir.str(), "missing tensors: model.norm.weight", "unexpected tensors: model.layers.7.extra.weight",
-                            "model.layers.1.mlp.up_proj.weight [3, 3] in model.safetensors, model expects [176, 64]"});
+  expect_error<InputError>(
+      [&] { load_pretrained(dir.str()); },
+      {dir.str(), "missing tensors: model.norm.weight",
+       "unexpected tensors: model.layers.7.extra.weight",
+       "model.layers.1.mlp.up_proj.weight [3, 3] in model.safetensors, model expects [176, 64]"});
 }
 
 TEST(Pretrained, TruncatedWeightsAreAnErrorNamingTheFile) {
@@ -82,7 +86,8 @@ TEST(Pretrained, TruncatedWeightsAreAnErrorNamingTheFile) {
   std::filesystem::resize_file(file, std::filesystem::file_size(file) / 2);
   expect_error<InputError>([&] { load_pretrained(dir.str()); }, {file, "truncated"});
   std::ofstream(dir / "config.json") << "{\"model_type\": \"llama\"";
-  expect_error<InputError>([&] { load_pretrained(dir.str()); }, {dir / "config.json", "not valid JSON"});
+  expect_error<InputError>([&] { load_pretrained(dir.str()); },
+                           {dir / "config.json", "not valid JSON"});
 }
 
 TEST(Pretrained, CriticCanStartFromAnActorCheckpoint) {
@@ -100,7 +105,8 @@ TEST(Pretrained, CriticCanStartFromAnActorCheckpoint) {
   TempDir dir2;
   save_pretrained(*reward, dir2.str());
   opts.head = HeadKind::kLanguageModel;
-  expect_error<InputError>([&] { load_pretrained(dir2.str(), opts); }, {"missing tensors: lm_head.weight"});
+  expect_error<InputError>([&] { load_pretrained(dir2.str(), opts); },
+                           {"missing tensors: lm_head.weight"});
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // safetensors files and checkpoint directories: exact round trips, sharding, and the
 // errors a truncated or corrupt file must give (naming the file, never crashing).
+#include "models/safetensors.h"
+
 #include <fstream>
 
 #include "core/errors.h"
-#include "models/safetensors.h"
 #include "test_util.h"
 
 namespace rlhf::models {
@@ -73,7 +74,8 @@ TEST(Safetensors, HeaderIsPaddedSoDataIsAligned) {
 TEST(Safetensors, WriterChecksOrderAndCleansUpWhenUnfinished) {
   TempDir dir;
   {
-    SafetensorsWriter w(dir / "w.safetensors", {{"x", torch::kFloat32, {2}}, {"y", torch::kFloat32, {1}}});
+    SafetensorsWriter w(dir / "w.safetensors",
+                        {{"x", torch::kFloat32, {2}}, {"y", torch::kFloat32, {1}}});
     EXPECT_THROW(w.write("y", torch::ones({1})), c10::Error);  // out of order
     w.write("x", torch::ones({2}));
     EXPECT_THROW(w.finish(), InputError);  // y missing
@@ -90,9 +92,11 @@ TEST(Safetensors, TruncatedFileIsAnErrorNamingIt) {
   expect_error<InputError>([&] { SafetensorsFile f(dir / "cut.safetensors"); },
                            {dir / "cut.safetensors", "outside the file", "truncated"});
   write_bytes(dir / "tiny.safetensors", bytes.substr(0, 5));
-  expect_error<InputError>([&] { SafetensorsFile f(dir / "tiny.safetensors"); }, {"tiny.safetensors", "truncated"});
+  expect_error<InputError>([&] { SafetensorsFile f(dir / "tiny.safetensors"); },
+                           {"tiny.safetensors", "truncated"});
   write_bytes(dir / "head.safetensors", bytes.substr(0, 40));  // cut inside the header
-  expect_error<InputError>([&] { SafetensorsFile f(dir / "head.safetensors"); }, {"head.safetensors", "truncated"});
+  expect_error<InputError>([&] { SafetensorsFile f(dir / "head.safetensors"); },
+                           {"head.safetensors", "truncated"});
 }
 
 TEST(Safetensors, CorruptHeadersAreErrorsNamingTheFileAndTensor) {
@@ -101,28 +105,33 @@ TEST(Safetensors, CorruptHeadersAreErrorsNamingTheFileAndTensor) {
   write_bytes(p, raw_file("{not json", 0));
   expect_error<InputError>([&] { SafetensorsFile f(p); }, {p, "corrupt safetensors header"});
   write_bytes(p, raw_file(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}})", 12));
-  expect_error<InputError>([&] { SafetensorsFile f(p); }, {p, "\"w\"", "do not match its dtype and shape"});
+  expect_error<InputError>([&] { SafetensorsFile f(p); },
+                           {p, "\"w\"", "do not match its dtype and shape"});
   write_bytes(p, raw_file(R"({"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2));
   expect_error<InputError>([&] { SafetensorsFile f(p); }, {p, "\"w\"", "F8_E4M3"});
   write_bytes(p, raw_file(R"({"w":{"dtype":"F32","shape":[2]}})", 8));
   expect_error<InputError>([&] { SafetensorsFile f(p); }, {p, "\"w\"", "corrupt header entry"});
   write_bytes(p, raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                          R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
+                          R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                          12));
   expect_error<InputError>([&] { SafetensorsFile f(p); }, {p, "overlap"});
-  expect_error<InputError>([&] { SafetensorsFile f(dir / "absent.safetensors"); }, {"absent.safetensors", "cannot open"});
+  expect_error<InputError>([&] { SafetensorsFile f(dir / "absent.safetensors"); },
+                           {"absent.safetensors", "cannot open"});
 }
 
 TEST(Checkpoint, ShardedWriteReadsBackWithIndex) {
   TempDir dir;
   NamedTensors tensors;
-  for (int i = 0; i < 5; ++i) tensors.emplace_back("layer." + std::to_string(i), torch::full({64}, float(i)));
+  for (int i = 0; i < 5; ++i)
+    tensors.emplace_back("layer." + std::to_string(i), torch::full({64}, float(i)));
   save_checkpoint(dir.str(), tensors, /*max_shard_bytes=*/600);  // 256 B each: 2 per shard
   EXPECT_FALSE(std::filesystem::exists(dir / kSingleFileName));
   ASSERT_TRUE(std::filesystem::exists(dir / kIndexFileName));
   EXPECT_TRUE(std::filesystem::exists(dir / "model-00003-of-00003.safetensors"));
   CheckpointReader reader(dir.str());
   ASSERT_EQ(reader.names().size(), 5u);
-  EXPECT_EQ(std::filesystem::path(reader.file_of("layer.4")).filename(), "model-00003-of-00003.safetensors");
+  EXPECT_EQ(std::filesystem::path(reader.file_of("layer.4")).filename(),
+            "model-00003-of-00003.safetensors");
   for (const auto& [name, t] : tensors) EXPECT_TRUE(torch::equal(reader.view(name), t)) << name;
 
   // Saving again as one file replaces the index (a stale index would shadow the file).
@@ -133,15 +142,20 @@ TEST(Checkpoint, ShardedWriteReadsBackWithIndex) {
 
 TEST(Checkpoint, IndexErrorsNameTheFile) {
   TempDir dir;
-  expect_error<InputError>([&] { CheckpointReader r(dir.str()); }, {dir.str(), "not an HF checkpoint directory"});
+  expect_error<InputError>([&] { CheckpointReader r(dir.str()); },
+                           {dir.str(), "not an HF checkpoint directory"});
   save_safetensors(dir / "model-00001-of-00001.safetensors", {{"x", torch::ones({2})}});
-  write_checkpoint_index(dir.str(), {{"x", "model-00001-of-00001.safetensors"}, {"y", "model-00001-of-00001.safetensors"}}, 8);
+  write_checkpoint_index(
+      dir.str(),
+      {{"x", "model-00001-of-00001.safetensors"}, {"y", "model-00001-of-00001.safetensors"}}, 8);
   expect_error<InputError>([&] { CheckpointReader r(dir.str()); },
                            {"model-00001-of-00001.safetensors", "\"y\"", "not in this file"});
   write_checkpoint_index(dir.str(), {{"x", "gone.safetensors"}}, 8);
-  expect_error<InputError>([&] { CheckpointReader r(dir.str()); }, {"gone.safetensors", "cannot open"});
+  expect_error<InputError>([&] { CheckpointReader r(dir.str()); },
+                           {"gone.safetensors", "cannot open"});
   write_bytes(dir / kIndexFileName, "{\"weight_map\": ");
-  expect_error<InputError>([&] { CheckpointReader r(dir.str()); }, {kIndexFileName, "corrupt index"});
+  expect_error<InputError>([&] { CheckpointReader r(dir.str()); },
+                           {kIndexFileName, "corrupt index"});
 }
 
 }  // namespace

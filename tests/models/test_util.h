@@ -38,7 +38,8 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
     ADD_FAILURE() << "expected an exception";
   } catch (const E& e) {
     const std::string msg = e.what();
-    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
+    for (const auto& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "message: " << msg << "\nmissing: " << n;
   }
 }
 

@@ -2,19 +2,17 @@
 // metrics on disk, resume continuing the same trajectory, and a remote reward server on
 // loopback. Tiny models are made by `rlhf init-model` in a fresh directory per test.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <nlohmann/json.hpp>
-
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -32,9 +30,13 @@ using Result = test::CliResult;
 using test::slurp;
 
 // `rlhf ARGS` (from the source directory, killed after 300 s).
-Result rlhf(const std::vector<std::string>& args) { return test::run_cli(args); }
+Result rlhf(const std::vector<std::string>& args) {
+  return test::run_cli(args);
+}
 
-std::vector<json> read_metrics(const fs::path& file) { return test::read_jsonl(file); }
+std::vector<json> read_metrics(const fs::path& file) {
+  return test::read_jsonl(file);
+}
 
 class PpoJob : public testing::Test {
  protected:
@@ -42,7 +44,8 @@ class PpoJob : public testing::Test {
     dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("ppo-" + std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    ASSERT_EQ(rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code, 0);
+    ASSERT_EQ(rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code,
+              0);
     auto r = rlhf({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
                    (dir_ / "tiny-value").string()});
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -50,7 +53,7 @@ class PpoJob : public testing::Test {
   // `rlhf run` on ppo_tiny with this test's models and run directory.
   Result run(const std::string& name, std::vector<std::string> extra,
              const std::string& example = "examples/ppo_tiny.json") {
-    std::vector<std::string> args = {"run", example,
+    std::vector<std::string> args = {"run",   example,
                                      "--set", "actor.model=" + (dir_ / "tiny").string(),
                                      "--set", "logger.run_dir=" + (dir_ / "runs").string(),
                                      "--set", "name=" + name};
@@ -73,9 +76,10 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
   for (size_t i = 0; i < metrics.size(); ++i) {
     const json& m = metrics[i];
     EXPECT_EQ(m["step"], static_cast<int>(i) + 1);
-    for (const char* key : {"reward_mean", "reward_std", "kl", "kl_coef", "policy_loss", "value_loss",
-                            "clip_frac", "approx_kl", "response_length", "samples_per_s", "tokens_per_s",
-                            "entropy", "worker_compute_s", "overhead_share"})
+    for (const char* key :
+         {"reward_mean", "reward_std", "kl", "kl_coef", "policy_loss", "value_loss", "clip_frac",
+          "approx_kl", "response_length", "samples_per_s", "tokens_per_s", "entropy",
+          "worker_compute_s", "overhead_share"})
       EXPECT_TRUE(m.contains(key) && m[key].is_number()) << key << " in " << m.dump();
     for (const char* phase : {"generate", "score", "train", "sync", "step"})
       EXPECT_GT(m["time_s"][phase].get<double>(), 0.0) << phase;
@@ -94,7 +98,8 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
       EXPECT_GT(m["memory"][role][0].value("planned_total_bytes", int64_t{0}), 0) << role;
     }
     // The trainer's tracked peak is planned to the byte (engine/memory_plan replays it).
-    EXPECT_EQ(m["memory"]["actor"][0]["planned_tensor_bytes"], m["memory"]["actor"][0]["peak_tensor_bytes"]);
+    EXPECT_EQ(m["memory"]["actor"][0]["planned_tensor_bytes"],
+              m["memory"]["actor"][0]["peak_tensor_bytes"]);
   }
   // Five roles, each its own process.
   auto workers = json::parse(slurp(run_dir("three") / "workers.json"));
@@ -110,8 +115,8 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
   // The trained actor is exported as an HF directory that the CLI can read back.
   EXPECT_TRUE(fs::exists(run_dir("three") / "export" / "actor" / "config.json"));
   EXPECT_TRUE(fs::exists(run_dir("three") / "export" / "actor" / "tokenizer_config.json"));
-  Result gen = rlhf({"generate", "--model", (run_dir("three") / "export" / "actor").string(), "--prompt",
-                     "abc:", "--max-new-tokens", "4"});
+  Result gen = rlhf({"generate", "--model", (run_dir("three") / "export" / "actor").string(),
+                     "--prompt", "abc:", "--max-new-tokens", "4"});
   EXPECT_EQ(gen.exit_code, 0) << gen.err;
 }
 
@@ -120,7 +125,8 @@ TEST_F(PpoJob, ResumeContinuesTheSameTrajectory) {
   ASSERT_EQ(run("straight", {"--set", "train.max_steps=3"}).exit_code, 0);
   Result first = run("resumed", {"--set", "train.max_steps=2", "--set", "ckpt.save_steps=1"});
   ASSERT_EQ(first.exit_code, 0) << first.err;
-  Result second = run("resumed", {"--set", "train.max_steps=3", "--set", "ckpt.save_steps=1", "--resume"});
+  Result second =
+      run("resumed", {"--set", "train.max_steps=3", "--set", "ckpt.save_steps=1", "--resume"});
   ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
   EXPECT_NE(second.out.find("resumed after step 2"), std::string::npos) << second.out;
   auto a = read_metrics(run_dir("straight") / "metrics.jsonl");
@@ -142,7 +148,8 @@ TEST_F(PpoJob, RolloutColocatedWithTheActor) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto workers = json::parse(slurp(run_dir("coloc") / "workers.json"));
   std::map<std::string, std::string> device;
-  for (const auto& w : workers) device[w["role"].get<std::string>()] = w["device"].get<std::string>();
+  for (const auto& w : workers)
+    device[w["role"].get<std::string>()] = w["device"].get<std::string>();
   EXPECT_EQ(device["rollout"], device["actor"]);
   EXPECT_NE(device["critic"], device["actor"]);
   EXPECT_EQ(read_metrics(run_dir("coloc") / "metrics.jsonl").size(), 2u);
@@ -152,9 +159,11 @@ TEST_F(PpoJob, RolloutColocatedWithTheActor) {
 // one scoring micro batch (64 rows), both ranks must still be called, or rank 0 waits in
 // its all-gather forever (this hung before scatter learned Dispatch::kEqualPerRank).
 TEST_F(PpoJob, ShardedActorScoresFewerMicroBatchesThanRanks) {
-  auto r = run("zero3", {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":6,"memory_gb":4}])",
-                         "--set", "actor.devices=[0,5]", "--set", "actor.zero_stage=3",
-                         "--set", "rollout.micro_batch_size=16", "--set", "train.max_steps=2"});
+  auto r =
+      run("zero3",
+          {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":6,"memory_gb":4}])",
+           "--set", "actor.devices=[0,5]", "--set", "actor.zero_stage=3", "--set",
+           "rollout.micro_batch_size=16", "--set", "train.max_steps=2"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto rows = read_metrics(dir_ / "runs/zero3/metrics.jsonl");
   ASSERT_EQ(rows.size(), 2u);
@@ -162,8 +171,9 @@ TEST_F(PpoJob, ShardedActorScoresFewerMicroBatchesThanRanks) {
 }
 
 TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
-  Result r = rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "nope").string(),
-                   "--set", "logger.run_dir=" + (dir_ / "runs").string()});
+  Result r =
+      rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "nope").string(),
+            "--set", "logger.run_dir=" + (dir_ / "runs").string()});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("actor.model"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "runs" / "ppo_tiny" / "workers.json"));
@@ -172,14 +182,15 @@ TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
 // A cuda spec is refused before any worker starts, rather than silently training on the CPU
 // (the worker GPU path is not built); plan still sizes it.
 TEST_F(PpoJob, CudaNodesAreRefusedByRunButPlanned) {
-  const std::string cuda = R"(cluster.nodes=[{"name":"gpu","kind":"cuda","devices":5,"memory_gb":80}])";
+  const std::string cuda =
+      R"(cluster.nodes=[{"name":"gpu","kind":"cuda","devices":5,"memory_gb":80}])";
   Result r = run("cuda", {"--set", cuda});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("is placed on cuda node 'gpu'"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "runs" / "cuda" / "workers.json"));
-  Result plan = rlhf({"plan", "examples/ppo_tiny.json", "--set", cuda,
-                      "--set", "actor.model=" + (dir_ / "tiny").string(),
-                      "--set", "critic.model=" + (dir_ / "tiny-value").string()});
+  Result plan = rlhf({"plan", "examples/ppo_tiny.json", "--set", cuda, "--set",
+                      "actor.model=" + (dir_ / "tiny").string(), "--set",
+                      "critic.model=" + (dir_ / "tiny-value").string()});
   EXPECT_EQ(plan.exit_code, 0) << plan.err;
   EXPECT_NE(plan.out.find("80.00 GiB"), std::string::npos) << plan.out;
 }
@@ -198,7 +209,9 @@ class ScoringServer {
     s.connect(acceptor_.local_endpoint(), ec);
     thread_.join();
   }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()) + "/"; }
+  std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()) + "/";
+  }
   std::atomic<int> requests{0};
   std::atomic<int> samples{0};
 
@@ -239,8 +252,9 @@ class ScoringServer {
 TEST_F(PpoJob, RemoteRewardServerScoresEverySample) {
   ScoringServer server;
   // RLOO with a remote reward: no reward-model process is started.
-  Result r = run("remote", {"--set", "train.max_steps=2", "--set", "reward.rule=", "--set",
-                            "reward.remote_url=" + server.url(), "--set", "algo.advantage.estimator=rloo"});
+  Result r = run("remote",
+                 {"--set", "train.max_steps=2", "--set", "reward.rule=", "--set",
+                  "reward.remote_url=" + server.url(), "--set", "algo.advantage.estimator=rloo"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(server.requests.load(), 2);
   EXPECT_EQ(server.samples.load(), 2 * 64);  // 16 prompts x 4 samples per step

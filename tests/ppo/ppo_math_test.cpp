@@ -26,7 +26,9 @@ torch::Tensor t2(std::vector<std::vector<float>> rows) {
 void expect_near(const torch::Tensor& got, const torch::Tensor& want, double tol = kTol) {
   ASSERT_EQ(got.sizes(), want.sizes());
   EXPECT_TRUE(torch::allclose(got.to(torch::kFloat64), want.to(torch::kFloat64), 0, tol))
-      << "got\n" << got << "\nwant\n" << want;
+      << "got\n"
+      << got << "\nwant\n"
+      << want;
 }
 
 TEST(Kl, EstimatorsTable) {
@@ -52,7 +54,8 @@ TEST(Kl, AdaptiveControllerMatchesZieglerUpdate) {
 
 TEST(GroupBaseline, HandTable) {
   auto s = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f});
-  expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kRloo), torch::tensor({-1.0f, 1.0f, -1.0f, 1.0f}));
+  expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kRloo),
+              torch::tensor({-1.0f, 1.0f, -1.0f, 1.0f}));
   expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kReinforceBaseline),
               torch::tensor({-0.5f, 0.5f, -0.5f, 0.5f}));
   expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kDrGrpo),
@@ -171,8 +174,9 @@ TEST(ComputeAdvantages, GrpoForcesGammaOneAndSkipsWhitening) {
   auto mask = t2({{1, 1, 1}, {1, 1, 0}, {1, 0, 0}, {1, 1, 1}});
   auto out = compute_advantages(c, torch::tensor({1.0f, 0.0f, 1.0f, 1.0f}), {}, 0.0, {}, mask);
   // Every action token of a row carries its group-normalised score (gamma 1, no KL).
-  expect_near(out.advantages * mask, t2({{0.707107f, 0.707107f, 0.707107f},
-                                         {-0.707107f, -0.707107f, 0}, {0, 0, 0}, {0, 0, 0}}));
+  expect_near(
+      out.advantages * mask,
+      t2({{0.707107f, 0.707107f, 0.707107f}, {-0.707107f, -0.707107f, 0}, {0, 0, 0}, {0, 0, 0}}));
 }
 
 TEST(ComputeAdvantages, GaeWhitensOverActionTokens) {
@@ -236,9 +240,11 @@ TEST(ValueLoss, ClippedAndPlain) {
   auto mask = t2({{1}});
   // V_clip = 0 + clip(1, -0.5, 0.5) = 0.5: max((0.5-2)^2, (1-2)^2) = 2.25; times 0.5.
   EXPECT_NEAR(value_loss(t2({{1}}), t2({{0}}), t2({{2}}), mask, 0.5, LossAggregation::kTokenMean)
-                  .item<double>(), 1.125, kTol);
+                  .item<double>(),
+              1.125, kTol);
   EXPECT_NEAR(value_loss(t2({{1}}), t2({{0}}), t2({{2}}), mask, 0.0, LossAggregation::kTokenMean)
-                  .item<double>(), 0.5, kTol);
+                  .item<double>(),
+              0.5, kTol);
 }
 
 }  // namespace

@@ -5,11 +5,10 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/errors.h"
@@ -26,7 +25,8 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
 std::string temp_file(const std::string& name, const std::string& text) {
-  auto dir = std::filesystem::temp_directory_path() / ("rlhf-ppo-test-" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("rlhf-ppo-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::string path = (dir / name).string();
   std::ofstream(path) << text;
@@ -58,13 +58,15 @@ TEST(PromptDataset, BadLineIsFatalWithFileAndLine) {
     load_prompts(c);
     FAIL() << "accepted";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find(path + ":2: key \"input\": expected a string"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(path + ":2: key \"input\": expected a string"),
+              std::string::npos)
         << e.what();
   }
 }
 
 TEST(PromptDataset, BadLinesSkippedAndCounted) {
-  std::string path = temp_file("skip.jsonl", "{\"input\": \"a\"}\n{oops\n{\"other\": 1}\n{\"input\": \"b\"}\n");
+  std::string path =
+      temp_file("skip.jsonl", "{\"input\": \"a\"}\n{oops\n{\"other\": 1}\n{\"input\": \"b\"}\n");
   PromptDataConfig c;
   c.source = path;
   c.bad_lines = BadLinePolicy::kSkip;
@@ -111,7 +113,8 @@ enum class ServerMode { kOk, kStatus500, kBadJson, kWrongCount, kSlow };
 // Serves exactly one request on 127.0.0.1:<port> as `mode` says.
 class RewardServer {
  public:
-  explicit RewardServer(ServerMode mode) : acceptor_(ioc_, {net::ip::make_address("127.0.0.1"), 0}) {
+  explicit RewardServer(ServerMode mode)
+      : acceptor_(ioc_, {net::ip::make_address("127.0.0.1"), 0}) {
     port_ = acceptor_.local_endpoint().port();
     thread_ = std::thread([this, mode] { serve(mode); });
   }
@@ -138,7 +141,8 @@ class RewardServer {
     nlohmann::json rewards = nlohmann::json::array();
     for (const auto& r : last_request["responses"]) rewards.push_back(r.get<std::string>().size());
     if (mode == ServerMode::kWrongCount) rewards.push_back(0);
-    res.body() = mode == ServerMode::kBadJson ? "not json" : nlohmann::json{{"rewards", rewards}}.dump();
+    res.body() =
+        mode == ServerMode::kBadJson ? "not json" : nlohmann::json{{"rewards", rewards}}.dump();
     if (mode == ServerMode::kStatus500) {
       res.result(http::status::internal_server_error);
       res.body() = "verifier crashed";
@@ -177,7 +181,8 @@ TEST(RemoteReward, FailuresAreNamedErrors) {
   EXPECT_NE(error_of(ServerMode::kStatus500).find("HTTP 500: verifier crashed"), std::string::npos);
   EXPECT_NE(error_of(ServerMode::kBadJson).find("expected a JSON object with a \"rewards\" list"),
             std::string::npos);
-  EXPECT_NE(error_of(ServerMode::kWrongCount).find("sent 2 samples, got 3 rewards"), std::string::npos);
+  EXPECT_NE(error_of(ServerMode::kWrongCount).find("sent 2 samples, got 3 rewards"),
+            std::string::npos);
   std::string slow = error_of(ServerMode::kSlow, 0.3);
   EXPECT_NE(slow.find("no reply within"), std::string::npos) << slow;
   EXPECT_NE(slow.find("/score"), std::string::npos) << slow;

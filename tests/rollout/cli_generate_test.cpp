@@ -6,13 +6,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
-#include "tests/support/run_cli.h"
 #include "models/pretrained.h"
 #include "rollout/generator.h"
+#include "tests/support/run_cli.h"
 
 namespace rlhf {
 namespace {
@@ -36,7 +35,8 @@ class GenerateCli : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new std::string(test::write_temp("gen-model-dummy", "") + "-model");
-    auto r = run_cli({"init-model", "--preset", "tiny", "--out", *dir_, "--dtype", "fp32", "--seed", "3", "--force"});
+    auto r = run_cli({"init-model", "--preset", "tiny", "--out", *dir_, "--dtype", "fp32", "--seed",
+                      "3", "--force"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   static std::string* dir_;
@@ -44,13 +44,15 @@ class GenerateCli : public ::testing::Test {
 std::string* GenerateCli::dir_ = nullptr;
 
 TEST_F(GenerateCli, GreedyEqualsTheLibraryAndSeedsReproduce) {
-  const std::string out1 = test::write_temp("gen1.jsonl", ""), out2 = test::write_temp("gen2.jsonl", "");
-  const std::string input = test::write_temp("prompts.jsonl", "{\"prompt\": \"hello\"}\n\"a longer prompt\"\n");
-  auto r = run_cli({"generate", "--model", *dir_, "--input", input, "--n", "2", "--max-new-tokens", "5", "--seed", "4",
-                    "--top-k", "20", "--output", out1});
+  const std::string out1 = test::write_temp("gen1.jsonl", ""),
+                    out2 = test::write_temp("gen2.jsonl", "");
+  const std::string input =
+      test::write_temp("prompts.jsonl", "{\"prompt\": \"hello\"}\n\"a longer prompt\"\n");
+  auto r = run_cli({"generate", "--model", *dir_, "--input", input, "--n", "2", "--max-new-tokens",
+                    "5", "--seed", "4", "--top-k", "20", "--output", out1});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = run_cli({"generate", "--model", *dir_, "--input", input, "--n", "2", "--max-new-tokens", "5", "--seed", "4",
-               "--top-k", "20", "--output", out2});
+  r = run_cli({"generate", "--model", *dir_, "--input", input, "--n", "2", "--max-new-tokens", "5",
+               "--seed", "4", "--top-k", "20", "--output", out2});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto a = lines_of(slurp(out1));
   ASSERT_EQ(a.size(), 4u);
@@ -60,8 +62,8 @@ TEST_F(GenerateCli, GreedyEqualsTheLibraryAndSeedsReproduce) {
   EXPECT_EQ(a[3]["sample"], 1);
   for (const auto& j : a) EXPECT_LE(j["response_ids"].size(), 5u);
 
-  r = run_cli({"generate", "--model", *dir_, "--prompt", "hello", "--temperature", "0", "--max-new-tokens", "6",
-               "--output", out1});
+  r = run_cli({"generate", "--model", *dir_, "--prompt", "hello", "--temperature", "0",
+               "--max-new-tokens", "6", "--output", out1});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto greedy = lines_of(slurp(out1));
   ASSERT_EQ(greedy.size(), 1u);
@@ -86,7 +88,8 @@ TEST_F(GenerateCli, GreedyEqualsTheLibraryAndSeedsReproduce) {
 }
 
 TEST_F(GenerateCli, TextOutputForOnePromptAndInputErrors) {
-  auto r = run_cli({"generate", "--model", *dir_, "--prompt", "hi", "--n", "2", "--max-new-tokens", "3"});
+  auto r = run_cli(
+      {"generate", "--model", *dir_, "--prompt", "hi", "--n", "2", "--max-new-tokens", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("--- sample 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--- sample 1"), std::string::npos) << r.out;

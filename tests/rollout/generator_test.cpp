@@ -2,6 +2,8 @@
 // full recomputation (one unpadded prompt at a time, no cache), token for token; sampled
 // tokens respect top-k at every step (checked against recomputed logits); returned
 // log-probs equal the model's recomputed log-probs; seeds reproduce. Tiny FP32 models.
+#include "rollout/generator.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -13,7 +15,6 @@
 #include "core/errors.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
-#include "rollout/generator.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -69,7 +70,8 @@ std::vector<int64_t> greedy_reference(CausalLM& model, std::vector<int64_t> seq,
     const auto L = static_cast<int64_t>(seq.size());
     auto ids = torch::tensor(seq, torch::kInt64).view({1, L});
     auto hidden = model.forward(ids, torch::ones_like(ids));
-    const int64_t token = model.logits(hidden.narrow(1, L - 1, 1)).view({-1}).argmax().item<int64_t>();
+    const int64_t token =
+        model.logits(hidden.narrow(1, L - 1, 1)).view({-1}).argmax().item<int64_t>();
     response.push_back(token);
     seq.push_back(token);
     if (std::find(stops.begin(), stops.end(), token) != stops.end()) break;
@@ -140,8 +142,9 @@ TEST_P(GreedyCacheVsRecompute, TokenForToken) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Rollout, GreedyCacheVsRecompute,
-                         ::testing::Values(GreedyCase{1, 8, 0.25}, GreedyCase{3, 8, 0.25}, GreedyCase{5, 8, 0.25},
-                                           GreedyCase{5, 2, 0.0}, GreedyCase{5, 8, 0.0}));
+                         ::testing::Values(GreedyCase{1, 8, 0.25}, GreedyCase{3, 8, 0.25},
+                                           GreedyCase{5, 8, 0.25}, GreedyCase{5, 2, 0.0},
+                                           GreedyCase{5, 8, 0.0}));
 
 TEST(Generator, NSamplesShareOnePrefillAndGreedySamplesAreIdentical) {
   auto model = tiny_model(2);
@@ -157,7 +160,8 @@ TEST(Generator, NSamplesShareOnePrefillAndGreedySamplesAreIdentical) {
   ASSERT_EQ(out.sequences.size(0), 6);
   for (int64_t i = 0; i < 2; ++i) {
     auto expected = greedy_reference(*model, prompts[i], 6, {});
-    for (int64_t s = 0; s < 3; ++s) EXPECT_EQ(response_of(out, i * 3 + s), expected) << "prompt " << i << " sample " << s;
+    for (int64_t s = 0; s < 3; ++s)
+      EXPECT_EQ(response_of(out, i * 3 + s), expected) << "prompt " << i << " sample " << s;
   }
 }
 
@@ -203,7 +207,8 @@ TEST(Generator, Bf16SampledLogProbsMatchTheRecomputationWithinBf16Rounding) {
   SamplingParams params;
   params.seed = 9;
   auto out = generator.generate(ids, mask, params);
-  auto diff = (out.log_probs - recomputed_log_probs(*model, out)).abs().masked_select(out.action_mask);
+  auto diff =
+      (out.log_probs - recomputed_log_probs(*model, out)).abs().masked_select(out.action_mask);
   // BF16 keeps 8 significant bits: the cached and the full forward round the hidden states
   // differently (relative 2^-8 per op), which moves the logits by ~1e-2. Measured here: mean
   // 0.004, max 0.016; the bounds leave ~5x margin (FP32 above is held to 1e-4).
@@ -231,7 +236,8 @@ TEST(Generator, TopKTokensAreAmongTheKMostLikelyAtEveryStep) {
   for (int64_t r = 0; r < out.sequences.size(0); ++r) {
     for (int64_t t = 0; t < out.response_lengths[r].item<int64_t>(); ++t) {
       auto top = std::get<1>(logits[r][P - 1 + t].topk(3));
-      EXPECT_TRUE(top.eq(out.sequences[r][P + t]).any().item<bool>()) << "row " << r << " step " << t;
+      EXPECT_TRUE(top.eq(out.sequences[r][P + t]).any().item<bool>())
+          << "row " << r << " step " << t;
       ++checked;
     }
   }

@@ -35,15 +35,19 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   auto& rollout = scheduler.group(Role::kRollout);
 
   const int64_t max_new = 6, n = 2;
-  const nlohmann::json load = {{"preset", "tiny"},          {"seed", 2},       {"max_new_tokens", max_new},
-                               {"n_samples_per_prompt", n}, {"micro_batch_size", 2}, {"stop_token_ids", {7, 19}}};
-  for (const auto& reply : rollout.call_all("load_model", load)) EXPECT_EQ(reply.args.at("weight_version"), 0);
+  const nlohmann::json load = {{"preset", "tiny"},          {"seed", 2},
+                               {"max_new_tokens", max_new}, {"n_samples_per_prompt", n},
+                               {"micro_batch_size", 2},     {"stop_token_ids", {7, 19}}};
+  for (const auto& reply : rollout.call_all("load_model", load))
+    EXPECT_EQ(reply.args.at("weight_version"), 0);
 
   // The actor: a different initialisation (seed 1), sent as version 5.
   auto actor = std::make_shared<models::CausalLM>(models::preset_config("tiny"));
   actor->init_weights(1);
   const std::string store = config.run_dir + "/weight-sync.store";
-  auto receiving = std::async(std::launch::async, [&] { return rollout.call_all("sync_weights", {{"store_path", store}}); });
+  auto receiving = std::async(std::launch::async, [&] {
+    return rollout.call_all("sync_weights", {{"store_path", store}});
+  });
   transport::CollectiveConfig group_config;
   group_config.rank = 0;
   group_config.size = 3;
@@ -65,7 +69,9 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   ids.masked_fill_(mask == 0, 0);
   const nlohmann::json sampling = {{"temperature", 1.0}, {"top_p", 0.95}, {"seed", 11}};
   auto out = rollout.scatter("generate",
-                             {{"prompt_ids", ids}, {"prompt_mask", mask}, {"prompt_index", torch::arange(B, torch::kInt64)}},
+                             {{"prompt_ids", ids},
+                              {"prompt_mask", mask},
+                              {"prompt_index", torch::arange(B, torch::kInt64)}},
                              2, sampling);
   ASSERT_EQ(out.tensor("sequences").sizes(), (std::vector<int64_t>{B * n, P + max_new}));
   for (const auto& mb : out.args.at("micro_batches")) EXPECT_EQ(mb.at("weight_version"), 5);

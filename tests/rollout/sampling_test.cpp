@@ -1,5 +1,7 @@
 // Sampling on fixed logits: warper semantics (top-k, top-p), the statistics of the draws,
 // reproducibility per (seed, row), and parameter validation.
+#include "rollout/sampling.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "rollout/sampling.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -18,7 +19,8 @@ const std::vector<int64_t> kPlace = {7, 2, 9, 0, 5, 3, 8, 1, 6, 4};  // kProbs[i
 
 torch::Tensor fixed_logits(int64_t rows) {
   auto logits = torch::empty({10}, torch::kFloat32);
-  for (size_t i = 0; i < kProbs.size(); ++i) logits[kPlace[i]] = std::log(kProbs[i]) + 3.0;  // shift: irrelevant
+  for (size_t i = 0; i < kProbs.size(); ++i)
+    logits[kPlace[i]] = std::log(kProbs[i]) + 3.0;  // shift: irrelevant
   return logits.unsqueeze(0).repeat({rows, 1});
 }
 
@@ -41,8 +43,8 @@ std::vector<int64_t> histogram(const SamplingParams& params, int64_t rows, int64
 }
 
 // Pearson's chi-square of `counts` against `expected` probabilities over the tokens listed.
-double chi_square(const std::vector<int64_t>& counts, const std::vector<std::pair<int64_t, double>>& expected,
-                  int64_t total) {
+double chi_square(const std::vector<int64_t>& counts,
+                  const std::vector<std::pair<int64_t, double>>& expected, int64_t total) {
   double chi = 0;
   for (const auto& [token, p] : expected) {
     const double e = p * static_cast<double>(total);
@@ -58,7 +60,8 @@ TEST(Sampling, TopPKeepsTheSmallestNucleusAndMatchesItsRenormalisedDistribution)
   const int64_t rows = 2000, calls = 10, total = rows * calls;
   auto counts = histogram(params, rows, calls);
   // Outside the nucleus the probability is exactly 0: not a single draw may land there.
-  for (size_t i = 3; i < kProbs.size(); ++i) EXPECT_EQ(counts[kPlace[i]], 0) << "token " << kPlace[i];
+  for (size_t i = 3; i < kProbs.size(); ++i)
+    EXPECT_EQ(counts[kPlace[i]], 0) << "token " << kPlace[i];
   const double mass = 0.3 + 0.2 + 0.15;
   std::vector<std::pair<int64_t, double>> expected = {
       {kPlace[0], 0.3 / mass}, {kPlace[1], 0.2 / mass}, {kPlace[2], 0.15 / mass}};
@@ -89,7 +92,8 @@ TEST(Sampling, TopKNeverLeavesTheKMostLikely) {
   auto counts = histogram(params, 500, 4);
   EXPECT_GT(counts[kPlace[0]], 0);
   EXPECT_GT(counts[kPlace[1]], 0);
-  for (size_t i = 2; i < kProbs.size(); ++i) EXPECT_EQ(counts[kPlace[i]], 0) << "token " << kPlace[i];
+  for (size_t i = 2; i < kProbs.size(); ++i)
+    EXPECT_EQ(counts[kPlace[i]], 0) << "token " << kPlace[i];
 }
 
 TEST(Sampling, GreedyTakesTheArgmaxAndReportsTheModelLogProb) {

@@ -2,6 +2,8 @@
 // sync every rollout rank's tensors equal the actor's (exact per-tensor checksums), from a
 // plain model and from a ZeRO-3 trainer sharded over 2 ranks; a layout mismatch fails on
 // both sides with a message instead of hanging.
+#include "rollout/weight_sync.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,7 +19,6 @@
 #include "../transport/child_process.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
-#include "rollout/weight_sync.h"
 #include "test_paths.h"
 
 namespace rlhf::rollout {
@@ -37,7 +38,8 @@ std::string fresh_dir(const std::string& name) {
 
 struct Digest {
   int64_t version = -1;
-  std::map<std::string, std::pair<std::string, std::string>> tensors;  // name -> (sum, weighted sum)
+  std::map<std::string, std::pair<std::string, std::string>>
+      tensors;  // name -> (sum, weighted sum)
 };
 
 Digest read_digest(const std::string& path) {
@@ -63,7 +65,8 @@ std::string log_of(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() != ".log") continue;
     std::ifstream in(e.path());
-    all += "== " + e.path().filename().string() + "\n" + std::string(std::istreambuf_iterator<char>(in), {});
+    all += "== " + e.path().filename().string() + "\n" +
+           std::string(std::istreambuf_iterator<char>(in), {});
   }
   return all;
 }
@@ -84,7 +87,8 @@ void expect_same_weights(const Digest& actor, const Digest& rollout) {
 TEST(WeightSync, PlainModelToTwoRolloutRanksOverGloo) {
   const auto dir = fresh_dir("plain");
   const auto store = dir + "/sync.store";
-  ChildProcess actor({kWorker, "model-sender", store, "0", "3", dir + "/actor.txt"}, dir + "/actor.log");
+  ChildProcess actor({kWorker, "model-sender", store, "0", "3", dir + "/actor.txt"},
+                     dir + "/actor.log");
   ChildProcess r1({kWorker, "receiver", store, "1", "3", dir + "/r1.txt"}, dir + "/r1.log");
   ChildProcess r2({kWorker, "receiver", store, "2", "3", dir + "/r2.txt"}, dir + "/r2.log");
   ASSERT_EQ(actor.wait(std::chrono::seconds(90)), 0) << log_of(dir);
@@ -103,8 +107,10 @@ TEST(WeightSync, PlainModelToTwoRolloutRanksOverGloo) {
 TEST(WeightSync, Zero3ActorOverTwoRanksGathersOneUnitAtATime) {
   const auto dir = fresh_dir("zero3");
   const auto sync = dir + "/sync.store", train = dir + "/train.store";
-  ChildProcess a0({kWorker, "trainer-sender", sync, "0", "2", dir + "/a0.txt", train, "0", "2"}, dir + "/a0.log");
-  ChildProcess a1({kWorker, "trainer-sender", sync, "0", "2", dir + "/a1.txt", train, "1", "2"}, dir + "/a1.log");
+  ChildProcess a0({kWorker, "trainer-sender", sync, "0", "2", dir + "/a0.txt", train, "0", "2"},
+                  dir + "/a0.log");
+  ChildProcess a1({kWorker, "trainer-sender", sync, "0", "2", dir + "/a1.txt", train, "1", "2"},
+                  dir + "/a1.log");
   ChildProcess rollout({kWorker, "receiver", sync, "1", "2", dir + "/r.txt"}, dir + "/r.log");
   ASSERT_EQ(a0.wait(std::chrono::seconds(120)), 0) << log_of(dir);
   ASSERT_EQ(a1.wait(std::chrono::seconds(120)), 0) << log_of(dir);
@@ -126,12 +132,15 @@ TEST(WeightSync, Zero3ActorOverTwoRanksGathersOneUnitAtATime) {
 TEST(WeightSync, LayoutMismatchFailsOnBothSidesWithAMessage) {
   const auto dir = fresh_dir("mismatch");
   const auto store = dir + "/sync.store";
-  ChildProcess actor({kWorker, "model-sender", store, "0", "2", dir + "/actor.txt"}, dir + "/actor.log");
-  ChildProcess rollout({kWorker, "receiver-mismatch", store, "1", "2", dir + "/r.txt"}, dir + "/r.log");
+  ChildProcess actor({kWorker, "model-sender", store, "0", "2", dir + "/actor.txt"},
+                     dir + "/actor.log");
+  ChildProcess rollout({kWorker, "receiver-mismatch", store, "1", "2", dir + "/r.txt"},
+                       dir + "/r.log");
   EXPECT_EQ(actor.wait(std::chrono::seconds(90)), 1);
   EXPECT_EQ(rollout.wait(std::chrono::seconds(90)), 1);
   std::ifstream a(dir + "/actor.log"), r(dir + "/r.log");
-  const std::string actor_log(std::istreambuf_iterator<char>(a), {}), rollout_log(std::istreambuf_iterator<char>(r), {});
+  const std::string actor_log(std::istreambuf_iterator<char>(a), {}),
+      rollout_log(std::istreambuf_iterator<char>(r), {});
   EXPECT_NE(actor_log.find("layout differs"), std::string::npos) << actor_log;
   EXPECT_NE(rollout_log.find("differs from this model's"), std::string::npos) << rollout_log;
   fs::remove_all(dir);

@@ -1,7 +1,8 @@
 // Test helper process for weight_sync_test: one rank of an actor -> rollout weight sync.
 // Writes "version V" and one "name sum weighted_sum" line per tensor to OUT, for the test to
 // compare between the actor and the rollout ranks.
-// Usage: rlhf_weight_sync_worker MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT [TRAIN_STORE TRAIN_RANK TRAIN_SIZE]
+// Usage: rlhf_weight_sync_worker MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT [TRAIN_STORE TRAIN_RANK
+// TRAIN_SIZE]
 //   MODE model-sender:   a plain model (seed 1) is sync rank 0
 //   MODE trainer-sender: a ZeRO-3 trainer over TRAIN_SIZE ranks takes one step, then syncs
 //                        (its rank 0 is sync rank 0; SYNC_* are ignored on other ranks)
@@ -39,8 +40,8 @@ void write_checksums(std::ofstream& out, rollout::NamedTensors tensors) {
   for (const auto& [name, t] : tensors) {
     auto v = t.detach().to(torch::kFloat64).reshape({-1});
     auto w = torch::arange(v.numel(), torch::kInt64).remainder(97).add(1).to(torch::kFloat64);
-    out << name << ' ' << std::setprecision(17) << v.sum().item<double>() << ' ' << (v * w).sum().item<double>()
-        << '\n';
+    out << name << ' ' << std::setprecision(17) << v.sum().item<double>() << ' '
+        << (v * w).sum().item<double>() << '\n';
   }
 }
 
@@ -109,7 +110,8 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc != 6 && argc != 9) {
-    std::cerr << "usage: rlhf_weight_sync_worker MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT [TRAIN_STORE TRAIN_RANK "
+    std::cerr << "usage: rlhf_weight_sync_worker MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT "
+                 "[TRAIN_STORE TRAIN_RANK "
                  "TRAIN_SIZE]\n";
     return 2;
   }

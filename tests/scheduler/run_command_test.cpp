@@ -18,7 +18,7 @@ using testing::read_file;
 struct RunningJob {
   std::string dir;
   std::unique_ptr<testing::RlhfProcess> run;
-  std::vector<int> pids;       // workers, from workers.json
+  std::vector<int> pids;  // workers, from workers.json
   std::vector<std::string> logs;
 };
 
@@ -28,11 +28,11 @@ RunningJob start_job(const std::string& name, int rounds) {
   RunningJob job;
   job.dir = testing::fresh_run_dir(name);
   job.run = std::make_unique<testing::RlhfProcess>(
-      std::vector<std::string>{"run", std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json", "--set",
-                               "logger.run_dir=" + job.dir, "--set", "name=job",
+      std::vector<std::string>{"run", std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json",
+                               "--set", "logger.run_dir=" + job.dir, "--set", "name=job",
                                // a reward model instead of the example's rule: five roles
-                               "--set", "reward.rule=", "--set", "reward.model=unused", "--smoke-rounds",
-                               std::to_string(rounds)},
+                               "--set", "reward.rule=", "--set", "reward.model=unused",
+                               "--smoke-rounds", std::to_string(rounds)},
       job.dir);
   const std::string listing = job.dir + "/job/workers.json";
   EXPECT_TRUE(poll_until([&] { return !read_file(listing).empty(); }, 30s)) << job.run->err();
@@ -42,11 +42,13 @@ RunningJob start_job(const std::string& name, int rounds) {
     job.pids.push_back(w.at("pid").get<int>());
     job.logs.push_back(w.at("log").get<std::string>());
   }
-  EXPECT_TRUE(poll_until([&] {
-    for (const auto& log : job.logs)
-      if (read_file(log).find("registered with") == std::string::npos) return false;
-    return true;
-  }, 60s));
+  EXPECT_TRUE(poll_until(
+      [&] {
+        for (const auto& log : job.logs)
+          if (read_file(log).find("registered with") == std::string::npos) return false;
+        return true;
+      },
+      60s));
   return job;
 }
 
@@ -59,7 +61,8 @@ TEST(RunCommand, SmokeJobSucceedsAndStopsItsWorkers) {
   auto status = job.run->wait(60s);
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << job.run->err();
-  EXPECT_NE(job.run->out().find("smoke driver: 5 workers registered"), std::string::npos) << job.run->out();
+  EXPECT_NE(job.run->out().find("smoke driver: 5 workers registered"), std::string::npos)
+      << job.run->out();
   EXPECT_NE(job.run->out().find("rollout: ping all 1 ranks"), std::string::npos);
   EXPECT_NE(job.run->out().find("smoke driver: ok"), std::string::npos);
   ASSERT_EQ(job.pids.size(), 5u);
@@ -76,8 +79,11 @@ TEST(RunCommand, KilledWorkerStopsTheJobWithinFiveSeconds) {
   EXPECT_LT(testing::Clock::now() - t0, 5s) << "the issue's bound: detected, reported and stopped";
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1);
   const std::string err = job.run->err();
-  EXPECT_NE(err.find("job failed: worker critic[0] killed by signal 9 (SIGKILL)"), std::string::npos) << err;
-  EXPECT_NE(err.find("role critic, rank 0 of 1, host 127.0.0.1 (node local), device cpu:1"), std::string::npos)
+  EXPECT_NE(err.find("job failed: worker critic[0] killed by signal 9 (SIGKILL)"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("role critic, rank 0 of 1, host 127.0.0.1 (node local), device cpu:1"),
+            std::string::npos)
       << err;
   EXPECT_NE(err.find("| [critic 0] registered with"), std::string::npos) << err;
   expect_all_gone(job.pids);
@@ -101,11 +107,13 @@ TEST(RunCommand, WorkersDieWithAKilledScheduler) {
   ASSERT_EQ(job.pids.size(), 5u);
   ASSERT_EQ(::kill(job.run->pid(), SIGKILL), 0);  // no chance to clean up
   ASSERT_TRUE(job.run->wait(10s).has_value());
-  EXPECT_TRUE(poll_until([&] {
-    for (int pid : job.pids)
-      if (pid_alive(pid)) return false;
-    return true;
-  }, 10s));
+  EXPECT_TRUE(poll_until(
+      [&] {
+        for (int pid : job.pids)
+          if (pid_alive(pid)) return false;
+        return true;
+      },
+      10s));
 }
 
 }  // namespace

@@ -1,14 +1,14 @@
 // The scheduler with real `rlhf worker` processes: bit-exact tensors through two role
 // groups, in-order fan-out over three ranks, error replies, failure reports for killed and
 // silent workers within 5 s, refusal of strays without the token, and no process left over.
-#include <gtest/gtest.h>
+#include "scheduler/scheduler.h"
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <set>
 
 #include "scheduler/role_group.h"
-#include "scheduler/scheduler.h"
 #include "scheduler/worker_process.h"
 #include "tests/support/processes.h"
 #include "transport/channel.h"
@@ -62,7 +62,8 @@ std::vector<NamedTensor> mixed_tensors() {
 }
 
 TEST(Scheduler, TwoRoleJobExchangesTensorsBitExact) {
-  Scheduler s(test_config("two-role"), testing::local_placement({{Role::kActor, 1}, {Role::kCritic, 2}}));
+  Scheduler s(test_config("two-role"),
+              testing::local_placement({{Role::kActor, 1}, {Role::kCritic, 2}}));
   s.start();
   const auto pids = pids_of(s);
   const auto sent = mixed_tensors();
@@ -94,8 +95,9 @@ TEST(Scheduler, TwoRoleJobExchangesTensorsBitExact) {
   s.shutdown();
   expect_all_gone(pids);
   // Each worker's output went to its own log.
-  EXPECT_NE(testing::read_file(s.config().run_dir + "/logs/critic-1.log").find("[critic 1] registered"),
-            std::string::npos);
+  EXPECT_NE(
+      testing::read_file(s.config().run_dir + "/logs/critic-1.log").find("[critic 1] registered"),
+      std::string::npos);
 }
 
 TEST(Scheduler, FanOutOverThreeRanksReturnsInBatchOrder) {
@@ -106,8 +108,8 @@ TEST(Scheduler, FanOutOverThreeRanksReturnsInBatchOrder) {
   const auto rows = at::arange(13 * 4, at::kLong).reshape({13, 4});
   const auto values = at::randn({13});
   // delay_ms makes rank 0 answer last, so arrival order differs from batch order.
-  Message out = s.group(Role::kRef).scatter("echo", {{"rows", rows}, {"values", values}}, 2,
-                                            {{"delay_ms", 40}});
+  Message out = s.group(Role::kRef)
+                    .scatter("echo", {{"rows", rows}, {"values", values}}, 2, {{"delay_ms", 40}});
   EXPECT_TRUE(at::equal(out.tensor("rows"), rows));
   EXPECT_TRUE(at::equal(out.tensor("values"), values));
   const auto& micro = out.args.at("micro_batches");
@@ -124,8 +126,9 @@ TEST(Scheduler, EqualPerRankDispatchGivesEveryRankTheSameNumberOfCalls) {
   Scheduler s(test_config("equal-per-rank"), testing::local_placement({{Role::kActor, 3}}));
   s.start();
   const auto rows = at::arange(13 * 4, at::kLong).reshape({13, 4});
-  Message out = s.group(Role::kActor).scatter("echo", {{"rows", rows}}, 2, {{"delay_ms", 20}},
-                                              std::nullopt, Dispatch::kEqualPerRank);
+  Message out = s.group(Role::kActor)
+                    .scatter("echo", {{"rows", rows}}, 2, {{"delay_ms", 20}}, std::nullopt,
+                             Dispatch::kEqualPerRank);
   EXPECT_TRUE(at::equal(out.tensor("rows"), rows));
   const auto& micro = out.args.at("micro_batches");
   ASSERT_EQ(micro.size(), 7u);
@@ -135,8 +138,9 @@ TEST(Scheduler, EqualPerRankDispatchGivesEveryRankTheSameNumberOfCalls) {
   for (const auto& reply : s.group(Role::kActor).call_all("echo"))
     EXPECT_EQ(reply.args.at("served").get<int64_t>(), 4) << "rank " << reply.args.at("rank");
   // One micro batch over 3 ranks: each rank still gets exactly one call.
-  Message one = s.group(Role::kActor).scatter("echo", {{"rows", rows}}, 64, nlohmann::json::object(),
-                                              std::nullopt, Dispatch::kEqualPerRank);
+  Message one = s.group(Role::kActor)
+                    .scatter("echo", {{"rows", rows}}, 64, nlohmann::json::object(), std::nullopt,
+                             Dispatch::kEqualPerRank);
   EXPECT_TRUE(at::equal(one.tensor("rows"), rows));
   for (const auto& reply : s.group(Role::kActor).call_all("echo"))
     EXPECT_EQ(reply.args.at("served").get<int64_t>(), 6) << "rank " << reply.args.at("rank");
@@ -149,8 +153,10 @@ TEST(Scheduler, ErrorReplyNamesTheRankAndTheWorkerKeepsServing) {
     s.group(Role::kReward).call(1, request("no_such_op"));
     FAIL() << "expected an error";
   } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("reward[1] operation \"no_such_op\" failed: unknown operation"),
-              std::string::npos) << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("reward[1] operation \"no_such_op\" failed: unknown operation"),
+        std::string::npos)
+        << e.what();
   }
   EXPECT_EQ(s.group(Role::kReward).call_all("ping").size(), 2u);
 }
@@ -164,21 +170,27 @@ TEST(Scheduler, RequestPastItsDeadlineFailsWithoutStoppingTheJob) {
     s.group(Role::kActor).call(0, slow, 300ms);
     FAIL() << "expected a timeout";
   } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("operation \"echo\" on actor[0]"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("no reply before its deadline"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("operation \"echo\" on actor[0]"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("no reply before its deadline"), std::string::npos)
+        << e.what();
   }
   EXPECT_EQ(s.group(Role::kActor).call(1, request("ping")).args.at("rank"), 1);
 }
 
 TEST(Scheduler, KilledWorkerIsReportedWithinFiveSeconds) {
-  Scheduler s(test_config("kill-9"), testing::local_placement({{Role::kActor, 2}, {Role::kCritic, 1}}));
+  Scheduler s(test_config("kill-9"),
+              testing::local_placement({{Role::kActor, 2}, {Role::kCritic, 1}}));
   s.start();
   const auto pids = pids_of(s);
   const int victim = s.workers()[1].pid;  // actor rank 1
   // Its registration line is in the log once it has processed the scheduler's answer.
-  ASSERT_TRUE(poll_until([&] {
-    return testing::read_file(s.workers()[1].log_path).find("registered with") != std::string::npos;
-  }, 10s));
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return testing::read_file(s.workers()[1].log_path).find("registered with") !=
+               std::string::npos;
+      },
+      10s));
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   const auto t0 = testing::Clock::now();
   std::string report;
@@ -189,9 +201,11 @@ TEST(Scheduler, KilledWorkerIsReportedWithinFiveSeconds) {
   }
   const auto elapsed = testing::Clock::now() - t0;
   EXPECT_LT(elapsed, 5s) << "the issue's bound on detection";
-  EXPECT_NE(report.find("worker actor[1] killed by signal 9 (SIGKILL)"), std::string::npos) << report;
+  EXPECT_NE(report.find("worker actor[1] killed by signal 9 (SIGKILL)"), std::string::npos)
+      << report;
   EXPECT_NE(report.find("role actor, rank 1 of 2, host 127.0.0.1 (node local), device cpu:1"),
-            std::string::npos) << report;
+            std::string::npos)
+      << report;
   EXPECT_NE(report.find("| [actor 1] registered with"), std::string::npos) << report;  // log tail
   s.shutdown();
   expect_all_gone(pids);
@@ -213,7 +227,8 @@ TEST(Scheduler, SilentWorkerIsDetectedAndKilled) {
   }
   EXPECT_LT(testing::Clock::now() - t0, 5s);
   EXPECT_NE(report.find("worker rollout[0] stopped answering: no message for 1500 ms (killed)"),
-            std::string::npos) << report;
+            std::string::npos)
+      << report;
   s.shutdown();
   expect_all_gone(pids);
 }
@@ -239,26 +254,33 @@ TEST(Scheduler, ProcessWithoutTheTokenIsRefused) {
   zmq::context_t ctx(1);
   Channel stray(ctx, zmq::socket_type::dealer, 0ms);
   stray.connect(s.endpoint());
-  EXPECT_NE(refusal(stray, registration("not-the-token", "actor", 0, getpid())).find("wrong or missing job token"),
+  EXPECT_NE(refusal(stray, registration("not-the-token", "actor", 0, getpid()))
+                .find("wrong or missing job token"),
             std::string::npos);
-  EXPECT_NE(refusal(stray, request("echo")).find("a request from a peer that has not registered"), std::string::npos);
+  EXPECT_NE(refusal(stray, request("echo")).find("a request from a peer that has not registered"),
+            std::string::npos);
   // Even with the token, a process other than the launched worker cannot take its place.
-  EXPECT_NE(refusal(stray, registration(s.token(), "actor", 0, getpid())).find("already registered"),
-            std::string::npos);
-  EXPECT_NE(refusal(stray, registration(s.token(), "critic", 0, getpid())).find("no worker critic[0]"),
-            std::string::npos);
+  EXPECT_NE(
+      refusal(stray, registration(s.token(), "actor", 0, getpid())).find("already registered"),
+      std::string::npos);
+  EXPECT_NE(
+      refusal(stray, registration(s.token(), "critic", 0, getpid())).find("no worker critic[0]"),
+      std::string::npos);
   EXPECT_EQ(s.refused_registrations(), 4);
 
   // A real worker process started with a wrong token is refused and exits 1.
   auto placement = testing::local_placement({{Role::kActor, 1}}).workers[0];
-  WorkerProcess impostor(placement, RLHF_CLI_PATH, {"worker"},
-                         {{kEnvScheduler, s.endpoint()}, {kEnvToken, "0123"}, {kEnvRunDir, s.config().run_dir}},
-                         s.config().run_dir + "/impostor.log");
+  WorkerProcess impostor(
+      placement, RLHF_CLI_PATH, {"worker"},
+      {{kEnvScheduler, s.endpoint()}, {kEnvToken, "0123"}, {kEnvRunDir, s.config().run_dir}},
+      s.config().run_dir + "/impostor.log");
   std::optional<int> status;
   ASSERT_TRUE(poll_until([&] { return (status = impostor.poll_exit()).has_value(); }, 30s));
   EXPECT_EQ(describe_wait_status(*status), "exit code 1");
-  EXPECT_NE(testing::read_file(impostor.log_path()).find("refused registration: registration refused: wrong"),
-            std::string::npos) << testing::read_file(impostor.log_path());
+  EXPECT_NE(testing::read_file(impostor.log_path())
+                .find("refused registration: registration refused: wrong"),
+            std::string::npos)
+      << testing::read_file(impostor.log_path());
   EXPECT_EQ(s.refused_registrations(), 5);
   EXPECT_EQ(s.group(Role::kActor).call_all("ping").size(), 1u);  // the job is unaffected
 }

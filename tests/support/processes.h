@@ -57,7 +57,8 @@ inline std::string read_file(const std::string& path) {
 // A fresh directory for one test's run.
 inline std::string fresh_run_dir(const std::string& name) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(RLHF_BINARY_DIR) / "test-runs" / (name + "-" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::path(RLHF_BINARY_DIR) / "test-runs" / (name + "-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
@@ -76,9 +77,12 @@ inline Placement local_placement(const std::vector<std::pair<Role, int>>& groups
       w.node = "local";
       w.host = "127.0.0.1";
       w.device_id = device;
-      w.env = {{kEnvRole, role_name(role)},     {kEnvRank, std::to_string(rank)},
-               {kEnvWorldSize, std::to_string(size)}, {kEnvDevice, "cpu:" + std::to_string(device)},
-               {kEnvNode, "local"},              {"OMP_NUM_THREADS", "1"}};
+      w.env = {{kEnvRole, role_name(role)},
+               {kEnvRank, std::to_string(rank)},
+               {kEnvWorldSize, std::to_string(size)},
+               {kEnvDevice, "cpu:" + std::to_string(device)},
+               {kEnvNode, "local"},
+               {"OMP_NUM_THREADS", "1"}};
       p.workers.push_back(w);
     }
   }
@@ -114,11 +118,13 @@ class RlhfProcess {
   int pid() const { return pid_; }
   // The waitpid status if it exited within `limit`, nullopt otherwise.
   std::optional<int> wait(std::chrono::milliseconds limit) {
-    poll_until([&] {
-      int s = 0;
-      if (!status_ && waitpid(pid_, &s, WNOHANG) == pid_) status_ = s;
-      return status_.has_value();
-    }, limit);
+    poll_until(
+        [&] {
+          int s = 0;
+          if (!status_ && waitpid(pid_, &s, WNOHANG) == pid_) status_ = s;
+          return status_.has_value();
+        },
+        limit);
     return status_;
   }
   std::string out() const { return read_file(out_); }

@@ -67,9 +67,8 @@ void check_cases(const Tokenizer& tok, const std::string& expected_file) {
     }
     EXPECT_EQ(tok.decode(ids, SkipSpecial::kYes), c["decoded_skip_special"].get<std::string>())
         << text;
-    const bool reference_round_trips = c.contains("decoded")
-                                           ? c["decoded"] == c["text"]
-                                           : c["decoded_skip_special"] == c["text"];
+    const bool reference_round_trips =
+        c.contains("decoded") ? c["decoded"] == c["text"] : c["decoded_skip_special"] == c["text"];
     if (!has_special_text(text) && reference_round_trips) {
       EXPECT_EQ(tok.decode(ids, SkipSpecial::kNo), text) << "round trip";
     }
@@ -301,7 +300,8 @@ TEST(Tokenizer, AddBosTokenOverridesTemplateForLlamaClassesOnly) {
   const auto dir = write_tokenizer_json("template", nlohmann::json::parse(R"({
     "added_tokens": [{"id": 3, "content": "<s>", "special": true}],
     "post_processor": {"type": "TemplateProcessing",
-      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A",
+          "type_id": 0}}],
       "special_tokens": {"<s>": {"id": "<s>", "ids": [3], "tokens": ["<s>"]}}}})"));
   const auto with_config = [&](const char* config) {
     std::ofstream(fs::path(dir) / "tokenizer_config.json") << config;

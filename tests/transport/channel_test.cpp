@@ -1,11 +1,11 @@
 // Channels over real sockets: wildcard tcp binding reads the port back, multipart
 // messages cross tcp and ipc bit-exact, receive timeouts give an empty optional.
-#include <gtest/gtest.h>
+#include "transport/channel.h"
 
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "transport/channel.h"
 #include "transport/job_token.h"
 
 namespace rlhf {
@@ -39,7 +39,9 @@ TEST(Channel, TcpWildcardBindReadsThePortBack) {
   EXPECT_GT(std::stoi(endpoint.substr(endpoint.rfind(':') + 1)), 0);
 }
 
-TEST(Channel, TensorsCrossTcpBitExact) { round_trip(tcp_wildcard("127.0.0.1")); }
+TEST(Channel, TensorsCrossTcpBitExact) {
+  round_trip(tcp_wildcard("127.0.0.1"));
+}
 
 TEST(Channel, TensorsCrossIpcBitExact) {
   round_trip("ipc:///tmp/rlhf-channel-test-" + std::to_string(getpid()) + ".sock");

@@ -1,10 +1,8 @@
 // Collective groups with real processes: N = 1, 2, 4 Gloo ranks meet through a file store
 // or a TCP store hosted outside the group (as the scheduler does); every collective's result
 // is checked against values computed here. The NCCL test needs a GPU (`*_CUDA`).
-#include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -12,10 +10,11 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "core/errors.h"
 #include "test_paths.h"
 #include "tests/transport/child_process.h"
-#include "core/errors.h"
 #include "transport/collective_group.h"
 
 namespace fs = std::filesystem;
@@ -23,10 +22,12 @@ using rlhf::testing::ChildProcess;
 
 namespace {
 
-const std::string kWorker = std::string(RLHF_BINARY_DIR) + "/tests/transport/rlhf_collective_worker";
+const std::string kWorker =
+    std::string(RLHF_BINARY_DIR) + "/tests/transport/rlhf_collective_worker";
 
 fs::path fresh_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("rlhf_collective_" + name + "_" + std::to_string(::getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / ("rlhf_collective_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -57,7 +58,8 @@ void run_group(int n, const std::vector<std::string>& store_args, const fs::path
     workers.push_back(std::make_unique<ChildProcess>(argv, (dir / "log").string()));
   }
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(workers[r]->wait(std::chrono::seconds(60)), 0) << "rank " << r << ", log " << dir / "log";
+    ASSERT_EQ(workers[r]->wait(std::chrono::seconds(60)), 0)
+        << "rank " << r << ", log " << dir / "log";
   }
   const double s = n * (n + 1) / 2.0;  // sum over ranks of (r + 1)
   for (int r = 0; r < n; ++r) {
@@ -92,7 +94,8 @@ TEST_P(CollectiveGroupSizes, GlooFileStoreCollectivesGiveExactResults) {
   run_group(n, {"file", (dir / "store").string()}, dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Gloo, CollectiveGroupSizes, ::testing::Values(1, 2, 3, 4));  // 3: odd byte counts
+INSTANTIATE_TEST_SUITE_P(Gloo, CollectiveGroupSizes,
+                         ::testing::Values(1, 2, 3, 4));  // 3: odd byte counts
 
 TEST(CollectiveGroup, GlooOverTcpStoreHostedOutsideTheGroup) {
   c10d::TCPStoreOptions options;
@@ -145,7 +148,8 @@ TEST(CollectiveGroup, BadRankIsInputError) {
 }
 
 TEST(CollectiveGroup, NcclOneRankCollectives_CUDA) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (this LibTorch or machine has none)";
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device (this LibTorch or machine has none)";
   const fs::path dir = fresh_dir("nccl");
   rlhf::transport::CollectiveConfig config;
   config.backend = rlhf::transport::CollectiveBackend::kNccl;

@@ -1,12 +1,11 @@
 // Message encoding/decoding: bit-exact round trips of every supported dtype, zero-copy on
 // both sides, and rejection (with a reason) of every malformed shape of input.
+#include "transport/message.h"
+
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
-
-#include <ATen/ATen.h>
-
-#include "transport/message.h"
 
 namespace rlhf {
 namespace {
@@ -17,12 +16,15 @@ Frames copy_frames(const Frames& frames) {
   return out;
 }
 
-zmq::message_t text_frame(const std::string& s) { return zmq::message_t(s.data(), s.size()); }
+zmq::message_t text_frame(const std::string& s) {
+  return zmq::message_t(s.data(), s.size());
+}
 
 Frames one_tensor_message(const std::string& tensor_json, size_t frame_bytes) {
   Frames f;
-  f.push_back(text_frame(R"({"v":1,"kind":"request","op":"echo","id":9,"step":0,"args":{},"tensors":[)" +
-                         tensor_json + "]}"));
+  f.push_back(
+      text_frame(R"({"v":1,"kind":"request","op":"echo","id":9,"step":0,"args":{},"tensors":[)" +
+                 tensor_json + "]}"));
   f.emplace_back(frame_bytes);
   return f;
 }
@@ -117,7 +119,8 @@ TEST(Message, RejectsMissingAndMistypedFields) {
   EXPECT_NE(decode_error(std::move(a)).find("missing \"op\""), std::string::npos);
   Frames b;
   b.push_back(text_frame(R"({"v":1,"kind":"request","op":"x","id":-1,"step":0,"tensors":[]})"));
-  EXPECT_NE(decode_error(std::move(b)).find("\"id\" must be a non-negative integer"), std::string::npos);
+  EXPECT_NE(decode_error(std::move(b)).find("\"id\" must be a non-negative integer"),
+            std::string::npos);
   Frames c;
   c.push_back(text_frame(R"({"v":1,"kind":"launch","op":"x","id":1,"step":0,"tensors":[]})"));
   EXPECT_NE(decode_error(std::move(c)).find("unknown message kind"), std::string::npos);
@@ -128,24 +131,28 @@ TEST(Message, RejectsMissingAndMistypedFields) {
 }
 
 TEST(Message, RejectsUnknownDtype) {
-  auto err = decode_error(one_tensor_message(R"({"name":"x","dtype":"complex64","shape":[2],"nbytes":16})", 16));
+  auto err = decode_error(
+      one_tensor_message(R"({"name":"x","dtype":"complex64","shape":[2],"nbytes":16})", 16));
   EXPECT_NE(err.find("unknown dtype \"complex64\""), std::string::npos) << err;
 }
 
 TEST(Message, RejectsTruncatedFrame) {
-  auto err = decode_error(one_tensor_message(R"({"name":"x","dtype":"float32","shape":[4],"nbytes":16})", 12));
+  auto err = decode_error(
+      one_tensor_message(R"({"name":"x","dtype":"float32","shape":[4],"nbytes":16})", 12));
   EXPECT_NE(err.find("frame has 12 bytes, header declares 16"), std::string::npos) << err;
 }
 
 TEST(Message, RejectsShapeInconsistentWithBytes) {
-  auto err = decode_error(one_tensor_message(R"({"name":"x","dtype":"float32","shape":[4],"nbytes":15})", 15));
+  auto err = decode_error(
+      one_tensor_message(R"({"name":"x","dtype":"float32","shape":[4],"nbytes":15})", 15));
   EXPECT_NE(err.find("needs 16"), std::string::npos) << err;
 }
 
 TEST(Message, RejectsFrameCountMismatch) {
   Frames f = one_tensor_message(R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4})", 4);
   f.emplace_back(4);  // a stray extra frame
-  EXPECT_NE(decode_error(std::move(f)).find("declares 1 tensors but 2 data frames"), std::string::npos);
+  EXPECT_NE(decode_error(std::move(f)).find("declares 1 tensors but 2 data frames"),
+            std::string::npos);
   Frames g = one_tensor_message(R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4})", 4);
   g.pop_back();  // the data frame is missing
   EXPECT_NE(decode_error(std::move(g)).find("but 0 data frames"), std::string::npos);
@@ -163,11 +170,13 @@ TEST(Message, RejectsHugeDeclaredSizesWithoutAllocating) {
   EXPECT_NE(err.find("exceeds the size limit"), std::string::npos) << err;
   MessageLimits small;
   small.max_total_bytes = 1024;
-  err = decode_error(one_tensor_message(R"({"name":"x","dtype":"float32","shape":[1024],"nbytes":4096})", 4096),
-                     small);
+  err = decode_error(
+      one_tensor_message(R"({"name":"x","dtype":"float32","shape":[1024],"nbytes":4096})", 4096),
+      small);
   EXPECT_NE(err.find("total more than the limit of 1024 bytes"), std::string::npos) << err;
   small.max_header_bytes = 16;
-  err = decode_error(one_tensor_message(R"({"name":"x","dtype":"float32","shape":[1],"nbytes":4})", 4), small);
+  err = decode_error(
+      one_tensor_message(R"({"name":"x","dtype":"float32","shape":[1],"nbytes":4})", 4), small);
   EXPECT_NE(err.find("header of"), std::string::npos) << err;
 }
 
@@ -201,14 +210,15 @@ bool segment_exists(const std::string& name) {
 
 TEST(SharedMemoryTensor, LargeTensorsTravelAsSegmentsBitExact) {
   auto big = at::randn({300, 100}).to(at::kBFloat16);  // 60000 bytes
-  auto small = at::arange(5, at::kInt);                  // 20 bytes: stays in its frame
+  auto small = at::arange(5, at::kInt);                // 20 bytes: stays in its frame
   Message m;
   m.add("big", big).add("small", small);
   Frames frames = encode(m, EncodeOptions{1024});
   ASSERT_EQ(frames.size(), 3u);
   EXPECT_EQ(frames[1].size(), 0u);  // the bytes are in the segment, not the frame
   EXPECT_EQ(frames[2].size(), 20u);
-  auto header = nlohmann::json::parse(std::string(static_cast<const char*>(frames[0].data()), frames[0].size()));
+  auto header = nlohmann::json::parse(
+      std::string(static_cast<const char*>(frames[0].data()), frames[0].size()));
   const std::string name = header["tensors"][0]["shm"].get<std::string>();
   EXPECT_TRUE(segment_exists(name));
   Message back = decode(std::move(frames), MessageLimits{});
@@ -223,7 +233,8 @@ TEST(SharedMemoryTensor, RejectsBadNamesMissingSegmentsAndWrongSizes) {
   EXPECT_NE(err.find("bad shared-memory segment name"), std::string::npos) << err;
   err = decode_error(one_tensor_message(
       R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4,"shm":"/rlhf-999999999-0"})", 0));
-  EXPECT_NE(err.find("shared-memory segment /rlhf-999999999-0: No such file"), std::string::npos) << err;
+  EXPECT_NE(err.find("shared-memory segment /rlhf-999999999-0: No such file"), std::string::npos)
+      << err;
   err = decode_error(one_tensor_message(
       R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4,"shm":"/rlhf-1-2"})", 4));
   EXPECT_NE(err.find("frame has 4 bytes, header declares 0"), std::string::npos) << err;
@@ -231,10 +242,11 @@ TEST(SharedMemoryTensor, RejectsBadNamesMissingSegmentsAndWrongSizes) {
   Message m;
   m.add("x", at::zeros({8}, at::kByte));
   Frames frames = encode(m, EncodeOptions{1});
-  auto header = nlohmann::json::parse(std::string(static_cast<const char*>(frames[0].data()), frames[0].size()));
+  auto header = nlohmann::json::parse(
+      std::string(static_cast<const char*>(frames[0].data()), frames[0].size()));
   const std::string name = header["tensors"][0]["shm"].get<std::string>();
-  err = decode_error(one_tensor_message(R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4,"shm":")" + name +
-                                            R"("})", 0));
+  err = decode_error(one_tensor_message(
+      R"({"name":"x","dtype":"uint8","shape":[4],"nbytes":4,"shm":")" + name + R"("})", 0));
   EXPECT_NE(err.find("holds 8 bytes, header declares 4"), std::string::npos) << err;
   EXPECT_FALSE(segment_exists(name));
 }
