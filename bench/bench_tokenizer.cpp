@@ -92,8 +92,7 @@ void bench(const std::string& name, const std::string& dir, const std::vector<st
            double megabytes, unsigned threads, const std::string& only) {
   if (!only.empty() && only != name) return;
   if (!std::filesystem::exists(dir)) {
-    std::printf("%-14s missing %s (run scripts/fetch-test-tokenizers)\n", name.c_str(),
-                dir.c_str());
+    std::printf("%-14s missing %s (run scripts/make-test-tokenizers)\n", name.c_str(), dir.c_str());
     return;
   }
   auto t0 = Clock::now();
@@ -151,7 +150,7 @@ int main(int argc, char** argv) {
   std::printf("corpus: %zu documents, %.2f MB; %u worker threads; hardware threads: %u\n",
               docs.size(), bytes / 1e6, threads, std::thread::hardware_concurrency());
   bench("llama3", ".cache/tokenizers/llama3", docs, bytes / 1e6, threads, only);
-  bench("qwen1_5", ".cache/tokenizers/qwen1_5", docs, bytes / 1e6, threads, only);
+  bench("qwen2", ".cache/tokenizers/qwen2", docs, bytes / 1e6, threads, only);
   bench("mistral", ".cache/tokenizers/mistral", docs, bytes / 1e6, threads, only);
   bench("sentencepiece", "tests/fixtures/tokenizer/tiny_sp", docs, bytes / 1e6, threads, only);
   bench("sp_unigram", "tests/fixtures/tokenizer/tiny_sp_unigram", docs, bytes / 1e6, threads, only);

@@ -63,20 +63,21 @@ void byte_fallback(std::vector<std::string>& tokens) {
   tokens = std::move(out);
 }
 
-// The replacement character back to ' '; the first token loses the space Metaspace prepended.
+// The replacement character back to ' '. In the first token (unless prepend_scheme is "never")
+// every replacement character is dropped, not just the one Metaspace prepended: Rust's
+// decoders/metaspace.rs does so, and "   x" (tokens "▁▁", "▁x") decodes to " x".
 void metaspace(std::vector<std::string>& tokens, const std::string& replacement, bool strip_first) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     std::string out;
     const std::string& t = tokens[i];
     for (size_t at = 0; at < t.size();) {
       if (t.compare(at, replacement.size(), replacement) == 0) {
-        out += ' ';
+        if (!(i == 0 && strip_first)) out += ' ';
         at += replacement.size();
       } else {
         out += t[at++];
       }
     }
-    if (i == 0 && strip_first && !out.empty() && out[0] == ' ') out.erase(0, 1);
     tokens[i] = std::move(out);
   }
 }

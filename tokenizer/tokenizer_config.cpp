@@ -1,9 +1,11 @@
 // tokenizer_config.json reader. Token fields may be a string or an AddedToken object
-// ({"content": "<s>", ...}); chat_template may be a string or a list of named templates.
+// ({"content": "<s>", ...}); chat_template may be a string or a list of named templates, and a
+// chat_template.jinja beside the config (where transformers now saves it) wins over both.
 #include "tokenizer/tokenizer_config.h"
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
@@ -33,11 +35,15 @@ std::optional<bool> bool_field(const nlohmann::json& config, const char* key,
   return config[key].get<bool>();
 }
 
-}  // namespace
+// The text of `path`, or nullopt when it cannot be opened.
+std::optional<std::string> read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
-TokenizerConfig read_tokenizer_config(const std::string& model_dir) {
+TokenizerConfig read_json_config(const std::string& path) {
   TokenizerConfig out;
-  const std::string path = (std::filesystem::path(model_dir) / "tokenizer_config.json").string();
   std::ifstream in(path);
   if (!in) return out;
   nlohmann::json config;
@@ -68,6 +74,16 @@ TokenizerConfig read_tokenizer_config(const std::string& model_dir) {
       }
     }
   }
+  return out;
+}
+
+}  // namespace
+
+TokenizerConfig read_tokenizer_config(const std::string& model_dir) {
+  const std::filesystem::path dir(model_dir);
+  TokenizerConfig out = read_json_config((dir / "tokenizer_config.json").string());
+  // As HF's from_pretrained: a chat_template.jinja file takes priority over the config's entry.
+  if (auto jinja = read_text(dir / "chat_template.jinja")) out.chat_template = std::move(*jinja);
   return out;
 }
 

@@ -19,7 +19,8 @@ struct TokenizerConfig {
   std::string chat_template;                  // Jinja source, "" when absent
 };
 
-// Reads `model_dir`/tokenizer_config.json; a missing file gives the defaults above.
+// Reads `model_dir`/tokenizer_config.json (a missing file gives the defaults above) and
+// `model_dir`/chat_template.jinja, whose text, when present, is chat_template.
 // Throws InputError naming the file when it is not valid JSON or a field has the wrong type.
 TokenizerConfig read_tokenizer_config(const std::string& model_dir);
 

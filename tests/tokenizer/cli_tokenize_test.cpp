@@ -2,6 +2,7 @@
 // checking stdout line by line and the exit codes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -29,8 +30,10 @@ std::string read_file(const fs::path& p) {
 }
 
 // Runs `rlhf tokenize ARGS` through /bin/sh; arguments are single-quoted by the caller.
+// stderr goes to a file named after this process: two test runs may share the build folder.
 Result tokenize(const std::string& args) {
-  const fs::path err = fs::path(RLHF_BINARY_DIR) / "tests/tokenizer/cli_stderr.txt";
+  const fs::path err = fs::path(RLHF_BINARY_DIR) /
+                       ("tests/tokenizer/cli_stderr." + std::to_string(getpid()) + ".txt");
   const std::string cmd = std::string(RLHF_CLI_PATH) + " tokenize " + args + " 2>" + err.string();
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed: " + cmd);
@@ -38,13 +41,15 @@ Result tokenize(const std::string& args) {
   char buffer[4096];
   for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) out.append(buffer, n);
   const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, read_file(err)};
+  Result r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, read_file(err)};
+  fs::remove(err);
+  return r;
 }
 
 std::string mistral_dir() {
   const fs::path dir = fs::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/mistral";
   EXPECT_TRUE(fs::exists(dir / "tokenizer.json"))
-      << "run scripts/fetch-test-tokenizers (needs npm)";
+      << "run \"$(scripts/python-env)\" scripts/make-test-tokenizers (needs PyPI)";
   return "'" + dir.string() + "'";
 }
 
@@ -75,7 +80,7 @@ TEST(CliTokenize, DecodeAndSpecialTokens) {
   r = tokenize("--tokenizer " + mistral_dir() + " --decode --text '[1,22557,28725,1526,28808]'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // The space is HF's too: Strip removes one leading space from the fused text, which starts
-  // with "<s>" here (tokenizers.js decodes these ids to the same string).
+  // with "<s>" here (HF's tokenizers decodes these ids to the same string).
   EXPECT_EQ(r.out, "\"<s> Hello, world!\"\n");
   r = tokenize("--tokenizer " + mistral_dir() +
                " --decode --skip-special --text '[1,22557,28725,1526,28808]'");

