@@ -50,32 +50,84 @@ int64_t token_id(const json& j, const char* key) {
   return it->get<int64_t>();
 }
 
-RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
-  RopeScaling r;
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return r;
-  if (!it->is_object()) throw InputError(source + ": rope_scaling must be an object or null");
-  std::string type =
-      get_or<std::string>(*it, "rope_type", get_or<std::string>(*it, "type", "", source), source);
-  if (type == "default") return r;
+// RoPE as transformers 5 reads it: "rope_parameters" (rope_type, rope_theta and the scaling
+// fields; what transformers 5 writes) or the older "rope_scaling" plus top-level
+// "rope_theta". A non-empty rope_scaling wins over rope_parameters, and a rope_theta inside
+// the dict over the top-level one (transformers' convert_rope_params_to_dict). Sets
+// c.rope_theta and c.rope_scaling; needs c.max_position_embeddings. What rlhf does not
+// implement (other RoPE types, per-layer-type parameters, partial rotary) is an InputError
+// naming the key.
+void parse_rope(const json& j, ModelConfig& c, const std::string& source) {
+  std::string key = "rope_parameters";
+  json params = json::object();
+  for (const char* k : {"rope_scaling", "rope_parameters"}) {
+    auto it = j.find(k);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_object()) throw InputError(source + ": " + k + " must be an object or null");
+    if (it->empty()) continue;
+    params = *it;
+    key = k;
+    break;
+  }
+  const std::string where = source + ": " + key;
+  for (const auto& [name, value] : params.items()) {
+    if (value.is_object())
+      throw InputError(where + " holds per-layer-type parameters (\"" + name +
+                       "\": {...}); only one RoPE for every layer is supported");
+  }
+  c.rope_theta =
+      get_or<double>(params, "rope_theta", get_or<double>(j, "rope_theta", 10000.0, source), where);
+  const double partial =
+      get_or<double>(params, "partial_rotary_factor",
+                     get_or<double>(j, "partial_rotary_factor", 1.0, source), where);
+  if (partial != 1.0)
+    throw InputError(source + ": partial_rotary_factor " + json(partial).dump() +
+                     " is not supported (rotary embeddings cover the whole head_dim)");
+  const std::string type = get_or<std::string>(
+      params, "rope_type", get_or<std::string>(params, "type", "default", where), where);
+  RopeScaling& r = c.rope_scaling;
+  r = RopeScaling{};
+  if (type == "default") return;
   if (type == "linear") {
     r.type = RopeScalingType::kLinear;
-    r.factor = require<double>(*it, "factor", source + ": rope_scaling");
+    r.factor = require<double>(params, "factor", where);
   } else if (type == "llama3") {
     r.type = RopeScalingType::kLlama3;
-    const std::string where = source + ": rope_scaling";
-    r.factor = require<double>(*it, "factor", where);
-    r.low_freq_factor = require<double>(*it, "low_freq_factor", where);
-    r.high_freq_factor = require<double>(*it, "high_freq_factor", where);
+    r.factor = require<double>(params, "factor", where);
+    r.low_freq_factor = require<double>(params, "low_freq_factor", where);
+    r.high_freq_factor = require<double>(params, "high_freq_factor", where);
+    // transformers: a top-level original_max_position_embeddings wins, then the dict's,
+    // then max_position_embeddings.
     r.original_max_position_embeddings =
-        require<int64_t>(*it, "original_max_position_embeddings", where);
+        get_or<int64_t>(j, "original_max_position_embeddings",
+                        get_or<int64_t>(params, "original_max_position_embeddings",
+                                        c.max_position_embeddings, where),
+                        source);
     if (r.high_freq_factor <= r.low_freq_factor)
       throw InputError(where + ": high_freq_factor must exceed low_freq_factor");
   } else {
-    throw InputError(source + ": rope_scaling type \"" + type +
+    throw InputError(where + " type \"" + type +
                      "\" is not supported (supported: default, linear, llama3)");
   }
-  return r;
+}
+
+// Qwen2's sliding-window attention applies per layer (layer_types, or layers from
+// max_window_layers on when use_sliding_window is set); rlhf implements full attention only
+// for qwen2, so either is an InputError naming the key.
+void parse_qwen2_window(const json& j, const ModelConfig& c, const std::string& source) {
+  if (get_or<bool>(j, "use_sliding_window", false, source))
+    throw InputError(source +
+                     ": use_sliding_window=true is not supported for qwen2 (per-layer "
+                     "sliding-window attention is not implemented; only full attention)");
+  const auto types = get_or<std::vector<std::string>>(j, "layer_types", {}, source);
+  if (!types.empty() && static_cast<int64_t>(types.size()) != c.num_hidden_layers)
+    throw InputError(source + ": layer_types has " + std::to_string(types.size()) +
+                     " entries for " + std::to_string(c.num_hidden_layers) + " layers");
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (types[i] != "full_attention")
+      throw InputError(source + ": layer_types[" + std::to_string(i) + "] is \"" + types[i] +
+                       "\"; only \"full_attention\" is supported for qwen2");
+  }
 }
 
 void parse_architectures(const json& j, ModelConfig& c, const std::string& source) {
@@ -137,22 +189,26 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.head_dim = get_or<int64_t>(
       j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0, source);
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, source);
-  c.rope_theta = get_or<double>(j, "rope_theta", 10000.0, source);
-  c.rope_scaling = parse_rope_scaling(j, source);
   c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048, source);
+  parse_rope(j, c, source);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, source);
   c.initializer_range = get_or<double>(j, "initializer_range", 0.02, source);
-  c.torch_dtype = get_or<std::string>(j, "torch_dtype", "float32", source);
-  c.mlp_bias = get_or<bool>(j, "mlp_bias", false, source);
-  if (c.model_type == "qwen2") {
-    c.qkv_bias = true;  // Qwen2Attention: q/k/v always biased, o_proj never
-    c.o_proj_bias = false;
-    if (get_or<bool>(j, "use_sliding_window", false, source))
-      throw InputError(source + ": use_sliding_window=true is not supported for qwen2");
-  } else {
+  // transformers 5 writes "dtype" and prefers it over the older "torch_dtype".
+  c.torch_dtype = get_or<std::string>(
+      j, "dtype", get_or<std::string>(j, "torch_dtype", "float32", source), source);
+  if (c.model_type == "llama") {
     c.qkv_bias = c.o_proj_bias = get_or<bool>(j, "attention_bias", false, source);
+    c.mlp_bias = get_or<bool>(j, "mlp_bias", false, source);
+  } else if (c.model_type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2Attention: q/k/v always biased, o_proj never; MLP never
+    c.o_proj_bias = false;
+    parse_qwen2_window(j, c, source);
+  } else {  // mistral: no biases whatever attention_bias/mlp_bias say (as MistralAttention)
+    c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, source);
+    if (c.sliding_window < 0)
+      throw InputError(source + ": sliding_window must be positive or null, got " +
+                       std::to_string(c.sliding_window));
   }
-  if (c.model_type == "mistral") c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, source);
   if (get_or<double>(j, "attention_dropout", 0.0, source) != 0.0)
     throw InputError(
         source +
@@ -210,29 +266,33 @@ std::string ModelConfig::to_json_text() const {
   j["num_key_value_heads"] = num_key_value_heads;
   j["head_dim"] = head_dim;
   j["rms_norm_eps"] = rms_norm_eps;
-  j["rope_theta"] = rope_theta;
-  if (rope_scaling.type == RopeScalingType::kNone) {
-    j["rope_scaling"] = nullptr;
-  } else if (rope_scaling.type == RopeScalingType::kLinear) {
-    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
-  } else {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", rope_scaling.factor},
-        {"low_freq_factor", rope_scaling.low_freq_factor},
-        {"high_freq_factor", rope_scaling.high_freq_factor},
-        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+  // RoPE in both forms: rope_parameters for transformers 5, rope_theta + rope_scaling for
+  // older versions (transformers 5 reads rope_scaling first, so both say the same).
+  json rope = {{"rope_type", "default"}};
+  if (rope_scaling.type == RopeScalingType::kLinear) {
+    rope = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
+  } else if (rope_scaling.type == RopeScalingType::kLlama3) {
+    rope = {{"rope_type", "llama3"},
+            {"factor", rope_scaling.factor},
+            {"low_freq_factor", rope_scaling.low_freq_factor},
+            {"high_freq_factor", rope_scaling.high_freq_factor},
+            {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   }
+  j["rope_theta"] = rope_theta;
+  j["rope_scaling"] = rope_scaling.type == RopeScalingType::kNone ? json(nullptr) : rope;
+  rope["rope_theta"] = rope_theta;
+  j["rope_parameters"] = rope;
   j["max_position_embeddings"] = max_position_embeddings;
   j["vocab_size"] = vocab_size;
   j["tie_word_embeddings"] = tie_word_embeddings;
-  if (model_type != "qwen2") j["attention_bias"] = qkv_bias;
+  if (model_type == "llama") j["attention_bias"] = qkv_bias;
   if (model_type == "llama") j["mlp_bias"] = mlp_bias;
   if (model_type == "mistral")
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = initializer_range;
   j["torch_dtype"] = torch_dtype;
+  j["dtype"] = torch_dtype;
   auto put_id = [&](const char* key, int64_t id) {
     if (id >= 0 && !(j.contains(key) && j[key].is_array())) j[key] = id;
   };

@@ -114,6 +114,56 @@ TEST(ModelConfig, UnsupportedOptionsAreErrorsNamingThem) {
       {"\"hidden_size\"", "wrong type"});  // a duplicate key: the last one wins
 }
 
+TEST(ModelConfig, RopeAndDtypeAsTransformers5ReadsThem) {
+  // transformers 5 writes rope_parameters (theta inside) and "dtype".
+  auto c = ModelConfig::from_json_text(
+      with(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+               "dtype": "bfloat16", "torch_dtype": "float16")"),
+      "c");
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_EQ(c.torch_dtype, "bfloat16");  // "dtype" wins over the older "torch_dtype"
+  // A non-empty rope_scaling wins over rope_parameters; the top-level rope_theta fills in
+  // a dict without one.
+  c = ModelConfig::from_json_text(
+      with(R"(, "rope_theta": 1000.0, "rope_scaling": {"type": "linear", "factor": 2.0},
+               "rope_parameters": {"rope_type": "default", "rope_theta": 7.0})"),
+      "c");
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1000.0);
+  // llama3 without original_max_position_embeddings: max_position_embeddings (as HF).
+  c = ModelConfig::from_json_text(
+      with(R"(, "max_position_embeddings": 64, "rope_parameters": {"rope_type": "llama3",
+               "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0})"),
+      "c");
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 64);
+  expect_error<InputError>(
+      [] {
+        ModelConfig::from_json_text(
+            with(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"}})"), "c");
+      },
+      {"rope_parameters", "per-layer-type", "\"full_attention\""});
+  expect_error<InputError>(
+      [] { ModelConfig::from_json_text(with(R"(, "partial_rotary_factor": 0.5)"), "c"); },
+      {"partial_rotary_factor"});
+}
+
+TEST(ModelConfig, BiasesOnlyWhereTransformersHasThem) {
+  // MistralAttention and MistralMLP have no biases whatever attention_bias says; Qwen2's
+  // MLP has none; Llama honours both keys.
+  const std::string sizes = R"("hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+      "attention_bias": true, "mlp_bias": true})";
+  auto mistral = ModelConfig::from_json_text(R"({"model_type": "mistral", )" + sizes, "m");
+  EXPECT_FALSE(mistral.qkv_bias || mistral.o_proj_bias || mistral.mlp_bias);
+  auto qwen = ModelConfig::from_json_text(R"({"model_type": "qwen2", )" + sizes, "q");
+  EXPECT_TRUE(qwen.qkv_bias);
+  EXPECT_FALSE(qwen.o_proj_bias || qwen.mlp_bias);
+  auto llama = ModelConfig::from_json_text(R"({"model_type": "llama", )" + sizes, "l");
+  EXPECT_TRUE(llama.qkv_bias && llama.o_proj_bias && llama.mlp_bias);
+}
+
 TEST(ModelConfig, JsonRoundTripKeepsEveryField) {
   auto c = ModelConfig::from_json_file(kFixtures + "llama3_value");
   auto back = ModelConfig::from_json_text(c.to_json_text(), "roundtrip");

@@ -1,0 +1,413 @@
+// Parity with Hugging Face transformers itself (the PyPI package in RLHF_PYTHON): tiny random
+// Llama, Qwen2 and Mistral models written by transformers' save_pretrained (FP32), and HF's
+// own outputs for them (tests/models/hf_reference.py). rlhf must load those directories and
+// give the same logits, log-probs, value-model scores and greedy tokens; an rlhf export after
+// a training step must load in transformers with the same logits; a config feature rlhf
+// does not implement must be refused by name at load.
+//
+// Tolerance (kFp32Tolerance): max absolute error 1e-4 over every compared entry. Both sides
+// run FP32 with the same math; they differ only in summation order (rlhf's fused SDPA and
+// chunked log-softmax vs HF's eager matmul + softmax), ~1e-6 on logits of size ~1 and
+// log-probs of size ~6. An absolute bound suits both (no entry is compared relative to a
+// near-zero value), leaves ~100x headroom for reduction order, and sits 100x below what a
+// real defect moves (an ignored sliding window, for one, moves logits by > 1e-2: checked).
+//
+// The Python reference runs once per build tree: its output is kept in
+// build/test-runs/hf-reference and made again when hf_reference.py, RLHF_PYTHON or the
+// versions of its transformers/torch/safetensors change.
+// A reference that cannot run (no Python, transformers missing) fails the tests.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/errors.h"
+#include "models/causal_lm.h"
+#include "models/pretrained.h"
+#include "models/safetensors.h"
+#include "test_paths.h"
+#include "test_util.h"
+#include "tests/support/run_cli.h"
+
+namespace rlhf::models {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::expect_error;
+
+constexpr double kFp32Tolerance = 1e-4;
+constexpr int kSeed = 0;
+const std::string kScript = std::string(RLHF_SOURCE_DIR) + "/tests/models/hf_reference.py";
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `RLHF_PYTHON hf_reference.py ARGS`; "" on success, else the exit status and the
+// script's output (why the reference could not run).
+std::string run_reference(const std::string& args, const std::string& log) {
+  const std::string cmd = "OMP_NUM_THREADS=1 timeout 300 " + quote(RLHF_PYTHON) + " " +
+                          quote(kScript) + " " + args + " >" + quote(log) + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return "the HF reference failed (" + cmd + ", status " + std::to_string(status) +
+         "); run scripts/setup to install transformers. Output:\n" + test::slurp(log);
+}
+
+// "transformers X torch Y safetensors Z" of RLHF_PYTHON without importing them (~0.1 s);
+// "" when Python or a package is missing.
+std::string package_versions() {
+  const std::string cmd = quote(RLHF_PYTHON) +
+                          " -c 'import importlib.metadata as m; print(*(p + \" \" + m.version(p) "
+                          "for p in (\"transformers\", \"torch\", \"safetensors\")))' 2>/dev/null";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return "";
+  std::string out;
+  char buf[256];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  return ::pclose(pipe) == 0 ? out : "";
+}
+
+// FNV-1a: a stable fingerprint of the script, for the cache stamp.
+uint64_t fingerprint(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The directory hf_reference.py `make` wrote (one subdirectory per case), made at most once
+// per build tree and script version; concurrent test processes wait on a lock file. Sets
+// `error` (and returns "") when the reference cannot run.
+std::string reference_dir(std::string& error) {
+  const fs::path root = fs::path(RLHF_BINARY_DIR) / "test-runs";
+  const fs::path dir = root / "hf-reference";
+  // Made again when the interpreter, its packages, the script or the seed change.
+  const std::string stamp = std::string("python ") + RLHF_PYTHON + "\n" + package_versions() +
+                            "script " + std::to_string(fingerprint(test::slurp(kScript))) +
+                            "\nseed " + std::to_string(kSeed) + "\n";
+  fs::create_directories(root);
+  const int lock = ::open((root / "hf-reference.lock").c_str(), O_CREAT | O_RDWR, 0644);
+  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
+    error = "cannot lock " + (root / "hf-reference.lock").string();
+    if (lock >= 0) ::close(lock);
+    return "";
+  }
+  if (test::slurp((dir / "stamp").string()) != stamp) {
+    const fs::path tmp = root / ("hf-reference.tmp-" + std::to_string(::getpid()));
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    error = run_reference("make --out " + quote(tmp.string()) + " --seed " + std::to_string(kSeed),
+                          (root / "hf-reference.log").string());
+    if (error.empty()) {
+      std::ofstream(tmp / "stamp") << stamp;
+      fs::remove_all(dir);
+      fs::rename(tmp, dir);
+    } else {
+      fs::remove_all(tmp);
+    }
+  }
+  ::flock(lock, LOCK_UN);
+  ::close(lock);
+  return error.empty() ? dir.string() : "";
+}
+
+// The case directory <reference dir>/<name>. Throws (failing the test with the reason)
+// when the reference could not be made.
+std::string case_dir(const std::string& name) {
+  std::string error;
+  const std::string root = reference_dir(error);
+  if (!error.empty()) throw std::runtime_error(error);
+  const fs::path dir = fs::path(root) / name;
+  if (!fs::is_directory(dir)) throw std::runtime_error(dir.string() + ": not written");
+  return dir.string();
+}
+
+// Max |a - b| over the entries where `where` (broadcast to a's shape) is true.
+double max_abs_error(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& where) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  auto diff = (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs();
+  auto keep = where.to(torch::kBool).expand_as(diff);
+  EXPECT_GT(keep.sum().item<int64_t>(), 0) << "nothing to compare";
+  return diff.masked_select(keep).max().item<double>();
+}
+
+void report(const std::string& what, double error) {
+  std::cout << "[ measured ] " << what << ": max abs error " << error << std::endl;
+}
+
+std::shared_ptr<CausalLM> load_fp32(const std::string& dir) {
+  LoadOptions options;
+  options.dtype = torch::kFloat32;
+  return load_pretrained(dir, options);
+}
+
+struct Reference {
+  explicit Reference(const std::string& dir)
+      : file((fs::path(dir) / "reference.safetensors").string()) {}
+  torch::Tensor operator[](const std::string& name) const { return file.view(name).clone(); }
+  SafetensorsFile file;
+};
+
+// Where logits are compared: every token that is not padding. [B, T] -> [B, T, 1].
+torch::Tensor token_positions(const torch::Tensor& mask) {
+  return (mask != 0).unsqueeze(-1);
+}
+// Where next-token log-probs are compared: both the context token and the predicted one
+// are tokens. [B, T] -> [B, T-1].
+torch::Tensor next_token_positions(const torch::Tensor& mask) {
+  const int64_t T = mask.size(1);
+  return (mask.narrow(1, 0, T - 1) != 0).logical_and(mask.narrow(1, 1, T - 1) != 0);
+}
+
+// ---- logits and log-probs ------------------------------------------------------------
+
+class LogitsAndLogProbs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LogitsAndLogProbs, MatchTransformers) {
+  const std::string dir = case_dir(GetParam());
+  torch::NoGradGuard no_grad;
+  auto model = load_fp32(dir);
+  Reference ref(dir);
+  // The plain batch takes SDPA's mask-free causal path; the padded batch (left padding of
+  // 3 and 7, one right-padded row) the dense-mask path.
+  const auto plain = ref["plain_input_ids"];
+  const auto padded = ref["padded_input_ids"], mask = ref["padded_attention_mask"];
+  const auto ones = torch::ones_like(plain);
+  for (const auto& [kind, ids, m] : {std::tuple{std::string("plain"), plain, ones},
+                                     std::tuple{std::string("padded"), padded, mask}}) {
+    auto hidden = model->forward(ids, m);
+    auto logits = model->logits(hidden);
+    auto log_probs = model->next_token_log_probs(hidden, ids, /*chunk=*/5);  // 3 chunks
+    const double logits_error = max_abs_error(logits, ref[kind + "_logits"], token_positions(m));
+    const double log_probs_error =
+        max_abs_error(log_probs, ref[kind + "_log_probs"], next_token_positions(m));
+    report(GetParam() + " " + kind + " logits", logits_error);
+    report(GetParam() + " " + kind + " log-probs", log_probs_error);
+    EXPECT_LE(logits_error, kFp32Tolerance) << kind;
+    EXPECT_LE(log_probs_error, kFp32Tolerance) << kind;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HfParity, LogitsAndLogProbs,
+                         ::testing::Values("llama", "qwen2", "mistral"));
+
+TEST(HfParity, ReadsTheConfigsTransformers5Writes) {
+  // transformers 5 keeps rope_theta and the scaling inside "rope_parameters" and the dtype
+  // as "dtype": read as transformers reads them, not defaulted (a defaulted theta of 1e4
+  // would still run, with different logits).
+  const std::string llama = case_dir("llama");
+  auto c = ModelConfig::from_json_file(llama);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.torch_dtype, "float32");
+  const std::string qwen2 = case_dir("qwen2");
+  c = ModelConfig::from_json_file(qwen2);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.o_proj_bias);
+  const std::string mistral = case_dir("mistral");
+  c = ModelConfig::from_json_file(mistral);
+  EXPECT_EQ(c.sliding_window, 4);
+  EXPECT_EQ(c.head_dim, 16);  // not hidden_size / heads = 12
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 2.0);
+  const std::string value = case_dir("llama-value");
+  c = ModelConfig::from_json_file(value);
+  EXPECT_EQ(c.head, HeadKind::kValue);
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 16);
+  EXPECT_TRUE(c.qkv_bias && c.o_proj_bias && c.mlp_bias);
+  // What rlhf writes reads back the same, and carries the transformers 5 keys too.
+  auto back = ModelConfig::from_json_text(c.to_json_text(), "round trip");
+  EXPECT_DOUBLE_EQ(back.rope_theta, 500000.0);
+  EXPECT_EQ(back.rope_scaling.type, RopeScalingType::kLlama3);
+  auto written = json::parse(c.to_json_text());
+  EXPECT_EQ(written["rope_parameters"]["rope_theta"], 500000.0);
+  EXPECT_EQ(written["rope_parameters"]["rope_type"], "llama3");
+  EXPECT_EQ(written["dtype"], "float32");
+}
+
+TEST(HfParity, MistralSlidingWindowShorterThanTheSequenceIsHonoured) {
+  // The window (4) is shorter than the 12-token sequences, so it shapes most positions: the
+  // same weights with the window ignored are far from HF, i.e. the parity above checks it.
+  const std::string dir = case_dir("mistral");
+  torch::NoGradGuard no_grad;
+  ModelConfig config = ModelConfig::from_json_file(dir);
+  ASSERT_EQ(config.sliding_window, 4);
+  config.sliding_window = 0;
+  CausalLM no_window(config);
+  load_weights(no_window, CheckpointReader(dir));
+  Reference ref(dir);
+  const auto plain = ref["plain_input_ids"];
+  const auto ones = torch::ones_like(plain);
+  const double error = max_abs_error(no_window.logits(no_window.forward(plain, ones)),
+                                     ref["plain_logits"], token_positions(ones));
+  report("mistral with the window ignored, logits", error);
+  EXPECT_GT(error, 1e-2);
+}
+
+// ---- value model -----------------------------------------------------------------------
+
+TEST(HfParity, ValueModelMatchesLlamaForSequenceClassification) {
+  const std::string dir = case_dir("llama-value");
+  torch::NoGradGuard no_grad;
+  auto model = load_fp32(dir);
+  ASSERT_EQ(model->config().head, HeadKind::kValue);
+  Reference ref(dir);
+  const auto plain = ref["plain_input_ids"];
+  const auto padded = ref["padded_input_ids"], mask = ref["padded_attention_mask"];
+  for (const auto& [kind, ids, m] :
+       {std::tuple{std::string("plain"), plain, torch::ones_like(plain)},
+        std::tuple{std::string("padded"), padded, mask}}) {
+    // Per-token values: HF's score head over its final hidden states.
+    auto values = model->values(model->forward(ids, m));
+    const double values_error = max_abs_error(values, ref[kind + "_values"], m != 0);
+    // Scores: HF pools the last token that is not pad_token_id (left- and right-padded
+    // rows); rlhf takes the last position of the attention mask.
+    auto scores = last_token_values(values, m);
+    const double scores_error =
+        max_abs_error(scores, ref[kind + "_scores"], torch::ones_like(scores));
+    report("llama-value " + kind + " values", values_error);
+    report("llama-value " + kind + " scores", scores_error);
+    EXPECT_LE(values_error, kFp32Tolerance) << kind;
+    EXPECT_LE(scores_error, kFp32Tolerance) << kind;
+  }
+}
+
+// ---- greedy generation (the real binary) ------------------------------------------------
+
+class GreedyGenerate : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GreedyGenerate, RlhfGenerateGivesTransformersTokens) {
+  const std::string dir = case_dir(GetParam());
+  const json hf = json::parse(test::slurp((fs::path(dir) / "greedy.json").string()));
+  std::string prompts;
+  for (const auto& p : hf["prompts"]) prompts += json{{"prompt", p}}.dump() + "\n";
+  const std::string input = test::write_temp("greedy-" + GetParam() + ".jsonl", prompts);
+  const std::string output = input + ".out";
+  // Three prompts of different lengths in one left-padded batch, KV-cached decoding; for
+  // mistral the window (4) is shorter than every prompt plus response.
+  auto r = test::run_cli({"generate", "--model", dir, "--input", input, "--temperature", "0",
+                          "--max-new-tokens", hf["max_new_tokens"].dump(), "--dtype", "fp32",
+                          "--output", output});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto lines = test::read_jsonl(output);
+  ASSERT_EQ(lines.size(), hf["responses"].size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(lines[i]["prompt"], hf["prompts"][i]);
+    EXPECT_EQ(lines[i]["response_ids"], hf["responses"][i])
+        << GetParam() << " prompt " << hf["prompts"][i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HfParity, GreedyGenerate, ::testing::Values("llama", "qwen2", "mistral"));
+
+// ---- export after training ---------------------------------------------------------------
+
+TEST(HfParity, ExportAfterATrainingStepLoadsInTransformers) {
+  // One real SFT step (`rlhf run`, FP32) on the HF-written Qwen2 model, the HF export of the
+  // trained actor, then transformers loads that export: its logits must equal rlhf's.
+  const std::string initial = case_dir("qwen2");
+  const fs::path work =
+      fs::path(RLHF_BINARY_DIR) / "test-runs" / ("hf-export-" + std::to_string(::getpid()));
+  fs::remove_all(work);
+  fs::create_directories(work);
+  std::string data;
+  for (const char* word : {"ab", "cat", "dog", "tree", "sun", "moon", "sky", "sea"})
+    data += json{{"prompt", std::string(word) + ":"}, {"output", word}}.dump() + "\n";
+  std::ofstream((work / "sft.jsonl").string()) << data;
+  auto r = test::run_cli(
+      {"run", "examples/sft_tiny.json", "--set", "actor.model=" + initial, "--set",
+       "actor.dtype=fp32", "--set", "data.dataset=" + (work / "sft.jsonl").string(), "--set",
+       "train.batch_size=8", "--set", "train.micro_batch_size=8", "--set", "train.max_epochs=1",
+       "--set", "logger.run_dir=" + (work / "runs").string(), "--set", "name=export"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const fs::path exported = work / "runs" / "export" / "export" / "actor";
+  ASSERT_TRUE(fs::exists(exported / "config.json")) << r.out;
+
+  // The export holds every tensor of the initial model, trained: weights moved.
+  CheckpointReader before(initial), after(exported.string());
+  EXPECT_EQ(after.names(), before.names());
+  double largest_change = 0;
+  for (const auto& name : before.names()) {
+    if (!after.contains(name)) continue;
+    ASSERT_EQ(after.info(name).shape, before.info(name).shape) << name;
+    largest_change = std::max(largest_change, (after.view(name).to(torch::kFloat64) -
+                                               before.view(name).to(torch::kFloat64))
+                                                  .abs()
+                                                  .max()
+                                                  .item<double>());
+  }
+  std::cout << "[ measured ] largest weight change after one step: " << largest_change << std::endl;
+  EXPECT_GT(largest_change, 1e-4);  // AdamW's first step moves weights by ~lr (3e-3)
+
+  // rlhf's logits of the trained model vs transformers' load of the export.
+  torch::NoGradGuard no_grad;
+  Reference ref(initial);
+  const auto ids = ref["padded_input_ids"], mask = ref["padded_attention_mask"];
+  const std::string inputs = (work / "inputs.safetensors").string();
+  const std::string hf_out = (work / "hf_logits.safetensors").string();
+  save_safetensors(inputs, {{"input_ids", ids}, {"attention_mask", mask}});
+  const std::string error =
+      run_reference("logits --model " + quote(exported.string()) + " --inputs " + quote(inputs) +
+                        " --out " + quote(hf_out),
+                    (work / "hf_logits.log").string());
+  ASSERT_TRUE(error.empty()) << error;
+  auto model = load_fp32(exported.string());
+  auto logits = model->logits(model->forward(ids, mask));
+  const auto hf_logits = SafetensorsFile(hf_out).view("logits");
+  const double export_error = max_abs_error(logits, hf_logits, token_positions(mask));
+  const double trained_vs_initial =
+      max_abs_error(logits, ref["padded_logits"], token_positions(mask));
+  report("qwen2 export after one step, logits (rlhf vs transformers)", export_error);
+  report("qwen2 trained vs initial logits (the step's effect)", trained_vs_initial);
+  EXPECT_LE(export_error, kFp32Tolerance);
+  EXPECT_GT(trained_vs_initial, 1e-3);  // the comparison is of a trained model
+  if (!HasFailure()) fs::remove_all(work);
+}
+
+// ---- features rlhf does not implement ----------------------------------------------------
+
+TEST(HfParity, UnimplementedFeaturesAreRefusedByName) {
+  // Config directories transformers wrote, each with one feature rlhf does not implement:
+  // loading must fail naming the file and the feature, never run a different model.
+  const std::string refuse = case_dir("refuse");
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"qwen2-sliding-window", {"use_sliding_window"}},
+      {"qwen2-layer-types", {"layer_types[1]", "\"sliding_attention\""}},
+      {"llama-yarn", {"rope_parameters type \"yarn\""}},
+      {"llama-dynamic", {"rope_parameters type \"dynamic\""}},
+      {"llama-partial-rotary", {"partial_rotary_factor"}},
+      {"llama-attention-dropout", {"attention_dropout"}},
+      {"llama-gelu", {"hidden_act \"gelu\""}},
+      {"llama-token-classification", {"LlamaForTokenClassification"}},
+  };
+  std::set<std::string> made, checked;
+  for (const auto& entry : fs::directory_iterator(refuse))
+    made.insert(entry.path().filename().string());
+  for (const auto& [name, needles] : cases) {
+    checked.insert(name);
+    const std::string config = (fs::path(refuse) / name / "config.json").string();
+    std::vector<std::string> expected = needles;
+    expected.push_back(config);
+    SCOPED_TRACE(name);
+    expect_error<InputError>([&] { load_pretrained((fs::path(refuse) / name).string()); },
+                             expected);
+  }
+  EXPECT_EQ(made, checked) << "every case hf_reference.py writes is checked here";
+}
+
+}  // namespace
+}  // namespace rlhf::models

@@ -1,0 +1,303 @@
+"""Hugging Face `transformers` as the reference for rlhf's models (run by hf_parity_test.cpp).
+
+`make --out DIR --seed N` random-initialises tiny Llama, Qwen2 and Mistral models with
+transformers itself, saves each with save_pretrained (FP32 safetensors, the byte tokenizer's
+tokenizer_config.json so `rlhf generate` and `rlhf run` can read text), and writes HF's own
+outputs next to them in DIR/<case>/reference.safetensors: logits and next-token log-probs
+for a plain and a padded batch, per-token values and pooled scores of the value model, and
+greedy `generate` tokens (DIR/<case>/greedy.json). It also writes config-only directories
+under DIR/refuse/ with features rlhf does not implement, saved by transformers.
+
+`logits --model DIR --inputs FILE --out FILE` loads any HF directory (e.g. an rlhf export)
+with transformers and writes its FP32 logits for the input_ids/attention_mask in FILE.
+
+Every model runs in FP32, eval mode, with the eager attention implementation: the plainest
+reference, independent of the SDPA kernels rlhf uses. Position ids are passed explicitly as
+rlhf and HF's own generate() derive them from the mask (cumsum - 1, padding at 1).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local directories only; never the network
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+PAD, BOS, EOS = 256, 257, 258  # rlhf's byte tokenizer: ids 0..255 are bytes
+VOCAB = 272  # >= 259 for the byte tokenizer
+BYTE_TOKENIZER_CONFIG = {
+    "tokenizer_class": "RlhfByteTokenizer",
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "pad_token": "<pad>",
+    "add_bos_token": True,
+}
+GREEDY_PROMPTS = ["hello world", "ab", "the quick brown fox"]  # different lengths: left-padded
+GREEDY_NEW_TOKENS = 12
+
+
+def common(**extra):
+    """Config fields shared by every case: tiny, GQA, the byte tokenizer's special ids."""
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        initializer_range=0.1,  # larger than HF's 0.02 so logits spread and errors show
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=False,
+    )
+    fields.update(extra)
+    return fields
+
+
+def cases():
+    """name -> (model class, config). Each case exercises a different part of the model."""
+    t = transformers
+    return {
+        # Llama 3 style: rope_theta in rope_parameters (transformers 5 format), tied head.
+        "llama": (
+            t.LlamaForCausalLM,
+            t.LlamaConfig(
+                **common(
+                    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                    tie_word_embeddings=True,
+                )
+            ),
+        ),
+        # Qwen2: q/k/v biases (o_proj none), rope_theta 1e6, no sliding window.
+        "qwen2": (
+            t.Qwen2ForCausalLM,
+            t.Qwen2Config(**common(rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+        ),
+        # Mistral: sliding window 4 shorter than the sequences, head_dim != hidden / heads,
+        # linear RoPE scaling.
+        "mistral": (
+            t.MistralForCausalLM,
+            t.MistralConfig(
+                **common(
+                    hidden_size=48,
+                    head_dim=16,
+                    sliding_window=4,
+                    rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+                )
+            ),
+        ),
+        # A reward/critic model: LlamaForSequenceClassification with one label, llama3 RoPE,
+        # attention and MLP biases.
+        "llama-value": (
+            t.LlamaForSequenceClassification,
+            t.LlamaConfig(
+                **common(
+                    num_labels=1,
+                    attention_bias=True,
+                    mlp_bias=True,
+                    rope_parameters={
+                        "rope_type": "llama3",
+                        "rope_theta": 500000.0,
+                        "factor": 8.0,
+                        "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 16,
+                    },
+                )
+            ),
+        ),
+    }
+
+
+def refused_cases():
+    """name -> config with a feature rlhf does not implement (hf_parity_test.cpp names the
+    key each must be refused by)."""
+    t = transformers
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    return {
+        "qwen2-sliding-window": t.Qwen2Config(
+            **common(use_sliding_window=True, sliding_window=4, max_window_layers=1)
+        ),
+        "qwen2-layer-types": t.Qwen2Config(
+            **common(layer_types=["full_attention", "sliding_attention"], sliding_window=4)
+        ),
+        "llama-yarn": t.LlamaConfig(
+            **common(
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                }
+            )
+        ),
+        "llama-dynamic": t.LlamaConfig(
+            **common(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
+        ),
+        "llama-partial-rotary": t.LlamaConfig(
+            **common(
+                rope_parameters={
+                    "rope_type": "linear",
+                    "rope_theta": 10000.0,
+                    "factor": 2.0,
+                    "partial_rotary_factor": 0.5,
+                }
+            )
+        ),
+        "llama-attention-dropout": t.LlamaConfig(
+            **common(rope_parameters=rope, attention_dropout=0.1)
+        ),
+        "llama-gelu": t.LlamaConfig(**common(rope_parameters=rope, hidden_act="gelu")),
+        "llama-token-classification": t.LlamaConfig(
+            **common(rope_parameters=rope, architectures=["LlamaForTokenClassification"])
+        ),
+    }
+
+
+def randomise(model, generator):
+    """HF's init leaves norms at 1 and biases at 0; give them random values too, so a
+    missing bias or a misread norm weight changes the outputs."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=generator))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=generator))
+
+
+def position_ids(mask):
+    """rlhf's and HF generate()'s positions: cumsum(mask) - 1, padding positions at 1."""
+    return (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)
+
+
+def batches(generator):
+    """A plain batch (no padding: SDPA without a dense mask) and a padded one (left padding
+    of 0, 3 and 7 tokens, and one right-padded row: a dense mask). Token ids avoid PAD."""
+    T = 12
+    plain = torch.randint(0, PAD, (2, T), generator=generator)
+    padded = torch.randint(0, PAD, (4, T), generator=generator)
+    mask = torch.ones(4, T, dtype=torch.long)
+    for row, left in ((1, 3), (2, 7)):
+        mask[row, :left] = 0
+    mask[3, T - 4 :] = 0  # right padding
+    padded = padded.masked_fill(mask == 0, PAD)
+    return plain, padded, mask
+
+
+@torch.no_grad()
+def forward_logits(model, ids, mask):
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask))
+    return out.logits.float()
+
+
+def next_token_log_probs(logits, ids):
+    """[B, T, V], [B, T] -> [B, T-1]: log p(ids[t+1] | ids[..t])."""
+    lp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return lp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def greedy(model):
+    """HF generate(do_sample=False) on the byte-tokenized prompts, left-padded as rlhf does.
+    Returns each prompt's new tokens up to and including EOS."""
+    encoded = [[BOS] + list(p.encode("utf-8")) for p in GREEDY_PROMPTS]
+    P = max(len(e) for e in encoded)
+    ids = torch.full((len(encoded), P), PAD, dtype=torch.long)
+    mask = torch.zeros((len(encoded), P), dtype=torch.long)
+    for b, e in enumerate(encoded):
+        ids[b, P - len(e) :] = torch.tensor(e)
+        mask[b, P - len(e) :] = 1
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=GREEDY_NEW_TOKENS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
+    responses = []
+    for row in out[:, P:].tolist():
+        response = []
+        for tok in row:
+            response.append(tok)
+            if tok == EOS:
+                break
+        responses.append(response)
+    return {"prompts": GREEDY_PROMPTS, "max_new_tokens": GREEDY_NEW_TOKENS, "responses": responses}
+
+
+def load(cls_or_auto, path):
+    model = cls_or_auto.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+def make(args):
+    torch.manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+    plain, padded, mask = batches(generator)
+    for name, (cls, config) in cases().items():
+        config._attn_implementation = "eager"
+        model = cls(config).float().eval()
+        randomise(model, generator)
+        out = os.path.join(args.out, name)
+        model.save_pretrained(out)
+        with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+            json.dump(BYTE_TOKENIZER_CONFIG, f, indent=2)
+        # Reload what was saved: the reference is the directory rlhf reads, not the object.
+        model = load(cls, out)
+        ref = {"plain_input_ids": plain, "padded_input_ids": padded, "padded_attention_mask": mask}
+        runs = (("plain", plain, torch.ones_like(plain)), ("padded", padded, mask))
+        if cls is transformers.LlamaForSequenceClassification:
+            for kind, ids, m in runs:
+                with torch.no_grad():
+                    hidden = model.model(
+                        input_ids=ids, attention_mask=m, position_ids=position_ids(m)
+                    ).last_hidden_state
+                    ref[kind + "_values"] = model.score(hidden).squeeze(-1).float()
+                ref[kind + "_scores"] = forward_logits(model, ids, m).squeeze(-1)
+        else:
+            for kind, ids, m in runs:
+                logits = forward_logits(model, ids, m)
+                ref[kind + "_logits"] = logits
+                ref[kind + "_log_probs"] = next_token_log_probs(logits, ids)
+            with open(os.path.join(out, "greedy.json"), "w") as f:
+                json.dump(greedy(model), f)
+        ref = {k: v.contiguous() for k, v in ref.items()}
+        save_file(ref, os.path.join(out, "reference.safetensors"))
+    for name, config in refused_cases().items():
+        config.save_pretrained(os.path.join(args.out, "refuse", name))
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}: wrote {args.out}")
+
+
+def logits(args):
+    inputs = load_file(args.inputs)
+    ids, mask = inputs["input_ids"].long(), inputs["attention_mask"].long()
+    model = load(transformers.AutoModelForCausalLM, args.model)
+    save_file({"logits": forward_logits(model, ids, mask).contiguous()}, args.out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("make", help="random-initialise the models and write HF's outputs")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=make)
+    p = sub.add_parser("logits", help="HF's FP32 logits of a model directory")
+    p.add_argument("--model", required=True)
+    p.add_argument("--inputs", required=True, help="safetensors with input_ids, attention_mask")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=logits)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
