@@ -22,6 +22,8 @@ const std::vector<Command>& commands() {
        cmd_run},
       {"worker", "internal: one worker process, started by `rlhf run`", cmd_worker},
       {"tokenize", "token ids of text (or text of ids) with a model's tokenizer", cmd_tokenize},
+      {"version", "the versions this binary was built against (torch, CUDA, NCCL) and its GPUs",
+       cmd_version},
   };
   return kCommands;
 }

@@ -30,13 +30,16 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, DecoderLayerImpl* layer, LayerHooks* hooks,
                                int64_t index, const torch::Tensor& hidden, const torch::Tensor& cos,
-                               const torch::Tensor& sin, const torch::Tensor& mask) {
+                               const torch::Tensor& sin, const std::optional<torch::Tensor>& mask,
+                               bool causal) {
     // Raw pointers travel as integers: the layer and hooks outlive the autograd graph.
     ctx->saved_data["layer"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(layer));
     ctx->saved_data["hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
     ctx->saved_data["index"] = index;
-    ctx->save_for_backward({hidden, cos, sin, mask});
-    return layer->forward(hidden, AttentionInputs{cos, sin, mask}, nullptr,
+    ctx->saved_data["causal"] = causal;
+    const torch::Tensor dense_mask = mask.value_or(torch::Tensor());  // undefined: no mask
+    ctx->save_for_backward({hidden, cos, sin, dense_mask});
+    return layer->forward(hidden, AttentionInputs{cos, sin, dense_mask, causal}, nullptr,
                           index);  // grad mode is off here
   }
 
@@ -52,7 +55,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     if (hooks) hooks->before_forward(unit);
     {
       torch::AutoGradMode enable(true);
-      auto out = layer->forward(x, AttentionInputs{saved[1], saved[2], saved[3]}, nullptr, index);
+      const AttentionInputs in{saved[1], saved[2], saved[3], ctx->saved_data["causal"].toBool()};
+      auto out = layer->forward(x, in, nullptr, index);
       torch::autograd::backward({out}, {grads[0]});  // accumulates the layer's .grad
     }
     if (hooks) {
@@ -60,7 +64,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
       hooks->after_backward(unit);
     }
     return {torch::Tensor(), torch::Tensor(), torch::Tensor(), x.grad(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -128,7 +132,9 @@ torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const 
       cache == nullptr) {
     // A frozen embedding gives an input without grad; the layer's parameters still need theirs.
     torch::Tensor x = hidden.requires_grad() ? hidden : hidden.detach().requires_grad_(true);
-    return CheckpointedLayer::apply(layer, hooks_, i, x, in.cos, in.sin, in.mask);
+    // No mask travels as nullopt: autograd::Function refuses an undefined tensor argument.
+    const auto mask = in.mask.defined() ? std::optional<torch::Tensor>(in.mask) : std::nullopt;
+    return CheckpointedLayer::apply(layer, hooks_, i, x, in.cos, in.sin, mask, in.causal);
   }
   return layer->forward(hidden, in, cache, i);
 }
@@ -157,7 +163,7 @@ torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, const torch::Ten
   after(0);
   AttentionInputs in;
   rotary_tables(config_, pos, h.scalar_type(), in.cos, in.sin);
-  in.mask = attention_mask_tensor(mask, past, T, config_.sliding_window);
+  set_attention_mask(in, mask, past, T, config_.sliding_window);
   for (int64_t i = 0; i < num_layers(); ++i) {
     before(static_cast<int>(i) + 1);
     h = run_layer(i, h, in, cache);

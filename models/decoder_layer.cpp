@@ -2,10 +2,7 @@
 // RMSNorm statistics and softmax in FP32, matmuls in the parameters' dtype.
 #include "models/decoder_layer.h"
 
-#include <torch/version.h>
-
 #include <cmath>
-#include <limits>
 
 #include "models/kv_cache.h"
 
@@ -40,31 +37,18 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// [B, kv, S, D] -> [B, kv * rep, S, D], each kv head repeated rep times (HF repeat_kv).
-torch::Tensor repeat_kv(const torch::Tensor& x, int64_t rep) {
-  if (rep == 1) return x;
-  const auto B = x.size(0), kv = x.size(1), S = x.size(2), D = x.size(3);
-  return x.unsqueeze(2).expand({B, kv, rep, S, D}).reshape({B, kv * rep, S, D});
-}
-
-// q: [B, nh, T, D], k/v: [B, nh, S, D] -> [B, nh, T, D].
+// q: [B, nh, T, D], k/v: [B, kv, S, D] -> [B, nh, T, D]. Fused SDPA: grouped-query heads
+// without copying k/v (enable_gqa); with no mask and `causal`, the flash kernels can run.
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                     const torch::Tensor& mask) {
-#if TORCH_VERSION_MAJOR >= 2
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
-#else
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) * scale;  // [B, nh, T, S]
-  auto probs = torch::softmax(scores.to(torch::kFloat32) + mask, -1).to(q.scalar_type());
-  return torch::matmul(probs, v);
-#endif
+                     const AttentionInputs& in) {
+  const bool gqa = q.size(1) != k.size(1);
+  // No mask must reach SDPA as nullopt: an undefined tensor inside the optional is refused
+  // ("attn_mask.dtype: nullptr").
+  const auto mask = in.mask.defined() ? std::optional<torch::Tensor>(in.mask) : std::nullopt;
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, in.causal, std::nullopt, gqa);
 }
 
 }  // namespace
-
-bool uses_fused_attention() {
-  return TORCH_VERSION_MAJOR >= 2;
-}
 
 void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids, torch::Dtype dtype,
                    torch::Tensor& cos, torch::Tensor& sin) {
@@ -96,10 +80,26 @@ torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t
                   .logical_and(keys_present)
                   .logical_and(same_segment)
                   .logical_or(k_pos == q_pos);  // [B, T, S]
-  mask = mask.unsqueeze(1);                     // [B, 1, T, S]
-  if (uses_fused_attention()) return mask;
-  auto bias = torch::zeros(mask.sizes(), mask.options().dtype(torch::kFloat32));
-  return bias.masked_fill_(mask.logical_not(), std::numeric_limits<float>::lowest());
+  return mask.unsqueeze(1);                     // [B, 1, T, S]
+}
+
+void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask, int64_t past,
+                        int64_t T, int64_t sliding_window) {
+  const int64_t S = past + T;
+  const bool window_applies = sliding_window > 0 && sliding_window < S;
+  // One host sync per forward (not per layer): is every key a plain token?
+  const bool plain = !attention_mask.defined() || (attention_mask == 1).all().item<bool>();
+  if (plain && !window_applies && (past == 0 || T == 1)) {
+    // No padding and no packed segments: causal attention needs no mask. SDPA's is_causal
+    // aligns the triangle top-left, which is the causal mask only when T == S; a one-token
+    // step over a cache sees every key.
+    in.mask = torch::Tensor();
+    in.causal = past == 0 && T > 1;
+    return;
+  }
+  TORCH_CHECK(attention_mask.defined(), "attention mask: needed with a cache and T > 1");
+  in.mask = attention_mask_tensor(attention_mask, past, T, sliding_window);
+  in.causal = false;
 }
 
 RMSNormImpl::RMSNormImpl(int64_t hidden, double eps) : eps_(eps) {
@@ -139,8 +139,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache) std::tie(k, v) = cache->append(layer_index, k, v);  // [B, kv, S, D]
-  const int64_t rep = heads_ / kv_heads_;
-  auto out = attend(q, repeat_kv(k, rep), repeat_kv(v, rep), in.mask);  // [B, nh, T, D]
+  auto out = attend(q, k, v, in);                                // [B, nh, T, D]
   return o_proj->forward(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 

@@ -17,10 +17,11 @@ class KvCache;
 
 // What every layer of one forward shares: rotary tables and the attention mask.
 struct AttentionInputs {
-  torch::Tensor cos;   // [B, T, head_dim] compute dtype
-  torch::Tensor sin;   // [B, T, head_dim] compute dtype
-  torch::Tensor mask;  // [B, 1, T, S], S = cached + T: FP32 additive (0 / lowest) for the
-                       // explicit path, bool (true = attend) for fused SDPA (torch >= 2)
+  torch::Tensor cos;    // [B, T, head_dim] compute dtype
+  torch::Tensor sin;    // [B, T, head_dim] compute dtype
+  torch::Tensor mask;   // [B, 1, T, S] bool (true = attend), S = cached + T; undefined when
+                        // no key needs hiding beyond causality (see set_attention_mask)
+  bool causal = false;  // with an undefined mask: SDPA's is_causal (T == S)
 };
 
 // Builds cos/sin for position_ids [B, T] (FP32 math, then cast to `dtype`), following HF's
@@ -36,8 +37,12 @@ void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids,
 torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t past, int64_t T,
                                     int64_t sliding_window);
 
-// True when attention uses LibTorch's fused scaled_dot_product_attention (torch >= 2).
-bool uses_fused_attention();
+// Fills in.mask / in.causal for one forward: no dense mask when every key is a plain token
+// (no padding, no packed segments), no sliding window cuts in, and either there is no cache
+// (is_causal) or one new token is decoded (every key visible), so SDPA's fused kernels run;
+// else the bool mask of attention_mask_tensor. attention_mask may be undefined (all ones).
+void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask, int64_t past,
+                        int64_t T, int64_t sliding_window);
 
 class RMSNormImpl : public torch::nn::Module {
  public:

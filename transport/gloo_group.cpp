@@ -15,12 +15,6 @@ void check_cpu_contiguous(const torch::Tensor& t, const char* what) {
               t.defined() ? t.toString() : "undefined");
 }
 
-// Gloo in LibTorch 1.13 has no BF16: operations that only move bytes see BF16 tensors as
-// FP16 (same width, never used for arithmetic); reductions go through FP32.
-torch::Tensor as_movable(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
-}
-
 std::string message_of(const std::exception& e) {
   if (const auto* error = dynamic_cast<const c10::Error*>(&e))
     return error->what_without_backtrace();
@@ -57,6 +51,8 @@ void GlooGroup::run(const char* operation, StartWork&& start) {
 void GlooGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   check_cpu_contiguous(tensor, "all_reduce");
   if (tensor.scalar_type() == torch::kBFloat16) {
+    // Gloo can sum BF16 (torch >= 2.1), but each hop would round to 8 mantissa bits; the
+    // sum goes through FP32 and is rounded once, as the gradients it serves deserve.
     auto wide = tensor.to(torch::kFloat);
     all_reduce(wide, op);
     tensor.copy_(wide);
@@ -81,9 +77,10 @@ void GlooGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
     flat.copy_(input.view({-1}));
     return;
   }
-  // c10d Gloo's allgather ran at less than half the speed of its ring all-reduce here
-  // (bench_engine). So: zero the output, place this rank's piece, and sum-reduce the raw
-  // bytes as int32 words (exact: every word is non-zero on at most one rank).
+  // c10d Gloo's allgather (_allgather_base) is slower than its ring all-reduce of the
+  // whole output: 132 vs 117 ms for 64 MiB over 2 ranks with LibTorch 2.11 (bench/RESULTS.md,
+  // "Gloo collectives"; 1.13 was worse still). So: zero the output, place this rank's piece, and
+  // sum-reduce the raw bytes as int32 words (exact: every word is non-zero on at most one rank).
   flat.zero_();
   flat.narrow(0, rank_ * n, n).copy_(input.view({-1}));
   const int64_t bytes = output.numel() * static_cast<int64_t>(output.element_size());
@@ -103,7 +100,7 @@ void GlooGroup::reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
 
 void GlooGroup::broadcast(torch::Tensor& tensor, int root) {
   check_cpu_contiguous(tensor, "broadcast");
-  std::vector<torch::Tensor> tensors{as_movable(tensor)};
+  std::vector<torch::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   run("broadcast", [&] { return group_->broadcast(tensors, options); });

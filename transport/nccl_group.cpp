@@ -148,6 +148,11 @@ class NcclGroup final : public CollectiveGroup {
 
 }  // namespace
 
+std::string nccl_version() {
+  return std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
+         std::to_string(NCCL_PATCH);
+}
+
 std::unique_ptr<CollectiveGroup> make_nccl_group(const CollectiveConfig& config,
                                                  const c10::intrusive_ptr<c10d::Store>& store) {
   return std::make_unique<NcclGroup>(config, store);

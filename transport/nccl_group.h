@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "transport/collective_group.h"
 #include "transport/store.h"
@@ -15,5 +16,8 @@ namespace rlhf::transport {
 // rendezvous fails.
 std::unique_ptr<CollectiveGroup> make_nccl_group(const CollectiveConfig& config,
                                                  const c10::intrusive_ptr<c10d::Store>& store);
+
+// The NCCL version this build was compiled against ("2.28.9"), or "" without NCCL.
+std::string nccl_version();
 
 }  // namespace rlhf::transport

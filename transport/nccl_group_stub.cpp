@@ -4,6 +4,10 @@
 
 namespace rlhf::transport {
 
+std::string nccl_version() {
+  return "";
+}
+
 std::unique_ptr<CollectiveGroup> make_nccl_group(const CollectiveConfig& config,
                                                  const c10::intrusive_ptr<c10d::Store>&) {
   throw RuntimeError("collective group: rank " + std::to_string(config.rank) +

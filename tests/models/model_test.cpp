@@ -240,19 +240,45 @@ TEST(CausalLM, PackedSegmentsEqualSeparateRows) {
 }
 
 TEST(AttentionMask, CausalPaddingWindowAndCacheOffsetsAsATable) {
-  if (uses_fused_attention())
-    GTEST_SKIP() << "torch >= 2 returns a bool mask; the table below is the FP32 one";
   // attention_mask [1, 4] with the first key padded; queries are positions 2 and 3 (2 cached).
-  auto bias =
+  auto mask =
       attention_mask_tensor(torch::tensor({{0, 1, 1, 1}}, torch::kInt64), /*past=*/2, /*T=*/2,
                             /*sliding_window=*/2);
-  auto allowed = (bias == 0).to(torch::kInt64).squeeze();  // [T, S]
+  auto allowed = mask.to(torch::kInt64).squeeze();  // [T, S]
   // query 2 sees keys 1..2 (0 is padding), query 3 sees keys 2..3 (window of 2).
   EXPECT_TRUE(torch::equal(allowed, torch::tensor({{0, 1, 1, 0}, {0, 0, 1, 1}}, torch::kInt64)));
   auto padded_query = attention_mask_tensor(torch::tensor({{0, 1}}, torch::kInt64), 0, 2, 0);
   // A padding query sees only itself: never an empty softmax row.
-  EXPECT_TRUE(torch::equal((padded_query == 0).to(torch::kInt64).squeeze(),
+  EXPECT_TRUE(torch::equal(padded_query.to(torch::kInt64).squeeze(),
                            torch::tensor({{1, 0}, {0, 1}}, torch::kInt64)));
+}
+
+// When SDPA gets no dense mask (so its fused kernels can run) and when it must get one.
+TEST(AttentionMask, DenseMaskOnlyWhereAKeyMustBeHidden) {
+  struct Case {
+    const char* name;
+    torch::Tensor attention_mask;  // [1, past + T]
+    int64_t past, T, window;
+    bool dense, causal;
+  };
+  const auto ones = [](int64_t n) { return torch::ones({1, n}, torch::kInt64); };
+  const std::vector<Case> cases = {
+      {"no padding, no cache", ones(5), 0, 5, 0, false, true},
+      {"undefined mask", torch::Tensor(), 0, 5, 0, false, true},
+      {"one token over a cache", ones(6), 5, 1, 0, false, false},
+      {"left padding", torch::tensor({{0, 1, 1}}, torch::kInt64), 0, 3, 0, true, false},
+      {"packed segments", torch::tensor({{1, 1, 2, 2}}, torch::kInt64), 0, 4, 0, true, false},
+      {"chunk over a cache", ones(6), 3, 3, 0, true, false},
+      {"window shorter than the keys", ones(5), 0, 5, 3, true, false},
+      {"window longer than the keys", ones(5), 0, 5, 8, false, true},
+  };
+  for (const auto& c : cases) {
+    AttentionInputs in;
+    set_attention_mask(in, c.attention_mask, c.past, c.T, c.window);
+    EXPECT_EQ(in.mask.defined(), c.dense) << c.name;
+    EXPECT_EQ(in.causal, c.causal) << c.name;
+    if (c.dense) EXPECT_EQ(in.mask.sizes(), (std::vector<int64_t>{1, 1, c.T, c.past + c.T}));
+  }
 }
 
 TEST(CausalLM, PaddingEmbeddingRowGetsNoGradientAsInHf) {
