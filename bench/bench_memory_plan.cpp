@@ -4,7 +4,7 @@
 // own terms are checked exactly by tests (tests/engine/memory_plan_test.cpp); this is the
 // part that is an estimate. CPU only.
 //
-// Measurement (bench_model's method; LibTorch 1.13 has no CPU allocator statistics): in a
+// Measurement (bench_model's method; LibTorch keeps no CPU allocator statistics): in a
 // forked child, malloc serves every block >= 64 KiB with its own mmap so freed tensors leave
 // the resident set at once; peak = VmHWM during forward+backward (reset through
 // /proc/self/clear_refs) - RSS before forward, with parameters and .grad already allocated.

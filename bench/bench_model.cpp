@@ -3,7 +3,7 @@
 // the achieved FLOP/s against this machine's measured matmul FLOP/s. CPU only (on a GPU
 // the same numbers come from the CUDA caching allocator; not done here).
 //
-// Activation memory on CPU (LibTorch 1.13 has no CPU allocator statistics): malloc is told
+// Activation memory on CPU (LibTorch keeps no CPU allocator statistics): malloc is told
 // to serve every allocation >= 64 KiB with its own mmap (M_MMAP_THRESHOLD, which also
 // disables the dynamic threshold) so freed tensors leave the resident set at once; then
 //   held = RSS after forward - RSS before forward   (what autograd keeps for backward)

@@ -78,9 +78,10 @@ void GlooGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
     return;
   }
   // c10d Gloo's allgather (_allgather_base) is slower than its ring all-reduce of the
-  // whole output: 132 vs 117 ms for 64 MiB over 2 ranks with LibTorch 2.11 (bench/RESULTS.md,
-  // "Gloo collectives"; 1.13 was worse still). So: zero the output, place this rank's piece, and
-  // sum-reduce the raw bytes as int32 words (exact: every word is non-zero on at most one rank).
+  // whole output: 79 vs 64 ms for 64 MiB over 2 ranks with LibTorch 2.11
+  // (bench/gloo_collectives.py; 1.13 was worse still). So: zero the output, place this rank's
+  // piece, and sum-reduce the raw bytes as int32 words (exact: every word is non-zero on at most
+  // one rank).
   flat.zero_();
   flat.narrow(0, rank_ * n, n).copy_(input.view({-1}));
   const int64_t bytes = output.numel() * static_cast<int64_t>(output.element_size());

@@ -23,7 +23,7 @@ class GlooGroup final : public CollectiveGroup {
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override;
   // All-reduces `input` in place and keeps this rank's slice. A ring all-reduce moves twice
   // the bytes of a ring reduce-scatter, but measured here it beats c10d Gloo's own
-  // reduce-scatter (_reduce_scatter_base, LibTorch 2.11: 98 vs 152 ms for 64 MiB, N = 2)
+  // reduce-scatter (_reduce_scatter_base, LibTorch 2.11: 56 vs 88 ms for 64 MiB, N = 2)
   // and 1.13's alltoall + local sum (184 vs 307 ms); see bench/RESULTS.md.
   void reduce_scatter(torch::Tensor& output, torch::Tensor& input) override;
   void broadcast(torch::Tensor& tensor, int root) override;
