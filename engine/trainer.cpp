@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "models/safetensors.h"
@@ -152,6 +153,24 @@ int64_t heap_in_use() {
   return static_cast<int64_t>(info.uordblks + info.hblkhd);  // arena + mmap'd blocks
 }
 
+// config_json with its precision set to the exported weights' dtype: transformers 5 reads
+// "dtype", 4.x "torch_dtype"; a BF16 export labelled float32 would load with the wrong label.
+std::string config_with_dtype(const std::string& config_json, torch::Dtype dtype) {
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(config_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(std::string("export_hf: the model config is not JSON: ") + e.what());
+  }
+  if (!config.is_object()) throw InputError("export_hf: the model config is not a JSON object");
+  const char* name = dtype == torch::kBFloat16 ? "bfloat16"
+                     : dtype == torch::kHalf   ? "float16"
+                                               : "float32";
+  config["dtype"] = name;
+  config["torch_dtype"] = name;
+  return config.dump(2) + "\n";
+}
+
 }  // namespace
 
 void Trainer::export_hf(const std::string& dir, const std::string& config_json,
@@ -206,7 +225,7 @@ void Trainer::export_hf(const std::string& dir, const std::string& config_json,
   if (writer_rank) {
     writer->finish();
     std::ofstream config_file(tmp_dir / "config.json");
-    config_file << config_json;
+    config_file << config_with_dtype(config_json, dtype);
     config_file.close();
     if (!config_file)
       throw RuntimeError("export_hf: cannot write " + (tmp_dir / "config.json").string());

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "engine/adamw.h"
@@ -217,4 +218,14 @@ TEST(TrainerFrozen, FrozenParametersStayWholeUnchangedAndExported) {
   EXPECT_TRUE(torch::equal(file.view("model.embed_tokens.weight"), before));
   EXPECT_FALSE(torch::equal(file.view("lm_head.weight"), head_before))
       << "trainable weights must have moved";
+  // The exported config names the weights' precision (transformers 5 and 4.x keys).
+  trainer.export_hf((dir / "hf16").string(), model->config().to_json_text(), torch::kBFloat16);
+  std::ifstream config_file(dir / "hf16/config.json");
+  const auto config = nlohmann::json::parse(config_file);
+  EXPECT_EQ(config.at("dtype"), "bfloat16");
+  EXPECT_EQ(config.at("torch_dtype"), "bfloat16");
+  EXPECT_EQ(rlhf::models::SafetensorsFile((dir / "hf16/model.safetensors").string())
+                .view("lm_head.weight")
+                .scalar_type(),
+            torch::kBFloat16);
 }
