@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/errors.h"
+#include "models/pretrained.h"
 #include "models/safetensors.h"
 
 namespace rlhf::engine {
@@ -163,9 +164,7 @@ std::string config_with_dtype(const std::string& config_json, torch::Dtype dtype
     throw InputError(std::string("export_hf: the model config is not JSON: ") + e.what());
   }
   if (!config.is_object()) throw InputError("export_hf: the model config is not a JSON object");
-  const char* name = dtype == torch::kBFloat16 ? "bfloat16"
-                     : dtype == torch::kHalf   ? "float16"
-                                               : "float32";
+  const std::string name = models::dtype_hf_name(dtype);
   config["dtype"] = name;
   config["torch_dtype"] = name;
   return config.dump(2) + "\n";

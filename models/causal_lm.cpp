@@ -37,9 +37,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
     ctx->saved_data["index"] = index;
     ctx->saved_data["causal"] = causal;
-    const torch::Tensor dense_mask = mask.value_or(torch::Tensor());  // undefined: no mask
-    ctx->save_for_backward({hidden, cos, sin, dense_mask});
-    return layer->forward(hidden, AttentionInputs{cos, sin, dense_mask, causal}, nullptr,
+    ctx->save_for_backward({hidden, cos, sin, mask.value_or(torch::Tensor())});
+    return layer->forward(hidden, AttentionInputs{cos, sin, mask, causal}, nullptr,
                           index);  // grad mode is off here
   }
 
@@ -55,7 +54,8 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     if (hooks) hooks->before_forward(unit);
     {
       torch::AutoGradMode enable(true);
-      const AttentionInputs in{saved[1], saved[2], saved[3], ctx->saved_data["causal"].toBool()};
+      const auto mask = saved[3].defined() ? std::optional<torch::Tensor>(saved[3]) : std::nullopt;
+      const AttentionInputs in{saved[1], saved[2], mask, ctx->saved_data["causal"].toBool()};
       auto out = layer->forward(x, in, nullptr, index);
       torch::autograd::backward({out}, {grads[0]});  // accumulates the layer's .grad
     }
@@ -132,9 +132,7 @@ torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const 
       cache == nullptr) {
     // A frozen embedding gives an input without grad; the layer's parameters still need theirs.
     torch::Tensor x = hidden.requires_grad() ? hidden : hidden.detach().requires_grad_(true);
-    // No mask travels as nullopt: autograd::Function refuses an undefined tensor argument.
-    const auto mask = in.mask.defined() ? std::optional<torch::Tensor>(in.mask) : std::nullopt;
-    return CheckpointedLayer::apply(layer, hooks_, i, x, in.cos, in.sin, mask, in.causal);
+    return CheckpointedLayer::apply(layer, hooks_, i, x, in.cos, in.sin, in.mask, in.causal);
   }
   return layer->forward(hidden, in, cache, i);
 }

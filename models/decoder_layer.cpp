@@ -42,10 +42,7 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                      const AttentionInputs& in) {
   const bool gqa = q.size(1) != k.size(1);
-  // No mask must reach SDPA as nullopt: an undefined tensor inside the optional is refused
-  // ("attn_mask.dtype: nullptr").
-  const auto mask = in.mask.defined() ? std::optional<torch::Tensor>(in.mask) : std::nullopt;
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, in.causal, std::nullopt, gqa);
+  return at::scaled_dot_product_attention(q, k, v, in.mask, 0.0, in.causal, std::nullopt, gqa);
 }
 
 }  // namespace
@@ -93,7 +90,7 @@ void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask
     // No padding and no packed segments: causal attention needs no mask. SDPA's is_causal
     // aligns the triangle top-left, which is the causal mask only when T == S; a one-token
     // step over a cache sees every key.
-    in.mask = torch::Tensor();
+    in.mask = std::nullopt;
     in.causal = past == 0 && T > 1;
     return;
   }

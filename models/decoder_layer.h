@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <memory>
+#include <optional>
 
 #include "models/config.h"
 
@@ -17,11 +18,13 @@ class KvCache;
 
 // What every layer of one forward shares: rotary tables and the attention mask.
 struct AttentionInputs {
-  torch::Tensor cos;    // [B, T, head_dim] compute dtype
-  torch::Tensor sin;    // [B, T, head_dim] compute dtype
-  torch::Tensor mask;   // [B, 1, T, S] bool (true = attend), S = cached + T; undefined when
-                        // no key needs hiding beyond causality (see set_attention_mask)
-  bool causal = false;  // with an undefined mask: SDPA's is_causal (T == S)
+  torch::Tensor cos;  // [B, T, head_dim] compute dtype
+  torch::Tensor sin;  // [B, T, head_dim] compute dtype
+  // [B, 1, T, S] bool (true = attend), S = cached + T; nullopt when no key needs hiding
+  // beyond causality (see set_attention_mask). An optional, not an undefined tensor: SDPA
+  // and autograd::Function both take "no mask" only as nullopt.
+  std::optional<torch::Tensor> mask;
+  bool causal = false;  // without a mask: SDPA's is_causal (T == S)
 };
 
 // Builds cos/sin for position_ids [B, T] (FP32 math, then cast to `dtype`), following HF's
