@@ -7,6 +7,8 @@
 #include <chrono>
 #include <thread>
 
+#include "actors/device.h"
+
 namespace rlhf {
 namespace {
 
@@ -46,6 +48,8 @@ Message info(const Message&, const WorkerIdentity& self) {
                 {"device", self.device},
                 {"node", self.node},
                 {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024}};
+  // GPU workers: the CUDA caching allocator's peaks, overall and per operation.
+  if (auto cuda = device_memory_log().to_json(); !cuda.is_null()) reply.args["cuda"] = cuda;
   return reply;
 }
 

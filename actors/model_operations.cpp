@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "actors/device.h"
 #include "actors/offline_operations.h"
 #include "core/errors.h"
 #include "models/pretrained.h"
@@ -32,6 +33,7 @@ int64_t peak_rss_bytes() {
 
 json memory_json(const ModelRole& role) {
   json j = {{"peak_rss_bytes", peak_rss_bytes()}};
+  if (auto cuda = device_memory_log().to_json(); !cuda.is_null()) j["cuda"] = cuda;
   if (role.trainer) {
     auto m = role.trainer->memory_report();
     j["params"] = m.params;
@@ -60,8 +62,10 @@ std::string read_text(const std::string& path) {
 // init: {"config": ModelRoleConfig, "store_path": rendezvous file (trained roles)}.
 Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   role.config = engine::ModelRoleConfig::from_json(req.args.at("config"));
+  role.device = worker_device(self);
   const bool trained = role.config.trainer.has_value();
   models::LoadOptions load;
+  load.device = role.device;
   // Trained roles keep FP32 masters, so they load FP32 and the trainer converts.
   load.dtype = trained || role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
   load.head = role.config.head;
@@ -77,8 +81,12 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
     cc.rank = self.rank;
     cc.size = self.world_size;
     cc.store_path = req.args.at("store_path").get<std::string>();
+    // NCCL between the GPUs of a role (one GPU per rank); Gloo on cpu nodes.
+    cc.backend =
+        on_cuda(self) ? transport::CollectiveBackend::kNccl : transport::CollectiveBackend::kGloo;
     role.group = transport::make_collective_group(cc);
     engine::TrainerConfig tc = *role.config.trainer;
+    tc.device = role.device;
     tc.compute_dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
     tc.tied_embeddings = role.model->config().tie_word_embeddings;
     role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group);
@@ -98,10 +106,11 @@ struct Batch {
   int64_t action_len = 0;        // A: the last A positions are the response
 };
 
-Batch read_batch(const Message& req) {
+// The request's batch on `device` (the worker's).
+Batch read_batch(const Message& req, torch::Device device) {
   Batch b;
-  b.sequences = req.tensor("sequences").to(torch::kLong);
-  b.attention_mask = req.tensor("attention_mask").to(torch::kLong);
+  b.sequences = req.tensor("sequences").to(device, torch::kLong);
+  b.attention_mask = req.tensor("attention_mask").to(device, torch::kLong);
   b.action_len = req.args.at("action_len").get<int64_t>();
   TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.sizes() == b.attention_mask.sizes(), req.op,
               ": expected sequences and attention_mask [B, T], got ", b.sequences.sizes(), " and ",
@@ -158,7 +167,10 @@ std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self,
 // over this rank's share of the global batch, in micro batches of args.micro_batch_size.
 Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("train_actor: this worker's role is not trained");
-  Batch all = read_batch(req);
+  Batch all = read_batch(req, role.device);
+  auto rows = [&](const char* name, int64_t b0, int64_t b1) {
+    return req.tensor(name).slice(0, b0, b1).to(role.device);
+  };
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
   const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
   ppo::PolicyLossConfig pc;
@@ -177,15 +189,14 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
     TORCH_CHECK(b0 < b1, "train_actor: micro batch ", i, " is empty: the batch holds ", end - begin,
                 " rows for this rank, fewer than grad_accum_steps x micro_batch_size");
     Batch mb = slice(all, b0, b1);
-    torch::Tensor mask = req.tensor("action_mask").slice(0, b0, b1);
+    torch::Tensor mask = rows("action_mask", b0, b1);
     torch::Tensor lp = action_log_probs(*role.model, mb);
-    auto r = ppo::policy_loss(pc, lp, req.tensor("log_probs_old").slice(0, b0, b1),
-                              req.tensor("advantages").slice(0, b0, b1), mask);
+    auto r =
+        ppo::policy_loss(pc, lp, rows("log_probs_old", b0, b1), rows("advantages", b0, b1), mask);
     torch::Tensor loss = r.loss;
     if (kl_loss) {
       // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
-      torch::Tensor kl =
-          ppo::approx_kl(lp, req.tensor("log_probs_ref").slice(0, b0, b1), kl_estimator);
+      torch::Tensor kl = ppo::approx_kl(lp, rows("log_probs_ref", b0, b1), kl_estimator);
       torch::Tensor m = mask.to(torch::kFloat32);
       torch::Tensor kl_mean = (kl * m).sum() / m.sum().clamp_min(1);
       loss = loss + kl_coef * kl_mean;
@@ -208,7 +219,10 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
 // train_critic: one optimizer step of the clipped value loss on this rank's rows.
 Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("train_critic: this worker's role is not trained");
-  Batch all = read_batch(req);
+  Batch all = read_batch(req, role.device);
+  auto rows = [&](const char* name, int64_t b0, int64_t b1) {
+    return req.tensor(name).slice(0, b0, b1).to(role.device);
+  };
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
   const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
   const double value_clip = req.args.at("value_clip").get<double>();
@@ -216,9 +230,9 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
     int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
     TORCH_CHECK(b0 < b1, "train_critic: micro batch ", i, " is empty");
     torch::Tensor v = action_values(*role.model, slice(all, b0, b1));
-    return ppo::value_loss(
-        v, req.tensor("values_old").slice(0, b0, b1), req.tensor("returns").slice(0, b0, b1),
-        req.tensor("action_mask").slice(0, b0, b1), value_clip, ppo::LossAggregation::kTokenMean);
+    return ppo::value_loss(v, rows("values_old", b0, b1), rows("returns", b0, b1),
+                           rows("action_mask", b0, b1), value_clip,
+                           ppo::LossAggregation::kTokenMean);
   });
   Message reply;
   reply.args = step_metrics_json(metrics);
@@ -227,7 +241,8 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
 
 // push_weights: every actor rank calls it (ZeRO-3 gathers one unit at a time over the
 // trainer's group); actor rank 0 also joins, once, the sync group of args.sync_size ranks
-// (itself as rank 0, rollout rank r as r + 1) at args.store_path and broadcasts each unit.
+// (itself as rank 0, rollout rank r as r + 1) at args.store_path over args.backend (nccl or
+// gloo) and broadcasts each unit.
 Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("push_weights: this worker's role is not trained");
   if (self.rank == 0 && !role.sync_group) {
@@ -235,6 +250,9 @@ Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& 
     cc.rank = 0;
     cc.size = req.args.at("sync_size").get<int>();
     cc.store_path = req.args.at("store_path").get<std::string>();
+    cc.backend = req.args.value("backend", std::string("gloo")) == "nccl"
+                     ? transport::CollectiveBackend::kNccl
+                     : transport::CollectiveBackend::kGloo;
     role.sync_group = transport::make_collective_group(cc);
   }
   rollout::TrainerWeights source(*role.trainer);
@@ -263,7 +281,7 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     // args.entropy: also the policy's per-token entropy (for the metrics).
     torch::NoGradGuard no_grad;
     models::CausalLM& model = role->checked_model(req.op);
-    Batch b = read_batch(req);
+    Batch b = read_batch(req, role->device);
     torch::Tensor hidden = model.forward(b.sequences, b.attention_mask);
     torch::Tensor lp = model.next_token_log_probs(hidden, b.sequences);
     Message reply;
@@ -275,14 +293,16 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
   registry.add("values", [role](const Message& req, const WorkerIdentity&) {
     torch::NoGradGuard no_grad;
     Message reply;
-    reply.add("values", action_values(role->checked_model(req.op), read_batch(req)).contiguous());
+    reply.add(
+        "values",
+        action_values(role->checked_model(req.op), read_batch(req, role->device)).contiguous());
     return reply;
   });
   registry.add("score", [role](const Message& req, const WorkerIdentity&) {
     torch::NoGradGuard no_grad;
     models::CausalLM& model = role->checked_model(req.op);
-    torch::Tensor seq = req.tensor("sequences").to(torch::kLong);
-    torch::Tensor mask = req.tensor("attention_mask").to(torch::kLong);
+    torch::Tensor seq = req.tensor("sequences").to(role->device, torch::kLong);
+    torch::Tensor mask = req.tensor("attention_mask").to(role->device, torch::kLong);
     torch::Tensor scores = models::last_token_values(model.values(model.forward(seq, mask)), mask);
     Message reply;
     reply.add("scores", scores.to(torch::kFloat32).contiguous());

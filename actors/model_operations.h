@@ -27,6 +27,7 @@ struct ModelRole {
   std::unique_ptr<transport::CollectiveGroup> group;  // trained roles only
   std::unique_ptr<engine::Trainer> trainer;           // trained roles only
   std::string config_json;                            // the model's config.json text (for export)
+  torch::Device device = torch::kCPU;                 // the worker's: cuda:0 on a GPU node
   std::unique_ptr<transport::CollectiveGroup> sync_group;  // actor rank 0 -> rollout ranks
   int64_t weight_version = 0;                              // pushes done so far
 

@@ -24,16 +24,17 @@ struct RowBatch {
   }
 };
 
-RowBatch read_rows(const Message& req, bool need_loss_mask) {
+// The request's rows on `device` (the worker's).
+RowBatch read_rows(const Message& req, bool need_loss_mask, torch::Device device) {
   RowBatch b;
-  b.sequences = req.tensor("sequences").to(torch::kLong);
-  b.attention_mask = req.tensor("attention_mask").to(torch::kLong);
+  b.sequences = req.tensor("sequences").to(device, torch::kLong);
+  b.attention_mask = req.tensor("attention_mask").to(device, torch::kLong);
   TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.size(1) >= 2 &&
                   b.sequences.sizes() == b.attention_mask.sizes(),
               req.op, ": expected sequences and attention_mask [N, T] with T >= 2, got ",
               b.sequences.sizes(), " and ", b.attention_mask.sizes());
   if (need_loss_mask) {
-    b.loss_mask = req.tensor("loss_mask").to(torch::kFloat32);
+    b.loss_mask = req.tensor("loss_mask").to(device, torch::kFloat32);
     TORCH_CHECK(b.loss_mask.dim() == 2 && b.loss_mask.size(0) == b.rows() &&
                     b.loss_mask.size(1) == b.sequences.size(1) - 1,
                 req.op, ": expected loss_mask [N, T-1] = [", b.rows(), ", ",
@@ -69,8 +70,9 @@ torch::Tensor row_scores(models::CausalLM& model, const RowBatch& b) {
 
 // The rows this call works on: all of them (a scatter'd micro batch), or this rank's
 // share (args.rank_share, for call_all on a trained, possibly ZeRO-3, group).
-RowBatch requested_rows(const Message& req, const WorkerIdentity& self, bool need_loss_mask) {
-  RowBatch all = read_rows(req, need_loss_mask);
+RowBatch requested_rows(const Message& req, const WorkerIdentity& self, bool need_loss_mask,
+                        torch::Device device) {
+  RowBatch all = read_rows(req, need_loss_mask, device);
   if (!req.args.value("rank_share", false)) return all;
   auto [begin, end] = share(all.rows(), 1, self, req.op);
   return all.slice(begin, end);
@@ -89,7 +91,7 @@ torch::Tensor by_chunks(const RowBatch& b, int64_t chunk, F f) {
 Message sequence_log_probs(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   torch::NoGradGuard no_grad;
   models::CausalLM& model = role.checked_model(req.op);
-  RowBatch b = requested_rows(req, self, true);
+  RowBatch b = requested_rows(req, self, true, role.device);
   Message reply;
   reply.add("log_probs", by_chunks(b, req.args.value("chunk", int64_t{0}), [&](const RowBatch& c) {
                            return response_log_prob_sums(model, c);
@@ -101,7 +103,7 @@ Message sequence_log_probs(ModelRole& role, const Message& req, const WorkerIden
 Message sequence_scores(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   torch::NoGradGuard no_grad;
   models::CausalLM& model = role.checked_model(req.op);
-  RowBatch b = requested_rows(req, self, false);
+  RowBatch b = requested_rows(req, self, false, role.device);
   Message reply;
   reply.add("scores", by_chunks(b, req.args.value("chunk", int64_t{0}), [&](const RowBatch& c) {
                         return row_scores(model, c);
@@ -131,7 +133,7 @@ template <typename LossFn>
 Message train_units(ModelRole& role, const Message& req, const WorkerIdentity& self, int64_t unit,
                     bool need_loss_mask, LossFn loss_fn) {
   if (!role.trainer) throw RuntimeError(req.op + ": this worker's role is not trained");
-  RowBatch all = read_rows(req, need_loss_mask);
+  RowBatch all = read_rows(req, need_loss_mask, role.device);
   auto [begin, end] = share(all.rows(), unit, self, req.op);
   const int64_t micro = req.args.at("micro_batch_size").get<int64_t>() * unit;
   MicroMeans means;
@@ -175,8 +177,9 @@ Message train_dpo(ModelRole& role, const Message& req, const WorkerIdentity& sel
         lp.rejected = logps.slice(0, 1, logps.size(0), 2);
         lp.chosen_tokens = tokens.slice(0, 0, tokens.size(0), 2);
         if (ref) {
-          torch::Tensor r =
-              req.tensor("ref_log_probs").to(torch::kFloat32).slice(0, b0, b0 + mb.rows());
+          torch::Tensor r = req.tensor("ref_log_probs")
+                                .slice(0, b0, b0 + mb.rows())
+                                .to(role.device, torch::kFloat32);
           lp.ref_chosen = r.slice(0, 0, r.size(0), 2);
           lp.ref_rejected = r.slice(0, 1, r.size(0), 2);
         }
@@ -211,7 +214,7 @@ Message train_rm(ModelRole& role, const Message& req, const WorkerIdentity& self
         torch::Tensor rejected = scores.slice(0, 1, scores.size(0), 2);
         torch::Tensor margin;
         if (req.has_tensor("margin"))
-          margin = req.tensor("margin").slice(0, b0 / 2, b0 / 2 + chosen.size(0));
+          margin = req.tensor("margin").slice(0, b0 / 2, b0 / 2 + chosen.size(0)).to(role.device);
         means.add("accuracy", (chosen > rejected).to(torch::kFloat32).mean().item<double>());
         means.add("chosen_reward", chosen.detach().mean().item<double>());
         means.add("rejected_reward", rejected.detach().mean().item<double>());

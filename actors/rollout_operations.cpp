@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 
+#include "actors/device.h"
 #include "core/errors.h"
 #include "models/config.h"
 #include "models/pretrained.h"
@@ -31,11 +32,13 @@ rollout::Generator& loaded(RolloutState& state, const std::string& op) {
 // args: "model" (HF directory) or "preset" + "seed"; "dtype"; the generation settings
 // "max_new_tokens", "n_samples_per_prompt", "micro_batch_size", "stop_token_ids",
 // "pad_token_id" (defaults: GenerationConfig's; stop tokens default to the model's EOS).
-Message load_model(RolloutState& state, const Message& request) {
+Message load_model(RolloutState& state, const Message& request, const WorkerIdentity& self) {
   const auto& a = request.args;
+  const torch::Device device = worker_device(self);
   std::shared_ptr<models::CausalLM> model;
   if (a.contains("model")) {
     models::LoadOptions load;
+    load.device = device;
     if (a.contains("dtype")) load.dtype = models::dtype_from_name(a.at("dtype").get<std::string>());
     load.head = models::HeadKind::kLanguageModel;
     model = models::load_pretrained(a.at("model").get<std::string>(), load);
@@ -44,6 +47,7 @@ Message load_model(RolloutState& state, const Message& request) {
         models::preset_config(a.at("preset").get<std::string>()));
     model->init_weights(a.value("seed", uint64_t{0}));
     if (a.contains("dtype")) model->to(models::dtype_from_name(a.at("dtype").get<std::string>()));
+    model->to(device);
   } else {
     throw InputError("load_model: expected arg \"model\" (a directory) or \"preset\"");
   }
@@ -98,7 +102,9 @@ Message generate(RolloutState& state, const Message& request) {
   return reply;
 }
 
-// Args "store_path" (the group's FileStore rendezvous), optional "sync_rank" / "sync_size"
+// Args "store_path" (the group's FileStore rendezvous), "backend" ("nccl" when the actor's
+// rank 0 and every rollout rank have a GPU of their own, else "gloo", which stages CUDA
+// tensors through the host), optional "sync_rank" / "sync_size"
 // (default: role rank + 1 of role size + 1; the actor is rank 0). The first call joins the
 // group; every call receives one sync and replies "weight_version", "bytes", "seconds".
 Message sync_weights(RolloutState& state, const Message& request, const WorkerIdentity& self) {
@@ -108,6 +114,9 @@ Message sync_weights(RolloutState& state, const Message& request, const WorkerId
     config.store_path = request.args.at("store_path").get<std::string>();
     config.rank = request.args.value("sync_rank", self.rank + 1);
     config.size = request.args.value("sync_size", self.world_size + 1);
+    config.backend = request.args.value("backend", std::string("gloo")) == "nccl"
+                         ? transport::CollectiveBackend::kNccl
+                         : transport::CollectiveBackend::kGloo;
     state.sync_group = transport::make_collective_group(config);
   }
   const auto stats = rollout::receive_weights(generator.model(), *state.sync_group);
@@ -122,9 +131,9 @@ Message sync_weights(RolloutState& state, const Message& request, const WorkerId
 
 void add_rollout_operations(OperationRegistry& registry) {
   auto state = std::make_shared<RolloutState>();
-  registry.add("load_model", [state](const Message& request, const WorkerIdentity&) {
+  registry.add("load_model", [state](const Message& request, const WorkerIdentity& self) {
     std::lock_guard<std::mutex> lock(state->mutex);
-    return load_model(*state, request);
+    return load_model(*state, request, self);
   });
   registry.add("generate", [state](const Message& request, const WorkerIdentity&) {
     std::lock_guard<std::mutex> lock(state->mutex);

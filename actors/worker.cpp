@@ -11,7 +11,9 @@
 #include <iostream>
 #include <thread>
 
+#include "actors/device.h"
 #include "core/errors.h"
+#include "core/placement.h"
 #include "transport/channel.h"
 
 namespace rlhf {
@@ -65,7 +67,11 @@ constexpr const char* kExecEndpoint = "inproc://rlhf-worker-operations";
 // The operation thread: decode (validating), run, reply. Never throws out.
 void serve_operations(zmq::context_t& context, const OperationRegistry& registry,
                       const WorkerIdentity& self, const MessageLimits& limits,
-                      const std::atomic<bool>& stop) {
+                      const std::string& run_dir, const std::atomic<bool>& stop) {
+  DeviceMemoryLog& device_memory = device_memory_log();
+  // A colocated role's GPU: cached blocks go back to the driver after each operation (as
+  // vLLM's sleep mode frees its KV cache while the trainer runs).
+  const bool shares_device = on_cuda(self) && std::getenv(kEnvSharedDevice) != nullptr;
   Channel pair(context, zmq::socket_type::pair);
   pair.connect(kExecEndpoint);
   const std::string me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
@@ -85,7 +91,10 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       const Operation* handler = registry.find(request.op);
       if (!handler) throw InputError("unknown operation \"" + request.op + "\"");
       const auto started = std::chrono::steady_clock::now();
+      device_memory.begin(request.op);
       reply = (*handler)(request, self);
+      device_memory.end(request.op);
+      if (shares_device) release_cached_device_memory(self);
       // The handler's own time, so drivers can tell worker compute from everything around it.
       if (reply.args.is_object())
         reply.args["compute_s"] =
@@ -95,9 +104,19 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       reply.op = request.op;
       reply.step = request.step;
       reply.error.clear();
+    } catch (const c10::OutOfMemoryError& e) {
+      device_memory.end(op);
+      const std::string report = out_of_memory_report(self, op, run_dir, e.what());
+      std::cerr << me << report << std::endl;
+      reply = make_error(id, op, report);
     } catch (const MessageError& e) {
       std::cerr << me << "rejected malformed message (id " << id << "): " << e.what() << std::endl;
       reply = make_error(id, op, std::string("malformed message: ") + e.what());
+    } catch (const c10::Error& e) {
+      // The message without LibTorch's C++ backtrace (the worker log has the full one).
+      std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
+                << std::endl;
+      reply = make_error(id, op, e.what_without_backtrace());
     } catch (const std::exception& e) {
       std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
                 << std::endl;
@@ -162,7 +181,7 @@ int Worker::run() {
   operations.bind(kExecEndpoint);
   std::atomic<bool> stop{false};
   std::thread executor(serve_operations, std::ref(context), std::cref(registry_), std::cref(self),
-                       std::cref(config_.limits), std::cref(stop));
+                       std::cref(config_.limits), std::cref(config_.run_dir), std::cref(stop));
   auto last_contact = Clock::now();
   while (true) {
     zmq::pollitem_t items[] = {{scheduler.socket().handle(), 0, ZMQ_POLLIN, 0},

@@ -2,6 +2,7 @@
 // job's driver, stop everything. A worker failure or SIGINT/SIGTERM stops the job with
 // exit code 1 and a report naming the worker. The driver follows the job kind (ppo, or dpo/sft/rm);
 // --smoke-rounds runs the transport smoke driver (scheduler/smoke_driver.h) instead.
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <climits>
@@ -78,15 +79,17 @@ int cmd_run(const Argv& argv) {
                                           : dpo::offline_driver(spec, {args.flag("--resume")});
   }
   const Placement placement = place(spec);
-  // Workers run their models on CPU: moving models, trainer states and collectives onto
-  // CUDA devices is not built yet, and a cuda spec must not silently train on the CPU.
-  // `rlhf plan` and `rlhf validate` still take cuda specs (memory planning for GPUs).
+  // Workers start on this machine: a cuda worker needs its GPU here (checked before any
+  // worker starts; the plan still sizes GPU jobs anywhere).
+  const int gpus = static_cast<int>(torch::cuda::device_count());
   for (const auto& w : placement.workers) {
-    if (w.device_kind == DeviceKind::kCuda)
-      throw InputError(
-          spec.source() + ": cluster.nodes: " + w.label() + " is placed on cuda node '" + w.node +
-          "', but this version of rlhf trains on cpu nodes only (the worker GPU path is not "
-          "built yet); use \"kind\": \"cpu\" nodes, or `rlhf plan` to size a GPU job");
+    if (w.device_kind == DeviceKind::kCuda && w.device_id >= gpus)
+      throw InputError(spec.source() + ": cluster.nodes: " + w.label() +
+                       " is placed on cuda node '" + w.node + "' device " +
+                       std::to_string(w.device_id) + ", but this machine has " +
+                       std::to_string(gpus) + " CUDA device" + (gpus == 1 ? "" : "s") +
+                       " (`rlhf version` says what torch sees; `rlhf plan` sizes a GPU job on any "
+                       "machine)");
   }
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
   if (!smoke && !args.flag("--resume")) {

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "actors/builtin_operations.h"
+#include "actors/device.h"
 #include "actors/model_operations.h"
 #include "actors/rollout_operations.h"
 #include "actors/worker.h"
@@ -42,6 +43,7 @@ int cmd_worker(const Argv& argv) {
   }
   WorkerConfig config = WorkerConfig::from_env();
   tie_to_parent();
+  bind_worker_device(config.identity);  // a cuda worker's GPU, before any tensor exists
   if (const char* threads = std::getenv("OMP_NUM_THREADS"))
     at::set_num_threads(std::max(1, std::atoi(threads)));
   OperationRegistry registry;

@@ -2,11 +2,24 @@
 // devices are listed, and the environment each worker process starts with.
 #include "core/placement.h"
 
+#include <sstream>
+
 #include "core/spec_rules.h"
 
 namespace rlhf {
 
 using nlohmann::json;
+
+namespace {
+
+std::string format_gb(double gb) {
+  std::ostringstream out;
+  out.precision(17);
+  out << gb;
+  return out.str();
+}
+
+}  // namespace
 
 const char* device_kind_name(DeviceKind kind) {
   return kind == DeviceKind::kCuda ? "cuda" : "cpu";
@@ -50,6 +63,7 @@ Placement place(const JobSpec& spec) {
   Placement p;
   p.nodes = cluster_nodes(spec);
   const std::string threads = std::to_string(spec.get_int("cluster.threads_per_worker"));
+  const std::string alloc_conf = spec.get_string("cluster.cuda_alloc_conf");
   for (Role role : spec.used_roles()) {
     const std::string name = role_name(role);
     // Resolved devices: [ids] on the first node, or {"node": [ids]} (see spec_rules.cpp).
@@ -81,10 +95,21 @@ Placement place(const JobSpec& spec) {
       w.env[kEnvDevice] =
           std::string(device_kind_name(node.kind)) + ":" + std::to_string(w.device_id);
       w.env["OMP_NUM_THREADS"] = threads;
-      if (node.kind == DeviceKind::kCuda)
+      if (node.kind == DeviceKind::kCuda) {
         w.env["CUDA_VISIBLE_DEVICES"] = std::to_string(w.device_id);
+        w.env[kEnvDeviceMemoryGb] = format_gb(node.memory_gb);
+        if (!alloc_conf.empty()) w.env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf;
+      }
       p.workers.push_back(std::move(w));
     }
+  }
+  // Workers sharing a GPU (colocated roles) hand the allocator's cached blocks back after
+  // each operation, so one role's cache does not starve the other's next phase.
+  for (auto& w : p.workers) {
+    if (w.device_kind != DeviceKind::kCuda) continue;
+    for (const auto& other : p.workers)
+      if (&other != &w && other.node == w.node && other.device_id == w.device_id)
+        w.env[kEnvSharedDevice] = "1";
   }
   return p;
 }

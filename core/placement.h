@@ -31,6 +31,10 @@ inline constexpr const char* kEnvNode = "RLHF_NODE";             // node name
 inline constexpr const char* kEnvScheduler = "RLHF_SCHEDULER";   // scheduler endpoint
 inline constexpr const char* kEnvToken = "RLHF_TOKEN";           // per-job registration token
 inline constexpr const char* kEnvRunDir = "RLHF_RUN_DIR";        // run directory
+// cuda nodes only: the node's memory_gb, which caps the worker's CUDA caching allocator.
+inline constexpr const char* kEnvDeviceMemoryGb = "RLHF_DEVICE_MEMORY_GB";
+// cuda nodes only, "1" when another worker (a colocated role) uses the same GPU.
+inline constexpr const char* kEnvSharedDevice = "RLHF_SHARED_DEVICE";
 
 struct WorkerPlacement {
   Role role = Role::kActor;

@@ -118,6 +118,9 @@ std::vector<KeySpec> build_table() {
            "Address the scheduler binds to (loopback unless a job spans nodes).");
   t.integer("cluster.threads_per_worker", 1, 1, 1024,
             "Torch intra-op threads per worker process (OMP_NUM_THREADS).");
+  t.string("cluster.cuda_alloc_conf", "expandable_segments:True",
+           "PYTORCH_CUDA_ALLOC_CONF of workers on cuda nodes (the CUDA caching allocator's "
+           "settings; expandable segments avoid fragmentation OOMs). \"\" leaves it unset.");
   t.number("scheduler.heartbeat_interval_s", 1.0, 0, 60, "Seconds between heartbeats.", true);
   t.number("scheduler.worker_timeout_s", 5.0, 0, 3600,
            "A worker silent this long is declared dead and the job stops.", true);

@@ -161,7 +161,8 @@ torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, const torch::Ten
   after(0);
   AttentionInputs in;
   rotary_tables(config_, pos, h.scalar_type(), in.cos, in.sin);
-  set_attention_mask(in, mask, past, T, config_.sliding_window);
+  set_attention_mask(in, mask, past, T, config_.sliding_window,
+                     /*known_plain=*/!attention_mask.defined());
   for (int64_t i = 0; i < num_layers(); ++i) {
     before(static_cast<int>(i) + 1);
     h = run_layer(i, h, in, cache);

@@ -49,8 +49,9 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // positions: [B, cache.length() + T]); attention_mask is 0 for padding and 1 for tokens,
   // or k >= 1 for the tokens of segment k of a packed row (each segment attends only to
   // itself and its positions restart at 0). position_ids: [B, T], or undefined to derive
-  // from the mask (cumsum - 1 per segment, as OpenRLHF). Returns the final-normed hidden
-  // states [B, T, H].
+  // from the mask (cumsum - 1 per segment, as OpenRLHF). An undefined attention_mask means
+  // every position is a plain token (and costs no host sync). Returns the final-normed
+  // hidden states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         const torch::Tensor& position_ids = {}, KvCache* cache = nullptr);
 

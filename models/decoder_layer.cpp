@@ -81,11 +81,13 @@ torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t
 }
 
 void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask, int64_t past,
-                        int64_t T, int64_t sliding_window) {
+                        int64_t T, int64_t sliding_window, bool known_plain) {
   const int64_t S = past + T;
   const bool window_applies = sliding_window > 0 && sliding_window < S;
-  // One host sync per forward (not per layer): is every key a plain token?
-  const bool plain = !attention_mask.defined() || (attention_mask == 1).all().item<bool>();
+  // One host sync per forward (not per layer) unless the caller knows: is every key a
+  // plain token?
+  const bool plain =
+      known_plain || !attention_mask.defined() || (attention_mask == 1).all().item<bool>();
   if (plain && !window_applies && (past == 0 || T == 1)) {
     // No padding and no packed segments: causal attention needs no mask. SDPA's is_causal
     // aligns the triangle top-left, which is the causal mask only when T == S; a one-token

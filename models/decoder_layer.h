@@ -44,8 +44,10 @@ torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t
 // (no padding, no packed segments), no sliding window cuts in, and either there is no cache
 // (is_causal) or one new token is decoded (every key visible), so SDPA's fused kernels run;
 // else the bool mask of attention_mask_tensor. attention_mask may be undefined (all ones).
+// `known_plain`: the caller knows every key is a plain token, which skips the one host sync
+// that checks it (a decode loop on a GPU must not wait for the device every token).
 void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask, int64_t past,
-                        int64_t T, int64_t sliding_window);
+                        int64_t T, int64_t sliding_window, bool known_plain = false);
 
 class RMSNormImpl : public torch::nn::Module {
  public:

@@ -126,7 +126,25 @@ class PpoJob {
   std::unique_ptr<RemoteReward> remote_;
   bool has_ref_ = false, has_critic_ = false, has_reward_model_ = false;
   json planned_;  // plan.json's per-role figures (null without a plan), beside measured peaks
+  std::string sync_backend_ = "gloo";  // actor -> rollout weight sync (see sync_backend)
 };
+
+// NCCL for the weight sync when actor rank 0 and every rollout rank have a GPU and none
+// shares the actor's (NCCL refuses two ranks of one communicator on one device); else Gloo,
+// which stages CUDA tensors through the host.
+std::string sync_backend(Scheduler& s) {
+  const auto actor = s.group(Role::kActor).call_all("info");
+  const auto rollout = s.group(Role::kRollout).call_all("info");
+  auto where = [](const Message& m) {
+    return std::make_pair(m.args.value("node", std::string()),
+                          m.args.value("device", std::string()));
+  };
+  const auto root = where(actor.at(0));
+  if (root.second.rfind("cuda", 0) != 0) return "gloo";
+  for (const auto& r : rollout)
+    if (where(r).second.rfind("cuda", 0) != 0 || where(r) == root) return "gloo";
+  return "nccl";
+}
 
 PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
     : spec_(spec),
@@ -213,6 +231,7 @@ void PpoJob::init_roles(Scheduler& s) {
     calls.push_back(in_parallel([&g, op, args] { g.call_all(op, args); }));
   }
   for (auto& c : calls) c.get();
+  sync_backend_ = sync_backend(s);
 }
 
 Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step) {
@@ -382,11 +401,12 @@ double PpoJob::sync_weights(Scheduler& s) {
   const std::string store = (fs::path(run_dir_) / "stores" / "weight_sync.store").string();
   RoleGroup& rollout = s.group(Role::kRollout);
   auto receive = in_parallel([&] {
-    return rollout.call_all("sync_weights", {{"store_path", store}});
+    return rollout.call_all("sync_weights", {{"store_path", store}, {"backend", sync_backend_}});
   });
-  auto pushed =
-      s.group(Role::kActor)
-          .call_all("push_weights", {{"store_path", store}, {"sync_size", rollout.size() + 1}});
+  auto pushed = s.group(Role::kActor)
+                    .call_all("push_weights", {{"store_path", store},
+                                               {"sync_size", rollout.size() + 1},
+                                               {"backend", sync_backend_}});
   return std::max(call_all_compute(pushed), call_all_compute(receive.get()));
 }
 

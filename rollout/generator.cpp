@@ -3,6 +3,7 @@
 #include "rollout/generator.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,17 +22,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-torch::Tensor index_tensor(const std::vector<int64_t>& v, torch::Device device) {
-  return torch::tensor(v, torch::kInt64).to(device);
-}
-
-// Output bookkeeping of one micro batch, on the CPU.
-struct Responses {
-  torch::Tensor tokens;          // [N, R] int64, pad where nothing was generated
-  torch::Tensor log_probs;       // [N, R] FP32
-  std::vector<int64_t> lengths;  // [N]
-};
-
 }  // namespace
 
 void GenerationConfig::validate() const {
@@ -43,6 +33,9 @@ void GenerationConfig::validate() const {
   if (micro_batch_size < 1)
     throw InputError("rollout.micro_batch_size must be >= 1, got " +
                      std::to_string(micro_batch_size));
+  if (sync_interval < 0)
+    throw InputError("generation: sync_interval must be >= 0, got " +
+                     std::to_string(sync_interval));
   if (!(compact_fraction >= 0.0 && compact_fraction < 1.0))
     throw InputError("generation: compact_fraction must be in [0, 1), got " +
                      std::to_string(compact_fraction));
@@ -107,7 +100,11 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   const auto device = model.device();
   const int64_t b = prompt_ids.size(0), P = prompt_ids.size(1), n = config_.n_samples_per_prompt;
   const int64_t N = b * n, R = config_.max_new_tokens;
-  const auto& stops = config_.stop_token_ids;
+  // How often the host reads the live-row count (to stop, and to compact): every step on
+  // the CPU, where reading costs nothing; every few steps on a GPU, so the host queues
+  // decode steps ahead of the device instead of waiting for each token.
+  const int64_t check_every =
+      config_.sync_interval > 0 ? config_.sync_interval : (device.is_cpu() ? 1 : 8);
 
   // Prefill each prompt once, then copy its cache rows to its n samples.
   GenerationTimings timings;
@@ -118,104 +115,98 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   auto logits = model.logits(hidden.narrow(1, P - 1, 1)).squeeze(1);         // [b, V]
   hidden = torch::Tensor();
   const auto expand = torch::arange(b, torch::kInt64).repeat_interleave(n);  // [N]
+  const auto expand_dev = expand.to(device);
   if (n > 1) {
     cache.select_rows(expand);
-    logits = logits.index_select(0, expand.to(device));
+    logits = logits.index_select(0, expand_dev);
   }
-  auto attention =
-      torch::zeros({N, P + R}, torch::TensorOptions(torch::kInt64).device(device));  // [C, P + R]
-  attention.narrow(1, 0, P).copy_(mask_dev.index_select(0, expand.to(device)));
-  const auto prompt_len_t = prompt_mask.sum(1).index_select(0, expand).contiguous();
-  const std::vector<int64_t> prompt_len(prompt_len_t.data_ptr<int64_t>(),
-                                        prompt_len_t.data_ptr<int64_t>() + N);
+  // Without left padding every key of every decode step is a plain token: the forward then
+  // needs no mask (and no check of one).
+  const bool padded = (prompt_mask == 0).any().item<bool>();
+  auto attention = torch::Tensor();
+  if (padded) {
+    attention = torch::zeros({N, P + R}, torch::TensorOptions(torch::kInt64).device(device));
+    attention.narrow(1, 0, P).copy_(mask_dev.index_select(0, expand_dev));
+  }
+  const auto prompt_len = prompt_mask.sum(1).index_select(0, expand).to(device);  // [N]
+  if (device.is_cuda()) torch::cuda::synchronize();  // the prefill's kernels, in its time
   timings.prefill_seconds = seconds_since(clock);
   clock = Clock::now();
 
-  Responses out{torch::full({N, R}, config_.pad_token_id, torch::kInt64),
-                torch::zeros({N, R}, torch::kFloat32), std::vector<int64_t>(N, 0)};
-  auto* out_tokens = out.tokens.data_ptr<int64_t>();
-  auto* out_log_probs = out.log_probs.data_ptr<float>();
-  // Cache row c holds micro-batch row rows[c]; live[c] says it is still generating.
-  std::vector<int64_t> rows(N);
-  std::iota(rows.begin(), rows.end(), 0);
-  std::vector<char> live(N, 1);
-  std::vector<int64_t> last(N, config_.pad_token_id);
-  int64_t n_live = N, steps = 0;
+  // Everything the loop touches lives on the device. Cache row c holds micro-batch row
+  // rows[c]; live[c] says it is still generating. Sample s of a row draws column t of its
+  // uniforms for its t-th token: the same draws the row's stream gives one token at a time.
+  const auto i64 = torch::TensorOptions(torch::kInt64).device(device);
+  const auto uniforms = sampler.draws(first_row, N, R);  // [N, R] FP64 (undefined: greedy)
+  const auto uniforms_dev = uniforms.defined() ? uniforms.to(device) : torch::Tensor();
+  const auto stop_ids = torch::tensor(config_.stop_token_ids, torch::kInt64).to(device);
+  auto out_tokens = torch::full({N, R}, config_.pad_token_id, i64);
+  auto out_log_probs = torch::zeros({N, R}, torch::TensorOptions(torch::kFloat32).device(device));
+  auto lengths = torch::zeros({N}, i64);
+  auto rows = torch::arange(N, i64);
+  auto live = torch::ones({N}, torch::TensorOptions(torch::kBool).device(device));
+  auto live_tokens = torch::zeros({}, i64);  // decode-step tokens sampled for live rows
+  const auto pad = torch::full({}, config_.pad_token_id, i64);
+  int64_t n_live = N;
   for (int64_t t = 0; t < R; ++t) {
-    std::vector<int64_t> local, request_rows;
-    for (size_t c = 0; c < rows.size(); ++c) {
-      if (!live[c]) continue;
-      local.push_back(static_cast<int64_t>(c));
-      request_rows.push_back(first_row + rows[c]);
-    }
-    // Finished rows are not sampled: only the live rows' logits reach the sampler.
-    auto to_sample =
-        local.size() == rows.size() ? logits : logits.index_select(0, index_tensor(local, device));
-    auto sampled = sampler.sample(to_sample, request_rows);
-    if (t > 0) timings.decode_tokens += static_cast<int64_t>(local.size());
-    const auto tokens = sampled.tokens.to(torch::kCPU).contiguous();
-    const auto log_probs = sampled.log_probs.to(torch::kCPU).contiguous();
-    for (size_t j = 0; j < local.size(); ++j) {
-      const auto c = static_cast<size_t>(local[j]);
-      const int64_t row = rows[c], token = tokens.data_ptr<int64_t>()[j];
-      out_tokens[row * R + t] = token;
-      out_log_probs[row * R + t] = log_probs.data_ptr<float>()[j];
-      out.lengths[static_cast<size_t>(row)] = t + 1;
-      last[c] = token;
-      if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
-        live[c] = 0;
-        --n_live;
-      }
-    }
-    steps = t + 1;
-    if (n_live == 0 || t == R - 1) break;
+    // Every row in the batch is sampled; a finished row's token and log-prob are dropped.
+    const auto u =
+        uniforms_dev.defined() ? uniforms_dev.index_select(0, rows).select(1, t) : torch::Tensor();
+    const auto sampled = sampler.sample_uniform(logits, u);
+    const auto tokens = torch::where(live, sampled.tokens, pad);
+    out_tokens.select(1, t).index_copy_(0, rows, tokens);
+    out_log_probs.select(1, t).index_copy_(
+        0, rows, torch::where(live, sampled.log_probs, torch::zeros_like(sampled.log_probs)));
+    lengths.index_copy_(
+        0, rows, torch::where(live, torch::full_like(rows, t + 1), lengths.index_select(0, rows)));
+    if (t > 0) live_tokens += live.sum();
+    live = live & torch::isin(sampled.tokens, stop_ids).logical_not();
+    if (t == R - 1) break;
 
-    const auto C = static_cast<int64_t>(rows.size());
-    if (C - n_live > 0 &&
-        static_cast<double>(C - n_live) > config_.compact_fraction * static_cast<double>(C)) {
-      std::vector<int64_t> keep;
-      for (int64_t c = 0; c < C; ++c) {
-        if (live[static_cast<size_t>(c)]) keep.push_back(c);
+    auto next = torch::where(live, sampled.tokens, pad);
+    if ((t + 1) % check_every == 0) {
+      n_live = live.sum().item<int64_t>();  // the loop's only wait for the device
+      if (n_live == 0) break;
+      const int64_t C = rows.size(0);
+      if (C - n_live > 0 &&
+          static_cast<double>(C - n_live) > config_.compact_fraction * static_cast<double>(C)) {
+        const auto keep = live.nonzero().squeeze(1);
+        cache.select_rows(keep);
+        if (attention.defined()) attention = attention.index_select(0, keep);
+        rows = rows.index_select(0, keep);
+        next = next.index_select(0, keep);
+        live = torch::ones({n_live}, torch::TensorOptions(torch::kBool).device(device));
       }
-      const auto keep_t = index_tensor(keep, device);
-      cache.select_rows(keep_t);
-      attention = attention.index_select(0, keep_t);
-      std::vector<int64_t> kept_rows, kept_last;
-      for (int64_t c : keep) {
-        kept_rows.push_back(rows[static_cast<size_t>(c)]);
-        kept_last.push_back(last[static_cast<size_t>(c)]);
-      }
-      rows = std::move(kept_rows);
-      last = std::move(kept_last);
-      live.assign(rows.size(), 1);
     }
     // Decode one position: the token just sampled (pad for finished rows still in the
     // batch) at position prompt_len + t.
-    std::vector<int64_t> next(rows.size()), positions(rows.size());
-    for (size_t c = 0; c < rows.size(); ++c) {
-      next[c] = live[c] ? last[c] : config_.pad_token_id;
-      positions[c] = prompt_len[static_cast<size_t>(rows[c])] + t;
+    const int64_t C = rows.size(0);
+    torch::Tensor step_mask;
+    if (attention.defined()) {
+      attention.select(1, P + t).fill_(1);
+      step_mask = attention.narrow(1, 0, P + t + 1);
     }
-    attention.select(1, P + t).fill_(1);
-    const auto C2 = static_cast<int64_t>(rows.size());
-    hidden =
-        model.forward(index_tensor(next, device).view({C2, 1}), attention.narrow(1, 0, P + t + 1),
-                      index_tensor(positions, device).view({C2, 1}), &cache);
+    const auto positions = prompt_len.index_select(0, rows) + t;
+    hidden = model.forward(next.view({C, 1}), step_mask, positions.view({C, 1}), &cache);
     logits = model.logits(hidden).squeeze(1);  // [C, V]
     ++timings.decode_steps;
   }
+  // The longest response: decode steps after every row finished (at most check_every - 1)
+  // left only padding.
+  const auto lengths_cpu = lengths.to(torch::kCPU);
+  const int64_t steps = lengths_cpu.max().item<int64_t>();
+  timings.decode_tokens = live_tokens.item<int64_t>();
   timings.decode_seconds = seconds_since(clock);
 
   GenerationOutput result;
-  const auto lengths = torch::tensor(out.lengths, torch::kInt64);  // [N]
   result.action_mask =
-      torch::arange(steps, torch::kInt64).unsqueeze(0) < lengths.unsqueeze(1);  // [N, R]
-  result.sequences =
-      torch::cat({prompt_ids.index_select(0, expand), out.tokens.narrow(1, 0, steps)}, 1);
+      torch::arange(steps, torch::kInt64).unsqueeze(0) < lengths_cpu.unsqueeze(1);  // [N, R]
+  result.sequences = torch::cat(
+      {prompt_ids.index_select(0, expand), out_tokens.narrow(1, 0, steps).to(torch::kCPU)}, 1);
   result.attention_mask =
       torch::cat({prompt_mask.index_select(0, expand), result.action_mask.to(torch::kInt64)}, 1);
-  result.log_probs = out.log_probs.narrow(1, 0, steps).contiguous();
-  result.response_lengths = lengths;
+  result.log_probs = out_log_probs.narrow(1, 0, steps).to(torch::kCPU).contiguous();
+  result.response_lengths = lengths_cpu;
   result.prompt_length = P;
   result.timings = timings;
   return result;

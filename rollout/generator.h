@@ -1,6 +1,8 @@
 // Batched autoregressive generation with a preallocated KV cache: left-padded prompts,
 // prefill once per prompt (copied to its n samples), then one decode step per token until
-// every row hit a stop token or max_new_tokens; finished rows leave the decode batch. Does
+// every row hit a stop token or max_new_tokens; finished rows leave the decode batch.
+// Sampling, stop detection and the outputs stay on the model's device: the host reads one
+// number every sync_interval steps, never a token. Does
 // not tokenize, schedule requests or receive weights (weight_sync.h does that).
 #pragma once
 
@@ -27,6 +29,10 @@ struct GenerationConfig {
   // 0 compacts at every finish; the default bounds wasted compute at 25% and the copies to
   // a few cache sizes per micro batch.
   double compact_fraction = 0.25;
+  // Decode steps between the host's reads of the live-row count (to stop and compact); 0:
+  // every step on the CPU, every 8 on a GPU (so decoding never waits for each token; at
+  // most 7 steps run after the last row finished, on padding).
+  int64_t sync_interval = 0;
 
   void validate() const;  // throws InputError
 };

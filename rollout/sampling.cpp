@@ -77,24 +77,50 @@ Sampled Sampler::sample(const torch::Tensor& logits, const std::vector<int64_t>&
   TORCH_CHECK(logits.dim() == 2 && static_cast<size_t>(logits.size(0)) == rows.size(),
               "Sampler::sample: logits must be [A, V] with A = rows given (", rows.size(),
               "), got ", logits.sizes());
-  auto log_probs = sampling_log_probs(logits, params_);  // [A, V] FP32
-  torch::Tensor tokens;
-  if (params_.greedy()) {
-    tokens = log_probs.argmax(-1);
-  } else {
-    std::vector<double> u(rows.size());
+  torch::Tensor u;
+  if (!params_.greedy()) {
+    std::vector<double> draws(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       const int64_t k = rows[i] - first_row_;
       TORCH_CHECK(k >= 0 && k < static_cast<int64_t>(streams_.size()), "Sampler::sample: row ",
                   rows[i], " outside [", first_row_, ", ",
                   first_row_ + static_cast<int64_t>(streams_.size()), ")");
-      u[i] = uniform_open_closed(streams_[static_cast<size_t>(k)]);
+      draws[i] = uniform_open_closed(streams_[static_cast<size_t>(k)]);
     }
+    u = torch::tensor(draws, torch::kFloat64).to(logits.device());
+  }
+  return sample_uniform(logits, u);
+}
+
+torch::Tensor Sampler::draws(int64_t first, int64_t rows, int64_t steps) {
+  if (params_.greedy()) return {};
+  TORCH_CHECK(rows > 0 && steps > 0 && first >= first_row_ &&
+                  first + rows <= first_row_ + static_cast<int64_t>(streams_.size()),
+              "Sampler::draws: rows [", first, ", ", first + rows, ") outside [", first_row_, ", ",
+              first_row_ + static_cast<int64_t>(streams_.size()), ")");
+  auto out = torch::empty({rows, steps}, torch::kFloat64);
+  auto* u = out.data_ptr<double>();
+  for (int64_t r = 0; r < rows; ++r) {
+    auto& stream = streams_[static_cast<size_t>(first - first_row_ + r)];
+    for (int64_t t = 0; t < steps; ++t) u[r * steps + t] = uniform_open_closed(stream);
+  }
+  return out;
+}
+
+Sampled Sampler::sample_uniform(const torch::Tensor& logits, const torch::Tensor& u) const {
+  auto log_probs = sampling_log_probs(logits, params_);  // [A, V] FP32
+  torch::Tensor tokens;
+  if (params_.greedy()) {
+    tokens = log_probs.argmax(-1);
+  } else {
+    TORCH_CHECK(u.defined() && u.dim() == 1 && u.size(0) == logits.size(0),
+                "Sampler::sample_uniform: u must be [A] for logits [A, V], got ",
+                u.defined() ? u.sizes() : at::IntArrayRef{});
     // The first token whose cumulative probability reaches u * total: removed tokens have
     // zero width in the CDF and u > 0, so they are never chosen.
     auto cdf = log_probs.exp().to(torch::kFloat64).cumsum(-1);  // [A, V]
-    auto target = torch::tensor(u, torch::kFloat64).to(cdf.device()).unsqueeze(1) *
-                  cdf.narrow(1, cdf.size(1) - 1, 1);
+    auto target =
+        u.to(cdf.device(), torch::kFloat64).unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
     tokens = torch::searchsorted(cdf, target).squeeze(1).clamp_max(cdf.size(1) - 1);
   }
   auto chosen = log_probs.gather(1, tokens.unsqueeze(1)).squeeze(1);

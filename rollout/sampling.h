@@ -55,6 +55,15 @@ class Sampler {
   // device.
   Sampled sample(const torch::Tensor& logits, const std::vector<int64_t>& rows);
 
+  // The next `steps` draws of request rows [first, first + rows), [rows, steps] FP64 on the
+  // CPU: column t is what sample() would draw for the row's t-th token. A decode loop
+  // uploads them once per micro batch and samples on the device with sample_uniform(), so
+  // no token waits for the host (greedy draws nothing: returns an undefined tensor).
+  torch::Tensor draws(int64_t first, int64_t rows, int64_t steps);
+  // logits [A, V], u [A] FP64 on the logits' device (ignored when greedy): tokens and
+  // log-probs on that device, by the same inverse-CDF rule as sample().
+  Sampled sample_uniform(const torch::Tensor& logits, const torch::Tensor& u) const;
+
  private:
   SamplingParams params_;
   int64_t first_row_ = 0;

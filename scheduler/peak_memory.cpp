@@ -19,6 +19,13 @@ nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_r
                           {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})}};
       if (!tensors.empty())
         m["peak_tensor_bytes"] = tensors[rank].args.value("peak_tensor_bytes", int64_t{0});
+      // GPU workers: the CUDA caching allocator's peaks (tensors, and what it reserved from
+      // the driver), overall and per phase (operation).
+      if (const auto& cuda = infos[rank].args; cuda.contains("cuda") && cuda["cuda"].is_object()) {
+        m["cuda_peak_allocated_bytes"] = cuda["cuda"].value("peak_allocated_bytes", int64_t{0});
+        m["cuda_peak_reserved_bytes"] = cuda["cuda"].value("peak_reserved_bytes", int64_t{0});
+        m["cuda_phases"] = cuda["cuda"].value("phases", nlohmann::json::object());
+      }
       if (planned_roles.is_object() && planned_roles.contains(role_name(role))) {
         const auto& plan = planned_roles[role_name(role)];
         m["planned_total_bytes"] = plan.value("device_total", int64_t{0});

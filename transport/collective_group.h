@@ -1,6 +1,7 @@
 // A group of N ranks (processes) running collectives on tensors: the one interface the
-// trainer uses, with a c10d Gloo backend (CPU tensors) and an NCCL backend (CUDA tensors).
-// It does not move messages between roles (that is the ZeroMQ side of transport/).
+// trainer uses, with a c10d Gloo backend (CPU tensors; CUDA ones staged through the host) and
+// an NCCL backend (CUDA tensors, one GPU per rank). It does not move messages between roles (that
+// is the ZeroMQ side of transport/).
 #pragma once
 
 #include <torch/types.h>

@@ -1,4 +1,6 @@
-// CollectiveGroup over c10d::ProcessGroupGloo (CPU tensors).
+// CollectiveGroup over c10d::ProcessGroupGloo. CPU tensors go to Gloo as they are; CUDA
+// tensors (ranks sharing one GPU, where NCCL refuses, or a CPU peer) are staged through a
+// host copy: correct everywhere, and as fast as the PCIe copies allow.
 #include "transport/gloo_group.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -13,6 +15,16 @@ void check_cpu_contiguous(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined() && t.device().is_cpu() && t.is_contiguous(), "gloo ", what,
               ": needs a defined, contiguous CPU tensor, got ",
               t.defined() ? t.toString() : "undefined");
+}
+
+bool on_device(const torch::Tensor& t) {
+  return t.defined() && !t.device().is_cpu();
+}
+
+// A host copy of a device tensor (the same tensor on the CPU).
+torch::Tensor staged(const torch::Tensor& t) {
+  TORCH_CHECK(t.is_contiguous(), "gloo: needs a contiguous tensor, got ", t.toString());
+  return on_device(t) ? t.to(torch::kCPU) : t;
 }
 
 std::string message_of(const std::exception& e) {
@@ -49,6 +61,12 @@ void GlooGroup::run(const char* operation, StartWork&& start) {
 }
 
 void GlooGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  if (on_device(tensor)) {
+    auto host = staged(tensor);
+    all_reduce(host, op);
+    tensor.copy_(host);
+    return;
+  }
   check_cpu_contiguous(tensor, "all_reduce");
   if (tensor.scalar_type() == torch::kBFloat16) {
     // Gloo can sum BF16 (torch >= 2.1), but each hop would round to 8 mantissa bits; the
@@ -66,6 +84,13 @@ void GlooGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 }
 
 void GlooGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
+  if (on_device(output) || on_device(input)) {
+    auto host = on_device(output) ? torch::empty_like(output, output.options().device(torch::kCPU))
+                                  : output;
+    all_gather(host, staged(input));
+    if (on_device(output)) output.copy_(host);
+    return;
+  }
   check_cpu_contiguous(output, "all_gather output");
   check_cpu_contiguous(input, "all_gather input");
   TORCH_CHECK(output.numel() == input.numel() * size_ && output.dtype() == input.dtype(),
@@ -90,6 +115,15 @@ void GlooGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
 }
 
 void GlooGroup::reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
+  if (on_device(output) || on_device(input)) {
+    auto host_in = staged(input);
+    auto host_out = on_device(output)
+                        ? torch::empty_like(output, output.options().device(torch::kCPU))
+                        : output;
+    reduce_scatter(host_out, host_in);
+    if (on_device(output)) output.copy_(host_out);
+    return;
+  }
   check_cpu_contiguous(output, "reduce_scatter output");
   check_cpu_contiguous(input, "reduce_scatter input");
   TORCH_CHECK(input.numel() == output.numel() * size_ && output.dtype() == input.dtype(),
@@ -100,6 +134,12 @@ void GlooGroup::reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
 }
 
 void GlooGroup::broadcast(torch::Tensor& tensor, int root) {
+  if (on_device(tensor)) {
+    auto host = staged(tensor);
+    broadcast(host, root);
+    if (rank_ != root) tensor.copy_(host);
+    return;
+  }
   check_cpu_contiguous(tensor, "broadcast");
   std::vector<torch::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;

@@ -1,12 +1,17 @@
 // CollectiveGroup over NCCL for CUDA tensors: every call is enqueued on the legacy default
 // stream (the one LibTorch uses unless told otherwise) and waited for, so results are ready
-// when the call returns. Built only with RLHF_HAVE_NCCL; runs only where there is a GPU.
+// when the call returns. A wait is bounded: the communicator is polled for asynchronous
+// errors and aborted when a peer fails or the group's timeout passes, so a dead rank stops
+// its peers with an error instead of hanging them (NCCL's own blocking mode would wait
+// forever). Built only with RLHF_HAVE_NCCL; runs only where there is a GPU.
 #include "transport/nccl_group.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "core/errors.h"
@@ -51,6 +56,12 @@ ncclDataType_t nccl_dtype(const torch::Tensor& t) {
   }
 }
 
+// CPU tensors (control values, checkpoint bookkeeping) are staged through the GPU, so
+// callers need not know the backend.
+bool on_host(const torch::Tensor& t) {
+  return t.defined() && t.device().is_cpu();
+}
+
 void check_cuda_contiguous(const torch::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined() && t.is_cuda() && t.is_contiguous(), "nccl ", what,
               ": needs a defined, contiguous CUDA tensor");
@@ -59,7 +70,7 @@ void check_cuda_contiguous(const torch::Tensor& t, const char* what) {
 class NcclGroup final : public CollectiveGroup {
  public:
   NcclGroup(const CollectiveConfig& config, const c10::intrusive_ptr<c10d::Store>& store)
-      : rank_(config.rank), size_(config.size) {
+      : rank_(config.rank), size_(config.size), timeout_(config.timeout) {
     check_cuda(cudaSetDevice(config.cuda_device), "cudaSetDevice", rank_);
     ncclUniqueId id;
     const std::string key = "rlhf_nccl_unique_id";
@@ -88,15 +99,27 @@ class NcclGroup final : public CollectiveGroup {
   std::string backend_name() const override { return "nccl"; }
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+    if (on_host(tensor)) {
+      auto staged = tensor.to(torch::kCUDA);
+      all_reduce(staged, op);
+      tensor.copy_(staged);
+      return;
+    }
     check_cuda_contiguous(tensor, "all_reduce");
     check_nccl(
         ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor),
                       op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream()),
         "ncclAllReduce", rank_);
-    wait();
+    wait("ncclAllReduce");
   }
 
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+    if (on_host(output) || on_host(input)) {
+      auto out = on_host(output) ? output.to(torch::kCUDA) : output;
+      all_gather(out, on_host(input) ? input.to(torch::kCUDA) : input);
+      if (on_host(output)) output.copy_(out);
+      return;
+    }
     check_cuda_contiguous(output, "all_gather output");
     check_cuda_contiguous(input, "all_gather input");
     TORCH_CHECK(output.numel() == input.numel() * size_ && output.dtype() == input.dtype(),
@@ -104,10 +127,17 @@ class NcclGroup final : public CollectiveGroup {
     check_nccl(ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), nccl_dtype(input),
                              comm_, stream()),
                "ncclAllGather", rank_);
-    wait();
+    wait("ncclAllGather");
   }
 
   void reduce_scatter(torch::Tensor& output, torch::Tensor& input) override {
+    if (on_host(output) || on_host(input)) {
+      auto out = on_host(output) ? output.to(torch::kCUDA) : output;
+      auto in = on_host(input) ? input.to(torch::kCUDA) : input;
+      reduce_scatter(out, in);
+      if (on_host(output)) output.copy_(out);
+      return;
+    }
     check_cuda_contiguous(output, "reduce_scatter output");
     check_cuda_contiguous(input, "reduce_scatter input");
     TORCH_CHECK(input.numel() == output.numel() * size_ && output.dtype() == input.dtype(),
@@ -115,15 +145,21 @@ class NcclGroup final : public CollectiveGroup {
     check_nccl(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
                                  nccl_dtype(input), ncclSum, comm_, stream()),
                "ncclReduceScatter", rank_);
-    wait();
+    wait("ncclReduceScatter");
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
+    if (on_host(tensor)) {
+      auto staged = tensor.to(torch::kCUDA);
+      broadcast(staged, root);
+      if (rank_ != root) tensor.copy_(staged);
+      return;
+    }
     check_cuda_contiguous(tensor, "broadcast");
     check_nccl(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                              nccl_dtype(tensor), root, comm_, stream()),
                "ncclBroadcast", rank_);
-    wait();
+    wait("ncclBroadcast");
   }
 
   void barrier() override {
@@ -131,18 +167,44 @@ class NcclGroup final : public CollectiveGroup {
     float* scratch = nullptr;
     check_cuda(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float)), "cudaMalloc", rank_);
     ncclResult_t status = ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream());
-    cudaError_t sync = cudaStreamSynchronize(stream());
-    cudaFree(scratch);
     check_nccl(status, "ncclAllReduce (barrier)", rank_);
-    check_cuda(sync, "cudaStreamSynchronize", rank_);
+    wait("barrier");
+    cudaFree(scratch);
   }
 
  private:
   static cudaStream_t stream() { return cudaStreamLegacy; }
-  void wait() { check_cuda(cudaStreamSynchronize(stream()), "cudaStreamSynchronize", rank_); }
+  // Polls the stream until the collective is done; on an asynchronous NCCL error (a peer's
+  // connection lost) or after the timeout, aborts the communicator (which also ends the
+  // kernel still waiting for the peer) and throws. The group is unusable afterwards.
+  void wait(const char* what = "collective") {
+    const auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(2);
+    while (true) {
+      const cudaError_t state = cudaStreamQuery(stream());
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) check_cuda(state, what, rank_);
+      ncclResult_t async = ncclSuccess;
+      check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", rank_);
+      const bool late = std::chrono::steady_clock::now() - start > timeout_;
+      if (async != ncclSuccess || late) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        throw RuntimeError(
+            "nccl group: rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": " +
+            what + ": " +
+            (late ? "not done after " + std::to_string(timeout_.count() / 1000) +
+                        " s (a peer is gone or stuck); communicator aborted"
+                  : std::string(ncclGetErrorString(async)) + "; communicator aborted"));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
 
   int rank_;
   int size_;
+  std::chrono::milliseconds timeout_;
   ncclComm_t comm_ = nullptr;
 };
 

@@ -4,6 +4,9 @@
 //   rlhf_engine_worker parity RANK SIZE STORE OUT
 //     every (dtype, stage) run of parity_config for kSteps steps: losses, grad norms, lrs,
 //     memory after the first step
+//   rlhf_engine_worker cuda_parity RANK SIZE STORE OUT
+//     every rank on cuda:0 (Gloo with CUDA tensors: NCCL refuses two ranks on one GPU):
+//     fp32 and bf16 stage 3 for kSteps steps: losses and grad norms
 //   rlhf_engine_worker ckpt RANK SIZE STORE OUT ROOT FIRST LAST [pause_at=K] [export]
 //     stage 3 FP32: resumes from ROOT's latest checkpoint when FIRST > 1, trains steps
 //     FIRST..LAST saving ROOT/global_stepK after each; with pause_at=K, rank 1 writes
@@ -42,8 +45,29 @@ engine::StepMetrics train_one(engine::Trainer& trainer, models::CausalLM& model,
   const int64_t accum = trainer.config().grad_accum_steps;
   return trainer.train_step([&](int64_t i) {
     auto tokens = testing::micro_batch(step, trainer.rank() * accum + i, model.config().vocab_size);
-    return testing::nll_loss(model, tokens);
+    return testing::nll_loss(model, tokens.to(trainer.config().device));
   });
+}
+
+json cuda_parity(transport::CollectiveGroup& group) {
+  json out;
+  const torch::Device cuda(torch::kCUDA, 0);
+  for (auto [tag, dtype] :
+       {std::pair{"fp32", torch::kFloat}, std::pair{"bf16", torch::kBFloat16}}) {
+    auto model = testing::tiny_model(false);
+    model->to(cuda);
+    auto config = testing::parity_config(3, dtype, group.size());
+    config.device = cuda;
+    engine::Trainer trainer(config, *model, group);
+    json losses = json::array(), norms = json::array();
+    for (int64_t step = 0; step < testing::kSteps; ++step) {
+      auto m = train_one(trainer, *model, step);
+      losses.push_back(m.loss);
+      norms.push_back(m.grad_norm);
+    }
+    out[tag] = {{"losses", losses}, {"grad_norms", norms}};
+  }
+  return out;
 }
 
 json parity(transport::CollectiveGroup& group) {
@@ -138,7 +162,8 @@ json checkpoint_run(transport::CollectiveGroup& group, const std::vector<std::st
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::cerr << "usage: rlhf_engine_worker (parity|ckpt) RANK SIZE STORE OUT [ARGS...]\n";
+    std::cerr
+        << "usage: rlhf_engine_worker (parity|cuda_parity|ckpt) RANK SIZE STORE OUT [ARGS...]\n";
     return 2;
   }
   try {
@@ -150,8 +175,9 @@ int main(int argc, char** argv) {
     config.timeout = std::chrono::seconds(60);
     auto group = transport::make_collective_group(config);
     const std::string mode = argv[1];
-    json out = mode == "parity"
-                   ? parity(*group)
+    json out = mode == "parity" ? parity(*group)
+               : mode == "cuda_parity"
+                   ? cuda_parity(*group)
                    : checkpoint_run(*group, std::vector<std::string>(argv + 6, argv + argc));
     std::ofstream(argv[5]) << out.dump(1);
     return 0;

@@ -181,12 +181,15 @@ TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
 
 // A cuda spec is refused before any worker starts, rather than silently training on the CPU
 // (the worker GPU path is not built); plan still sizes it.
-TEST_F(PpoJob, CudaNodesAreRefusedByRunButPlanned) {
+// Five roles on five GPUs: refused before any worker starts on a machine with fewer (this
+// one has none, the lent GPU machine one), and still planned.
+TEST_F(PpoJob, CudaNodesNeedTheirGpusOnThisMachineButArePlanned) {
   const std::string cuda =
       R"(cluster.nodes=[{"name":"gpu","kind":"cuda","devices":5,"memory_gb":80}])";
   Result r = run("cuda", {"--set", cuda});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("is placed on cuda node 'gpu'"), std::string::npos) << r.err;
+  for (const char* part : {"is placed on cuda node 'gpu' device ", ", but this machine has "})
+    EXPECT_NE(r.err.find(part), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "runs" / "cuda" / "workers.json"));
   Result plan = rlhf({"plan", "examples/ppo_tiny.json", "--set", cuda, "--set",
                       "actor.model=" + (dir_ / "tiny").string(), "--set",

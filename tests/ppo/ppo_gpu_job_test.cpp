@@ -1,0 +1,152 @@
+// PPO-family jobs on a GPU through the real `rlhf` binary (skipped without one): every role
+// on one GPU (PPO with GAE, and GRPO), a mixed job (rollout on the GPU, the others on CPU
+// slots), and a CUDA out-of-memory error provoked by capping the allocator through the
+// node's memory_gb. Reward must rise as in the CPU examples; GPU memory is in the metrics.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "test_paths.h"
+#include "tests/support/run_cli.h"
+
+namespace rlhf::ppo {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kOneGpu =
+    R"([{"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 80}])";
+
+class PpoGpuJob : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("ppo-gpu-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    for (const auto& [name, extra] : {std::pair<std::string, std::string>{"tiny", ""},
+                                      std::pair<std::string, std::string>{"tiny-value", "v"}}) {
+      std::vector<std::string> args = {"init-model", "--preset", "tiny", "--out",
+                                       (dir_ / name).string()};
+      if (!extra.empty()) args.insert(args.end(), {"--value-head", "--seed", "7"});
+      auto r = test::run_cli(args);
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+  }
+  test::CliResult run(const std::string& example, const std::string& name,
+                      std::vector<std::string> extra) {
+    std::vector<std::string> args = {"run",   example,
+                                     "--set", "actor.model=" + (dir_ / "tiny").string(),
+                                     "--set", "logger.run_dir=" + (dir_ / "runs").string(),
+                                     "--set", "name=" + name};
+    if (example != "examples/grpo_tiny.json")
+      args.insert(args.end(), {"--set", "critic.model=" + (dir_ / "tiny-value").string()});
+    args.insert(args.end(), extra.begin(), extra.end());
+    return test::run_cli(args);
+  }
+  std::vector<json> metrics(const std::string& name) const {
+    return test::read_jsonl((dir_ / "runs" / name / "metrics.jsonl").string());
+  }
+  fs::path dir_;
+};
+
+// The mean reward of the last 5 steps minus the first 5 (the CPU examples' criterion: a
+// policy that does not learn moves it by ~0.006; the CPU runs move it by ~0.4).
+double reward_gain(const std::vector<json>& m) {
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += m[i]["reward_mean"].get<double>() / 5;
+    last += m[m.size() - 1 - i]["reward_mean"].get<double>() / 5;
+  }
+  return last - first;
+}
+
+// Every role listed in `gpu_roles` reports CUDA allocator peaks (overall and per phase) on
+// its GPU; the others none.
+void expect_gpu_memory(const json& step, const std::set<std::string>& gpu_roles) {
+  for (const auto& [role, ranks] : step["memory"].items()) {
+    for (const auto& r : ranks) {
+      if (!gpu_roles.count(role)) {
+        EXPECT_FALSE(r.contains("cuda_peak_allocated_bytes")) << role;
+        continue;
+      }
+      EXPECT_EQ(r["device"], "cuda:0") << role;
+      ASSERT_TRUE(r.contains("cuda_peak_allocated_bytes")) << role << ": " << r.dump();
+      EXPECT_GT(r["cuda_peak_allocated_bytes"].get<int64_t>(), 0) << role;
+      EXPECT_GE(r["cuda_peak_reserved_bytes"].get<int64_t>(),
+                r["cuda_peak_allocated_bytes"].get<int64_t>())
+          << role;
+      EXPECT_FALSE(r["cuda_phases"].empty()) << role;
+    }
+  }
+}
+
+TEST_F(PpoGpuJob, PpoWithEveryRoleOnOneGpuLearns_CUDA) {
+  auto r = run("examples/ppo_1gpu.json", "ppo1gpu", {});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = metrics("ppo1gpu");
+  ASSERT_EQ(m.size(), 30u);
+  EXPECT_GT(reward_gain(m), 0.1);
+  expect_gpu_memory(m.back(), {"actor", "critic", "ref", "rollout"});
+  // Phases of the trained roles are named by operation.
+  EXPECT_TRUE(m.back()["memory"]["actor"][0]["cuda_phases"].contains("train_actor"));
+  EXPECT_TRUE(m.back()["memory"]["rollout"][0]["cuda_phases"].contains("generate"));
+}
+
+TEST_F(PpoGpuJob, GrpoWithEveryRoleOnOneGpuLearns_CUDA) {
+  auto r = run("examples/grpo_tiny.json", "grpo1gpu",
+               {"--set", std::string("cluster.nodes=") + kOneGpu, "--set", "actor.devices=[0]",
+                "--set", "ref.devices=[0]", "--set", "ref.colocate_with=actor", "--set",
+                "rollout.devices=[0]", "--set", "rollout.colocate_with=actor"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = metrics("grpo1gpu");
+  ASSERT_EQ(m.size(), 30u);
+  EXPECT_GT(reward_gain(m), 0.1);
+  expect_gpu_memory(m.back(), {"actor", "ref", "rollout"});
+}
+
+TEST_F(PpoGpuJob, RolloutOnTheGpuOthersOnCpuLearns_CUDA) {
+  auto r = run("examples/ppo_tiny.json", "mixed",
+               {"--set",
+                R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 4, "memory_gb": 4},
+                         {"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 80}])",
+                "--set", R"(rollout.devices={"gpu": [0]})"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = metrics("mixed");
+  ASSERT_EQ(m.size(), 30u);
+  EXPECT_GT(reward_gain(m), 0.1);
+  expect_gpu_memory(m.back(), {"rollout"});
+}
+
+TEST_F(PpoGpuJob, OutOfMemoryStopsTheJobNamingRoleDevicePhaseAndBytes_CUDA) {
+  // 1 MiB per worker: the first model load on the GPU does not fit.
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run("examples/ppo_1gpu.json", "oom",
+               {"--set", R"(cluster.nodes=[{"name": "gpu", "kind": "cuda", "devices": 1,
+                                            "memory_gb": 0.001}])"});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_LT(seconds, 60.0) << "the job did not stop within a minute";
+  for (const char* part :
+       {"CUDA out of memory in ", " rank 0 on cuda:0 during \"", "allocated ", "reserved ", "free ",
+        "capped at 0.00 GiB by the node's memory_gb", "rlhf plan"})
+    EXPECT_NE(r.err.find(part), std::string::npos) << "missing \"" << part << "\" in:\n" << r.err;
+  // No orphan: every worker the run listed is gone.
+  const auto workers =
+      json::parse(test::slurp((dir_ / "runs" / "oom" / "workers.json").string()), nullptr, false);
+  ASSERT_TRUE(workers.is_array()) << "no workers.json";
+  for (const auto& w : workers) {
+    const int pid = w["pid"].get<int>();
+    EXPECT_NE(::kill(pid, 0), 0) << w["role"] << " worker " << pid << " still runs";
+  }
+}
+
+}  // namespace
+}  // namespace rlhf::ppo
