@@ -36,6 +36,7 @@ timeout 120 "$build/cli/rlhf" run examples/ppo_1gpu.json --set "actor.model=$run
   --set "critic.model=$runs/tiny-value" --set "logger.run_dir=$runs" --set train.max_steps=10 \
   2>&1 | tee "$out/ppo_1gpu.txt"
 cp "$runs/ppo_1gpu/metrics.jsonl" "$out/ppo_1gpu_metrics.jsonl" 2>/dev/null
+"$build/cli/rlhf" plan --check "$runs/ppo_1gpu" 2>&1 | tee "$out/plan_check.txt"
 "$python" - "$out/ppo_1gpu_metrics.jsonl" <<'PY' | tee "$out/ppo_phases.txt"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]

@@ -135,7 +135,10 @@ int check_run(const std::string& run_dir, bool as_json) {
                      {"tensor_error", r.tensor_error()},
                      {"planned_total", r.planned_total},
                      {"measured_rss", r.measured_rss},
-                     {"rss_error", r.rss_error()}});
+                     {"rss_error", r.rss_error()},
+                     {"planned_cuda_allocated", r.planned_cuda},
+                     {"measured_cuda_allocated", r.measured_cuda},
+                     {"cuda_error", r.cuda_error()}});
     std::cout << out.dump(2) << '\n';
     return 0;
   }
@@ -151,6 +154,18 @@ int check_run(const std::string& run_dir, bool as_json) {
            r.measured_rss < 0 ? "-" : mib(r.measured_rss),
            r.measured_rss < 0 ? "-" : percent(r.rss_error())});
   std::cout << t.str();
+  bool gpu = false;
+  for (const auto& r : rows) gpu |= r.measured_cuda >= 0;
+  if (gpu) {
+    std::cout << "\nGPU roles: the CUDA caching allocator's peak (allocated bytes) vs the plan "
+                 "less the CUDA context\n\n";
+    TextTable g({"role", "rank", "device", "planned allocated", "measured allocated", "error"});
+    for (const auto& r : rows)
+      if (r.measured_cuda >= 0)
+        g.add({r.role, std::to_string(r.rank), r.device, mib(r.planned_cuda), mib(r.measured_cuda),
+               percent(r.cuda_error())});
+    std::cout << g.str();
+  }
   return 0;
 }
 

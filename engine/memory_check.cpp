@@ -56,6 +56,9 @@ double MemoryCheckRow::tensor_error() const {
 double MemoryCheckRow::rss_error() const {
   return relative_error(planned_total, measured_rss);
 }
+double MemoryCheckRow::cuda_error() const {
+  return relative_error(planned_cuda, measured_cuda);
+}
 
 json planned_roles(const std::string& run_dir) {
   const fs::path plan_path = fs::path(run_dir) / kPlanFileName;
@@ -96,6 +99,10 @@ std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
           r.measured_tensor = std::max(r.measured_tensor, m["peak_tensor_bytes"].get<int64_t>());
         if (m.contains("peak_rss_bytes"))
           r.measured_rss = std::max(r.measured_rss, m["peak_rss_bytes"].get<int64_t>());
+        r.planned_cuda = roles[role].value("cuda_allocated", int64_t{0});
+        if (m.contains("cuda_peak_allocated_bytes"))
+          r.measured_cuda =
+              std::max(r.measured_cuda, m["cuda_peak_allocated_bytes"].get<int64_t>());
       }
     }
   });

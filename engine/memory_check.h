@@ -34,9 +34,12 @@ struct MemoryCheckRow {
   int64_t measured_tensor = -1;  // metrics: peak_tensor_bytes (-1: not reported, e.g. rollout)
   int64_t planned_total = 0;     // plan: device_total (everything the process holds)
   int64_t measured_rss = -1;     // metrics: peak_rss_bytes
+  int64_t planned_cuda = 0;      // plan: cuda_allocated (cuda roles; 0 on cpu)
+  int64_t measured_cuda = -1;    // metrics: cuda_peak_allocated_bytes (-1: not on a GPU)
   // (planned - measured) / measured; 0 when nothing was measured.
   double tensor_error() const;
   double rss_error() const;
+  double cuda_error() const;
 };
 
 // Reads <run_dir>/plan.json and <run_dir>/metrics.jsonl. Throws InputError naming the

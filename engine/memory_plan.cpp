@@ -19,10 +19,17 @@ namespace {
 
 // Fixed bytes per worker process beside its tensors. CPU: the RSS of an idle `rlhf worker`
 // with a tiny model (LibTorch, oneDNN, OpenBLAS, ZeroMQ), measured ~176-185 MiB (see
-// bench/RESULTS.md, memory planner). CUDA: the context and cuBLAS/NCCL workspaces, which
-// PyTorch users know as ~0.5-1 GiB per process; 768 MiB is our assumption, not measured here.
+// bench/RESULTS.md, memory planner). CUDA, measured on an H100 with torch 2.11.0+cu130
+// (bench/RESULTS.md, GPU path):
+//   - the context, outside the caching allocator: four workers with at most 4 MiB allocated
+//     each left 75.98 of 79.18 GiB free, so <= 0.80 GiB per process (with the driver's own
+//     share); 768 MiB;
+//   - cuBLAS workspaces, inside the allocator: 32 MiB per stream that runs a matmul (Hopper's
+//     default); the allocator's resident floor was 32 MiB on ref and rollout workers and
+//     64 MiB on trained ones (forward on the worker's thread, backward on autograd's).
 constexpr int64_t kCpuOverhead = 176ll << 20;
-constexpr int64_t kCudaOverhead = 768ll << 20;
+constexpr int64_t kCudaContext = 768ll << 20;
+constexpr int64_t kCublasWorkspace = 32ll << 20;
 
 int64_t div_up(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -59,10 +66,14 @@ int64_t shared_forward_bytes(const models::ModelConfig& c, int64_t B, int64_t T,
 }
 
 // A forward without autograd: the largest live set is one layer's attention (scores in e,
-// their FP32 copy + mask, softmax FP32, probs in e) and its MLP intermediates.
-int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e) {
-  const int64_t attention = B * c.num_attention_heads * T * T * (2 * e + 8);
+// their FP32 copy + mask, softmax FP32, probs in e) and its MLP intermediates. On a GPU,
+// SDPA's fused kernels (flash / memory-efficient) never hold the [B, heads, T, T] scores:
+// a bool mask [B, 1, T, T] (padded batches) and the rotary tables are what remains shared.
+int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e,
+                        DeviceKind kind = DeviceKind::kCpu) {
   const int64_t hidden = B * T * (4 * c.hidden_size + 3 * c.intermediate_size) * e;
+  if (kind == DeviceKind::kCuda) return B * T * T + 2 * B * T * c.head_dim * e + hidden;
+  const int64_t attention = B * c.num_attention_heads * T * T * (2 * e + 8);
   return shared_forward_bytes(c, B, T, e) + attention + hidden;
 }
 
@@ -172,6 +183,10 @@ int64_t MemoryTerms::device_total() const {
   return overhead + std::max(load, weights + master + optimizer + grads + step_peak);
 }
 
+int64_t MemoryTerms::cuda_allocated() const {
+  return cuda_workspace > 0 ? device_total() - (overhead - cuda_workspace) : 0;
+}
+
 std::pair<std::string, int64_t> MemoryTerms::dominant() const {
   const std::pair<std::string, int64_t> terms[] = {
       {"weights", weights},         {"master", master},
@@ -202,7 +217,9 @@ json MemoryTerms::to_json() const {
           {"host", host},
           {"step_peak", step_peak},
           {"engine_peak", engine_peak},
-          {"device_total", device_total()}};
+          {"device_total", device_total()},
+          {"cuda_workspace", cuda_workspace},
+          {"cuda_allocated", cuda_allocated()}};
 }
 
 std::vector<int64_t> unit_numels(const models::ModelConfig& c) {
@@ -228,7 +245,7 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   t.weights = e * numel;
   t.engine_peak = t.weights;  // what an untrained role reports as peak_tensor_bytes
   if (in.work == RoleWork::kInfer) {
-    t.activations = inference_bytes(c, in.micro_batch, in.seq_len, e);
+    t.activations = inference_bytes(c, in.micro_batch, in.seq_len, e, in.device_kind);
     if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, false);
     t.step_peak = t.activations + t.log_probs;
     return;
@@ -240,7 +257,7 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   const int64_t per_row =
       2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
   t.kv_cache = per_row * (rows + in.rollout_micro_batch);
-  t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e);
+  t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e, in.device_kind);
   t.log_probs = rows * c.vocab_size * 4 * 3;  // decode logits, FP32 softmax and sampling copy
   t.step_peak = t.kv_cache + t.activations + t.log_probs;
 }
@@ -297,7 +314,7 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   int64_t scoring_phase = 0;  // PPO: the trained roles also score experience without grad
   if (in.infer_micro_batch > 0) {
     scoring_phase =
-        inference_bytes(c, in.infer_micro_batch, in.seq_len, e) +
+        inference_bytes(c, in.infer_micro_batch, in.seq_len, e, in.device_kind) +
         (lm ? log_prob_bytes(c, in.infer_micro_batch, in.seq_len, in.logprob_chunk, e, false) : 0) +
         (stage == 3 ? e * div_up(units.front(), in.group_size) * in.group_size : 0);
   }
@@ -312,7 +329,12 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
                      ": group size, micro batch, length and dtype must be positive");
   const models::ModelConfig& c = in.model;
   MemoryTerms t;
-  t.overhead = in.device_kind == DeviceKind::kCuda ? kCudaOverhead : kCpuOverhead;
+  if (in.device_kind == DeviceKind::kCuda) {
+    t.cuda_workspace = kCublasWorkspace * (in.work == RoleWork::kTrain ? 2 : 1);
+    t.overhead = kCudaContext + t.cuda_workspace;
+  } else {
+    t.overhead = kCpuOverhead;
+  }
   const std::vector<int64_t> units = unit_numels(c);
   int64_t numel = 0;
   for (int64_t n : units) numel += n;

@@ -73,6 +73,11 @@ struct MemoryTerms {
   int64_t step_peak = 0;    // the largest phase sum of the transient terms (see above)
   int64_t engine_peak =
       0;  // MemoryTracker's peak: model states + gathered + buffers (+ host states)
+  int64_t cuda_workspace = 0;  // cuda: cuBLAS workspaces (part of overhead, in the allocator)
+
+  // cuda: the caching allocator's planned peak (device_total less the CUDA context, which
+  // the allocator does not see); 0 on cpu. Measured as cuda_peak_allocated_bytes.
+  int64_t cuda_allocated() const;
 
   int64_t device_total() const;
   // The largest device term: {name, bytes}.

@@ -30,6 +30,8 @@ nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_r
         const auto& plan = planned_roles[role_name(role)];
         m["planned_total_bytes"] = plan.value("device_total", int64_t{0});
         m["planned_tensor_bytes"] = plan.value("engine_peak", int64_t{0});
+        if (plan.value("cuda_allocated", int64_t{0}) > 0)
+          m["planned_cuda_allocated_bytes"] = plan["cuda_allocated"];
       }
       ranks.push_back(m);
     }

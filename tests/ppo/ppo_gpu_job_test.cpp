@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "test_paths.h"
@@ -97,6 +98,17 @@ TEST_F(PpoGpuJob, PpoWithEveryRoleOnOneGpuLearns_CUDA) {
   // Phases of the trained roles are named by operation.
   EXPECT_TRUE(m.back()["memory"]["actor"][0]["cuda_phases"].contains("train_actor"));
   EXPECT_TRUE(m.back()["memory"]["rollout"][0]["cuda_phases"].contains("generate"));
+  // Planned vs measured allocator peak per role within 10% (the plan's GPU terms: tensors
+  // by term, plus the measured cuBLAS workspaces; the CUDA context is outside the allocator).
+  for (const auto& [role, ranks] : m.back()["memory"].items()) {
+    const auto& r = ranks[0];
+    ASSERT_TRUE(r.contains("planned_cuda_allocated_bytes")) << role << ": " << r.dump();
+    const double planned = r["planned_cuda_allocated_bytes"].get<double>();
+    const double measured = r["cuda_peak_allocated_bytes"].get<double>();
+    std::cout << role << ": planned " << planned / (1 << 20) << " MiB, measured "
+              << measured / (1 << 20) << " MiB\n";
+    EXPECT_NEAR(planned / measured, 1.0, 0.10) << role;
+  }
 }
 
 TEST_F(PpoGpuJob, GrpoWithEveryRoleOnOneGpuLearns_CUDA) {
