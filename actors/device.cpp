@@ -162,8 +162,10 @@ std::string out_of_memory_report(const WorkerIdentity& self, const std::string& 
   // The allocator's own first line says how much it tried to allocate.
   const std::string first = what.substr(0, what.find('\n'));
   const auto tried = first.find("Tried to allocate");
-  if (tried != std::string::npos)
-    out << "; " << first.substr(tried, first.find('.', tried) - tried);
+  if (tried != std::string::npos) {  // "Tried to allocate 2.00 MiB.": up to the unit's period
+    const auto unit = first.find("iB", tried);
+    out << "; " << first.substr(tried, unit == std::string::npos ? unit : unit + 2 - tried);
+  }
   return out.str();
 }
 
