@@ -44,6 +44,18 @@ std::string advice(const std::string& role, const std::string& op) {
          "train.micro_batch_size";
 }
 
+// The allocator's counters only (no driver call: this runs around every operation).
+CudaMemory allocator_bytes() {
+  CudaMemory m;
+  const auto stats = alloc::getDeviceStats(0);
+  const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  m.allocated = stats.allocated_bytes[all].current;
+  m.reserved = stats.reserved_bytes[all].current;
+  m.peak_allocated = stats.allocated_bytes[all].peak;
+  m.peak_reserved = stats.reserved_bytes[all].peak;
+  return m;
+}
+
 }  // namespace
 
 bool on_cuda(const WorkerIdentity& self) {
@@ -67,25 +79,16 @@ void bind_worker_device(const WorkerIdentity& self) {
   // cap are refused before that ("Invalid device argument").
   (void)torch::empty({1}, torch::TensorOptions().device(torch::kCUDA, 0));
   device_memory_log().enable();
-  size_t free = 0, total = 0;
-  if (cudaMemGetInfo(&free, &total) != cudaSuccess)
+  const CudaMemory m = cuda_memory();
+  if (m.total == 0)
     throw RuntimeError("[" + self.role + " " + std::to_string(self.rank) + "] cudaMemGetInfo on " +
                        self.device + " failed");
-  if (const char* gb = std::getenv(kEnvDeviceMemoryGb)) {
-    const double cap = std::atof(gb) * static_cast<double>(1ull << 30);
-    if (cap > 0 && cap < static_cast<double>(total))
-      alloc::setMemoryFraction(cap / static_cast<double>(total), 0);
-  }
+  if (m.limit > 0)
+    alloc::setMemoryFraction(static_cast<double>(m.limit) / static_cast<double>(m.total), 0);
 }
 
 CudaMemory cuda_memory() {
-  CudaMemory m;
-  const auto stats = alloc::getDeviceStats(0);
-  const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  m.allocated = stats.allocated_bytes[all].current;
-  m.reserved = stats.reserved_bytes[all].current;
-  m.peak_allocated = stats.allocated_bytes[all].peak;
-  m.peak_reserved = stats.reserved_bytes[all].peak;
+  CudaMemory m = allocator_bytes();
   size_t free = 0, total = 0;
   if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
     m.free = static_cast<int64_t>(free);
@@ -105,7 +108,7 @@ void DeviceMemoryLog::begin(const std::string&) {
 
 void DeviceMemoryLog::end(const std::string& op) {
   if (!enabled_) return;
-  const CudaMemory m = cuda_memory();
+  const CudaMemory m = allocator_bytes();
   std::lock_guard<std::mutex> lock(mutex_);
   Peak& p = phases_[op];
   p.allocated = std::max(p.allocated, m.peak_allocated);

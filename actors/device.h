@@ -25,7 +25,8 @@ bool on_cuda(const WorkerIdentity& self);
 // that is below the GPU's memory. No-op on cpu.
 void bind_worker_device(const WorkerIdentity& self);
 
-// The CUDA caching allocator's bytes on the current device now.
+// The CUDA caching allocator's bytes on the current device now, the GPU's free and total
+// memory, and the cap RLHF_DEVICE_MEMORY_GB sets (when below the total).
 struct CudaMemory {
   int64_t allocated = 0;       // in tensors now
   int64_t reserved = 0;        // held by the allocator now (allocated + cached)
@@ -46,7 +47,6 @@ class DeviceMemoryLog {
   // {"peak_allocated_bytes", "peak_reserved_bytes", "phases": {op: {...}}, "limit_bytes",
   // "total_bytes"}; null on cpu.
   nlohmann::json to_json() const;
-  bool enabled() const { return enabled_; }
   void enable() { enabled_ = true; }
 
  private:

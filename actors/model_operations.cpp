@@ -121,6 +121,12 @@ Batch read_batch(const Message& req, torch::Device device) {
   return b;
 }
 
+// Rows [b0, b1) of the request's tensor `name`, on `device`.
+torch::Tensor rows(const Message& req, const char* name, int64_t b0, int64_t b1,
+                   torch::Device device) {
+  return req.tensor(name).slice(0, b0, b1).to(device);
+}
+
 Batch slice(const Batch& b, int64_t begin, int64_t end) {
   return {b.sequences.slice(0, begin, end), b.attention_mask.slice(0, begin, end), b.action_len};
 }
@@ -168,9 +174,6 @@ std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self,
 Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("train_actor: this worker's role is not trained");
   Batch all = read_batch(req, role.device);
-  auto rows = [&](const char* name, int64_t b0, int64_t b1) {
-    return req.tensor(name).slice(0, b0, b1).to(role.device);
-  };
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
   const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
   ppo::PolicyLossConfig pc;
@@ -189,14 +192,15 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
     TORCH_CHECK(b0 < b1, "train_actor: micro batch ", i, " is empty: the batch holds ", end - begin,
                 " rows for this rank, fewer than grad_accum_steps x micro_batch_size");
     Batch mb = slice(all, b0, b1);
-    torch::Tensor mask = rows("action_mask", b0, b1);
+    torch::Tensor mask = rows(req, "action_mask", b0, b1, role.device);
     torch::Tensor lp = action_log_probs(*role.model, mb);
-    auto r =
-        ppo::policy_loss(pc, lp, rows("log_probs_old", b0, b1), rows("advantages", b0, b1), mask);
+    auto r = ppo::policy_loss(pc, lp, rows(req, "log_probs_old", b0, b1, role.device),
+                              rows(req, "advantages", b0, b1, role.device), mask);
     torch::Tensor loss = r.loss;
     if (kl_loss) {
       // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
-      torch::Tensor kl = ppo::approx_kl(lp, rows("log_probs_ref", b0, b1), kl_estimator);
+      torch::Tensor kl =
+          ppo::approx_kl(lp, rows(req, "log_probs_ref", b0, b1, role.device), kl_estimator);
       torch::Tensor m = mask.to(torch::kFloat32);
       torch::Tensor kl_mean = (kl * m).sum() / m.sum().clamp_min(1);
       loss = loss + kl_coef * kl_mean;
@@ -220,9 +224,6 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
 Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("train_critic: this worker's role is not trained");
   Batch all = read_batch(req, role.device);
-  auto rows = [&](const char* name, int64_t b0, int64_t b1) {
-    return req.tensor(name).slice(0, b0, b1).to(role.device);
-  };
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
   const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
   const double value_clip = req.args.at("value_clip").get<double>();
@@ -230,8 +231,9 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
     int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
     TORCH_CHECK(b0 < b1, "train_critic: micro batch ", i, " is empty");
     torch::Tensor v = action_values(*role.model, slice(all, b0, b1));
-    return ppo::value_loss(v, rows("values_old", b0, b1), rows("returns", b0, b1),
-                           rows("action_mask", b0, b1), value_clip,
+    return ppo::value_loss(v, rows(req, "values_old", b0, b1, role.device),
+                           rows(req, "returns", b0, b1, role.device),
+                           rows(req, "action_mask", b0, b1, role.device), value_clip,
                            ppo::LossAggregation::kTokenMean);
   });
   Message reply;
@@ -250,9 +252,7 @@ Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& 
     cc.rank = 0;
     cc.size = req.args.at("sync_size").get<int>();
     cc.store_path = req.args.at("store_path").get<std::string>();
-    cc.backend = req.args.value("backend", std::string("gloo")) == "nccl"
-                     ? transport::CollectiveBackend::kNccl
-                     : transport::CollectiveBackend::kGloo;
+    cc.backend = transport::collective_backend(req.args.value("backend", std::string("gloo")));
     role.sync_group = transport::make_collective_group(cc);
   }
   rollout::TrainerWeights source(*role.trainer);

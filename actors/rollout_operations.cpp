@@ -114,9 +114,8 @@ Message sync_weights(RolloutState& state, const Message& request, const WorkerId
     config.store_path = request.args.at("store_path").get<std::string>();
     config.rank = request.args.value("sync_rank", self.rank + 1);
     config.size = request.args.value("sync_size", self.world_size + 1);
-    config.backend = request.args.value("backend", std::string("gloo")) == "nccl"
-                         ? transport::CollectiveBackend::kNccl
-                         : transport::CollectiveBackend::kGloo;
+    config.backend =
+        transport::collective_backend(request.args.value("backend", std::string("gloo")));
     state.sync_group = transport::make_collective_group(config);
   }
   const auto stats = rollout::receive_weights(generator.model(), *state.sync_group);

@@ -55,6 +55,9 @@ class CollectiveGroup {
   virtual void barrier() = 0;
 };
 
+// "gloo" or "nccl" (as backend_name() says); InputError otherwise.
+CollectiveBackend collective_backend(const std::string& name);
+
 // Joins the group described by `config` (blocks until all `size` ranks have joined).
 // Throws rlhf::InputError for a bad config, rlhf::RuntimeError when rendezvous fails, and
 // for kNccl in a build without NCCL.

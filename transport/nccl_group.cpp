@@ -164,12 +164,8 @@ class NcclGroup final : public CollectiveGroup {
 
   void barrier() override {
     // NCCL has no barrier: an all-reduce of one float on the device is one.
-    float* scratch = nullptr;
-    check_cuda(cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(float)), "cudaMalloc", rank_);
-    ncclResult_t status = ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream());
-    check_nccl(status, "ncclAllReduce (barrier)", rank_);
-    wait("barrier");
-    cudaFree(scratch);
+    auto one = torch::zeros({1}, torch::TensorOptions(torch::kFloat).device(torch::kCUDA));
+    all_reduce(one, ReduceOp::kSum);
   }
 
  private:
@@ -177,7 +173,7 @@ class NcclGroup final : public CollectiveGroup {
   // Polls the stream until the collective is done; on an asynchronous NCCL error (a peer's
   // connection lost) or after the timeout, aborts the communicator (which also ends the
   // kernel still waiting for the peer) and throws. The group is unusable afterwards.
-  void wait(const char* what = "collective") {
+  void wait(const char* what) {
     const auto start = std::chrono::steady_clock::now();
     auto pause = std::chrono::microseconds(2);
     while (true) {
