@@ -42,6 +42,11 @@ json memory_json(const ModelRole& role) {
     j["grads"] = m.grads;
     j["gathered"] = m.gathered;
     j["peak_tensor_bytes"] = m.peak;
+  } else if (role.sharded) {
+    auto m = role.sharded->memory_report();
+    j["params"] = m.params;
+    j["gathered"] = m.gathered;
+    j["peak_tensor_bytes"] = m.peak;
   } else if (role.model) {
     int64_t bytes = 0;
     for (const auto& p : role.model->parameters()) bytes += p.numel() * p.element_size();
@@ -59,24 +64,27 @@ std::string read_text(const std::string& path) {
   return buf.str();
 }
 
-// init: {"config": ModelRoleConfig, "store_path": rendezvous file (trained roles)}.
+// init: {"config": ModelRoleConfig, "store_path": rendezvous file of the role's group}.
+// Every role builds its model without weights (Materialize::kDeferred) and fills it from the
+// checkpoint as it will hold it: a trainer reads each rank's FP32 shard, a ZeRO-3
+// reference or reward each rank's compute-dtype shard, an unsharded one the whole model in
+// the compute dtype. No role builds the whole model in FP32 or draws random weights.
 Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   role.config = engine::ModelRoleConfig::from_json(req.args.at("config"));
   role.device = worker_device(self);
   const bool trained = role.config.trainer.has_value();
+  const torch::Dtype compute = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
   models::LoadOptions load;
   load.device = role.device;
-  // Trained roles keep FP32 masters, so they load FP32 and the trainer converts.
-  load.dtype = trained || role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  load.dtype = compute;
   load.head = role.config.head;
   load.value_head_prefix = role.config.value_head_prefix;
-  role.model = models::load_pretrained(role.config.model_dir, load);
+  const models::PretrainedSource source(role.config.model_dir, load);
+  role.model = std::make_shared<models::CausalLM>(source.config(), models::Materialize::kDeferred);
   role.config_json =
       read_text((std::filesystem::path(role.config.model_dir) / "config.json").string());
-  if (trained) {
-    role.model->set_checkpointing(role.config.gradient_checkpointing
-                                      ? models::Checkpointing::kPerLayer
-                                      : models::Checkpointing::kNone);
+  const bool sharded_inference = !trained && role.config.shard_weights && self.world_size > 1;
+  if (trained || sharded_inference) {
     transport::CollectiveConfig cc;
     cc.rank = self.rank;
     cc.size = self.world_size;
@@ -85,18 +93,28 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
     cc.backend =
         on_cuda(self) ? transport::CollectiveBackend::kNccl : transport::CollectiveBackend::kGloo;
     role.group = transport::make_collective_group(cc);
+  }
+  const bool tied = role.model->config().tie_word_embeddings;
+  if (trained) {
+    role.model->set_checkpointing(role.config.gradient_checkpointing
+                                      ? models::Checkpointing::kPerLayer
+                                      : models::Checkpointing::kNone);
     engine::TrainerConfig tc = *role.config.trainer;
     tc.device = role.device;
-    tc.compute_dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
-    tc.tied_embeddings = role.model->config().tie_word_embeddings;
-    role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group);
+    tc.compute_dtype = compute;
+    tc.tied_embeddings = tied;
+    role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group, &source);
+  } else if (sharded_inference) {
+    role.sharded = std::make_unique<engine::ShardedInference>(*role.model, *role.group, source,
+                                                              compute, role.device, tied);
+    role.model->eval();
   } else {
+    models::load_whole(*role.model, source, compute, role.device);
     role.model->eval();
   }
-  int64_t n = 0;
-  for (const auto& p : role.model->parameters()) n += p.numel();
   Message reply;
-  reply.args = {{"parameters", n}, {"memory", memory_json(role)}};
+  reply.args = {{"parameters", role.model->config().num_parameters()},
+                {"memory", memory_json(role)}};
   return reply;
 }
 

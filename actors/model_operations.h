@@ -14,6 +14,7 @@
 
 #include "actors/operation_registry.h"
 #include "engine/role_config.h"
+#include "engine/sharded_inference.h"
 #include "engine/trainer.h"
 #include "models/causal_lm.h"
 #include "transport/collective_group.h"
@@ -24,8 +25,9 @@ namespace rlhf {
 struct ModelRole {
   engine::ModelRoleConfig config;
   std::shared_ptr<models::CausalLM> model;
-  std::unique_ptr<transport::CollectiveGroup> group;  // trained roles only
+  std::unique_ptr<transport::CollectiveGroup> group;  // trained and sharded roles
   std::unique_ptr<engine::Trainer> trainer;           // trained roles only
+  std::unique_ptr<engine::ShardedInference> sharded;  // ZeRO-3 ref/reward only
   std::string config_json;                            // the model's config.json text (for export)
   torch::Device device = torch::kCPU;                 // the worker's: cuda:0 on a GPU node
   std::unique_ptr<transport::CollectiveGroup> sync_group;  // actor rank 0 -> rollout ranks

@@ -67,10 +67,9 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
   out << "\nMemory per rank (bytes each worker of the role holds, each term at its own peak). The\n"
          "transient terms peak in different phases of a step (activations, log-probs and the "
          ".grad\n"
-         "in flight first; all .grad and collective buffers at the reduction), so total = overhead "
-         "+\n"
-         "max(load, weights + master + adam + grads + the largest phase); engine = what the\n"
-         "trainer's tracker counts, reported as peak_tensor_bytes:\n";
+         "in flight first; all .grad and collective buffers at the reduction; the load's one\n"
+         "checkpoint slice), so total = overhead + weights + master + adam + grads + the largest\n"
+         "phase; engine = what the trainer's tracker counts, reported as peak_tensor_bytes:\n";
   TextTable roles({"role", "ranks", "weights", "master", "adam", "grads", "gathered", "buffers",
                    ".grad", "activations", "log-probs", "kv-cache", "load", "overhead", "total",
                    "engine"});

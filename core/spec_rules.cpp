@@ -374,10 +374,11 @@ void check_lengths_and_algo(Validation& v) {
                                          " leaves no room for a response within data.max_len (" +
                                          std::to_string(max_len) + ")");
   }
-  if (v.ok({"ref.zero_stage"}) && num(v, "ref.zero_stage") != 0)
+  if (v.ok({"ref.zero_stage"}) && num(v, "ref.zero_stage") != 0 && num(v, "ref.zero_stage") != 3)
     v.problem("ref.zero_stage",
-              "only 0 is supported: the reference keeps full weights on every "
-              "worker (sharded reference inference is not built), found " +
+              "expected 0 (full weights on every ref worker) or 3 (weights sharded over the "
+              "ref workers, one layer gathered at a time): stages 1 and 2 shard optimizer "
+              "state and gradients, which an untrained reference has none of; found " +
                   v.at("ref.zero_stage").dump());
   double dual = real(v, "actor.dual_clip");
   if (v.ok({"actor.dual_clip"}) && dual != 0 && dual <= 1)

@@ -222,8 +222,9 @@ std::vector<KeySpec> build_table() {
 
   add_role_placement(t, "ref", "Reference model directory (default: actor.model).");
   t.integer("ref.zero_stage", 0, 0, 3,
-            "0: full weights on every ref worker (the only value supported: sharded reference "
-            "inference is not built; more ref workers serve more micro batches at once).");
+            "0: full weights on every ref worker (more workers serve more micro batches at "
+            "once); 3: weights sharded over the ref workers, each layer all-gathered just "
+            "before use (as DeepSpeed's stage-3 reference in OpenRLHF; 1 and 2 are refused).");
 
   add_role_placement(t, "rollout",
                      "Generation model (default: actor.model; synced after each step).");

@@ -127,12 +127,14 @@ class DpoJob : public OfflineJob {
     std::vector<torch::Tensor> parts;
     for (int64_t b = 0; b < pairs; b += kChunkPairs) {
       RowTensors rows = chunk(b);
-      Message reply = s.group(Role::kRef)
-                          .scatter("sequence_log_probs",
-                                   {{"sequences", rows.sequences},
-                                    {"attention_mask", rows.attention_mask},
-                                    {"loss_mask", rows.loss_mask}},
-                                   2 * spec().get_int("train.micro_batch_size"));
+      Message reply =
+          s.group(Role::kRef)
+              .scatter("sequence_log_probs",
+                       {{"sequences", rows.sequences},
+                        {"attention_mask", rows.attention_mask},
+                        {"loss_mask", rows.loss_mask}},
+                       2 * spec().get_int("train.micro_batch_size"), nlohmann::json::object(),
+                       std::nullopt, dispatch_for(spec(), Role::kRef));
       torch::Tensor lp = reply.tensor("log_probs").to(torch::kFloat32);
       TORCH_CHECK(lp.dim() == 1 && lp.size(0) == rows.rows(), "dpo: the reference group returned ",
                   lp.sizes(), " log-probs for ", rows.rows(), " rows");

@@ -180,7 +180,7 @@ EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, 
 }  // namespace
 
 int64_t MemoryTerms::device_total() const {
-  return overhead + std::max(load, weights + master + optimizer + grads + step_peak);
+  return overhead + weights + master + optimizer + grads + std::max(load, step_peak);
 }
 
 int64_t MemoryTerms::cuda_allocated() const {
@@ -243,11 +243,32 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   const int64_t e = in.compute_bytes;
   const bool lm = c.head == models::HeadKind::kLanguageModel && in.lm_head_log_probs;
   t.weights = e * numel;
+  // models::load_whole reads each tensor straight into its place: no transient (load = 0).
   t.engine_peak = t.weights;  // what an untrained role reports as peak_tensor_bytes
   if (in.work == RoleWork::kInfer) {
+    int64_t gathered = 0;
+    if (in.shard_weights && in.group_size > 1) {
+      // engine/sharded_inference.cpp: 1/N of every unit (padded to N) is resident; a forward
+      // gathers one unit at a time, the head with unit 0 beside it when tied.
+      const std::vector<int64_t> units = unit_numels(c);
+      const int64_t N = in.group_size;
+      int64_t largest_shard = 0;
+      t.weights = 0;
+      for (size_t u = 0; u < units.size(); ++u) {
+        const int64_t shard = div_up(units[u], N);
+        t.weights += e * shard;
+        largest_shard = std::max(largest_shard, shard);
+        int64_t set = e * shard * N;
+        if (u + 1 == units.size() && c.tie_word_embeddings) set += e * div_up(units[0], N) * N;
+        gathered = std::max(gathered, set);
+      }
+      t.gathered = gathered;
+      t.load = e * largest_shard;  // one slice in flight beside the shards
+      t.engine_peak = t.weights + gathered;
+    }
     t.activations = inference_bytes(c, in.micro_batch, in.seq_len, e, in.device_kind);
     if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, false);
-    t.step_peak = t.activations + t.log_probs;
+    t.step_peak = gathered + t.activations + t.log_probs;
     return;
   }
   // Rollout (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
@@ -278,6 +299,11 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   t.gathered = p.gathered;
   t.buffers = p.buffers;
   t.engine_peak = p.weights + p.master + p.optimizer + p.grads + p.gathered + p.buffers;
+  // The sharded load (ShardedUnit with a WeightSource): beside the states as they will
+  // stay, one FP32 slice of one unit's shard read from the checkpoint.
+  int64_t largest_shard = 0;
+  for (int64_t n : units) largest_shard = std::max(largest_shard, div_up(n, in.group_size));
+  t.load = 4 * largest_shard;
   if (off_device) {
     t.host = t.master + t.optimizer;
     t.master = t.optimizer = 0;
@@ -338,13 +364,6 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
   const std::vector<int64_t> units = unit_numels(c);
   int64_t numel = 0;
   for (int64_t n : units) numel += n;
-  // models/pretrained.cpp: CausalLM's constructor builds FP32 parameters and init_weights
-  // draws each into an FP32 temporary; the largest is the embedding (or an untied head).
-  const int64_t largest_param =
-      std::max({c.vocab_size * c.hidden_size, c.intermediate_size * c.hidden_size,
-                c.num_attention_heads * c.head_dim * c.hidden_size});
-  t.load = 4 * (c.num_parameters() + largest_param);
-
   if (in.work == RoleWork::kTrain)
     plan_trainer(in, units, numel, t);
   else
@@ -387,6 +406,8 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.micro_batch = in.rollout_micro_batch * in.n_samples;
   } else {
     in.work = RoleWork::kInfer;
+    in.shard_weights =
+        (role == Role::kRef || role == Role::kReward) && spec.get_int(r + ".zero_stage") == 3;
     // PPO scores experience in micro batches of rollout mb x n (ppo/driver.cpp).
     in.micro_batch =
         ppo ? in.rollout_micro_batch * in.n_samples : spec.get_int("train.micro_batch_size") * pair;
@@ -398,14 +419,15 @@ std::map<Role, models::ModelConfig> load_role_models(const JobSpec& spec,
                                                      std::vector<std::string>& missing) {
   std::map<Role, models::ModelConfig> out;
   for (Role role : spec.used_roles()) {
-    const std::string dir = spec.get_string(std::string(role_name(role)) + ".model");
-    const fs::path file = fs::path(dir) / "config.json";
-    if (dir.empty() || !fs::exists(file)) {
+    const std::string ref = spec.get_string(std::string(role_name(role)) + ".model");
+    const bool preset = ref.rfind(models::kArchitecturePrefix, 0) == 0;
+    const fs::path file = fs::is_regular_file(ref) ? fs::path(ref) : fs::path(ref) / "config.json";
+    if (ref.empty() || (!preset && !fs::exists(file))) {
       missing.push_back(std::string(role_name(role)) + ": " +
-                        (dir.empty() ? "(no model set)" : file.string()));
+                        (ref.empty() ? "(no model set)" : file.string()));
       continue;
     }
-    out[role] = models::ModelConfig::from_json_file(file.string());
+    out[role] = models::model_config_of(ref);
   }
   return out;
 }
@@ -427,6 +449,7 @@ json MemoryPlan::to_json() const {
     j["group_size"] = r.input.group_size;
     j["micro_batch"] = r.input.micro_batch;
     j["seq_len"] = r.input.seq_len;
+    if (r.input.shard_weights) j["zero_stage"] = 3;
     if (r.input.work == RoleWork::kTrain) {
       j["zero_stage"] = r.input.zero_stage;
       j["gradient_checkpointing"] = r.input.checkpointing;
@@ -478,6 +501,9 @@ std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan
     }
     generates |= r->input.work == RoleWork::kGenerate;
     infers |= r->input.work == RoleWork::kInfer;
+    if (r->input.work == RoleWork::kInfer && (name == "ref" || name == "reward") &&
+        !r->input.shard_weights && r->input.group_size > 1)
+      out.push_back(name + ".zero_stage=3");
   }
   const int64_t train_mb = spec.get_int("train.micro_batch_size");
   if (trains && train_mb > 1)
@@ -496,7 +522,8 @@ std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan
     if (n.name == device.node) node_devices = n.devices;
   for (const auto& name : names) {
     const RolePlan* r = plan.role(name);
-    if (!r || r->input.work != RoleWork::kTrain) continue;
+    // More ranks help where weights or states are sharded: trainers, ZeRO-3 ref/reward.
+    if (!r || (r->input.work != RoleWork::kTrain && !r->input.shard_weights)) continue;
     auto group = placement.group(parse_role(name));
     std::vector<int> ids;
     for (const auto& w : group) ids.push_back(w.device_id);
@@ -561,7 +588,16 @@ void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConf
   if (any_fits) return;
   JobSpec current = spec;
   int64_t over = overflow(plan);
-  std::string combined;
+  // The combination as --set overrides, one per key: a key changed again (a micro batch
+  // halved twice) keeps its latest value in its first place.
+  std::vector<std::pair<std::string, std::string>> combined;
+  auto add_change = [&combined](const std::string& change) {
+    const auto eq = change.find('=');
+    const std::string key = change.substr(0, eq), value = change.substr(eq + 1);
+    for (auto& kv : combined)
+      if (kv.first == key) return void(kv.second = value);
+    combined.push_back({key, value});
+  };
   MemoryPlan last = plan;
   // Rounds: the candidates of the changed spec again (a micro batch can halve twice).
   for (int round = 0; round < 6 && over > 0; ++round) {
@@ -580,14 +616,19 @@ void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConf
       current = *changed;
       over = overflow(again);
       last = std::move(again);
-      combined += (combined.empty() ? "" : " --set ") + change;
+      add_change(change);
       if (over == 0) break;
     }
     if (over == before) break;
   }
-  if (combined.find(" --set ") != std::string::npos)
+  std::string text;
+  for (const auto& [key, value] : combined)
+    text += (text.empty() ? "" : " --set ") + key + "=" + value;
+  // Not when it is one of the single changes already listed.
+  if (!text.empty() && std::none_of(plan.suggestions.begin(), plan.suggestions.end(),
+                                    [&](const PlanSuggestion& x) { return x.change == text; }))
     plan.suggestions.insert(plan.suggestions.begin(),
-                            {combined, device_total(last, *worst), over == 0});
+                            {text, device_total(last, *worst), over == 0});
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ struct RoleMemoryInput {
   int64_t seq_len = 1;  // tokens per sequence
   int64_t logprob_chunk = 256;    // positions per chunk of the LM head (CausalLM::log_probs)
   bool lm_head_log_probs = true;  // the role computes log-probs through its LM head
+  bool shard_weights = false;     // kInfer: ZeRO-3 inference over the group (ref/reward stage 3)
   // Generation only.
   int64_t rollout_micro_batch = 1;  // prompts per KV cache
   int64_t n_samples = 1;            // samples per prompt (the cache holds mb x n rows)
@@ -53,7 +54,7 @@ struct RoleMemoryInput {
 // not all peak together: a training step's activation phase (activations, log-probs, the
 // .grad in flight, ZeRO-3 gathers) comes before its reduction phase (every .grad not yet
 // reduced, collective buffers), and inference phases between. step_peak is the largest
-// phase; device_total() = overhead + max(load, persistent states + step_peak). engine_peak
+// phase; device_total() = overhead + persistent states + max(load, step_peak). engine_peak
 // is what the trainer's MemoryTracker counts (the measured peak_tensor_bytes).
 struct MemoryTerms {
   int64_t weights = 0;      // compute-dtype parameters kept on the device
@@ -67,8 +68,8 @@ struct MemoryTerms {
   int64_t log_probs = 0;    // chunked log-prob buffers of the LM head
   int64_t kv_cache = 0;     // rollout KV cache (with its prefill copy)
   int64_t overhead = 0;     // fixed per process: runtime, kernels, allocator slack
-  int64_t load = 0;         // loading the model: every parameter built in FP32 and initialised
-                            // (one FP32 temporary of the largest), before the dtype conversion
+  int64_t load = 0;         // loading: the one slice read from the checkpoint in flight beside
+                            // what the rank keeps (its shard, or the whole compute-dtype model)
   int64_t host = 0;         // offloaded to host memory (not on the device)
   int64_t step_peak = 0;    // the largest phase sum of the transient terms (see above)
   int64_t engine_peak =

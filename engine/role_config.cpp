@@ -92,7 +92,8 @@ json ModelRoleConfig::to_json() const {
             {"head", head == models::HeadKind::kValue ? "value" : "lm"},
             {"value_head_prefix", value_head_prefix},
             {"gradient_checkpointing", gradient_checkpointing},
-            {"seed", seed}};
+            {"seed", seed},
+            {"shard_weights", shard_weights}};
   j["trainer"] = trainer ? trainer_json(*trainer) : json();
   return j;
 }
@@ -111,6 +112,7 @@ ModelRoleConfig ModelRoleConfig::from_json(const json& j) {
   c.value_head_prefix = field<std::string>(j, "value_head_prefix");
   c.gradient_checkpointing = field<bool>(j, "gradient_checkpointing");
   c.seed = field<uint64_t>(j, "seed");
+  c.shard_weights = j.value("shard_weights", false);
   if (j.contains("trainer") && !j["trainer"].is_null()) c.trainer = trainer_from_json(j["trainer"]);
   return c;
 }
@@ -129,6 +131,8 @@ ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64
   c.seed = static_cast<uint64_t>(spec.get_int("train.seed"));
   if (!spec.trains(role)) {
     c.gradient_checkpointing = false;
+    c.shard_weights =
+        (role == Role::kRef || role == Role::kReward) && spec.get_int(r + ".zero_stage") == 3;
     return c;
   }
   c.gradient_checkpointing = spec.get_bool(r + ".gradient_checkpointing");

@@ -23,6 +23,9 @@ struct ModelRoleConfig {
   bool gradient_checkpointing = true;
   uint64_t seed = 42;
   std::optional<TrainerConfig> trainer;  // set for trained roles only
+  // Untrained roles (ref, a PPO job's reward): ZeRO-3 inference, each rank holding 1/N of
+  // the weights and gathering one unit at a time (the spec's zero_stage 3).
+  bool shard_weights = false;
 
   nlohmann::json to_json() const;
   // Throws InputError naming the missing or malformed key.

@@ -20,18 +20,27 @@ void free_data(torch::Tensor& param) {
 
 }  // namespace
 
-ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& context)
+ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& context,
+                         const models::WeightSource* source)
     : ctx_(context), name_(unit.name) {
   torch::NoGradGuard no_grad;
   auto* group = ctx_.group;
   const int world = group->size();
   const int rank = group->rank();
-  for (const auto& [param_name, param] : unit.params) {
-    TORCH_CHECK(param.defined() && param.numel() > 0, "ShardedUnit ", name_, ": parameter ",
-                param_name, " is empty (already sharded by another trainer?)");
-    ParamSlot slot{param_name, param, param.sizes().vec(), 0, param.numel()};
+  TORCH_CHECK(unit.shapes.size() == unit.params.size(), "ShardedUnit ", name_, ": the unit lists ",
+              unit.params.size(), " parameters but ", unit.shapes.size(), " shapes");
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const auto& [param_name, param] = unit.params[i];
+    ParamSlot slot{param_name, param, unit.shapes[i], 0, 1};
+    for (int64_t d : slot.shape) slot.numel *= d;
+    TORCH_CHECK(source || (param.defined() && param.numel() == slot.numel), "ShardedUnit ", name_,
+                ": parameter ", param_name,
+                " holds no values (already sharded by another trainer?) and no source was given");
     if (!param.requires_grad()) {
-      param.set_data(param.data().to(ctx_.device, ctx_.compute_dtype));
+      param.set_data(source
+                         ? source->read(param_name, 0, slot.numel, ctx_.compute_dtype, ctx_.device)
+                               .view(slot.shape)
+                         : param.data().to(ctx_.device, ctx_.compute_dtype));
       state_bytes_[0] += bytes_of(param);
       frozen_.push_back(std::move(slot));
       continue;
@@ -42,33 +51,58 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
   }
   shard_ = (numel_ + world - 1) / world;
   padded_ = shard_ * world;
+  const int64_t begin = rank * shard_, end = begin + shard_;
 
-  // Rank 0's values, broadcast so every rank starts from the same weights.
-  auto flat = torch::zeros({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
-  for (const auto& slot : slots_)
-    flat.narrow(0, slot.offset, slot.numel).copy_(slot.param.data().reshape({-1}));
-  if (world > 1 && padded_ > 0) group->broadcast(flat, 0);
-  master_ = flat.narrow(0, rank * shard_, shard_).to(ctx_.state_device, torch::kFloat, false, true);
+  if (source) {
+    // Each rank reads its own elements [begin, end) of the flat layout straight from the
+    // source, one parameter slice at a time: no rank ever holds the whole unit in FP32.
+    master_ = torch::zeros({shard_}, torch::TensorOptions(torch::kFloat).device(ctx_.state_device));
+    for (const auto& slot : slots_) {
+      const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
+      if (lo >= hi) continue;
+      auto slice =
+          source->read(slot.name, lo - slot.offset, hi - lo, torch::kFloat, ctx_.state_device);
+      ctx_.tracker->add(MemoryKind::kBuffers, bytes_of(slice));  // the load's one transient
+      master_.narrow(0, lo - begin, hi - lo).copy_(slice);
+      ctx_.tracker->sub(MemoryKind::kBuffers, bytes_of(slice));
+    }
+    for (auto& slot : slots_) {
+      // Stage 1/2 keep every parameter whole in the compute dtype, read once in that dtype.
+      slot.param.set_data(
+          ctx_.stage == ZeroStage::kParameters
+              ? torch::empty({0}, torch::TensorOptions(ctx_.compute_dtype).device(ctx_.device))
+              : source->read(slot.name, 0, slot.numel, ctx_.compute_dtype, ctx_.device)
+                    .view(slot.shape));
+      state_bytes_[0] += bytes_of(slot.param);
+    }
+  } else {
+    // Rank 0's values, broadcast so every rank starts from the same weights.
+    auto flat = torch::zeros({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
+    for (const auto& slot : slots_)
+      flat.narrow(0, slot.offset, slot.numel).copy_(slot.param.data().reshape({-1}));
+    if (world > 1 && padded_ > 0) group->broadcast(flat, 0);
+    master_ = flat.narrow(0, begin, shard_).to(ctx_.state_device, torch::kFloat, false, true);
+    for (auto& slot : slots_) {
+      if (ctx_.stage == ZeroStage::kParameters) {
+        slot.param.set_data(torch::empty({0}, flat.options().dtype(ctx_.compute_dtype)));
+      } else {
+        slot.param.set_data(flat.narrow(0, slot.offset, slot.numel)
+                                .view(slot.shape)
+                                .to(ctx_.compute_dtype)
+                                .clone());
+        state_bytes_[0] += bytes_of(slot.param);
+      }
+    }
+  }
   exp_avg_ = torch::zeros_like(master_);
   exp_avg_sq_ = torch::zeros_like(master_);
   const auto grad_options = torch::TensorOptions(torch::kFloat).device(ctx_.device);
   grad_ = torch::zeros({ctx_.stage == ZeroStage::kOptimizer ? padded_ : shard_}, grad_options);
-
-  for (auto& slot : slots_) {
-    if (ctx_.stage == ZeroStage::kParameters) {
-      slot.param.set_data(torch::empty({0}, flat.options().dtype(ctx_.compute_dtype)));
-    } else {
-      slot.param.set_data(
-          flat.narrow(0, slot.offset, slot.numel).view(slot.shape).to(ctx_.compute_dtype).clone());
-      state_bytes_[0] += bytes_of(slot.param);
-    }
-  }
   if (ctx_.stage == ZeroStage::kParameters && ctx_.state_device != ctx_.device) {
     cached_shard_ = master_.to(ctx_.device, ctx_.compute_dtype);
     state_bytes_[0] += bytes_of(cached_shard_);
   }
   // Weight decay ranges, clipped to this rank's shard [rank S, (rank + 1) S).
-  const int64_t begin = rank * shard_, end = begin + shard_;
   for (const auto& slot : slots_) {
     if (!takes_weight_decay(slot.name)) continue;
     const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);

@@ -38,10 +38,14 @@ struct ParamSlot {
 
 class ShardedUnit {
  public:
-  // Takes the unit's current parameter values (rank 0's win: they are broadcast), keeps
-  // this rank's FP32 shard, and converts or frees the model's copies by stage. Parameters
-  // with requires_grad == false are frozen: kept whole in the compute dtype, never sharded.
-  ShardedUnit(const models::ParamUnit& unit, const ShardContext& context);
+  // Without a source: takes the unit's current parameter values (rank 0's win: they are
+  // broadcast), keeps this rank's FP32 shard, and converts or frees the model's copies by
+  // stage. With a source (the parameters may be empty placeholders): each rank reads only
+  // its shard's elements from it (and, at stage 1/2, each parameter whole in the compute
+  // dtype), so no rank holds the unit in FP32; no collective. Parameters with
+  // requires_grad == false are frozen: kept whole in the compute dtype, never sharded.
+  ShardedUnit(const models::ParamUnit& unit, const ShardContext& context,
+              const models::WeightSource* source = nullptr);
   ~ShardedUnit();
   ShardedUnit(const ShardedUnit&) = delete;
   ShardedUnit& operator=(const ShardedUnit&) = delete;

@@ -29,7 +29,7 @@ class Trainer::Hooks final : public models::LayerHooks {
 };
 
 Trainer::Trainer(const TrainerConfig& config, models::ShardableModel& model,
-                 transport::CollectiveGroup& group)
+                 transport::CollectiveGroup& group, const models::WeightSource* source)
     : config_(config), model_(model), group_(group), schedule_((config.validate(), config)) {
   ShardContext context;
   context.group = &group_;
@@ -41,7 +41,7 @@ Trainer::Trainer(const TrainerConfig& config, models::ShardableModel& model,
                              ? torch::Device(torch::kCPU)
                              : config_.device;
   for (const auto& unit : model_.param_units())
-    units_.push_back(std::make_unique<ShardedUnit>(unit, context));
+    units_.push_back(std::make_unique<ShardedUnit>(unit, context, source));
   TORCH_CHECK(!units_.empty(), "Trainer: the model has no parameter units");
   reduced_.assign(units_.size(), false);
   hooks_ = std::make_unique<Hooks>(*this);

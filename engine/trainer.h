@@ -34,12 +34,15 @@ struct StepMetrics {
 class Trainer {
  public:
   // Shards `model`'s parameters over `group` (every rank of the group constructs its
-  // Trainer with the same model architecture; rank 0's initial values win) and installs the
-  // layer hooks. Neither is owned; both must outlive the Trainer. At stage 3 the model's
-  // parameter tensors stay empty outside the hooks (also after the Trainer is gone: a
-  // checkpoint or export_hf carries the weights). Throws InputError for a bad config.
+  // Trainer with the same model architecture) and installs the layer hooks. Initial values:
+  // with a `source`, each rank reads only its own shard from it (the model may be built
+  // with Materialize::kDeferred: no rank ever holds the whole model); without one, rank 0's
+  // values are broadcast. None is owned; model and group must outlive the Trainer, the
+  // source only the constructor. At stage 3 the model's parameter tensors stay empty
+  // outside the hooks (also after the Trainer is gone: a checkpoint or export_hf carries
+  // the weights). Throws InputError for a bad config.
   Trainer(const TrainerConfig& config, models::ShardableModel& model,
-          transport::CollectiveGroup& group);
+          transport::CollectiveGroup& group, const models::WeightSource* source = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -6,6 +6,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/autograd.h>
 
+#include <map>
+
 #include "core/errors.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
@@ -68,30 +70,59 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   }
 };
 
+// The parameters CausalLM's constructor registers, in its order, from the config alone.
+CausalLM::ShapeList config_shapes(const ModelConfig& c) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int64_t q = c.num_attention_heads * D, kv = c.num_key_value_heads * D;
+  CausalLM::ShapeList out;
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, H}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    auto linear = [&](const std::string& name, int64_t in, int64_t o, bool bias) {
+      out.push_back({p + name + ".weight", {o, in}});
+      if (bias) out.push_back({p + name + ".bias", {o}});
+    };
+    linear("self_attn.q_proj", H, q, c.qkv_bias);
+    linear("self_attn.k_proj", H, kv, c.qkv_bias);
+    linear("self_attn.v_proj", H, kv, c.qkv_bias);
+    linear("self_attn.o_proj", q, H, c.o_proj_bias);
+    linear("mlp.gate_proj", H, I, c.mlp_bias);
+    linear("mlp.up_proj", H, I, c.mlp_bias);
+    linear("mlp.down_proj", I, H, c.mlp_bias);
+    out.push_back({p + "input_layernorm.weight", {H}});
+    out.push_back({p + "post_attention_layernorm.weight", {H}});
+  }
+  out.push_back({"model.norm.weight", {H}});
+  if (c.head == HeadKind::kValue)
+    out.push_back({c.value_head_prefix + ".weight", {1, H}});
+  else if (!c.tie_word_embeddings)
+    out.push_back({"lm_head.weight", {c.vocab_size, H}});
+  return out;
+}
+
 }  // namespace
 
-CausalLM::CausalLM(ModelConfig config) : config_(std::move(config)) {
+CausalLM::CausalLM(ModelConfig config, Materialize how) : config_(std::move(config)) {
   config_.validate("CausalLM");
   const ModelConfig& c = config_;
   auto stack = register_module("model", std::make_shared<torch::nn::Module>());
-  auto embed_options = torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size);
-  if (c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size)
-    embed_options.padding_idx(c.pad_token_id);  // as HF: the padding row gets no gradient
-  embed_tokens = stack->register_module("embed_tokens", torch::nn::Embedding(embed_options));
+  // As HF: the padding row of the embedding gets no gradient.
+  const int64_t padding_idx =
+      c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1;
+  embed_tokens = stack->register_module("embed_tokens",
+                                        Embedding(c.vocab_size, c.hidden_size, padding_idx, how));
   layers = stack->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers->push_back(std::make_shared<DecoderLayerImpl>(c));
-  norm =
-      stack->register_module("norm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
-  using torch::nn::LinearOptions;
+    layers->push_back(std::make_shared<DecoderLayerImpl>(c, how));
+  norm = stack->register_module("norm",
+                                std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
   if (c.head == HeadKind::kValue) {
-    value_head = register_module(c.value_head_prefix,
-                                 torch::nn::Linear(LinearOptions(c.hidden_size, 1).bias(false)));
+    value_head = register_module(c.value_head_prefix, Linear(c.hidden_size, 1, false, how));
   } else if (!c.tie_word_embeddings) {
-    lm_head = register_module(
-        "lm_head", torch::nn::Linear(LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+    lm_head = register_module("lm_head", Linear(c.hidden_size, c.vocab_size, false, how));
   }
-  init_weights(0);
+  shapes_ = config_shapes(c);
+  if (how == Materialize::kAllocate) init_weights(0);
 }
 
 torch::Dtype CausalLM::dtype() const {
@@ -114,11 +145,11 @@ void CausalLM::init_weights(uint64_t seed) {
       t.fill_(1.0);
     } else if (ends_with(name, ".bias")) {
       t.zero_();
+    } else if (config_.head == HeadKind::kValue && name == value_name) {
+      t.copy_(value_head_init(config_));
     } else {
-      const double std = config_.head == HeadKind::kValue && name == value_name
-                             ? 1.0 / (config_.hidden_size + 1)  // OpenRLHF's value head init
-                             : config_.initializer_range;
-      t.copy_(torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, std, gen));
+      t.copy_(
+          torch::empty(t.sizes(), torch::kFloat32).normal_(0.0, config_.initializer_range, gen));
     }
   }
   if (config_.pad_token_id >= 0 && config_.pad_token_id < config_.vocab_size)
@@ -229,22 +260,31 @@ std::vector<std::pair<std::string, torch::Tensor>> CausalLM::state_tensors() {
 }
 
 std::vector<ParamUnit> CausalLM::param_units() {
+  std::map<std::string, std::vector<int64_t>> shape_of(shapes_.begin(), shapes_.end());
   std::vector<ParamUnit> units;
-  units.push_back({"embed", {{"model.embed_tokens.weight", embed_tokens->weight}}});
+  units.push_back({"embed", {{"model.embed_tokens.weight", embed_tokens->weight}}, {}});
   for (int64_t i = 0; i < num_layers(); ++i) {
-    ParamUnit unit{"layers." + std::to_string(i), {}};
+    ParamUnit unit{"layers." + std::to_string(i), {}, {}};
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     for (const auto& p : layers->ptr(i)->named_parameters())
       unit.params.emplace_back(prefix + p.key(), p.value());
     units.push_back(std::move(unit));
   }
-  ParamUnit head{"head", {{"model.norm.weight", norm->weight}}};
+  ParamUnit head{"head", {{"model.norm.weight", norm->weight}}, {}};
   if (config_.head == HeadKind::kValue)
     head.params.emplace_back(config_.value_head_prefix + ".weight", value_head->weight);
   else if (!config_.tie_word_embeddings)
     head.params.emplace_back("lm_head.weight", lm_head->weight);
   units.push_back(std::move(head));
+  for (auto& unit : units)
+    for (const auto& [name, param] : unit.params) unit.shapes.push_back(shape_of.at(name));
   return units;
+}
+
+torch::Tensor value_head_init(const ModelConfig& config) {
+  auto gen = at::detail::createCPUGenerator(0);
+  return torch::empty({1, config.hidden_size}, torch::kFloat32)
+      .normal_(0.0, 1.0 / (config.hidden_size + 1), gen);
 }
 
 torch::Tensor position_ids_from_mask(const torch::Tensor& attention_mask) {

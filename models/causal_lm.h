@@ -6,8 +6,6 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -19,6 +17,7 @@
 #include "models/config.h"
 #include "models/decoder_layer.h"
 #include "models/layer_hooks.h"
+#include "models/linear.h"
 
 namespace rlhf::models {
 
@@ -31,9 +30,16 @@ enum class Checkpointing {
 
 class CausalLM : public torch::nn::Module, public ShardableModel {
  public:
-  // Parameters are allocated (FP32, CPU) and initialised by init_weights(0); callers
-  // convert with to(dtype/device) or overwrite with load_pretrained().
-  explicit CausalLM(ModelConfig config);
+  // kAllocate: parameters are allocated (FP32, CPU) and initialised by init_weights(0);
+  // callers convert with to(dtype/device). kDeferred: every parameter is an empty [0]
+  // placeholder (no memory, no random draws) until a loader (load_pretrained) or a sharded
+  // owner (engine/) sets it; parameter_shapes() gives the full shapes meanwhile.
+  explicit CausalLM(ModelConfig config, Materialize how = Materialize::kAllocate);
+
+  using ShapeList = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  // Every parameter's HF name and full shape, in named_parameters() order, from the config
+  // (so also for a deferred or sharded model).
+  const ShapeList& parameter_shapes() const { return shapes_; }
 
   const ModelConfig& config() const { return config_; }
   torch::Dtype dtype() const;
@@ -41,8 +47,8 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   int64_t num_layers() const { return config_.num_hidden_layers; }
 
   // HF's _init_weights: normal(0, initializer_range) weights, zero biases, unit norms, zero
-  // padding embedding; a value head gets normal(0, 1/(H+1)) as OpenRLHF's. Uses its own generator
-  // (the global RNG is untouched).
+  // padding embedding; a value head gets value_head_init(config) (the same on every rank and
+  // whichever way the model was built). Uses its own generator (the global RNG is untouched).
   void init_weights(uint64_t seed);
 
   // input_ids, attention_mask: [B, T] (with a cache, attention_mask covers cached + new
@@ -89,11 +95,11 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   torch::Tensor head_weight();  // [V, H] LM head (the embedding matrix when tied) or [1, H]
 
   // Modules (public so tests and the trainer can reach parameters by name).
-  torch::nn::Embedding embed_tokens{nullptr};
+  Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};  // DecoderLayerImpl x L
   std::shared_ptr<RMSNormImpl> norm;
-  torch::nn::Linear lm_head{nullptr};     // absent when tied or for a value head
-  torch::nn::Linear value_head{nullptr};  // "<value_head_prefix>.weight", [1, H]
+  Linear lm_head{nullptr};     // absent when tied or for a value head
+  Linear value_head{nullptr};  // "<value_head_prefix>.weight", [1, H]
 
  private:
   torch::Tensor run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,
@@ -106,9 +112,14 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   }
 
   ModelConfig config_;
+  ShapeList shapes_;
   Checkpointing checkpointing_ = Checkpointing::kNone;
   LayerHooks* hooks_ = nullptr;
 };
+
+// A fresh value head, [1, H] FP32: normal(0, 1 / (H + 1)) as OpenRLHF's critic init, from
+// a generator of its own (seed 0), so every rank and every loader draws the same values.
+torch::Tensor value_head_init(const ModelConfig& config);
 
 // OpenRLHF's position ids: cumsum(mask != 0) - 1, restarting at 0 where a packed segment
 // (a new nonzero mask value) begins, with padding positions set to 1. [B, T] -> [B, T].

@@ -360,4 +360,86 @@ ModelConfig preset_config(const std::string& name) {
   throw InputError("unknown model preset \"" + name + "\" (presets: " + names + ")");
 }
 
+std::vector<std::string> architecture_names() {
+  return {"llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-32b", "mistral-7b"};
+}
+
+ModelConfig architecture_config(const std::string& name) {
+  ModelConfig c;
+  c.torch_dtype = "bfloat16";
+  c.tie_word_embeddings = false;
+  auto llama3 = [&](int64_t hidden, int64_t inter, int64_t layers, int64_t heads) {
+    c.model_type = "llama";
+    c.hidden_size = hidden;
+    c.intermediate_size = inter;
+    c.num_hidden_layers = layers;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.vocab_size = 128256;
+    c.rope_theta = 500000.0;
+    c.rms_norm_eps = 1e-5;
+    c.max_position_embeddings = 8192;
+    c.bos_token_id = 128000;
+    c.eos_token_id = 128001;
+    c.pad_token_id = -1;
+  };
+  auto qwen25 = [&](int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv) {
+    c.model_type = "qwen2";
+    c.hidden_size = hidden;
+    c.intermediate_size = inter;
+    c.num_hidden_layers = layers;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = kv;
+    c.head_dim = 128;
+    c.vocab_size = 152064;
+    c.qkv_bias = true;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-6;
+    c.max_position_embeddings = 32768;
+    c.bos_token_id = 151643;
+    c.eos_token_id = 151643;
+    c.pad_token_id = -1;
+  };
+  if (name == "llama-3-8b") {
+    llama3(4096, 14336, 32, 32);
+  } else if (name == "llama-3-70b") {
+    llama3(8192, 28672, 80, 64);
+  } else if (name == "qwen2.5-7b") {
+    qwen25(3584, 18944, 28, 28, 4);
+  } else if (name == "qwen2.5-32b") {
+    qwen25(5120, 27648, 64, 40, 8);
+  } else if (name == "mistral-7b") {
+    c.model_type = "mistral";
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.vocab_size = 32768;
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-5;
+    c.max_position_embeddings = 32768;
+    c.bos_token_id = 1;
+    c.eos_token_id = 2;
+    c.pad_token_id = -1;
+  } else {
+    std::string names;
+    for (const auto& n : architecture_names()) names += (names.empty() ? "" : ", ") + n;
+    throw InputError("unknown architecture \"" + name + "\" (known: " + names + ")");
+  }
+  c.validate("architecture " + name);
+  return c;
+}
+
+ModelConfig model_config_of(const std::string& ref) {
+  namespace fs = std::filesystem;
+  const std::string prefix = kArchitecturePrefix;
+  if (ref.rfind(prefix, 0) == 0) return architecture_config(ref.substr(prefix.size()));
+  const fs::path path(ref);
+  if (fs::is_regular_file(path)) return ModelConfig::from_json_file(path.string());
+  return ModelConfig::from_json_file((path / "config.json").string());
+}
+
 }  // namespace rlhf::models

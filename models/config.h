@@ -74,4 +74,15 @@ struct ModelConfig {
 std::vector<std::string> preset_names();
 ModelConfig preset_config(const std::string& name);  // throws InputError listing presets
 
+// Well-known architectures, as their HF config.json files give them, so a job can be sized
+// (rlhf plan, rlhf validate) before any weights are downloaded: "llama-3-8b", "llama-3-70b",
+// "qwen2.5-7b", "qwen2.5-32b", "mistral-7b" (v0.3). Shapes only: they have no weights.
+std::vector<std::string> architecture_names();
+ModelConfig architecture_config(const std::string& name);  // InputError listing the names
+
+// A role's `model` value as the planner reads it: "preset:NAME" (an architecture above),
+// a config.json file, or a model directory holding one. Throws InputError naming `ref`.
+ModelConfig model_config_of(const std::string& ref);
+inline constexpr const char* kArchitecturePrefix = "preset:";
+
 }  // namespace rlhf::models

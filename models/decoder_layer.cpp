@@ -101,8 +101,9 @@ void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask
   in.causal = false;
 }
 
-RMSNormImpl::RMSNormImpl(int64_t hidden, double eps) : eps_(eps) {
-  weight = register_parameter("weight", torch::ones({hidden}));
+RMSNormImpl::RMSNormImpl(int64_t hidden, double eps, Materialize how) : eps_(eps) {
+  weight = register_parameter("weight", new_parameter({hidden}, how));
+  if (how == Materialize::kAllocate) weight.data().fill_(1.0);
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
@@ -111,21 +112,13 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * (xf * torch::rsqrt(variance + eps_)).to(x.scalar_type());
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& c)
+AttentionImpl::AttentionImpl(const ModelConfig& c, Materialize how)
     : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
-  using torch::nn::LinearOptions;
-  q_proj = register_module(
-      "q_proj",
-      torch::nn::Linear(LinearOptions(c.hidden_size, heads_ * head_dim_).bias(c.qkv_bias)));
-  k_proj = register_module(
-      "k_proj",
-      torch::nn::Linear(LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(c.qkv_bias)));
-  v_proj = register_module(
-      "v_proj",
-      torch::nn::Linear(LinearOptions(c.hidden_size, kv_heads_ * head_dim_).bias(c.qkv_bias)));
-  o_proj = register_module(
-      "o_proj",
-      torch::nn::Linear(LinearOptions(heads_ * head_dim_, c.hidden_size).bias(c.o_proj_bias)));
+  const int64_t H = c.hidden_size;
+  q_proj = register_module("q_proj", Linear(H, heads_ * head_dim_, c.qkv_bias, how));
+  k_proj = register_module("k_proj", Linear(H, kv_heads_ * head_dim_, c.qkv_bias, how));
+  v_proj = register_module("v_proj", Linear(H, kv_heads_ * head_dim_, c.qkv_bias, how));
+  o_proj = register_module("o_proj", Linear(heads_ * head_dim_, H, c.o_proj_bias, how));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
@@ -142,30 +135,25 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   return o_proj->forward(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
-MlpImpl::MlpImpl(const ModelConfig& c) {
-  using torch::nn::LinearOptions;
-  gate_proj = register_module(
-      "gate_proj",
-      torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
-  up_proj = register_module(
-      "up_proj",
-      torch::nn::Linear(LinearOptions(c.hidden_size, c.intermediate_size).bias(c.mlp_bias)));
-  down_proj = register_module(
-      "down_proj",
-      torch::nn::Linear(LinearOptions(c.intermediate_size, c.hidden_size).bias(c.mlp_bias)));
+MlpImpl::MlpImpl(const ModelConfig& c, Materialize how) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  gate_proj = register_module("gate_proj", Linear(H, I, c.mlp_bias, how));
+  up_proj = register_module("up_proj", Linear(H, I, c.mlp_bias, how));
+  down_proj = register_module("down_proj", Linear(I, H, c.mlp_bias, how));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c) {
-  self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c));
-  mlp = register_module("mlp", std::make_shared<MlpImpl>(c));
-  input_layernorm = register_module("input_layernorm",
-                                    std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm = register_module(
-      "post_attention_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps));
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, Materialize how) {
+  self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, how));
+  mlp = register_module("mlp", std::make_shared<MlpImpl>(c, how));
+  input_layernorm = register_module(
+      "input_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm",
+                      std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionInputs& in,

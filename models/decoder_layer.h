@@ -4,13 +4,13 @@
 #pragma once
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
 #include <memory>
 #include <optional>
 
 #include "models/config.h"
+#include "models/linear.h"
 
 namespace rlhf::models {
 
@@ -51,7 +51,7 @@ void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask
 
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t hidden, double eps);
+  RMSNormImpl(int64_t hidden, double eps, Materialize how = Materialize::kAllocate);
   torch::Tensor forward(const torch::Tensor& x);  // [..., H] -> [..., H], statistics in FP32
   torch::Tensor weight;                           // [H]
 
@@ -61,12 +61,12 @@ class RMSNormImpl : public torch::nn::Module {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& config);
+  AttentionImpl(const ModelConfig& config, Materialize how);
   // x: [B, T, H] -> [B, T, H]. With a cache, this step's keys/values are appended to layer
   // `layer_index` and attention runs over everything cached.
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
                         int64_t layer_index);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -74,14 +74,14 @@ class AttentionImpl : public torch::nn::Module {
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const ModelConfig& config);
+  MlpImpl(const ModelConfig& config, Materialize how);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x)), [B, T, H]
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const ModelConfig& config);
+  explicit DecoderLayerImpl(const ModelConfig& config, Materialize how = Materialize::kAllocate);
   // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)).
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
                         int64_t layer_index);

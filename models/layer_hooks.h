@@ -16,6 +16,19 @@ namespace rlhf::models {
 struct ParamUnit {
   std::string name;                                           // "embed", "layers.3", "head"
   std::vector<std::pair<std::string, torch::Tensor>> params;  // HF names -> parameter
+  std::vector<std::vector<int64_t>> shapes;  // params[i]'s full shape (its tensor may be empty)
+};
+
+// Where a model's initial values come from when no rank may hold the whole model: a
+// checkpoint read slice by slice (models/pretrained.h). A sharded owner asks each rank for
+// exactly the elements it keeps.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Elements [begin, begin + count) of parameter `name` flattened in row-major order: a
+  // fresh 1-D tensor of `dtype` on `device`. Throws InputError naming the file on bad data.
+  virtual torch::Tensor read(const std::string& name, int64_t begin, int64_t count,
+                             torch::Dtype dtype, torch::Device device) const = 0;
 };
 
 // Installed by a trainer; default implementations do nothing (plain, unsharded model).

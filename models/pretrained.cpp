@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "core/errors.h"
@@ -80,28 +81,81 @@ void load_weights(CausalLM& model, const CheckpointReader& checkpoint,
   if (!problems.empty()) throw InputError("checkpoint does not match the model config" + problems);
 }
 
-std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options) {
-  ModelConfig config = ModelConfig::from_json_file((fs::path(dir) / "config.json").string());
-  const HeadKind stored_head = config.head;
-  if (options.head) config.head = *options.head;
-  if (!options.value_head_prefix.empty()) config.value_head_prefix = options.value_head_prefix;
-  config.validate(dir + "/config.json");
-  const torch::Dtype dtype = options.dtype ? *options.dtype : dtype_from_name(config.torch_dtype);
-  CheckpointReader checkpoint(dir);
-  auto model = std::make_shared<CausalLM>(config);
-  model->to(dtype);
-  std::vector<std::string> allowed_missing, ignored;
-  if (config.head == HeadKind::kValue && stored_head != HeadKind::kValue) {
-    allowed_missing.push_back(config.value_head_prefix +
-                              ".weight");  // initialised by the constructor
+PretrainedSource::PretrainedSource(const std::string& dir, const LoadOptions& options)
+    : dir_(dir), config_(ModelConfig::from_json_file((fs::path(dir) / "config.json").string())) {
+  const HeadKind stored_head = config_.head;
+  if (options.head) config_.head = *options.head;
+  if (!options.value_head_prefix.empty()) config_.value_head_prefix = options.value_head_prefix;
+  config_.validate(dir + "/config.json");
+  dtype_ = options.dtype ? *options.dtype : dtype_from_name(config_.torch_dtype);
+  checkpoint_ = std::make_unique<CheckpointReader>(dir);
+  std::vector<std::string> ignored;
+  if (config_.head == HeadKind::kValue && stored_head != HeadKind::kValue) {
+    fresh_value_head_ = config_.value_head_prefix + ".weight";
     ignored.push_back("lm_head.weight");
   }
-  try {
-    load_weights(*model, checkpoint, allowed_missing, ignored);
-  } catch (const InputError& e) {
-    throw InputError(dir + ": " + e.what());
+  // The model's parameters from the config alone: a deferred model allocates nothing.
+  const CausalLM shapes_only(config_, Materialize::kDeferred);
+  std::set<std::string> expected;
+  std::vector<std::string> missing, wrong_shape;
+  for (const auto& [name, shape] : shapes_only.parameter_shapes()) {
+    expected.insert(name);
+    if (!checkpoint_->contains(name)) {
+      if (name != fresh_value_head_) missing.push_back(name);
+      continue;
+    }
+    const TensorInfo& info = checkpoint_->info(name);
+    if (info.shape != shape) {
+      wrong_shape.push_back(name + " " + shape_text(info.shape) + " in " +
+                            fs::path(checkpoint_->file_of(name)).filename().string() +
+                            ", model expects " + shape_text(shape));
+    }
   }
-  model->to(options.device);
+  std::vector<std::string> unexpected;
+  for (const auto& name : checkpoint_->names()) {
+    if (expected.count(name)) continue;
+    if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // old HF buffers
+    if (name == "lm_head.weight" && config_.tie_word_embeddings) continue;
+    if (std::find(ignored.begin(), ignored.end(), name) != ignored.end()) continue;
+    unexpected.push_back(name);
+  }
+  std::string problems;
+  if (!missing.empty()) problems += "; missing tensors: " + list_names(missing);
+  if (!unexpected.empty()) problems += "; unexpected tensors: " + list_names(unexpected);
+  if (!wrong_shape.empty()) problems += "; wrong shapes: " + list_names(wrong_shape);
+  if (!problems.empty())
+    throw InputError(dir + ": checkpoint does not match the model config" + problems);
+}
+
+PretrainedSource::~PretrainedSource() = default;
+
+torch::Tensor PretrainedSource::read(const std::string& name, int64_t begin, int64_t count,
+                                     torch::Dtype dtype, torch::Device device) const {
+  torch::Tensor flat = name == fresh_value_head_ && !checkpoint_->contains(name)
+                           ? value_head_init(config_).reshape({-1})
+                           : checkpoint_->view(name).reshape({-1});  // the mapping, no copy
+  TORCH_CHECK(begin >= 0 && count >= 0 && begin + count <= flat.numel(), dir_, ": ", name, " has ",
+              flat.numel(), " elements; asked for [", begin, ", ", begin + count, ")");
+  // A copy even when dtype and device match: the result must not pin the mapping.
+  return flat.narrow(0, begin, count).to(device, dtype, /*non_blocking=*/false, /*copy=*/true);
+}
+
+void load_whole(CausalLM& model, const WeightSource& source, torch::Dtype dtype,
+                torch::Device device) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> params;
+  for (auto& [name, param] : model.state_tensors()) params[name] = param;
+  for (const auto& [name, shape] : model.parameter_shapes()) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    params.at(name).set_data(source.read(name, 0, numel, dtype, device).view(shape));
+  }
+}
+
+std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options) {
+  PretrainedSource source(dir, options);
+  auto model = std::make_shared<CausalLM>(source.config(), Materialize::kDeferred);
+  load_whole(*model, source, source.dtype(), options.device);
   return model;
 }
 

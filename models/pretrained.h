@@ -1,6 +1,8 @@
 // HF model directories <-> CausalLM: config.json plus safetensors (single or sharded).
 // Loading checks every tensor (missing, unexpected, wrong shape: one error listing them
-// all) and converts dtypes. Tokenizer files are not read here (tokenizer/ does that).
+// all) and converts dtypes one tensor (or one slice) at a time straight from the memory
+// mapping: no FP32 copy of the whole model and no random init on the way. Tokenizer files
+// are not read here (tokenizer/ does that).
 #pragma once
 
 #include <torch/types.h>
@@ -30,9 +32,39 @@ struct LoadOptions {
   std::string value_head_prefix;  // "" keeps the config's (default "score")
 };
 
-// Reads DIR/config.json and DIR's safetensors. Throws InputError naming the file and the
-// offending tensors.
+// A checkpoint directory as a WeightSource: config.json (with LoadOptions' head applied)
+// and the memory-mapped safetensors, checked on construction against every parameter the
+// model will have (missing, unexpected, wrong shape: one InputError naming DIR and listing
+// them all). read() copies and converts only the requested slice; a value head absent from
+// an LM checkpoint (a critic started from an actor) reads as value_head_init.
+class PretrainedSource final : public WeightSource {
+ public:
+  PretrainedSource(const std::string& dir, const LoadOptions& options = {});
+  ~PretrainedSource() override;
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+  torch::Dtype dtype() const { return dtype_; }  // LoadOptions' dtype, else config.json's
+  torch::Tensor read(const std::string& name, int64_t begin, int64_t count, torch::Dtype dtype,
+                     torch::Device device) const override;
+
+ private:
+  std::string dir_;
+  ModelConfig config_;
+  torch::Dtype dtype_;
+  std::unique_ptr<CheckpointReader> checkpoint_;
+  std::string fresh_value_head_;  // the value head's name when it is initialised, not read
+};
+
+// Reads DIR/config.json and DIR's safetensors into a whole model in options.dtype on
+// options.device; peak memory is the model plus one tensor. Throws InputError naming the
+// file and the offending tensors.
 std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options = {});
+
+// Sets every parameter of a deferred (or allocated) `model` whole from `source`, in `dtype`
+// on `device`, one tensor at a time.
+void load_whole(CausalLM& model, const WeightSource& source, torch::Dtype dtype,
+                torch::Device device);
 
 // Copies a checkpoint's tensors into `model` (converting dtype). Every parameter must be
 // present with its shape; unexpected tensors are an error, except `lm_head.weight` of a

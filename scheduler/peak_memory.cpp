@@ -17,8 +17,11 @@ nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_r
       nlohmann::json m = {{"rank", rank},
                           {"device", infos[rank].args.value("device", std::string())},
                           {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})}};
-      if (!tensors.empty())
+      if (!tensors.empty()) {
         m["peak_tensor_bytes"] = tensors[rank].args.value("peak_tensor_bytes", int64_t{0});
+        // Weights this rank keeps between operations: whole, or its ZeRO shard.
+        m["weight_bytes"] = tensors[rank].args.value("params", int64_t{0});
+      }
       // GPU workers: the CUDA caching allocator's peaks (tensors, and what it reserved from
       // the driver), overall and per phase (operation).
       if (const auto& cuda = infos[rank].args; cuda.contains("cuda") && cuda["cuda"].is_object()) {

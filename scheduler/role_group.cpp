@@ -56,8 +56,12 @@ Message RoleGroup::call(int rank, Message request, Timeout timeout) {
 }
 
 Dispatch dispatch_for(const JobSpec& spec, Role role) {
+  // Trained roles at stage 3, and the ZeRO-3 reference or reward (sharded inference): each
+  // forward all-gathers over the group, so every rank must make the same calls.
+  const std::string r = role_name(role);
+  const bool has_stage = spec.trains(role) || role == Role::kRef || role == Role::kReward;
   const bool sharded =
-      spec.trains(role) && spec.get_int(std::string(role_name(role)) + ".zero_stage") == 3;
+      has_stage && spec.get_int(r + ".zero_stage") == 3 && (spec.trains(role) || spec.uses(role));
   return sharded ? Dispatch::kEqualPerRank : Dispatch::kLeastLoaded;
 }
 

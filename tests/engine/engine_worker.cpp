@@ -12,6 +12,19 @@
 //     FIRST..LAST saving ROOT/global_stepK after each; with pause_at=K, rank 1 writes
 //     ROOT/paused and sleeps inside the save of step K (the test kills it there); with
 //     export, exports to ROOT/hf and reports the export memory and an eval loss.
+//   rlhf_engine_worker sharded_load RANK SIZE STORE OUT DIR TIED_DIR
+//     the parity runs of FP32 stages 1-3 (and tied stage 3) with every rank reading its own
+//     shard of the checkpoint at DIR (TIED_DIR) into a deferred model: losses, grad norms,
+//     the tracked peak of the load and the states it left
+//   rlhf_engine_worker memory RANK SIZE STORE OUT DIR
+//     stage 3 BF16 on DIR (a large model): tracked and measured memory of the sharded load
+//     and of one training step of one sequence of 32 tokens
+//   rlhf_engine_worker infer RANK SIZE STORE OUT DIR ROWS
+//     ZeRO-3 inference (engine::ShardedInference) over the group on DIR: rank r computes
+//     rows [r * ROWS, (r + 1) * ROWS + r) of the shared test batch (ranks differ in batch
+//     size): action log-probs (LM head) or values (value head), and its memory
+#include <malloc.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -20,7 +33,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "engine/sharded_inference.h"
 #include "engine/trainer.h"
+#include "models/pretrained.h"
 #include "tests/engine/tiny_job.h"
 #include "transport/collective_group.h"
 
@@ -158,12 +173,120 @@ json checkpoint_run(transport::CollectiveGroup& group, const std::vector<std::st
   return out;
 }
 
+int64_t heap_in_use() {
+  struct mallinfo2 info = mallinfo2();
+  return static_cast<int64_t>(info.uordblks + info.hblkhd);
+}
+
+int64_t peak_rss() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+json sharded_load(transport::CollectiveGroup& group, const std::string& dir,
+                  const std::string& tied_dir) {
+  json out;
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (bool tied : {false, true}) {
+      if (tied && stage != 3) continue;
+      const models::PretrainedSource source(tied ? tied_dir : dir);
+      models::CausalLM model(source.config(), models::Materialize::kDeferred);
+      model.set_checkpointing(models::Checkpointing::kPerLayer);
+      auto config = testing::parity_config(stage, torch::kFloat, group.size());
+      config.tied_embeddings = tied;
+      engine::Trainer trainer(config, model, group, &source);
+      const auto loaded = trainer.memory_report();
+      int64_t largest_param = 0;
+      for (const auto& [name, shape] : model.parameter_shapes()) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        largest_param = std::max(largest_param, n);
+      }
+      json losses = json::array(), norms = json::array();
+      for (int64_t step = 0; step < testing::kSteps; ++step) {
+        auto m = train_one(trainer, model, step);
+        losses.push_back(m.loss);
+        norms.push_back(m.grad_norm);
+      }
+      out["fp32_stage" + std::to_string(stage) + (tied ? "_tied" : "")] = {
+          {"losses", losses},
+          {"grad_norms", norms},
+          {"load_peak", loaded.peak},
+          {"load_states", loaded.model_states()},
+          {"largest_param_bytes", largest_param * 4}};
+    }
+  }
+  return out;
+}
+
+json memory_run(transport::CollectiveGroup& group, const std::string& dir) {
+  const int64_t heap0 = heap_in_use(), rss0 = peak_rss();
+  const models::PretrainedSource source(dir);
+  models::CausalLM model(source.config(), models::Materialize::kDeferred);
+  model.set_checkpointing(models::Checkpointing::kPerLayer);
+  engine::TrainerConfig config;
+  config.zero_stage = engine::ZeroStage::kParameters;
+  config.compute_dtype = torch::kBFloat16;
+  config.tied_embeddings = model.config().tie_word_embeddings;
+  config.grad_accum_steps = 1;
+  engine::Trainer trainer(config, model, group, &source);
+  const auto loaded = trainer.memory_report();
+  json out = {{"load_peak", loaded.peak},
+              {"load_states", loaded.model_states()},
+              {"load_heap_growth", heap_in_use() - heap0},
+              {"load_rss_growth", peak_rss() - rss0},
+              {"num_params", model.config().num_parameters()}};
+  int64_t largest_unit = 0;
+  for (const auto& unit : trainer.units())
+    largest_unit = std::max(largest_unit, unit->padded_numel());
+  out["largest_unit_numel"] = largest_unit;
+  const int64_t vocab = model.config().vocab_size;
+  auto m = trainer.train_step([&](int64_t) {
+    auto gen = at::detail::createCPUGenerator(7);
+    auto tokens = torch::randint(vocab, {1, 32}, gen, torch::kLong);
+    return testing::nll_loss(model, tokens);
+  });
+  out["step_peak"] = m.memory.peak;
+  out["step_states"] = m.memory.model_states();
+  out["loss"] = m.loss;
+  return out;
+}
+
+json sharded_infer(transport::CollectiveGroup& group, const std::string& dir, int64_t rows) {
+  const models::PretrainedSource source(dir);
+  models::CausalLM model(source.config(), models::Materialize::kDeferred);
+  engine::ShardedInference sharded(model, group, source, source.dtype(), torch::kCPU,
+                                   model.config().tie_word_embeddings);
+  torch::NoGradGuard no_grad;
+  const int r = group.rank();
+  auto tokens = testing::micro_batch(0, 0, model.config().vocab_size);  // [2, 16]
+  tokens = torch::cat({tokens, testing::micro_batch(0, 1, model.config().vocab_size)}, 0)
+               .slice(0, r * rows, (r + 1) * rows + r);
+  auto mask = torch::ones_like(tokens);
+  mask.index_put_({0, torch::indexing::Slice(0, 3)}, 0);  // left padding on the first row
+  sharded.reset_peak();
+  auto hidden = model.forward(tokens, mask);
+  torch::Tensor result = model.config().head == models::HeadKind::kValue
+                             ? model.values(hidden)
+                             : model.next_token_log_probs(hidden, tokens);
+  result = result.to(torch::kFloat64).contiguous();
+  const auto memory = sharded.memory_report();
+  return {{"rows", tokens.size(0)},
+          {"values", std::vector<double>(result.data_ptr<double>(),
+                                         result.data_ptr<double>() + result.numel())},
+          {"shard_bytes", sharded.shard_bytes()},
+          {"peak", memory.peak},
+          {"params_left", model.embed_tokens->weight.numel()}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 6) {
     std::cerr
-        << "usage: rlhf_engine_worker (parity|cuda_parity|ckpt) RANK SIZE STORE OUT [ARGS...]\n";
+        << "usage: rlhf_engine_worker (parity|cuda_parity|ckpt|sharded_load|memory|infer) RANK "
+           "SIZE STORE OUT [ARGS...]\n";
     return 2;
   }
   try {
@@ -175,10 +298,13 @@ int main(int argc, char** argv) {
     config.timeout = std::chrono::seconds(60);
     auto group = transport::make_collective_group(config);
     const std::string mode = argv[1];
-    json out = mode == "parity" ? parity(*group)
-               : mode == "cuda_parity"
-                   ? cuda_parity(*group)
-                   : checkpoint_run(*group, std::vector<std::string>(argv + 6, argv + argc));
+    const std::vector<std::string> args(argv + 6, argv + argc);
+    json out = mode == "parity"         ? parity(*group)
+               : mode == "cuda_parity"  ? cuda_parity(*group)
+               : mode == "sharded_load" ? sharded_load(*group, args.at(0), args.at(1))
+               : mode == "memory"       ? memory_run(*group, args.at(0))
+               : mode == "infer"        ? sharded_infer(*group, args.at(0), std::stoll(args.at(1)))
+                                        : checkpoint_run(*group, args);
     std::ofstream(argv[5]) << out.dump(1);
     return 0;
   } catch (const std::exception& e) {

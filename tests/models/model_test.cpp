@@ -277,7 +277,9 @@ TEST(AttentionMask, DenseMaskOnlyWhereAKeyMustBeHidden) {
     set_attention_mask(in, c.attention_mask, c.past, c.T, c.window);
     EXPECT_EQ(in.mask.has_value(), c.dense) << c.name;
     EXPECT_EQ(in.causal, c.causal) << c.name;
-    if (c.dense) EXPECT_EQ(in.mask->sizes(), (std::vector<int64_t>{1, 1, c.T, c.past + c.T}));
+    if (c.dense) {
+      EXPECT_EQ(in.mask->sizes(), (std::vector<int64_t>{1, 1, c.T, c.past + c.T}));
+    }
   }
 }
 

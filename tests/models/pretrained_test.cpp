@@ -99,7 +99,9 @@ TEST(Pretrained, CriticCanStartFromAnActorCheckpoint) {
   auto critic = load_pretrained(dir.str(), opts);  // lm_head ignored, score freshly initialised
   EXPECT_EQ(critic->config().head, HeadKind::kValue);
   EXPECT_TRUE(torch::equal(critic->embed_tokens->weight, actor->embed_tokens->weight));
-  EXPECT_GT(critic->value_head->weight.abs().sum().item<double>(), 0.0);
+  // OpenRLHF's critic init, the same values whichever way (and on whichever rank) it is made.
+  EXPECT_TRUE(torch::equal(critic->value_head->weight, value_head_init(critic->config())));
+  EXPECT_NEAR(critic->value_head->weight.std().item<double>(), 1.0 / 65, 0.3 / 65);  // H = 64
   // Without the override a missing head is an error.
   auto reward = tiny(HeadKind::kValue, torch::kFloat32, 16);
   TempDir dir2;
@@ -107,6 +109,60 @@ TEST(Pretrained, CriticCanStartFromAnActorCheckpoint) {
   opts.head = HeadKind::kLanguageModel;
   expect_error<InputError>([&] { load_pretrained(dir2.str(), opts); },
                            {"missing tensors: lm_head.weight"});
+}
+
+// A deferred model holds no weights at all (placeholders of 0 elements) and still knows
+// every parameter's full shape, the same as the allocated model's, for every head layout.
+TEST(Pretrained, DeferredModelAllocatesNothingAndKnowsItsShapes) {
+  for (auto head : {HeadKind::kLanguageModel, HeadKind::kValue}) {
+    for (bool tied : {false, true}) {
+      ModelConfig c = preset_config("tiny");
+      c.head = head;
+      c.tie_word_embeddings = tied;
+      c.qkv_bias = true;  // Qwen2's biases are parameters too
+      CausalLM allocated(c), deferred(c, Materialize::kDeferred);
+      auto named = allocated.state_tensors();
+      const auto& shapes = deferred.parameter_shapes();
+      ASSERT_EQ(named.size(), shapes.size());
+      for (size_t i = 0; i < named.size(); ++i) {
+        EXPECT_EQ(named[i].first, shapes[i].first);
+        EXPECT_EQ(named[i].second.sizes().vec(), shapes[i].second) << shapes[i].first;
+      }
+      for (const auto& p : deferred.parameters()) EXPECT_EQ(p.numel(), 0);
+    }
+  }
+}
+
+// Every rank reads its slices straight from the mapping: any [begin, begin + count) of any
+// tensor equals the same elements of the whole loaded tensor, converted to the asked dtype
+// (bit-exact: one rounding either way). Out-of-range requests name the tensor.
+TEST(Pretrained, SlicesReadFromTheCheckpointEqualTheWholeTensor) {
+  TempDir dir;
+  auto model = tiny(HeadKind::kLanguageModel, torch::kBFloat16, 17);
+  save_pretrained(*model, dir.str(), /*max_shard_bytes=*/64 << 10);
+  PretrainedSource source(dir.str());
+  EXPECT_EQ(source.dtype(), torch::kBFloat16);
+  for (const auto& [name, tensor] : model->state_tensors()) {
+    const auto flat = tensor.reshape({-1});
+    const int64_t n = flat.numel();
+    for (auto [begin, count] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, n}, {n / 3, n / 2}, {n - 1, 1}, {n / 2, 0}}) {
+      for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+        auto got = source.read(name, begin, count, dtype, torch::kCPU);
+        EXPECT_EQ(got.scalar_type(), dtype);
+        EXPECT_TRUE(torch::equal(got, flat.narrow(0, begin, count).to(dtype))) << name;
+      }
+    }
+  }
+  expect_error<c10::Error>(
+      [&] { source.read("model.norm.weight", 60, 10, torch::kFloat32, torch::kCPU); },
+      {"model.norm.weight", "has 64 elements", "[60, 70)"});
+  // A critic from this actor checkpoint reads its fresh head from value_head_init.
+  LoadOptions critic;
+  critic.head = HeadKind::kValue;
+  PretrainedSource as_critic(dir.str(), critic);
+  EXPECT_TRUE(torch::equal(as_critic.read("score.weight", 0, 64, torch::kFloat32, torch::kCPU),
+                           value_head_init(as_critic.config()).reshape({-1})));
 }
 
 }  // namespace
