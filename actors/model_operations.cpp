@@ -187,6 +187,62 @@ std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self,
   return {self.rank * per, (self.rank + 1) * per};
 }
 
+// Row ranges [b0, b1) of forwards of at most `max_tokens` tokens (rows x padded length t)
+// over `rows` rows: per = max(1, max_tokens / t) rows each (one range of every row when
+// max_tokens is 0). Padded with empty ranges up to the count `at_least` rows would need, so
+// that every rank of a group whose forwards gather weights runs as many forwards.
+std::vector<std::pair<int64_t, int64_t>> budget_ranges(int64_t rows, int64_t t, int64_t max_tokens,
+                                                       int64_t at_least) {
+  const int64_t per =
+      max_tokens > 0 ? std::max<int64_t>(1, max_tokens / t) : std::max<int64_t>(1, rows);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t b = 0; b < rows; b += per) out.push_back({b, std::min(rows, b + per)});
+  const int64_t count = max_tokens > 0 ? (std::max(rows, at_least) + per - 1) / per : 1;
+  while (static_cast<int64_t>(out.size()) < count) out.push_back({rows, rows});
+  return out;
+}
+
+// True when each forward of this role all-gathers weights over its group (ZeRO-3 trainer
+// or sharded inference): its ranks must run the same number of forwards.
+bool forwards_gather(const ModelRole& role) {
+  return role.sharded ||
+         (role.trainer && role.trainer->config().zero_stage == engine::ZeroStage::kParameters);
+}
+
+// f(rows [b0, b1)) -> tensors with rows first, for the request's token budget (args
+// max_tokens, max_rows), concatenated along rows. An empty range (a ZeRO-3 rank with
+// fewer rows) runs f on row 0 and drops the result: the forward's gathers must happen.
+template <typename F>
+std::vector<torch::Tensor> by_budget(const ModelRole& role, const Message& req, int64_t rows,
+                                     int64_t t, F f) {
+  const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
+  const int64_t at_least = forwards_gather(role) ? req.args.value("max_rows", rows) : rows;
+  std::vector<std::vector<torch::Tensor>> parts;
+  for (auto [b0, b1] : budget_ranges(rows, t, max_tokens, at_least)) {
+    if (b0 == b1) {
+      f(0, std::min<int64_t>(1, rows));
+      continue;
+    }
+    parts.push_back(f(b0, b1));
+  }
+  std::vector<torch::Tensor> out;
+  for (size_t k = 0; k < parts.front().size(); ++k) {
+    std::vector<torch::Tensor> column;
+    for (const auto& p : parts) column.push_back(p[k]);
+    out.push_back(column.size() == 1 ? column.front() : torch::cat(column, 0));
+  }
+  return out;
+}
+
+// A micro batch's share of a token-mean loss carried by rows [p0, p1) of it: their action
+// tokens over the micro batch's (rows when it has none), so the parts' losses add up to
+// the micro batch's loss.
+double token_share(const torch::Tensor& mask, int64_t p0, int64_t p1) {
+  const double all = mask.sum().item<double>();
+  if (all == 0) return static_cast<double>(p1 - p0) / static_cast<double>(mask.size(0));
+  return mask.slice(0, p0, p1).sum().item<double>() / all;
+}
+
 // train_actor: one optimizer step of the PPO policy loss (plus the KL loss term when asked)
 // over this rank's share of the global batch, in micro batches of args.micro_batch_size.
 Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& self) {
@@ -203,32 +259,46 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   const bool kl_loss = kl_coef > 0 && req.has_tensor("log_probs_ref");
   const auto kl_estimator =
       ppo::parse_kl_estimator(req.args.value("kl_estimator", std::string("k1")));
+  const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
   double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
   int64_t micro_batches = 0;
-  auto metrics = role.trainer->train_step([&](int64_t i) {
-    int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
+  auto& trainer = *role.trainer;
+  for (int64_t i = 0; i < trainer.config().grad_accum_steps; ++i) {
+    const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
     TORCH_CHECK(b0 < b1, "train_actor: micro batch ", i, " is empty: the batch holds ", end - begin,
                 " rows for this rank, fewer than grad_accum_steps x micro_batch_size");
-    Batch mb = slice(all, b0, b1);
-    torch::Tensor mask = rows(req, "action_mask", b0, b1, role.device);
-    torch::Tensor lp = action_log_probs(*role.model, mb);
-    auto r = ppo::policy_loss(pc, lp, rows(req, "log_probs_old", b0, b1, role.device),
-                              rows(req, "advantages", b0, b1, role.device), mask);
-    torch::Tensor loss = r.loss;
-    if (kl_loss) {
-      // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
-      torch::Tensor kl =
-          ppo::approx_kl(lp, rows(req, "log_probs_ref", b0, b1, role.device), kl_estimator);
-      torch::Tensor m = mask.to(torch::kFloat32);
-      torch::Tensor kl_mean = (kl * m).sum() / m.sum().clamp_min(1);
-      loss = loss + kl_coef * kl_mean;
-      kl_sum += kl_mean.item<double>();
+    const torch::Tensor mask = rows(req, "action_mask", b0, b1, role.device);
+    // The micro batch in forwards of at most max_tokens tokens; each part's loss is its
+    // share of the micro batch's (tokens for token means, rows for sequence means).
+    const auto parts = budget_ranges(b1 - b0, all.sequences.size(1), max_tokens, 0);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const auto [p0, p1] = parts[k];
+      const double tokens = parts.size() == 1 ? 1.0 : token_share(mask, p0, p1);
+      const double share = pc.aggregation == ppo::LossAggregation::kTokenMean || parts.size() == 1
+                               ? tokens
+                               : static_cast<double>(p1 - p0) / static_cast<double>(b1 - b0);
+      const torch::Tensor m = mask.slice(0, p0, p1);
+      Batch mb = slice(all, b0 + p0, b0 + p1);
+      torch::Tensor lp = action_log_probs(*role.model, mb);
+      auto r = ppo::policy_loss(pc, lp, rows(req, "log_probs_old", b0 + p0, b0 + p1, role.device),
+                                rows(req, "advantages", b0 + p0, b0 + p1, role.device), m);
+      torch::Tensor loss = share == 1.0 ? r.loss : r.loss * share;
+      if (kl_loss) {
+        // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
+        torch::Tensor kl = ppo::approx_kl(
+            lp, rows(req, "log_probs_ref", b0 + p0, b0 + p1, role.device), kl_estimator);
+        torch::Tensor mf = m.to(torch::kFloat32);
+        torch::Tensor kl_mean = (kl * mf).sum() / mf.sum().clamp_min(1);
+        loss = loss + kl_coef * tokens * kl_mean;
+        kl_sum += tokens * kl_mean.item<double>();
+      }
+      clip_sum += tokens * r.clip_frac.item<double>();
+      ppo_kl_sum += tokens * r.approx_kl.item<double>();
+      trainer.backward(loss, k + 1 == parts.size());
     }
-    clip_sum += r.clip_frac.item<double>();
-    ppo_kl_sum += r.approx_kl.item<double>();
     ++micro_batches;
-    return loss;
-  });
+  }
+  auto metrics = trainer.step();
   Message reply;
   double n = std::max<int64_t>(1, micro_batches);
   reply.args = step_metrics_json(metrics);
@@ -245,15 +315,25 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
   const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
   const double value_clip = req.args.at("value_clip").get<double>();
-  auto metrics = role.trainer->train_step([&](int64_t i) {
-    int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
+  const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
+  auto& trainer = *role.trainer;
+  for (int64_t i = 0; i < trainer.config().grad_accum_steps; ++i) {
+    const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
     TORCH_CHECK(b0 < b1, "train_critic: micro batch ", i, " is empty");
-    torch::Tensor v = action_values(*role.model, slice(all, b0, b1));
-    return ppo::value_loss(v, rows(req, "values_old", b0, b1, role.device),
-                           rows(req, "returns", b0, b1, role.device),
-                           rows(req, "action_mask", b0, b1, role.device), value_clip,
-                           ppo::LossAggregation::kTokenMean);
-  });
+    const torch::Tensor mask = rows(req, "action_mask", b0, b1, role.device);
+    const auto parts = budget_ranges(b1 - b0, all.sequences.size(1), max_tokens, 0);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const auto [p0, p1] = parts[k];
+      const double share = parts.size() == 1 ? 1.0 : token_share(mask, p0, p1);  // token mean
+      torch::Tensor v = action_values(*role.model, slice(all, b0 + p0, b0 + p1));
+      torch::Tensor loss =
+          ppo::value_loss(v, rows(req, "values_old", b0 + p0, b0 + p1, role.device),
+                          rows(req, "returns", b0 + p0, b0 + p1, role.device),
+                          mask.slice(0, p0, p1), value_clip, ppo::LossAggregation::kTokenMean);
+      trainer.backward(share == 1.0 ? loss : loss * share, k + 1 == parts.size());
+    }
+  }
+  auto metrics = trainer.step();
   Message reply;
   reply.args = step_metrics_json(metrics);
   return reply;
@@ -300,20 +380,31 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     torch::NoGradGuard no_grad;
     models::CausalLM& model = role->checked_model(req.op);
     Batch b = read_batch(req, role->device);
-    torch::Tensor hidden = model.forward(b.sequences, b.attention_mask);
-    torch::Tensor lp = model.next_token_log_probs(hidden, b.sequences);
+    const bool entropy = req.args.value("entropy", false);
+    auto out = by_budget(
+        *role, req, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
+          Batch mb = slice(b, b0, b1);
+          torch::Tensor hidden = model.forward(mb.sequences, mb.attention_mask);
+          torch::Tensor lp = model.next_token_log_probs(hidden, mb.sequences);
+          std::vector<torch::Tensor> r = {lp.slice(1, lp.size(1) - b.action_len, lp.size(1))};
+          if (entropy) r.push_back(action_entropy(model, hidden, b.action_len));
+          return r;
+        });
     Message reply;
-    reply.add("log_probs", lp.slice(1, lp.size(1) - b.action_len, lp.size(1)).contiguous());
-    if (req.args.value("entropy", false))
-      reply.add("entropy", action_entropy(model, hidden, b.action_len).contiguous());
+    reply.add("log_probs", out[0].contiguous());
+    if (entropy) reply.add("entropy", out[1].contiguous());
     return reply;
   });
   registry.add("values", [role](const Message& req, const WorkerIdentity&) {
     torch::NoGradGuard no_grad;
+    models::CausalLM& model = role->checked_model(req.op);
+    Batch b = read_batch(req, role->device);
+    auto out = by_budget(
+        *role, req, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
+          return std::vector<torch::Tensor>{action_values(model, slice(b, b0, b1))};
+        });
     Message reply;
-    reply.add(
-        "values",
-        action_values(role->checked_model(req.op), read_batch(req, role->device)).contiguous());
+    reply.add("values", out[0].contiguous());
     return reply;
   });
   registry.add("score", [role](const Message& req, const WorkerIdentity&) {
@@ -321,7 +412,12 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     models::CausalLM& model = role->checked_model(req.op);
     torch::Tensor seq = req.tensor("sequences").to(role->device, torch::kLong);
     torch::Tensor mask = req.tensor("attention_mask").to(role->device, torch::kLong);
-    torch::Tensor scores = models::last_token_values(model.values(model.forward(seq, mask)), mask);
+    auto out = by_budget(*role, req, seq.size(0), seq.size(1), [&](int64_t b0, int64_t b1) {
+      auto s = seq.slice(0, b0, b1), m = mask.slice(0, b0, b1);
+      return std::vector<torch::Tensor>{
+          models::last_token_values(model.values(model.forward(s, m)), m)};
+    });
+    torch::Tensor scores = out[0];
     Message reply;
     reply.add("scores", scores.to(torch::kFloat32).contiguous());
     return reply;

@@ -169,6 +169,11 @@ std::vector<KeySpec> build_table() {
   // Training loop.
   t.integer("train.batch_size", 128, 1, kInf, "Samples per optimizer step (global).");
   t.integer("train.micro_batch_size", 4, 1, kInf, "Samples per forward/backward on one device.");
+  t.integer("train.max_tokens_per_micro_batch", 0, 0, kInf,
+            "Token budget of one forward (rows x padded length), as OpenRLHF's/veRL's dynamic "
+            "batch: PPO scoring and training split each micro batch into forwards of at most "
+            "this many tokens; a training micro batch's parts are weighted so its loss and "
+            "gradient are unchanged (0: whole micro batches).");
   t.integer("train.max_epochs", 1, 1, 1000, "Passes over each batch of experience (ppo) or data.");
   t.integer("train.num_episodes", 1, 1, 100000, "Passes over the prompt dataset (ppo).");
   t.integer("train.max_steps", 0, 0, kInf, "Stop after this many steps (0: when data runs out).");

@@ -412,6 +412,14 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.micro_batch =
         ppo ? in.rollout_micro_batch * in.n_samples : spec.get_int("train.micro_batch_size") * pair;
   }
+  // A PPO token budget splits every scoring and training forward into parts of at most
+  // max(1, budget / length) rows (actors/model_operations.cpp: budget_ranges).
+  const int64_t budget = spec.get_int("train.max_tokens_per_micro_batch");
+  if (ppo && budget > 0 && in.work != RoleWork::kGenerate) {
+    const int64_t rows = std::max<int64_t>(1, budget / in.seq_len);
+    in.micro_batch = std::min(in.micro_batch, rows);
+    if (in.infer_micro_batch > 0) in.infer_micro_batch = std::min(in.infer_micro_batch, rows);
+  }
   return in;
 }
 

@@ -73,9 +73,9 @@ void Trainer::after_unit_backward(int unit) {
   units_[unit]->release();
 }
 
-void Trainer::backward(const torch::Tensor& loss) {
+void Trainer::backward(const torch::Tensor& loss, bool ends_micro_batch) {
   TORCH_CHECK(loss.defined() && loss.numel() == 1, "Trainer::backward: loss must be a scalar");
-  if (micro_ == 0) tracker_.reset_peak();
+  if (micro_ == 0 && !part_open_) tracker_.reset_peak();
   std::fill(reduced_.begin(), reduced_.end(), false);
   (loss / static_cast<double>(config_.grad_accum_steps)).backward();
   // Units the model did not signal (no checkpointing; embeddings and head), in unit order
@@ -85,10 +85,12 @@ void Trainer::backward(const torch::Tensor& loss) {
     units_[u]->release();
   }
   loss_sum_ += loss.detach().to(torch::kCPU, torch::kDouble).item<double>();
-  ++micro_;
+  part_open_ = !ends_micro_batch;
+  if (ends_micro_batch) ++micro_;
 }
 
 StepMetrics Trainer::step() {
+  TORCH_CHECK(!part_open_, "Trainer::step: the last micro batch's final part is missing");
   TORCH_CHECK(micro_ == config_.grad_accum_steps, "Trainer::step: expected ",
               config_.grad_accum_steps, " micro batches before a step, got ", micro_);
   StepMetrics metrics;

@@ -49,8 +49,11 @@ class Trainer {
 
   // One micro batch: (loss / grad_accum_steps).backward(), then the gradient reduction of
   // every unit the model did not signal. `loss` is this rank's mean loss over its micro
-  // batch (a scalar with a graph).
-  void backward(const torch::Tensor& loss);
+  // batch (a scalar with a graph). A micro batch run in parts (a token budget) calls it
+  // once per part with that part's share of the loss, ends_micro_batch = false for all but
+  // the last: gradients and the reported loss add up, the micro batch counts once. At
+  // ZeRO-3 every rank must make the same calls (each reduces every unit).
+  void backward(const torch::Tensor& loss, bool ends_micro_batch = true);
   // The optimizer step after grad_accum_steps calls to backward(). Collective.
   StepMetrics step();
   // backward(loss_fn(i)) for i in [0, grad_accum_steps), then step().
@@ -99,6 +102,7 @@ class Trainer {
   std::vector<bool> reduced_;  // [units] grads already reduced in this micro batch
   int64_t step_ = 0;           // optimizer steps done
   int64_t micro_ = 0;          // micro batches since the last step
+  bool part_open_ = false;     // a micro batch's first parts went through backward
   double loss_sum_ = 0.0;      // this rank's losses since the last step
   ExportMemory export_memory_;
 };

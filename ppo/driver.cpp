@@ -279,7 +279,11 @@ std::string PpoJob::response_text(const Rollout& r, int64_t row) const {
 
 Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   const int64_t micro = c_.rollout_micro_batch_size * c_.n_samples_per_prompt;
-  const json args = {{"action_len", r.action_mask.size(1)}};
+  // Every forward of a scorer holds at most max_tokens (rows x padded length); max_rows lets
+  // ranks that gather weights in each forward (ZeRO-3) agree on the number of forwards.
+  const json args = {{"action_len", r.action_mask.size(1)},
+                     {"max_tokens", c_.max_tokens_per_micro_batch},
+                     {"max_rows", micro}};
   auto seq = sequence_tensors(r);
   // Each future yields the group's reply and its ranks (for the compute accounting).
   using Scored = std::pair<Message, int>;
@@ -296,7 +300,9 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   std::future<Scored> ref, values, model_scores;
   if (has_ref_) ref = call(Role::kRef, "log_probs", args);
   if (has_critic_) values = call(Role::kCritic, "values", args);
-  if (has_reward_model_) model_scores = call(Role::kReward, "score", json::object());
+  if (has_reward_model_)
+    model_scores = call(Role::kReward, "score",
+                        {{"max_tokens", c_.max_tokens_per_micro_batch}, {"max_rows", micro}});
   Experience e;
   if (rule_) {
     std::vector<float> v;
@@ -333,6 +339,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
   const int64_t b = r.sequences.size(0);
   json actor_args = {{"action_len", r.action_mask.size(1)},
                      {"micro_batch_size", c_.train_micro_batch_size},
+                     {"max_tokens", c_.max_tokens_per_micro_batch},
                      {"clip_low", c_.policy.clip_low},
                      {"clip_high", c_.policy.clip_high},
                      {"dual_clip", c_.policy.dual_clip},
@@ -341,6 +348,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
                      {"kl_estimator", spec_.get_string("algo.kl.estimator")}};
   json critic_args = {{"action_len", r.action_mask.size(1)},
                       {"micro_batch_size", c_.train_micro_batch_size},
+                      {"max_tokens", c_.max_tokens_per_micro_batch},
                       {"value_clip", c_.value_clip}};
   json sums = {{"policy_loss", 0.0}, {"value_loss", 0.0},      {"clip_frac", 0.0},
                {"approx_kl", 0.0},   {"actor_grad_norm", 0.0}, {"critic_grad_norm", 0.0},

@@ -1,0 +1,248 @@
+// Sharded memory and sharded scoring, measured across real processes (one per rank, Gloo):
+//   memory: ZeRO-3 training of a model loaded shard by shard from its checkpoint, per rank
+//     vs ranks (1, 2, 4): the load's peak RSS growth and a step's tracked peak, against
+//     ZeRO's 16 P / N (the limit: what a rank must hold);
+//   scoring: action log-probs of the same per-rank batch with the whole model (1 rank) and
+//     with ZeRO-3 inference over N ranks (one unit all-gathered at a time): seconds, and
+//     the ratio to the whole model's time (the limit: no gather cost at all, ratio 1).
+// Usage: bench_sharded [--preset 100m] [--ranks 1,2,4] [--rows 4] [--len 256]
+// On a 2-core machine N ranks share the cores, so scoring times above 2 ranks also count
+// the ranks waiting for each other: read the gathered bytes per second beside them.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/proc_memory.h"
+#include "engine/sharded_inference.h"
+#include "engine/trainer.h"
+#include "models/pretrained.h"
+#include "transport/collective_group.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using rlhf::bench::hwm_bytes;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::unique_ptr<rlhf::transport::CollectiveGroup> join(int rank, int size,
+                                                       const std::string& store) {
+  rlhf::transport::CollectiveConfig config;
+  config.rank = rank;
+  config.size = size;
+  config.store_path = store;
+  config.timeout = std::chrono::seconds(300);
+  return rlhf::transport::make_collective_group(config);
+}
+
+torch::Tensor batch(int64_t rows, int64_t len, int64_t vocab) {
+  auto gen = at::detail::createCPUGenerator(11);
+  return torch::randint(vocab, {rows, len}, gen, torch::kLong);
+}
+
+// One rank of ZeRO-3 BF16 training: sharded load, one step of `rows` x `len` tokens.
+json train_rank(int rank, int size, const std::string& store, const std::string& dir, int64_t rows,
+                int64_t len) {
+  auto group = join(rank, size, store);
+  const double hwm0 = hwm_bytes();
+  const rlhf::models::PretrainedSource source(dir);
+  rlhf::models::CausalLM model(source.config(), rlhf::models::Materialize::kDeferred);
+  model.set_checkpointing(rlhf::models::Checkpointing::kPerLayer);
+  rlhf::engine::TrainerConfig config;
+  config.zero_stage = rlhf::engine::ZeroStage::kParameters;
+  config.tied_embeddings = model.config().tie_word_embeddings;
+  config.grad_accum_steps = 1;
+  rlhf::engine::Trainer trainer(config, model, *group, &source);
+  const double load_growth = hwm_bytes() - hwm0;
+  const auto t0 = Clock::now();
+  auto tokens = batch(rows, len, model.config().vocab_size);
+  auto m = trainer.train_step([&](int64_t) {
+    auto hidden = model.forward(tokens, torch::ones_like(tokens));
+    return -model.next_token_log_probs(hidden, tokens).mean();
+  });
+  return {{"states", trainer.memory_report().model_states()},
+          {"load_rss_growth", load_growth},
+          {"step_peak", m.memory.peak},
+          {"step_rss_growth", hwm_bytes() - hwm0},
+          {"step_s", seconds_since(t0)},
+          {"params", model.config().num_parameters()}};
+}
+
+// One rank scoring `rows` x `len` tokens (3 timed repeats after a warm-up), with the whole
+// model when size == 1, else ZeRO-3 inference over the group.
+json score_rank(int rank, int size, const std::string& store, const std::string& dir, int64_t rows,
+                int64_t len) {
+  torch::NoGradGuard no_grad;
+  const rlhf::models::PretrainedSource source(dir);
+  auto model = std::make_shared<rlhf::models::CausalLM>(source.config(),
+                                                        rlhf::models::Materialize::kDeferred);
+  std::unique_ptr<rlhf::transport::CollectiveGroup> group;
+  std::unique_ptr<rlhf::engine::ShardedInference> sharded;
+  int64_t weight_bytes = 0;
+  if (size == 1) {
+    rlhf::models::load_whole(*model, source, source.dtype(), torch::kCPU);
+    for (const auto& p : model->parameters()) weight_bytes += p.numel() * p.element_size();
+  } else {
+    group = join(rank, size, store);
+    sharded = std::make_unique<rlhf::engine::ShardedInference>(
+        *model, *group, source, source.dtype(), torch::kCPU, model->config().tie_word_embeddings);
+    weight_bytes = sharded->shard_bytes();
+  }
+  auto tokens = batch(rows, len, model->config().vocab_size);
+  auto once = [&] {
+    auto hidden = model->forward(tokens, torch::ones_like(tokens));
+    return model->next_token_log_probs(hidden, tokens);
+  };
+  once();
+  std::vector<double> times;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    once();
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  return {{"weight_bytes", weight_bytes}, {"score_s", times[1]}};
+}
+
+// Runs `size` ranks of this program in `mode`, returns each rank's JSON.
+std::vector<json> run_ranks(const std::string& self, const std::string& mode, int size,
+                            const fs::path& work, const std::string& dir, int64_t rows,
+                            int64_t len) {
+  const std::string store =
+      (work / (mode + "_" + std::to_string(size) + "_" + std::to_string(::getpid()))).string();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    std::vector<std::string> args = {self,
+                                     "--child",
+                                     mode,
+                                     std::to_string(r),
+                                     std::to_string(size),
+                                     store,
+                                     dir,
+                                     std::to_string(rows),
+                                     std::to_string(len),
+                                     (work / (mode + std::to_string(r) + ".json")).string()};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) != 0)
+      throw std::runtime_error("cannot start " + self);
+    pids.push_back(pid);
+  }
+  std::vector<json> out;
+  for (int r = 0; r < size; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw std::runtime_error(mode + " rank " + std::to_string(r) + " failed");
+  }
+  for (int r = 0; r < size; ++r) {
+    std::ifstream in(work / (mode + std::to_string(r) + ".json"));
+    out.push_back(json::parse(in));
+  }
+  fs::remove(store);
+  return out;
+}
+
+std::string gib(double bytes) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(3);
+  s << bytes / (1ll << 30);
+  return s.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);
+  try {
+    if (argc > 1 && std::string(argv[1]) == "--child") {
+      const std::string mode = argv[2];
+      const int rank = std::stoi(argv[3]), size = std::stoi(argv[4]);
+      const int64_t rows = std::stoll(argv[7]), len = std::stoll(argv[8]);
+      json out = mode == "train" ? train_rank(rank, size, argv[5], argv[6], rows, len)
+                                 : score_rank(rank, size, argv[5], argv[6], rows, len);
+      std::ofstream(argv[9]) << out.dump();
+      return 0;
+    }
+    std::string preset = "100m";
+    std::vector<int> ranks = {1, 2, 4};
+    int64_t rows = 4, len = 256;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string flag = argv[i], value = argv[i + 1];
+      if (flag == "--preset") {
+        preset = value;
+      } else if (flag == "--rows") {
+        rows = std::stoll(value);
+      } else if (flag == "--len") {
+        len = std::stoll(value);
+      } else if (flag == "--ranks") {
+        ranks.clear();
+        std::stringstream list(value);
+        for (std::string n; std::getline(list, n, ',');) ranks.push_back(std::stoi(n));
+      } else {
+        std::cerr
+            << "usage: bench_sharded [--preset 100m] [--ranks 1,2,4] [--rows 4] [--len 256]\n";
+        return 2;
+      }
+    }
+    const std::string self = fs::read_symlink("/proc/self/exe").string();
+    const fs::path work =
+        fs::temp_directory_path() / ("bench_sharded_" + std::to_string(::getpid()));
+    fs::create_directories(work);
+    const std::string dir = (work / "model").string();
+    {
+      rlhf::models::CausalLM model(rlhf::models::preset_config(preset));
+      model.to(torch::kBFloat16);
+      rlhf::models::save_pretrained(model, dir);
+    }
+    std::cout << "preset " << preset << ", BF16 checkpoint, ZeRO-3, " << rows << " x " << len
+              << " tokens per rank, torch threads 1 per rank\n\n";
+    std::cout
+        << "memory per rank (rank 0; GiB)\n"
+        << "ranks  16P/N   states  ratio  load RSS growth  step tracked peak  step RSS growth  "
+           "step s\n";
+    for (int n : ranks) {
+      const json r0 = run_ranks(self, "train", n, work, dir, rows, len)[0];
+      const double limit = 16.0 * r0["params"].get<double>() / n;
+      std::printf("%5d  %6s  %6s  %5.3f  %15s  %17s  %15s  %6.2f\n", n, gib(limit).c_str(),
+                  gib(r0["states"].get<double>()).c_str(), r0["states"].get<double>() / limit,
+                  gib(r0["load_rss_growth"].get<double>()).c_str(),
+                  gib(r0["step_peak"].get<double>()).c_str(),
+                  gib(r0["step_rss_growth"].get<double>()).c_str(), r0["step_s"].get<double>());
+    }
+    std::cout << "\nscoring (action log-probs; rank 0)\n"
+              << "ranks  weights GiB  seconds  vs whole model\n";
+    double whole = 0;
+    for (int n : ranks) {
+      const json r0 = run_ranks(self, "score", n, work, dir, rows, len)[0];
+      const double s = r0["score_s"].get<double>();
+      if (n == 1) whole = s;
+      std::printf("%5d  %11s  %7.3f  %s\n", n, gib(r0["weight_bytes"].get<double>()).c_str(), s,
+                  whole > 0 ? (std::to_string(s / whole).substr(0, 5) + "x").c_str() : "-");
+    }
+    fs::remove_all(work);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_sharded: " << e.what() << '\n';
+    return 1;
+  }
+}
