@@ -82,9 +82,11 @@ void add_role_placement(TableBuilder& t, const std::string& role, const std::str
 }
 
 // Keys of a role that trains (actor, critic; reward in `rm` jobs).
-void add_trainer_keys(TableBuilder& t, const std::string& role, double lr) {
+void add_trainer_keys(TableBuilder& t, const std::string& role, double lr,
+                      const std::string& zero_note = "") {
   t.integer(role + ".zero_stage", 2, 0, 3,
-            "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters.");
+            "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + parameters." +
+                zero_note);
   t.boolean(role + ".gradient_checkpointing", true,
             "Recompute each decoder layer in backward instead of keeping its activations.");
   t.number(role + ".adam.lr", lr, 0, 1, "AdamW learning rate.", true);
@@ -217,7 +219,9 @@ std::vector<KeySpec> build_table() {
   t.string("critic.value_head_prefix", "score", "Name prefix of the value head's weights.");
 
   add_role_placement(t, "reward", "Reward model directory with a value head.");
-  add_trainer_keys(t, "reward", 9e-6);
+  add_trainer_keys(t, "reward", 9e-6,
+                   " In PPO jobs (reward not trained) 3 shards the reward model's weights over its "
+                   "workers, one layer gathered at a time; other values keep it whole.");
   t.string("reward.value_head_prefix", "score", "Name prefix of the value head's weights.");
   t.numbers("reward.clip_range", {-10.0, 10.0}, "Scores are clipped to [low, high].");
   t.string("reward.remote_url", "",
