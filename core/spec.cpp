@@ -287,12 +287,6 @@ std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
   for (Role r : spec.used_roles()) {
     const std::string dir = spec.get_string(std::string(role_name(r)) + ".model");
     if (dir.empty() || fs::exists(fs::path(dir) / "config.json")) continue;
-    if (dir.rfind("preset:", 0) == 0) {  // models::kArchitecturePrefix (core is below models/)
-      out.push_back({std::string(role_name(r)) + ".model",
-                     dir + " is an architecture without weights: rlhf plan and rlhf validate "
-                           "size the job with it; a run needs a model directory"});
-      continue;
-    }
     auto it = std::find_if(dirs.begin(), dirs.end(), [&](const auto& d) { return d.first == dir; });
     if (it == dirs.end())
       dirs.push_back({dir, {role_name(r)}});
@@ -303,6 +297,11 @@ std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
     bool value_head = roles.front() == "critic" || roles.front() == "reward";
     std::string path = roles.front() + ".model";
     if (roles.size() > 1) path += " (also " + join({roles.begin() + 1, roles.end()}, ", ") + ")";
+    if (dir.rfind("preset:", 0) == 0) {  // models::kArchitecturePrefix (core is below models/)
+      out.push_back({path, dir + " is an architecture without weights: rlhf plan and rlhf "
+                                 "validate size the job with it; a run needs a model directory"});
+      continue;
+    }
     out.push_back({path, dir + (fs::exists(dir) ? " has no config.json" : " not found") +
                              " (a random test model: rlhf init-model --preset tiny" +
                              (value_head ? " --value-head" : "") + " --out " + dir + ")"});

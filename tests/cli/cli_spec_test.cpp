@@ -117,6 +117,34 @@ TEST(Cli, PlanShowsEveryWorker) {
   EXPECT_EQ(rollout, 4);
 }
 
+// A job is sized before any download: roles may name an architecture (preset:NAME); plan
+// prints its memory, validate warns once per model, and run refuses it (no weights), exit 2.
+TEST(Cli, ArchitecturePresetsArePlannedAndValidatedButNotRun) {
+  const std::vector<std::string> llama = {"--set", "actor.model=preset:llama-3-8b",
+                                          "--set", "critic.model=preset:llama-3-8b",
+                                          "--set", "reward.model=preset:llama-3-8b"};
+  std::vector<std::string> plan = {"plan", "examples/ppo_8gpu.json", "--json"};
+  plan.insert(plan.end(), llama.begin(), llama.end());
+  CliResult p = run_cli(plan);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const auto memory = nlohmann::json::parse(p.out)["memory"];
+  EXPECT_TRUE(memory["fits"].get<bool>()) << memory.dump(1);
+  // 8.03B parameters in BF16, whole on the reference GPU.
+  EXPECT_EQ(memory["roles"]["ref"]["weights"], 2 * int64_t{8030261248});
+
+  CliResult v =
+      run_cli({"validate", "examples/ppo_tiny.json", "--set", "actor.model=preset:llama-3-8b"});
+  EXPECT_EQ(v.exit_code, 0) << v.err;
+  EXPECT_TRUE(contains(v.out + v.err,
+                       "actor.model (also ref, rollout): preset:llama-3-8b is an "
+                       "architecture without weights"))
+      << v.out << v.err;
+  CliResult r = run_cli({"run", "examples/ppo_tiny.json", "--set", "actor.model=preset:llama-3-8b",
+                         "--set", "logger.run_dir=" + std::string(RLHF_BINARY_DIR) + "/test-runs"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "a run needs a model directory")) << r.err;
+}
+
 TEST(Cli, PlanOfBadSpecExits2) {
   CliResult r = run_cli({"plan", "examples/ppo_tiny.json", "--set", "critic.devices=[0]"});
   EXPECT_EQ(r.exit_code, 2);

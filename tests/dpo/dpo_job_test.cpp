@@ -96,6 +96,29 @@ class OfflineRun : public testing::Test {
   fs::path dir_;
 };
 
+// The reference sharded ZeRO-3 style over 2 workers (ref.zero_stage 3) gives the reference
+// log-probs of the whole model: the same losses, step for step. 1e-6: the same weights and
+// kernels, identical in practice; printing of doubles only.
+TEST_F(OfflineRun, DpoWithAShardedReferenceMatchesTheWholeOne) {
+  Result whole = run("examples/dpo_tiny.json", "whole", {"--set", "data.max_samples=32"});
+  ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
+  Result sharded =
+      run("examples/dpo_tiny.json", "sharded",
+          {"--set", "data.max_samples=32", "--set",
+           R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":3,"memory_gb":4}])", "--set",
+           "ref.devices=[1,2]", "--set", "ref.zero_stage=3"});
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.out << sharded.err;
+  Metrics a = read_metrics(run_dir("whole") / "metrics.jsonl");
+  Metrics b = read_metrics(run_dir("sharded") / "metrics.jsonl");
+  ASSERT_EQ(a.steps.size(), 4u);
+  ASSERT_EQ(b.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    for (const char* key : {"loss", "margin", "grad_norm"})
+      EXPECT_NEAR(a.steps[i][key].get<double>(), b.steps[i][key].get<double>(), 1e-6)
+          << key << " step " << i + 1;
+  EXPECT_EQ(b.steps[0]["memory"]["ref"].size(), 2u);
+}
+
 TEST_F(OfflineRun, DpoWithTheReferenceInItsOwnProcess) {
   // 32 pairs, batch 16: 2 steps per epoch, 2 epochs.
   Result r = run("examples/dpo_tiny.json", "dpo", {"--set", "data.max_samples=32"});
