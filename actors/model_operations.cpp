@@ -9,6 +9,7 @@
 #include "actors/device.h"
 #include "actors/offline_operations.h"
 #include "core/errors.h"
+#include "engine/token_budget.h"
 #include "models/pretrained.h"
 #include "ppo/kl.h"
 #include "ppo/losses.h"
@@ -149,13 +150,6 @@ Batch slice(const Batch& b, int64_t begin, int64_t end) {
   return {b.sequences.slice(0, begin, end), b.attention_mask.slice(0, begin, end), b.action_len};
 }
 
-// Action log-probs [B, A] (FP32) of the batch's responses under `model`.
-torch::Tensor action_log_probs(models::CausalLM& model, const Batch& b) {
-  torch::Tensor hidden = model.forward(b.sequences, b.attention_mask);
-  torch::Tensor lp = model.next_token_log_probs(hidden, b.sequences);  // [B, T-1]
-  return lp.slice(1, lp.size(1) - b.action_len, lp.size(1));
-}
-
 // Per-token entropy [B, A] (FP32) of the policy at each action position, from `hidden`
 // [B, T, H]; logits are made 16 positions at a time so [B, A, V] never exists. No graph.
 torch::Tensor action_entropy(models::CausalLM& model, const torch::Tensor& hidden, int64_t a) {
@@ -187,21 +181,6 @@ std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self,
   return {self.rank * per, (self.rank + 1) * per};
 }
 
-// Row ranges [b0, b1) of forwards of at most `max_tokens` tokens (rows x padded length t)
-// over `rows` rows: per = max(1, max_tokens / t) rows each (one range of every row when
-// max_tokens is 0). Padded with empty ranges up to the count `at_least` rows would need, so
-// that every rank of a group whose forwards gather weights runs as many forwards.
-std::vector<std::pair<int64_t, int64_t>> budget_ranges(int64_t rows, int64_t t, int64_t max_tokens,
-                                                       int64_t at_least) {
-  const int64_t per =
-      max_tokens > 0 ? std::max<int64_t>(1, max_tokens / t) : std::max<int64_t>(1, rows);
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (int64_t b = 0; b < rows; b += per) out.push_back({b, std::min(rows, b + per)});
-  const int64_t count = max_tokens > 0 ? (std::max(rows, at_least) + per - 1) / per : 1;
-  while (static_cast<int64_t>(out.size()) < count) out.push_back({rows, rows});
-  return out;
-}
-
 // True when each forward of this role all-gathers weights over its group (ZeRO-3 trainer
 // or sharded inference): its ranks must run the same number of forwards.
 bool forwards_gather(const ModelRole& role) {
@@ -218,7 +197,7 @@ std::vector<torch::Tensor> by_budget(const ModelRole& role, const Message& req, 
   const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
   const int64_t at_least = forwards_gather(role) ? req.args.value("max_rows", rows) : rows;
   std::vector<std::vector<torch::Tensor>> parts;
-  for (auto [b0, b1] : budget_ranges(rows, t, max_tokens, at_least)) {
+  for (auto [b0, b1] : engine::budget_ranges(rows, t, max_tokens, at_least)) {
     if (b0 == b1) {
       f(0, std::min<int64_t>(1, rows));
       continue;
@@ -243,6 +222,41 @@ double token_share(const torch::Tensor& mask, int64_t p0, int64_t p1) {
   return mask.slice(0, p0, p1).sum().item<double>() / all;
 }
 
+// The parts of training micro batch rows [b0, b1) under the request's token budget (args
+// max_tokens, packing): rows of at most max_tokens (rows x padded length), or with packing
+// consecutive rows whose tokens fit the budget (forwarded packed into one row). Packed
+// parts depend on the data, so at ZeRO 2/3 (a reduce-scatter in every backward) every rank
+// pads to the group's largest count with empty parts (run with weight 0).
+std::vector<engine::RowRange> training_parts(const ModelRole& role, const Message& req,
+                                             const Batch& all, int64_t b0, int64_t b1) {
+  const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
+  if (!(req.args.value("packing", false) && max_tokens > 0))
+    return engine::budget_ranges(b1 - b0, all.sequences.size(1), max_tokens, 0);
+  auto parts = engine::token_groups(all.attention_mask.slice(0, b0, b1), max_tokens);
+  if (role.group && role.group->size() > 1 &&
+      role.trainer->config().zero_stage != engine::ZeroStage::kOptimizer) {
+    auto count = torch::tensor({static_cast<int64_t>(parts.size())}, torch::kLong);
+    role.group->all_reduce(count, transport::ReduceOp::kMax);
+    while (static_cast<int64_t>(parts.size()) < count.item<int64_t>())
+      parts.push_back({b1 - b0, b1 - b0});
+  }
+  return parts;
+}
+
+// Per-action results [n, A] of rows `b` through `f` (hidden [B, T, H] -> next-token results
+// [B, T - 1]), forwarded as padded rows or, with `packed`, end to end in one row.
+template <typename F>
+torch::Tensor per_action(models::CausalLM& model, const Batch& b, const torch::Tensor& action_mask,
+                         bool packed, F f) {
+  if (!packed) {
+    torch::Tensor r = f(model.forward(b.sequences, b.attention_mask), b.sequences);
+    return r.slice(1, r.size(1) - b.action_len, r.size(1));
+  }
+  const auto rows = engine::pack_rows(b.sequences, b.attention_mask, b.action_len);
+  return engine::unpack_actions(f(model.forward(rows.ids, rows.segments), rows.ids), rows,
+                                action_mask);
+}
+
 // train_actor: one optimizer step of the PPO policy loss (plus the KL loss term when asked)
 // over this rank's share of the global batch, in micro batches of args.micro_batch_size.
 Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& self) {
@@ -259,7 +273,8 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   const bool kl_loss = kl_coef > 0 && req.has_tensor("log_probs_ref");
   const auto kl_estimator =
       ppo::parse_kl_estimator(req.args.value("kl_estimator", std::string("k1")));
-  const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
+  const bool packed =
+      req.args.value("packing", false) && req.args.value("max_tokens", int64_t{0}) > 0;
   double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
   int64_t micro_batches = 0;
   auto& trainer = *role.trainer;
@@ -270,16 +285,21 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
     const torch::Tensor mask = rows(req, "action_mask", b0, b1, role.device);
     // The micro batch in forwards of at most max_tokens tokens; each part's loss is its
     // share of the micro batch's (tokens for token means, rows for sequence means).
-    const auto parts = budget_ranges(b1 - b0, all.sequences.size(1), max_tokens, 0);
+    const auto parts = training_parts(role, req, all, b0, b1);
     for (size_t k = 0; k < parts.size(); ++k) {
-      const auto [p0, p1] = parts[k];
-      const double tokens = parts.size() == 1 ? 1.0 : token_share(mask, p0, p1);
-      const double share = pc.aggregation == ppo::LossAggregation::kTokenMean || parts.size() == 1
+      // An empty part (padding for the group's collectives) runs row 0 with weight 0.
+      const bool empty = parts[k].first == parts[k].second;
+      const int64_t p0 = empty ? 0 : parts[k].first, p1 = empty ? 1 : parts[k].second;
+      const double tokens = empty ? 0.0 : parts.size() == 1 ? 1.0 : token_share(mask, p0, p1);
+      const double share = empty ? 0.0
+                           : pc.aggregation == ppo::LossAggregation::kTokenMean || parts.size() == 1
                                ? tokens
                                : static_cast<double>(p1 - p0) / static_cast<double>(b1 - b0);
       const torch::Tensor m = mask.slice(0, p0, p1);
-      Batch mb = slice(all, b0 + p0, b0 + p1);
-      torch::Tensor lp = action_log_probs(*role.model, mb);
+      torch::Tensor lp = per_action(*role.model, slice(all, b0 + p0, b0 + p1), m, packed,
+                                    [&](const torch::Tensor& hidden, const torch::Tensor& ids) {
+                                      return role.model->next_token_log_probs(hidden, ids);
+                                    });
       auto r = ppo::policy_loss(pc, lp, rows(req, "log_probs_old", b0 + p0, b0 + p1, role.device),
                                 rows(req, "advantages", b0 + p0, b0 + p1, role.device), m);
       torch::Tensor loss = share == 1.0 ? r.loss : r.loss * share;
@@ -315,21 +335,29 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
   const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
   const double value_clip = req.args.at("value_clip").get<double>();
-  const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
+  const bool packed =
+      req.args.value("packing", false) && req.args.value("max_tokens", int64_t{0}) > 0;
   auto& trainer = *role.trainer;
   for (int64_t i = 0; i < trainer.config().grad_accum_steps; ++i) {
     const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
     TORCH_CHECK(b0 < b1, "train_critic: micro batch ", i, " is empty");
     const torch::Tensor mask = rows(req, "action_mask", b0, b1, role.device);
-    const auto parts = budget_ranges(b1 - b0, all.sequences.size(1), max_tokens, 0);
+    const auto parts = training_parts(role, req, all, b0, b1);
     for (size_t k = 0; k < parts.size(); ++k) {
-      const auto [p0, p1] = parts[k];
-      const double share = parts.size() == 1 ? 1.0 : token_share(mask, p0, p1);  // token mean
-      torch::Tensor v = action_values(*role.model, slice(all, b0 + p0, b0 + p1));
+      const bool empty = parts[k].first == parts[k].second;
+      const int64_t p0 = empty ? 0 : parts[k].first, p1 = empty ? 1 : parts[k].second;
+      // The value loss is a token mean: a part's share is its share of the action tokens.
+      const double share = empty ? 0.0 : parts.size() == 1 ? 1.0 : token_share(mask, p0, p1);
+      const torch::Tensor m = mask.slice(0, p0, p1);
+      torch::Tensor v = per_action(*role.model, slice(all, b0 + p0, b0 + p1), m, packed,
+                                   [&](const torch::Tensor& hidden, const torch::Tensor&) {
+                                     torch::Tensor values = role.model->values(hidden);  // [B, T]
+                                     return values.narrow(1, 0, values.size(1) - 1);
+                                   });
       torch::Tensor loss =
           ppo::value_loss(v, rows(req, "values_old", b0 + p0, b0 + p1, role.device),
-                          rows(req, "returns", b0 + p0, b0 + p1, role.device),
-                          mask.slice(0, p0, p1), value_clip, ppo::LossAggregation::kTokenMean);
+                          rows(req, "returns", b0 + p0, b0 + p1, role.device), m, value_clip,
+                          ppo::LossAggregation::kTokenMean);
       trainer.backward(share == 1.0 ? loss : loss * share, k + 1 == parts.size());
     }
   }

@@ -176,6 +176,9 @@ std::vector<KeySpec> build_table() {
             "batch: PPO scoring and training split each micro batch into forwards of at most "
             "this many tokens; a training micro batch's parts are weighted so its loss and "
             "gradient are unchanged (0: whole micro batches).");
+  t.boolean("train.packing_samples", false,
+            "With a token budget, PPO training packs consecutive sequences end to end into one "
+            "row of at most the budget (no padding computed), as OpenRLHF's packing_samples.");
   t.integer("train.max_epochs", 1, 1, 1000, "Passes over each batch of experience (ppo) or data.");
   t.integer("train.num_episodes", 1, 1, 100000, "Passes over the prompt dataset (ppo).");
   t.integer("train.max_steps", 0, 0, kInf, "Stop after this many steps (0: when data runs out).");

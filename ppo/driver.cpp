@@ -340,6 +340,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
   json actor_args = {{"action_len", r.action_mask.size(1)},
                      {"micro_batch_size", c_.train_micro_batch_size},
                      {"max_tokens", c_.max_tokens_per_micro_batch},
+                     {"packing", c_.packing_samples},
                      {"clip_low", c_.policy.clip_low},
                      {"clip_high", c_.policy.clip_high},
                      {"dual_clip", c_.policy.dual_clip},
@@ -349,6 +350,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
   json critic_args = {{"action_len", r.action_mask.size(1)},
                       {"micro_batch_size", c_.train_micro_batch_size},
                       {"max_tokens", c_.max_tokens_per_micro_batch},
+                      {"packing", c_.packing_samples},
                       {"value_clip", c_.value_clip}};
   json sums = {{"policy_loss", 0.0}, {"value_loss", 0.0},      {"clip_frac", 0.0},
                {"approx_kl", 0.0},   {"actor_grad_norm", 0.0}, {"critic_grad_norm", 0.0},

@@ -18,6 +18,7 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.train_batch_size = spec.get_int("train.batch_size");
   c.train_micro_batch_size = spec.get_int("train.micro_batch_size");
   c.max_tokens_per_micro_batch = spec.get_int("train.max_tokens_per_micro_batch");
+  c.packing_samples = spec.get_bool("train.packing_samples");
   c.max_epochs = spec.get_int("train.max_epochs");
   c.num_episodes = spec.get_int("train.num_episodes");
   c.max_steps = spec.get_int("train.max_steps");

@@ -27,6 +27,7 @@ struct PpoConfig {
   int64_t train_batch_size = 128;
   int64_t train_micro_batch_size = 4;
   int64_t max_tokens_per_micro_batch = 0;  // token budget of one forward (0: off)
+  bool packing_samples = false;            // with a budget: training packs sequences
   int64_t max_epochs = 1;
   int64_t num_episodes = 1;
   int64_t max_steps = 0;  // 0: until the episodes are done

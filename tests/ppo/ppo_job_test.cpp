@@ -229,7 +229,8 @@ TEST_F(PpoJob, LearnsWithAShardedReference) {
 
 // A token budget of 3 sequences' worth (32-token sequences, 96 tokens) splits every scoring
 // micro batch (32 rows) into 11 forwards and every training micro batch (8 rows) into parts
-// of 3, 3 and 2, with a ZeRO-3 actor on 2 ranks whose forwards gather weights. The parts'
+// of 3, 3 and 2, or (packing_samples) into rows of consecutive sequences packed end to end,
+// with a ZeRO-3 actor on 2 ranks whose forwards gather weights. The parts'
 // losses are weighted by their share of the micro batch's tokens, so losses and gradient
 // norms equal the whole micro batches' up to summation order: 1e-5 relative in FP32
 // (measured <= 3e-8; the critic's parts weighted by rows instead of tokens move its loss and
@@ -252,16 +253,23 @@ TEST_F(PpoJob, TokenBudgetGivesTheSameLossesAndGradients) {
   ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
   Result parts = run("parts", with({"--set", "train.max_tokens_per_micro_batch=96"}));
   ASSERT_EQ(parts.exit_code, 0) << parts.out << parts.err;
+  // Packed: consecutive sequences end to end in rows of at most 96 tokens (each rank its
+  // own count of parts, padded to the group's largest for the ZeRO-3 collectives).
+  Result packed = run("packed", with({"--set", "train.max_tokens_per_micro_batch=96", "--set",
+                                      "train.packing_samples=true"}));
+  ASSERT_EQ(packed.exit_code, 0) << packed.out << packed.err;
   auto a = read_metrics(run_dir("whole") / "metrics.jsonl");
-  auto b = read_metrics(run_dir("parts") / "metrics.jsonl");
-  ASSERT_EQ(a.size(), 2u);
-  ASSERT_EQ(b.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
-    for (const char* key : {"reward_mean", "kl", "entropy", "policy_loss", "value_loss",
-                            "actor_grad_norm", "critic_grad_norm", "clip_frac", "approx_kl"}) {
-      const double want = a[i][key].get<double>();
-      EXPECT_NEAR(b[i][key].get<double>(), want, 1e-5 * std::max(1.0, std::abs(want)))
-          << key << " step " << i + 1;
+  for (const char* name : {"parts", "packed"}) {
+    auto b = read_metrics(run_dir(name) / "metrics.jsonl");
+    ASSERT_EQ(a.size(), 2u);
+    ASSERT_EQ(b.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      for (const char* key : {"reward_mean", "kl", "entropy", "policy_loss", "value_loss",
+                              "actor_grad_norm", "critic_grad_norm", "clip_frac", "approx_kl"}) {
+        const double want = a[i][key].get<double>();
+        EXPECT_NEAR(b[i][key].get<double>(), want, 1e-5 * std::max(1.0, std::abs(want)))
+            << name << ": " << key << " step " << i + 1;
+      }
     }
   }
 }
