@@ -55,6 +55,8 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
   config.max_new_tokens = a.value("max_new_tokens", config.max_new_tokens);
   config.n_samples_per_prompt = a.value("n_samples_per_prompt", config.n_samples_per_prompt);
   config.micro_batch_size = a.value("micro_batch_size", config.micro_batch_size);
+  config.kv_cache_bytes =
+      static_cast<int64_t>(a.value("kv_cache_memory_gb", 0.0) * static_cast<double>(1ll << 30));
   config.pad_token_id = a.value("pad_token_id", config.pad_token_id);
   if (a.contains("stop_token_ids"))
     config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();

@@ -158,6 +158,10 @@ std::vector<KeySpec> build_table() {
 
   // Rollout (generation).
   t.integer("rollout.batch_size", 1024, 1, kInf, "Prompts per PPO step (rollout_batch_size).");
+  t.number("rollout.kv_cache_memory_gb", 0.0, 0, kInf,
+           "KV cache budget per rollout worker in GiB (0: unbounded): each micro batch "
+           "generates in waves of as many prompts (with their n samples) as fit; the outputs "
+           "are the same.");
   t.integer("rollout.micro_batch_size", 8, 1, kInf,
             "Prompts per generate call on one rollout worker.");
   t.integer("rollout.n_samples_per_prompt", 1, 1, 4096, "Responses sampled per prompt.");

@@ -273,12 +273,16 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   }
   // Rollout (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
   // mb x n rows (both alive during the copy); capacity P + R per row, K and V per layer.
-  const int64_t rows = in.rollout_micro_batch * in.n_samples;
+  // A KV budget lowers mb to the prompts that fit (Generator::prompts_per_cache).
   const int64_t capacity = in.prompt_len + in.max_new_tokens;
   const int64_t per_row =
       2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
-  t.kv_cache = per_row * (rows + in.rollout_micro_batch);
-  t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e, in.device_kind);
+  int64_t mb = in.rollout_micro_batch;
+  if (in.kv_cache_budget > 0)
+    mb = std::clamp<int64_t>(in.kv_cache_budget / (per_row * (in.n_samples + 1)), 1, mb);
+  const int64_t rows = mb * in.n_samples;
+  t.kv_cache = per_row * (rows + mb);
+  t.activations = inference_bytes(c, mb, in.prompt_len, e, in.device_kind);
   t.log_probs = rows * c.vocab_size * 4 * 3;  // decode logits, FP32 softmax and sampling copy
   t.step_peak = t.kv_cache + t.activations + t.log_probs;
 }
@@ -392,6 +396,8 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
   in.seq_len = ppo ? std::min(max_len, in.prompt_len + in.max_new_tokens) : max_len;
   in.rollout_micro_batch = spec.get_int("rollout.micro_batch_size");
   in.n_samples = spec.get_int("rollout.n_samples_per_prompt");
+  in.kv_cache_budget = static_cast<int64_t>(spec.get_float("rollout.kv_cache_memory_gb") *
+                                            static_cast<double>(1ll << 30));
   // DPO and RM batches hold chosen and rejected together.
   const int64_t pair = spec.kind() == JobKind::kDpo || spec.kind() == JobKind::kRm ? 2 : 1;
   if (spec.trains(role)) {

@@ -48,6 +48,7 @@ struct RoleMemoryInput {
   int64_t n_samples = 1;            // samples per prompt (the cache holds mb x n rows)
   int64_t prompt_len = 1;           // P
   int64_t max_new_tokens = 1;       // R
+  int64_t kv_cache_budget = 0;      // rollout.kv_cache_memory_gb in bytes (0: unbounded)
 };
 
 // Bytes one rank of a role holds, by term, each at its own peak. The transient terms do

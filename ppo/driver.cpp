@@ -218,6 +218,7 @@ void PpoJob::init_roles(Scheduler& s) {
               {"max_new_tokens", c_.max_new_tokens},
               {"n_samples_per_prompt", c_.n_samples_per_prompt},
               {"micro_batch_size", c_.rollout_micro_batch_size},
+              {"kv_cache_memory_gb", spec_.get_float("rollout.kv_cache_memory_gb")},
               {"stop_token_ids", stop},
               {"pad_token_id", pad_id_}};
     } else {

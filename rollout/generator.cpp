@@ -33,6 +33,9 @@ void GenerationConfig::validate() const {
   if (micro_batch_size < 1)
     throw InputError("rollout.micro_batch_size must be >= 1, got " +
                      std::to_string(micro_batch_size));
+  if (kv_cache_bytes < 0)
+    throw InputError("rollout.kv_cache_memory_gb must be >= 0, got " +
+                     std::to_string(kv_cache_bytes) + " bytes");
   if (sync_interval < 0)
     throw InputError("generation: sync_interval must be >= 0, got " +
                      std::to_string(sync_interval));
@@ -75,7 +78,8 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
     throw InputError("generate: prompt token ids outside the vocabulary [0, " + std::to_string(V) +
                      ")");
 
-  const int64_t B = ids.size(0), n = config_.n_samples_per_prompt, mb = config_.micro_batch_size;
+  const int64_t B = ids.size(0), n = config_.n_samples_per_prompt;
+  const int64_t mb = prompts_per_cache(ids.size(1));
   TORCH_CHECK(first_prompt >= 0, "generate: first_prompt must be >= 0, got ", first_prompt);
   Sampler sampler(params, B * n, first_prompt * n);
   std::vector<GenerationOutput> parts;
@@ -90,6 +94,28 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
                                : concat_outputs(parts, longest, config_.pad_token_id);
   out.weight_version = weight_version_;
   return out;
+}
+
+int64_t Generator::prompts_per_cache(int64_t P) const {
+  if (config_.kv_cache_bytes <= 0) return config_.micro_batch_size;
+  const auto& c = model_->config();
+  const int64_t element = c10::elementSize(model_->dtype());
+  // K and V per layer for P + R positions (models::KvCache), for the prefilled row and its
+  // n sample rows, which live together while the samples are copied.
+  const int64_t per_prompt = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+                             (P + config_.max_new_tokens) * element *
+                             (config_.n_samples_per_prompt + 1);
+  const int64_t fit = config_.kv_cache_bytes / per_prompt;
+  if (fit < 1) {
+    const double gib = static_cast<double>(per_prompt) / (1ll << 30);
+    throw InputError("rollout.kv_cache_memory_gb (" +
+                     std::to_string(static_cast<double>(config_.kv_cache_bytes) / (1ll << 30)) +
+                     " GiB) holds less than one prompt: a prompt of " + std::to_string(P) +
+                     " tokens with " + std::to_string(config_.n_samples_per_prompt) +
+                     " samples of up to " + std::to_string(config_.max_new_tokens) +
+                     " tokens needs " + std::to_string(gib) + " GiB");
+  }
+  return std::min(config_.micro_batch_size, fit);
 }
 
 GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids,

@@ -19,9 +19,14 @@ namespace rlhf::rollout {
 
 // The job spec's rollout.* generation keys.
 struct GenerationConfig {
-  int64_t max_new_tokens = 1024;        // rollout.max_new_tokens
-  int64_t n_samples_per_prompt = 1;     // rollout.n_samples_per_prompt
-  int64_t micro_batch_size = 8;         // prompts per KV cache (rollout.micro_batch_size)
+  int64_t max_new_tokens = 1024;     // rollout.max_new_tokens
+  int64_t n_samples_per_prompt = 1;  // rollout.n_samples_per_prompt
+  int64_t micro_batch_size = 8;      // prompts per KV cache (rollout.micro_batch_size)
+  // Bytes the KV cache may hold (rollout.kv_cache_memory_gb; 0: unbounded): a micro batch
+  // runs in waves of as many prompts as fit (each prompt holds its prefilled row and its n
+  // sample rows of P + max_new_tokens positions while the samples are copied). Outputs do
+  // not depend on the waves (per-prompt sampling streams).
+  int64_t kv_cache_bytes = 0;
   std::vector<int64_t> stop_token_ids;  // EOS and rollout.stop_token_ids: a row ends after one
   int64_t pad_token_id = 0;             // fills sequences after a row's end
   // Rows that finished stay in the decode batch (fed a pad token, not sampled) until they
@@ -78,6 +83,10 @@ class Generator {
   // bad parameters.
   GenerationOutput generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
                             const SamplingParams& params, int64_t first_prompt = 0);
+
+  // Prompts of length P per KV cache: micro_batch_size, or fewer under kv_cache_bytes.
+  // Throws InputError when the budget holds less than one prompt (naming what it needs).
+  int64_t prompts_per_cache(int64_t P) const;
 
  private:
   // One micro batch: prompts [b, P], first_row = its first output row in the request.

@@ -298,6 +298,23 @@ TEST_F(MemoryPlanSpec, OverBudgetDeviceGetsReplannedChanges) {
 // BF16 elements of every unit and gather one unit at a time, the largest being a layer;
 // the load reads one shard's slice beside them. (The PPO job test checks the same figure
 // against the workers' tracked peak, to the byte.)
+// A KV budget lowers the prompts per cache to what fits (the generator's own rule): with room
+// for 2.5 prompts of mb 4 x n 2, the cache holds 2 prompts' 2 + 4 rows.
+TEST(MemoryPlan, RolloutKvBudgetBoundsTheCache) {
+  RoleMemoryInput in;
+  in.role = "rollout";
+  in.model = rt::tiny_config(false);
+  in.work = RoleWork::kGenerate;
+  in.rollout_micro_batch = 4;
+  in.n_samples = 2;
+  in.prompt_len = 16;
+  in.max_new_tokens = 16;
+  const int64_t per_row = 2 * 2 * 2 * 16 * 32 * 2;  // K+V x layers x kv heads x D x (P+R) x bf16
+  EXPECT_EQ(plan_role(in).kv_cache, per_row * (8 + 4));
+  in.kv_cache_budget = per_row * 3 * 5 / 2;
+  EXPECT_EQ(plan_role(in).kv_cache, per_row * (4 + 2));
+}
+
 TEST(MemoryPlan, ShardedInferenceHoldsItsShareAndGathersOneUnit) {
   RoleMemoryInput in;
   in.role = "ref";

@@ -255,8 +255,12 @@ TEST_F(PpoJob, TokenBudgetGivesTheSameLossesAndGradients) {
   ASSERT_EQ(parts.exit_code, 0) << parts.out << parts.err;
   // Packed: consecutive sequences end to end in rows of at most 96 tokens (each rank its
   // own count of parts, padded to the group's largest for the ZeRO-3 collectives).
-  Result packed = run("packed", with({"--set", "train.max_tokens_per_micro_batch=96", "--set",
-                                      "train.packing_samples=true"}));
+  // Its rollout also runs under a KV budget of 0.0001 GiB (107 KB): 2 of the 8 prompts of a
+  // micro batch per cache (each holds 5 rows of 32 positions, 2 layers x 2 x 2 heads x 16 x
+  // 2 bytes: 41 KB), the same samples.
+  Result packed = run(
+      "packed", with({"--set", "train.max_tokens_per_micro_batch=96", "--set",
+                      "train.packing_samples=true", "--set", "rollout.kv_cache_memory_gb=0.0001"}));
   ASSERT_EQ(packed.exit_code, 0) << packed.out << packed.err;
   auto a = read_metrics(run_dir("whole") / "metrics.jsonl");
   for (const char* name : {"parts", "packed"}) {

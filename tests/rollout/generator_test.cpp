@@ -327,6 +327,51 @@ TEST(Generator, ReadingTheLiveCountEveryFewStepsChangesNoOutput) {
   }
 }
 
+// A KV budget for a quarter of the micro batch (2 of 8 prompts with their 2 samples) runs
+// it in 4 waves and generates exactly what the unbounded cache does, greedy and seeded:
+// sampling streams follow the prompt, not the cache. The budget's bytes are the planner's
+// formula: K and V per layer, (n + 1) rows of P + R positions per prompt. A budget below one
+// prompt is a one-line InputError saying what a prompt needs.
+TEST(Generator, KvBudgetForAQuarterOfTheBatchGivesTheSameOutputs) {
+  auto model = tiny_model(8);
+  auto [ids, mask] = left_pad(make_prompts({4, 6, 2, 5, 3, 7, 1, 4}));
+  GenerationConfig config;
+  config.max_new_tokens = 10;
+  config.n_samples_per_prompt = 2;
+  config.micro_batch_size = 8;
+  const auto& c = model->config();
+  const int64_t per_prompt = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+                             (ids.size(1) + 10) * 4 * (2 + 1);  // FP32 model
+  GenerationConfig bounded = config;
+  bounded.kv_cache_bytes = 2 * per_prompt + per_prompt / 2;
+  EXPECT_EQ(Generator(model, bounded).prompts_per_cache(ids.size(1)), 2);
+  EXPECT_EQ(Generator(model, config).prompts_per_cache(ids.size(1)), 8);
+  for (double temperature : {0.0, 1.0}) {
+    SamplingParams params;
+    params.seed = 5;
+    params.temperature = temperature;
+    const auto whole = Generator(model, config).generate(ids, mask, params);
+    const auto waves = Generator(model, bounded).generate(ids, mask, params);
+    expect_consistent(waves);
+    EXPECT_TRUE(torch::equal(waves.sequences, whole.sequences)) << "temperature " << temperature;
+    EXPECT_TRUE(torch::equal(waves.response_lengths, whole.response_lengths));
+    EXPECT_TRUE(torch::allclose(waves.log_probs, whole.log_probs, 0, 1e-6));
+  }
+  GenerationConfig tiny_budget = config;
+  tiny_budget.kv_cache_bytes = per_prompt - 1;
+  EXPECT_THROW(
+      {
+        try {
+          Generator(model, tiny_budget).prompts_per_cache(ids.size(1));
+        } catch (const InputError& e) {
+          EXPECT_NE(std::string(e.what()).find("holds less than one prompt"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      InputError);
+}
+
 // On a GPU: the same tiny FP32 model generates on cuda:0 what it generates on the CPU
 // (greedy and seeded: the uniforms come from the same per-row streams), log-probs within
 // 1e-4 (FP32 kernels differ in summation order).
