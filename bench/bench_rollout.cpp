@@ -3,6 +3,8 @@
 // KV cache, over the memcpy bandwidth measured here) and the compute bound (2 x parameters
 // FLOP per token over a measured BF16 matmul rate), and weight-sync seconds per GB over
 // Gloo between two processes (this program re-executed as the receiver).
+// Then decode tokens/s of one batch of 32 prompts under a KV budget (rollout.kv_cache_memory_gb)
+// of the whole cache, a half and a quarter (the waves run one after another).
 // Usage: bench_rollout [--threads N] [--new-tokens R] [--quick]
 #include <ATen/Parallel.h>
 #include <sys/wait.h>
@@ -72,10 +74,12 @@ std::shared_ptr<models::CausalLM> model_100m(uint64_t seed) {
 }
 
 rollout::GenerationTimings run_generate(const std::shared_ptr<models::CausalLM>& model,
-                                        int64_t batch, int64_t prompt, int64_t new_tokens) {
+                                        int64_t batch, int64_t prompt, int64_t new_tokens,
+                                        int64_t kv_cache_bytes = 0) {
   rollout::GenerationConfig config;
   config.max_new_tokens = new_tokens;
-  config.micro_batch_size = batch;  // one KV cache for the whole batch
+  config.micro_batch_size = batch;  // one KV cache for the whole batch (within the budget)
+  config.kv_cache_bytes = kv_cache_bytes;
   rollout::Generator generator(model, config);
   auto ids = torch::randint(300, 32000, {batch, prompt}, torch::kInt64);
   auto mask = torch::ones_like(ids);
@@ -177,6 +181,32 @@ void bench_sync(const std::string& self, double bandwidth) {
 
 }  // namespace
 
+// Decode tokens/s of 32 prompts of 256 tokens (1 sample each) with the KV cache bounded to
+// the whole batch's cache, a half and a quarter: the limit is the unbounded figure.
+void bench_kv_budget(int64_t new_tokens) {
+  auto model = model_100m(0);
+  const auto& c = model->config();
+  const int64_t batch = 32, prompt = 256;
+  const int64_t per_prompt = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+                             (prompt + new_tokens) * 2 * 2;  // BF16; prefilled row + 1 sample
+  std::cout << "\nKV budget: " << batch << " prompts of " << prompt << " tokens, " << new_tokens
+            << " new tokens\n"
+            << std::setw(12) << "budget_MB" << std::setw(10) << "prompts" << std::setw(14)
+            << "decode_tok/s" << std::setw(14) << "vs unbounded" << '\n';
+  double unbounded = 0;
+  for (int64_t share : {1, 2, 4}) {
+    const int64_t budget = share == 1 ? 0 : per_prompt * batch / share;
+    run_generate(model, batch, 8, 2, 0);  // warm-up
+    const auto t = run_generate(model, batch, prompt, new_tokens, budget);
+    const double tok_s = static_cast<double>(t.decode_tokens) / t.decode_seconds;
+    if (share == 1) unbounded = tok_s;
+    std::cout << std::fixed << std::setprecision(1) << std::setw(12)
+              << static_cast<double>(per_prompt * batch / share) / 1e6 << std::setw(10)
+              << batch / share << std::setw(14) << tok_s << std::setprecision(3) << std::setw(14)
+              << tok_s / unbounded << '\n';
+  }
+}
+
 int main(int argc, char** argv) {
   try {
     if (argc == 4 && std::string(argv[1]) == "--sync-receiver") {
@@ -211,6 +241,7 @@ int main(int argc, char** argv) {
     const double flops = bf16_matmul_flops();
     std::cout << "BF16 matmul [64, 768] x [768, 2048], 1 thread: " << flops / 1e9 << " GFLOP/s\n";
     bench_decode(bw, flops, new_tokens, quick);
+    bench_kv_budget(new_tokens);
     bench_sync("/proc/self/exe", bw);
     return 0;
   } catch (const std::exception& e) {
