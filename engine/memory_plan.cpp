@@ -278,8 +278,18 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   const int64_t per_row =
       2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
   int64_t mb = in.rollout_micro_batch;
-  if (in.kv_cache_budget > 0)
-    mb = std::clamp<int64_t>(in.kv_cache_budget / (per_row * (in.n_samples + 1)), 1, mb);
+  if (in.kv_cache_budget > 0) {
+    const int64_t per_prompt = per_row * (in.n_samples + 1);
+    if (in.kv_cache_budget < per_prompt) {
+      auto gib = [](int64_t b) { return std::to_string(static_cast<double>(b) / (1ll << 30)); };
+      throw InputError("rollout.kv_cache_memory_gb: " + gib(in.kv_cache_budget) +
+                       " GiB holds less than one prompt: " + std::to_string(in.prompt_len) +
+                       " prompt tokens with " + std::to_string(in.n_samples) + " samples of " +
+                       std::to_string(in.max_new_tokens) + " new tokens need " + gib(per_prompt) +
+                       " GiB");
+    }
+    mb = std::min(mb, in.kv_cache_budget / per_prompt);
+  }
   const int64_t rows = mb * in.n_samples;
   t.kv_cache = per_row * (rows + mb);
   t.activations = inference_bytes(c, mb, in.prompt_len, e, in.device_kind);

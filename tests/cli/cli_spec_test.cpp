@@ -145,6 +145,17 @@ TEST(Cli, ArchitecturePresetsArePlannedAndValidatedButNotRun) {
   EXPECT_TRUE(contains(r.err, "a run needs a model directory")) << r.err;
 }
 
+// A rollout KV budget below one prompt (at data.prompt_max_len, with its samples) is bad
+// input in the plan, which `rlhf run` makes before any worker starts: exit 2, one line.
+TEST(Cli, KvBudgetBelowOnePromptIsBadInput) {
+  CliResult r =
+      run_cli({"plan", "examples/ppo_tiny.json", "--set", "actor.model=preset:llama-3-8b", "--set",
+               "critic.model=preset:llama-3-8b", "--set", "rollout.kv_cache_memory_gb=0.001"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "rollout.kv_cache_memory_gb: 0.001")) << r.err;
+  EXPECT_TRUE(contains(r.err, "holds less than one prompt")) << r.err;
+}
+
 TEST(Cli, PlanOfBadSpecExits2) {
   CliResult r = run_cli({"plan", "examples/ppo_tiny.json", "--set", "critic.devices=[0]"});
   EXPECT_EQ(r.exit_code, 2);

@@ -313,6 +313,8 @@ TEST(MemoryPlan, RolloutKvBudgetBoundsTheCache) {
   EXPECT_EQ(plan_role(in).kv_cache, per_row * (8 + 4));
   in.kv_cache_budget = per_row * 3 * 5 / 2;
   EXPECT_EQ(plan_role(in).kv_cache, per_row * (4 + 2));
+  in.kv_cache_budget = per_row * 3 - 1;  // less than one prompt's 3 rows: refused up front
+  EXPECT_THROW(plan_role(in), rlhf::InputError);
 }
 
 TEST(MemoryPlan, ShardedInferenceHoldsItsShareAndGathersOneUnit) {
