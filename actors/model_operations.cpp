@@ -213,15 +213,6 @@ std::vector<torch::Tensor> by_budget(const ModelRole& role, const Message& req, 
   return out;
 }
 
-// A micro batch's share of a token-mean loss carried by rows [p0, p1) of it: their action
-// tokens over the micro batch's (rows when it has none), so the parts' losses add up to
-// the micro batch's loss.
-double token_share(const torch::Tensor& mask, int64_t p0, int64_t p1) {
-  const double all = mask.sum().item<double>();
-  if (all == 0) return static_cast<double>(p1 - p0) / static_cast<double>(mask.size(0));
-  return mask.slice(0, p0, p1).sum().item<double>() / all;
-}
-
 // The parts of training micro batch rows [b0, b1) under the request's token budget (args
 // max_tokens, packing): rows of at most max_tokens (rows x padded length), or with packing
 // consecutive rows whose tokens fit the budget (forwarded packed into one row). Packed
@@ -257,13 +248,58 @@ torch::Tensor per_action(models::CausalLM& model, const Batch& b, const torch::T
                                 action_mask);
 }
 
+// One part of a training micro batch (all of it without a token budget).
+struct TrainPart {
+  int64_t begin = 0, end = 0;  // rows of the request
+  Batch batch;                 // those rows
+  torch::Tensor action_mask;   // [n, A] on the device
+  // Its action tokens (rows) over the micro batch's: a part's loss times its share adds up
+  // to the micro batch's loss. 0 for a padding part (row 0 run for the collectives only).
+  double token_share = 1.0;
+  double row_share = 1.0;
+};
+
+// One optimizer step over this rank's rows [begin, end): micro batches of args
+// micro_batch_size, each in training_parts, trainer.backward(loss_fn(part)) for each.
+template <typename F>
+engine::StepMetrics train_in_parts(ModelRole& role, const Message& req, const Batch& all,
+                                   int64_t begin, int64_t end, F loss_fn) {
+  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
+  auto& trainer = *role.trainer;
+  for (int64_t i = 0; i < trainer.config().grad_accum_steps; ++i) {
+    const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
+    TORCH_CHECK(b0 < b1, req.op, ": micro batch ", i, " is empty: the batch holds ", end - begin,
+                " rows for this rank, fewer than grad_accum_steps x micro_batch_size");
+    const torch::Tensor mask = rows(req, "action_mask", b0, b1, all.sequences.device());
+    const auto parts = training_parts(role, req, all, b0, b1);
+    const double tokens = parts.size() == 1 ? 0.0 : mask.sum().item<double>();
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const bool empty = parts[k].first == parts[k].second;
+      TrainPart part;
+      const int64_t p0 = empty ? 0 : parts[k].first, p1 = empty ? 1 : parts[k].second;
+      part.begin = b0 + p0;
+      part.end = b0 + p1;
+      part.batch = slice(all, part.begin, part.end);
+      part.action_mask = mask.slice(0, p0, p1);
+      if (empty) {
+        part.token_share = part.row_share = 0.0;
+      } else if (parts.size() > 1) {
+        part.row_share = static_cast<double>(p1 - p0) / static_cast<double>(b1 - b0);
+        part.token_share =
+            tokens == 0 ? part.row_share : part.action_mask.sum().item<double>() / tokens;
+      }
+      trainer.backward(loss_fn(part), k + 1 == parts.size());
+    }
+  }
+  return trainer.step();
+}
+
 // train_actor: one optimizer step of the PPO policy loss (plus the KL loss term when asked)
 // over this rank's share of the global batch, in micro batches of args.micro_batch_size.
 Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("train_actor: this worker's role is not trained");
   Batch all = read_batch(req, role.device);
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
-  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
   ppo::PolicyLossConfig pc;
   pc.clip_low = req.args.at("clip_low").get<double>();
   pc.clip_high = req.args.at("clip_high").get<double>();
@@ -276,51 +312,34 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   const bool packed =
       req.args.value("packing", false) && req.args.value("max_tokens", int64_t{0}) > 0;
   double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
-  int64_t micro_batches = 0;
-  auto& trainer = *role.trainer;
-  for (int64_t i = 0; i < trainer.config().grad_accum_steps; ++i) {
-    const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
-    TORCH_CHECK(b0 < b1, "train_actor: micro batch ", i, " is empty: the batch holds ", end - begin,
-                " rows for this rank, fewer than grad_accum_steps x micro_batch_size");
-    const torch::Tensor mask = rows(req, "action_mask", b0, b1, role.device);
-    // The micro batch in forwards of at most max_tokens tokens; each part's loss is its
-    // share of the micro batch's (tokens for token means, rows for sequence means).
-    const auto parts = training_parts(role, req, all, b0, b1);
-    for (size_t k = 0; k < parts.size(); ++k) {
-      // An empty part (padding for the group's collectives) runs row 0 with weight 0.
-      const bool empty = parts[k].first == parts[k].second;
-      const int64_t p0 = empty ? 0 : parts[k].first, p1 = empty ? 1 : parts[k].second;
-      const double tokens = empty ? 0.0 : parts.size() == 1 ? 1.0 : token_share(mask, p0, p1);
-      const double share = empty ? 0.0
-                           : pc.aggregation == ppo::LossAggregation::kTokenMean || parts.size() == 1
-                               ? tokens
-                               : static_cast<double>(p1 - p0) / static_cast<double>(b1 - b0);
-      const torch::Tensor m = mask.slice(0, p0, p1);
-      torch::Tensor lp = per_action(*role.model, slice(all, b0 + p0, b0 + p1), m, packed,
-                                    [&](const torch::Tensor& hidden, const torch::Tensor& ids) {
-                                      return role.model->next_token_log_probs(hidden, ids);
-                                    });
-      auto r = ppo::policy_loss(pc, lp, rows(req, "log_probs_old", b0 + p0, b0 + p1, role.device),
-                                rows(req, "advantages", b0 + p0, b0 + p1, role.device), m);
-      torch::Tensor loss = share == 1.0 ? r.loss : r.loss * share;
-      if (kl_loss) {
-        // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
-        torch::Tensor kl = ppo::approx_kl(
-            lp, rows(req, "log_probs_ref", b0 + p0, b0 + p1, role.device), kl_estimator);
-        torch::Tensor mf = m.to(torch::kFloat32);
-        torch::Tensor kl_mean = (kl * mf).sum() / mf.sum().clamp_min(1);
-        loss = loss + kl_coef * tokens * kl_mean;
-        kl_sum += tokens * kl_mean.item<double>();
-      }
-      clip_sum += tokens * r.clip_frac.item<double>();
-      ppo_kl_sum += tokens * r.approx_kl.item<double>();
-      trainer.backward(loss, k + 1 == parts.size());
+  auto metrics = train_in_parts(role, req, all, begin, end, [&](const TrainPart& part) {
+    // Each part's loss is its share of the micro batch's: tokens for token means, rows for
+    // sequence means; the KL term and the metrics are token means.
+    const double share =
+        pc.aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
+    const torch::Tensor& m = part.action_mask;
+    torch::Tensor lp = per_action(*role.model, part.batch, m, packed,
+                                  [&](const torch::Tensor& hidden, const torch::Tensor& ids) {
+                                    return role.model->next_token_log_probs(hidden, ids);
+                                  });
+    auto r = ppo::policy_loss(pc, lp, rows(req, "log_probs_old", part.begin, part.end, role.device),
+                              rows(req, "advantages", part.begin, part.end, role.device), m);
+    torch::Tensor loss = share == 1.0 ? r.loss : r.loss * share;
+    if (kl_loss) {
+      // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
+      torch::Tensor kl = ppo::approx_kl(
+          lp, rows(req, "log_probs_ref", part.begin, part.end, role.device), kl_estimator);
+      torch::Tensor mf = m.to(torch::kFloat32);
+      torch::Tensor kl_mean = (kl * mf).sum() / mf.sum().clamp_min(1);
+      loss = loss + kl_coef * part.token_share * kl_mean;
+      kl_sum += part.token_share * kl_mean.item<double>();
     }
-    ++micro_batches;
-  }
-  auto metrics = trainer.step();
+    clip_sum += part.token_share * r.clip_frac.item<double>();
+    ppo_kl_sum += part.token_share * r.approx_kl.item<double>();
+    return loss;
+  });
   Message reply;
-  double n = std::max<int64_t>(1, micro_batches);
+  const double n = static_cast<double>(role.trainer->config().grad_accum_steps);
   reply.args = step_metrics_json(metrics);
   reply.args["clip_frac"] = clip_sum / n;
   reply.args["approx_kl"] = ppo_kl_sum / n;
@@ -333,35 +352,21 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
   if (!role.trainer) throw RuntimeError("train_critic: this worker's role is not trained");
   Batch all = read_batch(req, role.device);
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
-  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
   const double value_clip = req.args.at("value_clip").get<double>();
   const bool packed =
       req.args.value("packing", false) && req.args.value("max_tokens", int64_t{0}) > 0;
-  auto& trainer = *role.trainer;
-  for (int64_t i = 0; i < trainer.config().grad_accum_steps; ++i) {
-    const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
-    TORCH_CHECK(b0 < b1, "train_critic: micro batch ", i, " is empty");
-    const torch::Tensor mask = rows(req, "action_mask", b0, b1, role.device);
-    const auto parts = training_parts(role, req, all, b0, b1);
-    for (size_t k = 0; k < parts.size(); ++k) {
-      const bool empty = parts[k].first == parts[k].second;
-      const int64_t p0 = empty ? 0 : parts[k].first, p1 = empty ? 1 : parts[k].second;
-      // The value loss is a token mean: a part's share is its share of the action tokens.
-      const double share = empty ? 0.0 : parts.size() == 1 ? 1.0 : token_share(mask, p0, p1);
-      const torch::Tensor m = mask.slice(0, p0, p1);
-      torch::Tensor v = per_action(*role.model, slice(all, b0 + p0, b0 + p1), m, packed,
-                                   [&](const torch::Tensor& hidden, const torch::Tensor&) {
-                                     torch::Tensor values = role.model->values(hidden);  // [B, T]
-                                     return values.narrow(1, 0, values.size(1) - 1);
-                                   });
-      torch::Tensor loss =
-          ppo::value_loss(v, rows(req, "values_old", b0 + p0, b0 + p1, role.device),
-                          rows(req, "returns", b0 + p0, b0 + p1, role.device), m, value_clip,
-                          ppo::LossAggregation::kTokenMean);
-      trainer.backward(share == 1.0 ? loss : loss * share, k + 1 == parts.size());
-    }
-  }
-  auto metrics = trainer.step();
+  auto metrics = train_in_parts(role, req, all, begin, end, [&](const TrainPart& part) {
+    torch::Tensor v = per_action(*role.model, part.batch, part.action_mask, packed,
+                                 [&](const torch::Tensor& hidden, const torch::Tensor&) {
+                                   torch::Tensor values = role.model->values(hidden);  // [B, T]
+                                   return values.narrow(1, 0, values.size(1) - 1);
+                                 });
+    torch::Tensor loss = ppo::value_loss(
+        v, rows(req, "values_old", part.begin, part.end, role.device),
+        rows(req, "returns", part.begin, part.end, role.device), part.action_mask, value_clip,
+        ppo::LossAggregation::kTokenMean);  // a token mean: the part's share is of the tokens
+    return part.token_share == 1.0 ? loss : loss * part.token_share;
+  });
   Message reply;
   reply.args = step_metrics_json(metrics);
   return reply;

@@ -117,6 +117,10 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   LayerHooks* hooks_ = nullptr;
 };
 
+// The parameters CausalLM's constructor registers for `config` (HF names, full shapes), in
+// its order: what a checkpoint must hold, without building a model.
+CausalLM::ShapeList parameter_shapes(const ModelConfig& config);
+
 // A fresh value head, [1, H] FP32: normal(0, 1 / (H + 1)) as OpenRLHF's critic init, from
 // a generator of its own (seed 0), so every rank and every loader draws the same values.
 torch::Tensor value_head_init(const ModelConfig& config);

@@ -409,21 +409,14 @@ ModelConfig architecture_config(const std::string& name) {
     qwen25(3584, 18944, 28, 28, 4);
   } else if (name == "qwen2.5-32b") {
     qwen25(5120, 27648, 64, 40, 8);
-  } else if (name == "mistral-7b") {
+  } else if (name == "mistral-7b") {  // Llama-3-8B's shape with its own vocabulary and RoPE
+    llama3(4096, 14336, 32, 32);
     c.model_type = "mistral";
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.head_dim = 128;
     c.vocab_size = 32768;
     c.rope_theta = 1000000.0;
-    c.rms_norm_eps = 1e-5;
     c.max_position_embeddings = 32768;
     c.bos_token_id = 1;
     c.eos_token_id = 2;
-    c.pad_token_id = -1;
   } else {
     std::string names;
     for (const auto& n : architecture_names()) names += (names.empty() ? "" : ", ") + n;

@@ -44,41 +44,58 @@ std::string dtype_hf_name(torch::Dtype dtype) {
   throw InputError(std::string("unsupported model dtype ") + c10::toString(dtype));
 }
 
-void load_weights(CausalLM& model, const CheckpointReader& checkpoint,
-                  const std::vector<std::string>& allowed_missing,
-                  const std::vector<std::string>& ignored) {
-  torch::NoGradGuard no_grad;
+namespace {
+
+// What keeps `checkpoint` from filling parameters `shapes`: "; missing tensors: ...;
+// unexpected tensors: ...; wrong shapes: ..." ("" when it fits). Names in allowed_missing
+// may be absent; ignored names, old RoPE buffers and a tied model's lm_head may be extra.
+std::string mismatches(const CausalLM::ShapeList& shapes, const CheckpointReader& checkpoint,
+                       bool tied, const std::vector<std::string>& allowed_missing,
+                       const std::vector<std::string>& ignored) {
+  auto listed = [](const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
   std::set<std::string> expected;
   std::vector<std::string> missing, wrong_shape;
-  for (auto& [name, param] : model.state_tensors()) {
+  for (const auto& [name, shape] : shapes) {
     expected.insert(name);
     if (!checkpoint.contains(name)) {
-      if (std::find(allowed_missing.begin(), allowed_missing.end(), name) == allowed_missing.end())
-        missing.push_back(name);
+      if (!listed(allowed_missing, name)) missing.push_back(name);
       continue;
     }
     const TensorInfo& info = checkpoint.info(name);
-    if (c10::IntArrayRef(info.shape) != param.sizes()) {
+    if (info.shape != shape)
       wrong_shape.push_back(name + " " + shape_text(info.shape) + " in " +
                             fs::path(checkpoint.file_of(name)).filename().string() +
-                            ", model expects " + shape_text(param.sizes()));
-      continue;
-    }
-    param.copy_(checkpoint.view(name));  // converts dtype and device
+                            ", model expects " + shape_text(shape));
   }
   std::vector<std::string> unexpected;
   for (const auto& name : checkpoint.names()) {
     if (expected.count(name)) continue;
     if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // old HF buffers
-    if (name == "lm_head.weight" && model.config().tie_word_embeddings) continue;
-    if (std::find(ignored.begin(), ignored.end(), name) != ignored.end()) continue;
+    if (name == "lm_head.weight" && tied) continue;
+    if (listed(ignored, name)) continue;
     unexpected.push_back(name);
   }
   std::string problems;
   if (!missing.empty()) problems += "; missing tensors: " + list_names(missing);
   if (!unexpected.empty()) problems += "; unexpected tensors: " + list_names(unexpected);
   if (!wrong_shape.empty()) problems += "; wrong shapes: " + list_names(wrong_shape);
+  return problems;
+}
+
+}  // namespace
+
+void load_weights(CausalLM& model, const CheckpointReader& checkpoint,
+                  const std::vector<std::string>& allowed_missing,
+                  const std::vector<std::string>& ignored) {
+  torch::NoGradGuard no_grad;
+  const std::string problems =
+      mismatches(model.parameter_shapes(), checkpoint, model.config().tie_word_embeddings,
+                 allowed_missing, ignored);
   if (!problems.empty()) throw InputError("checkpoint does not match the model config" + problems);
+  for (auto& [name, param] : model.state_tensors())
+    if (checkpoint.contains(name)) param.copy_(checkpoint.view(name));  // converts dtype, device
 }
 
 PretrainedSource::PretrainedSource(const std::string& dir, const LoadOptions& options)
@@ -89,40 +106,14 @@ PretrainedSource::PretrainedSource(const std::string& dir, const LoadOptions& op
   config_.validate(dir + "/config.json");
   dtype_ = options.dtype ? *options.dtype : dtype_from_name(config_.torch_dtype);
   checkpoint_ = std::make_unique<CheckpointReader>(dir);
-  std::vector<std::string> ignored;
+  std::vector<std::string> fresh, ignored;
   if (config_.head == HeadKind::kValue && stored_head != HeadKind::kValue) {
     fresh_value_head_ = config_.value_head_prefix + ".weight";
+    fresh.push_back(fresh_value_head_);
     ignored.push_back("lm_head.weight");
   }
-  // The model's parameters from the config alone: a deferred model allocates nothing.
-  const CausalLM shapes_only(config_, Materialize::kDeferred);
-  std::set<std::string> expected;
-  std::vector<std::string> missing, wrong_shape;
-  for (const auto& [name, shape] : shapes_only.parameter_shapes()) {
-    expected.insert(name);
-    if (!checkpoint_->contains(name)) {
-      if (name != fresh_value_head_) missing.push_back(name);
-      continue;
-    }
-    const TensorInfo& info = checkpoint_->info(name);
-    if (info.shape != shape) {
-      wrong_shape.push_back(name + " " + shape_text(info.shape) + " in " +
-                            fs::path(checkpoint_->file_of(name)).filename().string() +
-                            ", model expects " + shape_text(shape));
-    }
-  }
-  std::vector<std::string> unexpected;
-  for (const auto& name : checkpoint_->names()) {
-    if (expected.count(name)) continue;
-    if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // old HF buffers
-    if (name == "lm_head.weight" && config_.tie_word_embeddings) continue;
-    if (std::find(ignored.begin(), ignored.end(), name) != ignored.end()) continue;
-    unexpected.push_back(name);
-  }
-  std::string problems;
-  if (!missing.empty()) problems += "; missing tensors: " + list_names(missing);
-  if (!unexpected.empty()) problems += "; unexpected tensors: " + list_names(unexpected);
-  if (!wrong_shape.empty()) problems += "; wrong shapes: " + list_names(wrong_shape);
+  const std::string problems = mismatches(parameter_shapes(config_), *checkpoint_,
+                                          config_.tie_word_embeddings, fresh, ignored);
   if (!problems.empty())
     throw InputError(dir + ": checkpoint does not match the model config" + problems);
 }
