@@ -79,7 +79,9 @@ torch::Tensor rm_loss(RmLossType type, const torch::Tensor& chosen_scores,
               "rm_loss: chosen and rejected scores differ in shape: ", chosen_scores.sizes(),
               " vs ", rejected_scores.sizes());
   torch::Tensor c = chosen_scores.to(torch::kFloat32), r = rejected_scores.to(torch::kFloat32);
-  if (type == RmLossType::kLogExp) return torch::log1p(torch::exp(r - c)).mean();
+  // log(1 + exp(x)) = softplus(x): exp overflows FP32 for x > 88 (and BF16 scores reach
+  // that), softplus does not (it returns x itself above its threshold of 20).
+  if (type == RmLossType::kLogExp) return torch::softplus(r - c).mean();
   torch::Tensor diff = c - r;
   if (margin.defined()) diff = diff - margin.to(torch::kFloat32);
   return (-logsigmoid(diff)).mean();

@@ -53,7 +53,8 @@ RmLossType parse_rm_loss(const std::string& name);
 
 // Pairwise reward-model loss over scores [P]:
 //   sigmoid: mean(-logsigmoid(r_chosen - r_rejected - margin))   (margin [P] or undefined)
-//   logexp:  mean(log(1 + exp(r_rejected - r_chosen)))            (Askell et al. 2021)
+//   logexp:  mean(log(1 + exp(r_rejected - r_chosen)))            (Askell et al. 2021),
+//            computed as softplus so a large gap gives the gap, not inf
 torch::Tensor rm_loss(RmLossType type, const torch::Tensor& chosen_scores,
                       const torch::Tensor& rejected_scores, const torch::Tensor& margin = {});
 

@@ -83,6 +83,19 @@ TEST(RmLoss, PairwiseAndLogExp) {
   EXPECT_THROW(parse_rm_loss("hinge"), std::exception);
 }
 
+TEST(RmLoss, LogExpDoesNotOverflowOnALargeGap) {
+  // log(1 + exp(x)) = x + log(1 + exp(-x)): for x = 200 that is 200 + 1e-87, i.e. 200 in FP32,
+  // where exp(200) alone overflows to inf. For x = -200 it is exp(-200), 0 in FP32. Mean of
+  // the two: 100. Gradient d/dx = sigmoid(x): 1 and 0, halved by the mean.
+  auto c = torch::tensor({0.0f, 0.0f}, torch::requires_grad());
+  auto r = torch::tensor({200.0f, -200.0f});
+  torch::Tensor loss = rm_loss(RmLossType::kLogExp, c, r);
+  EXPECT_NEAR(loss.item<double>(), 100.0, kTol);
+  loss.backward();
+  EXPECT_NEAR(c.grad()[0].item<double>(), -0.5, kTol);
+  EXPECT_NEAR(c.grad()[1].item<double>(), 0.0, kTol);
+}
+
 TEST(SftLoss, MeanNllOverResponseTokens) {
   auto lp = torch::tensor({-1.0f, -2.0f, -3.0f}).reshape({1, 3});
   auto mask = torch::tensor({0.0f, 1.0f, 1.0f}).reshape({1, 3});
