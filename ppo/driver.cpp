@@ -80,7 +80,8 @@ struct Experience {
   torch::Tensor log_probs_old;  // [B, A] actor log pi_old(a|s)
   torch::Tensor log_probs_ref;  // [B, A] reference log-probs (undefined without a ref)
   torch::Tensor values;         // [B, A] critic values (undefined without a critic)
-  torch::Tensor kl;             // [B, A] per-token KL estimate (zeros without a ref)
+  torch::Tensor kl;             // [B, A] policy-vs-reference KL estimate (zeros without a ref)
+  double kl_mean = 0;           // sequence_mean_kl(kl): logged and fed to the KL controller
   torch::Tensor entropy;        // [B, A] policy entropy at each action position
   BatchAdvantages adv;          // rewards, advantages, returns [B, A]
   double compute_s = 0;         // slowest scoring group's worker time
@@ -328,11 +329,15 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   if (has_reward_model_) e.scores = take(model_scores).tensor("scores").to(torch::kFloat32);
   e.response_length = r.action_mask.sum(1);
 
-  // OpenRLHF: with use_kl_loss the KL enters the actor loss, not the reward.
-  e.kl = has_ref_ && !c_.kl_use_loss ? approx_kl(e.log_probs_old, e.log_probs_ref, c_.kl_estimator)
-                                     : torch::zeros_like(e.log_probs_old);
+  // The KL is measured whenever there is a reference (issue 19: with use_loss OpenRLHF zeroes
+  // it and logs 0); with use_loss it enters the actor loss and not the reward, as OpenRLHF.
+  e.kl = has_ref_ ? approx_kl(e.log_probs_old, e.log_probs_ref, c_.kl_estimator)
+                  : torch::zeros_like(e.log_probs_old);
   e.kl = e.kl * r.action_mask.to(torch::kFloat32);
-  e.adv = compute_advantages(c_.advantage, e.scores, e.kl, kl_.value(), e.values, r.action_mask);
+  e.kl_mean = sequence_mean_kl(e.kl, r.action_mask);
+  const torch::Tensor reward_kl = c_.kl_use_loss ? torch::Tensor() : e.kl;
+  e.adv =
+      compute_advantages(c_.advantage, e.scores, reward_kl, kl_.value(), e.values, r.action_mask);
   return e;
 }
 
@@ -353,9 +358,11 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
                       {"max_tokens", c_.max_tokens_per_micro_batch},
                       {"packing", c_.packing_samples},
                       {"value_clip", c_.value_clip}};
-  json sums = {{"policy_loss", 0.0}, {"value_loss", 0.0},      {"clip_frac", 0.0},
-               {"approx_kl", 0.0},   {"actor_grad_norm", 0.0}, {"critic_grad_norm", 0.0},
-               {"actor_lr", 0.0}};
+  // Critic-less runs log no critic figures (rather than zeros for what does not exist).
+  std::vector<const char*> averaged = {"policy_loss", "clip_frac", "approx_kl", "actor_grad_norm"};
+  if (has_critic_) averaged.insert(averaged.end(), {"value_loss", "critic_grad_norm"});
+  json sums = {{"actor_lr", 0.0}};
+  for (const char* k : averaged) sums[k] = 0.0;
   int64_t updates = 0;
   double compute = 0;
   torch::Generator gen = at::detail::createCPUGenerator(c_.seed * 31 + static_cast<uint64_t>(step));
@@ -400,8 +407,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
       ++updates;
     }
   }
-  for (const char* k : {"policy_loss", "value_loss", "clip_frac", "approx_kl", "actor_grad_norm",
-                        "critic_grad_norm"})
+  for (const char* k : averaged)
     sums[k] = sums[k].get<double>() / static_cast<double>(std::max<int64_t>(1, updates));
   sums["updates"] = updates;
   sums["compute_s"] = compute;
@@ -507,7 +513,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     const double t_sync = seconds_since(t3);
     const double t_step = seconds_since(t0);
     auto mask = r.action_mask.to(torch::kFloat32);
-    const double kl_mean = ((e.kl * mask).sum() / mask.sum().clamp_min(1)).item<double>();
+    const double kl_mean = e.kl_mean;
     const double kl_coef = kl_.value();
     kl_.update(kl_mean, r.sequences.size(0));
     if (step % c_.logging_steps == 0 || step == total_steps_) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/errors.h"
+#include "ppo/masked.h"
 
 namespace rlhf::ppo {
 
@@ -31,6 +32,14 @@ torch::Tensor approx_kl(const torch::Tensor& log_probs, const torch::Tensor& log
       break;
   }
   return kl.clamp(-10.0, 10.0);
+}
+
+double sequence_mean_kl(const torch::Tensor& kl, const torch::Tensor& action_mask) {
+  TORCH_CHECK(kl.dim() == 2 && kl.sizes() == action_mask.sizes(),
+              "sequence_mean_kl: expected kl and action_mask [B, A], got ", kl.sizes(), " and ",
+              action_mask.sizes());
+  if (kl.size(0) == 0) return 0.0;
+  return masked_mean_rows(kl.to(torch::kFloat32), action_mask).mean().item<double>();
 }
 
 void KlController::update(double current_kl, int64_t n_samples) {

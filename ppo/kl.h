@@ -19,6 +19,12 @@ KlEstimator parse_kl_estimator(const std::string& name);
 torch::Tensor approx_kl(const torch::Tensor& log_probs, const torch::Tensor& log_probs_ref,
                         KlEstimator estimator);
 
+// The batch's KL as OpenRLHF reports it and feeds its controller: the mean over sequences of
+// each sequence's mean over its action tokens, mean_b(sum_t kl[b,t] m[b,t] / sum_t m[b,t])
+// (experience_maker: info["kl"] = masked_mean(kl, action_mask, dim=-1)). A token mean over
+// the whole batch would weight long responses more. kl, action_mask [B, A] -> scalar.
+double sequence_mean_kl(const torch::Tensor& kl, const torch::Tensor& action_mask);
+
 // KL coefficient. Fixed when target == 0; otherwise the adaptive controller of Ziegler et
 // al. 2019 as OpenRLHF implements it:
 //   e = clip(current_kl / target - 1, -0.2, 0.2);  coef *= 1 + e * n_samples / horizon.
@@ -27,7 +33,7 @@ class KlController {
   KlController(double init_coef, double target, int64_t horizon)
       : value_(init_coef), target_(target), horizon_(horizon) {}
   double value() const { return value_; }
-  // `current_kl` is the batch's mean KL; `n_samples` the sequences it came from.
+  // `current_kl` is the batch's sequence_mean_kl; `n_samples` the sequences it came from.
   void update(double current_kl, int64_t n_samples);
   void set_value(double v) { value_ = v; }  // for resume
 

@@ -390,6 +390,15 @@ TEST_F(PpoJob, GrpoExampleLearnsTheLettersTask) {
   auto m = read_metrics(run_dir("grpo") / "metrics.jsonl");
   ASSERT_EQ(m.size(), 30u);
   expect_learned(m);
+  // The KL is a loss term here (algo.kl.use_loss), and still measured and logged: 0 at step 1
+  // (actor and reference hold the same weights), then positive as the policy moves. No
+  // critic, so no critic figures at all.
+  EXPECT_NEAR(m[0]["kl"].get<double>(), 0.0, 1e-6);
+  EXPECT_GT(m.back()["kl"].get<double>(), 1e-3) << m.back().dump();
+  for (const auto& step : m) {
+    EXPECT_FALSE(step.contains("value_loss")) << step.dump();
+    EXPECT_FALSE(step.contains("critic_grad_norm")) << step.dump();
+  }
 }
 
 }  // namespace

@@ -52,6 +52,16 @@ TEST(Kl, AdaptiveControllerMatchesZieglerUpdate) {
   EXPECT_EQ(fixed.value(), 0.1);
 }
 
+TEST(Kl, BatchKlIsTheMeanOfPerSequenceMeans) {
+  // Row 0: tokens 1, 2 -> 1.5; row 1: token 4 -> 4; mean 2.75. (A token mean, 7 / 3 = 2.333,
+  // is what the driver logged before; the masked-out 9s must not count.)
+  auto kl = t2({{1, 2, 9}, {4, 9, 9}});
+  auto mask = t2({{1, 1, 0}, {1, 0, 0}});
+  EXPECT_NEAR(sequence_mean_kl(kl, mask), 2.75, kTol);
+  // A sequence without action tokens counts as 0 (no NaN): (1.5 + 0) / 2.
+  EXPECT_NEAR(sequence_mean_kl(kl, t2({{1, 1, 0}, {0, 0, 0}})), 0.75, kTol);
+}
+
 TEST(GroupBaseline, HandTable) {
   auto s = torch::tensor({1.0f, 2.0f, 3.0f, 4.0f});
   expect_near(apply_group_baseline(s, 2, AdvantageEstimator::kRloo),
