@@ -305,6 +305,7 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   pc.clip_high = req.args.at("clip_high").get<double>();
   pc.dual_clip = req.args.at("dual_clip").get<double>();
   pc.aggregation = ppo::parse_loss_aggregation(req.args.at("loss_agg").get<std::string>());
+  pc.norm_len = req.args.value("loss_norm_len", int64_t{0});
   const double kl_coef = req.args.value("kl_loss_coef", 0.0);
   const bool kl_loss = kl_coef > 0 && req.has_tensor("log_probs_ref");
   const auto kl_estimator =
@@ -314,7 +315,8 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
   auto metrics = train_in_parts(role, req, all, begin, end, [&](const TrainPart& part) {
     // Each part's loss is its share of the micro batch's: tokens for token means, rows for
-    // sequence means; the KL term and the metrics are token means.
+    // sequence means and token_sum_norm (a sum over rows x a constant); the KL term and the
+    // metrics are token means.
     const double share =
         pc.aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
     const torch::Tensor& m = part.action_mask;
@@ -353,6 +355,10 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
   Batch all = read_batch(req, role.device);
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
   const double value_clip = req.args.at("value_clip").get<double>();
+  // The policy loss's aggregation (OpenRLHF's ValueLoss follows token_level_loss too).
+  const auto aggregation =
+      ppo::parse_loss_aggregation(req.args.value("loss_agg", std::string("token_mean")));
+  const int64_t norm_len = req.args.value("loss_norm_len", int64_t{0});
   const bool packed =
       req.args.value("packing", false) && req.args.value("max_tokens", int64_t{0}) > 0;
   auto metrics = train_in_parts(role, req, all, begin, end, [&](const TrainPart& part) {
@@ -361,11 +367,14 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
                                    torch::Tensor values = role.model->values(hidden);  // [B, T]
                                    return values.narrow(1, 0, values.size(1) - 1);
                                  });
-    torch::Tensor loss = ppo::value_loss(
-        v, rows(req, "values_old", part.begin, part.end, role.device),
-        rows(req, "returns", part.begin, part.end, role.device), part.action_mask, value_clip,
-        ppo::LossAggregation::kTokenMean);  // a token mean: the part's share is of the tokens
-    return part.token_share == 1.0 ? loss : loss * part.token_share;
+    torch::Tensor loss =
+        ppo::value_loss(v, rows(req, "values_old", part.begin, part.end, role.device),
+                        rows(req, "returns", part.begin, part.end, role.device), part.action_mask,
+                        value_clip, aggregation, norm_len);
+    // The part's share of the micro batch: of its tokens for a token mean, else of its rows.
+    const double share =
+        aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
+    return share == 1.0 ? loss : loss * share;
   });
   Message reply;
   reply.args = step_metrics_json(metrics);

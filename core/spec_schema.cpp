@@ -216,8 +216,11 @@ std::vector<KeySpec> build_table() {
   t.number("actor.eps_clip_low", 0.0, 0, 10, "Lower ratio clip (0: actor.eps_clip).");
   t.number("actor.eps_clip_high", 0.0, 0, 10, "Upper ratio clip (0: actor.eps_clip).");
   t.number("actor.dual_clip", 0.0, 0, kInf, "Dual-clip constant c > 1 (0: off).");
-  t.choice("actor.loss_agg", "token_mean", {"token_mean", "seq_mean"},
-           "Policy loss aggregation: over all action tokens, or per sequence then mean.");
+  t.choice("actor.loss_agg", "auto", {"auto", "token_mean", "seq_mean", "token_sum_norm"},
+           "Loss aggregation of the policy and value losses: token_mean over all action "
+           "tokens; seq_mean per sequence, then over sequences; token_sum_norm sums over "
+           "tokens and divides by sequences x rollout.max_new_tokens (Dr. GRPO). auto: "
+           "token_sum_norm for dr_grpo, token_mean otherwise.");
   t.number("actor.entropy_coef", 0.0, 0, kInf, "Entropy bonus coefficient.");
 
   add_role_placement(t, "critic", "Value model directory (default: reward.model).");

@@ -220,6 +220,8 @@ void PpoJob::init_roles(Scheduler& s) {
               {"n_samples_per_prompt", c_.n_samples_per_prompt},
               {"micro_batch_size", c_.rollout_micro_batch_size},
               {"kv_cache_memory_gb", spec_.get_float("rollout.kv_cache_memory_gb")},
+              {"kv_block_size", spec_.get_int("rollout.kv_block_size")},
+              {"max_num_seqs", spec_.get_int("rollout.max_num_seqs")},
               {"stop_token_ids", stop},
               {"pad_token_id", pad_id_}};
     } else {
@@ -351,13 +353,16 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
                      {"clip_high", c_.policy.clip_high},
                      {"dual_clip", c_.policy.dual_clip},
                      {"loss_agg", c_.loss_agg},
+                     {"loss_norm_len", c_.policy.norm_len},
                      {"kl_loss_coef", c_.kl_use_loss && has_ref_ ? kl_.value() : 0.0},
                      {"kl_estimator", spec_.get_string("algo.kl.estimator")}};
   json critic_args = {{"action_len", r.action_mask.size(1)},
                       {"micro_batch_size", c_.train_micro_batch_size},
                       {"max_tokens", c_.max_tokens_per_micro_batch},
                       {"packing", c_.packing_samples},
-                      {"value_clip", c_.value_clip}};
+                      {"value_clip", c_.value_clip},
+                      {"loss_agg", c_.loss_agg},
+                      {"loss_norm_len", c_.policy.norm_len}};
   // Critic-less runs log no critic figures (rather than zeros for what does not exist).
   std::vector<const char*> averaged = {"policy_loss", "clip_frac", "approx_kl", "actor_grad_norm"};
   if (has_critic_) averaged.insert(averaged.end(), {"value_loss", "critic_grad_norm"});

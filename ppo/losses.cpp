@@ -1,5 +1,7 @@
 #include "ppo/losses.h"
 
+#include <algorithm>
+
 #include "core/errors.h"
 #include "ppo/masked.h"
 
@@ -8,17 +10,31 @@ namespace rlhf::ppo {
 LossAggregation parse_loss_aggregation(const std::string& name) {
   if (name == "token_mean") return LossAggregation::kTokenMean;
   if (name == "seq_mean") return LossAggregation::kSeqMean;
-  throw InputError("actor.loss_agg: expected token_mean or seq_mean, found \"" + name + "\"");
+  if (name == "token_sum_norm") return LossAggregation::kTokenSumNorm;
+  throw InputError(
+      "actor.loss_agg: expected auto, token_mean, seq_mean or token_sum_norm, found \"" + name +
+      "\"");
 }
 
-namespace {
-
-torch::Tensor aggregate(const torch::Tensor& loss, const torch::Tensor& mask, LossAggregation agg) {
-  return agg == LossAggregation::kTokenMean ? masked_mean(loss, mask)
-                                            : masked_mean_rows(loss, mask).mean();
+std::string resolve_loss_aggregation(const std::string& name, const std::string& estimator) {
+  if (name != "auto") return name;
+  return estimator == "dr_grpo" ? "token_sum_norm" : "token_mean";
 }
 
-}  // namespace
+torch::Tensor aggregate_loss(const torch::Tensor& loss, const torch::Tensor& mask,
+                             LossAggregation aggregation, int64_t norm_len) {
+  switch (aggregation) {
+    case LossAggregation::kTokenMean:
+      return masked_mean(loss, mask);
+    case LossAggregation::kSeqMean:
+      return masked_mean_rows(loss, mask).mean();
+    case LossAggregation::kTokenSumNorm:
+      break;
+  }
+  TORCH_CHECK(norm_len >= 1, "aggregate_loss: token_sum_norm needs a length >= 1, got ", norm_len);
+  return (loss * mask.to(loss.scalar_type())).sum() /
+         static_cast<double>(std::max<int64_t>(1, loss.size(0)) * norm_len);
+}
 
 PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor& log_probs,
                              const torch::Tensor& log_probs_old, const torch::Tensor& advantages,
@@ -42,7 +58,7 @@ PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor
     loss = -clipped;
   }
   PolicyLossResult out;
-  out.loss = aggregate(loss, action_mask, config.aggregation);
+  out.loss = aggregate_loss(loss, action_mask, config.aggregation, config.norm_len);
   out.clip_frac = masked_mean(torch::lt(surr2, surr1).to(torch::kFloat32), action_mask).detach();
   out.approx_kl = masked_mean(-log_ratio.detach(), action_mask);
   return out;
@@ -50,7 +66,7 @@ PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor
 
 torch::Tensor value_loss(const torch::Tensor& values, const torch::Tensor& values_old,
                          const torch::Tensor& returns, const torch::Tensor& action_mask,
-                         double value_clip, LossAggregation aggregation) {
+                         double value_clip, LossAggregation aggregation, int64_t norm_len) {
   TORCH_CHECK(values.sizes() == values_old.sizes() && values.sizes() == returns.sizes(),
               "value_loss: expected [B, A] tensors of one shape, got ", values.sizes(), ", ",
               values_old.sizes(), ", ", returns.sizes());
@@ -64,7 +80,7 @@ torch::Tensor value_loss(const torch::Tensor& values, const torch::Tensor& value
   } else {
     loss = (v - r).pow(2);
   }
-  return 0.5 * aggregate(loss, action_mask, aggregation);
+  return 0.5 * aggregate_loss(loss, action_mask, aggregation, norm_len);
 }
 
 torch::Tensor masked_entropy(const torch::Tensor& entropy, const torch::Tensor& action_mask) {

@@ -9,17 +9,32 @@
 namespace rlhf::ppo {
 
 enum class LossAggregation {
-  kTokenMean,  // mean over every action token of the batch
-  kSeqMean,    // mean over each sequence's tokens, then over sequences
+  kTokenMean,     // mean over every action token of the batch
+  kSeqMean,       // mean over each sequence's tokens, then over sequences
+  kTokenSumNorm,  // sum over every action token / (sequences x a constant length): Dr. GRPO
 };
-// "token_mean" | "seq_mean"; throws InputError otherwise.
+// "token_mean" | "seq_mean" | "token_sum_norm"; throws InputError otherwise.
 LossAggregation parse_loss_aggregation(const std::string& name);
+// actor.loss_agg's "auto": token_sum_norm for dr_grpo (the estimator's normalisation), else
+// token_mean; any other name is returned unchanged.
+std::string resolve_loss_aggregation(const std::string& name, const std::string& estimator);
+
+// Per-token losses [B, A] under action_mask [B, A] to a scalar:
+//   token_mean:     sum(l * m) / sum(m)                  (OpenRLHF masked_mean, dim=None)
+//   seq_mean:       mean_b(sum_t l m / sum_t m)          (OpenRLHF masked_mean, dim=-1, .mean())
+//   token_sum_norm: sum(l * m) / (B * norm_len)          (Dr. GRPO, Liu et al. 2025, as TRL's
+//                   loss_type="dr_grpo": (loss * mask).sum() / (B * max_completion_length))
+// norm_len (the generation budget, rollout.max_new_tokens) is used only by token_sum_norm and
+// must then be >= 1.
+torch::Tensor aggregate_loss(const torch::Tensor& loss, const torch::Tensor& mask,
+                             LossAggregation aggregation, int64_t norm_len = 0);
 
 struct PolicyLossConfig {
   double clip_low = 0.2;  // ratio clipped to [1 - clip_low, 1 + clip_high]
   double clip_high = 0.2;
   double dual_clip = 0.0;  // c > 1 bounds the loss of negative advantages (0: off)
   LossAggregation aggregation = LossAggregation::kTokenMean;
+  int64_t norm_len = 0;  // token_sum_norm's constant length (rollout.max_new_tokens)
 };
 
 struct PolicyLossResult {
@@ -36,11 +51,12 @@ PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor
                              const torch::Tensor& log_probs_old, const torch::Tensor& advantages,
                              const torch::Tensor& action_mask);
 
-// 0.5 * mean(max((V_clip - R)^2, (V - R)^2)), V_clip = V_old + clip(V - V_old, -c, c);
-// unclipped 0.5 * mean((V - R)^2) when value_clip == 0. Tensors [B, A].
+// 0.5 * agg(max((V_clip - R)^2, (V - R)^2)), V_clip = V_old + clip(V - V_old, -c, c);
+// unclipped 0.5 * agg((V - R)^2) when value_clip == 0. Tensors [B, A]. agg is aggregate_loss
+// with the policy loss's setting, as OpenRLHF's ValueLoss follows token_level_loss.
 torch::Tensor value_loss(const torch::Tensor& values, const torch::Tensor& values_old,
                          const torch::Tensor& returns, const torch::Tensor& action_mask,
-                         double value_clip, LossAggregation aggregation);
+                         double value_clip, LossAggregation aggregation, int64_t norm_len = 0);
 
 // Mean per-token entropy of the policy over action tokens, from entropies [B, A].
 torch::Tensor masked_entropy(const torch::Tensor& entropy, const torch::Tensor& action_mask);

@@ -41,8 +41,10 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.policy.clip_low = low > 0 ? low : eps;
   c.policy.clip_high = high > 0 ? high : eps;
   c.policy.dual_clip = spec.get_float("actor.dual_clip");
-  c.loss_agg = spec.get_string("actor.loss_agg");
+  c.loss_agg = resolve_loss_aggregation(spec.get_string("actor.loss_agg"),
+                                        spec.get_string("algo.advantage.estimator"));
   c.policy.aggregation = parse_loss_aggregation(c.loss_agg);
+  c.policy.norm_len = c.max_new_tokens;
   c.value_clip = spec.get_float("critic.value_clip");
   c.reward_rule = spec.get_string("reward.rule");
   c.reward_remote_url = spec.get_string("reward.remote_url");

@@ -236,6 +236,35 @@ TEST(PolicyLoss, TokenVersusSequenceAggregation) {
   EXPECT_NEAR(policy_loss(c, zeros, zeros, adv, mask).loss.item<double>(), 2.25, kTol);
 }
 
+TEST(PolicyLoss, DrGrpoConstantNormalisation) {
+  // Same tokens as above: per-token loss 1, 2 | 3 on the action mask. Dr. GRPO (TRL
+  // loss_type="dr_grpo"): sum 6 / (2 sequences x 4 = max_new_tokens) = 0.75, whatever the
+  // responses' lengths.
+  auto mask = t2({{1, 1, 0}, {1, 0, 0}});
+  auto adv = t2({{-1, -2, -9}, {-3, -9, -9}});
+  auto zeros = torch::zeros({2, 3});
+  PolicyLossConfig c;
+  c.aggregation = LossAggregation::kTokenSumNorm;
+  c.norm_len = 4;
+  EXPECT_NEAR(policy_loss(c, zeros, zeros, adv, mask).loss.item<double>(), 0.75, kTol);
+  // Gradient of each token's log-prob: -A / (B x L) = -A / 8, the same weight for every
+  // token (a token mean would give -A / 3, a sequence mean -A / (2 x length)).
+  auto lp = zeros.clone().set_requires_grad(true);
+  policy_loss(c, lp, zeros, adv, mask).loss.backward();
+  expect_near(lp.grad(), t2({{0.125f, 0.25f, 0}, {0.375f, 0, 0}}));
+  c.norm_len = 0;
+  EXPECT_THROW(policy_loss(c, zeros, zeros, adv, mask), std::exception);
+}
+
+TEST(LossAggregation, AutoIsDrGrpoNormalisationOnlyForDrGrpo) {
+  EXPECT_EQ(resolve_loss_aggregation("auto", "dr_grpo"), "token_sum_norm");
+  EXPECT_EQ(resolve_loss_aggregation("auto", "group_norm"), "token_mean");
+  EXPECT_EQ(resolve_loss_aggregation("auto", "gae"), "token_mean");
+  EXPECT_EQ(resolve_loss_aggregation("seq_mean", "dr_grpo"), "seq_mean");
+  EXPECT_EQ(parse_loss_aggregation("token_sum_norm"), LossAggregation::kTokenSumNorm);
+  EXPECT_THROW(parse_loss_aggregation("auto"), std::exception);  // resolved before parsing
+}
+
 TEST(PolicyLoss, GradientFlowsOnlyThroughUnclippedTokens) {
   PolicyLossConfig c;
   auto lp = torch::tensor({std::log(1.5f), 0.0f}).reshape({1, 2}).set_requires_grad(true);
@@ -255,6 +284,19 @@ TEST(ValueLoss, ClippedAndPlain) {
   EXPECT_NEAR(value_loss(t2({{1}}), t2({{0}}), t2({{2}}), mask, 0.0, LossAggregation::kTokenMean)
                   .item<double>(),
               0.5, kTol);
+}
+
+TEST(ValueLoss, FollowsTheAggregationSetting) {
+  // V = 0, no clip: squared errors 1, 9 | 4 on the action mask (the 7s are masked out).
+  auto mask = t2({{1, 1, 0}, {1, 0, 0}});
+  auto v = torch::zeros({2, 3});
+  auto ret = t2({{1, 3, 7}, {2, 7, 7}});
+  auto loss = [&](LossAggregation agg, int64_t len) {
+    return value_loss(v, v, ret, mask, 0.0, agg, len).item<double>();
+  };
+  EXPECT_NEAR(loss(LossAggregation::kTokenMean, 0), 0.5 * 14.0 / 3.0, kTol);       // 2.333333
+  EXPECT_NEAR(loss(LossAggregation::kSeqMean, 0), 0.5 * (5.0 + 4.0) / 2.0, kTol);  // 2.25
+  EXPECT_NEAR(loss(LossAggregation::kTokenSumNorm, 4), 0.5 * 14.0 / 8.0, kTol);    // 0.875
 }
 
 }  // namespace
