@@ -150,6 +150,21 @@ Batch slice(const Batch& b, int64_t begin, int64_t end) {
   return {b.sequences.slice(0, begin, end), b.attention_mask.slice(0, begin, end), b.action_len};
 }
 
+// Hidden states [B, T, H] whose head outputs are the logits / temperature: the LM head is a
+// linear map without bias (Llama, Qwen2), so (h / T) W^T = (h W^T) / T. Log-probs and
+// entropy for the PPO ratio and KL are taken at the sampling temperature, as OpenRLHF
+// (logits.div_(temperature) in Actor.forward) and veRL do. args.temperature: absent, 1 or 0
+// (greedy sampling) leave the logits as they are.
+double request_temperature(const Message& req) {
+  const double t = req.args.value("temperature", 1.0);
+  if (!(t >= 0.0))
+    throw InputError(req.op + ": temperature must be >= 0, got " + std::to_string(t));
+  return t == 0.0 ? 1.0 : t;
+}
+torch::Tensor at_temperature(const torch::Tensor& hidden, double temperature) {
+  return temperature == 1.0 ? hidden : hidden / temperature;
+}
+
 // Per-token entropy [B, A] (FP32) of the policy at each action position, from `hidden`
 // [B, T, H]; logits are made 16 positions at a time so [B, A, V] never exists. No graph.
 torch::Tensor action_entropy(models::CausalLM& model, const torch::Tensor& hidden, int64_t a) {
@@ -312,6 +327,7 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
       ppo::parse_kl_estimator(req.args.value("kl_estimator", std::string("k1")));
   const bool packed =
       req.args.value("packing", false) && req.args.value("max_tokens", int64_t{0}) > 0;
+  const double temperature = request_temperature(req);
   double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
   auto metrics = train_in_parts(role, req, all, begin, end, [&](const TrainPart& part) {
     // Each part's loss is its share of the micro batch's: tokens for token means, rows for
@@ -322,7 +338,8 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
     const torch::Tensor& m = part.action_mask;
     torch::Tensor lp = per_action(*role.model, part.batch, m, packed,
                                   [&](const torch::Tensor& hidden, const torch::Tensor& ids) {
-                                    return role.model->next_token_log_probs(hidden, ids);
+                                    return role.model->next_token_log_probs(
+                                        at_temperature(hidden, temperature), ids);
                                   });
     auto r = ppo::policy_loss(pc, lp, rows(req, "log_probs_old", part.begin, part.end, role.device),
                               rows(req, "advantages", part.begin, part.end, role.device), m);
@@ -418,15 +435,18 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     return init(*role, req, self);
   });
   registry.add("log_probs", [role](const Message& req, const WorkerIdentity&) {
-    // args.entropy: also the policy's per-token entropy (for the metrics).
+    // args.entropy: also the policy's per-token entropy (for the metrics); args.temperature:
+    // both at that sampling temperature (request_temperature).
     torch::NoGradGuard no_grad;
     models::CausalLM& model = role->checked_model(req.op);
     Batch b = read_batch(req, role->device);
     const bool entropy = req.args.value("entropy", false);
+    const double temperature = request_temperature(req);
     auto out = by_budget(
         *role, req, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
           Batch mb = slice(b, b0, b1);
-          torch::Tensor hidden = model.forward(mb.sequences, mb.attention_mask);
+          torch::Tensor hidden =
+              at_temperature(model.forward(mb.sequences, mb.attention_mask), temperature);
           torch::Tensor lp = model.next_token_log_probs(hidden, mb.sequences);
           std::vector<torch::Tensor> r = {lp.slice(1, lp.size(1) - b.action_len, lp.size(1))};
           if (entropy) r.push_back(action_entropy(model, hidden, b.action_len));

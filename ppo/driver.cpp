@@ -285,9 +285,12 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   const int64_t micro = c_.rollout_micro_batch_size * c_.n_samples_per_prompt;
   // Every forward of a scorer holds at most max_tokens (rows x padded length); max_rows lets
   // ranks that gather weights in each forward (ZeRO-3) agree on the number of forwards.
+  // Actor and reference log-probs at the sampling temperature (logits / T), so the ratio and
+  // the KL compare the distributions the samples were drawn from (OpenRLHF, veRL).
   const json args = {{"action_len", r.action_mask.size(1)},
                      {"max_tokens", c_.max_tokens_per_micro_batch},
-                     {"max_rows", micro}};
+                     {"max_rows", micro},
+                     {"temperature", c_.temperature}};
   auto seq = sequence_tensors(r);
   // Each future yields the group's reply and its ranks (for the compute accounting).
   using Scored = std::pair<Message, int>;
@@ -355,7 +358,8 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
                      {"loss_agg", c_.loss_agg},
                      {"loss_norm_len", c_.policy.norm_len},
                      {"kl_loss_coef", c_.kl_use_loss && has_ref_ ? kl_.value() : 0.0},
-                     {"kl_estimator", spec_.get_string("algo.kl.estimator")}};
+                     {"kl_estimator", spec_.get_string("algo.kl.estimator")},
+                     {"temperature", c_.temperature}};
   json critic_args = {{"action_len", r.action_mask.size(1)},
                       {"micro_batch_size", c_.train_micro_batch_size},
                       {"max_tokens", c_.max_tokens_per_micro_batch},

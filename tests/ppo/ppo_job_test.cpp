@@ -314,6 +314,24 @@ TEST_F(PpoJob, RowWeightedAggregationsKeepTheirLossUnderATokenBudget) {
     }
 }
 
+TEST_F(PpoJob, RatioAndKlAreTakenAtTheSamplingTemperature) {
+  // Sampling at T = 0.5: the old log-probs, the reference's and the trained policy's are all
+  // log_softmax(logits / 0.5). One optimizer step per PPO step (64 samples, batch 64), so the
+  // update runs on the weights that scored the samples: ratio 1, approx_kl 0, nothing clipped;
+  // and at step 1 the reference equals the actor: KL 0. A role left at T = 1 breaks these by
+  // far more than FP32 noise (a log-prob at T = 0.5 vs 1 differs by ~1 nat on this model).
+  Result r = run("temperature",
+                 {"--set", "train.max_steps=1", "--set", "rollout.temperature=0.5", "--set",
+                  "train.batch_size=64", "--set", "actor.dtype=fp32", "--set", "ref.dtype=fp32"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = read_metrics(run_dir("temperature") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 1u);
+  // FP32, one forward with and one without a graph: 1e-5.
+  EXPECT_NEAR(m[0]["approx_kl"].get<double>(), 0.0, 1e-5) << m[0].dump();
+  EXPECT_NEAR(m[0]["clip_frac"].get<double>(), 0.0, 1e-9) << m[0].dump();
+  EXPECT_NEAR(m[0]["kl"].get<double>(), 0.0, 1e-5) << m[0].dump();
+}
+
 TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
   Result r =
       rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "nope").string(),
