@@ -117,6 +117,11 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
                 << std::endl;
       reply = make_error(id, op, e.what_without_backtrace());
+    } catch (const InputError& e) {
+      std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
+                << std::endl;
+      reply = make_error(id, op, e.what());
+      reply.args = {{"bad_input", true}};  // the driver reports it as bad input (exit 2)
     } catch (const std::exception& e) {
       std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
                 << std::endl;

@@ -57,6 +57,7 @@ std::vector<std::string> Args::values(const std::string& name) const {
 std::string format_options(const std::vector<OptionSpec>& options) {
   std::ostringstream out;
   for (const auto& o : options) {
+    if (o.hidden) continue;
     std::string left = o.name + (o.takes_value ? " " + o.value_name : "");
     out << "  " << left;
     for (size_t pad = left.size(); pad < 26; ++pad) out << ' ';

@@ -14,6 +14,7 @@ struct OptionSpec {
   bool takes_value;  // false: a flag
   std::string help;  // one line for `rlhf CMD --help`
   std::string value_name = "VALUE";
+  bool hidden = false;  // accepted, but not listed in --help (internal options)
 };
 
 class Args {

@@ -1,12 +1,14 @@
 // `rlhf logprobs --model DIR --input FILE.jsonl`: each sequence's per-token log-probs as
-// JSON lines, to check a converted or trained model. Token ids only (text input arrives
-// with tokenizer/); one sequence at a time, so no padding enters the numbers.
+// JSON lines, to check a converted or trained model. Token ids, or text (--text, or text
+// lines) encoded with the model's tokenizer; one sequence at a time, so no padding enters
+// the numbers.
 #include <torch/torch.h>
 
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -62,14 +64,18 @@ int cmd_logprobs(const Argv& argv) {
       {"--input", true,
        "JSON lines: {\"input_ids\": [...]}, [...], {\"text\": \"...\"} or \"...\" per line",
        "FILE"},
+      {"--text", true,
+       "a text to score instead of --input (repeatable; encoded with the model's tokenizer, "
+       "BOS as its config says)",
+       "TEXT"},
       {"--output", true, "write here instead of stdout", "FILE"},
       {"--dtype", true, "compute dtype: fp32 or bf16 (default: the model's torch_dtype)", "DTYPE"},
       {"--chunk", true, "positions per log-prob chunk (default 256)", "N"},
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf logprobs --model DIR --input FILE.jsonl [--output FILE] [--dtype "
-                 "fp32|bf16]\n\n"
+    std::cout << "usage: rlhf logprobs --model DIR (--input FILE.jsonl | --text TEXT...) "
+                 "[--output FILE] [--dtype fp32|bf16]\n\n"
                  "For each input line, writes {\"line\": N, \"log_probs\": [...], \"sum\": S}: the "
                  "log-prob\n"
                  "of every token after the first given the tokens before it (T-1 values, FP32).\n\n"
@@ -78,8 +84,10 @@ int cmd_logprobs(const Argv& argv) {
   }
   const auto model_dir = args.value("--model");
   const auto input = args.value("--input");
-  if (!model_dir || !input)
-    throw InputError("logprobs needs --model DIR and --input FILE (see --help)");
+  const auto texts = args.values("--text");
+  if (!model_dir || (!input && texts.empty()) || (input && !texts.empty()))
+    throw InputError(
+        "logprobs needs --model DIR and either --input FILE or --text TEXT (see --help)");
   models::LoadOptions load;
   if (auto d = args.value("--dtype")) load.dtype = models::dtype_from_name(*d);
   load.head = models::HeadKind::kLanguageModel;
@@ -92,8 +100,19 @@ int cmd_logprobs(const Argv& argv) {
   auto model = models::load_pretrained(*model_dir, load);
   model->eval();
 
-  std::ifstream in(*input);
-  if (!in) throw InputError(*input + ": cannot open");
+  // --text: each text is one input line, as a JSON string would be.
+  std::istringstream text_lines;
+  std::ifstream file_in;
+  if (input) {
+    file_in.open(*input);
+    if (!file_in) throw InputError(*input + ": cannot open");
+  } else {
+    std::string lines;
+    for (const auto& t : texts) lines += nlohmann::json(t).dump() + '\n';
+    text_lines.str(lines);
+  }
+  std::istream& in = input ? static_cast<std::istream&>(file_in) : text_lines;
+  const std::string where = input ? *input : std::string("--text");
   std::ofstream file_out;
   if (auto o = args.value("--output")) {
     file_out.open(*o);
@@ -110,7 +129,7 @@ int cmd_logprobs(const Argv& argv) {
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     auto ids =
-        parse_ids(line, *input + ":" + std::to_string(n), model->config().vocab_size, tokenizer);
+        parse_ids(line, where + ":" + std::to_string(n), model->config().vocab_size, tokenizer);
     auto input_ids = torch::tensor(ids, torch::kInt64).unsqueeze(0);  // [1, T]
     auto hidden = model->forward(input_ids, torch::ones_like(input_ids));
     auto lp = model->next_token_log_probs(hidden, input_ids, chunk).squeeze(0);  // [T-1]

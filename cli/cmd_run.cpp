@@ -1,28 +1,32 @@
-// `rlhf run SPEC`: validate the spec, place the workers, start and supervise them, run the
-// job's driver, stop everything. A worker failure or SIGINT/SIGTERM stops the job with
-// exit code 1 and a report naming the worker. The driver follows the job kind (ppo, or dpo/sft/rm);
-// --smoke-rounds runs the transport smoke driver (scheduler/smoke_driver.h) instead.
-#include <torch/cuda.h>
+// `rlhf run SPEC`: check it as `rlhf validate` does (cli/preflight.h), place the workers, start
+// and supervise them, run the job's driver (ppo, or dpo/sft/rm), stop everything. A worker
+// failure stops the job with exit 1 and a report naming the worker; SIGINT/SIGTERM with
+// 130/143 and the checkpoint --resume would use. The internal --smoke-rounds runs the
+// transport smoke driver (scheduler/smoke_driver.h) instead.
 #include <unistd.h>
 
 #include <climits>
+#include <filesystem>
 #include <iostream>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/preflight.h"
 #include "cli/spec_args.h"
+#include "core/metrics.h"
 #include "core/placement.h"
 #include "core/run_dir.h"
 #include "core/spec.h"
-#include "dpo/driver.h"
+#include "engine/driver_state.h"
 #include "engine/memory_check.h"
-#include "ppo/driver.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/smoke_driver.h"
 #include "scheduler/worker_process.h"
 
 namespace rlhf::cli {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::string self_executable() {
   char buf[PATH_MAX] = {};
@@ -41,76 +45,127 @@ int positive_int(const std::string& option, const std::string& text) {
   throw InputError(option + " " + text + ": expected a positive integer");
 }
 
+// The checkpoint a `--resume` would continue from, for the line printed when a job stops.
+std::string resume_hint(const JobSpec& spec, const std::vector<std::string>& sets) {
+  const std::string ckpt = checkpoint_directory(spec);
+  const auto state = engine::latest_driver_state(ckpt, engine::checkpointed_role(spec));
+  if (!state)
+    return "no complete checkpoint yet under " + ckpt +
+           ": a new run starts over (ckpt.save_steps sets how often one is written)";
+  // The command as given, --set values quoted for a shell where they need it.
+  std::string command = "rlhf run " + spec.source();
+  for (const auto& set : sets) {
+    const bool plain = set.find_first_of(" \t\"'$`\\[]{}()*?;&|<>!#~") == std::string::npos;
+    std::string quoted;
+    for (char c : set) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    command += " --set " + (plain ? set : "'" + quoted + "'");
+  }
+  return "`" + command + " --resume` continues after step " + std::to_string(state->step) +
+         " (checkpoint " +
+         (fs::path(ckpt) / role_name(engine::checkpointed_role(spec)) / state->tag).string() + ")";
+}
+
 }  // namespace
 
 int cmd_run(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       set_option(),
       {"--resume", false, "continue from the newest complete checkpoint under ckpt.path"},
+      {"--resume-changed", false,
+       "with --resume: continue although settings that change the trajectory differ from the "
+       "checkpoint's (they are named)"},
       {"--smoke-rounds", true,
-       "run the built-in transport smoke driver (N echo rounds) instead of the job", "N"},
+       "internal: run the transport smoke driver (N echo rounds) instead of the job", "N",
+       /*hidden=*/true},
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
     std::cout
-        << "usage: rlhf run SPEC [--set PATH=VALUE]... [--resume]\n\n"
-           "Places and starts one worker process per device, supervises them (a dead or silent\n"
-           "worker stops the job within seconds, exit 1, with its role, rank, device, exit\n"
-           "status and log tail), runs the job and stops every worker. Worker logs go to\n"
-           "<logger.run_dir>/<name>/logs/<role>-<rank>.log.\n\n"
+        << "usage: rlhf run SPEC [--set PATH=VALUE]... [--resume [--resume-changed]]\n\n"
+           "Checks the spec, its files and this machine as `rlhf validate` does (exit 2 on bad\n"
+           "input, before any worker starts), places and starts one worker process per device,\n"
+           "supervises them (a dead or silent worker stops the job within seconds, exit 1, with\n"
+           "its role, rank, device, exit status and log tail), runs the job and stops every\n"
+           "worker. Ctrl-C stops the job (exit 130) and says which checkpoint --resume would\n"
+           "continue from. Worker logs go to <logger.run_dir>/<name>/logs/<role>-<rank>.log.\n\n"
         << format_options(options);
     return 0;
   }
   const bool smoke = args.value("--smoke-rounds").has_value();
   const int rounds = smoke ? positive_int("--smoke-rounds", *args.value("--smoke-rounds")) : 1;
+  const bool resume = args.flag("--resume");
+  if (args.flag("--resume-changed") && !resume)
+    throw InputError("--resume-changed only goes with --resume");
   const JobSpec spec = load_spec_arg(args, "run");
   for (const auto& w : spec.warnings()) std::cerr << "rlhf run: warning: " << w << '\n';
-  // The job's driver reads its data and tokenizer here, so bad input fails before any
-  // worker starts (exit 2).
+  // Everything `rlhf validate` checks, and the driver built (data and tokenizer read), before
+  // any worker starts: bad input is exit 2 here.
   JobDriver driver;
   if (smoke) {
     driver = smoke_driver(rounds);
   } else {
-    const auto missing = missing_inputs(spec);
-    if (!missing.empty())
-      throw InputError(spec.source() + ": " + missing.front().path + ": " +
-                       missing.front().message);
-    driver = spec.kind() == JobKind::kPpo ? ppo::ppo_driver(spec, {args.flag("--resume")})
-                                          : dpo::offline_driver(spec, {args.flag("--resume")});
+    PreflightOptions checks;
+    checks.resume = resume;
+    checks.resume_changed = args.flag("--resume-changed");
+    Preflight ready = preflight(spec, checks);
+    driver = std::move(ready.driver);
+    if (ready.resume_from) {
+      const auto& from = *ready.resume_from;
+      for (const auto& c :
+           engine::changed_settings(from.data.value("settings", nlohmann::json()), spec))
+        std::cout << "rlhf run: --resume-changed: " << c << '\n';
+      // The steps after the checkpoint run again: their earlier records go, so each step
+      // appears once in metrics.jsonl.
+      const std::string metrics = (fs::path(run_directory(spec)) / "metrics.jsonl").string();
+      const int64_t dropped = drop_records_after(metrics, from.step);
+      std::cout << "rlhf run: resuming after step " << from.step << " from " << from.file;
+      if (dropped > 0)
+        std::cout << "; " << dropped << " metrics record" << (dropped == 1 ? "" : "s")
+                  << " of later steps dropped from " << metrics << " (those steps run again)";
+      std::cout << std::endl;
+    }
   }
   const Placement placement = place(spec);
-  // Workers start on this machine: a cuda worker needs its GPU here (checked before any
-  // worker starts; the plan still sizes GPU jobs anywhere).
-  const int gpus = static_cast<int>(torch::cuda::device_count());
-  for (const auto& w : placement.workers) {
-    if (w.device_kind == DeviceKind::kCuda && w.device_id >= gpus)
-      throw InputError(spec.source() + ": cluster.nodes: " + w.label() +
-                       " is placed on cuda node '" + w.node + "' device " +
-                       std::to_string(w.device_id) + ", but this machine has " +
-                       std::to_string(gpus) + " CUDA device" + (gpus == 1 ? "" : "s") +
-                       " (`rlhf version` says what torch sees; `rlhf plan` sizes a GPU job on any "
-                       "machine)");
-  }
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
-  if (!smoke && !args.flag("--resume")) {
+  if (!smoke && !resume) {
     if (auto kept = set_aside_previous_run(spec))
       std::cout << "rlhf run: an earlier run's metrics, plan and checkpoints were moved to "
                 << *kept << std::endl;
   }
   if (!smoke) engine::write_run_plan(spec, scheduler.config().run_dir);  // planned beside measured
+  scheduler.progress().attach(std::cout);
+  // Rendezvous files of the collective groups (<run_dir>/stores) mean nothing once the
+  // workers are gone.
+  const auto remove_stores = [&] {
+    std::error_code ec;
+    fs::remove_all(fs::path(scheduler.config().run_dir) / "stores", ec);
+  };
   try {
     scheduler.start();
     driver(scheduler, std::cout);
+    scheduler.progress().end();
     scheduler.shutdown();
   } catch (const WorkerFailure& e) {
+    scheduler.progress().end();
     scheduler.shutdown();
+    remove_stores();
     std::cerr << "rlhf run: job failed: " << e.what() << "rlhf run: stopped every other worker\n";
+    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, args.values("--set")) << '\n';
     return static_cast<int>(ExitCode::kRuntime);
   } catch (const JobInterrupted& e) {
+    scheduler.progress().end();
     scheduler.shutdown();
+    remove_stores();
     std::cerr << "rlhf run: " << e.what() << "rlhf run: every worker stopped\n";
-    return static_cast<int>(ExitCode::kRuntime);
+    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, args.values("--set")) << '\n';
+    return 128 + e.signal();  // 130 for SIGINT, 143 for SIGTERM, as shells report
+  } catch (...) {  // bad input found by a worker (exit 2), a driver error (exit 1): main reports
+    scheduler.progress().end();
+    scheduler.shutdown();
+    remove_stores();
+    throw;
   }
+  remove_stores();
   std::cout << "rlhf run: done, logs in " << scheduler.config().run_dir << "/logs\n";
   return 0;
 }

@@ -22,7 +22,7 @@ int cmd_spec(const Argv& argv) {
     std::cout << "usage: rlhf spec (--markdown | --defaults)\n\n"
                  "Prints the job-spec reference, generated from the one table of keys.\n\n"
               << format_options(options);
-    if (!args.flag("--help")) throw InputError("rlhf spec: choose --markdown or --defaults");
+    if (!args.flag("--help")) throw InputError("choose --markdown or --defaults");
   }
   return 0;
 }

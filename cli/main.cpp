@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/errors.h"
+#include "rlhf_version.h"
 
 namespace {
 
@@ -18,7 +19,9 @@ void print_help() {
     std::cout << "  " << name << std::string(name.size() < 12 ? 12 - name.size() : 1, ' ')
               << c.summary << '\n';
   }
-  std::cout << "\nexit codes: 0 success, 1 runtime failure, 2 bad input (spec, data, arguments)\n";
+  std::cout << "\nexit codes: 0 success, 1 runtime failure, 2 bad input (spec, data, arguments), "
+               "130 interrupted (Ctrl-C)\n"
+               "rlhf --version prints the version (rlhf version: also torch, CUDA, GPUs)\n";
 }
 
 }  // namespace
@@ -29,6 +32,10 @@ int main(int argc, char** argv) {
       !std::strcmp(argv[1], "help")) {
     print_help();
     return argc < 2 ? static_cast<int>(ExitCode::kBadInput) : 0;
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V")) {
+    std::cout << "rlhf " << RLHF_VERSION << '\n';
+    return 0;
   }
   const std::string name = argv[1];
   rlhf::cli::Argv args(argv + 2, argv + argc);

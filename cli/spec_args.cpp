@@ -34,7 +34,8 @@ std::string spec_summary(const JobSpec& spec) {
   for (const auto& w : p.workers)
     if (std::find(nodes_used.begin(), nodes_used.end(), w.node) == nodes_used.end())
       nodes_used.push_back(w.node);
-  out += ": " + std::to_string(p.workers.size()) + " workers on " +
+  out += ": " + std::to_string(p.workers.size()) +
+         (p.workers.size() == 1 ? " worker" : " workers") + " on " +
          std::to_string(nodes_used.size()) + (nodes_used.size() == 1 ? " node" : " nodes") + " (" +
          join(groups, ", ") + ")";
   if (spec.kind() == JobKind::kPpo)

@@ -3,6 +3,7 @@
 #include "core/spec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -76,8 +77,6 @@ json parse_text(const std::string& text, detail::Validation& v) {
   }
 }
 
-std::string unknown_key_hint(const std::string& path);
-
 void apply_override(json& doc, const std::string& assignment, detail::Validation& v) {
   auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
@@ -87,7 +86,7 @@ void apply_override(json& doc, const std::string& assignment, detail::Validation
   std::string path = trim(assignment.substr(0, eq));
   const KeySpec* key = find_key(path);
   if (!key) {
-    std::string hint = unknown_key_hint(path);
+    std::string hint = closest_key(path);
     v.problem(path, "--set: unknown key" + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
     return;
   }
@@ -96,23 +95,6 @@ void apply_override(json& doc, const std::string& assignment, detail::Validation
   } catch (const InputError& e) {
     v.problem(path, e.what());
   }
-}
-
-// The closest known key or section: first among the siblings of `path` (so "rollouts"
-// suggests the section "rollout"), then among all full key paths.
-std::string unknown_key_hint(const std::string& path) {
-  auto dot = path.rfind('.');
-  std::string parent = dot == std::string::npos ? "" : path.substr(0, dot + 1);
-  std::vector<std::string> siblings;
-  for (const auto& known : spec_key_paths()) {
-    if (known.rfind(parent, 0) != 0) continue;
-    std::string rest = known.substr(parent.size());
-    std::string sibling = parent + rest.substr(0, rest.find('.'));
-    if (std::find(siblings.begin(), siblings.end(), sibling) == siblings.end())
-      siblings.push_back(sibling);
-  }
-  std::string hint = closest_match(path, siblings);
-  return hint.empty() ? closest_match(path, spec_key_paths()) : hint;
 }
 
 // Walks the user's document: every leaf must be a known key of the right type.
@@ -135,11 +117,53 @@ void check_keys(const json& node, const std::string& prefix, detail::Validation&
       check_keys(value, path, v);
     } else if (is_prefix) {
       v.problem(path, "expected an object (section " + path + "), found " + value.dump());
+    } else if (path == "job" && value.is_object() && !value.empty()) {
+      // {"job": {"name": ...}}: the reference lists kind and name as the job's keys, but
+      // they are top-level; name each one with its hint (job.name -> name).
+      for (const auto& [child, _] : value.items()) {
+        const std::string hint = closest_key(path + "." + child);
+        v.problem(path + "." + child,
+                  "unknown key" + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+      }
     } else {
-      std::string hint = unknown_key_hint(path);
+      std::string hint = closest_key(path);
       v.problem(path, "unknown key" + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
     }
   }
+}
+
+// Relative paths written in the spec file are relative to its directory (`base`); --set
+// values are applied afterwards and stay relative to the current directory.
+void resolve_paths(json& node, const std::string& prefix, const std::filesystem::path& base) {
+  if (base.empty() || !node.is_object()) return;
+  for (auto& [name, value] : node.items()) {
+    const std::string path = prefix.empty() ? name : prefix + "." + name;
+    if (value.is_object()) {
+      resolve_paths(value, path, base);
+      continue;
+    }
+    const KeySpec* key = find_key(path);
+    if (!key || key->type != KeyType::kPath || !value.is_string()) continue;
+    const std::string text = value.get<std::string>();
+    if (is_builtin_source(text) || std::filesystem::path(text).is_absolute()) continue;
+    value = (base / text).lexically_normal().string();
+  }
+}
+
+JobSpec::Validated validate(const std::string& text, const std::string& source,
+                            const std::vector<std::string>& overrides,
+                            const std::filesystem::path& base) {
+  detail::Validation v;
+  v.resolved = default_spec_json();
+  nlohmann::json doc = parse_text(text, v);
+  if (!v.problems.empty()) throw SpecError(source, v.problems);
+  if (!doc.is_object()) throw SpecError(source, {{"", "expected a JSON object at the top level"}});
+  resolve_paths(doc, "", base);
+  for (const auto& o : overrides) apply_override(doc, o, v);
+  check_keys(doc, "", v);
+  detail::check_cross_fields(v);
+  if (!v.problems.empty()) throw SpecError(source, v.problems);
+  return {std::move(v.resolved), std::move(v.warnings)};
 }
 
 }  // namespace
@@ -154,26 +178,19 @@ JobSpec JobSpec::load(const std::string& path, const std::vector<std::string>& o
   if (!in) throw SpecError(path, {{"", "cannot read the file (does it exist?)"}});
   std::stringstream buf;
   buf << in.rdbuf();
-  return parse(buf.str(), path, overrides);
+  return JobSpec(path,
+                 validate(buf.str(), path, overrides, std::filesystem::path(path).parent_path()));
 }
 
 JobSpec JobSpec::parse(const std::string& text, const std::string& source,
                        const std::vector<std::string>& overrides) {
-  detail::Validation v;
-  v.resolved = default_spec_json();
-  nlohmann::json doc = parse_text(text, v);
-  if (!v.problems.empty()) throw SpecError(source, v.problems);
-  if (!doc.is_object()) throw SpecError(source, {{"", "expected a JSON object at the top level"}});
-  for (const auto& o : overrides) apply_override(doc, o, v);
-  check_keys(doc, "", v);
-  detail::check_cross_fields(v);
-  if (!v.problems.empty()) throw SpecError(source, v.problems);
-  JobSpec spec;
-  spec.source_ = source;
-  spec.resolved_ = std::move(v.resolved);
-  spec.warnings_ = std::move(v.warnings);
-  return spec;
+  return JobSpec(source, validate(text, source, overrides, {}));
 }
+
+JobSpec::JobSpec(std::string source, Validated validated)
+    : source_(std::move(source)),
+      resolved_(std::move(validated.resolved)),
+      warnings_(std::move(validated.warnings)) {}
 
 nlohmann::json JobSpec::minimal_json() const {
   nlohmann::json out = nlohmann::json::object();
@@ -279,6 +296,38 @@ std::vector<SpecProblem> lengths_beyond_models(const JobSpec& spec) {
   return out;
 }
 
+namespace {
+
+// True when the last part of `dir` reads like a released model's name: a parameter count in
+// billions (8B, 70b, 1.5B) or a model family (Llama, Qwen, Mistral, ...). Test models made
+// by init-model (tiny, 100m) are not.
+bool looks_like_released_model(const std::string& dir) {
+  std::string name = std::filesystem::path(dir).lexically_normal().filename().string();
+  if (name.empty()) name = std::filesystem::path(dir).lexically_normal().parent_path().filename();
+  std::string lower;
+  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* family : {"llama", "qwen", "mistral", "mixtral", "gemma", "phi-", "deepseek",
+                             "falcon", "gpt", "olmo", "yi-", "instruct", "chat"})
+    if (lower.find(family) != std::string::npos) return true;
+  // A size: digits (maybe with a decimal point) then b or m, at a word boundary.
+  for (size_t i = 0; i < lower.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(lower[i]))) continue;
+    size_t j = i;
+    while (j < lower.size() &&
+           (std::isdigit(static_cast<unsigned char>(lower[j])) || lower[j] == '.'))
+      ++j;
+    const bool boundary_before = i == 0 || !std::isalnum(static_cast<unsigned char>(lower[i - 1]));
+    const bool unit = j < lower.size() && lower[j] == 'b';
+    const bool boundary_after =
+        j + 1 >= lower.size() || !std::isalnum(static_cast<unsigned char>(lower[j + 1]));
+    if (boundary_before && unit && boundary_after) return true;
+    i = j;
+  }
+  return false;
+}
+
+}  // namespace
+
 std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
   namespace fs = std::filesystem;
   std::vector<SpecProblem> out;
@@ -299,12 +348,21 @@ std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
     if (roles.size() > 1) path += " (also " + join({roles.begin() + 1, roles.end()}, ", ") + ")";
     if (dir.rfind("preset:", 0) == 0) {  // models::kArchitecturePrefix (core is below models/)
       out.push_back({path, dir + " is an architecture without weights: rlhf plan and rlhf "
-                                 "validate size the job with it; a run needs a model directory"});
+                                 "validate --no-files size the job with it; a run needs a model "
+                                 "directory"});
       continue;
     }
-    out.push_back({path, dir + (fs::exists(dir) ? " has no config.json" : " not found") +
-                             " (a random test model: rlhf init-model --preset tiny" +
-                             (value_head ? " --value-head" : "") + " --out " + dir + ")"});
+    // A random test model is a useful hint for runs/models/tiny, not for a path that names
+    // a real model (/models/Meta-Llama-3-8B-Instruct): that one is to be downloaded.
+    const std::string hint =
+        looks_like_released_model(dir)
+            ? "download the model's Hugging Face directory there (config.json, tokenizer and "
+              "*.safetensors), or size the job without weights: --set " +
+                  roles.front() + ".model=preset:NAME (docs/memory.md lists them)"
+            : std::string("a random test model: rlhf init-model --preset tiny") +
+                  (value_head ? " --value-head" : "") + " --out " + dir;
+    out.push_back(
+        {path, dir + (fs::exists(dir) ? " has no config.json" : " not found") + " (" + hint + ")"});
   }
   for (const auto& problem : lengths_beyond_models(spec)) out.push_back(problem);
   const char* dataset = spec.kind() == JobKind::kPpo ? "data.prompt_dataset" : "data.dataset";

@@ -44,7 +44,9 @@ class SpecError : public InputError {
 
 class JobSpec {
  public:
-  // Reads, overrides (each "dotted.path=value"), fills defaults and validates.
+  // Reads, overrides (each "dotted.path=value"), fills defaults and validates. Relative
+  // paths in the file (keys of type path) resolve against the file's directory; relative
+  // paths given as overrides stay relative to the current directory.
   // Throws SpecError listing every problem (exit code 2).
   static JobSpec load(const std::string& path, const std::vector<std::string>& overrides = {});
   // Same for text already in memory; `source` names it in messages.
@@ -74,7 +76,15 @@ class JobSpec {
   std::vector<double> get_float_list(const std::string& path) const;
   const nlohmann::json& at(const std::string& path) const;
 
+  // The outcome of validation (spec.cpp): the resolved document and its warnings.
+  struct Validated {
+    nlohmann::json resolved;
+    std::vector<std::string> warnings;
+  };
+
  private:
+  JobSpec(std::string source, Validated validated);
+
   std::string source_;
   nlohmann::json resolved_;
   std::vector<std::string> warnings_;
@@ -85,8 +95,8 @@ class JobSpec {
 namespace rlhf {
 
 // Inputs a job reads that do not exist on this machine: model directories (without a
-// config.json) and dataset files (synthetic:NAME is built in). `rlhf validate` prints
-// these as warnings (the spec may be meant for another machine); `rlhf run` fails on them.
+// config.json) and dataset files (synthetic:NAME is built in). `rlhf validate` and `rlhf run`
+// fail on them; `rlhf validate --no-files` skips them (a spec meant for another machine).
 // Also includes lengths_beyond_models().
 std::vector<SpecProblem> missing_inputs(const JobSpec& spec);
 

@@ -1,6 +1,8 @@
 // The key table and the per-key type/range checks. Cross-field rules live in spec.cpp.
 #include "core/spec_schema.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -47,6 +49,9 @@ class TableBuilder {
   void string(std::string path, std::string def, std::string doc) {
     add(std::move(path), KeyType::kString, std::move(def), std::move(doc));
   }
+  void file(std::string path, std::string def, std::string doc) {
+    add(std::move(path), KeyType::kPath, std::move(def), std::move(doc));
+  }
   void choice(std::string path, std::string def, std::vector<std::string> choices,
               std::string doc) {
     auto& k = add(std::move(path), KeyType::kEnum, std::move(def), std::move(doc));
@@ -70,7 +75,7 @@ const std::vector<std::string> kRoleChoices = {"", "actor", "critic", "reward", 
 
 // Keys every role has: where its model comes from and where its workers run.
 void add_role_placement(TableBuilder& t, const std::string& role, const std::string& model_doc) {
-  t.string(role + ".model", "", model_doc);
+  t.file(role + ".model", "", model_doc);
   t.add(role + ".devices", KeyType::kDevices, json::array(),
         "Devices of the " + role +
             " group: [0, 1] on the first node, or {\"node\": [0, 1], ...}; one worker per "
@@ -131,11 +136,11 @@ std::vector<KeySpec> build_table() {
            "Seconds one operation may take before the job fails.", true);
 
   // Data.
-  t.string("data.prompt_dataset", "",
-           "Prompt dataset for ppo: a JSONL file, or synthetic:NAME for a built-in one.");
-  t.string("data.dataset", "",
-           "Training dataset for dpo, sft and rm: a JSONL file, or synthetic:NAME.");
-  t.string("data.eval_dataset", "", "Held-out dataset evaluated after training (optional).");
+  t.file("data.prompt_dataset", "",
+         "Prompt dataset for ppo: a JSONL file, or synthetic:NAME for a built-in one.");
+  t.file("data.dataset", "",
+         "Training dataset for dpo, sft and rm: a JSONL file, or synthetic:NAME.");
+  t.file("data.eval_dataset", "", "Held-out dataset evaluated after training (optional).");
   t.string("data.input_key", "input", "JSON key of the prompt in prompt datasets.");
   t.string("data.label_key", "", "JSON key of a label passed to rule and remote rewards.");
   t.string("data.prompt_key", "prompt", "JSON key of the prompt in preference and SFT data.");
@@ -171,6 +176,10 @@ std::vector<KeySpec> build_table() {
   t.integer("rollout.top_k", -1, -1, kInf, "Sample among the k most likely tokens (-1: off).");
   t.integers("rollout.stop_token_ids", {}, 0,
              "Extra token ids that end a response (EOS always does).");
+  t.integer("rollout.max_refill_batches", 0, 0, 1000,
+            "With algo.dynamic_sampling: up to this many extra batches of rollout.batch_size "
+            "prompts are generated per step to replace the dropped groups (0: train on the "
+            "kept groups only).");
 
   // Training loop.
   t.integer("train.batch_size", 128, 1, kInf, "Samples per optimizer step (global).");
@@ -200,6 +209,10 @@ std::vector<KeySpec> build_table() {
   t.number("algo.kl.target", 0.0, 0, kInf, "Adaptive KL target (0: fixed coefficient).");
   t.integer("algo.kl.horizon", 10000, 1, kInf, "Adaptive KL controller horizon.");
   t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
+  t.boolean("algo.dynamic_sampling", false,
+            "DAPO dynamic sampling: drop the prompts whose samples all got the same score (no "
+            "group-relative signal), refilled up to rollout.max_refill_batches. Needs "
+            "reward.rule or reward.remote_url and rollout.n_samples_per_prompt >= 2.");
   t.choice("algo.dpo.loss", "sigmoid", {"sigmoid", "ipo", "hinge", "simpo"},
            "DPO-family loss; simpo needs no reference model.");
   t.number("algo.dpo.beta", 0.1, 0, kInf, "DPO beta: strength of the implicit KL to the reference.",
@@ -238,6 +251,12 @@ std::vector<KeySpec> build_table() {
            "HTTP endpoint scoring {prompts, responses, labels} (instead of a reward model).");
   t.number("reward.remote_timeout_s", 30.0, 0, 3600, "Timeout of one remote reward call.", true);
   t.string("reward.rule", "", "Built-in rule reward instead of a model (see docs/rewards.md).");
+  t.integer("reward.overlong_buffer_len", 0, 0, kInf,
+            "DAPO overlong reward shaping: a response longer than rollout.max_new_tokens minus "
+            "this many tokens loses reward.overlong_penalty_factor x (excess / this), up to the "
+            "whole factor (0: off).");
+  t.number("reward.overlong_penalty_factor", 1.0, 0, kInf,
+           "Largest overlong penalty (at rollout.max_new_tokens tokens).");
 
   add_role_placement(t, "ref", "Reference model directory (default: actor.model).");
   t.integer("ref.zero_stage", 0, 0, 3,
@@ -249,13 +268,13 @@ std::vector<KeySpec> build_table() {
                      "Generation model (default: actor.model; synced after each step).");
 
   // Checkpoints and logging.
-  t.string("ckpt.path", "", "Checkpoint directory (default: the run directory's ckpt/).");
+  t.file("ckpt.path", "", "Checkpoint directory (default: the run directory's ckpt/).");
   t.integer("ckpt.save_steps", -1, -1, kInf, "Save every N steps (-1: only at the end).");
   t.integer("ckpt.max_num", 3, 1, 1000, "Keep the newest N checkpoints.");
   t.boolean("ckpt.save_only_model", false, "Skip optimizer state in checkpoints.");
   t.boolean("ckpt.export_hf", true,
             "Export trained models as Hugging Face directories at the end.");
-  t.string("logger.run_dir", "runs", "Parent directory of run directories.");
+  t.file("logger.run_dir", "runs", "Parent directory of run directories.");
   t.integer("logger.logging_steps", 1, 1, kInf, "Log metrics every N steps.");
   return t.take();
 }
@@ -323,6 +342,8 @@ const char* key_type_name(KeyType type) {
       return "boolean";
     case KeyType::kString:
       return "string";
+    case KeyType::kPath:
+      return "path";
     case KeyType::kEnum:
       return "choice";
     case KeyType::kFloatList:
@@ -347,6 +368,8 @@ std::string KeySpec::expectation() const {
       return "true or false";
     case KeyType::kString:
       return "a string";
+    case KeyType::kPath:
+      return "a path (a string)";
     case KeyType::kEnum: {
       std::vector<std::string> shown;
       for (const auto& c : choices) shown.push_back(c.empty() ? "\"\"" : c);
@@ -378,6 +401,7 @@ std::string KeySpec::check(const json& v) const {
     case KeyType::kBool:
       return v.is_boolean() ? "" : bad();
     case KeyType::kString:
+    case KeyType::kPath:
       return v.is_string() ? "" : bad();
     case KeyType::kEnum:
       if (!v.is_string()) return bad();
@@ -413,6 +437,7 @@ json KeySpec::parse_override(const std::string& text) const {
   };
   switch (type) {
     case KeyType::kString:
+    case KeyType::kPath:
     case KeyType::kEnum:
       return text;
     case KeyType::kBool:
@@ -461,6 +486,53 @@ const std::vector<std::string>& spec_key_paths() {
   return kPaths;
 }
 
+bool is_builtin_source(const std::string& value) {
+  if (value.empty()) return true;
+  // "synthetic:letters", "preset:llama-3-8b": a scheme of letters before the first ':' and
+  // no '/' before it (so "./a:b" and "/data/x:y" stay paths).
+  const auto colon = value.find(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  for (size_t i = 0; i < colon; ++i)
+    if (!std::isalpha(static_cast<unsigned char>(value[i])) && value[i] != '_') return false;
+  return true;
+}
+
+std::string closest_key(const std::string& path) {
+  const auto dot = path.rfind('.');
+  const std::string parent = dot == std::string::npos ? "" : path.substr(0, dot + 1);
+  const std::string leaf = path.substr(parent.size());
+  // "job.name": the top-level keys are listed under a "top level" heading, not a section.
+  if (parent == "job." && find_key(leaf)) return leaf;
+  // The children of `parent`: keys, or the next section down ("rollout" for "rollouts").
+  std::vector<std::string> siblings;
+  for (const auto& known : spec_key_paths()) {
+    if (known.rfind(parent, 0) != 0) continue;
+    const std::string rest = known.substr(parent.size());
+    const std::string sibling = parent + rest.substr(0, rest.find('.'));
+    if (std::find(siblings.begin(), siblings.end(), sibling) == siblings.end())
+      siblings.push_back(sibling);
+  }
+  // A sibling that shares a long prefix with the typed name is what a user shortened or
+  // misspelled at the end (n_samples -> n_samples_per_prompt): the longest common prefix
+  // wins when it covers at least 4 characters or the whole typed name.
+  std::string best;
+  size_t best_common = 0;
+  for (const auto& sibling : siblings) {
+    const std::string name = sibling.substr(parent.size());
+    size_t common = 0;
+    while (common < name.size() && common < leaf.size() && name[common] == leaf[common]) ++common;
+    if (common > best_common) {
+      best_common = common;
+      best = sibling;
+    }
+  }
+  if (!best.empty() && (best_common >= 4 || best_common == leaf.size())) return best;
+  std::string hint = closest_match(path, siblings);
+  if (!hint.empty()) return hint;
+  // A misspelled section ("rolout.batch_size"): the same leaf under the closest section.
+  return closest_match(path, spec_key_paths());
+}
+
 const std::vector<std::string>& node_fields() {
   static const std::vector<std::string> kFields = {"name", "host", "kind", "devices", "memory_gb"};
   return kFields;
@@ -480,14 +552,24 @@ std::string spec_markdown() {
         " Do not edit by hand: a test fails when this file differs from the table. -->\n\n"
         "A job spec is one JSON object, nested by the dotted paths below (`--set "
         "rollout.n_samples_per_prompt=8` overrides one value). Every key is optional; "
-        "unknown keys are errors. Comments (`//`) are allowed.\n";
+        "unknown keys are errors. Comments (`//`) are allowed.\n\n"
+        "**Paths** (type `path`): a relative path written in a spec file is relative to the "
+        "directory of that file, so `examples/ppo_tiny.json` runs the same from any working "
+        "directory; a relative path given with `--set` is relative to the current directory, "
+        "as on any command line. Absolute paths and built-in sources (`synthetic:NAME`, "
+        "`preset:NAME`) are taken as they are.\n";
   std::string section;
   for (const auto& k : spec_keys()) {
     std::string top = split(k.path, '.').front();
-    std::string group = (top == "kind" || top == "name") ? "job" : top;
+    const bool top_level = k.path.find('.') == std::string::npos;
+    std::string group = top_level ? "top level" : top;
     if (group != section) {
       section = group;
-      md << "\n## " << section << "\n\n| key | type | default | allowed | description |\n"
+      md << "\n## " << section << "\n\n";
+      if (top_level)
+        md << "Keys at the top of the spec, in no section: `{\"kind\": \"dpo\", \"name\": "
+              "\"my-run\", ...}`.\n\n";
+      md << "| key | type | default | allowed | description |\n"
          << "| --- | --- | --- | --- | --- |\n";
     }
     std::string allowed = k.expectation();

@@ -15,6 +15,7 @@ enum class KeyType {
   kFloat,
   kBool,
   kString,
+  kPath,       // a file or directory; relative paths in a spec file resolve against its directory
   kEnum,       // one of `choices`
   kFloatList,  // fixed length `list_len`
   kIntList,    // any length, each element within [min, max]
@@ -48,6 +49,13 @@ const std::vector<KeySpec>& spec_keys();
 const KeySpec* find_key(const std::string& path);
 // All key paths (for "did you mean" hints).
 const std::vector<std::string>& spec_key_paths();
+// The known key or section closest to an unknown `path` ("" when nothing is close): keys of
+// the same section first, preferring the longest common prefix (rollout.n_samples ->
+// rollout.n_samples_per_prompt), then a sibling section, then any key; job.name -> name.
+std::string closest_key(const std::string& path);
+// True for a kPath value that names no file (empty, or a built-in source such as
+// synthetic:letters or preset:llama-3-8b), so it is never resolved against a directory.
+bool is_builtin_source(const std::string& value);
 // The fields a node object of `cluster.nodes` may have.
 const std::vector<std::string>& node_fields();
 

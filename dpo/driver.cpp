@@ -124,6 +124,7 @@ class DpoJob : public OfflineJob {
           << cache.file(key) << " in " << fixed(since(), 4) << " s" << std::endl;
       return *hit;
     }
+    s.progress().begin("reference log-probs of " + std::to_string(pairs) + " " + split + " pairs");
     std::vector<torch::Tensor> parts;
     for (int64_t b = 0; b < pairs; b += kChunkPairs) {
       RowTensors rows = chunk(b);
@@ -141,6 +142,7 @@ class DpoJob : public OfflineJob {
       parts.push_back(lp);
     }
     torch::Tensor lp = torch::cat(parts, 0).contiguous();
+    s.progress().end();
     const double seconds = since();
     const std::string file = cache.store(
         key, lp,

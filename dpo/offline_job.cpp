@@ -7,12 +7,14 @@
 #include <fstream>
 #include <future>
 #include <iomanip>
+#include <mutex>
 #include <sstream>
 
 #include "core/errors.h"
 #include "core/metrics.h"
 #include "core/run_dir.h"
 #include "dpo/preference_dataset.h"
+#include "engine/driver_state.h"
 #include "engine/memory_check.h"
 #include "engine/role_config.h"
 #include "scheduler/peak_memory.h"
@@ -171,7 +173,9 @@ torch::Tensor OfflineJob::gather_rows(Scheduler& s, const std::string& op, const
   return torch::cat(parts, 0);
 }
 
-void OfflineJob::init_roles(Scheduler& s) {
+void OfflineJob::init_roles(Scheduler& s, std::ostream& out) {
+  const auto t0 = Clock::now();
+  std::mutex out_mutex;  // roles finish on their own threads
   fs::remove_all(fs::path(run_dir_) / "stores");
   fs::create_directories(fs::path(run_dir_) / "stores");
   std::vector<std::future<void>> calls;
@@ -182,7 +186,14 @@ void OfflineJob::init_roles(Scheduler& s) {
         {"config", config.to_json()},
         {"store_path",
          (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
-    calls.push_back(std::async(std::launch::async, [&g, args] { g.call_all("init", args); }));
+    out << kind() << ": loading " << role_name(role) << " (" << g.size() << " worker"
+        << (g.size() == 1 ? "" : "s") << ")" << std::endl;
+    calls.push_back(std::async(std::launch::async, [this, &g, &out, &out_mutex, t0, args] {
+      g.call_all("init", args);
+      std::lock_guard<std::mutex> lock(out_mutex);
+      out << kind() << ": " << role_name(g.role()) << " ready after " << fixed(seconds_since(t0), 1)
+          << " s" << std::endl;
+    }));
   }
   for (auto& c : calls) c.get();
 }
@@ -231,47 +242,35 @@ json OfflineJob::train_step(Scheduler& s, int64_t step) {
   return rec;
 }
 
-void OfflineJob::save(Scheduler& s, int64_t step) {
+void OfflineJob::save(Scheduler& s, int64_t step, std::ostream& out) {
   const std::string tag = "global_step" + std::to_string(step);
+  const auto t0 = Clock::now();
+  out << kind() << ": saving the checkpoint of step " << step << " to " << ckpt_path_ << std::endl;
+  s.progress().begin("saving the checkpoint of step " + std::to_string(step));
   json args = {{"save_only_model", spec_.get_bool("ckpt.save_only_model")},
                {"max_num", spec_.get_int("ckpt.max_num")},
                {"dir", (fs::path(ckpt_path_) / role_name(trained_) / tag).string()}};
   s.group(trained_).call_all("save", args);
   // The driver's state last: its presence marks the step's checkpoint complete.
-  fs::path dir = fs::path(ckpt_path_) / "driver";
-  fs::create_directories(dir);
-  json state = {{"step", step}, {"tag", tag}, {"kind", kind()}};
-  fs::path tmp = dir / (tag + ".json.tmp");
-  {
-    std::ofstream f(tmp);
-    f << state.dump(2);
-    if (!f) throw RuntimeError(tmp.string() + ": cannot write the driver state");
-  }
-  fs::rename(tmp, dir / (tag + ".json"));
+  const std::string file = engine::write_driver_state(ckpt_path_, step, {{"kind", kind()}}, spec_,
+                                                      spec_.get_int("ckpt.max_num"));
+  s.progress().end();
+  out << kind() << ": checkpoint of step " << step << " saved in " << fixed(seconds_since(t0), 1)
+      << " s (" << file << ")" << std::endl;
 }
 
 int64_t OfflineJob::resume(Scheduler& s) {
-  fs::path dir = fs::path(ckpt_path_) / "driver";
-  int64_t best = -1;
-  std::string tag;
-  if (fs::exists(dir))
-    for (const auto& f : fs::directory_iterator(dir)) {
-      if (f.path().extension() != ".json") continue;
-      json j = json::parse(std::ifstream(f.path()), nullptr, false);
-      if (!j.is_object() || j.value("step", int64_t{-1}) <= best) continue;
-      if (!fs::exists(fs::path(ckpt_path_) / role_name(trained_) / j.value("tag", std::string())))
-        continue;
-      best = j["step"].get<int64_t>();
-      tag = j["tag"].get<std::string>();
-    }
-  if (best < 0) throw InputError("--resume: no complete checkpoint under " + ckpt_path_);
+  const auto state = engine::latest_driver_state(ckpt_path_, trained_);
+  if (!state) throw InputError("--resume: no complete checkpoint under " + ckpt_path_);
   s.group(trained_).call_all(
-      "load", {{"dir", (fs::path(ckpt_path_) / role_name(trained_) / tag).string()}});
-  return best;
+      "load", {{"dir", (fs::path(ckpt_path_) / role_name(trained_) / state->tag).string()}});
+  return state->step;
 }
 
 void OfflineJob::write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out) {
   const auto t0 = Clock::now();
+  s.progress().begin(std::string("evaluating ") + std::to_string(eval_.size()) +
+                     " held-out examples " + when + " training");
   json figures = evaluate(s);
   json rec = {{"split", "eval"},
               {"when", when},
@@ -280,13 +279,17 @@ void OfflineJob::write_eval(Scheduler& s, const char* when, int64_t step, std::o
               {"time_s", seconds_since(t0)}};
   rec.update(figures);
   metrics_->write(rec);
+  s.progress().end();
   out << kind() << ": held-out, " << when << " training (" << eval_.size()
       << " examples): " << eval_line(figures) << std::endl;
 }
 
 void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
   const std::string dir = (fs::path(run_dir_) / "export" / role_name(trained_)).string();
+  out << kind() << ": exporting the trained " << role_name(trained_) << " to " << dir << std::endl;
+  s.progress().begin(std::string("exporting the ") + role_name(trained_));
   s.group(trained_).call_all("export_hf", {{"dir", dir}});
+  s.progress().end();
   // The export is a complete model directory: the tokenizer comes along.
   for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                            "special_tokens_map.json", "generation_config.json"}) {
@@ -307,9 +310,11 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
       << " held-out examples (" << truncated_ << " truncated to data.max_len, " << skipped_lines_
       << " bad lines skipped); " << total_steps_ << " steps of " << batch_size_ << " over "
       << epochs_ << " epoch(s); metrics: " << metrics_->path() << std::endl;
-  init_roles(s);
+  s.progress().begin("loading models");
+  init_roles(s, out);
   int64_t step = 0;
   if (options_.resume) {
+    s.progress().begin("loading the checkpoint");
     step = resume(s);
     out << kind() << ": resumed after step " << step << " from " << ckpt_path_ << std::endl;
   }
@@ -317,17 +322,26 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
   if (!eval_.empty() && step == 0) write_eval(s, "before", 0, out);
   const int64_t logging = spec_.get_int("logger.logging_steps"),
                 save_steps = spec_.get_int("ckpt.save_steps");
+  const auto loop_start = Clock::now();
+  const int64_t first_step = step + 1;
   for (++step; step <= total_steps_; ++step) {
+    s.progress().begin("step " + std::to_string(step) + "/" + std::to_string(total_steps_) +
+                       ": training, epoch " + std::to_string((step - 1) / steps_per_epoch_ + 1) +
+                       "/" + std::to_string(epochs_));
     json rec = train_step(s, step);
+    s.progress().end();
     if (step % logging == 0 || step == total_steps_) {
       rec["memory"] = peak_memory_by_role(s, planned_);
       metrics_->write(rec);
       out << "step " << step << "/" << total_steps_ << " | epoch " << rec["epoch"] << " | "
           << step_line(rec) << " | " << fixed(rec["time_s"].get<double>(), 2) << " s | "
-          << fixed(rec["tokens_per_s"].get<double>(), 0) << " tok/s" << std::endl;
+          << fixed(rec["tokens_per_s"].get<double>(), 0) << " tok/s | "
+          << elapsed_and_eta(seconds_since(loop_start), step - first_step + 1,
+                             total_steps_ - first_step + 1)
+          << std::endl;
     }
-    if ((save_steps > 0 && step % save_steps == 0) || (save_steps == -1 && step == total_steps_))
-      save(s, step);
+    // Every ckpt.save_steps, and always after the last step.
+    if ((save_steps > 0 && step % save_steps == 0) || step == total_steps_) save(s, step, out);
   }
   if (!eval_.empty()) write_eval(s, "after", total_steps_, out);
   if (spec_.get_bool("ckpt.export_hf")) export_model(s, out);

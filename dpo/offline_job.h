@@ -72,10 +72,10 @@ class OfflineJob {
   void load_data(RowLayout layout);
   TokenizedExample tokenize(const std::string& prompt, const std::string& response,
                             const std::string& rejected, bool pair);
-  void init_roles(Scheduler& s);
+  void init_roles(Scheduler& s, std::ostream& out);
   std::vector<int64_t> step_index(int64_t step) const;
   nlohmann::json train_step(Scheduler& s, int64_t step);
-  void save(Scheduler& s, int64_t step);
+  void save(Scheduler& s, int64_t step, std::ostream& out);
   int64_t resume(Scheduler& s);
   void export_model(Scheduler& s, std::ostream& out);
   void write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out);

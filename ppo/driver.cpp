@@ -8,11 +8,13 @@
 #include <fstream>
 #include <future>
 #include <iomanip>
+#include <mutex>
 #include <sstream>
 
 #include "core/errors.h"
 #include "core/metrics.h"
 #include "core/run_dir.h"
+#include "engine/driver_state.h"
 #include "engine/memory_check.h"
 #include "engine/role_config.h"
 #include "ppo/advantages.h"
@@ -61,6 +63,13 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// "1.2": seconds for console lines (without touching the stream's number format).
+std::string seconds_text(double seconds) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << seconds;
+  return o.str();
+}
+
 // One step's samples, prompt-major (the n samples of a prompt are consecutive).
 struct Rollout {
   torch::Tensor sequences;       // [B, T] prompt (left-padded) + response (right-padded)
@@ -104,12 +113,12 @@ class PpoJob {
 
  private:
   std::vector<TokenizedPrompt> tokenize_prompts(const JobSpec& spec);
-  void init_roles(Scheduler& s);
+  void init_roles(Scheduler& s, std::ostream& out);
   Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step);
   Experience score(Scheduler& s, const Rollout& r);
   json train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step);
   double sync_weights(Scheduler& s);  // returns worker compute on the critical path
-  void save(Scheduler& s, int64_t step);
+  void save(Scheduler& s, int64_t step, std::ostream& out);
   int64_t resume(Scheduler& s);
   std::string response_text(const Rollout& r, int64_t row) const;
 
@@ -200,8 +209,10 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec) {
   return out;
 }
 
-void PpoJob::init_roles(Scheduler& s) {
+void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
   const int64_t per_step = c_.optimizer_steps_per_step();
+  const auto t0 = Clock::now();
+  std::mutex out_mutex;  // roles finish on their own threads
   // Rendezvous files of this run's collective groups: FileStore needs them absent at first.
   fs::remove_all(fs::path(run_dir_) / "stores");
   fs::create_directories(fs::path(run_dir_) / "stores");
@@ -232,7 +243,14 @@ void PpoJob::init_roles(Scheduler& s) {
           {"store_path",
            (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
     }
-    calls.push_back(in_parallel([&g, op, args] { g.call_all(op, args); }));
+    out << "ppo: loading " << role_name(role) << " (" << g.size() << " worker"
+        << (g.size() == 1 ? "" : "s") << ")" << std::endl;
+    calls.push_back(in_parallel([&g, &out, &out_mutex, t0, op, args] {
+      g.call_all(op, args);
+      std::lock_guard<std::mutex> lock(out_mutex);
+      out << "ppo: " << role_name(g.role()) << " ready after " << seconds_text(seconds_since(t0))
+          << " s" << std::endl;
+    }));
   }
   for (auto& c : calls) c.get();
   sync_backend_ = sync_backend(s);
@@ -376,6 +394,9 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
   double compute = 0;
   torch::Generator gen = at::detail::createCPUGenerator(c_.seed * 31 + static_cast<uint64_t>(step));
   for (int64_t epoch = 0; epoch < c_.max_epochs; ++epoch) {
+    s.progress().begin("step " + std::to_string(step) + "/" + std::to_string(total_steps_) +
+                       ": training, epoch " + std::to_string(epoch + 1) + "/" +
+                       std::to_string(c_.max_epochs));
     torch::Tensor order = torch::randperm(b, gen, torch::kLong);
     for (int64_t start = 0; start + c_.train_batch_size <= b; start += c_.train_batch_size) {
       torch::Tensor idx = order.slice(0, start, start + c_.train_batch_size);
@@ -436,8 +457,11 @@ double PpoJob::sync_weights(Scheduler& s) {
   return std::max(call_all_compute(pushed), call_all_compute(receive.get()));
 }
 
-void PpoJob::save(Scheduler& s, int64_t step) {
+void PpoJob::save(Scheduler& s, int64_t step, std::ostream& out) {
   const std::string tag = "global_step" + std::to_string(step);
+  const auto t0 = Clock::now();
+  out << "ppo: saving the checkpoint of step " << step << " to " << c_.ckpt_path << std::endl;
+  s.progress().begin("saving the checkpoint of step " + std::to_string(step));
   json args = {{"save_only_model", c_.save_only_model}, {"max_num", c_.max_ckpt}};
   std::vector<std::future<void>> calls;
   for (Role role : {Role::kActor, Role::kCritic}) {
@@ -448,43 +472,27 @@ void PpoJob::save(Scheduler& s, int64_t step) {
   }
   for (auto& c : calls) c.get();
   // The driver's own state last: its presence marks the whole step's checkpoint complete.
-  fs::path dir = fs::path(c_.ckpt_path) / "driver";
-  fs::create_directories(dir);
-  json state = {{"step", step},
-                {"prompts_consumed", stream_->consumed()},
-                {"kl_coef", kl_.value()},
-                {"tag", tag}};
-  fs::path tmp = dir / (tag + ".json.tmp");
-  std::ofstream(tmp) << state.dump(2);
-  fs::rename(tmp, dir / (tag + ".json"));
+  const std::string file = engine::write_driver_state(
+      c_.ckpt_path, step, {{"prompts_consumed", stream_->consumed()}, {"kl_coef", kl_.value()}},
+      spec_, c_.max_ckpt);
+  s.progress().end();
+  out << "ppo: checkpoint of step " << step << " saved in " << seconds_text(seconds_since(t0))
+      << " s (" << file << ")" << std::endl;
 }
 
 int64_t PpoJob::resume(Scheduler& s) {
-  fs::path dir = fs::path(c_.ckpt_path) / "driver";
-  int64_t best = -1;
-  json state;
-  if (fs::exists(dir))
-    for (const auto& f : fs::directory_iterator(dir)) {
-      if (f.path().extension() != ".json") continue;
-      json j = json::parse(std::ifstream(f.path()), nullptr, false);
-      if (j.is_object() && j.value("step", int64_t{-1}) > best &&
-          fs::exists(fs::path(c_.ckpt_path) / "actor" / j.value("tag", std::string()))) {
-        best = j["step"].get<int64_t>();
-        state = j;
-      }
-    }
-  if (best < 0) throw InputError("--resume: no complete checkpoint under " + c_.ckpt_path);
-  const std::string tag = state["tag"];
+  const auto state = engine::latest_driver_state(c_.ckpt_path, Role::kActor);
+  if (!state) throw InputError("--resume: no complete checkpoint under " + c_.ckpt_path);
   std::vector<std::future<void>> calls;
   for (Role role : {Role::kActor, Role::kCritic}) {
     if (role == Role::kCritic && !has_critic_) continue;
-    json a = {{"dir", (fs::path(c_.ckpt_path) / role_name(role) / tag).string()}};
+    json a = {{"dir", (fs::path(c_.ckpt_path) / role_name(role) / state->tag).string()}};
     calls.push_back(in_parallel([&s, role, a] { s.group(role).call_all("load", a); }));
   }
   for (auto& c : calls) c.get();
-  stream_->seek(state["prompts_consumed"].get<int64_t>());
-  kl_.set_value(state["kl_coef"].get<double>());
-  return best;
+  stream_->seek(state->data.at("prompts_consumed").get<int64_t>());
+  kl_.set_value(state->data.at("kl_coef").get<double>());
+  return state->step;
 }
 
 std::string fmt(double v, int precision = 3) {
@@ -500,25 +508,36 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
       << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
       << " prompts x " << c_.n_samples_per_prompt << " samples; metrics: " << metrics.path()
       << std::endl;
-  init_roles(s);
+  s.progress().begin("loading models");
+  init_roles(s, out);
   int64_t step = 0;
   if (options_.resume) {
+    s.progress().begin("loading the checkpoint");
     step = resume(s);
     out << "ppo: resumed after step " << step << " from " << c_.ckpt_path << std::endl;
   }
+  s.progress().begin("sending the actor's weights to the rollout group");
   sync_weights(s);
+  const auto loop_start = Clock::now();
+  const int64_t first_step = step + 1;
   for (++step; step <= total_steps_; ++step) {
     const auto t0 = Clock::now();
+    const std::string at = "step " + std::to_string(step) + "/" + std::to_string(total_steps_);
+    s.progress().begin(at + ": generating " + std::to_string(c_.rollout_batch_size) +
+                       " prompts x " + std::to_string(c_.n_samples_per_prompt) + " samples");
     Rollout r = generate(s, stream_->next(c_.rollout_batch_size), step);
     const double t_gen = seconds_since(t0);
     const auto t1 = Clock::now();
+    s.progress().begin(at + ": scoring " + std::to_string(r.sequences.size(0)) + " samples");
     Experience e = score(s, r);
     const double t_score = seconds_since(t1);
     const auto t2 = Clock::now();
     json losses = train(s, r, e, step);
     const double t_train = seconds_since(t2);
     const auto t3 = Clock::now();
+    s.progress().begin(at + ": sending the actor's weights to the rollout group");
     const double sync_compute = sync_weights(s);
+    s.progress().end();
     const double t_sync = seconds_since(t3);
     const double t_step = seconds_since(t0);
     auto mask = r.action_mask.to(torch::kFloat32);
@@ -561,15 +580,22 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
           << (has_critic_ ? " | value " + fmt(rec["value_loss"]) : std::string()) << " | len "
           << fmt(rec["response_length"], 1) << " | " << fmt(t_step, 2) << " s (gen "
           << static_cast<int>(100 * t_gen / t_step) << "%) | " << fmt(rec["samples_per_s"], 1)
-          << " samples/s" << std::endl;
+          << " samples/s | "
+          << elapsed_and_eta(seconds_since(loop_start), step - first_step + 1,
+                             total_steps_ - first_step + 1)
+          << std::endl;
     }
-    if ((c_.save_steps > 0 && step % c_.save_steps == 0) ||
-        (c_.save_steps == -1 && step == total_steps_))
-      save(s, step);
+    // Every ckpt.save_steps, and always after the last step (a finished run can be resumed
+    // with more steps, and its final state is kept whatever save_steps says).
+    if ((c_.save_steps > 0 && step % c_.save_steps == 0) || step == total_steps_)
+      save(s, step, out);
   }
   if (c_.export_hf) {
     std::string dir = (fs::path(run_dir_) / "export" / "actor").string();
+    out << "ppo: exporting the trained actor to " << dir << std::endl;
+    s.progress().begin("exporting the actor");
     s.group(Role::kActor).call_all("export_hf", {{"dir", dir}});
+    s.progress().end();
     // The export is a complete model directory: the tokenizer comes along.
     for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                              "special_tokens_map.json", "generation_config.json"}) {

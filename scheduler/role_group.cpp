@@ -20,10 +20,13 @@ std::chrono::steady_clock::time_point RoleGroup::deadline(Timeout timeout) const
 }
 
 Message RoleGroup::checked(const Message& reply, int rank) const {
-  if (reply.kind == MessageKind::kError)
-    throw RuntimeError(std::string(role_name(role_)) + "[" + std::to_string(rank) +
-                       "] operation \"" + reply.op + "\" failed: " + reply.error);
-  return reply;
+  if (reply.kind != MessageKind::kError) return reply;
+  const std::string what = std::string(role_name(role_)) + "[" + std::to_string(rank) +
+                           "] operation \"" + reply.op + "\" failed: " + reply.error;
+  // The worker's bad input (a corrupt checkpoint, a model that does not match) is the
+  // user's to fix, as the same error in the driver would be: exit 2, not 1.
+  if (reply.args.is_object() && reply.args.value("bad_input", false)) throw InputError(what);
+  throw RuntimeError(what);
 }
 
 std::vector<Message> RoleGroup::call_all(const std::string& op, const nlohmann::json& args,
@@ -45,6 +48,8 @@ std::vector<Message> RoleGroup::call_all(const std::string& op, const nlohmann::
     auto [id, reply] = scheduler_.await_any(waiting, until);
     waiting.erase(std::find(waiting.begin(), waiting.end(), id));
     replies[rank_of[id]] = checked(reply, rank_of[id]);
+    scheduler_.progress().count(std::string(role_name(role_)) + " " + op,
+                                static_cast<int64_t>(ids.size() - waiting.size()), size());
   }
   return replies;
 }
@@ -128,6 +133,7 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
     Message checked_reply = checked(reply, rank);
     if (call < chunks) results[call] = std::move(checked_reply);
     ++done;
+    scheduler_.progress().count(std::string(role_name(role_)) + " " + op, done, calls);
   }
   Message gathered;
   gathered.kind = MessageKind::kReply;

@@ -173,7 +173,7 @@ void Scheduler::fail(std::string report, bool interrupted) {
 }
 
 void Scheduler::rethrow_failure_locked() {
-  if (interrupted_) throw JobInterrupted(*failure_);
+  if (interrupted_) throw JobInterrupted(*failure_, interrupt_signal_);
   throw WorkerFailure(*failure_);
 }
 
@@ -346,6 +346,10 @@ bool Scheduler::supervise() {
   io_->asio.poll();
   if (io_->signal_received) {
     const char* abbrev = sigabbrev_np(io_->signal_received);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_) interrupt_signal_ = io_->signal_received;
+    }
     fail(std::string("interrupted by SIG") + (abbrev ? abbrev : "?") + ": stopping every worker\n",
          true);
     return false;

@@ -18,6 +18,7 @@
 
 #include "core/placement.h"
 #include "core/spec.h"
+#include "scheduler/progress.h"
 #include "transport/message.h"
 
 namespace rlhf {
@@ -73,6 +74,9 @@ class Scheduler {
   const std::string& endpoint() const { return tcp_endpoint_; }
   const std::string& token() const { return token_; }
   const SchedulerConfig& config() const { return config_; }
+  // The console progress of the job's long phases: drivers name phases, role groups count
+  // finished calls; silent until attached (rlhf run attaches it to stdout).
+  PhaseProgress& progress() { return progress_; }
   // Registration attempts refused so far (wrong token, unknown role/rank, duplicate).
   int refused_registrations() const { return refused_.load(); }
 
@@ -106,6 +110,7 @@ class Scheduler {
   std::unique_ptr<Io> io_;
   std::thread io_thread_;
   std::atomic<int> refused_{0};
+  PhaseProgress progress_;
   std::atomic<bool> stop_requested_{false};
 
   std::mutex send_mutex_;     // guards the driver-side socket in io_
@@ -118,7 +123,8 @@ class Scheduler {
   size_t registered_ = 0;
   std::optional<std::string> failure_;  // first failure report
   bool interrupted_ = false;
-  bool stopped_ = false;  // every worker has been stopped and reaped
+  int interrupt_signal_ = 0;  // SIGINT or SIGTERM when interrupted_
+  bool stopped_ = false;      // every worker has been stopped and reaped
 };
 
 }  // namespace rlhf

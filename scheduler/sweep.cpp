@@ -21,6 +21,7 @@
 
 #include "core/errors.h"
 #include "core/jsonl.h"
+#include "core/spec_schema.h"
 #include "core/text.h"
 #include "engine/memory_check.h"
 #include "engine/memory_plan.h"
@@ -267,10 +268,24 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
 
 std::vector<VariantResult> run_sweep(SweepOptions& o, const std::atomic<bool>& stop,
                                      std::ostream& progress) {
-  if (o.grid.empty()) throw InputError("rlhf sweep: give at least one --grid KEY=V1,V2,...");
-  if (o.steps < 1) throw InputError("rlhf sweep: --steps must be >= 1");
+  if (o.grid.empty()) throw InputError("give at least one --grid KEY=V1,V2,...");
+  if (o.steps < 1) throw InputError("--steps must be >= 1");
   const JobSpec base =
       JobSpec::load(o.spec_path, o.base_overrides);  // a bad base spec fails before anything runs
+  // A typo'd grid key or a value of the wrong type would make every variant a "bad spec":
+  // refuse the sweep instead, naming the key.
+  for (const auto& axis : o.grid) {
+    const KeySpec* key = find_key(axis.key);
+    if (!key) {
+      const std::string hint = closest_key(axis.key);
+      throw InputError("--grid " + axis.key + ": unknown key" +
+                       (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+    }
+    for (const auto& value : axis.values) {
+      const std::string problem = key->check(key->parse_override(value));
+      if (!problem.empty()) throw InputError("--grid " + axis.key + "=" + value + ": " + problem);
+    }
+  }
   if (o.out_dir.empty())
     o.out_dir = (fs::path(base.get_string("logger.run_dir")) / ("sweep-" + base.get_string("name")))
                     .string();
@@ -373,8 +388,9 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
         << (std::isnan(r.reward_mean) ? std::string() : fixed(r.reward_mean, 4));
     for (const auto& role : roles) {
       RoleMemoryFigures f = r.memory.count(role) ? r.memory.at(role) : RoleMemoryFigures{};
-      out << ',' << f.planned_total << ',' << f.planned_engine << ',' << f.measured_tensor << ','
-          << f.measured_rss;
+      // Empty where nothing was planned or measured (a failed or bad-spec variant).
+      for (int64_t b : {f.planned_total, f.planned_engine, f.measured_tensor, f.measured_rss})
+        out << ',' << (b < 0 ? std::string() : std::to_string(b));
     }
     out << '\n';
   }

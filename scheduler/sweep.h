@@ -35,8 +35,8 @@ enum class VariantStatus {
 const char* variant_status_name(VariantStatus status);
 
 struct RoleMemoryFigures {
-  int64_t planned_total = 0;     // planner: device total per rank
-  int64_t planned_engine = 0;    // planner: engine-tracked peak per rank
+  int64_t planned_total = -1;    // planner: device total per rank (-1: not planned)
+  int64_t planned_engine = -1;   // planner: engine-tracked peak per rank (-1: not planned)
   int64_t measured_tensor = -1;  // metrics: max peak_tensor_bytes (-1: not reported)
   int64_t measured_rss = -1;     // metrics: max peak_rss_bytes
 };

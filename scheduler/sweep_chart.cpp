@@ -185,11 +185,15 @@ void write_sweep_chart(const std::vector<VariantResult>& results, const std::str
             height = 2 * panel + 3 * gap + 40;
   Canvas c(width, height);
   const std::string role = swept_role(results);
+  // 0 where nothing was planned or measured (-1 in the figures): no bar and no label.
   auto planned = [&role](const VariantResult& r) {
-    return r.memory.count(role) ? static_cast<double>(r.memory.at(role).planned_total) : 0.0;
+    return r.memory.count(role)
+               ? std::max(0.0, static_cast<double>(r.memory.at(role).planned_total))
+               : 0.0;
   };
   auto measured = [&role](const VariantResult& r) {
-    return r.memory.count(role) ? static_cast<double>(r.memory.at(role).measured_rss) : 0.0;
+    return r.memory.count(role) ? std::max(0.0, static_cast<double>(r.memory.at(role).measured_rss))
+                                : 0.0;
   };
   double max_speed = 0, max_mem = 0;
   for (const auto& r : results) {
@@ -238,7 +242,7 @@ void write_sweep_chart(const std::vector<VariantResult>& results, const std::str
       c.text(x, top_base - h - 4, short_number(r.samples_per_s), kAxis);
     }
     if (bad) c.fill(x, top_base + 4, x + 70, top_base + 10, kBad);
-    if (max_mem > 0) {
+    if (max_mem > 0 && (planned(r) > 0 || measured(r) > 0)) {
       const int hp = static_cast<int>((panel - 20) * planned(r) / max_mem);
       c.fill(x, bottom_base - hp, x + 30, bottom_base, bad ? kBad : kPlanned);
       if (measured(r) > 0) {

@@ -19,10 +19,16 @@ class WorkerFailure : public RuntimeError {
   using RuntimeError::RuntimeError;
 };
 
-// The job was interrupted by SIGINT or SIGTERM.
+// The job was interrupted by SIGINT or SIGTERM; signal() says which (128 + it is the
+// conventional exit status: 130 for SIGINT).
 class JobInterrupted : public RuntimeError {
  public:
-  using RuntimeError::RuntimeError;
+  explicit JobInterrupted(const std::string& what, int signal = 2)
+      : RuntimeError(what), signal_(signal) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
 };
 
 // "exit code 3", "killed by signal 9 (SIGKILL)" from a waitpid status.

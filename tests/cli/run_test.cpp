@@ -1,0 +1,176 @@
+// `rlhf run` over a job's life, through the real binary with worker processes (issue 19):
+// Ctrl-C (exit 130, the checkpoint --resume would use), checkpoints announced, kept to
+// ckpt.max_num and written at the end, --resume writing each step's metrics once and
+// refusing changed trajectory settings unless asked, and progress lines while phases run.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+
+#include "test_paths.h"
+#include "tests/support/processes.h"
+#include "tests/support/run_cli.h"
+
+namespace rlhf::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::vector<int> steps_of(const fs::path& metrics) {
+  std::vector<int> steps;
+  for (const auto& m : read_jsonl(metrics.string())) steps.push_back(m["step"].get<int>());
+  return steps;
+}
+
+std::vector<std::string> driver_files(const fs::path& dir) {
+  std::vector<std::string> names;
+  if (fs::exists(dir))
+    for (const auto& f : fs::directory_iterator(dir)) names.push_back(f.path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class RunLifecycle : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("lifecycle-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    ASSERT_EQ(
+        run_cli({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code,
+        0);
+    ASSERT_EQ(run_cli({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
+                       (dir_ / "tiny-value").string()})
+                  .exit_code,
+              0);
+  }
+  void TearDown() override {
+    ::unsetenv("RLHF_PROGRESS_AFTER_S");
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  // `run SPEC` arguments with this test's models and run directory, then `extra`.
+  std::vector<std::string> args(const std::string& example, std::vector<std::string> extra) const {
+    std::vector<std::string> a = {"run", std::string(RLHF_SOURCE_DIR) + "/examples/" + example,
+                                  "--set", "logger.run_dir=" + (dir_ / "runs").string()};
+    if (example == "ppo_tiny.json")
+      for (const std::string& s : {"actor.model=" + (dir_ / "tiny").string(),
+                                   "critic.model=" + (dir_ / "tiny-value").string()})
+        a.insert(a.end(), {"--set", s});
+    else
+      a.insert(a.end(), {"--set", "actor.model=" + (dir_ / "tiny").string()});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  fs::path dir_;
+};
+
+TEST_F(RunLifecycle, InterruptResumeAndCheckpoints) {
+  const fs::path run = dir_ / "runs" / "ppo_tiny";
+  const std::vector<std::string> common = {
+      "--set", "train.max_steps=9", "--set", "ckpt.save_steps=2", "--set", "ckpt.max_num=2"};
+  {
+    rlhf::testing::RlhfProcess job(args("ppo_tiny.json", common), dir_.string());
+    ASSERT_TRUE(rlhf::testing::poll_until(
+        [&] {
+          return fs::exists(run / "metrics.jsonl") && steps_of(run / "metrics.jsonl").size() >= 5;
+        },
+        std::chrono::seconds(120)))
+        << job.out() << job.err();
+    ASSERT_EQ(::kill(job.pid(), SIGINT), 0);
+    const auto status = job.wait(std::chrono::seconds(60));
+    ASSERT_TRUE(status.has_value()) << "not stopped within 60 s";
+    ASSERT_TRUE(WIFEXITED(*status));
+    EXPECT_EQ(WEXITSTATUS(*status), 130) << job.err();  // 128 + SIGINT, as shells report
+    // Checkpoints are announced as they start and when they are complete.
+    EXPECT_TRUE(contains(job.out(), "ppo: saving the checkpoint of step 2 to ")) << job.out();
+    EXPECT_TRUE(contains(job.out(), "ppo: checkpoint of step 2 saved in ")) << job.out();
+    // The line says which checkpoint a --resume continues from, and the command.
+    std::smatch m;
+    const std::string err = job.err();
+    ASSERT_TRUE(std::regex_search(err, m, std::regex("--resume` continues after step (\\d+)")))
+        << err;
+    const int saved = std::stoi(m[1]);
+    EXPECT_GE(saved, 4);
+    EXPECT_EQ(saved % 2, 0);
+    EXPECT_TRUE(contains(err, "rlhf run " + std::string(RLHF_SOURCE_DIR) +
+                                  "/examples/ppo_tiny.json --set logger.run_dir="))
+        << err;
+    EXPECT_TRUE(fs::exists(run / "ckpt" / "actor" / ("global_step" + std::to_string(saved))));
+    // ckpt.max_num = 2 holds for the driver's files as for the trainers' shards.
+    EXPECT_EQ(driver_files(run / "ckpt" / "driver"),
+              (std::vector<std::string>{"global_step" + std::to_string(saved - 2) + ".json",
+                                        "global_step" + std::to_string(saved) + ".json"}));
+    EXPECT_FALSE(fs::exists(run / "stores")) << "rendezvous files go with the workers";
+  }
+  const std::vector<int> before = steps_of(run / "metrics.jsonl");
+
+  // Changing what the trajectory depends on is refused, naming each change; nothing written
+  // is touched.
+  std::vector<std::string> changed = common;
+  changed.insert(changed.end(), {"--set", "rollout.n_samples_per_prompt=2", "--set",
+                                 "actor.adam.lr=1e-4", "--resume"});
+  CliResult refused = run_cli(args("ppo_tiny.json", changed));
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
+  EXPECT_TRUE(contains(refused.err, "rollout.n_samples_per_prompt: 4 -> 2")) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "actor.adam.lr: 0.001 -> 0.0001")) << refused.err;
+  EXPECT_TRUE(contains(refused.err, "--resume-changed")) << refused.err;
+  EXPECT_EQ(steps_of(run / "metrics.jsonl"), before);
+
+  // Resumed: every step appears once, and the last step is checkpointed although 9 is not
+  // a multiple of ckpt.save_steps.
+  std::vector<std::string> resume = common;
+  resume.push_back("--resume");
+  CliResult resumed = run_cli(args("ppo_tiny.json", resume));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_EQ(steps_of(run / "metrics.jsonl"), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(driver_files(run / "ckpt" / "driver"),
+            (std::vector<std::string>{"global_step8.json", "global_step9.json"}));
+  EXPECT_TRUE(fs::exists(run / "ckpt" / "actor" / "global_step9"));
+
+  // Asked for, a changed setting is accepted and named.
+  std::vector<std::string> extend = {
+      "--set", "train.max_steps=10", "--set",    "ckpt.save_steps=2", "--set", "ckpt.max_num=2",
+      "--set", "actor.adam.lr=5e-4", "--resume", "--resume-changed"};
+  CliResult more = run_cli(args("ppo_tiny.json", extend));
+  ASSERT_EQ(more.exit_code, 0) << more.out << more.err;
+  EXPECT_TRUE(contains(more.out, "--resume-changed: actor.adam.lr: 0.001 -> 0.0005")) << more.out;
+  EXPECT_TRUE(contains(more.out, "resuming after step 9")) << more.out;
+  EXPECT_EQ(steps_of(run / "metrics.jsonl"), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+}
+
+// What a long phase prints: loading each role, generating/scoring/training with the step,
+// elapsed time and ETA on each step line, saves and exports as they start. Phase lines
+// appear after RLHF_PROGRESS_AFTER_S (0 here: at once).
+TEST_F(RunLifecycle, ProgressOfEveryPhase) {
+  ::setenv("RLHF_PROGRESS_AFTER_S", "0", 1);
+  CliResult ppo = run_cli(args("ppo_tiny.json", {"--set", "train.max_steps=2"}));
+  ASSERT_EQ(ppo.exit_code, 0) << ppo.out << ppo.err;
+  for (const char* line :
+       {"ppo: loading actor (1 worker)", "ppo: critic ready after ", "... loading models",
+        "... step 1/2: generating 16 prompts x 4 samples", "... step 1/2: scoring 64 samples",
+        "... step 1/2: training, epoch 1/1", "ppo: saving the checkpoint of step 2",
+        "ppo: exporting the trained actor to "})
+    EXPECT_TRUE(contains(ppo.out, line)) << line << "\n" << ppo.out;
+  EXPECT_TRUE(std::regex_search(ppo.out, std::regex("step 1/2 \\|.* \\| elapsed \\d+:\\d\\d \\| "
+                                                    "eta \\d+:\\d\\d\n")))
+      << ppo.out;
+  EXPECT_FALSE(fs::exists(dir_ / "runs" / "ppo_tiny" / "stores")) << "no empty stores/ left";
+
+  CliResult sft = run_cli(args("sft_tiny.json", {"--set", "train.max_steps=2"}));
+  ASSERT_EQ(sft.exit_code, 0) << sft.out << sft.err;
+  for (const char* line : {"sft: loading actor (1 worker)", "... step 1/2: training, epoch 1/",
+                           "... evaluating ", "sft: exporting the trained actor to "})
+    EXPECT_TRUE(contains(sft.out, line)) << line << "\n" << sft.out;
+  EXPECT_TRUE(std::regex_search(sft.out, std::regex("step 2/2 \\|.* \\| eta 0:00\n"))) << sft.out;
+}
+
+}  // namespace
+}  // namespace rlhf::test
