@@ -393,6 +393,23 @@ void check_lengths_and_algo(Validation& v) {
   const auto clip = v.at("reward.clip_range");
   if (v.ok({"reward.clip_range"}) && clip[0].get<double>() >= clip[1].get<double>())
     v.problem("reward.clip_range", "expected [low, high] with low < high, found " + clip.dump());
+  if (kind != "ppo") return;
+  if (v.ok({"reward.overlong_buffer_len", "rollout.max_new_tokens"}) &&
+      num(v, "reward.overlong_buffer_len") > num(v, "rollout.max_new_tokens"))
+    v.problem("reward.overlong_buffer_len",
+              "expected at most rollout.max_new_tokens (" +
+                  std::to_string(num(v, "rollout.max_new_tokens")) + "), found " +
+                  std::to_string(num(v, "reward.overlong_buffer_len")));
+  if (v.ok({"algo.dynamic_sampling", "reward.rule", "reward.remote_url"}) &&
+      v.at("algo.dynamic_sampling").get<bool>()) {
+    if (str(v, "reward.rule").empty() && str(v, "reward.remote_url").empty())
+      v.problem("algo.dynamic_sampling",
+                "needs the scores before scoring: set reward.rule or reward.remote_url (a reward "
+                "model is not supported with dynamic sampling)");
+    if (v.ok({"rollout.n_samples_per_prompt"}) && num(v, "rollout.n_samples_per_prompt") < 2)
+      v.problem("algo.dynamic_sampling",
+                "compares the samples of a prompt: set rollout.n_samples_per_prompt to 2 or more");
+  }
 }
 
 }  // namespace

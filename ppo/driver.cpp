@@ -76,6 +76,8 @@ struct Rollout {
   torch::Tensor attention_mask;  // [B, T]
   torch::Tensor action_mask;     // [B, A] response tokens up to and including EOS
   std::vector<std::string> prompts, responses, labels;  // [B]
+  torch::Tensor scores;  // [B] rule or remote scores when dynamic sampling needed them early
+  json sampling;         // dynamic sampling's counts (null when off)
   int64_t weight_version = 0;
   double compute_s = 0;  // rollout workers' generate time on the critical path
 };
@@ -86,14 +88,15 @@ struct Experience {
   torch::Tensor scores;           // [B] raw reward-source scores
   torch::Tensor response_length;  // [B] action tokens
   // Per token.
-  torch::Tensor log_probs_old;  // [B, A] actor log pi_old(a|s)
-  torch::Tensor log_probs_ref;  // [B, A] reference log-probs (undefined without a ref)
-  torch::Tensor values;         // [B, A] critic values (undefined without a critic)
-  torch::Tensor kl;             // [B, A] policy-vs-reference KL estimate (zeros without a ref)
-  double kl_mean = 0;           // sequence_mean_kl(kl): logged and fed to the KL controller
-  torch::Tensor entropy;        // [B, A] policy entropy at each action position
-  BatchAdvantages adv;          // rewards, advantages, returns [B, A]
-  double compute_s = 0;         // slowest scoring group's worker time
+  torch::Tensor log_probs_old;     // [B, A] actor log pi_old(a|s)
+  torch::Tensor log_probs_ref;     // [B, A] reference log-probs (undefined without a ref)
+  torch::Tensor values;            // [B, A] critic values (undefined without a critic)
+  torch::Tensor kl;                // [B, A] policy-vs-reference KL estimate (zeros without a ref)
+  double kl_mean = 0;              // sequence_mean_kl(kl): logged and fed to the KL controller
+  torch::Tensor overlong_penalty;  // [B] DAPO soft length penalty added to the scores (<= 0)
+  torch::Tensor entropy;           // [B, A] policy entropy at each action position
+  BatchAdvantages adv;             // rewards, advantages, returns [B, A]
+  double compute_s = 0;            // slowest scoring group's worker time
 };
 
 std::vector<NamedTensor> sequence_tensors(const Rollout& r) {
@@ -114,7 +117,9 @@ class PpoJob {
  private:
   std::vector<TokenizedPrompt> tokenize_prompts(const JobSpec& spec);
   void init_roles(Scheduler& s, std::ostream& out);
-  Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step);
+  Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill = 0);
+  Rollout sample(Scheduler& s, int64_t step);  // generate, with dynamic sampling when on
+  torch::Tensor rule_or_remote_scores(const Rollout& r);
   Experience score(Scheduler& s, const Rollout& r);
   json train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step);
   double sync_weights(Scheduler& s);  // returns worker compute on the critical path
@@ -256,13 +261,15 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
   sync_backend_ = sync_backend(s);
 }
 
-Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step) {
+Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill) {
   // Seeds follow the prompt's position in the step (prompt_index), not the micro batch, so
-  // a step samples the same whatever the rollout group size.
+  // a step samples the same whatever the rollout group size. A refill batch (dynamic
+  // sampling) draws with its own seed.
   json args = {{"temperature", c_.temperature},
                {"top_p", c_.top_p},
                {"top_k", c_.top_k},
-               {"seed", c_.seed * 7919 + static_cast<uint64_t>(step)}};
+               {"seed", c_.seed * 7919 + static_cast<uint64_t>(step) +
+                            static_cast<uint64_t>(refill) * 1000003}};
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   Message reply = s.group(Role::kRollout)
                       .scatter("generate",
@@ -284,6 +291,105 @@ Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step) {
     r.responses.push_back(response_text(r, i));
   }
   return r;
+}
+
+// Rows `index` [k] of a rollout (their texts too).
+Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
+  Rollout out = r;
+  out.sequences = r.sequences.index_select(0, index).contiguous();
+  out.attention_mask = r.attention_mask.index_select(0, index).contiguous();
+  out.action_mask = r.action_mask.index_select(0, index).contiguous();
+  if (r.scores.defined()) out.scores = r.scores.index_select(0, index).contiguous();
+  out.prompts.clear();
+  out.responses.clear();
+  out.labels.clear();
+  for (int64_t i :
+       std::vector<int64_t>(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel())) {
+    out.prompts.push_back(r.prompts[static_cast<size_t>(i)]);
+    out.responses.push_back(r.responses[static_cast<size_t>(i)]);
+    out.labels.push_back(r.labels[static_cast<size_t>(i)]);
+  }
+  return out;
+}
+
+// `a` then `b`, re-padded to the longer prompt (left) and response (right) of the two.
+Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
+  const int64_t aa = a.action_mask.size(1), ab = b.action_mask.size(1);
+  const int64_t pa = a.sequences.size(1) - aa, pb = b.sequences.size(1) - ab;
+  const int64_t p = std::max(pa, pb), act = std::max(aa, ab);
+  auto pad = [&](const torch::Tensor& t, int64_t prompt, int64_t value, bool prompt_part) {
+    // [B, prompt + A] -> [B, p + act]; the action mask has no prompt part.
+    const int64_t rows = t.size(0);
+    const int64_t width = prompt_part ? p + act : act;
+    torch::Tensor out = torch::full({rows, width}, value, t.options());
+    const int64_t a_len = prompt_part ? t.size(1) - prompt : t.size(1);
+    if (prompt_part) out.slice(1, p - prompt, p).copy_(t.slice(1, 0, prompt));
+    out.slice(1, width - act, width - act + a_len).copy_(t.slice(1, t.size(1) - a_len));
+    return out;
+  };
+  Rollout out = a;
+  out.sequences =
+      torch::cat({pad(a.sequences, pa, pad_id, true), pad(b.sequences, pb, pad_id, true)});
+  out.attention_mask =
+      torch::cat({pad(a.attention_mask, pa, 0, true), pad(b.attention_mask, pb, 0, true)});
+  out.action_mask = torch::cat({pad(a.action_mask, 0, 0, false), pad(b.action_mask, 0, 0, false)});
+  if (a.scores.defined()) out.scores = torch::cat({a.scores, b.scores});
+  for (auto [to, from] :
+       {std::make_pair(&out.prompts, &b.prompts), std::make_pair(&out.responses, &b.responses),
+        std::make_pair(&out.labels, &b.labels)})
+    to->insert(to->end(), from->begin(), from->end());
+  out.weight_version = std::max(a.weight_version, b.weight_version);
+  return out;
+}
+
+torch::Tensor PpoJob::rule_or_remote_scores(const Rollout& r) {
+  if (r.scores.defined()) return r.scores;
+  if (rule_) {
+    std::vector<float> v;
+    for (size_t i = 0; i < r.responses.size(); ++i)
+      v.push_back(static_cast<float>(rule_->fn(r.prompts[i], r.responses[i], r.labels[i])));
+    return torch::tensor(v);
+  }
+  if (remote_) {
+    auto v = remote_->score(r.prompts, r.responses, r.labels);
+    return torch::tensor(std::vector<float>(v.begin(), v.end()));
+  }
+  return {};
+}
+
+// DAPO dynamic sampling (algo.dynamic_sampling): groups whose samples all score the same are
+// dropped (groups_with_distinct_scores); up to rollout.max_refill_batches more batches of
+// rollout.batch_size prompts are generated until rollout.batch_size groups are kept, and
+// extra kept groups are left out (as veRL's DAPO). If none is kept, the first batch is
+// trained as it is: its group advantages are all 0.
+Rollout PpoJob::sample(Scheduler& s, int64_t step) {
+  Rollout first = generate(s, stream_->next(c_.rollout_batch_size), step);
+  if (!c_.dynamic_sampling) return first;
+  const int64_t n = c_.n_samples_per_prompt, want = c_.rollout_batch_size;
+  auto keep = [&](Rollout batch) {
+    batch.scores = rule_or_remote_scores(batch);
+    torch::Tensor groups = groups_with_distinct_scores(batch.scores, n);
+    torch::Tensor rows = (groups.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1});
+    return select_rows(batch, rows);
+  };
+  first.scores = rule_or_remote_scores(first);
+  Rollout kept = keep(first);
+  double compute_s = first.compute_s;  // every generate call is on the step's critical path
+  int64_t refills = 0;
+  while (kept.sequences.size(0) < want * n && refills < c_.max_refill_batches) {
+    ++refills;
+    Rollout more = keep(generate(s, stream_->next(want), step, refills));
+    compute_s += more.compute_s;
+    kept = kept.sequences.size(0) == 0 ? more : concat_rollouts(kept, more, pad_id_);
+  }
+  const int64_t kept_groups = kept.sequences.size(0) / n;
+  Rollout out = kept_groups == 0 ? first : kept;
+  if (kept_groups > want) out = select_rows(out, torch::arange(want * n, torch::kLong));
+  out.compute_s = compute_s;
+  out.sampling = {{"groups_generated", want * (refills + 1)},
+                  {"groups_kept", std::min(kept_groups, want)},
+                  {"refill_batches", refills}};
+  return out;
 }
 
 std::string PpoJob::response_text(const Rollout& r, int64_t row) const {
@@ -329,15 +435,7 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
     model_scores = call(Role::kReward, "score",
                         {{"max_tokens", c_.max_tokens_per_micro_batch}, {"max_rows", micro}});
   Experience e;
-  if (rule_) {
-    std::vector<float> v;
-    for (size_t i = 0; i < r.responses.size(); ++i)
-      v.push_back(static_cast<float>(rule_->fn(r.prompts[i], r.responses[i], r.labels[i])));
-    e.scores = torch::tensor(v);
-  } else if (remote_) {
-    auto v = remote_->score(r.prompts, r.responses, r.labels);
-    e.scores = torch::tensor(std::vector<float>(v.begin(), v.end()));
-  }
+  e.scores = rule_or_remote_scores(r);
   // Each group's reply, with its worker time counted toward the slowest scorer.
   auto take = [&e](std::future<Scored>& f) {
     Scored got = f.get();
@@ -351,6 +449,10 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   if (has_critic_) e.values = take(values).tensor("values");
   if (has_reward_model_) e.scores = take(model_scores).tensor("scores").to(torch::kFloat32);
   e.response_length = r.action_mask.sum(1);
+  // DAPO overlong reward shaping, on the scores the advantages see (the logged reward stays
+  // the reward source's score).
+  e.overlong_penalty = overlong_penalty(e.response_length, c_.max_new_tokens,
+                                        c_.overlong_buffer_len, c_.overlong_penalty_factor);
 
   // The KL is measured whenever there is a reference (issue 19: with use_loss OpenRLHF zeroes
   // it and logs 0); with use_loss it enters the actor loss and not the reward, as OpenRLHF.
@@ -359,8 +461,8 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   e.kl = e.kl * r.action_mask.to(torch::kFloat32);
   e.kl_mean = sequence_mean_kl(e.kl, r.action_mask);
   const torch::Tensor reward_kl = c_.kl_use_loss ? torch::Tensor() : e.kl;
-  e.adv =
-      compute_advantages(c_.advantage, e.scores, reward_kl, kl_.value(), e.values, r.action_mask);
+  e.adv = compute_advantages(c_.advantage, e.scores + e.overlong_penalty, reward_kl, kl_.value(),
+                             e.values, r.action_mask);
   return e;
 }
 
@@ -525,7 +627,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     const std::string at = "step " + std::to_string(step) + "/" + std::to_string(total_steps_);
     s.progress().begin(at + ": generating " + std::to_string(c_.rollout_batch_size) +
                        " prompts x " + std::to_string(c_.n_samples_per_prompt) + " samples");
-    Rollout r = generate(s, stream_->next(c_.rollout_batch_size), step);
+    Rollout r = sample(s, step);
     const double t_gen = seconds_since(t0);
     const auto t1 = Clock::now();
     s.progress().begin(at + ": scoring " + std::to_string(r.sequences.size(0)) + " samples");
@@ -573,6 +675,9 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                   {"prompts_consumed", stream_->consumed()},
                   {"memory", peak_memory_by_role(s, planned_)}};
       rec.update(losses);
+      if (!r.sampling.is_null()) rec.update(r.sampling);
+      if (c_.overlong_buffer_len > 0)
+        rec["overlong_penalty"] = e.overlong_penalty.mean().item<double>();
       metrics.write(rec);
       out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"])
           << " +- " << fmt(rec["reward_std"]) << " | kl " << fmt(kl_mean, 4) << " | policy "

@@ -46,6 +46,10 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.policy.aggregation = parse_loss_aggregation(c.loss_agg);
   c.policy.norm_len = c.max_new_tokens;
   c.value_clip = spec.get_float("critic.value_clip");
+  c.overlong_buffer_len = spec.get_int("reward.overlong_buffer_len");
+  c.overlong_penalty_factor = spec.get_float("reward.overlong_penalty_factor");
+  c.dynamic_sampling = spec.get_bool("algo.dynamic_sampling");
+  c.max_refill_batches = spec.get_int("rollout.max_refill_batches");
   c.reward_rule = spec.get_string("reward.rule");
   c.reward_remote_url = spec.get_string("reward.remote_url");
   c.reward_remote_timeout_s = spec.get_float("reward.remote_timeout_s");

@@ -42,6 +42,11 @@ struct PpoConfig {
   PolicyLossConfig policy;
   std::string loss_agg = "token_mean";  // resolved (never "auto"); the critic's loss follows it
   double value_clip = 0.5;
+  // DAPO.
+  int64_t overlong_buffer_len = 0;  // soft length penalty over the last N tokens (0: off)
+  double overlong_penalty_factor = 1.0;
+  bool dynamic_sampling = false;   // drop groups whose samples all score the same
+  int64_t max_refill_batches = 0;  // extra batches generated to refill dropped groups
   // Reward source.
   std::string reward_rule;
   std::string reward_remote_url;

@@ -88,4 +88,28 @@ torch::Tensor shape_rewards(const torch::Tensor& scores, const torch::Tensor& kl
   return rewards;
 }
 
+torch::Tensor overlong_penalty(const torch::Tensor& response_length, int64_t max_new_tokens,
+                               int64_t buffer_len, double factor) {
+  TORCH_CHECK(response_length.dim() == 1, "overlong_penalty: expected lengths [B], got ",
+              response_length.sizes());
+  TORCH_CHECK(buffer_len >= 0 && buffer_len <= max_new_tokens,
+              "overlong_penalty: buffer length must be in [0, max_new_tokens = ", max_new_tokens,
+              "], got ", buffer_len);
+  torch::Tensor len = response_length.to(torch::kFloat64);
+  if (buffer_len == 0) return torch::zeros(len.sizes(), torch::kFloat32);
+  const double expected = static_cast<double>(max_new_tokens - buffer_len);
+  const double buffer = static_cast<double>(buffer_len);
+  torch::Tensor exceed = (len - expected).clamp(0.0, buffer);
+  return (-exceed / buffer * factor).to(torch::kFloat32);
+}
+
+torch::Tensor groups_with_distinct_scores(const torch::Tensor& scores, int64_t n) {
+  TORCH_CHECK(scores.dim() == 1 && n >= 1 && scores.size(0) % n == 0,
+              "groups_with_distinct_scores: expected [groups * n] scores, got ", scores.sizes(),
+              " and n = ", n);
+  torch::Tensor r = scores.to(torch::kFloat64).reshape({-1, n});
+  torch::Tensor spread = std::get<0>(r.max(1)) - std::get<0>(r.min(1));
+  return torch::nonzero(spread > 0).reshape({-1}).to(torch::kLong);
+}
+
 }  // namespace rlhf::ppo

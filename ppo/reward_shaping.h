@@ -36,4 +36,18 @@ torch::Tensor shape_rewards(const torch::Tensor& scores, const torch::Tensor& kl
                             const torch::Tensor& action_mask, double kl_coef, double clip_low,
                             double clip_high);
 
+// DAPO overlong reward shaping (Yu et al. 2025, eq. 13), as OpenRLHF's overlong_buffer_len /
+// overlong_penalty_factor: with L_max = max_new_tokens, a buffer of L_c tokens and
+// expected = L_max - L_c,
+//   penalty = -min(len - expected, L_c) / L_c * factor   when len > expected, else 0,
+// added to the score before any group baseline. response_length [B] -> penalties [B] FP32
+// (<= 0); buffer_len 0 gives zeros.
+torch::Tensor overlong_penalty(const torch::Tensor& response_length, int64_t max_new_tokens,
+                               int64_t buffer_len, double factor);
+
+// DAPO dynamic sampling (Yu et al. 2025, eq. 11: keep groups with 0 < |correct| < G): the
+// groups of n consecutive scores [G * n] that are not all equal, i.e. that carry a
+// group-relative signal. Returns the kept group indices [k] int64, ascending.
+torch::Tensor groups_with_distinct_scores(const torch::Tensor& scores, int64_t n);
+
 }  // namespace rlhf::ppo

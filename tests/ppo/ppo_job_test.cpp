@@ -332,6 +332,80 @@ TEST_F(PpoJob, RatioAndKlAreTakenAtTheSamplingTemperature) {
   EXPECT_NEAR(m[0]["kl"].get<double>(), 0.0, 1e-5) << m[0].dump();
 }
 
+TEST_F(PpoJob, DapoExampleLearnsTheLettersTask) {
+  // The whole example (30 steps): clip-higher, token-level loss, overlong shaping and dynamic
+  // sampling together still learn (the margin of expect_learned is far beyond noise).
+  Result r = run("dapo", {}, "examples/dapo_tiny.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = read_metrics(run_dir("dapo") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 30u);
+  expect_learned(m);
+  for (const auto& step : m) {
+    // The penalty of one sample is in [-0.5, 0]; no reference, so no KL.
+    EXPECT_LE(step["overlong_penalty"].get<double>(), 0.0);
+    EXPECT_GE(step["overlong_penalty"].get<double>(), -0.5);
+    EXPECT_EQ(step["kl"].get<double>(), 0.0);
+    EXPECT_LE(step["groups_kept"].get<int64_t>(), 8);
+  }
+  auto workers = json::parse(slurp(run_dir("dapo") / "workers.json"));
+  EXPECT_EQ(workers.size(), 2u);  // actor and rollout only
+}
+
+TEST_F(PpoJob, DynamicSamplingDropsAndRefillsGroupsWithoutSignal) {
+  // One-token responses: the letters reward is 0 or 1, so many groups of 4 score all the
+  // same (a random policy: 1 - 0.1 per sample). Each step starts with 8 prompts; groups of
+  // equal scores are dropped and up to 3 more batches of 8 refill them.
+  const std::vector<std::string> common = {
+      "--set", "rollout.max_new_tokens=1", "--set", "rollout.n_samples_per_prompt=4",
+      "--set", "train.batch_size=4",       "--set", "train.micro_batch_size=4",
+      "--set", "train.max_steps=3",        "--set", "algo.dynamic_sampling=true"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  Result r =
+      run("refill", with({"--set", "rollout.max_refill_batches=3"}), "examples/grpo_tiny.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  Result d = run("drop", with({}), "examples/grpo_tiny.json");
+  ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
+  int64_t refilled = 0, dropped = 0;
+  for (const auto& step : read_metrics(run_dir("refill") / "metrics.jsonl")) {
+    const int64_t refills = step["refill_batches"], kept = step["groups_kept"];
+    EXPECT_EQ(step["groups_generated"].get<int64_t>(), 8 * (1 + refills)) << step.dump();
+    // Refills stop once 8 groups are kept, or after 3.
+    EXPECT_TRUE(kept == 8 || refills == 3) << step.dump();
+    EXPECT_TRUE(refills == 0 || kept <= 8) << step.dump();
+    // Every kept group mixes 0s and 1s: the reward's spread is never 0 and its mean is
+    // strictly inside (0, 1).
+    if (kept > 0) {
+      EXPECT_GT(step["reward_std"].get<double>(), 0.0) << step.dump();
+      EXPECT_GT(step["reward_mean"].get<double>(), 0.0) << step.dump();
+      EXPECT_LT(step["reward_mean"].get<double>(), 1.0) << step.dump();
+    }
+    refilled += refills;
+  }
+  EXPECT_GT(refilled, 0);
+  for (const auto& step : read_metrics(run_dir("drop") / "metrics.jsonl")) {
+    EXPECT_EQ(step["groups_generated"].get<int64_t>(), 8) << step.dump();
+    EXPECT_EQ(step["refill_batches"].get<int64_t>(), 0) << step.dump();
+    dropped += 8 - step["groups_kept"].get<int64_t>();
+  }
+  EXPECT_GT(dropped, 0);
+}
+
+TEST_F(PpoJob, DapoSettingsAreCheckedBeforeAnyWorkerStarts) {
+  Result r = run("bad1", {"--set", "reward.overlong_buffer_len=17"}, "examples/dapo_tiny.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("reward.overlong_buffer_len"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("at most rollout.max_new_tokens (16)"), std::string::npos) << r.err;
+  r = run("bad2",
+          {"--set", "reward.rule=", "--set", "reward.model=" + (dir_ / "tiny-value").string()},
+          "examples/dapo_tiny.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("algo.dynamic_sampling"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_dir("bad1") / "workers.json"));
+}
+
 TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
   Result r =
       rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "nope").string(),

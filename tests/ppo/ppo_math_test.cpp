@@ -102,6 +102,30 @@ TEST(RewardShaping, ScoreAtLastActionTokenMinusKl) {
   expect_near(r, t2({{-0.05f, 4.9f, 0.0f}, {0.0f, -0.05f, -10.15f}, {0, 1, 0}}));
 }
 
+TEST(Dapo, OverlongPenaltyTable) {
+  // L_max 16, buffer 4: expected 12. len 10, 12 -> 0; 13 -> -1/4; 15 -> -3/4; 16 -> -1;
+  // times factor 0.5. Buffer 0 is off.
+  auto len = torch::tensor({10, 12, 13, 15, 16}, torch::kLong);
+  expect_near(overlong_penalty(len, 16, 4, 0.5),
+              torch::tensor({0.0f, 0.0f, -0.125f, -0.375f, -0.5f}));
+  expect_near(overlong_penalty(len, 16, 0, 0.5), torch::zeros({5}));
+  // A buffer of the whole budget: expected 0, every token counts, capped at the buffer.
+  expect_near(overlong_penalty(len, 16, 16, 1.0),
+              torch::tensor({-0.625f, -0.75f, -0.8125f, -0.9375f, -1.0f}));
+  EXPECT_THROW(overlong_penalty(len, 16, 17, 1.0), std::exception);
+}
+
+TEST(Dapo, DynamicSamplingKeepsGroupsWithDistinctScores) {
+  // Groups of 3: {1, 1, 1} no signal, {0, 1, 0} kept, {0, 0, 0} no signal, {0.5, 0.5, 0.25}
+  // kept.
+  auto s = torch::tensor({1.0f, 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.5f, 0.5f, 0.25f});
+  auto kept = groups_with_distinct_scores(s, 3);
+  ASSERT_EQ(kept.numel(), 2);
+  EXPECT_EQ(kept[0].item<int64_t>(), 1);
+  EXPECT_EQ(kept[1].item<int64_t>(), 3);
+  EXPECT_EQ(groups_with_distinct_scores(torch::ones({4}), 2).numel(), 0);
+}
+
 TEST(Gae, HandCases) {
   auto mask = t2({{1, 1}});
   auto ar = gae(t2({{0.5f, 0.25f}}), t2({{0, 1}}), mask, 1.0, 0.5);
