@@ -180,10 +180,6 @@ std::vector<KeySpec> build_table() {
             "With algo.dynamic_sampling: up to this many extra batches of rollout.batch_size "
             "prompts are generated per step to replace the dropped groups (0: train on the "
             "kept groups only).");
-  t.integer("rollout.max_refill_batches", 0, 0, 1000,
-            "With algo.dynamic_sampling: up to this many extra batches of rollout.batch_size "
-            "prompts are generated per step to replace the dropped groups (0: train on the "
-            "kept groups only).");
 
   // Training loop.
   t.integer("train.batch_size", 128, 1, kInf, "Samples per optimizer step (global).");
@@ -213,10 +209,6 @@ std::vector<KeySpec> build_table() {
   t.number("algo.kl.target", 0.0, 0, kInf, "Adaptive KL target (0: fixed coefficient).");
   t.integer("algo.kl.horizon", 10000, 1, kInf, "Adaptive KL controller horizon.");
   t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
-  t.boolean("algo.dynamic_sampling", false,
-            "DAPO dynamic sampling: drop the prompts whose samples all got the same score (no "
-            "group-relative signal), refilled up to rollout.max_refill_batches. Needs "
-            "reward.rule or reward.remote_url and rollout.n_samples_per_prompt >= 2.");
   t.boolean("algo.dynamic_sampling", false,
             "DAPO dynamic sampling: drop the prompts whose samples all got the same score (no "
             "group-relative signal), refilled up to rollout.max_refill_batches. Needs "
@@ -259,12 +251,6 @@ std::vector<KeySpec> build_table() {
            "HTTP endpoint scoring {prompts, responses, labels} (instead of a reward model).");
   t.number("reward.remote_timeout_s", 30.0, 0, 3600, "Timeout of one remote reward call.", true);
   t.string("reward.rule", "", "Built-in rule reward instead of a model (see docs/rewards.md).");
-  t.integer("reward.overlong_buffer_len", 0, 0, kInf,
-            "DAPO overlong reward shaping: a response longer than rollout.max_new_tokens minus "
-            "this many tokens loses reward.overlong_penalty_factor x (excess / this), up to the "
-            "whole factor (0: off).");
-  t.number("reward.overlong_penalty_factor", 1.0, 0, kInf,
-           "Largest overlong penalty (at rollout.max_new_tokens tokens).");
   t.integer("reward.overlong_buffer_len", 0, 0, kInf,
             "DAPO overlong reward shaping: a response longer than rollout.max_new_tokens minus "
             "this many tokens loses reward.overlong_penalty_factor x (excess / this), up to the "
