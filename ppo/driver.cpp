@@ -488,9 +488,9 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
                       {"loss_agg", c_.loss_agg},
                       {"loss_norm_len", c_.policy.norm_len}};
   // Critic-less runs log no critic figures (rather than zeros for what does not exist).
-  std::vector<const char*> averaged = {"policy_loss", "clip_frac", "approx_kl", "actor_grad_norm"};
+  std::vector<const char*> averaged = {"policy_loss", "clip_frac", "approx_kl", "grad_norm"};
   if (has_critic_) averaged.insert(averaged.end(), {"value_loss", "critic_grad_norm"});
-  json sums = {{"actor_lr", 0.0}};
+  json sums = {{"lr", 0.0}};
   for (const char* k : averaged) sums[k] = 0.0;
   int64_t updates = 0;
   double compute = 0;
@@ -526,8 +526,8 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
       sums["policy_loss"] = sums["policy_loss"].get<double>() + number(a, "loss");
       sums["clip_frac"] = sums["clip_frac"].get<double>() + number(a, "clip_frac");
       sums["approx_kl"] = sums["approx_kl"].get<double>() + number(a, "approx_kl");
-      sums["actor_grad_norm"] = sums["actor_grad_norm"].get<double>() + number(a, "grad_norm");
-      sums["actor_lr"] = number(a, "lr");
+      sums["grad_norm"] = sums["grad_norm"].get<double>() + number(a, "grad_norm");
+      sums["lr"] = number(a, "lr");
       if (has_critic_) {
         const std::vector<Message> critic_replies = critic.get();
         update_compute = std::max(update_compute, call_all_compute(critic_replies));

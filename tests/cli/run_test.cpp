@@ -163,6 +163,14 @@ TEST_F(RunLifecycle, ProgressOfEveryPhase) {
                                                     "eta \\d+:\\d\\d\n")))
       << ppo.out;
   EXPECT_FALSE(fs::exists(dir_ / "runs" / "ppo_tiny" / "stores")) << "no empty stores/ left";
+  // One metric name per meaning across job kinds: the trained policy's learning rate and
+  // gradient norm are lr and grad_norm in ppo as in sft/dpo/rm.
+  const auto ppo_metrics = read_jsonl((dir_ / "runs" / "ppo_tiny" / "metrics.jsonl").string());
+  ASSERT_FALSE(ppo_metrics.empty());
+  for (const char* key : {"lr", "grad_norm", "critic_grad_norm"})
+    EXPECT_TRUE(ppo_metrics.back().contains(key)) << key << " in " << ppo_metrics.back().dump();
+  for (const char* key : {"actor_lr", "actor_grad_norm"})
+    EXPECT_FALSE(ppo_metrics.back().contains(key)) << key;
 
   CliResult sft = run_cli(args("sft_tiny.json", {"--set", "train.max_steps=2"}));
   ASSERT_EQ(sft.exit_code, 0) << sft.out << sft.err;
@@ -170,6 +178,14 @@ TEST_F(RunLifecycle, ProgressOfEveryPhase) {
                            "... evaluating ", "sft: exporting the trained actor to "})
     EXPECT_TRUE(contains(sft.out, line)) << line << "\n" << sft.out;
   EXPECT_TRUE(std::regex_search(sft.out, std::regex("step 2/2 \\|.* \\| eta 0:00\n"))) << sft.out;
+  const auto sft_metrics = read_jsonl((dir_ / "runs" / "sft_tiny" / "metrics.jsonl").string());
+  bool logged_step = false;
+  for (const auto& m : sft_metrics) {
+    if (m.value("split", "") == "eval") continue;
+    logged_step = true;
+    for (const char* key : {"lr", "grad_norm"}) EXPECT_TRUE(m.contains(key)) << key << m.dump();
+  }
+  EXPECT_TRUE(logged_step);
 }
 
 }  // namespace
