@@ -319,6 +319,7 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   pc.clip_low = req.args.at("clip_low").get<double>();
   pc.clip_high = req.args.at("clip_high").get<double>();
   pc.dual_clip = req.args.at("dual_clip").get<double>();
+  pc.ratio = ppo::parse_policy_ratio(req.args.value("policy_loss", std::string("ppo")));
   pc.aggregation = ppo::parse_loss_aggregation(req.args.at("loss_agg").get<std::string>());
   pc.norm_len = req.args.value("loss_norm_len", int64_t{0});
   const double kl_coef = req.args.value("kl_loss_coef", 0.0);

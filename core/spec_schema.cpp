@@ -229,6 +229,10 @@ std::vector<KeySpec> build_table() {
   t.number("actor.eps_clip_low", 0.0, 0, 10, "Lower ratio clip (0: actor.eps_clip).");
   t.number("actor.eps_clip_high", 0.0, 0, 10, "Upper ratio clip (0: actor.eps_clip).");
   t.number("actor.dual_clip", 0.0, 0, kInf, "Dual-clip constant c > 1 (0: off).");
+  t.choice("actor.policy_loss", "ppo", {"ppo", "gspo"},
+           "Importance ratio of the clipped policy loss: ppo, one per token; gspo, one per "
+           "sequence, exp of the mean log-ratio over its tokens, clipped as a whole (GSPO, as "
+           "OpenRLHF's policy_loss_type; the paper clips to [1 - 3e-4, 1 + 4e-4]).");
   t.choice("actor.loss_agg", "auto", {"auto", "token_mean", "seq_mean", "token_sum_norm"},
            "Loss aggregation of the policy and value losses: token_mean over all action "
            "tokens; seq_mean per sequence, then over sequences; token_sum_norm sums over "

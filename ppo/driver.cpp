@@ -475,6 +475,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
                      {"clip_low", c_.policy.clip_low},
                      {"clip_high", c_.policy.clip_high},
                      {"dual_clip", c_.policy.dual_clip},
+                     {"policy_loss", c_.policy_loss},
                      {"loss_agg", c_.loss_agg},
                      {"loss_norm_len", c_.policy.norm_len},
                      {"kl_loss_coef", c_.kl_use_loss && has_ref_ ? kl_.value() : 0.0},

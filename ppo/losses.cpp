@@ -21,6 +21,12 @@ std::string resolve_loss_aggregation(const std::string& name, const std::string&
   return estimator == "dr_grpo" ? "token_sum_norm" : "token_mean";
 }
 
+PolicyRatio parse_policy_ratio(const std::string& name) {
+  if (name == "ppo") return PolicyRatio::kToken;
+  if (name == "gspo") return PolicyRatio::kSequence;
+  throw InputError("actor.policy_loss: expected ppo or gspo, found \"" + name + "\"");
+}
+
 torch::Tensor aggregate_loss(const torch::Tensor& loss, const torch::Tensor& mask,
                              LossAggregation aggregation, int64_t norm_len) {
   switch (aggregation) {
@@ -45,7 +51,14 @@ PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor
               "policy_loss: expected [B, A] tensors of one shape, got ", log_probs.sizes(), ", ",
               log_probs_old.sizes(), ", ", advantages.sizes(), ", ", action_mask.sizes());
   torch::Tensor log_ratio = log_probs.to(torch::kFloat32) - log_probs_old.to(torch::kFloat32);
-  torch::Tensor ratio = log_ratio.exp();
+  torch::Tensor ratio;
+  if (config.ratio == PolicyRatio::kSequence) {
+    // The sequence's mean log-ratio over its action tokens, the same at each of them; its
+    // gradient reaches every token with weight s_i / |y_i|, as GSPO's eq. 10.
+    ratio = masked_mean_rows(log_ratio, action_mask).exp().unsqueeze(1).expand_as(log_ratio);
+  } else {
+    ratio = log_ratio.exp();
+  }
   torch::Tensor adv = advantages.to(torch::kFloat32);
   torch::Tensor surr1 = ratio * adv;
   torch::Tensor surr2 = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high) * adv;

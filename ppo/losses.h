@@ -29,7 +29,15 @@ std::string resolve_loss_aggregation(const std::string& name, const std::string&
 torch::Tensor aggregate_loss(const torch::Tensor& loss, const torch::Tensor& mask,
                              LossAggregation aggregation, int64_t norm_len = 0);
 
+enum class PolicyRatio {
+  kToken,     // PPO: one ratio per token
+  kSequence,  // GSPO: one length-normalised ratio per sequence
+};
+// "ppo" | "gspo" (actor.policy_loss); throws InputError otherwise.
+PolicyRatio parse_policy_ratio(const std::string& name);
+
 struct PolicyLossConfig {
+  PolicyRatio ratio = PolicyRatio::kToken;
   double clip_low = 0.2;  // ratio clipped to [1 - clip_low, 1 + clip_high]
   double clip_high = 0.2;
   double dual_clip = 0.0;  // c > 1 bounds the loss of negative advantages (0: off)
@@ -43,7 +51,10 @@ struct PolicyLossResult {
   torch::Tensor approx_kl;  // scalar: mean of log pi_old - log pi over action tokens
 };
 
-// ratio = exp(log_probs - log_probs_old);
+// ratio = exp(log_probs - log_probs_old) per token (PPO), or with PolicyRatio::kSequence the
+// GSPO ratio (Zheng et al. 2025, eq. 7), one per sequence and used at each of its tokens:
+//   s_i = exp(sum_t m_t (log_probs - log_probs_old)_t / sum_t m_t)
+// (OpenRLHF policy_loss_type="gspo"), so clipping acts on whole sequences;
 // loss_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A);
 // dual clip (Ye et al. 2020), for A < 0: loss_t = -max(min(...), c * A).
 // All tensors [B, A]; action_mask [B, A].

@@ -40,6 +40,7 @@ struct PpoConfig {
   int64_t kl_horizon = 10000;
   bool kl_use_loss = false;
   PolicyLossConfig policy;
+  std::string policy_loss = "ppo";      // actor.policy_loss: ppo | gspo
   std::string loss_agg = "token_mean";  // resolved (never "auto"); the critic's loss follows it
   double value_clip = 0.5;
   // DAPO.

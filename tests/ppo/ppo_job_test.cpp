@@ -350,6 +350,18 @@ TEST_F(PpoJob, DapoExampleLearnsTheLettersTask) {
   EXPECT_EQ(workers.size(), 2u);  // actor and rollout only
 }
 
+TEST_F(PpoJob, GspoLearnsTheLettersTask) {
+  // GRPO's example with GSPO's sequence-level ratio and the paper's clip range.
+  Result r = run("gspo",
+                 {"--set", "actor.policy_loss=gspo", "--set", "actor.eps_clip_low=0.0003", "--set",
+                  "actor.eps_clip_high=0.0004"},
+                 "examples/grpo_tiny.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = read_metrics(run_dir("gspo") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 30u);
+  expect_learned(m);
+}
+
 TEST_F(PpoJob, DynamicSamplingDropsAndRefillsGroupsWithoutSignal) {
   // One-token responses: the letters reward is 0 or 1, so many groups of 4 score all the
   // same (a random policy: 1 - 0.1 per sample). Each step starts with 8 prompts; groups of

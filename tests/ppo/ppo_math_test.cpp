@@ -213,6 +213,20 @@ TEST(ComputeAdvantages, GrpoForcesGammaOneAndSkipsWhitening) {
       t2({{0.707107f, 0.707107f, 0.707107f}, {-0.707107f, -0.707107f, 0}, {0, 0, 0}, {0, 0, 0}}));
 }
 
+TEST(ComputeAdvantages, ReinforceBaselineIsOpenRlhfsReinforcePlusPlusBaseline) {
+  // OpenRLHF's reinforce_baseline: r - mean of the prompt's group, gamma forced to 1, returns
+  // as advantages, then whitened over every action token of the batch. Scores 1, 3 (one
+  // prompt, n = 2): baselined -1, +1; row 0 has 2 tokens, row 1 one. Returns: -1, -1 | 1.
+  // Mean -1/3, biased variance 8/9, std 0.942809: -0.707107, -0.707107 | 1.414214.
+  AdvantageConfig c;
+  c.estimator = AdvantageEstimator::kReinforceBaseline;
+  c.gamma = 0.5;  // forced to 1, as OpenRLHF
+  c.n_samples_per_prompt = 2;
+  auto mask = t2({{1, 1}, {1, 0}});
+  auto out = compute_advantages(c, torch::tensor({1.0f, 3.0f}), {}, 0.0, {}, mask);
+  expect_near(out.advantages * mask, t2({{-0.707107f, -0.707107f}, {1.414214f, 0}}));
+}
+
 TEST(ComputeAdvantages, GaeWhitensOverActionTokens) {
   AdvantageConfig c;  // gae
   torch::manual_seed(3);
@@ -287,6 +301,29 @@ TEST(LossAggregation, AutoIsDrGrpoNormalisationOnlyForDrGrpo) {
   EXPECT_EQ(resolve_loss_aggregation("seq_mean", "dr_grpo"), "seq_mean");
   EXPECT_EQ(parse_loss_aggregation("token_sum_norm"), LossAggregation::kTokenSumNorm);
   EXPECT_THROW(parse_loss_aggregation("auto"), std::exception);  // resolved before parsing
+}
+
+TEST(PolicyLoss, GspoSequenceRatioIsClippedPerSequence) {
+  // Row 0: token log-ratios ln 1.5, ln 1.5 -> s = 1.5, A = +1: clipped to 1.2, loss -1.2 at
+  // both tokens. Row 1: log-ratios 0.1, -0.1 (and a masked 5) -> s = exp(0) = 1, A = -1:
+  // loss +1 at both tokens. Token mean: (-2.4 + 2) / 4 = -0.1. (Per-token PPO would clip
+  // row 1's ratios e^0.1 = 1.105 and e^-0.1 = 0.905 nowhere and give a different value.)
+  PolicyLossConfig c;
+  c.ratio = PolicyRatio::kSequence;
+  const float l15 = std::log(1.5f);
+  auto lp = t2({{l15, l15, 0}, {0.1f, -0.1f, 5}}).set_requires_grad(true);
+  auto old = torch::zeros({2, 3});
+  auto adv = t2({{1, 1, 1}, {-1, -1, -1}});
+  auto mask = t2({{1, 1, 0}, {1, 1, 0}});
+  auto r = policy_loss(c, lp, old, adv, mask);
+  EXPECT_NEAR(r.loss.item<double>(), -0.1, kTol);
+  EXPECT_NEAR(r.clip_frac.item<double>(), 0.5, kTol);  // row 0's two tokens of four
+  r.loss.backward();
+  // Row 0 clipped: no gradient. Row 1: loss = (2 tokens x s) / 4 with ds/dlp_t = s / 2 = 0.5:
+  // 0.25 per token; the masked token gets none.
+  expect_near(lp.grad(), t2({{0, 0, 0}, {0.25f, 0.25f, 0}}));
+  EXPECT_EQ(parse_policy_ratio("gspo"), PolicyRatio::kSequence);
+  EXPECT_THROW(parse_policy_ratio("grpo"), std::exception);
 }
 
 TEST(PolicyLoss, GradientFlowsOnlyThroughUnclippedTokens) {
