@@ -57,6 +57,8 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
   config.micro_batch_size = a.value("micro_batch_size", config.micro_batch_size);
   config.kv_cache_bytes =
       static_cast<int64_t>(a.value("kv_cache_memory_gb", 0.0) * static_cast<double>(1ll << 30));
+  config.kv_block_size = a.value("kv_block_size", config.kv_block_size);
+  config.max_num_seqs = a.value("max_num_seqs", config.max_num_seqs);
   config.pad_token_id = a.value("pad_token_id", config.pad_token_id);
   if (a.contains("stop_token_ids"))
     config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();
@@ -100,7 +102,10 @@ Message generate(RolloutState& state, const Message& request) {
   reply.add("action_mask", padded.action_mask);
   reply.add("log_probs", padded.log_probs);
   reply.add("response_lengths", padded.response_lengths);
-  reply.args = {{"weight_version", out.weight_version}, {"prompt_length", out.prompt_length}};
+  reply.args = {{"weight_version", out.weight_version},
+                {"prompt_length", out.prompt_length},
+                {"preempted", out.timings.preempted},
+                {"kv_peak_bytes", out.timings.kv_peak_bytes}};
   return reply;
 }
 

@@ -164,9 +164,18 @@ std::vector<KeySpec> build_table() {
   // Rollout (generation).
   t.integer("rollout.batch_size", 1024, 1, kInf, "Prompts per PPO step (rollout_batch_size).");
   t.number("rollout.kv_cache_memory_gb", 0.0, 0, kInf,
-           "KV cache budget per rollout worker in GiB (0: unbounded): each micro batch "
-           "generates in waves of as many prompts (with their n samples) as fit; the outputs "
-           "are the same.");
+           "KV cache budget per rollout worker in GiB (0: unbounded). Paged "
+           "(rollout.kv_block_size > 0): the pool's size; sequences join as others finish and "
+           "are preempted and recomputed when blocks run out. Contiguous: each micro batch "
+           "generates in waves of as many prompts (with their n samples) as fit. Outputs are "
+           "the same either way.");
+  t.integer("rollout.kv_block_size", 16, 0, 4096,
+            "Tokens per KV cache block (vLLM's block_size): a sequence holds only the blocks "
+            "it fills, a prompt's samples share its blocks, and new prompts join the decode "
+            "batch as others finish. 0: one contiguous cache per micro batch.");
+  t.integer("rollout.max_num_seqs", 0, 0, kInf,
+            "Sequences decoding at once with a paged KV cache (vLLM's max_num_seqs); 0: "
+            "rollout.micro_batch_size x rollout.n_samples_per_prompt.");
   t.integer("rollout.micro_batch_size", 8, 1, kInf,
             "Prompts per generate call on one rollout worker.");
   t.integer("rollout.n_samples_per_prompt", 1, 1, 4096, "Responses sampled per prompt.");

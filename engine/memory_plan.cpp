@@ -271,17 +271,42 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
     t.step_peak = gathered + t.activations + t.log_probs;
     return;
   }
-  // Rollout (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
-  // mb x n rows (both alive during the copy); capacity P + R per row, K and V per layer.
-  // A KV budget lowers mb to the prompts that fit (Generator::prompts_per_cache).
   const int64_t capacity = in.prompt_len + in.max_new_tokens;
   const int64_t per_row =
       2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
+  auto gib = [](int64_t b) { return std::to_string(static_cast<double>(b) / (1ll << 30)); };
+  if (in.kv_block_size > 0) {
+    // Paged (rollout/paged_generation.cpp): one pool of blocks, the budget's or what
+    // max_num_seqs full-length sequences fill; a prefill forward of at most mb prompts;
+    // decode logits for max_num_seqs rows.
+    const int64_t bs = in.kv_block_size;
+    const int64_t block = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * bs * e;
+    const int64_t per_seq = div_up(capacity, bs);
+    const int64_t seqs =
+        in.max_num_seqs > 0 ? in.max_num_seqs : in.rollout_micro_batch * in.n_samples;
+    int64_t blocks = seqs * per_seq;
+    if (in.kv_cache_budget > 0) {
+      blocks = std::min(blocks, in.kv_cache_budget / block);
+      if (blocks < per_seq)
+        throw InputError("rollout.kv_cache_memory_gb: " + gib(in.kv_cache_budget) +
+                         " GiB holds less than one sequence: " + std::to_string(in.prompt_len) +
+                         " prompt + " + std::to_string(in.max_new_tokens) +
+                         " new tokens in blocks of " + std::to_string(bs) + " need " +
+                         gib(per_seq * block) + " GiB");
+    }
+    t.kv_cache = blocks * block;
+    t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e, in.device_kind);
+    t.log_probs = seqs * c.vocab_size * 4 * 3;
+    t.step_peak = t.kv_cache + t.activations + t.log_probs;
+    return;
+  }
+  // Contiguous (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
+  // mb x n rows (both alive during the copy); capacity P + R per row, K and V per layer.
+  // A KV budget lowers mb to the prompts that fit (Generator::prompts_per_cache).
   int64_t mb = in.rollout_micro_batch;
   if (in.kv_cache_budget > 0) {
     const int64_t per_prompt = per_row * (in.n_samples + 1);
     if (in.kv_cache_budget < per_prompt) {
-      auto gib = [](int64_t b) { return std::to_string(static_cast<double>(b) / (1ll << 30)); };
       throw InputError("rollout.kv_cache_memory_gb: " + gib(in.kv_cache_budget) +
                        " GiB holds less than one prompt: " + std::to_string(in.prompt_len) +
                        " prompt tokens with " + std::to_string(in.n_samples) + " samples of " +
@@ -408,6 +433,8 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
   in.n_samples = spec.get_int("rollout.n_samples_per_prompt");
   in.kv_cache_budget = static_cast<int64_t>(spec.get_float("rollout.kv_cache_memory_gb") *
                                             static_cast<double>(1ll << 30));
+  in.kv_block_size = spec.get_int("rollout.kv_block_size");
+  in.max_num_seqs = spec.get_int("rollout.max_num_seqs");
   // DPO and RM batches hold chosen and rejected together.
   const int64_t pair = spec.kind() == JobKind::kDpo || spec.kind() == JobKind::kRm ? 2 : 1;
   if (spec.trains(role)) {

@@ -49,6 +49,8 @@ struct RoleMemoryInput {
   int64_t prompt_len = 1;           // P
   int64_t max_new_tokens = 1;       // R
   int64_t kv_cache_budget = 0;      // rollout.kv_cache_memory_gb in bytes (0: unbounded)
+  int64_t kv_block_size = 0;        // rollout.kv_block_size (0: contiguous cache)
+  int64_t max_num_seqs = 0;         // rollout.max_num_seqs (0: micro batch x n)
 };
 
 // Bytes one rank of a role holds, by term, each at its own peak. The transient terms do

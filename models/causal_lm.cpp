@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
+#include "models/paged_kv_cache.h"
 
 namespace rlhf::models {
 
@@ -127,7 +128,7 @@ void CausalLM::init_weights(uint64_t seed) {
 }
 
 torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,
-                                  KvCache* cache) {
+                                  KvStore* cache) {
   auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
   if (checkpointing_ == Checkpointing::kPerLayer && torch::GradMode::is_enabled() &&
       cache == nullptr) {
@@ -157,13 +158,34 @@ torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, const torch::Ten
   TORCH_CHECK(pos.sizes() == input_ids.sizes(),
               "CausalLM::forward: position_ids must be [B, T] like input_ids, got ", pos.sizes());
 
+  AttentionInputs in;
+  set_attention_mask(in, mask, past, T, config_.sliding_window,
+                     /*known_plain=*/!attention_mask.defined());
+  auto h = run_stack(input_ids, pos, in, cache);
+  if (cache) cache->advance(T);
+  return h;
+}
+
+torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, PagedKvCache& cache) {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == torch::kInt64,
+              "CausalLM::forward: input_ids must be int64 [B, T], got ", input_ids.scalar_type(),
+              input_ids.sizes());
+  TORCH_CHECK(cache.positions().sizes() == input_ids.sizes(),
+              "CausalLM::forward: the paged cache planned ", cache.positions().sizes(),
+              " positions, got input_ids ", input_ids.sizes());
+  AttentionInputs in;
+  cache.attention(in);
+  auto h = run_stack(input_ids, cache.positions(), in, &cache);
+  cache.finish_step();
+  return h;
+}
+
+torch::Tensor CausalLM::run_stack(const torch::Tensor& input_ids, const torch::Tensor& pos,
+                                  AttentionInputs& in, KvStore* cache) {
   before(0);
   torch::Tensor h = embed_tokens->forward(input_ids);  // [B, T, H]
   after(0);
-  AttentionInputs in;
   rotary_tables(config_, pos, h.scalar_type(), in.cos, in.sin);
-  set_attention_mask(in, mask, past, T, config_.sliding_window,
-                     /*known_plain=*/!attention_mask.defined());
   for (int64_t i = 0; i < num_layers(); ++i) {
     before(static_cast<int>(i) + 1);
     h = run_layer(i, h, in, cache);
@@ -173,7 +195,6 @@ torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, const torch::Ten
   before(head_unit);
   h = norm->forward(h);
   after(head_unit);
-  if (cache) cache->advance(T);
   return h;
 }
 

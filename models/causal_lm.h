@@ -22,6 +22,8 @@
 namespace rlhf::models {
 
 class KvCache;
+class KvStore;
+class PagedKvCache;
 
 enum class Checkpointing {
   kNone,      // keep every activation (inference, or when memory allows)
@@ -60,6 +62,12 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // hidden states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask,
                         const torch::Tensor& position_ids = {}, KvCache* cache = nullptr);
+
+  // A forward over the step a PagedKvCache has planned (plan_prefill / plan_decode):
+  // input_ids [B, T] are the planned sequences' new tokens in the plan's order; positions and
+  // the attention mask come from the plan, and the cache's lengths advance after it.
+  // Returns the final-normed hidden states [B, T, H].
+  torch::Tensor forward(const torch::Tensor& input_ids, PagedKvCache& cache);
 
   // log p(labels[b,t] | hidden[b,t]) through the LM head, in chunks of `chunk` positions:
   // hidden [B, T, H], labels [B, T] -> [B, T] FP32.
@@ -103,7 +111,10 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
 
  private:
   torch::Tensor run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,
-                          KvCache* cache);
+                          KvStore* cache);
+  // Embedding, rotary tables for `pos`, the layers and the final norm (the mask is in `in`).
+  torch::Tensor run_stack(const torch::Tensor& input_ids, const torch::Tensor& pos,
+                          AttentionInputs& in, KvStore* cache);
   void before(int unit) {
     if (hooks_) hooks_->before_forward(unit);
   }

@@ -122,7 +122,7 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, Materialize how)
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
-                                     KvCache* cache, int64_t layer_index) {
+                                     KvStore* cache, int64_t layer_index) {
   const int64_t B = x.size(0), T = x.size(1);
   auto q = q_proj->forward(x).view({B, T, heads_, head_dim_}).transpose(1, 2);     // [B, nh, T, D]
   auto k = k_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);  // [B, kv, T, D]
@@ -157,7 +157,7 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, Materialize how) {
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
-                                        KvCache* cache, int64_t layer_index) {
+                                        KvStore* cache, int64_t layer_index) {
   auto h = x + self_attn->forward(input_layernorm->forward(x), in, cache, layer_index);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }

@@ -14,7 +14,7 @@
 
 namespace rlhf::models {
 
-class KvCache;
+class KvStore;
 
 // What every layer of one forward shares: rotary tables and the attention mask.
 struct AttentionInputs {
@@ -64,7 +64,7 @@ class AttentionImpl : public torch::nn::Module {
   AttentionImpl(const ModelConfig& config, Materialize how);
   // x: [B, T, H] -> [B, T, H]. With a cache, this step's keys/values are appended to layer
   // `layer_index` and attention runs over everything cached.
-  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
                         int64_t layer_index);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
@@ -83,7 +83,7 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const ModelConfig& config, Materialize how = Materialize::kAllocate);
   // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)).
-  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvCache* cache,
+  torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
                         int64_t layer_index);
   std::shared_ptr<AttentionImpl> self_attn;
   std::shared_ptr<MlpImpl> mlp;

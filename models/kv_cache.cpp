@@ -17,6 +17,12 @@ KvCache::KvCache(const ModelConfig& config, int64_t batch, int64_t capacity, tor
   }
 }
 
+int64_t KvCache::bytes(const ModelConfig& config, int64_t batch, int64_t capacity,
+                       torch::Dtype dtype) {
+  return 2 * config.num_hidden_layers * batch * config.num_key_value_heads * capacity *
+         config.head_dim * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
 std::pair<torch::Tensor, torch::Tensor> KvCache::append(int64_t layer, const torch::Tensor& k,
                                                         const torch::Tensor& v) {
   TORCH_CHECK(layer >= 0 && layer < num_layers(), "KvCache: layer ", layer, " out of range");

@@ -13,10 +13,26 @@
 
 namespace rlhf::models {
 
-class KvCache {
+// What an attention layer sees of a cache: it hands over its new keys/values and gets back
+// those it attends to. KvCache (one contiguous buffer per row) and PagedKvCache (a block
+// pool, paged_kv_cache.h) implement it.
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  // k, v: [B, kv_heads, T, head_dim] of this forward's T new positions in `layer`. Returns
+  // the keys/values the new queries attend to, each [B, kv_heads, S, head_dim].
+  virtual std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k,
+                                                         const torch::Tensor& v) = 0;
+};
+
+class KvCache final : public KvStore {
  public:
   KvCache(const ModelConfig& config, int64_t batch, int64_t capacity, torch::Dtype dtype,
           torch::Device device = torch::kCPU);
+
+  // Bytes of a cache of `batch` rows and `capacity` positions (keys and values, every layer).
+  static int64_t bytes(const ModelConfig& config, int64_t batch, int64_t capacity,
+                       torch::Dtype dtype);
 
   int64_t batch() const { return batch_; }
   int64_t capacity() const { return capacity_; }
@@ -27,7 +43,7 @@ class KvCache {
   // [length, length + T) of `layer` and returns all keys/values so far, each
   // [B, kv_heads, length + T, head_dim] (views). Throws when capacity would be exceeded.
   std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k,
-                                                 const torch::Tensor& v);
+                                                 const torch::Tensor& v) override;
   // Marks the T positions appended by every layer as filled (the model calls this once
   // per forward, after the last layer).
   void advance(int64_t steps);

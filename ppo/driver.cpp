@@ -79,7 +79,9 @@ struct Rollout {
   torch::Tensor scores;  // [B] rule or remote scores when dynamic sampling needed them early
   json sampling;         // dynamic sampling's counts (null when off)
   int64_t weight_version = 0;
-  double compute_s = 0;  // rollout workers' generate time on the critical path
+  double compute_s = 0;       // rollout workers' generate time on the critical path
+  int64_t preempted = 0;      // sequences the rollout evicted and recomputed (paged KV)
+  int64_t kv_peak_bytes = 0;  // most KV cache bytes in use on one rollout worker
 };
 
 // Rollout plus what the scorers returned: OpenRLHF's Experience, grouped by meaning.
@@ -282,8 +284,11 @@ Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step, i
   r.sequences = reply.tensor("sequences").to(torch::kLong).contiguous();
   r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
   r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
-  for (const auto& mb : reply.args.value("micro_batches", json::array()))
+  for (const auto& mb : reply.args.value("micro_batches", json::array())) {
     r.weight_version = std::max<int64_t>(r.weight_version, mb.value("weight_version", int64_t{0}));
+    r.preempted += mb.value("preempted", int64_t{0});
+    r.kv_peak_bytes = std::max<int64_t>(r.kv_peak_bytes, mb.value("kv_peak_bytes", int64_t{0}));
+  }
   const int64_t n = c_.n_samples_per_prompt;
   for (int64_t i = 0; i < r.sequences.size(0); ++i) {
     r.prompts.push_back(batch.texts[static_cast<size_t>(i / n)]);
@@ -673,6 +678,8 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                   {"samples_per_s", static_cast<double>(r.sequences.size(0)) / t_step},
                   {"tokens_per_s", tokens / t_step},
                   {"weight_version", r.weight_version},
+                  {"rollout_preempted", r.preempted},
+                  {"rollout_kv_peak_bytes", r.kv_peak_bytes},
                   {"prompts_consumed", stream_->consumed()},
                   {"memory", peak_memory_by_role(s, planned_)}};
       rec.update(losses);

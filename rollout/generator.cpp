@@ -36,6 +36,12 @@ void GenerationConfig::validate() const {
   if (kv_cache_bytes < 0)
     throw InputError("rollout.kv_cache_memory_gb must be >= 0, got " +
                      std::to_string(kv_cache_bytes) + " bytes");
+  if (kv_block_size < 0)
+    throw InputError("rollout.kv_block_size must be >= 0, got " + std::to_string(kv_block_size));
+  if (max_num_seqs < 0 || (max_num_seqs > 0 && max_num_seqs < n_samples_per_prompt))
+    throw InputError("rollout.max_num_seqs must be 0 or >= rollout.n_samples_per_prompt (" +
+                     std::to_string(n_samples_per_prompt) + "), got " +
+                     std::to_string(max_num_seqs));
   if (sync_interval < 0)
     throw InputError("generation: sync_interval must be >= 0, got " +
                      std::to_string(sync_interval));
@@ -79,9 +85,14 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
                      ")");
 
   const int64_t B = ids.size(0), n = config_.n_samples_per_prompt;
-  const int64_t mb = prompts_per_cache(ids.size(1));
   TORCH_CHECK(first_prompt >= 0, "generate: first_prompt must be >= 0, got ", first_prompt);
   Sampler sampler(params, B * n, first_prompt * n);
+  if (config_.kv_block_size > 0) {
+    auto out = generate_paged(ids, mask, sampler, first_prompt * n);
+    out.weight_version = weight_version_;
+    return out;
+  }
+  const int64_t mb = prompts_per_cache(ids.size(1));
   std::vector<GenerationOutput> parts;
   int64_t longest = 0;
   for (int64_t begin = 0; begin < B; begin += mb) {
@@ -217,24 +228,32 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
     logits = model.logits(hidden).squeeze(1);  // [C, V]
     ++timings.decode_steps;
   }
-  // The longest response: decode steps after every row finished (at most check_every - 1)
-  // left only padding.
-  const auto lengths_cpu = lengths.to(torch::kCPU);
-  const int64_t steps = lengths_cpu.max().item<int64_t>();
   timings.decode_tokens = live_tokens.item<int64_t>();
   timings.decode_seconds = seconds_since(clock);
+  timings.kv_pool_bytes = timings.kv_peak_bytes =
+      models::KvCache::bytes(model.config(), b + (n > 1 ? N : 0), P + R, model.dtype());
+  auto result = assemble_output(prompt_ids, prompt_mask, n, out_tokens, out_log_probs, lengths);
+  result.timings = timings;
+  return result;
+}
 
+GenerationOutput assemble_output(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                                 int64_t n, const torch::Tensor& tokens,
+                                 const torch::Tensor& log_probs, const torch::Tensor& lengths) {
+  // The longest response: decode steps after every row finished left only padding.
+  const auto lengths_cpu = lengths.to(torch::kCPU);
+  const int64_t steps = lengths_cpu.max().item<int64_t>();
+  const auto expand = torch::arange(prompt_ids.size(0), torch::kInt64).repeat_interleave(n);
   GenerationOutput result;
   result.action_mask =
       torch::arange(steps, torch::kInt64).unsqueeze(0) < lengths_cpu.unsqueeze(1);  // [N, R]
   result.sequences = torch::cat(
-      {prompt_ids.index_select(0, expand), out_tokens.narrow(1, 0, steps).to(torch::kCPU)}, 1);
+      {prompt_ids.index_select(0, expand), tokens.narrow(1, 0, steps).to(torch::kCPU)}, 1);
   result.attention_mask =
       torch::cat({prompt_mask.index_select(0, expand), result.action_mask.to(torch::kInt64)}, 1);
-  result.log_probs = out_log_probs.narrow(1, 0, steps).to(torch::kCPU).contiguous();
+  result.log_probs = log_probs.narrow(1, 0, steps).to(torch::kCPU).contiguous();
   result.response_lengths = lengths_cpu;
-  result.prompt_length = P;
-  result.timings = timings;
+  result.prompt_length = prompt_ids.size(1);
   return result;
 }
 
@@ -270,6 +289,8 @@ GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int6
     out.timings.decode_seconds += part.timings.decode_seconds;
     out.timings.decode_steps += part.timings.decode_steps;
     out.timings.decode_tokens += part.timings.decode_tokens;
+    out.timings.kv_pool_bytes = std::max(out.timings.kv_pool_bytes, part.timings.kv_pool_bytes);
+    out.timings.kv_peak_bytes = std::max(out.timings.kv_peak_bytes, part.timings.kv_peak_bytes);
   }
   return out;
 }

@@ -27,6 +27,17 @@ struct GenerationConfig {
   // sample rows of P + max_new_tokens positions while the samples are copied). Outputs do
   // not depend on the waves (per-prompt sampling streams).
   int64_t kv_cache_bytes = 0;
+  // Tokens per KV block (rollout.kv_block_size). 0: one contiguous cache per micro batch
+  // (waves under kv_cache_bytes). > 0: paged generation (paged_generation.cpp): the whole
+  // request shares one pool of blocks (kv_cache_bytes of them, or as many as max_num_seqs
+  // full-length sequences need); a prompt's samples share its blocks; new prompts join the
+  // decode batch as others finish (continuous batching), and when the pool runs out the
+  // latest-admitted sequence is preempted and later recomputed. Outputs do not depend on
+  // the schedule (per-row sampling streams).
+  int64_t kv_block_size = 0;
+  // Sequences decoding at once in paged generation (rollout.max_num_seqs, vLLM's
+  // max_num_seqs); 0: micro_batch_size x n_samples_per_prompt.
+  int64_t max_num_seqs = 0;
   std::vector<int64_t> stop_token_ids;  // EOS and rollout.stop_token_ids: a row ends after one
   int64_t pad_token_id = 0;             // fills sequences after a row's end
   // Rows that finished stay in the decode batch (fed a pad token, not sampled) until they
@@ -44,10 +55,14 @@ struct GenerationConfig {
 
 // Where a generate call's time went (summed over micro batches), for metrics and benches.
 struct GenerationTimings {
-  double prefill_seconds = 0.0;  // prompt forwards (and copying caches to the samples)
-  double decode_seconds = 0.0;   // every decode step: forward, sampling, compaction
-  int64_t decode_steps = 0;      // forwards of one new position
-  int64_t decode_tokens = 0;     // tokens sampled from decode-step logits (live rows only)
+  double prefill_seconds = 0.0;   // prompt forwards (and copying caches to the samples)
+  double decode_seconds = 0.0;    // every decode step: forward, sampling, compaction
+  int64_t decode_steps = 0;       // forwards of one new position
+  int64_t decode_tokens = 0;      // tokens sampled from decode-step logits (live rows only)
+  int64_t preempted = 0;          // paged: sequences evicted for blocks (and recomputed)
+  int64_t recomputed_tokens = 0;  // paged: positions prefilled again after preemption
+  int64_t kv_peak_bytes = 0;      // the KV cache's most bytes in use at once (blocks held)
+  int64_t kv_pool_bytes = 0;      // bytes allocated for the KV cache
 };
 
 // One generate call's result. Row i * n + s is sample s of prompt i (OpenRLHF's order).
@@ -94,10 +109,21 @@ class Generator {
                                         const torch::Tensor& prompt_mask, Sampler& sampler,
                                         int64_t first_row);
 
+  // The whole request through one paged KV pool with continuous batching
+  // (paged_generation.cpp); rows first_row.. of the request.
+  GenerationOutput generate_paged(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                                  Sampler& sampler, int64_t first_row);
+
   std::shared_ptr<models::CausalLM> model_;
   GenerationConfig config_;
   int64_t weight_version_ = 0;
 };
+
+// The output of a generation: prompts [b, P] (CPU) repeated n times each, responses from
+// tokens/log_probs [b * n, >= R] and lengths [b * n] (any device), R = longest length.
+GenerationOutput assemble_output(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                                 int64_t n, const torch::Tensor& tokens,
+                                 const torch::Tensor& log_probs, const torch::Tensor& lengths);
 
 // Pads every output to `response_length` response columns (>= each R) and concatenates
 // along rows, in order. Used to join micro batches, and by callers that need a fixed R.

@@ -4,6 +4,7 @@
 #include "models/causal_lm.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
+#include "models/paged_kv_cache.h"
 #include "test_util.h"
 
 namespace rlhf::models {
@@ -149,6 +150,83 @@ TEST(CausalLM, KvCacheDecodeEqualsFullForward) {
   EXPECT_THROW(
       model->forward(ids.narrow(1, 0, 1), torch::ones({B, T + 1}, torch::kInt64), {}, &cache),
       c10::Error);
+}
+
+// The paged cache against whole forwards: two prompts of different lengths (left-padded
+// in one prefill), blocks of 3 positions so every sequence spans several blocks, then a
+// fork of prompt 0 (sharing its blocks, the last one partly filled) and a decode of 5 steps
+// in which the three sequences feed different tokens. Every step's hidden state equals the
+// whole forward of that sequence's tokens (FP32 rounding: 1e-5), so copy-on-write kept the
+// fork and its parent apart. Block accounting by hand: 10 blocks; prompts of 4 and 7 tokens
+// hold 2 + 3; the fork adds none until it writes into the shared partial block (a copy),
+// and a reserve the pool cannot meet fails and changes nothing. With a sliding window of 4
+// the decode matches the windowed whole forward too.
+TEST(PagedKvCache, PrefillForkAndDecodeEqualWholeForwards) {
+  torch::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  for (int64_t window : {0, 4}) {
+    auto config = tiny_config();
+    config.sliding_window = window;
+    auto model = std::make_shared<CausalLM>(config);
+    model->eval();
+    const auto a = random_ids(1, 4, 288, 11), b = random_ids(1, 7, 288, 12);
+    std::vector<std::vector<int64_t>> seqs_tokens = {
+        {a.data_ptr<int64_t>(), a.data_ptr<int64_t>() + 4},
+        {b.data_ptr<int64_t>(), b.data_ptr<int64_t>() + 7}};
+    PagedKvCache cache(model->config(), 10, 3, torch::kFloat32);
+    const int64_t s0 = cache.create(), s1 = cache.create();
+    ASSERT_TRUE(cache.reserve(s0, 4));
+    ASSERT_TRUE(cache.reserve(s1, 7));
+    EXPECT_EQ(cache.free_blocks(), 10 - 2 - 3);
+    auto ids = torch::zeros({2, 7}, torch::kInt64), mask = torch::zeros({2, 7}, torch::kInt64);
+    ids[0].narrow(0, 3, 4).copy_(a[0]);
+    mask[0].narrow(0, 3, 4).fill_(1);
+    ids[1].copy_(b[0]);
+    mask[1].fill_(1);
+    cache.plan_prefill({s0, s1}, mask);
+    auto prefill = model->forward(ids, cache);
+    EXPECT_EQ(cache.length(s0), 4);
+    EXPECT_EQ(cache.length(s1), 7);
+    auto whole_b = model->forward(b, torch::ones_like(b));
+    EXPECT_LT(relative_error(prefill[1], whole_b[0]), 1e-5) << "window " << window;
+
+    const int64_t s2 = cache.fork(s0);
+    EXPECT_EQ(cache.free_blocks(), 5);
+    EXPECT_EQ(cache.blocks_needed(s2, 1), 1);  // a copy of the shared partial block
+    EXPECT_EQ(cache.blocks_needed(s2, 3), 2);  // the copy and a fresh block
+    seqs_tokens.push_back(seqs_tokens[0]);
+    const std::vector<int64_t> seqs = {s0, s1, s2};
+    for (int64_t step = 0; step < 5; ++step) {
+      std::vector<int64_t> next;
+      for (int64_t i = 0; i < 3; ++i) {
+        ASSERT_TRUE(cache.reserve(seqs[i], 1));
+        next.push_back(1 + (7 * step + 31 * i) % 280);
+        seqs_tokens[i].push_back(next.back());
+      }
+      cache.plan_decode(seqs);
+      auto hidden = model->forward(torch::tensor(next, torch::kInt64).view({3, 1}), cache);
+      for (int64_t i = 0; i < 3; ++i) {
+        const auto L = static_cast<int64_t>(seqs_tokens[i].size());
+        EXPECT_EQ(cache.length(seqs[i]), L);
+        auto whole_ids = torch::tensor(seqs_tokens[i], torch::kInt64).view({1, L});
+        auto whole = model->forward(whole_ids, torch::ones_like(whole_ids));
+        EXPECT_LT(relative_error(hidden[i][0], whole[0][L - 1]), 1e-5)
+            << "window " << window << " step " << step << " sequence " << i;
+      }
+    }
+    // Lengths 9, 12, 9 in blocks of 3: 3 + 4 + 3 held, the prompt's full first block still
+    // shared by the parent and the fork: 9 of 10 taken.
+    EXPECT_EQ(cache.free_blocks(), 1);
+    EXPECT_TRUE(cache.reserve(s0, 3));
+    EXPECT_EQ(cache.free_blocks(), 0);
+    EXPECT_FALSE(cache.reserve(s2, 1));
+    EXPECT_EQ(cache.length(s2), 9);
+    EXPECT_EQ(cache.free_blocks(), 0);
+    cache.release(s1);
+    EXPECT_EQ(cache.free_blocks(), 4);
+    EXPECT_TRUE(cache.reserve(s2, 1));
+    EXPECT_THROW(cache.length(s1), c10::Error);
+  }
 }
 
 TEST(CausalLM, PaddingLeavesValidPositionsUnchanged) {

@@ -242,7 +242,9 @@ TEST_F(PpoJob, LearnsWithAShardedReference) {
 // norms equal the whole micro batches' up to summation order: 1e-5 relative in FP32
 // (measured <= 3e-8; the critic's parts weighted by rows instead of tokens move its loss and
 // gradient norm by 3e-5..2e-3). In BF16, CPU matmul kernels round differently for different
-// row counts: up to 4e-4 relative was measured there, so the test runs in FP32.
+// row counts: up to 4e-4 relative was measured there, so the test runs in FP32 (the rollout
+// too: a preempted sequence's keys are recomputed by a prefill, equal to the decode's only up
+// to rounding, which in BF16 can move a sampled token).
 TEST_F(PpoJob, TokenBudgetGivesTheSameLossesAndGradients) {
   const std::vector<std::string> common = {
       "--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":6,"memory_gb":4}])",
@@ -251,7 +253,8 @@ TEST_F(PpoJob, TokenBudgetGivesTheSameLossesAndGradients) {
       "--set", "train.max_steps=2",
       "--set", "actor.dtype=fp32",
       "--set", "critic.dtype=fp32",
-      "--set", "ref.dtype=fp32"};
+      "--set", "ref.dtype=fp32",
+      "--set", "rollout.dtype=fp32"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.begin(), common.begin(), common.end());
     return extra;
@@ -262,14 +265,22 @@ TEST_F(PpoJob, TokenBudgetGivesTheSameLossesAndGradients) {
   ASSERT_EQ(parts.exit_code, 0) << parts.out << parts.err;
   // Packed: consecutive sequences end to end in rows of at most 96 tokens (each rank its
   // own count of parts, padded to the group's largest for the ZeRO-3 collectives).
-  // Its rollout also runs under a KV budget of 0.0001 GiB (107 KB): 2 of the 8 prompts of a
-  // micro batch per cache (each holds 5 rows of 32 positions, 2 layers x 2 x 2 heads x 16 x
-  // 2 bytes: 41 KB), the same samples.
+  // Its rollout also runs under a KV budget of 0.0001 GiB (107 KB): 13 blocks of 16
+  // positions (2 layers x K, V x 2 heads x 16 x 16 positions x 4 bytes = 8 KB), so of the 32
+  // sequences of 32 positions (2 blocks each) at most 12 run at once and the others join as
+  // they finish or are preempted and recomputed: the same samples.
   Result packed = run(
       "packed", with({"--set", "train.max_tokens_per_micro_batch=96", "--set",
                       "train.packing_samples=true", "--set", "rollout.kv_cache_memory_gb=0.0001"}));
   ASSERT_EQ(packed.exit_code, 0) << packed.out << packed.err;
   auto a = read_metrics(run_dir("whole") / "metrics.jsonl");
+  const auto packed_metrics = read_metrics(run_dir("packed") / "metrics.jsonl");
+  ASSERT_EQ(packed_metrics.size(), 2u);
+  EXPECT_GT(packed_metrics[0]["rollout_preempted"].get<int64_t>() +
+                packed_metrics[1]["rollout_preempted"].get<int64_t>(),
+            0);
+  EXPECT_LE(packed_metrics[0]["rollout_kv_peak_bytes"].get<int64_t>(), 13 * 8192);
+  EXPECT_EQ(a[0]["rollout_preempted"].get<int64_t>(), 0);
   for (const char* name : {"parts", "packed"}) {
     auto b = read_metrics(run_dir(name) / "metrics.jsonl");
     ASSERT_EQ(a.size(), 2u);

@@ -1,0 +1,107 @@
+// Keys and values of many sequences in one pool of fixed-size blocks (vLLM's PagedAttention
+// layout): per layer a [num_blocks, block_size, kv_heads, head_dim] buffer, and per
+// sequence a block table. A sequence holds only the blocks its tokens fill, so a budget
+// holds as many sequences as their actual lengths allow, and sequences forked from one
+// prompt share the prompt's blocks until one of them writes into a shared block
+// (copy-on-write). A sequence stores its tokens only (no padding): position j of a sequence
+// is its j-th token. Does not decide which sequences run, join or are preempted: rollout/'s
+// scheduler does.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "models/config.h"
+#include "models/kv_cache.h"
+
+namespace rlhf::models {
+
+struct AttentionInputs;
+
+class PagedKvCache final : public KvStore {
+ public:
+  PagedKvCache(const ModelConfig& config, int64_t num_blocks, int64_t block_size,
+               torch::Dtype dtype, torch::Device device = torch::kCPU);
+
+  // Bytes of one block: keys and values of `block_size` positions in every layer.
+  static int64_t block_bytes(const ModelConfig& config, int64_t block_size, torch::Dtype dtype);
+
+  int64_t num_blocks() const { return static_cast<int64_t>(refs_.size()); }
+  int64_t block_size() const { return block_size_; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
+  int64_t blocks_for(int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
+
+  // Sequences, by id. create(): an empty sequence. fork(): a sequence holding the parent's
+  // positions, sharing its blocks. release(): the id is gone and blocks no other sequence
+  // holds return to the pool.
+  int64_t create();
+  int64_t fork(int64_t parent);
+  void release(int64_t seq);
+  int64_t length(int64_t seq) const;
+
+  // Blocks reserve(seq, tokens) would take from the pool: new blocks for positions past
+  // the sequence's last block, plus a copy of its last block when that is shared and
+  // partly filled (the first write into it copies it).
+  int64_t blocks_needed(int64_t seq, int64_t tokens) const;
+  // Makes room for `tokens` more positions of `seq`; false, changing nothing, when the pool
+  // has fewer free blocks than blocks_needed.
+  bool reserve(int64_t seq, int64_t tokens);
+
+  // The next forward, over sequences `seqs` in batch order (each reserved for its new
+  // tokens). Prefill: `mask` [B, T] marks each row's new tokens (1; left padding 0); the
+  // sequences must be empty, and the new tokens attend among themselves (the model's
+  // ordinary mask). Decode: one new token per sequence, attending to all its positions.
+  void plan_prefill(const std::vector<int64_t>& seqs, const torch::Tensor& mask);
+  void plan_decode(const std::vector<int64_t>& seqs);
+  // The planned forward's position ids [B, T] and attention inputs (mask, causal).
+  const torch::Tensor& positions() const { return positions_; }
+  void attention(AttentionInputs& in) const;
+  // KvStore: writes the new tokens' keys/values into their blocks; returns the prefill's own
+  // keys/values, or each decoding sequence's positions gathered from its blocks ([B,
+  // kv_heads, S, head_dim], S = the longest table's blocks x block_size; the mask hides the
+  // positions past each sequence's length).
+  std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k,
+                                                 const torch::Tensor& v) override;
+  // After the forward: the planned sequences' lengths include their new tokens.
+  void finish_step();
+
+ private:
+  struct Sequence {
+    std::vector<int64_t> blocks;
+    int64_t length = 0;
+    bool alive = false;
+  };
+  Sequence& sequence(int64_t seq);
+  const Sequence& sequence(int64_t seq) const;
+  int64_t take_block();
+  void drop_block(int64_t block);
+  // Slot (block * block_size + offset) of position `pos` of sequence `s`.
+  int64_t slot(const Sequence& s, int64_t pos) const;
+
+  int64_t block_size_;
+  int64_t sliding_window_;
+  torch::Device device_;
+  std::vector<torch::Tensor> keys_;    // per layer [num_blocks, block_size, kv_heads, head_dim]
+  std::vector<torch::Tensor> values_;  // per layer, as keys_
+  std::vector<int64_t> refs_;          // sequences holding each block
+  std::vector<int64_t> free_;          // blocks with no holder (a stack)
+  std::vector<Sequence> sequences_;
+
+  // The planned step.
+  enum class Step { kNone, kPrefill, kDecode };
+  Step step_ = Step::kNone;
+  std::vector<int64_t> step_seqs_;
+  std::vector<int64_t> step_tokens_;  // new tokens per planned sequence
+  torch::Tensor write_rows_;          // prefill: rows of the flattened [B * T] new tokens kept
+  torch::Tensor write_slots_;         // where each kept new token's key/value goes
+  torch::Tensor read_blocks_;         // decode: [B * M] block ids (M = longest table)
+  torch::Tensor positions_;           // [B, T] int64
+  torch::Tensor prefill_mask_;        // prefill: the caller's [B, T] mask
+  std::optional<torch::Tensor> decode_mask_;  // decode: [B, 1, 1, M * block_size] bool
+};
+
+}  // namespace rlhf::models
