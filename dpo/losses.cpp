@@ -10,6 +10,17 @@ namespace {
 torch::Tensor logsigmoid(const torch::Tensor& x) {
   return torch::log_sigmoid(x);
 }
+
+// log odds of a probability given as its log p <= 0: log p - log(1 - p). log(1 - e^x) is
+// taken as log(-expm1(x)) near 0 and log1p(-exp(x)) below -ln 2 (Maechler 2012), each where it
+// keeps its digits; x is capped at -1e-6 so p = 1 (an exact fit) gives a large finite log
+// odds instead of inf.
+torch::Tensor log_odds(const torch::Tensor& log_p) {
+  torch::Tensor x = log_p.clamp_max(-1e-6);
+  torch::Tensor log1mexp =
+      torch::where(x > -0.693147, torch::log(-torch::expm1(x)), torch::log1p(-torch::exp(x)));
+  return x - log1mexp;
+}
 }  // namespace
 
 DpoLossType parse_dpo_loss(const std::string& name) {
@@ -17,14 +28,23 @@ DpoLossType parse_dpo_loss(const std::string& name) {
   if (name == "ipo") return DpoLossType::kIpo;
   if (name == "hinge") return DpoLossType::kHinge;
   if (name == "simpo") return DpoLossType::kSimpo;
-  throw InputError("algo.dpo.loss: expected sigmoid, ipo, hinge or simpo, found \"" + name + "\"");
+  if (name == "orpo") return DpoLossType::kOrpo;
+  if (name == "kto") return DpoLossType::kKto;
+  throw InputError("algo.dpo.loss: expected sigmoid, ipo, hinge, simpo, orpo or kto, found \"" +
+                   name + "\"");
 }
 
 bool needs_reference(DpoLossType type) {
-  return type != DpoLossType::kSimpo;
+  return type != DpoLossType::kSimpo && type != DpoLossType::kOrpo;
+}
+
+bool uses_mean_log_probs(DpoLossType type) {
+  return type == DpoLossType::kSimpo || type == DpoLossType::kOrpo;
 }
 
 DpoLossResult dpo_loss(const DpoLossConfig& c, const PairLogProbs& lp) {
+  if (c.type == DpoLossType::kKto)
+    throw InputError("dpo_loss: kto takes unpaired rows; call kto_loss");
   TORCH_CHECK(lp.chosen.dim() == 1 && lp.chosen.sizes() == lp.rejected.sizes(),
               "dpo_loss: expected chosen and rejected log-probs [P], got ", lp.chosen.sizes(),
               " and ", lp.rejected.sizes());
@@ -51,19 +71,53 @@ DpoLossResult dpo_loss(const DpoLossConfig& c, const PairLogProbs& lp) {
       losses = -logsigmoid(c.beta * h - c.simpo_gamma) * (1.0 - c.label_smoothing) -
                logsigmoid(-(c.beta * h - c.simpo_gamma)) * c.label_smoothing;
       break;
+    case DpoLossType::kOrpo:
+      // L_SFT + lambda * L_OR, L_OR = -log sigmoid(log odds(y_w) - log odds(y_l)) (ORPO eq. 6-7).
+      losses = -pc - c.orpo_lambda * logsigmoid(log_odds(pc) - log_odds(pr));
+      break;
+    case DpoLossType::kKto:
+      break;  // refused above
   }
   DpoLossResult out;
   out.loss = losses.mean();
   if (c.nll_loss_coef > 0) {
     TORCH_CHECK(lp.chosen_tokens.defined(), "dpo_loss: nll_loss_coef needs chosen_tokens");
     torch::Tensor per_token =
-        c.type == DpoLossType::kSimpo ? pc : pc / lp.chosen_tokens.to(torch::kFloat32).clamp_min(1);
+        uses_mean_log_probs(c.type) ? pc : pc / lp.chosen_tokens.to(torch::kFloat32).clamp_min(1);
     out.loss = out.loss + c.nll_loss_coef * (-per_token).mean();
   }
   out.chosen_rewards = (c.beta * (pc - rc)).detach();
   out.rejected_rewards = (c.beta * (pr - rr)).detach();
   out.accuracy = (out.chosen_rewards > out.rejected_rewards).to(torch::kFloat32).mean();
   out.margin = (out.chosen_rewards - out.rejected_rewards).mean();
+  return out;
+}
+
+KtoLossResult kto_loss(const KtoLossConfig& c, const KtoLogProbs& lp) {
+  TORCH_CHECK(lp.policy.dim() == 1 && lp.policy.sizes() == lp.ref.sizes() &&
+                  lp.policy.sizes() == lp.desirable.sizes(),
+              "kto_loss: expected policy, ref and desirable [N], got ", lp.policy.sizes(), ", ",
+              lp.ref.sizes(), " and ", lp.desirable.sizes());
+  TORCH_CHECK(lp.policy_kl.dim() == 1 && lp.policy_kl.sizes() == lp.ref_kl.sizes() &&
+                  lp.policy_kl.numel() > 0,
+              "kto_loss: expected mismatched-pair log-probs policy_kl and ref_kl [N], got ",
+              lp.policy_kl.sizes(), " and ", lp.ref_kl.sizes());
+  // Reference point z0: the batch's KL estimate on mismatched pairs, detached and clamped at
+  // 0 (KTO eq. 8; OpenRLHF KTOLoss: (policy_KL_logps - reference_KL_logps).mean().detach()).
+  torch::Tensor z0 = (lp.policy_kl.to(torch::kFloat32) - lp.ref_kl.to(torch::kFloat32))
+                         .mean()
+                         .detach()
+                         .clamp_min(0);
+  torch::Tensor r = lp.policy.to(torch::kFloat32) - lp.ref.to(torch::kFloat32);  // [N]
+  torch::Tensor d = lp.desirable.to(torch::kBool);
+  torch::Tensor desirable_losses = c.desirable_weight * (1 - torch::sigmoid(c.beta * (r - z0)));
+  torch::Tensor undesirable_losses = c.undesirable_weight * (1 - torch::sigmoid(c.beta * (z0 - r)));
+  KtoLossResult out;
+  out.loss = torch::where(d, desirable_losses, undesirable_losses).mean();
+  torch::Tensor rewards = (c.beta * r).detach();
+  out.chosen_rewards = rewards.masked_select(d);
+  out.rejected_rewards = rewards.masked_select(d.logical_not());
+  out.kl = z0;
   return out;
 }
 

@@ -1,6 +1,7 @@
-// Preference and supervised losses: the DPO family (sigmoid/cDPO, IPO, hinge, SimPO) on
-// per-sequence log-probabilities, the pairwise reward-model losses, and the SFT loss.
-// Definitions as OpenRLHF (DPOLoss, PairWiseLoss, LogExpLoss) and TRL (hinge, SimPO).
+// Preference and supervised losses: the DPO family (sigmoid/cDPO, IPO, hinge, SimPO, ORPO;
+// KTO on unpaired rows) on per-sequence log-probabilities, the pairwise reward-model losses,
+// and the SFT loss. Definitions as OpenRLHF (DPOLoss, KTOLoss, PairWiseLoss, LogExpLoss) and
+// TRL (hinge, SimPO, ORPO).
 #pragma once
 
 #include <torch/types.h>
@@ -9,25 +10,28 @@
 
 namespace rlhf::dpo {
 
-enum class DpoLossType { kSigmoid, kIpo, kHinge, kSimpo };
-// "sigmoid" | "ipo" | "hinge" | "simpo"; throws InputError otherwise.
+enum class DpoLossType { kSigmoid, kIpo, kHinge, kSimpo, kOrpo, kKto };
+// "sigmoid" | "ipo" | "hinge" | "simpo" | "orpo" | "kto"; throws InputError otherwise.
 DpoLossType parse_dpo_loss(const std::string& name);
-bool needs_reference(DpoLossType type);  // false for simpo
+bool needs_reference(DpoLossType type);  // false for simpo and orpo
+// True for the losses that compare length-normalised mean token log-probs (simpo, orpo).
+bool uses_mean_log_probs(DpoLossType type);
 
 struct DpoLossConfig {
   DpoLossType type = DpoLossType::kSigmoid;
   double beta = 0.1;
   double label_smoothing = 0.0;  // cDPO (sigmoid only)
   double simpo_gamma = 0.5;      // SimPO target margin
+  double orpo_lambda = 0.1;      // ORPO weight of the odds-ratio term (TRL's beta)
   double nll_loss_coef = 0.0;    // weight of -mean log-prob per token of chosen responses
 };
 
-// Per-pair sequence log-probabilities [P] (sums over response tokens; SimPO uses the
-// length-normalised averages, so pass averages for it) and response lengths for the NLL term.
+// Per-pair sequence log-probabilities [P] (sums over response tokens; SimPO and ORPO use the
+// length-normalised averages, so pass averages for them) and response lengths for the NLL term.
 struct PairLogProbs {
   torch::Tensor chosen;         // [P] log pi(y_w|x)   (sum, or average for simpo)
   torch::Tensor rejected;       // [P] log pi(y_l|x)
-  torch::Tensor ref_chosen;     // [P] log pi_ref(y_w|x); undefined for simpo
+  torch::Tensor ref_chosen;     // [P] log pi_ref(y_w|x); undefined for simpo and orpo
   torch::Tensor ref_rejected;   // [P]
   torch::Tensor chosen_tokens;  // [P] response lengths of chosen (for the NLL term); optional
 };
@@ -45,8 +49,44 @@ struct DpoLossResult {
 //   ipo:     (h - 1 / (2 beta))^2                                            (IPO eq. 17)
 //   hinge:   relu(1 - beta * h)                                              (SLiC, as TRL)
 //   simpo:   -logsigmoid(beta * (avg_chosen - avg_rejected) - gamma)         (SimPO eq. 6)
-// plus nll_loss_coef * mean(-chosen / chosen_tokens).
+//   orpo:    -avg_chosen - lambda * logsigmoid(log_odds(avg_chosen) - log_odds(avg_rejected)),
+//            log_odds(p) = p - log(1 - exp(p))    (ORPO eqs. 4-7; TRL odds_ratio_loss), the
+//            first term being the SFT NLL per token of chosen; rewards are beta * avg
+// plus nll_loss_coef * mean(-chosen / chosen_tokens) (per-token already for simpo and orpo).
+// Throws InputError for kto (unpaired: use kto_loss).
 DpoLossResult dpo_loss(const DpoLossConfig& config, const PairLogProbs& lp);
+
+struct KtoLossConfig {
+  double beta = 0.1;
+  double desirable_weight = 1.0;    // lambda_D
+  double undesirable_weight = 1.0;  // lambda_U
+};
+
+// Unpaired rows [N], each desirable or not, and N mismatched rows (row i's prompt with
+// another row's response) that estimate the KL reference point. All sums over response tokens.
+struct KtoLogProbs {
+  torch::Tensor policy;     // [N] log pi(y_i|x_i)
+  torch::Tensor ref;        // [N] log pi_ref(y_i|x_i)
+  torch::Tensor desirable;  // [N] bool: true for desirable rows
+  torch::Tensor policy_kl;  // [N] log pi(y_j|x_i), j != i
+  torch::Tensor ref_kl;     // [N] log pi_ref(y_j|x_i)
+};
+
+struct KtoLossResult {
+  torch::Tensor loss;              // scalar, differentiable
+  torch::Tensor chosen_rewards;    // [D] beta * (log pi - log pi_ref) of desirable rows, detached
+  torch::Tensor rejected_rewards;  // [U] the same for undesirable rows
+  torch::Tensor kl;                // scalar z0 (detached, >= 0)
+};
+
+// KTO as OpenRLHF's KTOLoss (KTO paper eq. 8), with r_i = log pi(y_i|x_i) - log pi_ref(y_i|x_i):
+//   z0 = max(0, mean_i(policy_kl_i - ref_kl_i)), detached (no gradient through the reference point)
+//   desirable:   desirable_weight   * (1 - sigmoid(beta * (r_i - z0)))
+//   undesirable: undesirable_weight * (1 - sigmoid(beta * (z0 - r_i)))
+//   loss = mean over all N rows.
+// z0 is the mean over the rows passed in (one micro batch); OpenRLHF also averages it over
+// data-parallel ranks.
+KtoLossResult kto_loss(const KtoLossConfig& config, const KtoLogProbs& lp);
 
 enum class RmLossType { kSigmoid, kLogExp };
 RmLossType parse_rm_loss(const std::string& name);

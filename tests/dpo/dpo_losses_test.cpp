@@ -1,5 +1,6 @@
-// Golden tests of the DPO-family, reward-model and SFT losses on hand-checked values
-// (computed in double, rounded to 6 digits; FP32 tolerance 1e-5 absolute).
+// Golden tests of the DPO-family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO), reward-model and SFT
+// losses on hand-checked values (computed in double, rounded to 6 digits; FP32 tolerance 1e-5
+// absolute).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +20,10 @@ PairLogProbs pair(float pc, float pr, float rc, float rr) {
   lp.ref_chosen = torch::tensor({rc});
   lp.ref_rejected = torch::tensor({rr});
   return lp;
+}
+
+PairLogProbs kto_rows_as_pair() {
+  return pair(-1, -3, -2, -2);
 }
 
 TEST(DpoLoss, SigmoidAndRewards) {
@@ -72,6 +77,100 @@ TEST(DpoLoss, GradientRaisesChosenAndLowersRejected) {
   // d/dpc [-logsig(beta h)] = -beta * sigmoid(-beta h) = -0.05 at h = 0.
   EXPECT_NEAR(lp.chosen.grad()[0].item<double>(), -0.05, kTol);
   EXPECT_NEAR(lp.rejected.grad()[0].item<double>(), 0.05, kTol);
+}
+
+TEST(DpoLoss, OrpoIsSftNllPlusLambdaOddsRatio) {
+  // ORPO on length-normalised log-probs -0.5 (chosen) and -1.0 (rejected), lambda 0.1:
+  //   log odds(-0.5) = -0.5 - log(1 - e^-0.5) = 0.432752
+  //   log odds(-1.0) = -1.0 - log(1 - e^-1)   = -0.541325
+  //   L_OR = log(1 + exp(-(0.432752 + 0.541325))) = 0.320300
+  //   loss = 0.5 (NLL per token of chosen) + 0.1 * 0.320300 = 0.532030
+  // Gradient: d/dc = -1 - 0.1 * sigmoid(-0.974077) / (1 - e^-0.5) = -1.069654,
+  //           d/dr = 0.1 * sigmoid(-0.974077) / (1 - e^-1) = 0.043357.
+  DpoLossConfig c;
+  c.type = DpoLossType::kOrpo;
+  c.orpo_lambda = 0.1;
+  PairLogProbs lp;
+  lp.chosen = torch::tensor({-0.5f}, torch::requires_grad());
+  lp.rejected = torch::tensor({-1.0f}, torch::requires_grad());
+  DpoLossResult r = dpo_loss(c, lp);
+  EXPECT_NEAR(r.loss.item<double>(), 0.532030, kTol);
+  EXPECT_NEAR(r.chosen_rewards[0].item<double>(), -0.05, kTol);  // beta * avg log-prob, as TRL
+  r.loss.backward();
+  EXPECT_NEAR(lp.chosen.grad()[0].item<double>(), -1.069654, kTol);
+  EXPECT_NEAR(lp.rejected.grad()[0].item<double>(), 0.043357, kTol);
+  EXPECT_FALSE(needs_reference(DpoLossType::kOrpo));
+  EXPECT_EQ(parse_dpo_loss("orpo"), DpoLossType::kOrpo);
+}
+
+TEST(DpoLoss, OrpoStaysFiniteWhenChosenIsCertain) {
+  // avg log-prob 0 (p = 1) has infinite log odds; capped at log p = -1e-6 it is about 13.8,
+  // so the loss is finite and near 0 NLL + 0.1 * log(1 + e^-(13.8 + 0.54)).
+  DpoLossConfig c;
+  c.type = DpoLossType::kOrpo;
+  PairLogProbs lp;
+  lp.chosen = torch::tensor({0.0f}, torch::requires_grad());
+  lp.rejected = torch::tensor({-1.0f});
+  DpoLossResult r = dpo_loss(c, lp);
+  EXPECT_TRUE(std::isfinite(r.loss.item<double>()));
+  EXPECT_NEAR(r.loss.item<double>(), 0.1 * std::log1p(std::exp(-(13.815511 + 0.541325))), 1e-5);
+  r.loss.backward();
+  EXPECT_TRUE(std::isfinite(lp.chosen.grad()[0].item<double>()));
+}
+
+KtoLogProbs kto_rows() {
+  // Row 0 desirable, log-ratio -1 - -2 = 1; row 1 undesirable, log-ratio -3 - -2 = -1.
+  // Mismatched pairs: policy - ref = 1 and 0, so z0 = 0.5.
+  KtoLogProbs lp;
+  lp.policy = torch::tensor({-1.0f, -3.0f});
+  lp.ref = torch::tensor({-2.0f, -2.0f});
+  lp.desirable = torch::tensor({true, false});
+  lp.policy_kl = torch::tensor({-2.0f, -4.0f});
+  lp.ref_kl = torch::tensor({-3.0f, -4.0f});
+  return lp;
+}
+
+TEST(KtoLoss, DesirableAndUndesirableAgainstTheKlReferencePoint) {
+  // beta 0.1: desirable 1 - sigmoid(0.1 * (1 - 0.5)) = 0.487503,
+  //           undesirable 1 - sigmoid(0.1 * (0.5 + 1)) = 0.462570; mean 0.475036.
+  KtoLossConfig c;
+  KtoLogProbs lp = kto_rows();
+  KtoLossResult r = kto_loss(c, lp);
+  EXPECT_NEAR(r.kl.item<double>(), 0.5, kTol);
+  EXPECT_NEAR(r.loss.item<double>(), 0.475036, kTol);
+  ASSERT_EQ(r.chosen_rewards.numel(), 1);
+  ASSERT_EQ(r.rejected_rewards.numel(), 1);
+  EXPECT_NEAR(r.chosen_rewards[0].item<double>(), 0.1, kTol);
+  EXPECT_NEAR(r.rejected_rewards[0].item<double>(), -0.1, kTol);
+  // Weights 2 and 0.5: (2 * 0.487503 + 0.5 * 0.462570) / 2 = 0.603145.
+  c.desirable_weight = 2.0;
+  c.undesirable_weight = 0.5;
+  EXPECT_NEAR(kto_loss(c, lp).loss.item<double>(), 0.603145, kTol);
+}
+
+TEST(KtoLoss, ReferencePointClampedAtZero) {
+  // Mismatched pairs with policy below reference: mean KL -1.5 clamps to 0; both rows then
+  // lose 1 - sigmoid(0.1) = 0.475021.
+  KtoLossConfig c;
+  KtoLogProbs lp = kto_rows();
+  lp.policy_kl = torch::tensor({-4.0f, -5.0f});
+  KtoLossResult r = kto_loss(c, lp);
+  EXPECT_NEAR(r.kl.item<double>(), 0.0, kTol);
+  EXPECT_NEAR(r.loss.item<double>(), 0.475021, kTol);
+}
+
+TEST(KtoLoss, GradientFlowsThroughRowsNotThroughTheReferencePoint) {
+  // d/dpolicy_0 = -beta * s (1 - s) / N with s = sigmoid(0.05): -0.012492;
+  // d/dpolicy_1 = +beta * s (1 - s) / N with s = sigmoid(0.15): 0.012430; z0 is detached.
+  KtoLogProbs lp = kto_rows();
+  lp.policy.set_requires_grad(true);
+  lp.policy_kl.set_requires_grad(true);
+  kto_loss(KtoLossConfig{}, lp).loss.backward();
+  EXPECT_NEAR(lp.policy.grad()[0].item<double>(), -0.012492, kTol);
+  EXPECT_NEAR(lp.policy.grad()[1].item<double>(), 0.012430, kTol);
+  EXPECT_FALSE(lp.policy_kl.grad().defined() && lp.policy_kl.grad().abs().sum().item<double>() > 0);
+  EXPECT_TRUE(needs_reference(DpoLossType::kKto));
+  EXPECT_THROW(dpo_loss(DpoLossConfig{DpoLossType::kKto}, kto_rows_as_pair()), std::exception);
 }
 
 TEST(RmLoss, PairwiseAndLogExp) {
