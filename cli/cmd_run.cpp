@@ -118,6 +118,7 @@ int cmd_run(const Argv& argv) {
       // appears once in metrics.jsonl.
       const std::string metrics = (fs::path(run_directory(spec)) / "metrics.jsonl").string();
       const int64_t dropped = drop_records_after(metrics, from.step);
+      drop_records_after((fs::path(run_directory(spec)) / "samples.jsonl").string(), from.step);
       std::cout << "rlhf run: resuming after step " << from.step << " from " << from.file;
       if (dropped > 0)
         std::cout << "; " << dropped << " metrics record" << (dropped == 1 ? "" : "s")

@@ -289,6 +289,12 @@ std::vector<KeySpec> build_table() {
             "Export trained models as Hugging Face directories at the end.");
   t.file("logger.run_dir", "runs", "Parent directory of run directories.");
   t.integer("logger.logging_steps", 1, 1, kInf, "Log metrics every N steps.");
+  t.boolean("logger.tensorboard", true,
+            "Write TensorBoard event files to <run dir>/tensorboard: every logged number as a "
+            "scalar at its step, sample generations as text.");
+  t.integer("logger.samples_per_step", 4, 0, 1000,
+            "Sample generations (prompt, response, reward) of each logged PPO step kept in "
+            "samples.jsonl and TensorBoard's text tab (0: none).");
   return t.take();
 }
 

@@ -302,7 +302,8 @@ void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
 
 void OfflineJob::run(Scheduler& s, std::ostream& out) {
   planned_ = engine::planned_roles(run_dir_);
-  metrics_ = std::make_unique<MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string());
+  metrics_ = std::make_unique<MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string(),
+                                           spec_.get_bool("logger.tensorboard"));
   group_size_ = s.group(trained_).size();
   accum_ = std::max<int64_t>(1, batch_size_ / (micro_ * group_size_));
   eval_.resize(eval_.size() - eval_.size() % static_cast<size_t>(group_size_));

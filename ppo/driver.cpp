@@ -611,7 +611,8 @@ std::string fmt(double v, int precision = 3) {
 
 void PpoJob::run(Scheduler& s, std::ostream& out) {
   planned_ = engine::planned_roles(run_dir_);
-  MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string());
+  MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string(),
+                      spec_.get_bool("logger.tensorboard"));
   out << "ppo: " << stream_->size() << " prompts (" << truncated_prompts_ << " truncated to "
       << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
       << " prompts x " << c_.n_samples_per_prompt << " samples; metrics: " << metrics.path()
@@ -687,6 +688,19 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
       if (c_.overlong_buffer_len > 0)
         rec["overlong_penalty"] = e.overlong_penalty.mean().item<double>();
       metrics.write(rec);
+      // A few generations of the step, spread over its prompts, to read beside the numbers.
+      const int64_t b = r.sequences.size(0),
+                    k = std::min(b, spec_.get_int("logger.samples_per_step"));
+      if (k > 0) {
+        json rows = json::array();
+        for (int64_t j = 0; j < k; ++j) {
+          const auto i = static_cast<size_t>(j * b / k);
+          rows.push_back({{"prompt", r.prompts[i]},
+                          {"response", r.responses[i]},
+                          {"reward", e.scores[static_cast<int64_t>(i)].item<double>()}});
+        }
+        metrics.samples(step, rows);
+      }
       out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"])
           << " +- " << fmt(rec["reward_std"]) << " | kl " << fmt(kl_mean, 4) << " | policy "
           << fmt(rec["policy_loss"])

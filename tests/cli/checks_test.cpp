@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/table.h"
+#include "core/tensorboard.h"
 #include "test_paths.h"
 #include "tests/support/run_cli.h"
 
@@ -248,6 +249,12 @@ TEST(Checks, SweepShowsNoMemoryForABadVariant) {
   EXPECT_FALSE(contains(md, " 0 B")) << md;
   EXPECT_TRUE(contains(md, "- / - / -")) << md;
   fs::remove_all(out);
+}
+
+// The TFRecord checksum of TensorBoard event files: CRC-32C's check value (RFC 3720).
+TEST(Checks, Crc32cKnownAnswer) {
+  EXPECT_EQ(crc32c("123456789"), 0xe3069283u);
+  EXPECT_EQ(crc32c(""), 0u);
 }
 
 TEST(Checks, SmallThings) {

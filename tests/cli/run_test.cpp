@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <regex>
 
 #include "test_paths.h"
@@ -186,6 +187,67 @@ TEST_F(RunLifecycle, ProgressOfEveryPhase) {
     for (const char* key : {"lr", "grad_norm"}) EXPECT_TRUE(m.contains(key)) << key << m.dump();
   }
   EXPECT_TRUE(logged_step);
+}
+
+// Every logged number is a TensorBoard scalar at its step, and sample generations are text,
+// read back by TensorBoard's own reader (tests/cli/read_tensorboard.py in RLHF_PYTHON, which
+// scripts/setup gives the `tensorboard` package).
+TEST_F(RunLifecycle, TensorBoardHasEveryMetricAndTheSamples) {
+  CliResult r = run_cli(
+      args("ppo_tiny.json", {"--set", "train.max_steps=3", "--set", "logger.samples_per_step=2"}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const fs::path run = dir_ / "runs" / "ppo_tiny";
+  const std::string json_out = (dir_ / "tensorboard.json").string();
+  const std::string cmd = std::string("'") + RLHF_PYTHON + "' '" + RLHF_SOURCE_DIR +
+                          "/tests/cli/read_tensorboard.py' '" + (run / "tensorboard").string() +
+                          "' > '" + json_out + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n(does RLHF_PYTHON have tensorboard? "
+                                         << "scripts/setup installs it)";
+  const auto board = nlohmann::json::parse(slurp(json_out));
+  const auto metrics = read_jsonl((run / "metrics.jsonl").string());
+  ASSERT_EQ(metrics.size(), 3u);
+  // Every number of every record, nested ones as a/b/c tags. TensorBoard keeps scalars as
+  // float32: a relative 1e-6 covers the rounding.
+  size_t compared = 0;
+  std::function<void(const nlohmann::json&, const std::string&, int)> check =
+      [&](const nlohmann::json& v, const std::string& tag, int step) {
+        if (v.is_object()) {
+          for (const auto& [k, x] : v.items()) check(x, tag.empty() ? k : tag + "/" + k, step);
+        } else if (v.is_array()) {
+          for (size_t i = 0; i < v.size(); ++i) check(v[i], tag + "/" + std::to_string(i), step);
+        } else if (v.is_number() && tag != "step") {
+          ASSERT_TRUE(board["scalars"].contains(tag)) << tag;
+          bool found = false;
+          for (const auto& e : board["scalars"][tag])
+            if (e[0] == step) {
+              found = true;
+              const double want = v.get<double>(), got = e[1].get<double>();
+              EXPECT_NEAR(got, want, 1e-6 * std::abs(want) + 1e-30) << tag << " at step " << step;
+            }
+          EXPECT_TRUE(found) << tag << " at step " << step;
+          ++compared;
+        }
+      };
+  for (const auto& m : metrics) check(m, "", m["step"].get<int>());
+  EXPECT_GT(compared, 3u * 30) << "reward, losses, times, memory...";
+  // The samples: two per step in samples.jsonl and as a markdown table in the text tab.
+  const auto samples = read_jsonl((run / "samples.jsonl").string());
+  ASSERT_EQ(samples.size(), 6u);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    EXPECT_EQ(samples[i]["step"], static_cast<int>(i / 2) + 1);
+    for (const char* key : {"prompt", "response", "reward"}) EXPECT_TRUE(samples[i].contains(key));
+  }
+  ASSERT_TRUE(board["texts"].contains("samples")) << board["texts"].dump();
+  ASSERT_EQ(board["texts"]["samples"].size(), 3u);
+  const std::string table = board["texts"]["samples"][0][1];
+  EXPECT_EQ(table.rfind("| prompt | response | reward |", 0), 0u) << table;
+  EXPECT_TRUE(contains(table, "| " + samples[0]["prompt"].get<std::string>() + " |")) << table;
+
+  // Off when asked.
+  CliResult off = run_cli(args("ppo_tiny.json", {"--set", "train.max_steps=1", "--set",
+                                                 "logger.tensorboard=false", "--set", "name=off"}));
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_FALSE(fs::exists(dir_ / "runs" / "off" / "tensorboard"));
 }
 
 }  // namespace

@@ -1,0 +1,43 @@
+// TensorBoard event files written by our own code: TFRecord framing (length, masked CRC-32C
+// of the length, the record, masked CRC-32C of the record) around tensorflow.Event protobuf
+// messages encoded by hand: scalars as simple_value, text as a string tensor with the text
+// plugin's metadata. No TensorFlow or protobuf library; TensorBoard reads the files as its own.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace rlhf {
+
+class EventWriter {
+ public:
+  // Creates <dir>/events.out.tfevents.<seconds>.<host>.<pid> (a new file per run, as
+  // TensorBoard expects) and writes its file_version record. Throws RuntimeError.
+  explicit EventWriter(const std::string& dir);
+  void scalar(const std::string& tag, double value, int64_t step);
+  // `markdown` shown by TensorBoard's text dashboard.
+  void text(const std::string& tag, const std::string& markdown, int64_t step);
+  // Writes buffered records to the file (each metrics record ends with one).
+  void flush();
+  const std::string& path() const { return path_; }
+
+ private:
+  void write_event(const std::string& event);
+
+  std::string path_;
+  std::ofstream out_;
+};
+
+// Every number of a metrics record as (tag, value): nested objects joined with '/'
+// ("time_s/generate", "memory/actor/0/peak_rss_bytes"); "step" itself and strings left out.
+std::vector<std::pair<std::string, double>> scalar_metrics(const nlohmann::json& record);
+
+// CRC-32C (Castagnoli) of `data`, and TFRecord's masked form of it.
+uint32_t crc32c(const std::string& data);
+uint32_t masked_crc32c(const std::string& data);
+
+}  // namespace rlhf
