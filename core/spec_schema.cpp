@@ -220,6 +220,11 @@ std::vector<KeySpec> build_table() {
   t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
   t.boolean("algo.dynamic_sampling", false,
             "DAPO dynamic sampling: drop the prompts whose samples all got the same score (no "
+  t.integer("algo.async_steps", 0, 0, 1,
+            "One-step off-policy: 1 = the rollout group generates step k+1's samples with the "
+            "weights before step k's update while the actor and critic train on step k "
+            "(veRL's one-step-off-policy); the PPO ratio is taken against the rollout's own "
+            "log-probs. 0: generate, then train (on-policy).");
             "group-relative signal), refilled up to rollout.max_refill_batches. Needs "
             "reward.rule or reward.remote_url and rollout.n_samples_per_prompt >= 2.");
   t.choice("algo.dpo.loss", "sigmoid", {"sigmoid", "ipo", "hinge", "simpo"},

@@ -9,6 +9,7 @@
 #include <future>
 #include <iomanip>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "core/errors.h"
@@ -72,9 +73,10 @@ std::string seconds_text(double seconds) {
 
 // One step's samples, prompt-major (the n samples of a prompt are consecutive).
 struct Rollout {
-  torch::Tensor sequences;       // [B, T] prompt (left-padded) + response (right-padded)
-  torch::Tensor attention_mask;  // [B, T]
-  torch::Tensor action_mask;     // [B, A] response tokens up to and including EOS
+  torch::Tensor sequences;            // [B, T] prompt (left-padded) + response (right-padded)
+  torch::Tensor attention_mask;       // [B, T]
+  torch::Tensor action_mask;          // [B, A] response tokens up to and including EOS
+  torch::Tensor behaviour_log_probs;  // [B, A] FP32 log-probs the rollout sampled from
   std::vector<std::string> prompts, responses, labels;  // [B]
   torch::Tensor scores;  // [B] rule or remote scores when dynamic sampling needed them early
   json sampling;         // dynamic sampling's counts (null when off)
@@ -125,7 +127,9 @@ class PpoJob {
   Experience score(Scheduler& s, const Rollout& r);
   json train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step);
   double sync_weights(Scheduler& s);  // returns worker compute on the critical path
-  void save(Scheduler& s, int64_t step, std::ostream& out);
+  // prompts_consumed: where a resume continues the prompt stream (the prompts of steps
+  // 1..step; with async_steps, not those already drawn for the next step).
+  void save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ostream& out);
   int64_t resume(Scheduler& s);
   std::string response_text(const Rollout& r, int64_t row) const;
 
@@ -284,6 +288,7 @@ Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step, i
   r.sequences = reply.tensor("sequences").to(torch::kLong).contiguous();
   r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
   r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
+  r.behaviour_log_probs = reply.tensor("log_probs").to(torch::kFloat32).contiguous();
   for (const auto& mb : reply.args.value("micro_batches", json::array())) {
     r.weight_version = std::max<int64_t>(r.weight_version, mb.value("weight_version", int64_t{0}));
     r.preempted += mb.value("preempted", int64_t{0});
@@ -304,6 +309,7 @@ Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
   out.sequences = r.sequences.index_select(0, index).contiguous();
   out.attention_mask = r.attention_mask.index_select(0, index).contiguous();
   out.action_mask = r.action_mask.index_select(0, index).contiguous();
+  out.behaviour_log_probs = r.behaviour_log_probs.index_select(0, index).contiguous();
   if (r.scores.defined()) out.scores = r.scores.index_select(0, index).contiguous();
   out.prompts.clear();
   out.responses.clear();
@@ -338,6 +344,8 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
   out.attention_mask =
       torch::cat({pad(a.attention_mask, pa, 0, true), pad(b.attention_mask, pb, 0, true)});
   out.action_mask = torch::cat({pad(a.action_mask, 0, 0, false), pad(b.action_mask, 0, 0, false)});
+  out.behaviour_log_probs = torch::cat(
+      {pad(a.behaviour_log_probs, 0, 0, false), pad(b.behaviour_log_probs, 0, 0, false)});
   if (a.scores.defined()) out.scores = torch::cat({a.scores, b.scores});
   for (auto [to, from] :
        {std::make_pair(&out.prompts, &b.prompts), std::make_pair(&out.responses, &b.responses),
@@ -448,7 +456,13 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
     return got.first;
   };
   const Message actor_reply = take(old);
-  e.log_probs_old = actor_reply.tensor("log_probs");
+  const torch::Tensor current = actor_reply.tensor("log_probs");
+  // One-step off-policy (algo.async_steps 1): the samples were drawn with the weights before
+  // the last update, so the ratio's denominator is the distribution they were drawn from,
+  // the rollout's own log-probs; the KL and entropy are the current policy's.
+  e.log_probs_old = c_.async_steps > 0 ? r.behaviour_log_probs.narrow(1, 0, r.action_mask.size(1)) *
+                                             r.action_mask.to(torch::kFloat32)
+                                       : current;
   e.entropy = actor_reply.tensor("entropy");
   if (has_ref_) e.log_probs_ref = take(ref).tensor("log_probs");
   if (has_critic_) e.values = take(values).tensor("values");
@@ -461,8 +475,8 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
 
   // The KL is measured whenever there is a reference (issue 19: with use_loss OpenRLHF zeroes
   // it and logs 0); with use_loss it enters the actor loss and not the reward, as OpenRLHF.
-  e.kl = has_ref_ ? approx_kl(e.log_probs_old, e.log_probs_ref, c_.kl_estimator)
-                  : torch::zeros_like(e.log_probs_old);
+  e.kl =
+      has_ref_ ? approx_kl(current, e.log_probs_ref, c_.kl_estimator) : torch::zeros_like(current);
   e.kl = e.kl * r.action_mask.to(torch::kFloat32);
   e.kl_mean = sequence_mean_kl(e.kl, r.action_mask);
   const torch::Tensor reward_kl = c_.kl_use_loss ? torch::Tensor() : e.kl;
@@ -565,7 +579,7 @@ double PpoJob::sync_weights(Scheduler& s) {
   return std::max(call_all_compute(pushed), call_all_compute(receive.get()));
 }
 
-void PpoJob::save(Scheduler& s, int64_t step, std::ostream& out) {
+void PpoJob::save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ostream& out) {
   const std::string tag = "global_step" + std::to_string(step);
   const auto t0 = Clock::now();
   out << "ppo: saving the checkpoint of step " << step << " to " << c_.ckpt_path << std::endl;
@@ -581,8 +595,8 @@ void PpoJob::save(Scheduler& s, int64_t step, std::ostream& out) {
   for (auto& c : calls) c.get();
   // The driver's own state last: its presence marks the whole step's checkpoint complete.
   const std::string file = engine::write_driver_state(
-      c_.ckpt_path, step, {{"prompts_consumed", stream_->consumed()}, {"kl_coef", kl_.value()}},
-      spec_, c_.max_ckpt);
+      c_.ckpt_path, step, {{"prompts_consumed", prompts_consumed}, {"kl_coef", kl_.value()}}, spec_,
+      c_.max_ckpt);
   s.progress().end();
   out << "ppo: checkpoint of step " << step << " saved in " << seconds_text(seconds_since(t0))
       << " s (" << file << ")" << std::endl;
@@ -629,12 +643,26 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
   sync_weights(s);
   const auto loop_start = Clock::now();
   const int64_t first_step = step + 1;
+  // algo.async_steps 1: the next step's samples, generated while this step scores and trains
+  // (with the weights this step's samples came from, or after a resume the checkpoint's).
+  std::optional<Rollout> ready;
   for (++step; step <= total_steps_; ++step) {
     const auto t0 = Clock::now();
     const std::string at = "step " + std::to_string(step) + "/" + std::to_string(total_steps_);
     s.progress().begin(at + ": generating " + std::to_string(c_.rollout_batch_size) +
                        " prompts x " + std::to_string(c_.n_samples_per_prompt) + " samples");
-    Rollout r = sample(s, step);
+    Rollout r = ready ? std::move(*ready) : sample(s, step);
+    ready.reset();
+    const int64_t consumed = stream_->consumed();  // this step's prompts, not the next one's
+    std::future<Rollout> ahead;
+    const auto ahead_start = Clock::now();
+    double t_ahead = 0;  // the next step's generation, beside this step's work
+    if (c_.async_steps > 0 && step < total_steps_)
+      ahead = in_parallel([this, &s, step, &t_ahead, ahead_start] {
+        Rollout next = sample(s, step + 1);
+        t_ahead = seconds_since(ahead_start);
+        return next;
+      });
     const double t_gen = seconds_since(t0);
     const auto t1 = Clock::now();
     s.progress().begin(at + ": scoring " + std::to_string(r.sequences.size(0)) + " samples");
@@ -643,6 +671,13 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     const auto t2 = Clock::now();
     json losses = train(s, r, e, step);
     const double t_train = seconds_since(t2);
+    // The weights change under the rollout only after the next step's samples are drawn.
+    const auto t_wait_start = Clock::now();
+    if (ahead.valid()) {
+      s.progress().begin(at + ": waiting for the next step's samples");
+      ready = ahead.get();
+    }
+    const double t_wait = seconds_since(t_wait_start);
     const auto t3 = Clock::now();
     s.progress().begin(at + ": sending the actor's weights to the rollout group");
     const double sync_compute = sync_weights(s);
@@ -671,7 +706,8 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                   {"worker_compute_s", compute},
                   {"overhead_share", std::max(0.0, 1.0 - compute / t_step)},
                   {"time_s",
-                   {{"generate", t_gen},
+                   {{"generate", t_gen + t_wait},
+                    {"generate_ahead", t_ahead},
                     {"score", t_score},
                     {"train", t_train},
                     {"sync", t_sync},
@@ -681,7 +717,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                   {"weight_version", r.weight_version},
                   {"rollout_preempted", r.preempted},
                   {"rollout_kv_peak_bytes", r.kv_peak_bytes},
-                  {"prompts_consumed", stream_->consumed()},
+                  {"prompts_consumed", consumed},
                   {"memory", peak_memory_by_role(s, planned_)}};
       rec.update(losses);
       if (!r.sampling.is_null()) rec.update(r.sampling);
@@ -715,7 +751,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     // Every ckpt.save_steps, and always after the last step (a finished run can be resumed
     // with more steps, and its final state is kept whatever save_steps says).
     if ((c_.save_steps > 0 && step % c_.save_steps == 0) || step == total_steps_)
-      save(s, step, out);
+      save(s, step, consumed, out);
   }
   if (c_.export_hf) {
     std::string dir = (fs::path(run_dir_) / "export" / "actor").string();

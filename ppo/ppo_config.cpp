@@ -51,6 +51,7 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.overlong_buffer_len = spec.get_int("reward.overlong_buffer_len");
   c.overlong_penalty_factor = spec.get_float("reward.overlong_penalty_factor");
   c.dynamic_sampling = spec.get_bool("algo.dynamic_sampling");
+  c.async_steps = spec.get_int("algo.async_steps");
   c.max_refill_batches = spec.get_int("rollout.max_refill_batches");
   c.reward_rule = spec.get_string("reward.rule");
   c.reward_remote_url = spec.get_string("reward.remote_url");

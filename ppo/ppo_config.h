@@ -46,6 +46,7 @@ struct PpoConfig {
   // DAPO.
   int64_t overlong_buffer_len = 0;  // soft length penalty over the last N tokens (0: off)
   double overlong_penalty_factor = 1.0;
+  int64_t async_steps = 0;         // algo.async_steps: 1 = generate one step ahead
   bool dynamic_sampling = false;   // drop groups whose samples all score the same
   int64_t max_refill_batches = 0;  // extra batches generated to refill dropped groups
   // Reward source.

@@ -361,6 +361,47 @@ TEST_F(PpoJob, DapoExampleLearnsTheLettersTask) {
   EXPECT_EQ(workers.size(), 2u);  // actor and rollout only
 }
 
+// One-step off-policy (algo.async_steps 1): step k's samples are generated while step k-1
+// trains, with the weights from before that update: the rollout's weight version lags the
+// synchronous run's by one from step 2 (1, 1, 2, 3, ... against 1, 2, 3, ...). The ratio is
+// taken against the rollout's own log-probs, and the letters task is still learned (the
+// mean reward of the last 5 of 30 steps over the first 5, as ppo_tiny). With an actor whose
+// updates are below FP32 resolution (lr 1e-30), both runs sample from the same weights at
+// every step, so the same prompts and seeds must give exactly the same samples: the
+// rewards and response lengths of 4 steps are equal to the last bit.
+TEST_F(PpoJob, OneStepOffPolicyLearnsFromSamplesOneVersionBehind) {
+  Result r = run("async", {"--set", "algo.async_steps=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = read_metrics(run_dir("async") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 30u);
+  expect_learned(m);
+  for (size_t i = 0; i < m.size(); ++i) {
+    EXPECT_EQ(m[i]["weight_version"].get<int64_t>(), std::max<int64_t>(1, static_cast<int64_t>(i)))
+        << "step " << i + 1;
+    if (i > 0) EXPECT_LT(m[i]["time_s"]["generate"].get<double>(), 1.0);
+  }
+  EXPECT_GT(m[1]["time_s"]["generate_ahead"].get<double>(), 0.0);
+
+  const std::vector<std::string> frozen = {"--set", "train.max_steps=4", "--set",
+                                           "actor.adam.lr=1e-30"};
+  Result sync = run("frozen-sync", frozen);
+  ASSERT_EQ(sync.exit_code, 0) << sync.out << sync.err;
+  auto with_async = frozen;
+  with_async.insert(with_async.end(), {"--set", "algo.async_steps=1"});
+  Result async = run("frozen-async", with_async);
+  ASSERT_EQ(async.exit_code, 0) << async.out << async.err;
+  auto a = read_metrics(run_dir("frozen-sync") / "metrics.jsonl");
+  auto b = read_metrics(run_dir("frozen-async") / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(b[i]["reward_mean"].get<double>(), a[i]["reward_mean"].get<double>()) << i + 1;
+    EXPECT_EQ(b[i]["response_length"].get<double>(), a[i]["response_length"].get<double>())
+        << i + 1;
+    EXPECT_EQ(b[i]["prompts_consumed"].get<int64_t>(), a[i]["prompts_consumed"].get<int64_t>());
+  }
+}
+
 TEST_F(PpoJob, GspoLearnsTheLettersTask) {
   // GRPO's example with GSPO's sequence-level ratio and the paper's clip range.
   Result r = run("gspo",
