@@ -251,6 +251,33 @@ TEST(Checks, SweepShowsNoMemoryForABadVariant) {
   fs::remove_all(out);
 }
 
+// The README and the guides point only inside the repository, and every relative link
+// resolves to a file in it.
+TEST(Checks, DocsLinkOnlyInsideTheRepository) {
+  const fs::path root = RLHF_SOURCE_DIR;
+  std::vector<fs::path> pages = {root / "README.md"};
+  for (const auto& f : fs::directory_iterator(root / "docs"))
+    if (f.path().extension() == ".md") pages.push_back(f.path());
+  size_t links = 0;
+  for (const auto& page : pages) {
+    const std::string text = slurp(page.string());
+    EXPECT_FALSE(contains(text, "../shared")) << page;
+    for (size_t at = text.find("]("); at != std::string::npos; at = text.find("](", at + 2)) {
+      const std::string target = text.substr(at + 2, text.find(')', at) - at - 2);
+      // Web links, anchors, and code that only looks like a link ("[&](int64_t m)").
+      if (target.rfind("http", 0) == 0 || target.rfind("#", 0) == 0 ||
+          target.find(' ') != std::string::npos)
+        continue;
+      const fs::path file = page.parent_path() / target.substr(0, target.find('#'));
+      EXPECT_TRUE(fs::exists(file)) << page << " links to " << target;
+      const auto inside = fs::relative(fs::weakly_canonical(file), fs::weakly_canonical(root));
+      EXPECT_NE(*inside.begin(), "..") << page << " links outside: " << target;
+      ++links;
+    }
+  }
+  EXPECT_GT(links, 5u);
+}
+
 // The TFRecord checksum of TensorBoard event files: CRC-32C's check value (RFC 3720).
 TEST(Checks, Crc32cKnownAnswer) {
   EXPECT_EQ(crc32c("123456789"), 0xe3069283u);

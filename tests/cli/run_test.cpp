@@ -187,6 +187,18 @@ TEST_F(RunLifecycle, ProgressOfEveryPhase) {
     for (const char* key : {"lr", "grad_norm"}) EXPECT_TRUE(m.contains(key)) << key << m.dump();
   }
   EXPECT_TRUE(logged_step);
+  // docs/metrics.md names every key a record carries.
+  const std::string reference = slurp(std::string(RLHF_SOURCE_DIR) + "/docs/metrics.md");
+  std::vector<nlohmann::json> records = sft_metrics;
+  records.insert(records.end(), ppo_metrics.begin(), ppo_metrics.end());
+  for (const auto& m : records) {
+    for (const auto& [key, value] : m.items())
+      EXPECT_TRUE(contains(reference, "`" + key + "`")) << key << " is not in docs/metrics.md";
+    if (!m.contains("memory")) continue;
+    for (const auto& [role, ranks] : m["memory"].items())
+      for (const auto& [key, value] : ranks[0].items())
+        EXPECT_TRUE(contains(reference, "`" + key + "`")) << "memory key " << key;
+  }
 }
 
 // Every logged number is a TensorBoard scalar at its step, and sample generations are text,
