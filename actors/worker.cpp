@@ -89,7 +89,8 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
         throw MessageError(std::string("expected a request, got a ") +
                            message_kind_name(request.kind));
       const Operation* handler = registry.find(request.op);
-      if (!handler) throw InputError("unknown operation \"" + request.op + "\"");
+      // A driver asking for an operation no worker has is rlhf's bug, not the user's input.
+      if (!handler) throw RuntimeError("unknown operation \"" + request.op + "\"");
       const auto started = std::chrono::steady_clock::now();
       device_memory.begin(request.op);
       reply = (*handler)(request, self);
