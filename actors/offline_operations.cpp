@@ -156,12 +156,14 @@ dpo::DpoLossConfig dpo_config(const json& args) {
   c.beta = args.at("beta").get<double>();
   c.label_smoothing = args.value("label_smoothing", 0.0);
   c.simpo_gamma = args.value("simpo_gamma", 0.5);
+  c.orpo_lambda = args.value("orpo_lambda", 0.1);
   c.nll_loss_coef = args.value("nll_loss_coef", 0.0);
   return c;
 }
 
 // train_dpo: rows interleaved chosen/rejected; tensors ref_log_probs [N] (sums over the
-// response, absent for simpo). SimPO compares length-normalised averages (SimPO eq. 4).
+// response, absent for simpo and orpo). SimPO and ORPO compare length-normalised averages
+// (SimPO eq. 4; ORPO eq. 4).
 Message train_dpo(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   const dpo::DpoLossConfig config = dpo_config(req.args);
   const bool ref = dpo::needs_reference(config.type);
@@ -171,7 +173,7 @@ Message train_dpo(ModelRole& role, const Message& req, const WorkerIdentity& sel
       role, req, self, 2, true, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
         torch::Tensor sums = response_log_prob_sums(*role.model, mb);  // [2P]
         torch::Tensor tokens = mb.loss_mask.sum(1).clamp_min(1);       // [2P]
-        torch::Tensor logps = config.type == dpo::DpoLossType::kSimpo ? sums / tokens : sums;
+        torch::Tensor logps = dpo::uses_mean_log_probs(config.type) ? sums / tokens : sums;
         dpo::PairLogProbs lp;
         lp.chosen = logps.slice(0, 0, logps.size(0), 2);
         lp.rejected = logps.slice(0, 1, logps.size(0), 2);
@@ -190,6 +192,40 @@ Message train_dpo(ModelRole& role, const Message& req, const WorkerIdentity& sel
         means.add("margin", out.margin.item<double>());
         means.add("chosen_log_prob", lp.chosen.detach().mean().item<double>());
         means.add("rejected_log_prob", lp.rejected.detach().mean().item<double>());
+        return out.loss;
+      });
+}
+
+// train_kto: rows interleaved (labelled row, mismatched KL row); tensors ref_log_probs [N]
+// (sums over the response, same order) and desirable [N/2] (1 desirable, 0 undesirable).
+// The reference point z0 is the KL estimate of each micro batch (dpo::kto_loss).
+Message train_kto(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+  dpo::KtoLossConfig config;
+  config.beta = req.args.at("beta").get<double>();
+  config.desirable_weight = req.args.value("desirable_weight", 1.0);
+  config.undesirable_weight = req.args.value("undesirable_weight", 1.0);
+  TORCH_CHECK(req.has_tensor("ref_log_probs") && req.has_tensor("desirable"),
+              "train_kto: needs ref_log_probs [N] and desirable [N/2]");
+  return train_units(
+      role, req, self, 2, true, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
+        torch::Tensor sums = response_log_prob_sums(*role.model, mb);  // [2P]
+        torch::Tensor r = req.tensor("ref_log_probs")
+                              .slice(0, b0, b0 + mb.rows())
+                              .to(role.device, torch::kFloat32);
+        const int64_t n = sums.size(0);
+        dpo::KtoLogProbs lp;
+        lp.policy = sums.slice(0, 0, n, 2);
+        lp.policy_kl = sums.slice(0, 1, n, 2);
+        lp.ref = r.slice(0, 0, n, 2);
+        lp.ref_kl = r.slice(0, 1, n, 2);
+        lp.desirable =
+            req.tensor("desirable").slice(0, b0 / 2, b0 / 2 + n / 2).to(role.device).gt(0.5);
+        dpo::KtoLossResult out = dpo::kto_loss(config, lp);
+        means.add("kl", out.kl.item<double>());
+        if (out.chosen_rewards.numel() > 0)
+          means.add("chosen_reward", out.chosen_rewards.mean().item<double>());
+        if (out.rejected_rewards.numel() > 0)
+          means.add("rejected_reward", out.rejected_rewards.mean().item<double>());
         return out.loss;
       });
 }
@@ -234,6 +270,9 @@ void add_offline_operations(OperationRegistry& registry, std::shared_ptr<ModelRo
   });
   registry.add("train_dpo", [role](const Message& req, const WorkerIdentity& self) {
     return train_dpo(*role, req, self);
+  });
+  registry.add("train_kto", [role](const Message& req, const WorkerIdentity& self) {
+    return train_kto(*role, req, self);
   });
   registry.add("train_sft", [role](const Message& req, const WorkerIdentity& self) {
     return train_sft(*role, req, self);

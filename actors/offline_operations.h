@@ -4,6 +4,7 @@
 //                       reference pass of DPO; held-out evaluation and SFT eval loss)
 //   sequence_scores     per-row reward (value head at each row's last token)
 //   train_dpo           one optimizer step of a DPO-family loss on interleaved pairs
+//   train_kto           one optimizer step of KTO on (labelled row, mismatched KL row) pairs
 //   train_sft           one optimizer step of the masked next-token loss
 //   train_rm            one optimizer step of the pairwise reward-model loss
 // Batch layout (built by the driver, dpo/offline_batch.h): sequences [N, T] right-padded,

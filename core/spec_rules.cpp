@@ -169,7 +169,9 @@ void check_models_and_data(Validation& v, const std::vector<Role>& used) {
     bool configured = v.user_paths.count(role + ".devices") || v.user_paths.count(role + ".model");
     if (!configured) continue;
     std::string why = role + " is configured but not used by this " + kind + " job";
-    if (r == Role::kRef && str(v, "algo.dpo.loss") == "simpo") why += " (simpo needs no reference)";
+    if (r == Role::kRef &&
+        (str(v, "algo.dpo.loss") == "simpo" || str(v, "algo.dpo.loss") == "orpo"))
+      why += " (" + str(v, "algo.dpo.loss") + " needs no reference)";
     if (r == Role::kCritic && kind == "ppo") why += " (only the gae estimator uses a critic)";
     v.warnings.push_back(why + "; its devices stay free");
   }
@@ -420,7 +422,7 @@ std::vector<Role> used_roles(const json& r) {
   if (kind == "sft") return {Role::kActor};
   if (kind == "rm") return {Role::kReward};
   if (kind == "dpo") {
-    if (s("algo.dpo.loss") == "simpo") return {Role::kActor};
+    if (s("algo.dpo.loss") == "simpo" || s("algo.dpo.loss") == "orpo") return {Role::kActor};
     return {Role::kActor, Role::kRef};
   }
   std::vector<Role> roles = {Role::kActor};

@@ -142,7 +142,9 @@ std::vector<KeySpec> build_table() {
          "Training dataset for dpo, sft and rm: a JSONL file, or synthetic:NAME.");
   t.file("data.eval_dataset", "", "Held-out dataset evaluated after training (optional).");
   t.string("data.input_key", "input", "JSON key of the prompt in prompt datasets.");
-  t.string("data.label_key", "", "JSON key of a label passed to rule and remote rewards.");
+  t.string("data.label_key", "",
+           "JSON key of a label passed to rule and remote rewards; for algo.dpo.loss kto, of "
+           "the boolean desirable flag (empty: \"label\").");
   t.string("data.prompt_key", "prompt", "JSON key of the prompt in preference and SFT data.");
   t.string("data.chosen_key", "chosen", "JSON key of the preferred response.");
   t.string("data.rejected_key", "rejected", "JSON key of the dispreferred response.");
@@ -218,21 +220,28 @@ std::vector<KeySpec> build_table() {
   t.number("algo.kl.target", 0.0, 0, kInf, "Adaptive KL target (0: fixed coefficient).");
   t.integer("algo.kl.horizon", 10000, 1, kInf, "Adaptive KL controller horizon.");
   t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
-  t.boolean("algo.dynamic_sampling", false,
-            "DAPO dynamic sampling: drop the prompts whose samples all got the same score (no "
   t.integer("algo.async_steps", 0, 0, 1,
             "One-step off-policy: 1 = the rollout group generates step k+1's samples with the "
             "weights before step k's update while the actor and critic train on step k "
             "(veRL's one-step-off-policy); the PPO ratio is taken against the rollout's own "
             "log-probs. 0: generate, then train (on-policy).");
+  t.boolean("algo.dynamic_sampling", false,
+            "DAPO dynamic sampling: drop the prompts whose samples all got the same score (no "
             "group-relative signal), refilled up to rollout.max_refill_batches. Needs "
             "reward.rule or reward.remote_url and rollout.n_samples_per_prompt >= 2.");
-  t.choice("algo.dpo.loss", "sigmoid", {"sigmoid", "ipo", "hinge", "simpo"},
-           "DPO-family loss; simpo needs no reference model.");
+  t.choice("algo.dpo.loss", "sigmoid", {"sigmoid", "ipo", "hinge", "simpo", "orpo", "kto"},
+           "DPO-family loss; simpo and orpo need no reference model; kto trains on unpaired rows "
+           "(data.prompt_key, data.output_key, data.label_key: true for desirable).");
   t.number("algo.dpo.beta", 0.1, 0, kInf, "DPO beta: strength of the implicit KL to the reference.",
            true);
   t.number("algo.dpo.label_smoothing", 0.0, 0, 0.5, "cDPO label smoothing.");
   t.number("algo.dpo.simpo_gamma", 0.5, 0, kInf, "SimPO target reward margin gamma.");
+  t.number("algo.dpo.orpo_lambda", 0.1, 0, kInf,
+           "ORPO weight lambda of the odds-ratio term added to the chosen NLL (TRL's beta).");
+  t.number("algo.dpo.kto_desirable_weight", 1.0, 0, kInf,
+           "KTO weight lambda_D of the desirable rows' loss.");
+  t.number("algo.dpo.kto_undesirable_weight", 1.0, 0, kInf,
+           "KTO weight lambda_U of the undesirable rows' loss.");
   t.number("algo.dpo.nll_loss_coef", 0.0, 0, kInf, "Weight of the NLL loss on chosen responses.");
   t.choice("algo.rm.loss", "sigmoid", {"sigmoid", "logexp"}, "Pairwise reward-model loss.");
 

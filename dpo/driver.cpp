@@ -28,16 +28,27 @@ std::pair<torch::Tensor, torch::Tensor> split_pairs(const torch::Tensor& rows) {
   return {rows.slice(0, 0, rows.size(0), 2), rows.slice(0, 1, rows.size(0), 2)};
 }
 
-// DPO family: the actor trains on pairs; the reference group's log-probs of every pair
-// (training and held-out) are computed once and cached under <run_dir>/ref_cache.
+RowLayout dpo_layout(const JobSpec& spec) {
+  return parse_dpo_loss(spec.get_string("algo.dpo.loss")) == DpoLossType::kKto
+             ? RowLayout::kUnpairedWithKl
+             : RowLayout::kPairs;
+}
+
+// DPO family: the actor trains on pairs (for kto: a labelled row and its mismatched KL
+// row); the reference group's log-probs of every row (training and held-out) are computed
+// once and cached under <run_dir>/ref_cache.
 class DpoJob : public OfflineJob {
  public:
   DpoJob(const JobSpec& spec, OfflineDriverOptions options)
-      : OfflineJob(spec, options, Role::kActor, RowLayout::kPairs) {
+      : OfflineJob(spec, options, Role::kActor, dpo_layout(spec)) {
     config_.type = parse_dpo_loss(spec.get_string("algo.dpo.loss"));
+    kto_.beta = spec.get_float("algo.dpo.beta");
+    kto_.desirable_weight = spec.get_float("algo.dpo.kto_desirable_weight");
+    kto_.undesirable_weight = spec.get_float("algo.dpo.kto_undesirable_weight");
     config_.beta = spec.get_float("algo.dpo.beta");
     config_.label_smoothing = spec.get_float("algo.dpo.label_smoothing");
     config_.simpo_gamma = spec.get_float("algo.dpo.simpo_gamma");
+    config_.orpo_lambda = spec.get_float("algo.dpo.orpo_lambda");
     config_.nll_loss_coef = spec.get_float("algo.dpo.nll_loss_coef");
   }
 
@@ -50,13 +61,19 @@ class DpoJob : public OfflineJob {
     if (!eval_data().empty()) ref_eval_ = reference_log_probs(s, eval_data(), "eval", out);
   }
 
-  std::string train_op() const override { return "train_dpo"; }
+  bool kto() const { return config_.type == DpoLossType::kKto; }
+  std::string train_op() const override { return kto() ? "train_kto" : "train_dpo"; }
   json train_args() const override {
-    return {{"loss", spec().get_string("algo.dpo.loss")},
-            {"beta", config_.beta},
-            {"label_smoothing", config_.label_smoothing},
-            {"simpo_gamma", config_.simpo_gamma},
-            {"nll_loss_coef", config_.nll_loss_coef}};
+    json a;
+    a["loss"] = spec().get_string("algo.dpo.loss");
+    a["beta"] = config_.beta;
+    a["label_smoothing"] = config_.label_smoothing;
+    a["simpo_gamma"] = config_.simpo_gamma;
+    a["orpo_lambda"] = config_.orpo_lambda;
+    a["nll_loss_coef"] = config_.nll_loss_coef;
+    a["desirable_weight"] = kto_.desirable_weight;
+    a["undesirable_weight"] = kto_.undesirable_weight;
+    return a;
   }
 
   void add_step_tensors(const std::vector<int64_t>& index,
@@ -66,18 +83,42 @@ class DpoJob : public OfflineJob {
     for (int64_t i : index) rows.insert(rows.end(), {2 * i, 2 * i + 1});
     tensors.push_back({"ref_log_probs",
                        ref_train_.index_select(0, torch::tensor(rows, torch::kLong)).contiguous()});
+    if (kto()) tensors.push_back({"desirable", desirable(train_data(), index)});
+  }
+
+  // Held-out KTO: z0 over all held-out KL rows; rewards beta * log-ratio by label.
+  json evaluate_kto(Scheduler& s) {
+    RowTensors rows = rows_of(eval_data());
+    auto [policy, policy_kl] = split_pairs(gather_rows(s, "sequence_log_probs", rows, "log_probs"));
+    KtoLogProbs lp;
+    lp.policy = policy;
+    lp.policy_kl = policy_kl;
+    std::tie(lp.ref, lp.ref_kl) = split_pairs(ref_eval_);
+    lp.desirable = desirable(eval_data(), {}).gt(0.5);
+    KtoLossResult r = kto_loss(kto_, lp);
+    auto mean_or_0 = [](const torch::Tensor& t) {
+      return t.numel() > 0 ? t.mean().item<double>() : 0.0;
+    };
+    const double c = mean_or_0(r.chosen_rewards), u = mean_or_0(r.rejected_rewards);
+    return {{"eval_loss", r.loss.item<double>()},
+            {"eval_kl", r.kl.item<double>()},
+            {"eval_chosen_reward", c},
+            {"eval_rejected_reward", u},
+            {"eval_margin", c - u}};
   }
 
   // Preference accuracy of the implicit rewards on held-out pairs, and the loss there.
   json evaluate(Scheduler& s) override {
+    if (kto()) return evaluate_kto(s);
     RowTensors rows = rows_of(eval_data());
     torch::Tensor sums = gather_rows(s, "sequence_log_probs", rows, "log_probs");
     torch::Tensor tokens = rows.loss_mask.sum(1).clamp_min(1);
     PairLogProbs lp;
-    const bool simpo = config_.type == DpoLossType::kSimpo;
-    std::tie(lp.chosen, lp.rejected) = split_pairs(simpo ? sums / tokens : sums);
+    std::tie(lp.chosen, lp.rejected) =
+        split_pairs(uses_mean_log_probs(config_.type) ? sums / tokens : sums);
     lp.chosen_tokens = split_pairs(tokens).first;
-    if (!simpo) std::tie(lp.ref_chosen, lp.ref_rejected) = split_pairs(ref_eval_);
+    if (needs_reference(config_.type))
+      std::tie(lp.ref_chosen, lp.ref_rejected) = split_pairs(ref_eval_);
     DpoLossResult r = dpo_loss(config_, lp);
     return {{"eval_loss", r.loss.item<double>()},
             {"eval_accuracy", r.accuracy.item<double>()},
@@ -87,11 +128,18 @@ class DpoJob : public OfflineJob {
   }
 
   std::string step_line(const json& rec) const override {
+    if (kto())
+      return "loss " + fixed(num(rec, "loss")) + " | kl " + fixed(num(rec, "kl")) +
+             " | reward desirable " + fixed(num(rec, "chosen_reward")) + " undesirable " +
+             fixed(num(rec, "rejected_reward"));
     return "loss " + fixed(num(rec, "loss")) + " | acc " + fixed(num(rec, "accuracy"), 2) +
            " | reward chosen " + fixed(num(rec, "chosen_reward")) + " rejected " +
            fixed(num(rec, "rejected_reward")) + " margin " + fixed(num(rec, "margin"));
   }
   std::string eval_line(const json& f) const override {
+    if (kto())
+      return "loss " + fixed(num(f, "eval_loss")) + ", kl " + fixed(num(f, "eval_kl")) +
+             ", reward margin desirable - undesirable " + fixed(num(f, "eval_margin"));
     return "preference accuracy " + fixed(num(f, "eval_accuracy")) + ", loss " +
            fixed(num(f, "eval_loss")) + ", margin " + fixed(num(f, "eval_margin"));
   }
@@ -156,7 +204,18 @@ class DpoJob : public OfflineJob {
     return lp;
   }
 
+  // [P] float 1/0: the labels of `data`'s examples `index` (all when empty).
+  static torch::Tensor desirable(const std::vector<TokenizedExample>& data,
+                                 const std::vector<int64_t>& index) {
+    std::vector<float> d;
+    if (index.empty())
+      for (const auto& e : data) d.push_back(e.desirable ? 1.0f : 0.0f);
+    for (int64_t i : index) d.push_back(data[static_cast<size_t>(i)].desirable ? 1.0f : 0.0f);
+    return torch::tensor(d);
+  }
+
   DpoLossConfig config_;
+  KtoLossConfig kto_;        // used when config_.type is kto
   torch::Tensor ref_train_;  // [2N] log pi_ref summed over each training row's response
   torch::Tensor ref_eval_;   // [2M] the same for the held-out pairs
 };

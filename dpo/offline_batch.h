@@ -18,6 +18,7 @@ struct TokenizedExample {
   std::vector<int64_t> response;  // sft: the target; pairs: the chosen response
   std::vector<int64_t> rejected;  // pairs only
   double margin = 0.0;            // pairs: reward-model margin (data.margin_key)
+  bool desirable = true;          // kto: the row's label (its `rejected` is a KL row's response)
 };
 
 struct RowTensors {

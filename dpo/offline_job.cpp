@@ -135,7 +135,20 @@ void OfflineJob::load_data(RowLayout layout) {
   }
   auto fill = [&](const OfflineDataConfig& c, std::vector<TokenizedExample>& out) {
     if (c.source.empty()) return;
-    if (layout == RowLayout::kPairs) {
+    if (layout == RowLayout::kUnpairedWithKl) {
+      // The KL reference point of KTO is estimated on mismatched pairs: example i's prompt
+      // with the response of example (i + ceil(n/2)) mod n, fixed at load time (OpenRLHF
+      // pairs each item with the next one of its shuffled batch; half a data set away keeps
+      // a synthetic set's two rows of one prompt apart).
+      auto data = load_unpaired(c);
+      skipped_lines_ += data.stats.skipped;
+      const size_t n = data.rows.size();
+      for (size_t i = 0; i < n; ++i) {
+        const auto& r = data.rows[i];
+        out.push_back(tokenize(r.prompt, r.output, data.rows[(i + (n + 1) / 2) % n].output, true));
+        out.back().desirable = r.desirable;
+      }
+    } else if (layout == RowLayout::kPairs) {
       auto data = load_preferences(c);
       skipped_lines_ += data.stats.skipped;
       for (const auto& r : data.rows) {
@@ -158,7 +171,7 @@ RowTensors OfflineJob::rows_of(const std::vector<TokenizedExample>& data,
   if (index.empty())
     for (const auto& e : data) picked.push_back(&e);
   for (int64_t i : index) picked.push_back(&data.at(static_cast<size_t>(i)));
-  return layout_ == RowLayout::kPairs ? pair_rows(picked, pad_id_) : single_rows(picked, pad_id_);
+  return layout_ != RowLayout::kSingle ? pair_rows(picked, pad_id_) : single_rows(picked, pad_id_);
 }
 
 torch::Tensor OfflineJob::gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
@@ -217,7 +230,7 @@ json OfflineJob::train_step(Scheduler& s, int64_t step) {
   } else {
     rows = rows_of(train_, index);
   }
-  const int64_t units = layout_ == RowLayout::kPairs ? rows.rows() / 2 : rows.rows();
+  const int64_t units = layout_ != RowLayout::kSingle ? rows.rows() / 2 : rows.rows();
   std::vector<NamedTensor> tensors = {{"sequences", rows.sequences},
                                       {"attention_mask", rows.attention_mask},
                                       {"loss_mask", rows.loss_mask}};

@@ -28,7 +28,9 @@ class PromptFormatter;
 
 namespace rlhf::dpo {
 
-enum class RowLayout { kSingle, kPairs };  // sft: one row per example; dpo, rm: two
+// sft: one row per example; dpo, rm: two (chosen, rejected); kto: two laid out as pairs, the
+// labelled row and a mismatched KL row (its prompt with another example's response).
+enum class RowLayout { kSingle, kPairs, kUnpairedWithKl };
 
 class OfflineJob {
  public:

@@ -16,6 +16,8 @@ OfflineDataConfig OfflineDataConfig::from_spec(const JobSpec& spec, bool eval) {
   c.rejected_key = spec.get_string("data.rejected_key");
   c.output_key = spec.get_string("data.output_key");
   c.margin_key = spec.get_string("data.margin_key");
+  const std::string label_key = spec.get_string("data.label_key");
+  if (!label_key.empty()) c.label_key = label_key;
   c.max_samples = spec.get_int("data.max_samples");
   c.bad_lines = parse_bad_line_policy(spec.get_string("data.bad_lines"));
   c.seed = static_cast<uint64_t>(spec.get_int("train.seed")) + (eval ? 1 : 0);
@@ -112,6 +114,32 @@ OfflineDataset<PreferenceRow> load_preferences(const OfflineDataConfig& c) {
 OfflineDataset<SftRow> load_sft(const OfflineDataConfig& c) {
   return load<SftRow>(c, synthetic_sft, [&](const json& row, int64_t line) {
     return SftRow{string_field(row, c.prompt_key), string_field(row, c.output_key), line};
+  });
+}
+
+OfflineDataset<UnpairedRow> load_unpaired(const OfflineDataConfig& c) {
+  auto split = [](const std::string& name, int64_t count, uint64_t seed) {
+    std::vector<UnpairedRow> rows;
+    for (const auto& p : synthetic_preferences(name, (count + 1) / 2, seed)) {
+      rows.push_back({p.prompt, p.chosen, true, 0});
+      rows.push_back({p.prompt, p.rejected, false, 0});
+    }
+    rows.resize(static_cast<size_t>(std::min<int64_t>(count, static_cast<int64_t>(rows.size()))));
+    return rows;
+  };
+  return load<UnpairedRow>(c, split, [&](const json& row, int64_t line) {
+    UnpairedRow r{string_field(row, c.prompt_key), string_field(row, c.output_key), true, line};
+    auto it = row.find(c.label_key);
+    if (it != row.end() && it->is_boolean()) {
+      r.desirable = it->get<bool>();
+    } else if (it != row.end() && it->is_number_integer() &&
+               (it->get<int64_t>() == 0 || it->get<int64_t>() == 1)) {
+      r.desirable = it->get<int64_t>() == 1;
+    } else {
+      throw InputError("expected true or false (desirable or not) at key \"" + c.label_key +
+                       "\" (data.label_key)");
+    }
+    return r;
   });
 }
 

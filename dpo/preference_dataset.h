@@ -1,5 +1,6 @@
 // Offline datasets for dpo, rm and sft jobs: JSONL rows with a prompt and either a
-// chosen/rejected pair (preference) or one target output (sft), key names from the spec;
+// chosen/rejected pair (preference), one target output (sft), or one output with a
+// desirable flag (unpaired, for kto), key names from the spec;
 // or a built-in synthetic:NAME dataset. Also the token-level truncation that keeps the
 // prompt. Tokenization itself belongs to the driver.
 #pragma once
@@ -19,7 +20,8 @@ struct OfflineDataConfig {
   std::string chosen_key = "chosen";
   std::string rejected_key = "rejected";
   std::string output_key = "output";
-  std::string margin_key;  // empty: no per-pair margin
+  std::string margin_key;           // empty: no per-pair margin
+  std::string label_key = "label";  // unpaired rows: the desirable flag
   int64_t max_samples = 0;
   BadLinePolicy bad_lines = BadLinePolicy::kFatal;
   uint64_t seed = 42;
@@ -39,6 +41,12 @@ struct SftRow {
   int64_t line = 0;
 };
 
+struct UnpairedRow {
+  std::string prompt, output;
+  bool desirable = true;
+  int64_t line = 0;
+};
+
 template <typename Row>
 struct OfflineDataset {
   std::vector<Row> rows;
@@ -48,6 +56,10 @@ struct OfflineDataset {
 // Throw InputError naming file:line (fatal policy) or an unknown synthetic name.
 OfflineDataset<PreferenceRow> load_preferences(const OfflineDataConfig& config);
 OfflineDataset<SftRow> load_sft(const OfflineDataConfig& config);
+// Rows {prompt_key, output_key, label_key}; the label is true/false (or 1/0). A synthetic
+// NAME is a preference set split in two: each pair gives its chosen row (desirable) and its
+// rejected row (undesirable), as TRL turns paired data into unpaired.
+OfflineDataset<UnpairedRow> load_unpaired(const OfflineDataConfig& config);
 
 // Built-in synthetic datasets (deterministic per seed; documented in docs/datasets.md):
 //   preferences: prompt "word:", chosen = lowercase letters, rejected = digits and capitals.

@@ -296,20 +296,28 @@ TEST(Spec, UsedRolesFollowKindAndAlgorithm) {
   EXPECT_EQ(
       roles(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "simpo"}}})"),
       (V{"actor"}));
+  EXPECT_EQ(
+      roles(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "orpo"}}})"),
+      (V{"actor"}));
+  EXPECT_EQ(roles(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "kto"}}})"),
+            (V{"actor", "ref"}));
   EXPECT_EQ(roles(R"({"kind": "rm", "data": {"dataset": "d"}})"), (V{"reward"}));
 }
 
-TEST(Spec, SimpoWarnsThatReferenceIsUnused) {
-  json doc = base_spec();
-  doc.merge_patch(json::parse(
-      R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": "simpo"}}})"));
-  JobSpec s = JobSpec::parse(doc.dump(), "job.json");
-  bool warned = false;
-  for (const auto& w : s.warnings())
-    if (w.find("ref is configured but not used") != std::string::npos &&
-        w.find("simpo needs no reference") != std::string::npos)
-      warned = true;
-  EXPECT_TRUE(warned);
+TEST(Spec, SimpoAndOrpoWarnThatReferenceIsUnused) {
+  for (std::string loss : {"simpo", "orpo"}) {
+    json doc = base_spec();
+    doc.merge_patch(
+        json::parse(R"({"kind": "dpo", "data": {"dataset": "d"}, "algo": {"dpo": {"loss": ")" +
+                    loss + R"("}}})"));
+    JobSpec s = JobSpec::parse(doc.dump(), "job.json");
+    bool warned = false;
+    for (const auto& w : s.warnings())
+      if (w.find("ref is configured but not used") != std::string::npos &&
+          w.find(loss + " needs no reference") != std::string::npos)
+        warned = true;
+    EXPECT_TRUE(warned) << loss;
+  }
 }
 
 // A model's max_position_embeddings (times a linear RoPE factor) bounds the sequences a job

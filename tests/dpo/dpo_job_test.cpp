@@ -282,6 +282,50 @@ TEST_F(OfflineRun, SimpoRunsWithoutAReferenceGroup) {
   EXPECT_FALSE(fs::exists(run_dir("simpo") / "ref_cache"));
 }
 
+TEST_F(OfflineRun, OrpoRunsWithoutAReferenceGroup) {
+  Result r = run("examples/dpo_tiny.json", "orpo",
+                 {"--set", "algo.dpo.loss=orpo", "--set", "algo.dpo.orpo_lambda=1", "--set",
+                  "ref.devices=[]", "--set", "data.max_samples=32", "--set", "train.max_steps=2",
+                  "--set", "ckpt.export_hf=false"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(worker_roles(run_dir("orpo")), (std::set<std::string>{"actor"}));
+  EXPECT_FALSE(fs::exists(run_dir("orpo") / "ref_cache"));
+  Metrics m = read_metrics(run_dir("orpo") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 2u);
+  // Step 1 of a random policy: the NLL per chosen token is near ln(vocab) = ln 288 = 5.66
+  // (as the SFT test's start), and loss - NLL = lambda * -log sigmoid(log odds difference),
+  // with per-token averages of a random policy within ~1 nat of each other: near ln 2 = 0.69.
+  const double loss = m.steps[0]["loss"].get<double>();
+  const double nll = -m.steps[0]["chosen_log_prob"].get<double>();
+  EXPECT_NEAR(nll, std::log(288.0), 0.5);
+  EXPECT_NEAR(loss - nll, std::log(2.0), 0.5);
+  EXPECT_GT(loss - nll, 0.0);  // the odds-ratio term is a positive addition to the NLL
+}
+
+TEST_F(OfflineRun, KtoTrainsOnUnpairedRowsAgainstTheReference) {
+  // synthetic:preferences split into unpaired rows: each pair's chosen response labelled
+  // desirable, its rejected one undesirable; 64 rows, batch 16: 4 steps per epoch, 2 epochs.
+  Result r = run("examples/dpo_tiny.json", "kto",
+                 {"--set", "algo.dpo.loss=kto", "--set", "data.max_samples=64", "--set",
+                  "ckpt.export_hf=false"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(worker_roles(run_dir("kto")), (std::set<std::string>{"actor", "ref"}));
+  EXPECT_TRUE(fs::exists(run_dir("kto") / "ref_cache"));
+  Metrics m = read_metrics(run_dir("kto") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 8u);
+  // Step 1: the policy is the reference (log-ratios within BF16 noise, |r| < 0.1, beta 0.1),
+  // so z0 = max(0, ~0) < 0.01 and every row loses 1 - sigmoid(~0) = 0.5, within 0.01.
+  EXPECT_NEAR(m.steps[0]["loss"].get<double>(), 0.5, 0.01);
+  EXPECT_LT(m.steps[0]["kl"].get<double>(), 0.01);
+  EXPECT_GE(m.steps[0]["kl"].get<double>(), 0.0);
+  // Training separates the labels: the held-out reward margin (desirable - undesirable)
+  // starts at ~0 and ends positive, and the held-out loss falls below 0.5.
+  ASSERT_EQ(m.evals.size(), 2u);
+  EXPECT_NEAR(m.evals[0]["eval_margin"].get<double>(), 0.0, 0.01);
+  EXPECT_GT(m.evals[1]["eval_margin"].get<double>(), 0.05);
+  EXPECT_LT(m.evals[1]["eval_loss"].get<double>(), m.evals[0]["eval_loss"].get<double>());
+}
+
 TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
   // 128 examples, batch 16, 6 epochs: 48 steps.
   Result r = run("examples/sft_tiny.json", "sft", {"--set", "data.max_samples=128"});
@@ -342,6 +386,20 @@ TEST_F(OfflineRun, BadPreferenceLineIsNamedBeforeAnyWorkerStarts) {
   EXPECT_NE(r.err.find("prefs.jsonl:2"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rejected"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(run_dir("bad") / "workers.json"));
+}
+
+TEST_F(OfflineRun, BadKtoLabelIsNamedBeforeAnyWorkerStarts) {
+  const fs::path data = dir_ / "kto.jsonl";
+  std::ofstream(data) << R"({"prompt": "a:", "output": "b", "label": true})"
+                      << "\n"
+                      << R"({"prompt": "a:", "output": "C", "label": "bad"})"
+                      << "\n";
+  Result r = run("examples/dpo_tiny.json", "badkto",
+                 {"--set", "algo.dpo.loss=kto", "--set", "data.dataset=" + data.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("kto.jsonl:2: expected true or false"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("data.label_key"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_dir("badkto") / "workers.json"));
 }
 
 }  // namespace

@@ -55,6 +55,44 @@ TEST(PreferenceDataset, BadLineFatalNamesFileLineAndKey) {
   EXPECT_EQ(ds.stats.skipped, 1);
 }
 
+TEST(UnpairedDataset, ReadsLabelsAndNamesFileLineOfABadOne) {
+  OfflineDataConfig c;
+  c.source = temp_file("kto.jsonl",
+                       "{\"prompt\": \"p\", \"output\": \"a\", \"label\": true}\n"
+                       "{\"prompt\": \"q\", \"output\": \"b\", \"label\": 0}\n"
+                       "{\"prompt\": \"r\", \"output\": \"c\", \"label\": \"yes\"}\n");
+  try {
+    load_unpaired(c);
+    FAIL() << "accepted a string label";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(c.source + ":3: expected true or false"),
+              std::string::npos)
+        << e.what();
+  }
+  c.bad_lines = BadLinePolicy::kSkip;
+  auto ds = load_unpaired(c);
+  ASSERT_EQ(ds.rows.size(), 2u);
+  EXPECT_EQ(ds.rows[0].output, "a");
+  EXPECT_TRUE(ds.rows[0].desirable);
+  EXPECT_FALSE(ds.rows[1].desirable);
+  EXPECT_EQ(ds.rows[1].line, 2);
+}
+
+TEST(UnpairedDataset, SyntheticSplitsEachPairIntoADesirableAndAnUndesirableRow) {
+  OfflineDataConfig c;
+  c.source = "synthetic:preferences";
+  c.max_samples = 6;
+  auto ds = load_unpaired(c);
+  auto pairs = synthetic_preferences("preferences", 3, c.seed);
+  ASSERT_EQ(ds.rows.size(), 6u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(ds.rows[2 * i].output, pairs[i].chosen);
+    EXPECT_TRUE(ds.rows[2 * i].desirable);
+    EXPECT_EQ(ds.rows[2 * i + 1].output, pairs[i].rejected);
+    EXPECT_FALSE(ds.rows[2 * i + 1].desirable);
+  }
+}
+
 TEST(PreferenceDataset, MarginKeyIsReadAndCheckedPerLine) {
   OfflineDataConfig c;
   c.source =
