@@ -323,6 +323,20 @@ TEST(Generator, ReadingTheLiveCountEveryFewStepsChangesNoOutput) {
         EXPECT_TRUE(torch::equal(few.response_lengths, lengths_every));
         EXPECT_TRUE(torch::allclose(few.log_probs, every.log_probs, 0, 1e-6));
         EXPECT_EQ(few.timings.decode_tokens, every.timings.decode_tokens);
+        // Paged (blocks of 4, a pool of 6: one sequence at full length, so rows are preempted):
+        // rows that ended keep decoding padding until the next read, and are released and replaced
+        // only then.
+        GenerationConfig paged = config;
+        paged.kv_block_size = 4;
+        paged.kv_cache_bytes =
+            6 * models::PagedKvCache::block_bytes(model->config(), 4, torch::kFloat32);
+        const auto pooled = Generator(model, paged).generate(ids, mask, params);
+        expect_consistent(pooled);
+        EXPECT_TRUE(torch::equal(pooled.sequences, every.sequences)) << "paged, " << interval;
+        EXPECT_TRUE(torch::equal(pooled.response_lengths, lengths_every));
+        EXPECT_TRUE(torch::allclose(pooled.log_probs, every.log_probs, 0, 1e-5));
+        EXPECT_EQ(pooled.timings.decode_tokens, every.timings.decode_tokens);
+        EXPECT_GT(pooled.timings.preempted, 0) << "interval " << interval;
       }
     }
   }
