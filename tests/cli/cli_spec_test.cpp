@@ -68,9 +68,10 @@ TEST(Cli, MalformedJsonNamesLine) {
 }
 
 TEST(Cli, SetOverridesAreAppliedAndChecked) {
+  // --no-files: the example's models are made by scripts/demo, not present in a fresh clone.
   CliResult ok =
-      run_cli({"validate", "examples/ppo_tiny.json", "--set", "rollout.n_samples_per_prompt=2",
-               "--set=train.batch_size=16", "--print"});
+      run_cli({"validate", "examples/ppo_tiny.json", "--no-files", "--set",
+               "rollout.n_samples_per_prompt=2", "--set=train.batch_size=16", "--print"});
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
   auto resolved = nlohmann::json::parse(ok.out);
   EXPECT_EQ(resolved["rollout"]["n_samples_per_prompt"], 2);
