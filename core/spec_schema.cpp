@@ -299,6 +299,9 @@ std::vector<KeySpec> build_table() {
   t.integer("ckpt.save_steps", -1, -1, kInf, "Save every N steps (-1: only at the end).");
   t.integer("ckpt.max_num", 3, 1, 1000, "Keep the newest N checkpoints.");
   t.boolean("ckpt.save_only_model", false, "Skip optimizer state in checkpoints.");
+  t.integer("eval.steps", 0, 0, kInf,
+            "dpo/sft/rm: also evaluate the held-out set every N training steps (OpenRLHF's "
+            "eval_steps); 0: only before and after training.");
   t.boolean("ckpt.export_hf", true,
             "Export trained models as Hugging Face directories at the end.");
   t.file("logger.run_dir", "runs", "Parent directory of run directories.");

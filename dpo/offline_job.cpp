@@ -335,7 +335,8 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
   prepare(s, out);
   if (!eval_.empty() && step == 0) write_eval(s, "before", 0, out);
   const int64_t logging = spec_.get_int("logger.logging_steps"),
-                save_steps = spec_.get_int("ckpt.save_steps");
+                save_steps = spec_.get_int("ckpt.save_steps"),
+                eval_steps = spec_.get_int("eval.steps");
   const auto loop_start = Clock::now();
   const int64_t first_step = step + 1;
   for (++step; step <= total_steps_; ++step) {
@@ -354,6 +355,9 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
                              total_steps_ - first_step + 1)
           << std::endl;
     }
+    // Every eval.steps (the last step's is the "after" evaluation).
+    if (!eval_.empty() && eval_steps > 0 && step % eval_steps == 0 && step < total_steps_)
+      write_eval(s, "during", step, out);
     // Every ckpt.save_steps, and always after the last step.
     if ((save_steps > 0 && step % save_steps == 0) || step == total_steps_) save(s, step, out);
   }

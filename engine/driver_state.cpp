@@ -22,7 +22,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 // Keys that change where or how fast a job runs, or what it writes, never what it computes.
 bool affects_trajectory(const std::string& key, bool schedule_counts_steps) {
-  for (const char* prefix : {"cluster.", "scheduler.", "logger.", "ckpt."})
+  for (const char* prefix : {"cluster.", "scheduler.", "logger.", "ckpt.", "eval."})
     if (key.rfind(prefix, 0) == 0) return false;
   for (const char* tail :
        {".devices", ".colocate_with", ".gradient_checkpointing", ".adam_offload"})

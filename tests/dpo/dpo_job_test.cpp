@@ -327,13 +327,23 @@ TEST_F(OfflineRun, KtoTrainsOnUnpairedRowsAgainstTheReference) {
 }
 
 TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
-  // 128 examples, batch 16, 6 epochs: 48 steps.
-  Result r = run("examples/sft_tiny.json", "sft", {"--set", "data.max_samples=128"});
+  // 128 examples, batch 16, 6 epochs: 48 steps; held-out evaluation before, every 16 steps
+  // (eval.steps) and after: at steps 0, 16, 32 and 48.
+  Result r = run("examples/sft_tiny.json", "sft",
+                 {"--set", "data.max_samples=128", "--set", "eval.steps=16"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   Metrics m = read_metrics(run_dir("sft") / "metrics.jsonl");
   ASSERT_EQ(m.steps.size(), 48u);
-  ASSERT_EQ(m.evals.size(), 2u);
-  const double before = m.evals[0]["eval_loss"], after = m.evals[1]["eval_loss"];
+  ASSERT_EQ(m.evals.size(), 4u);
+  const std::vector<std::pair<std::string, int>> when = {
+      {"before", 0}, {"during", 16}, {"during", 32}, {"after", 48}};
+  for (size_t i = 0; i < when.size(); ++i) {
+    EXPECT_EQ(m.evals[i]["when"], when[i].first) << i;
+    EXPECT_EQ(m.evals[i]["step"], when[i].second) << i;
+  }
+  EXPECT_EQ(count(r.out, "held-out, during training"), 2u) << r.out;
+  const double before = m.evals[0]["eval_loss"], after = m.evals[3]["eval_loss"];
+  EXPECT_LT(m.evals[1]["eval_loss"].get<double>(), before);
   // A random tiny model starts near ln(vocab) = ln 288 = 5.66 nats per token; 48 steps at
   // lr 3e-3 take it well below (a fall of 1 nat is far beyond step-to-step noise).
   EXPECT_NEAR(before, std::log(288.0), 0.5);
