@@ -129,6 +129,21 @@ int64_t Generator::prompts_per_cache(int64_t P) const {
   return std::min(config_.micro_batch_size, fit);
 }
 
+Generator::DecodeState Generator::decode_state(Sampler& sampler, int64_t first_row, int64_t N,
+                                               torch::Device device) const {
+  const int64_t R = config_.max_new_tokens;
+  const auto i64 = torch::TensorOptions(torch::kInt64).device(device);
+  const auto uniforms = sampler.draws(first_row, N, R);
+  DecodeState d;
+  if (uniforms.defined()) d.uniforms = uniforms.to(device);
+  d.stop_ids = torch::tensor(config_.stop_token_ids, torch::kInt64).to(device);
+  d.tokens = torch::full({N, R}, config_.pad_token_id, i64);
+  d.log_probs = torch::zeros({N, R}, torch::TensorOptions(torch::kFloat32).device(device));
+  d.lengths = torch::zeros({N}, i64);
+  d.pad = torch::full({}, config_.pad_token_id, i64);
+  return d;
+}
+
 GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids,
                                                  const torch::Tensor& prompt_mask, Sampler& sampler,
                                                  int64_t first_row) {
@@ -174,16 +189,16 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   // rows[c]; live[c] says it is still generating. Sample s of a row draws column t of its
   // uniforms for its t-th token: the same draws the row's stream gives one token at a time.
   const auto i64 = torch::TensorOptions(torch::kInt64).device(device);
-  const auto uniforms = sampler.draws(first_row, N, R);  // [N, R] FP64 (undefined: greedy)
-  const auto uniforms_dev = uniforms.defined() ? uniforms.to(device) : torch::Tensor();
-  const auto stop_ids = torch::tensor(config_.stop_token_ids, torch::kInt64).to(device);
-  auto out_tokens = torch::full({N, R}, config_.pad_token_id, i64);
-  auto out_log_probs = torch::zeros({N, R}, torch::TensorOptions(torch::kFloat32).device(device));
-  auto lengths = torch::zeros({N}, i64);
+  DecodeState d = decode_state(sampler, first_row, N, device);
+  const auto& uniforms_dev = d.uniforms;
+  const auto& stop_ids = d.stop_ids;
+  const auto& pad = d.pad;
+  auto& out_tokens = d.tokens;
+  auto& out_log_probs = d.log_probs;
+  auto& lengths = d.lengths;
   auto rows = torch::arange(N, i64);
   auto live = torch::ones({N}, torch::TensorOptions(torch::kBool).device(device));
   auto live_tokens = torch::zeros({}, i64);  // decode-step tokens sampled for live rows
-  const auto pad = torch::full({}, config_.pad_token_id, i64);
   int64_t n_live = N;
   for (int64_t t = 0; t < R; ++t) {
     // Every row in the batch is sampled; a finished row's token and log-prob are dropped.

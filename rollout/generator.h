@@ -109,6 +109,20 @@ class Generator {
                                         const torch::Tensor& prompt_mask, Sampler& sampler,
                                         int64_t first_row);
 
+  // What both decode loops write on the model's device for rows [first_row, first_row + N)
+  // of the request: their uniforms (undefined when greedy), the stop ids, and outputs [N, R]
+  // (tokens padded, log-probs 0) and lengths [N] to fill.
+  struct DecodeState {
+    torch::Tensor uniforms;   // [N, R] FP64
+    torch::Tensor stop_ids;   // [S] int64
+    torch::Tensor tokens;     // [N, R] int64, pad_token_id
+    torch::Tensor log_probs;  // [N, R] FP32, 0
+    torch::Tensor lengths;    // [N] int64, 0
+    torch::Tensor pad;        // [] int64, pad_token_id
+  };
+  DecodeState decode_state(Sampler& sampler, int64_t first_row, int64_t N,
+                           torch::Device device) const;
+
   // The whole request through one paged KV pool with continuous batching
   // (paged_generation.cpp); rows first_row.. of the request.
   GenerationOutput generate_paged(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,

@@ -100,13 +100,13 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   GenerationTimings timings;
   timings.kv_pool_bytes = num_blocks * per_block;
   const auto i64 = torch::TensorOptions(torch::kInt64).device(device);
-  const auto uniforms = sampler.draws(first_row, N, R);  // [N, R] FP64 (undefined: greedy)
-  const auto uniforms_dev = uniforms.defined() ? uniforms.to(device) : torch::Tensor();
-  const auto stop_ids = torch::tensor(config_.stop_token_ids, torch::kInt64).to(device);
-  auto out_tokens = torch::full({N, R}, config_.pad_token_id, i64);
-  auto out_log_probs = torch::zeros({N, R}, torch::TensorOptions(torch::kFloat32).device(device));
-  auto lengths = torch::zeros({N}, i64);
-  const auto pad = torch::full({}, config_.pad_token_id, i64);
+  DecodeState d = decode_state(sampler, first_row, N, device);
+  const auto& uniforms_dev = d.uniforms;
+  const auto& stop_ids = d.stop_ids;
+  const auto& pad = d.pad;
+  auto& out_tokens = d.tokens;
+  auto& out_log_probs = d.log_probs;
+  auto& lengths = d.lengths;
 
   std::vector<RowState> rows(N);
   std::deque<Waiting> waiting;

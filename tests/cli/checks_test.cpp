@@ -24,27 +24,10 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-size_t count(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
 // A fresh directory with a tiny policy and value model (rlhf init-model).
 class WithModels : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("checks-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    ASSERT_EQ(
-        run_cli({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code,
-        0);
-    ASSERT_EQ(run_cli({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
-                       (dir_ / "tiny-value").string()})
-                  .exit_code,
-              0);
-  }
+  void SetUp() override { dir_ = test::tiny_models_dir("checks"); }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
   }
@@ -288,7 +271,7 @@ TEST(Checks, SmallThings) {
   CliResult version = run_cli({"--version"});
   EXPECT_EQ(version.exit_code, 0);
   EXPECT_EQ(version.out.rfind("rlhf ", 0), 0u) << version.out;
-  EXPECT_EQ(count(version.out, "\n"), 1u) << version.out;
+  EXPECT_EQ(test::count_of(version.out, "\n"), 1u) << version.out;
 
   CliResult one = run_cli({"validate", "examples/sft_tiny.json", "--no-files"});
   EXPECT_TRUE(contains(one.out, ": 1 worker on 1 node")) << one.out;
@@ -297,7 +280,7 @@ TEST(Checks, SmallThings) {
 
   CliResult spec = run_cli({"spec"});
   EXPECT_EQ(spec.exit_code, 2);
-  EXPECT_EQ(count(spec.err, "rlhf spec"), 1u) << spec.err;
+  EXPECT_EQ(test::count_of(spec.err, "rlhf spec"), 1u) << spec.err;
 
   CliResult help = run_cli({"run", "--help"});
   EXPECT_EQ(help.exit_code, 0);

@@ -41,18 +41,7 @@ std::vector<std::string> driver_files(const fs::path& dir) {
 
 class RunLifecycle : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("lifecycle-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    ASSERT_EQ(
-        run_cli({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code,
-        0);
-    ASSERT_EQ(run_cli({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
-                       (dir_ / "tiny-value").string()})
-                  .exit_code,
-              0);
-  }
+  void SetUp() override { dir_ = test::tiny_models_dir("lifecycle"); }
   void TearDown() override {
     ::unsetenv("RLHF_PROGRESS_AFTER_S");
     if (!HasFailure()) fs::remove_all(dir_);

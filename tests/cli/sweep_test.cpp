@@ -52,18 +52,7 @@ size_t column(const std::vector<std::string>& header, const std::string& name) {
 
 class Sweep : public testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("sweep-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    ASSERT_EQ(
-        run_cli({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code,
-        0);
-    ASSERT_EQ(run_cli({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
-                       (dir_ / "tiny-value").string()})
-                  .exit_code,
-              0);
-  }
+  void SetUp() override { dir_ = rlhf::test::tiny_models_dir("sweep"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::vector<std::string> models() const {
     return {"--set", "actor.model=" + (dir_ / "tiny").string(), "--set",

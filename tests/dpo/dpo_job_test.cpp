@@ -42,12 +42,6 @@ Metrics read_metrics(const fs::path& file) {
   return m;
 }
 
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 std::set<std::string> worker_roles(const fs::path& run_dir, size_t* pids = nullptr) {
   auto workers = json::parse(slurp(run_dir / "workers.json"));
   std::set<std::string> roles;
@@ -62,16 +56,7 @@ std::set<std::string> worker_roles(const fs::path& run_dir, size_t* pids = nullp
 
 class OfflineRun : public testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("dpo-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    auto r = rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    r = rlhf({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
-              (dir_ / "tiny-value").string()});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-  }
+  void SetUp() override { dir_ = test::tiny_models_dir("dpo"); }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
   }
@@ -151,8 +136,8 @@ TEST_F(OfflineRun, DpoWithTheReferenceInItsOwnProcess) {
   EXPECT_NEAR(m.steps[0]["loss"].get<double>(), std::log(2.0), 0.02);
   EXPECT_NEAR(m.steps[0]["margin"].get<double>(), 0.0, 0.05);
   // The reference runs once per pair: train and held-out sets, then never again.
-  EXPECT_EQ(count(r.out, "computed on the ref group"), 2u) << r.out;
-  EXPECT_EQ(count(r.out, "loaded from"), 0u) << r.out;
+  EXPECT_EQ(test::count_of(r.out, "computed on the ref group"), 2u) << r.out;
+  EXPECT_EQ(test::count_of(r.out, "loaded from"), 0u) << r.out;
   EXPECT_TRUE(fs::exists(run_dir("dpo") / "ref_cache" / "index.json"));
   ASSERT_EQ(m.evals.size(), 2u);
   EXPECT_EQ(m.evals[0]["when"], "before");
@@ -186,8 +171,8 @@ TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
   EXPECT_NE(second.out.find("resumed after step 2"), std::string::npos) << second.out;
   // The resumed job asks the reference group nothing: both sets come from the cache files,
   // which are not rewritten.
-  EXPECT_EQ(count(second.out, "loaded from"), 2u) << second.out;
-  EXPECT_EQ(count(second.out, "computed on the ref group"), 0u) << second.out;
+  EXPECT_EQ(test::count_of(second.out, "loaded from"), 2u) << second.out;
+  EXPECT_EQ(test::count_of(second.out, "computed on the ref group"), 0u) << second.out;
   for (size_t i = 0; i < cache_files.size(); ++i)
     EXPECT_EQ(fs::last_write_time(cache_files[i]), mtimes[i]);
 
@@ -341,7 +326,7 @@ TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
     EXPECT_EQ(m.evals[i]["when"], when[i].first) << i;
     EXPECT_EQ(m.evals[i]["step"], when[i].second) << i;
   }
-  EXPECT_EQ(count(r.out, "held-out, during training"), 2u) << r.out;
+  EXPECT_EQ(test::count_of(r.out, "held-out, during training"), 2u) << r.out;
   const double before = m.evals[0]["eval_loss"], after = m.evals[3]["eval_loss"];
   EXPECT_LT(m.evals[1]["eval_loss"].get<double>(), before);
   // A random tiny model starts near ln(vocab) = ln 288 = 5.66 nats per token; 48 steps at

@@ -50,18 +50,16 @@ void expect_learned(const std::vector<json>& m) {
   EXPECT_GT(last - first, 0.1) << "first 5 steps " << first << ", last 5 steps " << last;
 }
 
+// A test's common arguments, then one run's own.
+std::vector<std::string> concat(std::vector<std::string> common,
+                                const std::vector<std::string>& extra) {
+  common.insert(common.end(), extra.begin(), extra.end());
+  return common;
+}
+
 class PpoJob : public testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::path(RLHF_BINARY_DIR) / "test-runs" / ("ppo-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    ASSERT_EQ(rlhf({"init-model", "--preset", "tiny", "--out", (dir_ / "tiny").string()}).exit_code,
-              0);
-    auto r = rlhf({"init-model", "--preset", "tiny", "--value-head", "--seed", "7", "--out",
-                   (dir_ / "tiny-value").string()});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-  }
+  void SetUp() override { dir_ = test::tiny_models_dir("ppo"); }
   // `rlhf run` on ppo_tiny with this test's models and run directory.
   Result run(const std::string& name, std::vector<std::string> extra,
              const std::string& example = "examples/ppo_tiny.json") {
@@ -192,10 +190,7 @@ TEST_F(PpoJob, ShardedReferenceAndRewardGiveTheUnshardedTrajectory) {
       "--set", "train.max_steps=3",
       "--set", "reward.rule=",
       "--set", "reward.model=" + (dir_ / "tiny-value").string()};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), common.begin(), common.end());
-    return extra;
-  };
+  auto with = [&](const std::vector<std::string>& extra) { return concat(common, extra); };
   Result whole = run("whole", with({"--set", "ref.devices=[3]", "--set", "reward.devices=[2]"}));
   ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
   Result sharded =
@@ -255,10 +250,7 @@ TEST_F(PpoJob, TokenBudgetGivesTheSameLossesAndGradients) {
       "--set", "critic.dtype=fp32",
       "--set", "ref.dtype=fp32",
       "--set", "rollout.dtype=fp32"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), common.begin(), common.end());
-    return extra;
-  };
+  auto with = [&](const std::vector<std::string>& extra) { return concat(common, extra); };
   Result whole = run("whole", with({}));
   ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
   Result parts = run("parts", with({"--set", "train.max_tokens_per_micro_batch=96"}));
@@ -303,10 +295,7 @@ TEST_F(PpoJob, RowWeightedAggregationsKeepTheirLossUnderATokenBudget) {
       "--set", "train.max_steps=2", "--set", "actor.loss_agg=token_sum_norm",
       "--set", "actor.dtype=fp32",  "--set", "critic.dtype=fp32",
       "--set", "ref.dtype=fp32"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), common.begin(), common.end());
-    return extra;
-  };
+  auto with = [&](const std::vector<std::string>& extra) { return concat(common, extra); };
   Result whole = run("whole", with({}));
   ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
   Result parts = run("parts", with({"--set", "train.max_tokens_per_micro_batch=96"}));
@@ -378,7 +367,9 @@ TEST_F(PpoJob, OneStepOffPolicyLearnsFromSamplesOneVersionBehind) {
   for (size_t i = 0; i < m.size(); ++i) {
     EXPECT_EQ(m[i]["weight_version"].get<int64_t>(), std::max<int64_t>(1, static_cast<int64_t>(i)))
         << "step " << i + 1;
-    if (i > 0) EXPECT_LT(m[i]["time_s"]["generate"].get<double>(), 1.0);
+    if (i > 0) {
+      EXPECT_LT(m[i]["time_s"]["generate"].get<double>(), 1.0);
+    }
   }
   EXPECT_GT(m[1]["time_s"]["generate_ahead"].get<double>(), 0.0);
 
@@ -386,9 +377,7 @@ TEST_F(PpoJob, OneStepOffPolicyLearnsFromSamplesOneVersionBehind) {
                                            "actor.adam.lr=1e-30"};
   Result sync = run("frozen-sync", frozen);
   ASSERT_EQ(sync.exit_code, 0) << sync.out << sync.err;
-  auto with_async = frozen;
-  with_async.insert(with_async.end(), {"--set", "algo.async_steps=1"});
-  Result async = run("frozen-async", with_async);
+  Result async = run("frozen-async", concat(frozen, {"--set", "algo.async_steps=1"}));
   ASSERT_EQ(async.exit_code, 0) << async.out << async.err;
   auto a = read_metrics(run_dir("frozen-sync") / "metrics.jsonl");
   auto b = read_metrics(run_dir("frozen-async") / "metrics.jsonl");
@@ -422,10 +411,7 @@ TEST_F(PpoJob, DynamicSamplingDropsAndRefillsGroupsWithoutSignal) {
       "--set", "rollout.max_new_tokens=1", "--set", "rollout.n_samples_per_prompt=4",
       "--set", "train.batch_size=4",       "--set", "train.micro_batch_size=4",
       "--set", "train.max_steps=3",        "--set", "algo.dynamic_sampling=true"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), common.begin(), common.end());
-    return extra;
-  };
+  auto with = [&](const std::vector<std::string>& extra) { return concat(common, extra); };
   Result r =
       run("refill", with({"--set", "rollout.max_refill_batches=3"}), "examples/grpo_tiny.json");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/errors.h"
@@ -99,6 +100,16 @@ void expect_consistent(const GenerationOutput& out) {
   auto off = out.action_mask.logical_not();
   EXPECT_TRUE(out.sequences.narrow(1, P, R).masked_select(off).eq(kPad).all().item<bool>());
   EXPECT_TRUE(out.log_probs.masked_select(off).eq(0).all().item<bool>());
+}
+
+// `got` is consistent and generated what `want` did: the same sequences and lengths,
+// log-probs within `tolerance` (absolute).
+void expect_same_generation(const GenerationOutput& got, const GenerationOutput& want,
+                            double tolerance, const std::string& what) {
+  expect_consistent(got);
+  EXPECT_TRUE(torch::equal(got.sequences, want.sequences)) << what;
+  EXPECT_TRUE(torch::equal(got.response_lengths, want.response_lengths)) << what;
+  EXPECT_TRUE(torch::allclose(got.log_probs, want.log_probs, 0, tolerance)) << what;
 }
 
 struct GreedyCase {
@@ -318,10 +329,7 @@ TEST(Generator, ReadingTheLiveCountEveryFewStepsChangesNoOutput) {
       for (int64_t interval : {3, 8}) {
         config.sync_interval = interval;
         const auto few = Generator(model, config).generate(ids, mask, params);
-        expect_consistent(few);
-        EXPECT_TRUE(torch::equal(few.sequences, every.sequences)) << "interval " << interval;
-        EXPECT_TRUE(torch::equal(few.response_lengths, lengths_every));
-        EXPECT_TRUE(torch::allclose(few.log_probs, every.log_probs, 0, 1e-6));
+        expect_same_generation(few, every, 1e-6, "interval " + std::to_string(interval));
         EXPECT_EQ(few.timings.decode_tokens, every.timings.decode_tokens);
         // Paged (blocks of 4, a pool of 6: one sequence at full length, so rows are preempted):
         // rows that ended keep decoding padding until the next read, and are released and replaced
@@ -331,10 +339,7 @@ TEST(Generator, ReadingTheLiveCountEveryFewStepsChangesNoOutput) {
         paged.kv_cache_bytes =
             6 * models::PagedKvCache::block_bytes(model->config(), 4, torch::kFloat32);
         const auto pooled = Generator(model, paged).generate(ids, mask, params);
-        expect_consistent(pooled);
-        EXPECT_TRUE(torch::equal(pooled.sequences, every.sequences)) << "paged, " << interval;
-        EXPECT_TRUE(torch::equal(pooled.response_lengths, lengths_every));
-        EXPECT_TRUE(torch::allclose(pooled.log_probs, every.log_probs, 0, 1e-5));
+        expect_same_generation(pooled, every, 1e-5, "paged, interval " + std::to_string(interval));
         EXPECT_EQ(pooled.timings.decode_tokens, every.timings.decode_tokens);
         EXPECT_GT(pooled.timings.preempted, 0) << "interval " << interval;
       }
@@ -367,10 +372,7 @@ TEST(Generator, KvBudgetForAQuarterOfTheBatchGivesTheSameOutputs) {
     params.temperature = temperature;
     const auto whole = Generator(model, config).generate(ids, mask, params);
     const auto waves = Generator(model, bounded).generate(ids, mask, params);
-    expect_consistent(waves);
-    EXPECT_TRUE(torch::equal(waves.sequences, whole.sequences)) << "temperature " << temperature;
-    EXPECT_TRUE(torch::equal(waves.response_lengths, whole.response_lengths));
-    EXPECT_TRUE(torch::allclose(waves.log_probs, whole.log_probs, 0, 1e-6));
+    expect_same_generation(waves, whole, 1e-6, "temperature " + std::to_string(temperature));
   }
   GenerationConfig tiny_budget = config;
   tiny_budget.kv_cache_bytes = per_prompt - 1;
@@ -410,11 +412,9 @@ TEST(Generator, PagedGenerationEqualsTheContiguousCache) {
       GenerationConfig paged_config = config;
       paged_config.kv_block_size = block;
       const auto paged = Generator(model, paged_config).generate(ids, mask, params, 3);
-      expect_consistent(paged);
-      EXPECT_TRUE(torch::equal(paged.sequences, contiguous.sequences))
-          << "temperature " << temperature << " block " << block;
-      EXPECT_TRUE(torch::equal(paged.response_lengths, contiguous.response_lengths));
-      EXPECT_TRUE(torch::allclose(paged.log_probs, contiguous.log_probs, 0, 1e-5));
+      expect_same_generation(
+          paged, contiguous, 1e-5,
+          "temperature " + std::to_string(temperature) + " block " + std::to_string(block));
       EXPECT_EQ(paged.timings.decode_tokens, contiguous.timings.decode_tokens);
       EXPECT_EQ(paged.timings.preempted, 0);
       EXPECT_GT(paged.timings.kv_peak_bytes, 0);
@@ -449,10 +449,7 @@ TEST(Generator, PagedPoolPreemptsAndRecomputesWithoutChangingOutputs) {
     params.temperature = temperature;
     const auto whole = Generator(model, config).generate(ids, mask, params);
     const auto bounded = Generator(model, paged).generate(ids, mask, params);
-    expect_consistent(bounded);
-    EXPECT_TRUE(torch::equal(bounded.sequences, whole.sequences)) << "temperature " << temperature;
-    EXPECT_TRUE(torch::equal(bounded.response_lengths, whole.response_lengths));
-    EXPECT_TRUE(torch::allclose(bounded.log_probs, whole.log_probs, 0, 1e-5));
+    expect_same_generation(bounded, whole, 1e-5, "temperature " + std::to_string(temperature));
     EXPECT_GT(bounded.timings.preempted, 0) << "temperature " << temperature;
     EXPECT_GT(bounded.timings.recomputed_tokens, 0);
     EXPECT_EQ(bounded.timings.kv_pool_bytes, 24 * block);

@@ -67,4 +67,29 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path;
 }
 
+std::string tiny_models_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::path(RLHF_BINARY_DIR) / "test-runs" / (name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"init-model", "--preset", "tiny", "--out",
+                                 (dir / "tiny").string()},
+        std::vector<std::string>{"init-model", "--preset", "tiny", "--value-head", "--seed", "7",
+                                 "--out", (dir / "tiny-value").string()}}) {
+    const CliResult r = run_cli(args);
+    if (r.exit_code != 0)
+      throw std::runtime_error("rlhf init-model failed (exit " + std::to_string(r.exit_code) +
+                               "): " + r.err);
+  }
+  return dir.string();
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace rlhf::test

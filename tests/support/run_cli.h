@@ -27,4 +27,12 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path);
 // Writes `text` to a fresh file under the test temp dir and returns its path.
 std::string write_temp(const std::string& name, const std::string& text);
 
+// A fresh directory <build>/test-runs/<name>-<pid> holding two models made by `rlhf
+// init-model`: "tiny" (the tiny preset, seed 0) and "tiny-value" (with a value head, seed
+// 7). Throws std::runtime_error with init-model's stderr when one cannot be made.
+std::string tiny_models_dir(const std::string& name);
+
+// How often `part` occurs in `text` (overlapping occurrences counted).
+size_t count_of(const std::string& text, const std::string& part);
+
 }  // namespace rlhf::test
