@@ -59,6 +59,7 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
       static_cast<int64_t>(a.value("kv_cache_memory_gb", 0.0) * static_cast<double>(1ll << 30));
   config.kv_block_size = a.value("kv_block_size", config.kv_block_size);
   config.max_num_seqs = a.value("max_num_seqs", config.max_num_seqs);
+  if (a.value("enforce_eager", false)) config.decode_steps = rollout::DecodeSteps::kEager;
   config.pad_token_id = a.value("pad_token_id", config.pad_token_id);
   if (a.contains("stop_token_ids"))
     config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();

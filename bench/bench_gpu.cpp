@@ -14,7 +14,7 @@
 // Usage: bench_gpu --device cuda|cpu [--models 0.5b,1.5b] [--batches 1,32,256]
 //        [--new-tokens 128] [--prompt-len 128] [--train-seq 1024] [--train-batch 8]
 //        [--steps 3] [--zero 1|3] [--peak-tflops F] [--threads N] [--sections decode,train]
-//        [--out FILE.json]
+//        [--engines contiguous,paged,graphs] [--out FILE.json]
 // On cpu torch runs 1 thread unless --threads says otherwise: the tiny model gains nothing from
 // more, and on a shared 2-core machine a second OpenMP thread waiting for its core made every
 // decode step over 100x slower.
@@ -52,7 +52,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: bench_gpu --device cuda|cpu [--models 0.5b,1.5b] [--batches 1,32,256] "
     "[--new-tokens 128] [--prompt-len 128] [--train-seq 1024] [--train-batch 8] [--steps 3] "
-    "[--zero 1|3] [--peak-tflops F] [--threads N] [--sections decode,train] [--out FILE.json]";
+    "[--zero 1|3] [--peak-tflops F] [--threads N] [--sections decode,train] "
+    "[--engines contiguous,paged,graphs] [--out FILE.json]";
 
 struct Options {
   torch::Device device = torch::Device(torch::kCUDA, 0);
@@ -66,7 +67,12 @@ struct Options {
   int zero_stage = 1;
   double peak_flops = 0;  // BF16 dense FLOP/s; 0: from the device name
   int threads = 0;        // torch CPU threads; 0: 1 on cpu, torch's default on cuda
-  bool decode = true;     // --sections: which of a. and b. to run
+  // --engines: the decode engines measured: contiguous (one KV cache per batch), paged
+  // (rollout.kv_block_size 16, eager steps: rollout.enforce_eager), graphs (paged, padded
+  // steps replayed as CUDA graphs: the GPU default). Default: all three on cuda, the first
+  // two on cpu.
+  std::vector<std::string> engines;
+  bool decode = true;  // --sections: which of a. and b. to run
   bool train = true;
   std::string out;  // JSON figures, when set
 };
@@ -117,6 +123,11 @@ Options parse_options(int argc, char** argv) {
       o.train = has("train");
       if (!o.decode && !o.train)
         throw std::invalid_argument("--sections: decode, train or both, got " + v);
+    } else if (k == "--engines") {
+      o.engines = split_csv(v);
+      for (const auto& e : o.engines)
+        if (e != "contiguous" && e != "paged" && e != "graphs")
+          throw std::invalid_argument("--engines: contiguous, paged or graphs, got " + e);
     } else if (k == "--out")
       o.out = v;
     else
@@ -132,6 +143,8 @@ Options parse_options(int argc, char** argv) {
   if (o.train_seq == 0) o.train_seq = cuda ? 1024 : 128;
   if (o.train_batch == 0) o.train_batch = cuda ? 8 : 2;
   if (o.steps == 0) o.steps = cuda ? 3 : 2;
+  if (o.engines.empty())
+    o.engines = cuda ? split_csv("contiguous,paged,graphs") : split_csv("contiguous,paged");
   if (o.threads == 0 && !cuda) o.threads = 1;
   if (o.zero_stage != 1 && o.zero_stage != 3)
     throw std::invalid_argument("--zero must be 1 or 3, got " + std::to_string(o.zero_stage));
@@ -334,8 +347,14 @@ double matmul_params(const models::ModelConfig& c) {
 
 rollout::GenerationOutput generate(const std::shared_ptr<models::CausalLM>& model,
                                    const torch::Tensor& ids, int64_t new_tokens,
-                                   const rollout::SamplingParams& params) {
+                                   const rollout::SamplingParams& params,
+                                   const std::string& engine) {
   rollout::GenerationConfig config;
+  if (engine != "contiguous") {
+    config.kv_block_size = 16;  // the job spec's default
+    config.decode_steps =
+        engine == "graphs" ? rollout::DecodeSteps::kAuto : rollout::DecodeSteps::kEager;
+  }
   config.max_new_tokens = new_tokens;
   config.micro_batch_size = ids.size(0);  // one KV cache for the whole batch
   config.stop_token_ids = {};             // no stop token: every row makes new_tokens tokens
@@ -345,7 +364,9 @@ rollout::GenerationOutput generate(const std::shared_ptr<models::CausalLM>& mode
 }
 
 struct DecodeRow {
-  std::string model, sampling;
+  std::string model, sampling, engine;
+  int64_t cuda_graphs = 0;  // shapes captured in the timed generate
+  double capture_s = 0;     // capturing them (inside decode_s)
   int64_t batch = 0;
   double prefill_s = 0;      // synchronised 1-token generate: prefill + first sample
   double decode_s = 0;       // synchronised full generate minus the 1-token one
@@ -358,7 +379,8 @@ struct DecodeRow {
 };
 
 DecodeRow measure_decode(const std::shared_ptr<models::CausalLM>& model, const Options& o,
-                         const DeviceInfo& info, int64_t batch, bool greedy) {
+                         const DeviceInfo& info, int64_t batch, bool greedy,
+                         const std::string& engine) {
   const auto& c = model->config();
   const int64_t P = o.prompt_len, R = o.new_tokens;
   auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(batch));
@@ -366,15 +388,19 @@ DecodeRow measure_decode(const std::shared_ptr<models::CausalLM>& model, const O
   rollout::SamplingParams params;
   params.temperature = greedy ? 0.0 : 1.0;  // temperature 1: no top-k / top-p
   params.seed = 1;
-  generate(model, ids, 4, params);  // warm-up at these shapes (kernels, cuBLAS heuristics)
+  // Warm-up at these shapes (kernels, cuBLAS heuristics), per batch, sampling and engine.
+  generate(model, ids, 4, params, engine);
 
   DecodeRow row;
+  row.engine = engine;
   row.sampling = greedy ? "greedy" : "temperature 1";
   row.batch = batch;
   reset_peak(o.device);
-  row.prefill_s = timed(o.device, [&] { generate(model, ids, 1, params); });
+  row.prefill_s = timed(o.device, [&] { generate(model, ids, 1, params, engine); });
   rollout::GenerationOutput out;
-  const double total = timed(o.device, [&] { out = generate(model, ids, R, params); });
+  const double total = timed(o.device, [&] { out = generate(model, ids, R, params, engine); });
+  row.cuda_graphs = out.timings.cuda_graphs;
+  row.capture_s = out.timings.graph_capture_seconds;
   row.memory = read_peak(o.device);
   TORCH_CHECK(out.response_lengths.min().item<int64_t>() == R, "decode: a row stopped before ", R,
               " tokens");
@@ -404,23 +430,30 @@ void print_decode_header(const std::string& name, const models::ModelConfig& c, 
       "holds the tail of the prefill)\n"
       "   bound_w = bandwidth / weight bytes x batch (weights only, printed ratio); bound_kv "
       "adds the KV cache at mean length\n");
-  std::printf("%6s %-13s %9s %9s %8s %10s %10s %10s %6s %10s %6s %10s %10s\n", "batch", "sampling",
-              "prefill_s", "decode_s", "ms/step", "tok/s", "gen_tok/s", "bound_w", "ratio",
-              "bound_kv", "ratio", "peak_alloc", o.device.is_cuda() ? "peak_resv" : "peak_rss");
+  std::printf("%-10s %6s %-13s %9s %9s %8s %10s %10s %10s %6s %10s %6s %10s %10s %9s\n", "engine",
+              "batch", "sampling", "prefill_s", "decode_s", "ms/step", "tok/s", "gen_tok/s",
+              "bound_w", "ratio", "bound_kv", "ratio", "peak_alloc",
+              o.device.is_cuda() ? "peak_resv" : "peak_rss", "graphs/s");
 }
 
 void print_decode_row(const DecodeRow& r, const Options& o) {
-  std::printf("%6ld %-13s %9.3f %9.3f %8.2f %10.1f %10.1f %10.1f %6.3f %10.1f %6.3f %10s %10s\n",
-              static_cast<long>(r.batch), r.sampling.c_str(), r.prefill_s, r.decode_s,
-              1e3 * r.decode_s / double(o.new_tokens - 1), r.tokens_s, r.gen_tokens_s, r.bound_w,
-              r.tokens_s / r.bound_w, r.bound_wkv, r.tokens_s / r.bound_wkv,
-              gib(r.memory.allocated).c_str(),
-              gib(r.memory.reserved >= 0 ? r.memory.reserved : r.memory.host_rss).c_str());
+  std::printf(
+      "%-10s %6ld %-13s %9.3f %9.3f %8.2f %10.1f %10.1f %10.1f %6.3f %10.1f %6.3f %10s %10s "
+      "%3ld/%.2fs\n",
+      r.engine.c_str(), static_cast<long>(r.batch), r.sampling.c_str(), r.prefill_s, r.decode_s,
+      1e3 * r.decode_s / double(o.new_tokens - 1), r.tokens_s, r.gen_tokens_s, r.bound_w,
+      r.tokens_s / r.bound_w, r.bound_wkv, r.tokens_s / r.bound_wkv,
+      gib(r.memory.allocated).c_str(),
+      gib(r.memory.reserved >= 0 ? r.memory.reserved : r.memory.host_rss).c_str(),
+      static_cast<long>(r.cuda_graphs), r.capture_s);
   std::fflush(stdout);
 }
 
 json decode_json(const DecodeRow& r, const Options& o) {
   json j = {{"model", r.model},
+            {"engine", r.engine},
+            {"cuda_graphs", r.cuda_graphs},
+            {"graph_capture_s", r.capture_s},
             {"batch", r.batch},
             {"sampling", r.sampling == "greedy" ? "greedy" : "sample"},
             {"prompt_len", o.prompt_len},
@@ -599,10 +632,12 @@ void bench_model(const std::string& name, const Options& o, const DeviceInfo& in
   if (o.decode) print_decode_header(name, config, o);
   for (int64_t batch : o.decode ? o.batches : std::vector<int64_t>{}) {
     for (bool greedy : {true, false}) {
-      auto row = measure_decode(model, o, info, batch, greedy);
-      row.model = name;
-      print_decode_row(row, o);
-      out["decode"].push_back(decode_json(row, o));
+      for (const auto& engine : o.engines) {
+        auto row = measure_decode(model, o, info, batch, greedy, engine);
+        row.model = name;
+        print_decode_row(row, o);
+        out["decode"].push_back(decode_json(row, o));
+      }
     }
   }
   if (!o.train) return;

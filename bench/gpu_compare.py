@@ -45,19 +45,25 @@ def main(argv):
     if ours.get("device_name") != ref.get("device_name"):
         print("warning: the two files come from different devices; ratios compare machines too")
 
-    a = {decode_key(r): r for r in ours.get("decode", [])}
+    # rlhf measures several decode engines (contiguous, paged, graphs) per HF row.
+    a = {}
+    for r in ours.get("decode", []):
+        a.setdefault(decode_key(r), []).append(r)
     b = {decode_key(r): r for r in ref.get("decode", [])}
     print("\ndecode tokens/s (batch x (new - 1) / (generate(new) - generate(1)))")
-    print(f"{'model':<6} {'batch':>6} {'sampling':<8} {'rlhf':>10} {'HF':>10} {'rlhf/HF':>8} "
-          f"{'rlhf/bound_w':>12} {'HF/bound_w':>10} {'rlhf GiB':>9} {'HF GiB':>7}")
+    print(f"{'model':<6} {'batch':>6} {'sampling':<8} {'engine':<10} {'rlhf':>10} {'HF':>10} "
+          f"{'rlhf/HF':>8} {'rlhf/bound_w':>12} {'HF/bound_w':>10} {'rlhf GiB':>9} {'HF GiB':>7}")
     for k in sorted(set(a) | set(b)):
-        x, y = a.get(k, {}), b.get(k, {})
-        tx, ty = x.get("decode_tokens_per_s"), y.get("decode_tokens_per_s")
-        print(f"{k[0]:<6} {k[1]:>6} {k[2]:<8} {num(tx, '10.1f')} {num(ty, '10.1f')} "
-              f"{num(ratio(tx, ty), '8.3f')} "
-              f"{num(ratio(tx, x.get('bound_weights_tokens_per_s')), '12.3f')} "
-              f"{num(ratio(ty, y.get('bound_weights_tokens_per_s')), '10.3f')} "
-              f"{gib(x.get('peak_allocated_bytes')):>9} {gib(y.get('peak_allocated_bytes')):>7}")
+        y = b.get(k, {})
+        ty = y.get("decode_tokens_per_s")
+        for x in a.get(k, [{}]):
+            tx = x.get("decode_tokens_per_s")
+            print(f"{k[0]:<6} {k[1]:>6} {k[2]:<8} {x.get('engine', 'contiguous'):<10} "
+                  f"{num(tx, '10.1f')} {num(ty, '10.1f')} "
+                  f"{num(ratio(tx, ty), '8.3f')} "
+                  f"{num(ratio(tx, x.get('bound_weights_tokens_per_s')), '12.3f')} "
+                  f"{num(ratio(ty, y.get('bound_weights_tokens_per_s')), '10.3f')} "
+                  f"{gib(x.get('peak_allocated_bytes')):>9} {gib(y.get('peak_allocated_bytes')):>7}")
 
     a = {r["model"]: r for r in ours.get("train", [])}
     b = {r["model"]: r for r in ref.get("train", [])}

@@ -178,6 +178,12 @@ std::vector<KeySpec> build_table() {
   t.integer("rollout.max_num_seqs", 0, 0, kInf,
             "Sequences decoding at once with a paged KV cache (vLLM's max_num_seqs); 0: "
             "rollout.micro_batch_size x rollout.n_samples_per_prompt.");
+  t.boolean("rollout.enforce_eager", false,
+            "Run paged decode steps eagerly at their own shapes (vLLM's enforce_eager). By "
+            "default a GPU rollout pads each decode step to a bucketed shape and replays it as "
+            "a CUDA graph captured on first use (a small model's decode step is bound by "
+            "kernel launches, not by the GPU). No effect on CPU nodes or with "
+            "rollout.kv_block_size 0, which always run eagerly.");
   t.integer("rollout.micro_batch_size", 8, 1, kInf,
             "Prompts per generate call on one rollout worker.");
   t.integer("rollout.n_samples_per_prompt", 1, 1, 4096, "Responses sampled per prompt.");

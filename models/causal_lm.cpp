@@ -185,7 +185,9 @@ torch::Tensor CausalLM::run_stack(const torch::Tensor& input_ids, const torch::T
   before(0);
   torch::Tensor h = embed_tokens->forward(input_ids);  // [B, T, H]
   after(0);
-  rotary_tables(config_, pos, h.scalar_type(), in.cos, in.sin);
+  if (!inv_freq_.defined() || inv_freq_.device() != pos.device())
+    inv_freq_ = inverse_frequencies(config_).to(pos.device());
+  rotary_tables(inv_freq_, pos, h.scalar_type(), in.cos, in.sin);
   for (int64_t i = 0; i < num_layers(); ++i) {
     before(static_cast<int>(i) + 1);
     h = run_layer(i, h, in, cache);

@@ -126,6 +126,7 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   ShapeList shapes_;
   Checkpointing checkpointing_ = Checkpointing::kNone;
   LayerHooks* hooks_ = nullptr;
+  torch::Tensor inv_freq_;  // RoPE's inverse frequencies on the device of the last forward
 };
 
 // The parameters CausalLM's constructor registers for `config` (HF names, full shapes), in

@@ -8,8 +8,6 @@
 
 namespace rlhf::models {
 
-namespace {
-
 // HF's inv_freq: 1 / theta^(2i/D), then the rope_scaling adjustment, all in FP32.
 torch::Tensor inverse_frequencies(const ModelConfig& c) {
   const int64_t D = c.head_dim;
@@ -31,6 +29,8 @@ torch::Tensor inverse_frequencies(const ModelConfig& c) {
   return torch::where(medium, smoothed, scaled);
 }
 
+namespace {
+
 // [..., D] -> [..., D]: (-x2, x1) for halves x1, x2.
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
@@ -47,10 +47,9 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
 
 }  // namespace
 
-void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids, torch::Dtype dtype,
-                   torch::Tensor& cos, torch::Tensor& sin) {
+void rotary_tables(const torch::Tensor& inv_freq, const torch::Tensor& position_ids,
+                   torch::Dtype dtype, torch::Tensor& cos, torch::Tensor& sin) {
   TORCH_CHECK(position_ids.dim() == 2, "position_ids must be [B, T], got ", position_ids.sizes());
-  auto inv_freq = inverse_frequencies(config).to(position_ids.device());
   auto freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);                               // [B, T, D]
   cos = emb.cos().to(dtype);

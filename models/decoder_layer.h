@@ -27,10 +27,15 @@ struct AttentionInputs {
   bool causal = false;  // without a mask: SDPA's is_causal (T == S)
 };
 
-// Builds cos/sin for position_ids [B, T] (FP32 math, then cast to `dtype`), following HF's
-// default, linear and llama3 RoPE parameterisations.
-void rotary_tables(const ModelConfig& config, const torch::Tensor& position_ids, torch::Dtype dtype,
-                   torch::Tensor& cos, torch::Tensor& sin);
+// RoPE's inverse frequencies [head_dim / 2] FP32 on the CPU, following HF's default, linear
+// and llama3 parameterisations.
+torch::Tensor inverse_frequencies(const ModelConfig& config);
+
+// Builds cos/sin for position_ids [B, T] (FP32 math, then cast to `dtype`) from
+// inv_freq (inverse_frequencies, on position_ids' device: a forward then copies nothing
+// from the host, which a CUDA graph capture needs).
+void rotary_tables(const torch::Tensor& inv_freq, const torch::Tensor& position_ids,
+                   torch::Dtype dtype, torch::Tensor& cos, torch::Tensor& sin);
 
 // The mask for queries at positions [past, past + T) over keys [0, past + T), from
 // attention_mask [B, past + T] (0 = padding; 1 = token; k >= 1 = token of packed segment

@@ -14,10 +14,11 @@ PagedKvCache::PagedKvCache(const ModelConfig& config, int64_t num_blocks, int64_
               "PagedKvCache: num_blocks and block_size must be positive, got ", num_blocks, ", ",
               block_size);
   const auto options = torch::TensorOptions().dtype(dtype).device(device);
-  const std::vector<int64_t> shape{num_blocks, block_size, config.num_key_value_heads,
+  const std::vector<int64_t> shape{num_blocks + 1, block_size, config.num_key_value_heads,
                                    config.head_dim};
   // Zeroed, not empty: a decode step reads whole blocks, and keys past a sequence's length
   // are masked, but NaN garbage there would still poison the masked scores (NaN + -inf).
+  // One block more than asked: the scratch block of fixed-shape decode steps.
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     keys_.push_back(torch::zeros(shape, options));
     values_.push_back(torch::zeros(shape, options));
@@ -134,6 +135,7 @@ void PagedKvCache::plan_prefill(const std::vector<int64_t>& seqs, const torch::T
     }
   }
   step_ = Step::kPrefill;
+  step_batch_ = B;
   step_seqs_ = seqs;
   write_rows_ = torch::tensor(rows, torch::kInt64).to(device_);
   write_slots_ = torch::tensor(slots, torch::kInt64).to(device_);
@@ -163,6 +165,7 @@ void PagedKvCache::plan_decode(const std::vector<int64_t>& seqs) {
     std::fill(allowed + b * S + first, allowed + b * S + s.length + 1, true);
   }
   step_ = Step::kDecode;
+  step_batch_ = B;
   step_seqs_ = seqs;
   step_tokens_.assign(B, 1);
   write_rows_ = torch::Tensor();
@@ -173,13 +176,67 @@ void PagedKvCache::plan_decode(const std::vector<int64_t>& seqs) {
   prefill_mask_ = torch::Tensor();
 }
 
+void PagedKvCache::fill_decode_inputs(const std::vector<int64_t>& seqs, int64_t batch, int64_t M,
+                                      int64_t* out) const {
+  const int64_t B = static_cast<int64_t>(seqs.size());
+  TORCH_CHECK(B <= batch && M > 0, "PagedKvCache::fill_decode_inputs: ", B,
+              " sequences in a step of ", batch, " rows, ", M, " blocks");
+  int64_t* slots = out;
+  int64_t* positions = out + batch;
+  int64_t* blocks = out + 2 * batch;
+  std::fill(blocks, blocks + batch * M, scratch_block());
+  for (int64_t b = 0; b < batch; ++b) {
+    if (b >= B) {  // padding: writes and reads the scratch block, sees its position 0
+      slots[b] = scratch_block() * block_size_;
+      positions[b] = 0;
+      continue;
+    }
+    const Sequence& s = sequence(seqs[b]);
+    const int64_t used = blocks_for(s.length + 1);
+    TORCH_CHECK(used <= M, "PagedKvCache::fill_decode_inputs: sequence ", seqs[b], " needs ", used,
+                " blocks, the step has ", M);
+    slots[b] = slot(s, s.length);
+    positions[b] = s.length;
+    std::copy(s.blocks.begin(), s.blocks.begin() + used, blocks + b * M);
+  }
+}
+
+void PagedKvCache::plan_decode_static(const std::vector<int64_t>& seqs, const torch::Tensor& slots,
+                                      const torch::Tensor& positions, const torch::Tensor& blocks) {
+  const int64_t batch = slots.size(0);
+  TORCH_CHECK(slots.dim() == 1 && positions.sizes() == torch::IntArrayRef({batch, 1}) &&
+                  blocks.dim() == 1 && batch > 0 && blocks.size(0) % batch == 0 &&
+                  static_cast<int64_t>(seqs.size()) <= batch,
+              "PagedKvCache::plan_decode_static: slots [B], positions [B, 1] and blocks [B * M] "
+              "for at most B sequences, got ",
+              slots.sizes(), ", ", positions.sizes(), ", ", blocks.sizes(), " for ", seqs.size());
+  step_ = Step::kStaticDecode;
+  step_batch_ = batch;
+  step_seqs_ = seqs;
+  step_tokens_.assign(seqs.size(), 1);
+  write_rows_ = torch::Tensor();
+  write_slots_ = slots;
+  read_blocks_ = blocks;
+  positions_ = positions;
+  decode_mask_.reset();
+  prefill_mask_ = torch::Tensor();
+}
+
 void PagedKvCache::attention(AttentionInputs& in) const {
   TORCH_CHECK(step_ != Step::kNone, "PagedKvCache: no planned step");
+  in.causal = false;
   if (step_ == Step::kPrefill) {
     set_attention_mask(in, prefill_mask_, 0, prefill_mask_.size(1), sliding_window_);
-  } else {
+  } else if (step_ == Step::kDecode) {
     in.mask = decode_mask_;
-    in.causal = false;
+  } else {
+    // Keys 0..position (the new token included), within the sliding window: on the device.
+    const int64_t S = read_blocks_.size(0) / step_batch_ * block_size_;
+    const auto key = torch::arange(S, positions_.options()).view({1, 1, 1, S});
+    const auto pos = positions_.view({step_batch_, 1, 1, 1});
+    auto allowed = key <= pos;
+    if (sliding_window_ > 0) allowed = allowed.logical_and(key > pos - sliding_window_);
+    in.mask = allowed;
   }
 }
 
@@ -191,10 +248,10 @@ std::pair<torch::Tensor, torch::Tensor> PagedKvCache::append(int64_t layer, cons
   auto& keys = keys_[layer];
   auto& values = values_[layer];
   const int64_t B = k.size(0), kv = keys.size(2), D = keys.size(3);
-  TORCH_CHECK(k.dim() == 4 && B == static_cast<int64_t>(step_seqs_.size()) && k.size(1) == kv &&
-                  k.size(3) == D && v.sizes() == k.sizes(),
-              "PagedKvCache: expected keys/values [", step_seqs_.size(), ", ", kv, ", T, ", D,
-              "], got ", k.sizes(), " and ", v.sizes());
+  TORCH_CHECK(k.dim() == 4 && B == step_batch_ && k.size(1) == kv && k.size(3) == D &&
+                  v.sizes() == k.sizes(),
+              "PagedKvCache: expected keys/values [", step_batch_, ", ", kv, ", T, ", D, "], got ",
+              k.sizes(), " and ", v.sizes());
   auto flat_keys = keys.view({-1, kv, D}), flat_values = values.view({-1, kv, D});
   if (step_ == Step::kPrefill) {
     const int64_t T = k.size(2);

@@ -57,6 +57,22 @@ class PagedKvCache final : public KvStore {
   // ordinary mask). Decode: one new token per sequence, attending to all its positions.
   void plan_prefill(const std::vector<int64_t>& seqs, const torch::Tensor& mask);
   void plan_decode(const std::vector<int64_t>& seqs);
+
+  // Decode steps of a fixed shape, for CUDA graphs (rollout/decode_graph.h): `batch` rows,
+  // the first seqs.size() of them `seqs` and the rest padding, and M blocks per table.
+  // fill_decode_inputs writes the step's inputs (int64) to out[0, decode_inputs_size):
+  // slots [batch], positions [batch], block tables [batch, M]. Padding rows, and table
+  // entries past a sequence's blocks, point at a scratch block that no sequence holds.
+  static int64_t decode_inputs_size(int64_t batch, int64_t M) { return batch * (2 + M); }
+  void fill_decode_inputs(const std::vector<int64_t>& seqs, int64_t batch, int64_t M,
+                          int64_t* out) const;
+  // Plans a decode step over `seqs` from device tensors holding fill_decode_inputs' output:
+  // slots [batch], positions [batch, 1], blocks [batch * M]. The forward derives the mask
+  // from the positions on the device, so its kernels depend on the tensors' contents only:
+  // a graph captured for one step replays for any step of the same shape. Capturing plans
+  // with no seqs (nothing is marked filled after it).
+  void plan_decode_static(const std::vector<int64_t>& seqs, const torch::Tensor& slots,
+                          const torch::Tensor& positions, const torch::Tensor& blocks);
   // The planned forward's position ids [B, T] and attention inputs (mask, causal).
   const torch::Tensor& positions() const { return positions_; }
   void attention(AttentionInputs& in) const;
@@ -82,23 +98,28 @@ class PagedKvCache final : public KvStore {
   // Slot (block * block_size + offset) of position `pos` of sequence `s`.
   int64_t slot(const Sequence& s, int64_t pos) const;
 
+  int64_t scratch_block() const { return num_blocks(); }  // the pool's extra block
+
   int64_t block_size_;
   int64_t sliding_window_;
   torch::Device device_;
-  std::vector<torch::Tensor> keys_;    // per layer [num_blocks, block_size, kv_heads, head_dim]
+  // Per layer [num_blocks + 1, block_size, kv_heads, head_dim]: the last block is scratch,
+  // written and read by the padding rows of fixed-shape decode steps.
+  std::vector<torch::Tensor> keys_;
   std::vector<torch::Tensor> values_;  // per layer, as keys_
   std::vector<int64_t> refs_;          // sequences holding each block
   std::vector<int64_t> free_;          // blocks with no holder (a stack)
   std::vector<Sequence> sequences_;
 
   // The planned step.
-  enum class Step { kNone, kPrefill, kDecode };
+  enum class Step { kNone, kPrefill, kDecode, kStaticDecode };
   Step step_ = Step::kNone;
+  int64_t step_batch_ = 0;  // rows of the planned forward (> step_seqs_ with padding)
   std::vector<int64_t> step_seqs_;
   std::vector<int64_t> step_tokens_;  // new tokens per planned sequence
   torch::Tensor write_rows_;          // prefill: rows of the flattened [B * T] new tokens kept
   torch::Tensor write_slots_;         // where each kept new token's key/value goes
-  torch::Tensor read_blocks_;         // decode: [B * M] block ids (M = longest table)
+  torch::Tensor read_blocks_;         // decode: [B * M] block ids (M >= longest table)
   torch::Tensor positions_;           // [B, T] int64
   torch::Tensor prefill_mask_;        // prefill: the caller's [B, T] mask
   std::optional<torch::Tensor> decode_mask_;  // decode: [B, 1, 1, M * block_size] bool

@@ -244,6 +244,7 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
               {"kv_cache_memory_gb", spec_.get_float("rollout.kv_cache_memory_gb")},
               {"kv_block_size", spec_.get_int("rollout.kv_block_size")},
               {"max_num_seqs", spec_.get_int("rollout.max_num_seqs")},
+              {"enforce_eager", spec_.get_bool("rollout.enforce_eager")},
               {"stop_token_ids", stop},
               {"pad_token_id", pad_id_}};
     } else {

@@ -17,6 +17,13 @@
 
 namespace rlhf::rollout {
 
+// How paged generation runs its decode steps.
+enum class DecodeSteps {
+  kAuto,   // a GPU: padded steps replayed as CUDA graphs (decode_graph.h); the CPU: eager
+  kEager,  // every step eagerly at its own shape (rollout.enforce_eager)
+  kPadded  // padded steps everywhere: graphs on a GPU, eager on the CPU (tests of padding)
+};
+
 // The job spec's rollout.* generation keys.
 struct GenerationConfig {
   int64_t max_new_tokens = 1024;     // rollout.max_new_tokens
@@ -38,6 +45,8 @@ struct GenerationConfig {
   // Sequences decoding at once in paged generation (rollout.max_num_seqs, vLLM's
   // max_num_seqs); 0: micro_batch_size x n_samples_per_prompt.
   int64_t max_num_seqs = 0;
+  // How paged decode steps run (see DecodeSteps).
+  DecodeSteps decode_steps = DecodeSteps::kAuto;
   std::vector<int64_t> stop_token_ids;  // EOS and rollout.stop_token_ids: a row ends after one
   int64_t pad_token_id = 0;             // fills sequences after a row's end
   // Rows that finished stay in the decode batch (fed a pad token, not sampled) until they
@@ -55,14 +64,16 @@ struct GenerationConfig {
 
 // Where a generate call's time went (summed over micro batches), for metrics and benches.
 struct GenerationTimings {
-  double prefill_seconds = 0.0;   // prompt forwards (and copying caches to the samples)
-  double decode_seconds = 0.0;    // every decode step: forward, sampling, compaction
-  int64_t decode_steps = 0;       // forwards of one new position
-  int64_t decode_tokens = 0;      // tokens sampled from decode-step logits (live rows only)
-  int64_t preempted = 0;          // paged: sequences evicted for blocks (and recomputed)
-  int64_t recomputed_tokens = 0;  // paged: positions prefilled again after preemption
-  int64_t kv_peak_bytes = 0;      // the KV cache's most bytes in use at once (blocks held)
-  int64_t kv_pool_bytes = 0;      // bytes allocated for the KV cache
+  double prefill_seconds = 0.0;        // prompt forwards (and copying caches to the samples)
+  double decode_seconds = 0.0;         // every decode step: forward, sampling, compaction
+  int64_t decode_steps = 0;            // forwards of one new position
+  int64_t decode_tokens = 0;           // tokens sampled from decode-step logits (live rows only)
+  int64_t preempted = 0;               // paged: sequences evicted for blocks (and recomputed)
+  int64_t recomputed_tokens = 0;       // paged: positions prefilled again after preemption
+  int64_t kv_peak_bytes = 0;           // the KV cache's most bytes in use at once (blocks held)
+  int64_t kv_pool_bytes = 0;           // bytes allocated for the KV cache
+  int64_t cuda_graphs = 0;             // paged decode step shapes captured as CUDA graphs
+  double graph_capture_seconds = 0.0;  // capturing them (inside decode_seconds)
 };
 
 // One generate call's result. Row i * n + s is sample s of prompt i (OpenRLHF's order).

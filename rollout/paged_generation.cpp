@@ -24,6 +24,7 @@
 
 #include "core/errors.h"
 #include "models/paged_kv_cache.h"
+#include "rollout/decode_graph.h"
 #include "rollout/generator.h"
 
 namespace rlhf::rollout {
@@ -96,6 +97,13 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   models::PagedKvCache cache(mc, num_blocks, bs, model.dtype(), device);
   // Blocks kept free when admitting while others run, so a decode step rarely preempts.
   const int64_t watermark = std::max<int64_t>(1, num_blocks / 100);
+  // Padded decode steps (CUDA graphs on a GPU): see decode_graph.h.
+  const bool padded_steps = config_.decode_steps == DecodeSteps::kPadded ||
+                            (config_.decode_steps == DecodeSteps::kAuto && device.is_cuda());
+  std::unique_ptr<PagedDecoder> decoder;
+  if (padded_steps)
+    decoder = std::make_unique<PagedDecoder>(model, cache, std::min(max_seqs, N), blocks_per_row,
+                                             device.is_cuda());
 
   GenerationTimings timings;
   timings.kv_pool_bytes = num_blocks * per_block;
@@ -323,11 +331,21 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
       seqs[i] = rows[running[i]].seq;
       t[i] = rows[running[i]].sampled;
     }
-    const auto row_index = torch::tensor(running, torch::kInt64).to(device);
-    const auto t_index = torch::tensor(t, torch::kInt64).to(device);
-    cache.plan_decode(seqs);
-    auto hidden = model.forward(next.view({C, 1}), cache);
-    auto logits = model.logits(hidden).squeeze(1);  // [C, V]
+    torch::Tensor row_index, t_index, logits;
+    if (decoder) {
+      // The rows and their token counts travel with the step's inputs, in one copy.
+      std::vector<int64_t> extra(running);
+      extra.insert(extra.end(), t.begin(), t.end());
+      torch::Tensor index;
+      logits = decoder->step(seqs, next, extra, &index);  // [C, V]
+      row_index = index.narrow(0, 0, C);
+      t_index = index.narrow(0, C, C);
+    } else {
+      row_index = torch::tensor(running, torch::kInt64).to(device);
+      t_index = torch::tensor(t, torch::kInt64).to(device);
+      cache.plan_decode(seqs);
+      logits = model.logits(model.forward(next.view({C, 1}), cache)).squeeze(1);  // [C, V]
+    }
     ++timings.decode_steps;
     const auto u =
         uniforms_dev.defined() ? uniforms_dev.index({row_index, t_index}) : torch::Tensor();
@@ -351,6 +369,10 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   if (device.is_cuda()) torch::cuda::synchronize();
   timings.decode_seconds = seconds_since(clock) - timings.prefill_seconds;
   timings.decode_tokens = live_tokens.item<int64_t>();
+  if (decoder && device.is_cuda()) {
+    timings.cuda_graphs = decoder->graphs();
+    timings.graph_capture_seconds = decoder->capture_seconds();
+  }
 
   auto result = assemble_output(prompt_ids, prompt_mask, n, out_tokens, out_log_probs, lengths);
   result.timings = timings;

@@ -19,6 +19,7 @@
 #include "models/causal_lm.h"
 #include "models/config.h"
 #include "models/paged_kv_cache.h"
+#include "rollout/decode_graph.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -484,6 +485,77 @@ TEST(Generator, PagedPoolPreemptsAndRecomputesWithoutChangingOutputs) {
   }
 }
 
+// Padded decode steps (what a GPU replays as CUDA graphs, decode_graph.h), run eagerly on
+// the CPU: running rows padded to a batch bucket and block tables to a power of two, the
+// padding on the cache's scratch block. Outputs equal unpadded steps' and the contiguous
+// engine's (greedy and sampled, stop tokens, blocks of 1, 4 and 16, a pool that preempts,
+// and a sliding window), so the padding neither leaks into real rows nor shifts a stream.
+TEST(Generator, PaddedDecodeStepsEqualUnpaddedOnes) {
+  auto [ids, mask] = left_pad(make_prompts({4, 6, 2, 5, 3, 7, 1}));
+  GenerationConfig config;
+  config.max_new_tokens = 14;
+  config.n_samples_per_prompt = 3;
+  config.micro_batch_size = 7;
+  config.stop_token_ids = {7, 11, 19, 23, 42, 57, 64, 99};
+  auto model = tiny_model(12);
+  const int64_t block4 = models::PagedKvCache::block_bytes(model->config(), 4, torch::kFloat32);
+  for (double temperature : {0.0, 1.0}) {
+    SamplingParams params;
+    params.seed = 17;
+    params.temperature = temperature;
+    const auto contiguous = Generator(model, config).generate(ids, mask, params);
+    for (int64_t block : {1, 4, 16}) {
+      for (int64_t budget : {int64_t{0}, 12 * block4}) {
+        if (budget > 0 && block != 4) continue;
+        GenerationConfig paged = config;
+        paged.kv_block_size = block;
+        paged.kv_cache_bytes = budget;
+        paged.decode_steps = DecodeSteps::kPadded;
+        const std::string what = "temperature " + std::to_string(temperature) + " block " +
+                                 std::to_string(block) + " budget " + std::to_string(budget);
+        const auto out = Generator(model, paged).generate(ids, mask, params);
+        expect_same_generation(out, contiguous, 1e-5, what);
+        if (budget > 0) EXPECT_GT(out.timings.preempted, 0) << what;
+        EXPECT_EQ(out.timings.cuda_graphs, 0) << "the CPU captures no graph";
+      }
+    }
+  }
+  // A sliding window shorter than the sequences: the padded step's mask, built on the
+  // device from positions, hides the same keys as the unpadded step's host-built mask.
+  auto config_window = models::preset_config("tiny");
+  config_window.initializer_range = 0.1;
+  config_window.sliding_window = 5;
+  auto windowed = std::make_shared<CausalLM>(config_window);
+  windowed->init_weights(3);
+  windowed->eval();
+  GenerationConfig paged = config;
+  paged.kv_block_size = 4;
+  SamplingParams params;
+  params.seed = 2;
+  paged.decode_steps = DecodeSteps::kEager;
+  const auto unpadded = Generator(windowed, paged).generate(ids, mask, params);
+  paged.decode_steps = DecodeSteps::kPadded;
+  const auto padded = Generator(windowed, paged).generate(ids, mask, params);
+  expect_same_generation(padded, unpadded, 1e-5, "sliding window 5");
+}
+
+// The padded shapes: batches 1, 2, 4, 8, 12, 16, 24, 32, 48, ... (past 8 rows, a third
+// padding at most)
+// capped at the decoder's most rows; blocks a power of two capped at its longest table.
+TEST(Generator, DecodeStepBucketsPadByAtMostAThird) {
+  auto model = tiny_model(1);
+  models::PagedKvCache cache(model->config(), 8, 4, torch::kFloat32);
+  PagedDecoder decoder(*model, cache, 100, 9, /*capture=*/false);
+  const std::vector<std::pair<int64_t, int64_t>> batches = {
+      {1, 1},   {2, 2},   {3, 4},   {5, 8},   {8, 8},   {9, 12},   {13, 16},
+      {17, 24}, {25, 32}, {33, 48}, {49, 64}, {65, 96}, {97, 100}, {100, 100}};
+  for (const auto& [rows, bucket] : batches) EXPECT_EQ(decoder.batch_bucket(rows), bucket) << rows;
+  for (int64_t rows = 9; rows <= 100; ++rows)  // past 8 rows, padding is at most a third
+    EXPECT_LE(2 * decoder.batch_bucket(rows), 3 * rows) << rows;
+  const std::vector<std::pair<int64_t, int64_t>> blocks = {{1, 1}, {2, 2}, {3, 4}, {5, 8}, {9, 9}};
+  for (const auto& [need, bucket] : blocks) EXPECT_EQ(decoder.block_bucket(need), bucket) << need;
+}
+
 // On a GPU: the same tiny FP32 model generates on cuda:0 what it generates on the CPU
 // (greedy and seeded: the uniforms come from the same per-row streams), log-probs within
 // 1e-4 (FP32 kernels differ in summation order).
@@ -509,6 +581,53 @@ TEST(Generator, CudaGeneratesWhatTheCpuGenerates_CUDA) {
     EXPECT_TRUE(torch::equal(gpu.sequences, cpu.sequences)) << "temperature " << temperature;
     EXPECT_TRUE(torch::equal(gpu.response_lengths, cpu.response_lengths));
     EXPECT_TRUE(torch::allclose(gpu.log_probs, cpu.log_probs, 0, 1e-4));
+  }
+}
+
+// Paged generation on the GPU with its decode steps replayed as CUDA graphs (the default
+// there) and eagerly (rollout.enforce_eager) against the CPU, FP32: the same tokens and
+// lengths, log-probs within 1e-4 (GPU kernels round differently), greedy and sampled, with
+// and without a pool small enough to preempt. Graphs were captured, and a padded batch
+// (21 rows -> 24, shrinking as rows end) ran through them.
+TEST(Generator, CudaGraphDecodeEqualsTheCpu_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto cpu_model = tiny_model(13);
+  auto gpu_model = tiny_model(13);
+  gpu_model->to(torch::Device(torch::kCUDA, 0));
+  auto [ids, mask] = left_pad(make_prompts({4, 6, 2, 5, 3, 7, 1}));
+  GenerationConfig config;
+  config.max_new_tokens = 40;
+  config.n_samples_per_prompt = 3;
+  config.micro_batch_size = 7;
+  config.kv_block_size = 4;
+  config.stop_token_ids = {7, 11, 19, 23, 42, 57, 64, 99};
+  const int64_t block4 = models::PagedKvCache::block_bytes(cpu_model->config(), 4, torch::kFloat32);
+  for (int64_t budget : {int64_t{0}, 30 * block4}) {
+    for (double temperature : {0.0, 1.0}) {
+      SamplingParams params;
+      params.seed = 23;
+      params.temperature = temperature;
+      params.top_p = 0.95;
+      GenerationConfig c = config;
+      c.kv_cache_bytes = budget;
+      const std::string what =
+          "temperature " + std::to_string(temperature) + " budget " + std::to_string(budget);
+      const auto cpu = Generator(cpu_model, c).generate(ids, mask, params);
+      const auto graphs = Generator(gpu_model, c).generate(ids, mask, params);
+      c.decode_steps = DecodeSteps::kEager;
+      const auto eager = Generator(gpu_model, c).generate(ids, mask, params);
+      EXPECT_GT(graphs.timings.cuda_graphs, 0) << what;
+      EXPECT_EQ(eager.timings.cuda_graphs, 0) << what;
+      std::cout << what << ": " << graphs.timings.cuda_graphs << " graphs captured in "
+                << graphs.timings.graph_capture_seconds << " s, " << graphs.timings.decode_steps
+                << " decode steps, " << graphs.timings.preempted << " preempted\n";
+      for (const auto* gpu : {&graphs, &eager}) {
+        const std::string which = what + (gpu == &graphs ? " graphs" : " eager");
+        EXPECT_TRUE(torch::equal(gpu->sequences, cpu.sequences)) << which;
+        EXPECT_TRUE(torch::equal(gpu->response_lengths, cpu.response_lengths)) << which;
+        EXPECT_TRUE(torch::allclose(gpu->log_probs, cpu.log_probs, 0, 1e-4)) << which;
+      }
+    }
   }
 }
 

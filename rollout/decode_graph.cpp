@@ -1,0 +1,156 @@
+// PagedDecoder: padded decode steps, captured as CUDA graphs on a GPU. See decode_graph.h.
+#include "rollout/decode_graph.h"
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace rlhf::rollout {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+// One padded shape: its inputs on the device, and on a GPU its graph and output.
+struct PagedDecoder::Shape {
+  int64_t batch = 0;
+  int64_t blocks = 0;
+  // [batch * (3 + blocks)] int64: ids, then what PagedKvCache::fill_decode_inputs writes
+  // (slots, positions, block tables). The views below are what the graph reads.
+  torch::Tensor inputs;
+  torch::Tensor ids;        // [batch, 1]
+  torch::Tensor slots;      // [batch]
+  torch::Tensor positions;  // [batch, 1]
+  torch::Tensor tables;     // [batch * blocks]
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  torch::Tensor hidden;  // the graph's output [batch, 1, H]
+};
+
+PagedDecoder::PagedDecoder(models::CausalLM& model, models::PagedKvCache& cache, int64_t max_batch,
+                           int64_t max_blocks, bool capture)
+    : model_(model),
+      cache_(cache),
+      max_batch_(max_batch),
+      max_blocks_(max_blocks),
+      capture_(capture),
+      device_(model.device()) {
+  TORCH_CHECK(max_batch > 0 && max_blocks > 0,
+              "PagedDecoder: max_batch and max_blocks must be "
+              "positive, got ",
+              max_batch, ", ", max_blocks);
+  TORCH_CHECK(!capture || device_.is_cuda(), "PagedDecoder: CUDA graphs need a CUDA model, got ",
+              device_);
+  if (capture_) pool_ = at::cuda::graph_pool_handle();
+}
+
+PagedDecoder::~PagedDecoder() = default;
+
+int64_t PagedDecoder::batch_bucket(int64_t rows) const {
+  int64_t bucket = 1;
+  while (bucket < rows) {
+    // 1, 2, 4, 8, then 12, 16, 24, 32, 48, ...: past 8 rows, at most a third is padding.
+    if (bucket < 8 || (bucket & (bucket - 1)) != 0)
+      bucket = (bucket & (bucket - 1)) != 0 ? bucket / 3 * 4 : bucket * 2;
+    else
+      bucket = bucket * 3 / 2;
+  }
+  return std::min(bucket, max_batch_);
+}
+
+int64_t PagedDecoder::block_bucket(int64_t blocks) const {
+  int64_t bucket = 1;
+  while (bucket < blocks) bucket *= 2;
+  return std::min(bucket, max_blocks_);
+}
+
+PagedDecoder::Shape& PagedDecoder::shape(int64_t batch, int64_t blocks) {
+  auto& slot = shapes_[{batch, blocks}];
+  if (slot) return *slot;
+  slot = std::make_unique<Shape>();
+  Shape& s = *slot;
+  s.batch = batch;
+  s.blocks = blocks;
+  s.inputs =
+      torch::zeros({batch * (3 + blocks)}, torch::TensorOptions(torch::kInt64).device(device_));
+  s.ids = s.inputs.narrow(0, 0, batch).view({batch, 1});
+  s.slots = s.inputs.narrow(0, batch, batch);
+  s.positions = s.inputs.narrow(0, 2 * batch, batch).view({batch, 1});
+  s.tables = s.inputs.narrow(0, 3 * batch, batch * blocks);
+  if (capture_) capture(s);
+  return s;
+}
+
+void PagedDecoder::capture(Shape& s) {
+  const auto start = Clock::now();
+  // Warm-up and capture run on padding rows only (every row on the scratch block), so the
+  // warm-up forward writes no sequence's keys; the real step's inputs come after.
+  const int64_t n = models::PagedKvCache::decode_inputs_size(s.batch, s.blocks);
+  auto host = torch::empty({n}, torch::kInt64);
+  cache_.fill_decode_inputs({}, s.batch, s.blocks, host.data_ptr<int64_t>());
+  s.inputs.narrow(0, s.batch, n).copy_(host);
+  torch::cuda::synchronize();
+  // Capture needs a stream other than the default one; the graph then replays on any.
+  auto stream = c10::cuda::getStreamFromPool(false, device_.index());
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);
+    // Lazy initialisation (cuBLAS handles and workspaces, the rotary table) happens here,
+    // outside the capture.
+    cache_.plan_decode_static({}, s.slots, s.positions, s.tables);
+    model_.forward(s.ids, cache_);
+    s.graph = std::make_unique<at::cuda::CUDAGraph>();
+    // Thread-local: the worker's other threads (sockets, logging) are not capturing.
+    s.graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+    cache_.plan_decode_static({}, s.slots, s.positions, s.tables);
+    s.hidden = model_.forward(s.ids, cache_);
+    s.graph->capture_end();
+  }
+  torch::cuda::synchronize();
+  capture_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+torch::Tensor PagedDecoder::step(const std::vector<int64_t>& seqs, const torch::Tensor& next,
+                                 const std::vector<int64_t>& extra, torch::Tensor* extra_out) {
+  const int64_t C = static_cast<int64_t>(seqs.size());
+  TORCH_CHECK(C > 0 && C <= max_batch_ && next.dim() == 1 && next.size(0) == C,
+              "PagedDecoder::step: 1..", max_batch_, " sequences and next [C], got ", C, " and ",
+              next.sizes());
+  int64_t needed = 1;
+  for (int64_t seq : seqs) needed = std::max(needed, cache_.blocks_for(cache_.length(seq) + 1));
+  TORCH_CHECK(needed <= max_blocks_, "PagedDecoder::step: a sequence needs ", needed,
+              " blocks, the decoder was made for ", max_blocks_);
+  Shape& s = shape(batch_bucket(C), block_bucket(needed));
+
+  // The step's inputs and `extra` in one host buffer; pinned on a GPU, so the copy does not
+  // wait for the device (the caching host allocator keeps the buffer until the copy ran).
+  const int64_t n = models::PagedKvCache::decode_inputs_size(s.batch, s.blocks);
+  const int64_t E = static_cast<int64_t>(extra.size());
+  auto host =
+      torch::empty({n + E}, torch::TensorOptions(torch::kInt64).pinned_memory(device_.is_cuda()));
+  int64_t* data = host.data_ptr<int64_t>();
+  cache_.fill_decode_inputs(seqs, s.batch, s.blocks, data);
+  std::copy(extra.begin(), extra.end(), data + n);
+  s.inputs.narrow(0, s.batch, n).copy_(host.narrow(0, 0, n), /*non_blocking=*/true);
+  if (extra_out) {
+    *extra_out = torch::empty({E}, torch::TensorOptions(torch::kInt64).device(device_));
+    if (E > 0) extra_out->copy_(host.narrow(0, n, E), /*non_blocking=*/true);
+  }
+  s.ids.narrow(0, 0, C).copy_(next.view({C, 1}));
+
+  cache_.plan_decode_static(seqs, s.slots, s.positions, s.tables);
+  torch::Tensor hidden;
+  if (s.graph) {
+    s.graph->replay();
+    cache_.finish_step();
+    hidden = s.hidden;
+  } else {
+    hidden = model_.forward(s.ids, cache_);  // marks the step filled
+  }
+  return model_.logits(hidden.narrow(0, 0, C)).squeeze(1);  // [C, V]
+}
+
+}  // namespace rlhf::rollout
