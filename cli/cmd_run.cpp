@@ -8,6 +8,7 @@
 #include <climits>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -19,6 +20,7 @@
 #include "core/spec.h"
 #include "engine/driver_state.h"
 #include "engine/memory_check.h"
+#include "report/dashboard.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/smoke_driver.h"
 #include "scheduler/worker_process.h"
@@ -128,6 +130,15 @@ int cmd_run(const Argv& argv) {
   }
   const Placement placement = place(spec);
   Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
+  // The live dashboard reads the run directory from a thread of this process until the job
+  // ends (logger.dashboard_port: -1 any free port, 0 none).
+  std::unique_ptr<report::Dashboard> dashboard;
+  if (const int64_t port = spec.get_int("logger.dashboard_port"); !smoke && port != 0) {
+    dashboard = std::make_unique<report::Dashboard>(scheduler.config().run_dir,
+                                                    port < 0 ? 0 : static_cast<int>(port));
+    std::cout << "rlhf run: dashboard at " << dashboard->url() << " (while the job runs; `rlhf "
+              << "report " << scheduler.config().run_dir << "` writes it as a file)" << std::endl;
+  }
   if (!smoke && !resume) {
     if (auto kept = set_aside_previous_run(spec))
       std::cout << "rlhf run: an earlier run's metrics, plan and checkpoints were moved to "

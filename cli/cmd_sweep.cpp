@@ -51,7 +51,8 @@ int cmd_sweep(const Argv& argv) {
            "directory <out>/<variant>), one after another, for N steps. A failed or\n"
            "out-of-memory variant is recorded with its reason and the sweep goes on; Ctrl-C\n"
            "stops the running variant cleanly and keeps what finished. Writes sweep.csv,\n"
-           "sweep.md and sweep.png (samples/s and peak memory per variant) into <out>.\n\n"
+           "sweep.md and report.html (SVG charts of samples/s and every role's planned vs\n"
+           "measured memory per variant, linking each variant's run report) into <out>.\n\n"
         << format_options(options);
     return 0;
   }
@@ -86,7 +87,7 @@ int cmd_sweep(const Argv& argv) {
   }
   std::cout << sweep_markdown(results, o.grid) << "\nrlhf sweep: " << ok << " of " << results.size()
             << (o.plan_only ? " fit" : " ran") << "; outputs in " << o.out_dir
-            << " (sweep.csv, sweep.md, sweep.png)\n";
+            << " (sweep.csv, sweep.md, report.html)\n";
   if (g_stop) {
     std::cerr << "rlhf sweep: interrupted; finished variants kept\n";
     return static_cast<int>(ExitCode::kRuntime);

@@ -11,6 +11,8 @@ const std::vector<Command>& commands() {
       {"sweep",
        "run (or only plan) every combination of a grid of spec values; csv, table and chart",
        cmd_sweep},
+      {"report", "write a run's charts (reward, KL, losses, phases, memory) as one HTML file",
+       cmd_report},
       {"spec", "print the job-spec reference (--markdown) or defaults (--defaults)", cmd_spec},
       {"init-model", "write a randomly initialised model (preset) in Hugging Face format",
        cmd_init_model},

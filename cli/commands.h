@@ -18,6 +18,7 @@ struct Command {
 int cmd_validate(const Argv& args);
 int cmd_plan(const Argv& args);
 int cmd_sweep(const Argv& args);
+int cmd_report(const Argv& args);
 int cmd_spec(const Argv& args);
 int cmd_init_model(const Argv& args);
 int cmd_logprobs(const Argv& args);

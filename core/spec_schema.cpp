@@ -318,6 +318,11 @@ std::vector<KeySpec> build_table() {
   t.integer("logger.samples_per_step", 4, 0, 1000,
             "Sample generations (prompt, response, reward) of each logged PPO step kept in "
             "samples.jsonl and TensorBoard's text tab (0: none).");
+  t.integer("logger.dashboard_port", -1, -1, 65535,
+            "`rlhf run` serves a live dashboard (charts of the run's metrics) on "
+            "127.0.0.1:PORT and prints its address at start; -1: any free port (the default, so "
+            "jobs run side by side never clash), 0: no dashboard. `rlhf report RUN_DIR` writes "
+            "the same page as a file.");
   return t.take();
 }
 

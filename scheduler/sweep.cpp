@@ -328,7 +328,7 @@ std::vector<VariantResult> run_sweep(SweepOptions& o, const std::atomic<bool>& s
   md << sweep_markdown(results, o.grid);
   md.close();
   if (!md) throw RuntimeError("cannot write " + (fs::path(o.out_dir) / "sweep.md").string());
-  write_sweep_chart(results, (fs::path(o.out_dir) / "sweep.png").string());
+  write_sweep_report(results, o.grid, (fs::path(o.out_dir) / "report.html").string());
   return results;
 }
 

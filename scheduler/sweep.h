@@ -1,7 +1,8 @@
 // Sweeps: every combination of a grid of spec values run as its own `rlhf run` child process
 // (fresh processes, its own run directory), one after another, or planned only. Collects
 // each variant's status, throughput, phase times, planned and measured peak memory and last
-// reward, and writes sweep.csv, sweep.md and sweep.png. Does not choose values or rank them.
+// reward, and writes sweep.csv, sweep.md and report.html (SVG charts). Does not choose values
+// or rank them.
 #pragma once
 
 #include <atomic>
@@ -76,11 +77,14 @@ struct SweepOptions {
 std::vector<VariantResult> run_sweep(SweepOptions& options, const std::atomic<bool>& stop,
                                      std::ostream& progress);
 
-// The three outputs. File names: sweep.csv, sweep.md, sweep.png.
+// The three outputs. File names: sweep.csv, sweep.md, report.html.
 void write_sweep_csv(const std::vector<VariantResult>& results, const std::vector<GridAxis>& grid,
                      const std::string& path);
 std::string sweep_markdown(const std::vector<VariantResult>& results,
                            const std::vector<GridAxis>& grid);
-void write_sweep_chart(const std::vector<VariantResult>& results, const std::string& path);
+// report.html: samples/s and every role's planned vs measured memory per variant as SVG
+// (scheduler/sweep_report.cpp), the table, and each variant's own run report linked.
+void write_sweep_report(const std::vector<VariantResult>& results,
+                        const std::vector<GridAxis>& grid, const std::string& path);
 
 }  // namespace rlhf

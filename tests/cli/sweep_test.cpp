@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "report/svg.h"
 #include "test_paths.h"
 #include "tests/support/processes.h"
 #include "tests/support/run_cli.h"
@@ -109,11 +110,30 @@ TEST_F(Sweep, TwoByTwoPpoTinyWritesEveryOutput) {
       << md;
   EXPECT_EQ(std::count(md.begin(), md.end(), '\n'), 2 + 4 + 2)
       << md;  // header, rule, 4 rows, blank, note
-  const std::string png = slurp(dir_ / "out" / "sweep.png");
-  ASSERT_GT(png.size(), 33u);
-  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
-  EXPECT_EQ(png.substr(12, 4), "IHDR");
-  EXPECT_EQ(png.substr(png.size() - 8, 4), "IEND");
+  // report.html: the SVG charts (throughput, every role's planned vs measured memory, with a
+  // warning: 2 steps are fewer than 5), the table, and each variant's run report linked.
+  const std::string html = slurp(dir_ / "out" / "report.html");
+  for (const char* id :
+       {"sweep-throughput", "sweep-memory-actor", "sweep-memory-critic", "sweep-memory-ref",
+        "sweep-memory-rollout", "sweep-tensor-actor", "sweep-tensor-critic", "sweep-tensor-ref"})
+    EXPECT_NE(html.find(std::string("id=\"") + id + "\""), std::string::npos) << id;
+  EXPECT_NE(html.find("4 of 4 variants logged fewer than 5 steps"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  for (size_t i = 1; i < csv.size(); ++i) {
+    const auto& row = csv[i];
+    const std::string label = "n_samples_per_prompt=" + row[0] + ", batch_size=" + row[1];
+    const std::string variant = row[column(h, "variant")];
+    EXPECT_NE(html.find("<a href=\"" + variant + "/report.html\">" + label + "</a>"),
+              std::string::npos)
+        << label;
+    EXPECT_TRUE(fs::exists(dir_ / "out" / variant / "report.html")) << variant;
+    // The actor's measured RSS of this variant, as the chart writes it.
+    const double rss = std::stod(row[column(h, "actor_measured_rss")]);
+    EXPECT_NE(html.find(">" + rlhf::report::format_value(rss, "bytes") + "  measured RSS</text>"),
+              std::string::npos)
+        << label;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "sweep.png")) << "the PNG chart is gone";
 
   // `rlhf plan --check` on one variant: planned vs measured rows for every scored role.
   CliResult check = run_cli(
@@ -204,7 +224,7 @@ TEST_F(Sweep, InterruptKeepsFinishedVariants) {
   EXPECT_EQ(csv[1][column(csv[0], "steps")], "2");
   EXPECT_EQ(csv[2][status_col], "not run");
   EXPECT_EQ(csv[3][status_col], "not run");
-  EXPECT_TRUE(fs::exists(dir_ / "int" / "sweep.png"));
+  EXPECT_TRUE(fs::exists(dir_ / "int" / "report.html"));
   EXPECT_TRUE(fs::exists(dir_ / "int" / "n_samples_per_prompt-2" / "metrics.jsonl"));
 }
 
