@@ -38,8 +38,12 @@ std::string advice(const std::string& role, const std::string& op) {
     return "the model does not fit this device: set " + role + ".zero_stage 3 or " + role +
            ".adam_offload true, or give " + role + " more devices";
   if (op == "push_weights" || op == "sync_weights")
-    return "weight sync holds one layer beyond the model: free memory on the actor and rollout "
-           "devices (lower rollout.micro_batch_size) or give them more devices";
+    return "weight sync holds one layer and one bucket beyond the model: lower "
+           "rollout.sync_bucket_mb, free memory on the actor and rollout devices (lower "
+           "rollout.micro_batch_size) or give them more devices";
+  if (op == "wake_up" || op == "restore_optimizer")
+    return "the colocated roles do not fit the GPU together between phases: set " + role +
+           ".zero_stage 3 or actor.adam_offload true, or give the rollout its own devices";
   return "lower rollout.micro_batch_size (scoring runs one rollout micro batch at a time) or "
          "train.micro_batch_size";
 }

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -402,24 +403,48 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
 // push_weights: every actor rank calls it (ZeRO-3 gathers one unit at a time over the
 // trainer's group); actor rank 0 also joins, once, the sync group of args.sync_size ranks
 // (itself as rank 0, rollout rank r as r + 1) at args.store_path over args.backend (nccl or
-// gloo) and broadcasts each unit.
+// gloo) and sends the buckets by args.path (gloo, nccl or cuda_ipc; default: the backend)
+// of args.bucket_bytes (default 256 MiB).
 Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("push_weights: this worker's role is not trained");
+  const std::string backend = req.args.value("backend", std::string("gloo"));
   if (self.rank == 0 && !role.sync_group) {
     transport::CollectiveConfig cc;
     cc.rank = 0;
     cc.size = req.args.at("sync_size").get<int>();
     cc.store_path = req.args.at("store_path").get<std::string>();
-    cc.backend = transport::collective_backend(req.args.value("backend", std::string("gloo")));
+    cc.backend = transport::collective_backend(backend);
     role.sync_group = transport::make_collective_group(cc);
   }
   rollout::TrainerWeights source(*role.trainer);
-  const torch::Dtype wire = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  rollout::SyncOptions options;
+  options.wire_dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  options.bucket_bytes = req.args.value("bucket_bytes", options.bucket_bytes);
+  options.path = rollout::parse_sync_path(req.args.value("path", backend));
+  options.device = role.device;
   auto stats = rollout::send_weights(source, self.rank == 0 ? role.sync_group.get() : nullptr,
-                                     ++role.weight_version, wire);
+                                     ++role.weight_version, options);
+  Message reply;
+  reply.args = stats.to_json();
+  return reply;
+}
+
+Message move_optimizer_state(ModelRole& role, const std::string& op, const WorkerIdentity& self,
+                             bool offload) {
+  if (!role.trainer) throw RuntimeError(op + ": this worker's role is not trained");
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t moved =
+      offload ? role.trainer->offload_optimizer_state() : role.trainer->restore_optimizer_state();
+  release_cached_device_memory(self);
   Message reply;
   reply.args = {
-      {"weight_version", stats.version}, {"bytes", stats.bytes}, {"seconds", stats.seconds}};
+      {offload ? "offloaded_bytes" : "restored_bytes", moved},
+      {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  if (on_cuda(self)) {
+    const CudaMemory m = cuda_memory();
+    reply.args["cuda_allocated_bytes"] = m.allocated;
+    reply.args["cuda_reserved_bytes"] = m.reserved;
+  }
   return reply;
 }
 
@@ -514,6 +539,16 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
   });
   registry.add("push_weights", [role](const Message& req, const WorkerIdentity& self) {
     return push_weights(*role, req, self);
+  });
+  // offload_optimizer / restore_optimizer: the trainer's optimizer state to host memory while
+  // a colocated rollout generates, and back (Trainer::offload_optimizer_state). Reply
+  // "offloaded_bytes" / "restored_bytes", "seconds" and, on a GPU, the allocator's
+  // "cuda_allocated_bytes" / "cuda_reserved_bytes" after it. Every rank of the role calls it.
+  registry.add("offload_optimizer", [role](const Message& req, const WorkerIdentity& self) {
+    return move_optimizer_state(*role, req.op, self, true);
+  });
+  registry.add("restore_optimizer", [role](const Message& req, const WorkerIdentity& self) {
+    return move_optimizer_state(*role, req.op, self, false);
   });
   registry.add("memory", [role](const Message&, const WorkerIdentity&) {
     Message reply;

@@ -1,9 +1,10 @@
 // The operations of a worker that holds one role's model (actor, critic, reward, ref):
 // `init` (load the model and, for trained roles, join the role's collective group and build
 // the sharded trainer), `log_probs`, `values`, `score`, `train_actor` (PPO policy loss),
-// `train_critic` (value loss), `save`, `load`, `export_hf`, `memory`, and `push_weights`
-// (the actor's side of the weight sync to the rollout group). Generation lives
-// with the rollout role.
+// `train_critic` (value loss), `save`, `load`, `export_hf`, `memory`, `push_weights`
+// (the actor's side of the weight sync to the rollout group, in buckets) and
+// `offload_optimizer` / `restore_optimizer` (the trainer's optimizer state to host memory
+// while a colocated rollout generates, and back). Generation lives with the rollout role.
 //
 // Alignment (as OpenRLHF): for sequences [B, T] whose last A positions are the response,
 // action t is token T-A+t; its log-prob and the critic's value both come from position

@@ -3,11 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 
 #include "actors/device.h"
 #include "core/errors.h"
+#include "engine/host_offload.h"
 #include "models/config.h"
 #include "models/pretrained.h"
 #include "rollout/generator.h"
@@ -21,12 +23,67 @@ struct RolloutState {
   std::mutex mutex;  // one operation at a time touches the model
   std::unique_ptr<rollout::Generator> generator;
   std::unique_ptr<transport::CollectiveGroup> sync_group;
+  engine::HostOffload asleep;  // the model's weights while in host memory (sleep)
 };
 
 rollout::Generator& loaded(RolloutState& state, const std::string& op) {
   if (!state.generator)
     throw InputError(op + ": no model on this rollout worker; call load_model first");
   return *state.generator;
+}
+
+// A generate or sync on offloaded weights would read freed memory: the driver wakes first.
+rollout::Generator& awake(RolloutState& state, const std::string& op) {
+  auto& generator = loaded(state, op);
+  if (state.asleep.offloaded())
+    throw RuntimeError(op +
+                       ": the rollout's weights are in host memory (sleep); call wake_up "
+                       "first");
+  return generator;
+}
+
+// The allocator's bytes now, beside an offload's figures (cpu workers: none).
+void add_device_bytes(nlohmann::json& args, const WorkerIdentity& self) {
+  if (!on_cuda(self)) return;
+  const CudaMemory m = cuda_memory();
+  args["cuda_allocated_bytes"] = m.allocated;
+  args["cuda_reserved_bytes"] = m.reserved;
+}
+
+// sleep (vLLM's sleep mode, level 1): the model's parameters and buffers go to host memory
+// (pinned on a GPU) and the allocator's cached blocks back to the driver, so a colocated
+// trainer has the GPU. Replies "offloaded_bytes", "seconds" and, on a GPU, the allocator's
+// "cuda_allocated_bytes" / "cuda_reserved_bytes" after it. Asleep already: nothing moves.
+Message sleep(RolloutState& state, const WorkerIdentity& self) {
+  auto& model = loaded(state, "sleep").model();
+  const auto start = std::chrono::steady_clock::now();
+  int64_t moved = 0;
+  if (!state.asleep.offloaded()) {
+    std::vector<torch::Tensor> tensors = model.parameters(true);
+    for (const auto& b : model.buffers(true)) tensors.push_back(b);
+    moved = state.asleep.offload(tensors);
+  }
+  release_cached_device_memory(self);
+  Message reply;
+  reply.args = {
+      {"offloaded_bytes", moved},
+      {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  add_device_bytes(reply.args, self);
+  return reply;
+}
+
+// wake_up: the weights back where they were, bit for bit. Replies "restored_bytes",
+// "seconds" and the allocator's bytes after it.
+Message wake_up(RolloutState& state, const WorkerIdentity& self) {
+  loaded(state, "wake_up");
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t moved = state.asleep.restore();
+  Message reply;
+  reply.args = {
+      {"restored_bytes", moved},
+      {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  add_device_bytes(reply.args, self);
+  return reply;
 }
 
 // args: "model" (HF directory) or "preset" + "seed"; "dtype"; the generation settings
@@ -77,7 +134,7 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
 // GenerationOutput's tensors, responses padded to max_new_tokens columns so a scatter's
 // micro batches concatenate, and args "weight_version", "prompt_length".
 Message generate(RolloutState& state, const Message& request) {
-  auto& generator = loaded(state, "generate");
+  auto& generator = awake(state, "generate");
   rollout::SamplingParams params;
   const auto& a = request.args;
   params.temperature = a.value("temperature", params.temperature);
@@ -112,11 +169,12 @@ Message generate(RolloutState& state, const Message& request) {
 
 // Args "store_path" (the group's FileStore rendezvous), "backend" ("nccl" when the actor's
 // rank 0 and every rollout rank have a GPU of their own, else "gloo", which stages CUDA
-// tensors through the host), optional "sync_rank" / "sync_size"
-// (default: role rank + 1 of role size + 1; the actor is rank 0). The first call joins the
-// group; every call receives one sync and replies "weight_version", "bytes", "seconds".
+// tensors through the host, or only signals when the buckets come through CUDA IPC),
+// optional "sync_rank" / "sync_size" (default: role rank + 1 of role size + 1; the actor is
+// rank 0). The first call joins the group; every call receives one sync (bucket size and
+// path as the actor's header says) and replies WeightSyncStats::to_json().
 Message sync_weights(RolloutState& state, const Message& request, const WorkerIdentity& self) {
-  auto& generator = loaded(state, "sync_weights");
+  auto& generator = awake(state, "sync_weights");
   if (!state.sync_group) {
     transport::CollectiveConfig config;
     config.store_path = request.args.at("store_path").get<std::string>();
@@ -129,8 +187,7 @@ Message sync_weights(RolloutState& state, const Message& request, const WorkerId
   const auto stats = rollout::receive_weights(generator.model(), *state.sync_group);
   generator.set_weight_version(stats.version);
   Message reply;
-  reply.args = {
-      {"weight_version", stats.version}, {"bytes", stats.bytes}, {"seconds", stats.seconds}};
+  reply.args = stats.to_json();
   return reply;
 }
 
@@ -149,6 +206,14 @@ void add_rollout_operations(OperationRegistry& registry) {
   registry.add("sync_weights", [state](const Message& request, const WorkerIdentity& self) {
     std::lock_guard<std::mutex> lock(state->mutex);
     return sync_weights(*state, request, self);
+  });
+  registry.add("sleep", [state](const Message&, const WorkerIdentity& self) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return sleep(*state, self);
+  });
+  registry.add("wake_up", [state](const Message&, const WorkerIdentity& self) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    return wake_up(*state, self);
   });
 }
 

@@ -268,6 +268,13 @@ std::vector<KeySpec> build_table() {
            "tokens and divides by sequences x rollout.max_new_tokens (Dr. GRPO). auto: "
            "token_sum_norm for dr_grpo, token_mean otherwise.");
   t.number("actor.entropy_coef", 0.0, 0, kInf, "Entropy bonus coefficient.");
+  t.boolean("actor.offload_optimizer_while_generating", false,
+            "With rollout.colocate_with actor on cuda nodes: the actor's FP32 master weights, "
+            "AdamW moments and gradient shards move to pinned host memory while the rollout "
+            "generates and the weights sync, and come back to train (a host round trip of 16 "
+            "bytes per parameter of the shard per step; actor.adam_offload keeps them on the "
+            "host for good instead). A no-op on cpu nodes (host memory is the same memory), on "
+            "GPUs of its own, with actor.adam_offload and with algo.async_steps 1.");
 
   add_role_placement(t, "critic", "Value model directory (default: reward.model).");
   add_trainer_keys(t, "critic", 9e-6);
@@ -299,6 +306,19 @@ std::vector<KeySpec> build_table() {
 
   add_role_placement(t, "rollout",
                      "Generation model (default: actor.model; synced after each step).");
+  t.number("rollout.sync_bucket_mb", 256.0, 0, 65536,
+           "Actor -> rollout weight sync: the weights travel in wire dtype packed into flat "
+           "buckets of this many MiB (a larger tensor is split), one bucket at a time, through "
+           "CUDA IPC when the rollout shares the actor's GPU, NCCL when both have GPUs of their "
+           "own, else Gloo; no rank holds more than one layer and one bucket beyond its model.",
+           true);
+  t.boolean("rollout.offload_while_training", true,
+            "With rollout.colocate_with actor on cuda nodes (vLLM's sleep mode, level 1): the "
+            "rollout's weights move to pinned host memory after generating and come back "
+            "before the weight sync, so scoring and training have the GPU (the KV cache is "
+            "freed after every generate call anyway); costs two host copies of the rollout's "
+            "weights per step. A no-op on cpu nodes (host memory is the same memory), on GPUs "
+            "of its own and with algo.async_steps 1 (generation overlaps training).");
 
   // Checkpoints and logging.
   t.file("ckpt.path", "", "Checkpoint directory (default: the run directory's ckpt/).");

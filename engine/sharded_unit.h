@@ -89,6 +89,8 @@ class ShardedUnit {
   torch::Tensor& master() { return master_; }
   torch::Tensor& exp_avg() { return exp_avg_; }
   torch::Tensor& exp_avg_sq() { return exp_avg_sq_; }
+  // The gradient buffer, [S] or [padded] FP32 (zero between steps), for an offload.
+  torch::Tensor& grad_buffer() { return grad_; }
 
  private:
   void set_full_params(const torch::Tensor& flat);  // params view `flat` [padded]

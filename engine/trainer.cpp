@@ -75,6 +75,7 @@ void Trainer::after_unit_backward(int unit) {
 
 void Trainer::backward(const torch::Tensor& loss, bool ends_micro_batch) {
   TORCH_CHECK(loss.defined() && loss.numel() == 1, "Trainer::backward: loss must be a scalar");
+  restore_optimizer_state();
   if (micro_ == 0 && !part_open_) tracker_.reset_peak();
   std::fill(reduced_.begin(), reduced_.end(), false);
   (loss / static_cast<double>(config_.grad_accum_steps)).backward();
@@ -93,6 +94,7 @@ StepMetrics Trainer::step() {
   TORCH_CHECK(!part_open_, "Trainer::step: the last micro batch's final part is missing");
   TORCH_CHECK(micro_ == config_.grad_accum_steps, "Trainer::step: expected ",
               config_.grad_accum_steps, " micro batches before a step, got ", micro_);
+  restore_optimizer_state();
   StepMetrics metrics;
   std::vector<torch::Tensor> grads;
   auto sums = torch::zeros({2}, torch::TensorOptions(torch::kDouble));  // [sum of g^2, loss sum]
@@ -132,12 +134,31 @@ StepMetrics Trainer::step() {
   return metrics;
 }
 
+int64_t Trainer::offload_optimizer_state() {
+  if (config_.optimizer_placement == OptimizerPlacement::kHost || optimizer_offload_.offloaded())
+    return 0;
+  std::vector<torch::Tensor> state;
+  for (auto& unit : units_) {
+    // At stage 3 the FP32 master is where gathers take the weights from: it stays.
+    if (config_.zero_stage != ZeroStage::kParameters) state.push_back(unit->master());
+    state.push_back(unit->exp_avg());
+    state.push_back(unit->exp_avg_sq());
+    state.push_back(unit->grad_buffer());
+  }
+  return optimizer_offload_.offload(state);
+}
+
+int64_t Trainer::restore_optimizer_state() {
+  return optimizer_offload_.restore();
+}
+
 StepMetrics Trainer::train_step(const LossFn& loss_fn) {
   for (int64_t i = 0; i < config_.grad_accum_steps; ++i) backward(loss_fn(i));
   return step();
 }
 
 void Trainer::save_checkpoint(const std::string& dir, const CheckpointOptions& options) {
+  restore_optimizer_state();
   save_sharded_checkpoint(dir, units_, step_, static_cast<int>(config_.zero_stage), group_,
                           options);
 }
@@ -145,6 +166,7 @@ void Trainer::save_checkpoint(const std::string& dir, const CheckpointOptions& o
 void Trainer::load_checkpoint(const std::string& dir) {
   TORCH_CHECK(micro_ == 0, "Trainer::load_checkpoint: in the middle of a step (", micro_,
               " micro batches)");
+  restore_optimizer_state();
   step_ = load_sharded_checkpoint(dir, units_, group_);
   for (auto& unit : units_) unit->refresh_params();
 }
@@ -176,6 +198,7 @@ std::string config_with_dtype(const std::string& config_json, torch::Dtype dtype
 
 void Trainer::export_hf(const std::string& dir, const std::string& config_json,
                         torch::Dtype dtype) {
+  restore_optimizer_state();
   const bool writer_rank = group_.rank() == 0;
   const fs::path final_dir(dir);
   const fs::path tmp_dir = final_dir.string() + ".tmp-export";

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/host_offload.h"
 #include "engine/lr_schedule.h"
 #include "engine/memory_tracker.h"
 #include "engine/sharded_unit.h"
@@ -70,6 +71,15 @@ class Trainer {
   // before the next. Collective; rank 0 writes.
   void export_hf(const std::string& dir, const std::string& config_json, torch::Dtype dtype);
 
+  // The optimizer state (FP32 master shards except at stage 3, where gathers read them;
+  // AdamW moments; gradient buffers) to host memory while another role needs the device,
+  // bit-exactly back by restore (backward, step, checkpoints and export restore it
+  // themselves). Return the bytes moved; offload is a no-op returning 0 when the state lives
+  // on the host already (OptimizerPlacement::kHost) or is offloaded. Local, no collective.
+  int64_t offload_optimizer_state();
+  int64_t restore_optimizer_state();
+  bool optimizer_state_offloaded() const { return optimizer_offload_.offloaded(); }
+
   MemoryReport memory_report() const { return tracker_.report(); }
   // Peak engine bytes and peak measured heap growth during the last export_hf.
   struct ExportMemory {
@@ -105,6 +115,7 @@ class Trainer {
   bool part_open_ = false;     // a micro batch's first parts went through backward
   double loss_sum_ = 0.0;      // this rank's losses since the last step
   ExportMemory export_memory_;
+  HostOffload optimizer_offload_;  // the optimizer state while offloaded
 };
 
 }  // namespace rlhf::engine

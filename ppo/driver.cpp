@@ -113,6 +113,12 @@ auto in_parallel(F&& f) {
   return std::async(std::launch::async, std::forward<F>(f));
 }
 
+// The weight sync's collective backend and the path its buckets take (rollout::SyncPath).
+struct SyncRoute {
+  std::string backend = "gloo";
+  std::string path = "gloo";
+};
+
 class PpoJob {
  public:
   PpoJob(const JobSpec& spec, PpoDriverOptions options);
@@ -127,6 +133,11 @@ class PpoJob {
   Experience score(Scheduler& s, const Rollout& r);
   json train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step);
   double sync_weights(Scheduler& s);  // returns worker compute on the critical path
+  // Colocation sleep mode (rollout.offload_while_training,
+  // actor.offload_optimizer_while_generating): each call moves what its key asks for and adds
+  // the figures to offload_; returns the worker compute on the critical path.
+  double before_training(Scheduler& s);    // rollout to sleep, actor optimizer back
+  double before_generating(Scheduler& s);  // actor optimizer to host, rollout awake
   // prompts_consumed: where a resume continues the prompt stream (the prompts of steps
   // 1..step; with async_steps, not those already drawn for the next step).
   void save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ostream& out);
@@ -147,24 +158,35 @@ class PpoJob {
   std::unique_ptr<RemoteReward> remote_;
   bool has_ref_ = false, has_critic_ = false, has_reward_model_ = false;
   json planned_;  // plan.json's per-role figures (null without a plan), beside measured peaks
-  std::string sync_backend_ = "gloo";  // actor -> rollout weight sync (see sync_backend)
+  SyncRoute sync_route_;            // actor -> rollout weight sync (see sync_route)
+  json last_sync_;                  // the last sync's figures (actor rank 0's reply)
+  bool sleep_rollout_ = false;      // rollout.offload_while_training, where it applies
+  bool offload_optimizer_ = false;  // actor.offload_optimizer_while_generating, where it applies
+  json offload_;                    // this step's offload figures (see before_training)
 };
 
-// NCCL for the weight sync when actor rank 0 and every rollout rank have a GPU and none
-// shares the actor's (NCCL refuses two ranks of one communicator on one device); else Gloo,
-// which stages CUDA tensors through the host.
-std::string sync_backend(Scheduler& s) {
-  const auto actor = s.group(Role::kActor).call_all("info");
-  const auto rollout = s.group(Role::kRollout).call_all("info");
+// How the weight sync travels: CUDA IPC (over a Gloo group that carries only the handle and
+// the signals) when every rollout rank is on actor rank 0's GPU; NCCL when actor rank 0 and
+// every rollout rank have a GPU and none shares the actor's (NCCL refuses two ranks of one
+// communicator on one device); else Gloo, which stages CUDA tensors through the host.
+SyncRoute sync_route(const std::vector<Message>& actor, const std::vector<Message>& rollout) {
   auto where = [](const Message& m) {
     return std::make_pair(m.args.value("node", std::string()),
                           m.args.value("device", std::string()));
   };
+  auto on_cuda = [](const std::pair<std::string, std::string>& w) {
+    return w.second.rfind("cuda", 0) == 0;
+  };
   const auto root = where(actor.at(0));
-  if (root.second.rfind("cuda", 0) != 0) return "gloo";
-  for (const auto& r : rollout)
-    if (where(r).second.rfind("cuda", 0) != 0 || where(r) == root) return "gloo";
-  return "nccl";
+  if (!on_cuda(root)) return {"gloo", "gloo"};
+  bool all_shared = true, all_own = true;
+  for (const auto& r : rollout) {
+    all_shared = all_shared && where(r) == root;
+    all_own = all_own && on_cuda(where(r)) && where(r) != root;
+  }
+  if (all_shared) return {"gloo", "cuda_ipc"};
+  if (all_own) return {"nccl", "nccl"};
+  return {"gloo", "gloo"};
 }
 
 PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
@@ -265,7 +287,27 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
     }));
   }
   for (auto& c : calls) c.get();
-  sync_backend_ = sync_backend(s);
+  const auto actor = s.group(Role::kActor).call_all("info");
+  const auto rollout = s.group(Role::kRollout).call_all("info");
+  sync_route_ = sync_route(actor, rollout);
+  // Sleep mode only where the rollout shares the actor's GPU and the two take turns: on cpu
+  // nodes host memory is the same memory, and with async_steps they run at once.
+  const bool colocated_gpu =
+      spec_.get_string("rollout.colocate_with") == "actor" &&
+      rollout.at(0).args.value("device", std::string()).rfind("cuda", 0) == 0 &&
+      c_.async_steps == 0;
+  sleep_rollout_ = colocated_gpu && spec_.get_bool("rollout.offload_while_training");
+  offload_optimizer_ = colocated_gpu &&
+                       spec_.get_bool("actor.offload_optimizer_while_generating") &&
+                       !spec_.get_bool("actor.adam_offload");
+  if (sleep_rollout_ || offload_optimizer_)
+    out << "ppo: colocated on the GPU:"
+        << (sleep_rollout_ ? " the rollout's weights go to host memory while the actor trains" : "")
+        << (sleep_rollout_ && offload_optimizer_ ? ";" : "")
+        << (offload_optimizer_ ? " the actor's optimizer state goes to host memory while the "
+                                 "rollout generates"
+                               : "")
+        << std::endl;
 }
 
 Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill) {
@@ -571,13 +613,66 @@ double PpoJob::sync_weights(Scheduler& s) {
   const std::string store = (fs::path(run_dir_) / "stores" / "weight_sync.store").string();
   RoleGroup& rollout = s.group(Role::kRollout);
   auto receive = in_parallel([&] {
-    return rollout.call_all("sync_weights", {{"store_path", store}, {"backend", sync_backend_}});
+    return rollout.call_all("sync_weights",
+                            {{"store_path", store}, {"backend", sync_route_.backend}});
   });
+  const auto bucket_bytes = static_cast<int64_t>(spec_.get_float("rollout.sync_bucket_mb") *
+                                                 static_cast<double>(1 << 20));
   auto pushed = s.group(Role::kActor)
                     .call_all("push_weights", {{"store_path", store},
                                                {"sync_size", rollout.size() + 1},
-                                               {"backend", sync_backend_}});
-  return std::max(call_all_compute(pushed), call_all_compute(receive.get()));
+                                               {"backend", sync_route_.backend},
+                                               {"path", sync_route_.path},
+                                               {"bucket_bytes", bucket_bytes}});
+  const auto received = receive.get();
+  const json& a = pushed.at(0).args;
+  const double seconds = a.value("seconds", 0.0);
+  const auto bytes = a.value("bytes", int64_t{0});
+  last_sync_ = {{"path", a.value("path", sync_route_.path)},
+                {"bytes", bytes},
+                {"buckets", a.value("buckets", int64_t{0})},
+                {"seconds", seconds},
+                {"gb_per_s", seconds > 0 ? static_cast<double>(bytes) / 1e9 / seconds : 0.0}};
+  return std::max(call_all_compute(pushed), call_all_compute(received));
+}
+
+double PpoJob::before_training(Scheduler& s) {
+  offload_ = json::object();
+  double compute = 0;
+  if (sleep_rollout_) {
+    const auto replies = s.group(Role::kRollout).call_all("sleep");
+    const json& r = replies.at(0).args;
+    offload_["rollout_bytes"] = r.value("offloaded_bytes", int64_t{0});
+    offload_["rollout_sleep_s"] = r.value("seconds", 0.0);
+    offload_["rollout_cuda_reserved_bytes_asleep"] = r.value("cuda_reserved_bytes", int64_t{0});
+    compute += call_all_compute(replies);
+  }
+  if (offload_optimizer_) {
+    const auto replies = s.group(Role::kActor).call_all("restore_optimizer");
+    offload_["actor_optimizer_restore_s"] = replies.at(0).args.value("seconds", 0.0);
+    compute += call_all_compute(replies);
+  }
+  return compute;
+}
+
+double PpoJob::before_generating(Scheduler& s) {
+  double compute = 0;
+  if (offload_optimizer_) {
+    const auto replies = s.group(Role::kActor).call_all("offload_optimizer");
+    const json& r = replies.at(0).args;
+    offload_["actor_optimizer_bytes"] = r.value("offloaded_bytes", int64_t{0});
+    offload_["actor_optimizer_offload_s"] = r.value("seconds", 0.0);
+    offload_["actor_cuda_allocated_bytes_offloaded"] = r.value("cuda_allocated_bytes", int64_t{0});
+    compute += call_all_compute(replies);
+  }
+  if (sleep_rollout_) {
+    const auto replies = s.group(Role::kRollout).call_all("wake_up");
+    const json& r = replies.at(0).args;
+    offload_["rollout_wake_s"] = r.value("seconds", 0.0);
+    offload_["rollout_cuda_reserved_bytes_awake"] = r.value("cuda_reserved_bytes", int64_t{0});
+    compute += call_all_compute(replies);
+  }
+  return compute;
 }
 
 void PpoJob::save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ostream& out) {
@@ -642,6 +737,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
   }
   s.progress().begin("sending the actor's weights to the rollout group");
   sync_weights(s);
+  before_generating(s);
   const auto loop_start = Clock::now();
   const int64_t first_step = step + 1;
   // algo.async_steps 1: the next step's samples, generated while this step scores and trains
@@ -666,6 +762,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
       });
     const double t_gen = seconds_since(t0);
     const auto t1 = Clock::now();
+    const double offload_compute = before_training(s);
     s.progress().begin(at + ": scoring " + std::to_string(r.sequences.size(0)) + " samples");
     Experience e = score(s, r);
     const double t_score = seconds_since(t1);
@@ -680,8 +777,9 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     }
     const double t_wait = seconds_since(t_wait_start);
     const auto t3 = Clock::now();
+    const double reload_compute = before_generating(s);
     s.progress().begin(at + ": sending the actor's weights to the rollout group");
-    const double sync_compute = sync_weights(s);
+    const double sync_compute = sync_weights(s) + offload_compute + reload_compute;
     s.progress().end();
     const double t_sync = seconds_since(t3);
     const double t_step = seconds_since(t0);
@@ -719,7 +817,9 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                   {"rollout_preempted", r.preempted},
                   {"rollout_kv_peak_bytes", r.kv_peak_bytes},
                   {"prompts_consumed", consumed},
+                  {"weight_sync", last_sync_},
                   {"memory", peak_memory_by_role(s, planned_)}};
+      if (!offload_.empty()) rec["offload"] = offload_;
       rec.update(losses);
       if (!r.sampling.is_null()) rec.update(r.sampling);
       if (c_.overlong_buffer_len > 0)
@@ -751,8 +851,12 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     }
     // Every ckpt.save_steps, and always after the last step (a finished run can be resumed
     // with more steps, and its final state is kept whatever save_steps says).
-    if ((c_.save_steps > 0 && step % c_.save_steps == 0) || step == total_steps_)
+    if ((c_.save_steps > 0 && step % c_.save_steps == 0) || step == total_steps_) {
       save(s, step, consumed, out);
+      // The save brought the optimizer state back to the device; the rollout generates next.
+      if (offload_optimizer_ && step < total_steps_)
+        s.group(Role::kActor).call_all("offload_optimizer");
+    }
   }
   if (c_.export_hf) {
     std::string dir = (fs::path(run_dir_) / "export" / "actor").string();

@@ -1,4 +1,5 @@
-// Weight sync: header + layout check, then one flat broadcast per unit. See weight_sync.h.
+// Weight sync: header + layout check, then fixed-size buckets over the group or through a
+// CUDA IPC buffer. See weight_sync.h.
 #include "rollout/weight_sync.h"
 
 #include <ATen/ATen.h>
@@ -6,9 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
+#include <string>
 
 #include "core/errors.h"
 #include "engine/trainer.h"
+#include "rollout/cuda_ipc.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -16,7 +20,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Header fields, broadcast from the root as one int64 tensor.
-enum HeaderField : int64_t { kVersion = 0, kUnits, kLayoutHash, kWireDtype, kHeaderSize };
+enum HeaderField : int64_t {
+  kVersion = 0,
+  kUnits,
+  kLayoutHash,
+  kWireDtype,
+  kBucketNumel,  // elements of wire dtype per bucket
+  kPath,         // SyncPath
+  kHeaderSize
+};
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -123,41 +135,244 @@ void TrainerWeights::release(int64_t unit) {
   gathered_here_ = false;
 }
 
+namespace {
+
+// The order both sides walk the weights in: units in order, each unit's tensors sorted by
+// name, each tensor's elements in order, cut into buckets of `capacity` elements.
+class BucketCursor {
+ public:
+  explicit BucketCursor(int64_t capacity) : capacity_(capacity) {}
+  // piece(tensor_offset, bucket_offset, n) for each piece of a tensor of `numel` elements;
+  // full(n) whenever the bucket holds `capacity` elements (then it starts empty).
+  template <typename Piece, typename Full>
+  void add(int64_t numel, Piece&& piece, Full&& full) {
+    for (int64_t done = 0; done < numel;) {
+      const int64_t n = std::min(numel - done, capacity_ - fill_);
+      piece(done, fill_, n);
+      fill_ += n;
+      done += n;
+      if (fill_ == capacity_) {
+        full(fill_);
+        fill_ = 0;
+      }
+    }
+  }
+  // full(n) for a partly filled last bucket.
+  template <typename Full>
+  void finish(Full&& full) {
+    if (fill_ > 0) full(fill_);
+    fill_ = 0;
+  }
+
+ private:
+  int64_t capacity_;
+  int64_t fill_ = 0;
+};
+
+// Moves one bucket's first n elements from the root to every other rank of the group.
+class BucketTransport {
+ public:
+  virtual ~BucketTransport() = default;
+  virtual torch::Tensor buffer() = 0;  // [capacity] wire dtype
+  // Root: sends the first n elements (returns when the buffer may be refilled). Others:
+  // makes them readable in buffer().
+  virtual void move(int64_t n) = 0;
+  // Others, after reading the bucket: tells the root it may refill it.
+  virtual void consumed() {}
+  virtual void finish() {}  // after the last bucket, on every rank
+};
+
+// Gloo or NCCL: one broadcast per bucket (into each rank's own buffer).
+class BroadcastBuckets final : public BucketTransport {
+ public:
+  BroadcastBuckets(transport::CollectiveGroup& group, int64_t capacity, torch::Dtype dtype,
+                   torch::Device device)
+      : group_(group),
+        buffer_(torch::empty({capacity}, torch::TensorOptions(dtype).device(device))) {}
+  torch::Tensor buffer() override { return buffer_; }
+  void move(int64_t n) override {
+    auto part = buffer_.narrow(0, 0, n);
+    group_.broadcast(part, 0);
+  }
+
+ private:
+  transport::CollectiveGroup& group_;
+  torch::Tensor buffer_;
+};
+
+// The root's IPC buffer, mapped by every other rank; the group carries the handle, "bucket
+// of n elements ready" (a broadcast) and "read" (a barrier).
+class IpcBuckets final : public BucketTransport {
+ public:
+  // Root: allocates and exports the buffer. Others: map it; whether that worked is agreed
+  // with all_ok by the caller (mapped()).
+  IpcBuckets(transport::CollectiveGroup& group, int64_t capacity, torch::Dtype dtype)
+      : group_(group) {
+    const int64_t bytes = capacity * static_cast<int64_t>(c10::elementSize(dtype));
+    auto handle = torch::zeros({cuda_ipc_handle_bytes()}, torch::kUInt8);
+    if (group.rank() == 0) {
+      try {
+        owned_ = std::make_unique<CudaIpcBuffer>(bytes);
+        const auto h = owned_->handle();
+        std::copy(h.begin(), h.end(), handle.data_ptr<uint8_t>());
+        buffer_ = owned_->as(dtype);
+      } catch (const std::exception& e) {
+        error_ = e.what();  // the receivers get a zero handle, fail to map it, and all agree
+      }
+    }
+    group.broadcast(handle, 0);
+    if (group.rank() == 0) return;
+    try {
+      const auto* p = handle.data_ptr<uint8_t>();
+      mapping_ =
+          std::make_unique<CudaIpcMapping>(std::vector<uint8_t>(p, p + handle.numel()), bytes);
+      buffer_ = mapping_->as(dtype);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  }
+  const std::string& error() const { return error_; }  // why allocating or mapping failed
+  torch::Tensor buffer() override { return buffer_; }
+  void move(int64_t n) override {
+    if (group_.rank() == 0) cuda_synchronize();  // the bucket is written before it is announced
+    auto count = torch::tensor({n}, torch::kInt64);
+    group_.broadcast(count, 0);
+    TORCH_CHECK(count.item<int64_t>() == n, "weight sync: the actor announced a bucket of ",
+                count.item<int64_t>(), " elements, this rank expected ", n);
+    if (group_.rank() == 0) group_.barrier();  // every receiver has copied it out
+  }
+  void consumed() override {
+    cuda_synchronize();  // the copies out of the mapped buffer are done
+    group_.barrier();
+  }
+  void finish() override {
+    mapping_.reset();  // unmapped on every receiver before the root frees the buffer
+    group_.barrier();
+  }
+
+ private:
+  transport::CollectiveGroup& group_;
+  std::unique_ptr<CudaIpcBuffer> owned_;
+  std::unique_ptr<CudaIpcMapping> mapping_;
+  torch::Tensor buffer_;
+  std::string error_;
+};
+
+int64_t bucket_numel(int64_t bucket_bytes, torch::Dtype dtype, int64_t total_numel) {
+  const int64_t per =
+      std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(c10::elementSize(dtype)));
+  return std::max<int64_t>(1, std::min(per, total_numel));
+}
+
+}  // namespace
+
+const char* sync_path_name(SyncPath path) {
+  switch (path) {
+    case SyncPath::kGloo:
+      return "gloo";
+    case SyncPath::kNccl:
+      return "nccl";
+    case SyncPath::kCudaIpc:
+      return "cuda_ipc";
+  }
+  return "?";
+}
+
+SyncPath parse_sync_path(const std::string& name) {
+  for (SyncPath p : {SyncPath::kGloo, SyncPath::kNccl, SyncPath::kCudaIpc})
+    if (name == sync_path_name(p)) return p;
+  throw InputError("weight sync path \"" + name + "\": expected gloo, nccl or cuda_ipc");
+}
+
+nlohmann::json WeightSyncStats::to_json() const {
+  return {{"weight_version", version}, {"bytes", bytes},     {"buckets", buckets},
+          {"tensors", tensors},        {"seconds", seconds}, {"path", sync_path_name(path)}};
+}
+
+int64_t bucket_count(const std::vector<int64_t>& numels, torch::Dtype wire_dtype,
+                     int64_t bucket_bytes) {
+  int64_t total = 0;
+  for (int64_t n : numels) total += n;
+  if (total == 0) return 0;
+  const int64_t per = bucket_numel(bucket_bytes, wire_dtype, total);
+  return (total + per - 1) / per;
+}
+
 WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* group,
-                             int64_t version, torch::Dtype wire_dtype) {
+                             int64_t version, const SyncOptions& options) {
   torch::NoGradGuard no_grad;
   const auto start = Clock::now();
   const auto layout = source.layout();
   const auto units = static_cast<int64_t>(layout.size());
   WeightSyncStats stats;
   stats.version = version;
-  if (group) {
-    TORCH_CHECK(group->rank() == 0,
-                "send_weights: the actor must be rank 0 of the sync group, got rank ",
-                group->rank());
-    auto header =
-        torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(wire_dtype)},
-                      torch::kInt64)
-            .to(control_device(*group));
-    group->broadcast(header, 0);
-    if (!all_ok(*group, true))
-      throw RuntimeError("weight sync v" + std::to_string(version) +
-                         ": a rollout rank's model layout differs from the actor's (see its log); "
-                         "nothing was sent");
+  stats.path = options.path;
+  if (!group) {  // another actor rank: only the (collective) gathers
+    for (int64_t u = 0; u < units; ++u) {
+      source.acquire(u);
+      source.release(u);
+    }
+    stats.seconds = seconds_since(start);
+    return stats;
   }
+  TORCH_CHECK(group->rank() == 0,
+              "send_weights: the actor must be rank 0 of the sync group, got rank ", group->rank());
+  if (options.path == SyncPath::kCudaIpc)
+    TORCH_CHECK(group->backend_name() == "gloo" && options.device.is_cuda(),
+                "send_weights: cuda_ipc needs a Gloo sync group and a CUDA device");
+  int64_t total = 0;
+  for (const auto& unit : layout)
+    for (const auto& spec : unit) total += numel_of(spec.shape);
+  const int64_t capacity = bucket_numel(options.bucket_bytes, options.wire_dtype, total);
+  auto header =
+      torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(options.wire_dtype),
+                     capacity, static_cast<int64_t>(options.path)},
+                    torch::kInt64)
+          .to(control_device(*group));
+  group->broadcast(header, 0);
+  if (!all_ok(*group, true))
+    throw RuntimeError("weight sync v" + std::to_string(version) +
+                       ": a rollout rank's model layout differs from the actor's (see its log); "
+                       "nothing was sent");
+  std::unique_ptr<BucketTransport> transport;
+  if (options.path == SyncPath::kCudaIpc) {
+    auto ipc = std::make_unique<IpcBuckets>(*group, capacity, options.wire_dtype);
+    const std::string error = ipc->error();
+    if (!all_ok(*group, error.empty()))
+      throw RuntimeError("weight sync v" + std::to_string(version) + ": " +
+                         (error.empty() ? "a rollout rank could not map the actor's CUDA IPC "
+                                          "buffer (see its log)"
+                                        : error) +
+                         "; nothing was sent");
+    transport = std::move(ipc);
+  } else {
+    transport =
+        std::make_unique<BroadcastBuckets>(*group, capacity, options.wire_dtype, options.device);
+  }
+  torch::Tensor bucket = transport->buffer();
+  BucketCursor cursor(capacity);
+  auto flush = [&](int64_t n) {
+    transport->move(n);
+    stats.bytes += n * static_cast<int64_t>(bucket.element_size());
+    ++stats.buckets;
+  };
   for (int64_t u = 0; u < units; ++u) {
     auto tensors = source.acquire(u);
-    if (group) {
-      sort_by_name(tensors);
-      std::vector<torch::Tensor> flat;
-      for (const auto& [name, t] : tensors) flat.push_back(t.reshape({-1}).to(wire_dtype));
-      auto bucket = torch::cat(flat);  // [unit numel] wire dtype: one broadcast per unit
-      group->broadcast(bucket, 0);
-      stats.tensors += static_cast<int64_t>(tensors.size());
-      stats.bytes += bucket.numel() * static_cast<int64_t>(bucket.element_size());
+    sort_by_name(tensors);
+    for (const auto& [name, t] : tensors) {
+      const auto flat = t.reshape({-1});
+      cursor.add(
+          flat.numel(),
+          [&](int64_t from, int64_t at, int64_t n) {
+            bucket.narrow(0, at, n).copy_(flat.narrow(0, from, n));  // converts to wire dtype
+          },
+          flush);
     }
+    stats.tensors += static_cast<int64_t>(tensors.size());
     source.release(u);
   }
+  cursor.finish(flush);
+  transport->finish();
   stats.seconds = seconds_since(start);
   return stats;
 }
@@ -175,33 +390,70 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
   header = header.to(torch::kCPU);
   const auto* h = header.data_ptr<int64_t>();
   const bool ok = h[kUnits] == static_cast<int64_t>(units.size()) && h[kLayoutHash] == mine;
+  const std::string sync = "weight sync v" + std::to_string(h[kVersion]) + " on sync rank " +
+                           std::to_string(group.rank());
   if (!all_ok(group, ok) || !ok) {
-    throw RuntimeError("weight sync v" + std::to_string(h[kVersion]) + " on sync rank " +
-                       std::to_string(group.rank()) + ": the actor's layout (" +
-                       std::to_string(h[kUnits]) + " units, hash " +
-                       std::to_string(h[kLayoutHash]) + ") differs from this model's (" +
-                       std::to_string(units.size()) + " units, hash " + std::to_string(mine) +
+    throw RuntimeError(sync + ": the actor's layout (" + std::to_string(h[kUnits]) +
+                       " units, hash " + std::to_string(h[kLayoutHash]) +
+                       ") differs from this model's (" + std::to_string(units.size()) +
+                       " units, hash " + std::to_string(mine) +
                        "), or another rollout rank's does");
   }
   const auto wire = static_cast<torch::Dtype>(h[kWireDtype]);
+  const int64_t capacity = h[kBucketNumel];
   WeightSyncStats stats;
   stats.version = h[kVersion];
+  stats.path = static_cast<SyncPath>(h[kPath]);
+  std::unique_ptr<BucketTransport> transport;
+  if (stats.path == SyncPath::kCudaIpc) {
+    std::string error;
+    if (!model.device().is_cuda()) {
+      error = "the model is on " + model.device().str() + ", not on the actor's GPU";
+    }
+    auto ipc = std::make_unique<IpcBuckets>(group, capacity, wire);
+    if (error.empty()) error = ipc->error();
+    if (!all_ok(group, error.empty()) || !error.empty())
+      throw RuntimeError(sync + ": cannot take the actor's buckets through CUDA IPC: " +
+                         (error.empty() ? "another rollout rank cannot (see its log)" : error));
+    transport = std::move(ipc);
+  } else {
+    transport = std::make_unique<BroadcastBuckets>(group, capacity, wire, model.device());
+  }
+  // Pieces of the bucket being filled: where each goes in its parameter.
+  struct Piece {
+    torch::Tensor param_flat;  // [numel] the parameter's storage, flat
+    int64_t from = 0, at = 0, n = 0;
+  };
+  std::vector<Piece> pending;
+  BucketCursor cursor(capacity);
+  auto apply = [&](int64_t n) {
+    transport->move(n);
+    torch::Tensor bucket = transport->buffer();
+    for (const auto& p : pending)
+      p.param_flat.narrow(0, p.from, p.n).copy_(bucket.narrow(0, p.at, p.n));  // converts dtype
+    pending.clear();
+    transport->consumed();
+    stats.bytes += n * static_cast<int64_t>(bucket.element_size());
+    ++stats.buckets;
+  };
   for (auto& unit : units) {
     auto params = unit.params;
     sort_by_name(params);
-    int64_t numel = 0;
-    for (const auto& p : params) numel += p.second.numel();
-    auto bucket = torch::empty({numel}, torch::TensorOptions(wire).device(model.device()));
-    group.broadcast(bucket, 0);
-    int64_t offset = 0;
     for (auto& [name, param] : params) {
-      const int64_t n = numel_of(param.sizes().vec());
-      param.copy_(bucket.narrow(0, offset, n).view(param.sizes()));  // in place, converting dtype
-      offset += n;
+      TORCH_CHECK(param.is_contiguous(), "receive_weights: parameter ", name,
+                  " is not contiguous (it is filled in place)");
+      auto flat = param.view({-1});
+      cursor.add(
+          flat.numel(),
+          [&](int64_t from, int64_t at, int64_t n) {
+            pending.push_back({flat, from, at, n});
+          },
+          apply);
     }
     stats.tensors += static_cast<int64_t>(params.size());
-    stats.bytes += bucket.numel() * static_cast<int64_t>(bucket.element_size());
   }
+  cursor.finish(apply);
+  transport->finish();
   stats.seconds = seconds_since(start);
   return stats;
 }

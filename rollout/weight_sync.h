@@ -1,13 +1,17 @@
 // Actor -> rollout weight sync over one collective group spanning actor rank 0 (group rank
-// 0, the root) and the rollout ranks: a header (version, layout hash), then one broadcast per
-// parameter unit (embeddings, each decoder layer, head), so no rank holds more than one unit
-// beyond its model. Receivers copy into their model's parameters in place. Does not create
-// the group (transport/) or decide when to sync (the driver does).
+// 0, the root) and the rollout ranks: a header (version, layout hash, bucket size, path),
+// then the weights packed in wire dtype into fixed-size flat buckets (filled across units,
+// a tensor larger than a bucket split over several), one bucket at a time: broadcast over
+// the group (Gloo or NCCL), or through a CUDA IPC buffer when every receiver is on the
+// sender's GPU. No rank holds more than one gathered unit and one bucket beyond its model.
+// Receivers unpack into their model's parameters in place. Does not create the group
+// (transport/) or decide when to sync or by which path (the driver does).
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,24 +71,54 @@ class TrainerWeights final : public WeightSource {
   bool gathered_here_ = false;  // acquire() gathered the unit, so release() frees it
 };
 
+// How the buckets travel from the actor to the rollout ranks.
+enum class SyncPath {
+  kGloo,     // Gloo broadcast (CPU tensors; CUDA ones staged through the host)
+  kNccl,     // NCCL broadcast: the actor and every rollout rank on a GPU of their own
+  kCudaIpc,  // every rollout rank on the actor's GPU: device-to-device through an IPC
+             // handle; the group (Gloo) carries only the handle and the ready/done signals
+};
+const char* sync_path_name(SyncPath path);          // "gloo", "nccl", "cuda_ipc"
+SyncPath parse_sync_path(const std::string& name);  // InputError naming the choices
+
+struct SyncOptions {
+  torch::Dtype wire_dtype = torch::kBFloat16;  // the rollout converts to its own dtype
+  int64_t bucket_bytes = int64_t{256} << 20;   // rollout.sync_bucket_mb
+  SyncPath path = SyncPath::kGloo;
+  torch::Device device = torch::kCPU;  // where the actor's bucket lives (its device)
+};
+
 struct WeightSyncStats {
   int64_t version = 0;
   int64_t tensors = 0;
-  int64_t bytes = 0;     // bytes broadcast (wire dtype)
+  int64_t bytes = 0;     // bytes sent or received (wire dtype)
+  int64_t buckets = 0;   // buckets moved
   double seconds = 0.0;  // wall time of the whole sync on this rank
+  SyncPath path = SyncPath::kGloo;
+
+  // {"weight_version", "bytes", "buckets", "tensors", "seconds", "path"}: a sync op's reply.
+  nlohmann::json to_json() const;
 };
 
 // Actor side. Every actor rank calls it (the gathers are collective over the trainer's
 // group); `group` is the sync group on actor rank 0 (which must be its rank 0) and nullptr
-// on the other actor ranks. Tensors travel in `wire_dtype` (the rollout converts to its
-// own). Throws RuntimeError when a receiver's layout differs (after telling every rank).
+// on the other actor ranks. Each unit is acquired once, in order, copied into the bucket
+// (flushed whenever full) and released. kCudaIpc needs a Gloo group and a CUDA device.
+// Throws RuntimeError when a receiver's layout differs or it cannot map the IPC buffer
+// (after telling every rank).
 WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* group,
-                             int64_t version, torch::Dtype wire_dtype);
+                             int64_t version, const SyncOptions& options);
 
 // Rollout side (sync group rank > 0): receives one sync into `model`'s parameters in place
-// and returns its version. Throws RuntimeError when the sender's layout differs from the
-// model's (names, shapes, unit count), naming both hashes.
+// (the path and bucket size come from the sender's header) and returns its version. Throws
+// RuntimeError when the sender's layout differs from the model's (names, shapes, unit
+// count), naming both hashes, or when this rank cannot take the sender's path.
 WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGroup& group);
+
+// Buckets of `bucket_bytes` that `numels` elements of `wire_dtype` fill, packed end to end
+// (what a sync of tensors of those sizes moves): ceil(total bytes / bucket bytes).
+int64_t bucket_count(const std::vector<int64_t>& numels, torch::Dtype wire_dtype,
+                     int64_t bucket_bytes);
 
 // Order-independent digest of a layout (sorted names and shapes), 63 bits.
 int64_t layout_hash(const std::vector<std::vector<TensorSpec>>& layout);

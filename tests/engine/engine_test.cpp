@@ -1,6 +1,6 @@
 // In-process engine tests (a one-rank Gloo group): schedule and AdamW golden values, the
-// no-decay rule, ZeRO-3 gather/free around forward and backward, optimizer offload,
-// checkpoint options, rotation and load errors.
+// no-decay rule, ZeRO-3 gather/free around forward and backward, optimizer offload (for
+// good, and to host and back between steps), checkpoint options, rotation and load errors.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "engine/adamw.h"
 #include "engine/checkpoint.h"
+#include "engine/host_offload.h"
 #include "engine/lr_schedule.h"
 #include "engine/token_budget.h"
 #include "engine/trainer.h"
@@ -144,6 +145,82 @@ TEST(TrainerOffload, HostOptimizerGivesTheSameLossesOnCpu) {
   }
   EXPECT_EQ(losses[0], losses[1]);  // same code path, same arithmetic: bit-identical
   EXPECT_NE(losses[0][0], losses[0][2]) << "training must change the loss";
+}
+
+TEST(HostOffload, RoundTripIsBitExactAndKeepsViewsAndAliases) {
+  auto weight = torch::randn({4, 5});
+  auto tied = weight;              // the same tensor (tied embeddings)
+  auto row = weight.select(0, 2);  // a view into it
+  auto half = torch::randn({7}).to(torch::kBFloat16);
+  const auto weight_before = weight.clone(), half_before = half.clone();
+  HostOffload offload;
+  EXPECT_EQ(offload.offload({weight, tied, row, half, torch::Tensor()}),
+            4 * 5 * 4 + 7 * 2);  // each storage once
+  EXPECT_TRUE(offload.offloaded());
+  EXPECT_EQ(offload.bytes(), 4 * 5 * 4 + 7 * 2);
+  EXPECT_EQ(weight.storage().nbytes(), 0u) << "the memory must be freed while offloaded";
+  EXPECT_EQ(half.storage().nbytes(), 0u);
+  EXPECT_THROW(offload.offload({weight}), rlhf::RuntimeError);
+  EXPECT_EQ(offload.restore(), 4 * 5 * 4 + 7 * 2);
+  EXPECT_FALSE(offload.offloaded());
+  EXPECT_EQ(offload.restore(), 0);
+  EXPECT_TRUE(torch::equal(weight, weight_before));  // bit for bit
+  EXPECT_TRUE(torch::equal(half, half_before));
+  EXPECT_EQ(weight.sizes(), (std::vector<int64_t>{4, 5}));
+  // The view and the alias still share the restored memory.
+  weight[2][3] = 42.0f;
+  EXPECT_EQ(row[3].item<float>(), 42.0f);
+  EXPECT_EQ(tied[2][3].item<float>(), 42.0f);
+}
+
+// The optimizer state to host and back between steps (and offloaded across a checkpoint
+// save, which brings it back itself) leaves training bit-identical, at each ZeRO stage.
+TEST(TrainerOffload, OptimizerStateToHostBetweenStepsChangesNothing) {
+  torch::set_num_threads(1);
+  const fs::path dir = fresh_dir("offload_between");
+  auto group = solo_group(dir);
+  for (int stage : {1, 2, 3}) {
+    std::vector<double> losses[2];
+    std::vector<torch::Tensor> masters[2];
+    for (int offload = 0; offload < 2; ++offload) {
+      auto model = rt::tiny_model(false);
+      Trainer trainer(rt::parity_config(stage, torch::kFloat, 1), *model, *group);
+      losses[offload] = train(trainer, *model, 1);
+      if (offload) {
+        int64_t expected = 0;
+        for (const auto& u : trainer.units())
+          expected += (stage == 3 ? 0 : u->master().nbytes()) + u->exp_avg().nbytes() +
+                      u->exp_avg_sq().nbytes() + u->grad_buffer().nbytes();
+        EXPECT_EQ(trainer.offload_optimizer_state(), expected) << "stage " << stage;
+        EXPECT_TRUE(trainer.optimizer_state_offloaded());
+        EXPECT_EQ(trainer.units()[0]->exp_avg().storage().nbytes(), 0u);
+        EXPECT_EQ(trainer.offload_optimizer_state(), 0) << "already offloaded";
+        EXPECT_EQ(trainer.restore_optimizer_state(), expected);
+        trainer.offload_optimizer_state();
+        trainer.save_checkpoint((dir / ("ckpt" + std::to_string(stage))).string());
+        EXPECT_FALSE(trainer.optimizer_state_offloaded()) << "the save restores it";
+        trainer.offload_optimizer_state();  // the next step restores it
+      }
+      auto more = train(trainer, *model, 2, 1);
+      losses[offload].insert(losses[offload].end(), more.begin(), more.end());
+      for (const auto& u : trainer.units()) masters[offload].push_back(u->master().clone());
+    }
+    EXPECT_EQ(losses[0], losses[1]) << "stage " << stage;
+    for (size_t u = 0; u < masters[0].size(); ++u)
+      EXPECT_TRUE(torch::equal(masters[0][u], masters[1][u])) << "stage " << stage << " unit " << u;
+  }
+}
+
+TEST(TrainerOffload, NothingMovesWhenTheOptimizerLivesOnTheHost) {
+  torch::set_num_threads(1);
+  const fs::path dir = fresh_dir("offload_host");
+  auto group = solo_group(dir);
+  auto model = rt::tiny_model(false);
+  auto config = rt::parity_config(2, torch::kFloat, 1);
+  config.optimizer_placement = OptimizerPlacement::kHost;
+  Trainer trainer(config, *model, *group);
+  EXPECT_EQ(trainer.offload_optimizer_state(), 0);
+  EXPECT_FALSE(trainer.optimizer_state_offloaded());
 }
 
 TEST(TrainerCheckpoint, SaveOnlyModelRotationAndLoadErrors) {

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <thread>
 
+#include "models/config.h"
 #include "test_paths.h"
 #include "tests/support/run_cli.h"
 
@@ -152,9 +153,14 @@ TEST_F(PpoJob, ResumeContinuesTheSameTrajectory) {
 }
 
 TEST_F(PpoJob, RolloutColocatedWithTheActor) {
-  // Asked for, the rollout group shares the actor's device instead of its own slot.
-  Result r = run("coloc", {"--set", "train.max_steps=2", "--set", "rollout.devices=[]", "--set",
-                           "rollout.colocate_with=actor"});
+  // Asked for, the rollout group shares the actor's device instead of its own slot. The
+  // sleep-mode keys are accepted on cpu nodes and move nothing (host memory is the same
+  // memory); the weights travel in 0.05 MiB buckets.
+  Result r =
+      run("coloc",
+          {"--set", "train.max_steps=2", "--set", "rollout.devices=[]", "--set",
+           "rollout.colocate_with=actor", "--set", "actor.offload_optimizer_while_generating=true",
+           "--set", "rollout.offload_while_training=true", "--set", "rollout.sync_bucket_mb=0.05"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto workers = json::parse(slurp(run_dir("coloc") / "workers.json"));
   std::map<std::string, std::string> device;
@@ -162,7 +168,19 @@ TEST_F(PpoJob, RolloutColocatedWithTheActor) {
     device[w["role"].get<std::string>()] = w["device"].get<std::string>();
   EXPECT_EQ(device["rollout"], device["actor"]);
   EXPECT_NE(device["critic"], device["actor"]);
-  EXPECT_EQ(read_metrics(run_dir("coloc") / "metrics.jsonl").size(), 2u);
+  const auto rows = read_metrics(run_dir("coloc") / "metrics.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& m : rows) {
+    EXPECT_FALSE(m.contains("offload")) << "cpu nodes: nothing is offloaded";
+    const auto& sync = m["weight_sync"];
+    EXPECT_EQ(sync["path"], "gloo");
+    // The actor's BF16 weights, packed end to end into 0.05 MiB buckets.
+    const int64_t bytes = 2 * models::preset_config("tiny").num_parameters();
+    EXPECT_EQ(sync["bytes"].get<int64_t>(), bytes);
+    const int64_t bucket = static_cast<int64_t>(0.05 * (1 << 20));
+    EXPECT_EQ(sync["buckets"].get<int64_t>(), (bytes + bucket - 1) / bucket);
+    EXPECT_GT(sync["gb_per_s"].get<double>(), 0.0);
+  }
 }
 
 // A ZeRO-3 actor over 2 ranks runs collectives in every forward: when the rollout batch makes

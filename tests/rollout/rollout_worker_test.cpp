@@ -1,7 +1,9 @@
 // Rollout workers through the real scheduler: two `rlhf worker` processes load a model,
 // receive new weights from this test process (the actor, rank 0 of a real Gloo group),
 // and serve `generate` through a scatter whose micro batches land on both ranks. The result
-// must equal generating locally with the actor's weights (same seed, same rows).
+// must equal generating locally with the actor's weights (same seed, same rows). A worker
+// put to sleep (weights in host memory) refuses to generate until woken, and then
+// generates exactly what it generated before.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -55,7 +57,9 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   group_config.timeout = 60s;
   auto group = transport::make_collective_group(group_config);
   rollout::ModelWeights source(*actor);
-  const auto sent = rollout::send_weights(source, group.get(), 5, torch::kFloat32);
+  rollout::SyncOptions sync;
+  sync.wire_dtype = torch::kFloat32;
+  const auto sent = rollout::send_weights(source, group.get(), 5, sync);
   for (const auto& reply : receiving.get()) {
     EXPECT_EQ(reply.args.at("weight_version"), 5);
     EXPECT_EQ(reply.args.at("bytes"), sent.bytes);
@@ -91,6 +95,54 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   EXPECT_TRUE(torch::equal(out.tensor("response_lengths"), expected.response_lengths));
   // Same weights, same shapes, one thread on both sides: the same FP32 arithmetic.
   EXPECT_LT((out.tensor("log_probs") - expected.log_probs).abs().max().item<double>(), 1e-6);
+  scheduler.shutdown();
+}
+
+TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
+  torch::set_num_threads(1);
+  SchedulerConfig config;
+  config.run_dir = testing::fresh_run_dir("rollout-sleep");
+  config.worker_program = RLHF_CLI_PATH;
+  config.heartbeat_interval = 200ms;
+  config.worker_timeout = 5000ms;
+  config.register_timeout = 60s;
+  config.request_timeout = 60s;
+  Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
+  scheduler.start();
+  auto& rollout = scheduler.group(Role::kRollout);
+  rollout.call_all("load_model", {{"preset", "tiny"},
+                                  {"seed", 3},
+                                  {"max_new_tokens", 8},
+                                  {"n_samples_per_prompt", 2},
+                                  {"micro_batch_size", 4}});
+  const auto ids = torch::randint(1, 250, {3, 5}, torch::kInt64);
+  const auto mask = torch::ones({3, 5}, torch::kInt64);
+  const nlohmann::json sampling = {{"temperature", 1.0}, {"seed", 5}};
+  auto generate = [&] {
+    return rollout.scatter("generate", {{"prompt_ids", ids}, {"prompt_mask", mask}}, 4, sampling);
+  };
+  const Message before = generate();
+
+  // The tiny preset in FP32: its parameters (tied embeddings once) and its buffers.
+  models::CausalLM reference(models::preset_config("tiny"));
+  int64_t weight_bytes = 0;
+  for (const auto& p : reference.parameters()) weight_bytes += p.numel() * 4;
+  const auto slept = rollout.call_all("sleep").at(0).args;
+  EXPECT_GE(slept.at("offloaded_bytes").get<int64_t>(), weight_bytes);
+  EXPECT_LT(slept.at("offloaded_bytes").get<int64_t>(), weight_bytes * 11 / 10);
+  EXPECT_FALSE(slept.contains("cuda_reserved_bytes"));  // a cpu worker
+  try {
+    generate();
+    FAIL() << "generate on a sleeping rollout must fail";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("call wake_up first"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(rollout.call_all("sleep").at(0).args.at("offloaded_bytes"), 0);  // asleep already
+  const auto woke = rollout.call_all("wake_up").at(0).args;
+  EXPECT_EQ(woke.at("restored_bytes"), slept.at("offloaded_bytes"));
+  const Message after = generate();
+  for (const char* name : {"sequences", "action_mask", "log_probs"})
+    EXPECT_TRUE(torch::equal(before.tensor(name), after.tensor(name))) << name;
   scheduler.shutdown();
 }
 

@@ -1,10 +1,14 @@
 // Weight sync between real processes over real Gloo groups (FileStore rendezvous): after a
 // sync every rollout rank's tensors equal the actor's (exact per-tensor checksums), from a
-// plain model and from a ZeRO-3 trainer sharded over 2 ranks; a layout mismatch fails on
-// both sides with a message instead of hanging.
+// plain model and from a ZeRO-3 trainer sharded over 2 ranks, in buckets small enough that
+// tensors split over several and buckets fill across units; a layout mismatch fails on
+// both sides with a message instead of hanging. On a GPU (`*_CUDA`): the same through a
+// CUDA IPC buffer between two processes on one device, and an IPC sync to a receiver that
+// is not on the GPU fails on both sides.
 #include "rollout/weight_sync.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -38,6 +42,8 @@ std::string fresh_dir(const std::string& name) {
 
 struct Digest {
   int64_t version = -1;
+  int64_t buckets = -1;
+  int64_t bytes = -1;
   std::map<std::string, std::pair<std::string, std::string>>
       tensors;  // name -> (sum, weighted sum)
 };
@@ -50,8 +56,8 @@ Digest read_digest(const std::string& path) {
     std::istringstream s(line);
     std::string name, a, b;
     s >> name >> a;
-    if (name == "version") {
-      d.version = std::stoll(a);
+    if (name == "version" || name == "buckets" || name == "bytes") {
+      (name == "version" ? d.version : name == "buckets" ? d.buckets : d.bytes) = std::stoll(a);
       continue;
     }
     s >> b;
@@ -84,11 +90,40 @@ void expect_same_weights(const Digest& actor, const Digest& rollout) {
   }
 }
 
+// Elements of the tiny model's weights as the sync walks them (every unit's tensors).
+std::vector<int64_t> tiny_numels() {
+  models::CausalLM model(models::preset_config("tiny"));
+  std::vector<int64_t> out;
+  for (const auto& unit : model.param_units())
+    for (const auto& [name, t] : unit.params) out.push_back(t.numel());
+  return out;
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t total = 0;
+  for (int64_t x : v) total += x;
+  return total;
+}
+
+TEST(WeightSync, BucketCountPacksEndToEnd) {
+  // {numels}, dtype, bucket bytes -> buckets: ceil(total bytes / bucket bytes), at least one
+  // element per bucket, none for nothing.
+  EXPECT_EQ(bucket_count({10, 20, 30}, torch::kFloat32, 40), 6);   // 240 B / 40
+  EXPECT_EQ(bucket_count({10, 20, 30}, torch::kFloat32, 41), 6);   // 10 elements per bucket
+  EXPECT_EQ(bucket_count({10, 20, 30}, torch::kBFloat16, 40), 3);  // 120 B / 40
+  EXPECT_EQ(bucket_count({100}, torch::kFloat32, 1 << 20), 1);     // smaller than a bucket
+  EXPECT_EQ(bucket_count({100}, torch::kFloat32, 1), 100);         // one element each
+  EXPECT_EQ(bucket_count({}, torch::kFloat32, 64), 0);
+}
+
 TEST(WeightSync, PlainModelToTwoRolloutRanksOverGloo) {
   const auto dir = fresh_dir("plain");
   const auto store = dir + "/sync.store";
-  ChildProcess actor({kWorker, "model-sender", store, "0", "3", dir + "/actor.txt"},
-                     dir + "/actor.log");
+  // 1000-byte buckets of FP32 (250 elements): most tensors of the tiny model split over
+  // several, and most buckets hold pieces of two tensors or units.
+  ChildProcess actor(
+      {kWorker, "--bucket-bytes", "1000", "model-sender", store, "0", "3", dir + "/actor.txt"},
+      dir + "/actor.log");
   ChildProcess r1({kWorker, "receiver", store, "1", "3", dir + "/r1.txt"}, dir + "/r1.log");
   ChildProcess r2({kWorker, "receiver", store, "2", "3", dir + "/r2.txt"}, dir + "/r2.log");
   ASSERT_EQ(actor.wait(std::chrono::seconds(90)), 0) << log_of(dir);
@@ -96,9 +131,15 @@ TEST(WeightSync, PlainModelToTwoRolloutRanksOverGloo) {
   ASSERT_EQ(r2.wait(std::chrono::seconds(90)), 0) << log_of(dir);
   const auto a = read_digest(dir + "/actor.txt");
   EXPECT_EQ(a.version, 7);
+  const int64_t total = sum(tiny_numels());
+  EXPECT_EQ(a.bytes, 4 * total);
+  EXPECT_EQ(a.buckets, (4 * total + 999) / 1000);
+  EXPECT_EQ(a.buckets, bucket_count(tiny_numels(), torch::kFloat32, 1000));
   for (const char* r : {"/r1.txt", "/r2.txt"}) {
     const auto d = read_digest(dir + r);
     EXPECT_EQ(d.version, 7);
+    EXPECT_EQ(d.buckets, a.buckets);
+    EXPECT_EQ(d.bytes, a.bytes);
     expect_same_weights(a, d);
   }
   fs::remove_all(dir);
@@ -107,9 +148,12 @@ TEST(WeightSync, PlainModelToTwoRolloutRanksOverGloo) {
 TEST(WeightSync, Zero3ActorOverTwoRanksGathersOneUnitAtATime) {
   const auto dir = fresh_dir("zero3");
   const auto sync = dir + "/sync.store", train = dir + "/train.store";
-  ChildProcess a0({kWorker, "trainer-sender", sync, "0", "2", dir + "/a0.txt", train, "0", "2"},
+  // 3000-byte BF16 buckets: flushed in the middle of gathered units, filled across them.
+  ChildProcess a0({kWorker, "--bucket-bytes", "3000", "trainer-sender", sync, "0", "2",
+                   dir + "/a0.txt", train, "0", "2"},
                   dir + "/a0.log");
-  ChildProcess a1({kWorker, "trainer-sender", sync, "0", "2", dir + "/a1.txt", train, "1", "2"},
+  ChildProcess a1({kWorker, "--bucket-bytes", "3000", "trainer-sender", sync, "0", "2",
+                   dir + "/a1.txt", train, "1", "2"},
                   dir + "/a1.log");
   ChildProcess rollout({kWorker, "receiver", sync, "1", "2", dir + "/r.txt"}, dir + "/r.log");
   ASSERT_EQ(a0.wait(std::chrono::seconds(120)), 0) << log_of(dir);
@@ -118,6 +162,12 @@ TEST(WeightSync, Zero3ActorOverTwoRanksGathersOneUnitAtATime) {
   const auto a = read_digest(dir + "/a0.txt");
   const auto r = read_digest(dir + "/r.txt");
   EXPECT_EQ(r.version, 7);
+  EXPECT_EQ(a.buckets, bucket_count(tiny_numels(), torch::kBFloat16, 3000));
+  EXPECT_GT(a.buckets, static_cast<int64_t>(models::CausalLM(models::preset_config("tiny"))
+                                                .param_units()
+                                                .size()));  // more buckets than units
+  EXPECT_EQ(r.buckets, a.buckets);
+  EXPECT_EQ(a.bytes, 2 * sum(tiny_numels()));
   expect_same_weights(a, r);
   // Both actor ranks gathered the same full weights.
   EXPECT_EQ(read_digest(dir + "/a1.txt").tensors, a.tensors);
@@ -143,6 +193,44 @@ TEST(WeightSync, LayoutMismatchFailsOnBothSidesWithAMessage) {
       rollout_log(std::istreambuf_iterator<char>(r), {});
   EXPECT_NE(actor_log.find("layout differs"), std::string::npos) << actor_log;
   EXPECT_NE(rollout_log.find("differs from this model's"), std::string::npos) << rollout_log;
+  fs::remove_all(dir);
+}
+
+// Two processes on one GPU: the actor's buckets reach the rollout through a CUDA IPC buffer
+// (the Gloo group carries only the handle and the signals), exactly.
+TEST(WeightSync, CudaIpcBetweenTwoProcessesOnOneGpu_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = fresh_dir("ipc");
+  const auto store = dir + "/sync.store";
+  ChildProcess actor({kWorker, "--bucket-bytes", "4096", "--path", "cuda_ipc", "--device", "cuda",
+                      "model-sender", store, "0", "2", dir + "/actor.txt"},
+                     dir + "/actor.log");
+  ChildProcess rollout({kWorker, "--device", "cuda", "receiver", store, "1", "2", dir + "/r.txt"},
+                       dir + "/r.log");
+  ASSERT_EQ(actor.wait(std::chrono::seconds(120)), 0) << log_of(dir);
+  ASSERT_EQ(rollout.wait(std::chrono::seconds(120)), 0) << log_of(dir);
+  const auto a = read_digest(dir + "/actor.txt");
+  const auto r = read_digest(dir + "/r.txt");
+  EXPECT_EQ(r.version, 7);
+  EXPECT_EQ(a.buckets, bucket_count(tiny_numels(), torch::kFloat32, 4096));
+  EXPECT_EQ(r.buckets, a.buckets);
+  expect_same_weights(a, r);
+  fs::remove_all(dir);
+}
+
+TEST(WeightSync, CudaIpcToAReceiverOffTheGpuFailsOnBothSides_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = fresh_dir("ipc_cpu");
+  const auto store = dir + "/sync.store";
+  ChildProcess actor({kWorker, "--path", "cuda_ipc", "--device", "cuda", "model-sender", store, "0",
+                      "2", dir + "/actor.txt"},
+                     dir + "/actor.log");
+  ChildProcess rollout({kWorker, "receiver", store, "1", "2", dir + "/r.txt"}, dir + "/r.log");
+  EXPECT_EQ(actor.wait(std::chrono::seconds(90)), 1);
+  EXPECT_EQ(rollout.wait(std::chrono::seconds(90)), 1);
+  const std::string all = log_of(dir);
+  EXPECT_NE(all.find("could not map the actor's CUDA IPC buffer"), std::string::npos) << all;
+  EXPECT_NE(all.find("not on the actor's GPU"), std::string::npos) << all;
   fs::remove_all(dir);
 }
 

@@ -1,8 +1,10 @@
 // Test helper process for weight_sync_test: one rank of an actor -> rollout weight sync.
-// Writes "version V" and one "name sum weighted_sum" line per tensor to OUT, for the test to
-// compare between the actor and the rollout ranks.
-// Usage: rlhf_weight_sync_worker MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT [TRAIN_STORE TRAIN_RANK
-// TRAIN_SIZE]
+// Writes "version V", "buckets K", "bytes N" and one "name sum weighted_sum" line per tensor
+// to OUT, for the test to compare between the actor and the rollout ranks.
+// Usage: rlhf_weight_sync_worker [--bucket-bytes N] [--path gloo|cuda_ipc] [--device cpu|cuda]
+//        MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT [TRAIN_STORE TRAIN_RANK TRAIN_SIZE]
+//   --bucket-bytes: the sender's bucket size (default 256 MiB); --path: the sender's path;
+//   --device: where the plain model (model-sender, receiver) lives (default cpu)
 //   MODE model-sender:   a plain model (seed 1) is sync rank 0
 //   MODE trainer-sender: a ZeRO-3 trainer over TRAIN_SIZE ranks takes one step, then syncs
 //                        (its rank 0 is sync rank 0; SYNC_* are ignored on other ranks)
@@ -25,6 +27,11 @@ using namespace rlhf;
 namespace {
 
 constexpr int64_t kVersion = 7;
+
+struct Flags {
+  rollout::SyncOptions sync;
+  torch::Device device = torch::kCPU;
+};
 
 std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int rank, int size) {
   transport::CollectiveConfig config;
@@ -53,24 +60,33 @@ std::shared_ptr<models::CausalLM> tiny(uint64_t seed, int64_t intermediate_size 
   return model;
 }
 
-int run(int argc, char** argv) {
+void write_stats(std::ofstream& out, const rollout::WeightSyncStats& stats) {
+  out << "version " << stats.version << "\nbuckets " << stats.buckets << "\nbytes " << stats.bytes
+      << '\n';
+}
+
+int run(int argc, char** argv, Flags flags) {
   const std::string mode = argv[1], sync_store = argv[2];
   const int sync_rank = std::stoi(argv[3]), sync_size = std::stoi(argv[4]);
   std::ofstream out(argv[5]);
   if (mode == "receiver" || mode == "receiver-mismatch") {
     auto model = tiny(2, mode == "receiver-mismatch" ? 128 : 0);
+    model->to(flags.device);
     auto group = join(sync_store, sync_rank, sync_size);
     auto stats = rollout::receive_weights(*model, *group);
-    out << "version " << stats.version << '\n';
+    write_stats(out, stats);
     write_checksums(out, model->state_tensors());
     return 0;
   }
   if (mode == "model-sender") {
     auto model = tiny(1);
+    model->to(flags.device);
     auto group = join(sync_store, sync_rank, sync_size);
     rollout::ModelWeights source(*model);
-    auto stats = rollout::send_weights(source, group.get(), kVersion, torch::kFloat32);
-    out << "version " << stats.version << '\n';
+    flags.sync.wire_dtype = torch::kFloat32;
+    flags.sync.device = flags.device;
+    auto stats = rollout::send_weights(source, group.get(), kVersion, flags.sync);
+    write_stats(out, stats);
     write_checksums(out, model->state_tensors());
     return 0;
   }
@@ -92,8 +108,9 @@ int run(int argc, char** argv) {
     std::unique_ptr<transport::CollectiveGroup> sync;
     if (train_rank == 0) sync = join(sync_store, sync_rank, sync_size);
     rollout::TrainerWeights source(trainer);
-    auto stats = rollout::send_weights(source, sync.get(), kVersion, torch::kBFloat16);
-    out << "version " << stats.version << '\n';
+    flags.sync.wire_dtype = torch::kBFloat16;
+    auto stats = rollout::send_weights(source, sync.get(), kVersion, flags.sync);
+    write_stats(out, stats);
     // What the actor holds now, one gathered unit at a time (collective on both ranks).
     const auto units = static_cast<int64_t>(source.layout().size());
     for (int64_t u = 0; u < units; ++u) {
@@ -109,15 +126,35 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Flags flags;
+  try {
+    // Leading flags, then the positional arguments (argv[0] is kept in front of them).
+    while (argc > 2 && std::string(argv[1]).rfind("--", 0) == 0) {
+      const std::string flag = argv[1], value = argv[2];
+      if (flag == "--bucket-bytes")
+        flags.sync.bucket_bytes = std::stoll(value);
+      else if (flag == "--path")
+        flags.sync.path = rollout::parse_sync_path(value);
+      else if (flag == "--device")
+        flags.device = torch::Device(value);
+      else
+        throw std::invalid_argument("unknown flag " + flag);
+      argv[2] = argv[0];
+      argv += 2;
+      argc -= 2;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "weight sync worker: " << e.what() << '\n';
+    return 2;
+  }
   if (argc != 6 && argc != 9) {
-    std::cerr << "usage: rlhf_weight_sync_worker MODE SYNC_STORE SYNC_RANK SYNC_SIZE OUT "
-                 "[TRAIN_STORE TRAIN_RANK "
-                 "TRAIN_SIZE]\n";
+    std::cerr << "usage: rlhf_weight_sync_worker [--bucket-bytes N] [--path P] [--device D] MODE "
+                 "SYNC_STORE SYNC_RANK SYNC_SIZE OUT [TRAIN_STORE TRAIN_RANK TRAIN_SIZE]\n";
     return 2;
   }
   try {
     torch::set_num_threads(1);
-    return run(argc, argv);
+    return run(argc, argv, flags);
   } catch (const std::exception& e) {
     std::cerr << "weight sync worker: " << e.what() << '\n';
     return 1;

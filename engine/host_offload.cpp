@@ -1,0 +1,69 @@
+// Storage-level offload to host memory and back. See host_offload.h.
+#include "engine/host_offload.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+
+#include <unordered_set>
+
+#include "core/errors.h"
+
+namespace rlhf::engine {
+namespace {
+
+// The storage's bytes as a [nbytes] uint8 tensor (no copy).
+torch::Tensor bytes_of(const c10::Storage& storage, int64_t nbytes) {
+  return torch::empty({0}, torch::TensorOptions(torch::kUInt8).device(storage.device()))
+      .set_(storage, 0, {nbytes}, {1});
+}
+
+}  // namespace
+
+int64_t HostOffload::offload(const std::vector<torch::Tensor>& tensors) {
+  if (offloaded()) throw RuntimeError("HostOffload: already offloaded; restore() first");
+  std::unordered_set<const c10::StorageImpl*> seen;
+  int64_t moved = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    const auto nbytes = static_cast<int64_t>(impl->nbytes());
+    if (nbytes == 0 || !seen.insert(impl).second) continue;
+    Saved s;
+    s.storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
+    s.device = impl->device();
+    s.host = torch::empty({nbytes},
+                          torch::TensorOptions(torch::kUInt8).pinned_memory(s.device.is_cuda()));
+    s.host.copy_(bytes_of(t.storage(), nbytes));  // blocking: the bytes are here before the free
+    moved += nbytes;
+    saved_.push_back(std::move(s));
+  }
+  // Only now, with every copy done: free each storage's device memory.
+  for (auto& s : saved_) {
+    s.storage->set_data_ptr_noswap(c10::DataPtr(nullptr, s.device));
+    s.storage->set_nbytes(0);
+  }
+  return moved;
+}
+
+int64_t HostOffload::restore() {
+  int64_t moved = 0;
+  for (auto& s : saved_) {
+    const int64_t nbytes = s.host.numel();
+    c10::Allocator* allocator = s.storage->allocator();
+    if (!allocator) allocator = c10::GetAllocator(s.device.type());
+    s.storage->set_data_ptr_noswap(allocator->allocate(static_cast<size_t>(nbytes)));
+    s.storage->set_nbytes(static_cast<size_t>(nbytes));
+    bytes_of(c10::Storage(s.storage), nbytes).copy_(s.host);
+    moved += nbytes;
+  }
+  saved_.clear();  // the host copies go (pinned memory back to the CUDA host allocator)
+  return moved;
+}
+
+int64_t HostOffload::bytes() const {
+  int64_t total = 0;
+  for (const auto& s : saved_) total += s.host.numel();
+  return total;
+}
+
+}  // namespace rlhf::engine
