@@ -1,6 +1,7 @@
 // PagedDecoder: padded decode steps, captured as CUDA graphs on a GPU. See decode_graph.h.
 #include "rollout/decode_graph.h"
 
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -8,13 +9,54 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <optional>
 
 namespace rlhf::rollout {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The process's decode stream of a device, taken from the pool once.
+c10::cuda::CUDAStream decode_stream(c10::DeviceIndex index) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = streams.find(index);
+  if (it == streams.end())
+    it = streams.emplace(index, c10::cuda::getStreamFromPool(false, index)).first;
+  return it->second;
+}
+
 }  // namespace
+
+struct DecodeStream::Impl {
+  Impl(c10::cuda::CUDAStream previous, c10::cuda::CUDAStream decode)
+      : previous(previous), decode(decode), guard(decode) {}
+  c10::cuda::CUDAStream previous;
+  c10::cuda::CUDAStream decode;
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+};
+
+DecodeStream::DecodeStream(torch::Device device) {
+  if (!device.is_cuda()) return;
+  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+  auto previous = c10::cuda::getCurrentCUDAStream(index);
+  auto decode = decode_stream(index);
+  at::cuda::CUDAEvent queued;
+  queued.record(previous);
+  queued.block(decode);
+  impl_ = std::make_unique<Impl>(previous, decode);
+}
+
+DecodeStream::~DecodeStream() {
+  if (!impl_) return;
+  impl_->guard.reset();
+  at::cuda::CUDAEvent done;
+  done.record(impl_->decode);
+  done.block(impl_->previous);
+}
 
 // One padded shape: its inputs on the device, and on a GPU its graph and output.
 struct PagedDecoder::Shape {
@@ -94,10 +136,12 @@ void PagedDecoder::capture(Shape& s) {
   cache_.fill_decode_inputs({}, s.batch, s.blocks, host.data_ptr<int64_t>());
   s.inputs.narrow(0, s.batch, n).copy_(host);
   torch::cuda::synchronize();
-  // Capture needs a stream other than the default one; the graph then replays on any.
-  auto stream = c10::cuda::getStreamFromPool(false, device_.index());
+  // Capture needs a stream other than the default one (DecodeStream gives it); the graph
+  // then replays on any.
+  TORCH_CHECK(c10::cuda::getCurrentCUDAStream(device_.index()) !=
+                  c10::cuda::getDefaultCUDAStream(device_.index()),
+              "PagedDecoder: capturing needs a non-default stream (run under DecodeStream)");
   {
-    c10::cuda::CUDAStreamGuard guard(stream);
     // Lazy initialisation (cuBLAS handles and workspaces, the rotary table) happens here,
     // outside the capture.
     cache_.plan_decode_static({}, s.slots, s.positions, s.tables);

@@ -66,6 +66,11 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
       config_.max_num_seqs > 0 ? config_.max_num_seqs : config_.micro_batch_size * n;
   const int64_t check_every =
       config_.sync_interval > 0 ? config_.sync_interval : (device.is_cpu() ? 1 : 8);
+  // Padded decode steps, CUDA graphs on a GPU (decode_graph.h), where the whole call runs on
+  // the decode stream.
+  const bool padded_steps = config_.decode_steps == DecodeSteps::kPadded ||
+                            (config_.decode_steps == DecodeSteps::kAuto && device.is_cuda());
+  DecodeStream on_decode_stream(padded_steps ? device : torch::Device(torch::kCPU));
 
   // Each prompt's tokens (left padding dropped), on the host.
   std::vector<std::vector<int64_t>> prompts(B);
@@ -97,9 +102,6 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   models::PagedKvCache cache(mc, num_blocks, bs, model.dtype(), device);
   // Blocks kept free when admitting while others run, so a decode step rarely preempts.
   const int64_t watermark = std::max<int64_t>(1, num_blocks / 100);
-  // Padded decode steps (CUDA graphs on a GPU): see decode_graph.h.
-  const bool padded_steps = config_.decode_steps == DecodeSteps::kPadded ||
-                            (config_.decode_steps == DecodeSteps::kAuto && device.is_cuda());
   std::unique_ptr<PagedDecoder> decoder;
   if (padded_steps)
     decoder = std::make_unique<PagedDecoder>(model, cache, std::min(max_seqs, N), blocks_per_row,
