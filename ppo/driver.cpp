@@ -92,11 +92,14 @@ struct Experience {
   torch::Tensor scores;           // [B] raw reward-source scores
   torch::Tensor response_length;  // [B] action tokens
   // Per token.
-  torch::Tensor log_probs_old;     // [B, A] actor log pi_old(a|s)
-  torch::Tensor log_probs_ref;     // [B, A] reference log-probs (undefined without a ref)
-  torch::Tensor values;            // [B, A] critic values (undefined without a critic)
-  torch::Tensor kl;                // [B, A] policy-vs-reference KL estimate (zeros without a ref)
-  double kl_mean = 0;              // sequence_mean_kl(kl): logged and fed to the KL controller
+  torch::Tensor log_probs_old;  // [B, A] actor log pi_old(a|s)
+  torch::Tensor log_probs_ref;  // [B, A] reference log-probs (undefined without a ref)
+  torch::Tensor values;         // [B, A] critic values (undefined without a critic)
+  torch::Tensor kl;             // [B, A] policy-vs-reference KL estimate (zeros without a ref)
+  double kl_mean = 0;           // sequence_mean_kl(kl): logged and fed to the KL controller
+  // |rollout log-probs - actor log-probs| over action tokens: the synced weights and the two
+  // engines agree (with async_steps 1 it includes the update the rollout lags by).
+  double logprob_diff_mean = 0, logprob_diff_max = 0;
   torch::Tensor overlong_penalty;  // [B] DAPO soft length penalty added to the scores (<= 0)
   torch::Tensor entropy;           // [B, A] policy entropy at each action position
   BatchAdvantages adv;             // rewards, advantages, returns [B, A]
@@ -246,9 +249,6 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
   const int64_t per_step = c_.optimizer_steps_per_step();
   const auto t0 = Clock::now();
   std::mutex out_mutex;  // roles finish on their own threads
-  // Rendezvous files of this run's collective groups: FileStore needs them absent at first.
-  fs::remove_all(fs::path(run_dir_) / "stores");
-  fs::create_directories(fs::path(run_dir_) / "stores");
   std::vector<std::future<void>> calls;
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
@@ -507,6 +507,13 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
                                              r.action_mask.to(torch::kFloat32)
                                        : current;
   e.entropy = actor_reply.tensor("entropy");
+  {
+    const auto mask = r.action_mask.to(torch::kFloat32);
+    const auto diff =
+        (r.behaviour_log_probs.narrow(1, 0, mask.size(1)) - current).abs() * mask;  // [B, A]
+    e.logprob_diff_mean = (diff.sum() / mask.sum().clamp_min(1)).item<double>();
+    e.logprob_diff_max = diff.max().item<double>();
+  }
   if (has_ref_) e.log_probs_ref = take(ref).tensor("log_probs");
   if (has_critic_) e.values = take(values).tensor("values");
   if (has_reward_model_) e.scores = take(model_scores).tensor("scores").to(torch::kFloat32);
@@ -644,6 +651,7 @@ double PpoJob::before_training(Scheduler& s) {
     const json& r = replies.at(0).args;
     offload_["rollout_bytes"] = r.value("offloaded_bytes", int64_t{0});
     offload_["rollout_sleep_s"] = r.value("seconds", 0.0);
+    offload_["rollout_cuda_allocated_bytes_asleep"] = r.value("cuda_allocated_bytes", int64_t{0});
     offload_["rollout_cuda_reserved_bytes_asleep"] = r.value("cuda_reserved_bytes", int64_t{0});
     compute += call_all_compute(replies);
   }
@@ -669,6 +677,7 @@ double PpoJob::before_generating(Scheduler& s) {
     const auto replies = s.group(Role::kRollout).call_all("wake_up");
     const json& r = replies.at(0).args;
     offload_["rollout_wake_s"] = r.value("seconds", 0.0);
+    offload_["rollout_cuda_allocated_bytes_awake"] = r.value("cuda_allocated_bytes", int64_t{0});
     offload_["rollout_cuda_reserved_bytes_awake"] = r.value("cuda_reserved_bytes", int64_t{0});
     compute += call_all_compute(replies);
   }
@@ -793,32 +802,34 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
       // driver-side math (advantages, rewards) and waiting (bench/ppo_overhead measures it).
       const double compute =
           r.compute_s + e.compute_s + losses["compute_s"].get<double>() + sync_compute;
-      json rec = {{"step", step},
-                  {"total_steps", total_steps_},
-                  {"reward_mean", e.scores.mean().item<double>()},
-                  {"reward_std", e.scores.std(false).item<double>()},
-                  {"return_mean", (e.adv.rewards.sum(1)).mean().item<double>()},
-                  {"kl", kl_mean},
-                  {"kl_coef", kl_coef},
-                  {"response_length", e.response_length.to(torch::kFloat32).mean().item<double>()},
-                  {"entropy", ((e.entropy * mask).sum() / mask.sum().clamp_min(1)).item<double>()},
-                  {"worker_compute_s", compute},
-                  {"overhead_share", std::max(0.0, 1.0 - compute / t_step)},
-                  {"time_s",
-                   {{"generate", t_gen + t_wait},
-                    {"generate_ahead", t_ahead},
-                    {"score", t_score},
-                    {"train", t_train},
-                    {"sync", t_sync},
-                    {"step", t_step}}},
-                  {"samples_per_s", static_cast<double>(r.sequences.size(0)) / t_step},
-                  {"tokens_per_s", tokens / t_step},
-                  {"weight_version", r.weight_version},
-                  {"rollout_preempted", r.preempted},
-                  {"rollout_kv_peak_bytes", r.kv_peak_bytes},
-                  {"prompts_consumed", consumed},
-                  {"weight_sync", last_sync_},
-                  {"memory", peak_memory_by_role(s, planned_)}};
+      json rec = {
+          {"step", step},
+          {"total_steps", total_steps_},
+          {"reward_mean", e.scores.mean().item<double>()},
+          {"reward_std", e.scores.std(false).item<double>()},
+          {"return_mean", (e.adv.rewards.sum(1)).mean().item<double>()},
+          {"kl", kl_mean},
+          {"kl_coef", kl_coef},
+          {"response_length", e.response_length.to(torch::kFloat32).mean().item<double>()},
+          {"entropy", ((e.entropy * mask).sum() / mask.sum().clamp_min(1)).item<double>()},
+          {"worker_compute_s", compute},
+          {"overhead_share", std::max(0.0, 1.0 - compute / t_step)},
+          {"time_s",
+           {{"generate", t_gen + t_wait},
+            {"generate_ahead", t_ahead},
+            {"score", t_score},
+            {"train", t_train},
+            {"sync", t_sync},
+            {"step", t_step}}},
+          {"samples_per_s", static_cast<double>(r.sequences.size(0)) / t_step},
+          {"tokens_per_s", tokens / t_step},
+          {"weight_version", r.weight_version},
+          {"rollout_preempted", r.preempted},
+          {"rollout_kv_peak_bytes", r.kv_peak_bytes},
+          {"prompts_consumed", consumed},
+          {"weight_sync", last_sync_},
+          {"rollout_logprob_diff", {{"mean", e.logprob_diff_mean}, {"max", e.logprob_diff_max}}},
+          {"memory", peak_memory_by_role(s, planned_)}};
       if (!offload_.empty()) rec["offload"] = offload_;
       rec.update(losses);
       if (!r.sampling.is_null()) rec.update(r.sampling);

@@ -180,6 +180,9 @@ TEST_F(PpoJob, RolloutColocatedWithTheActor) {
     const int64_t bucket = static_cast<int64_t>(0.05 * (1 << 20));
     EXPECT_EQ(sync["buckets"].get<int64_t>(), (bytes + bucket - 1) / bucket);
     EXPECT_GT(sync["gb_per_s"].get<double>(), 0.0);
+    // The rollout generates with the synced weights: its log-probs of the sampled tokens are
+    // the actor's up to BF16 kernel differences (measured: mean 3e-4 nats).
+    EXPECT_LT(m["rollout_logprob_diff"]["mean"].get<double>(), 0.01);
   }
 }
 
