@@ -46,7 +46,10 @@ std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int r
 void write_checksums(std::ofstream& out, rollout::NamedTensors tensors) {
   for (const auto& [name, t] : tensors) {
     auto v = t.detach().to(torch::kFloat64).reshape({-1});
-    auto w = torch::arange(v.numel(), torch::kInt64).remainder(97).add(1).to(torch::kFloat64);
+    auto w = torch::arange(v.numel(), torch::TensorOptions(torch::kInt64).device(v.device()))
+                 .remainder(97)
+                 .add(1)
+                 .to(torch::kFloat64);
     out << name << ' ' << std::setprecision(17) << v.sum().item<double>() << ' '
         << (v * w).sum().item<double>() << '\n';
   }
