@@ -62,6 +62,19 @@ MessageKind peek_kind(const zmq::message_t& header) {
   return MessageKind::kRequest;
 }
 
+// Encrypts the connection to the scheduler (ZeroMQ CURVE) with a fresh key pair of this
+// process; the scheduler's token check still decides who may join.
+void set_curve_client(Channel& channel, const std::string& server_key) {
+  char public_key[41] = {}, secret_key[41] = {};
+  if (zmq_curve_keypair(public_key, secret_key) != 0)
+    throw RuntimeError(std::string("zmq_curve_keypair failed (libzmq without CURVE?): ") +
+                       zmq_strerror(zmq_errno()));
+  auto& socket = channel.socket();
+  socket.set(zmq::sockopt::curve_serverkey, server_key);
+  socket.set(zmq::sockopt::curve_publickey, std::string(public_key));
+  socket.set(zmq::sockopt::curve_secretkey, std::string(secret_key));
+}
+
 constexpr const char* kExecEndpoint = "inproc://rlhf-worker-operations";
 
 // The operation thread: decode (validating), run, reply. Never throws out.
@@ -150,6 +163,8 @@ WorkerConfig WorkerConfig::from_env() {
   c.token = env_or_throw("RLHF_TOKEN");
   const char* run_dir = std::getenv("RLHF_RUN_DIR");
   c.run_dir = run_dir ? run_dir : "";
+  const char* curve = std::getenv("RLHF_CURVE_SERVER_KEY");
+  c.curve_server_key = curve ? curve : "";
   if (c.identity.rank >= c.identity.world_size)
     throw InputError("RLHF_RANK " + std::to_string(c.identity.rank) +
                      " is not below RLHF_WORLD_SIZE " + std::to_string(c.identity.world_size));
@@ -161,10 +176,12 @@ Worker::Worker(WorkerConfig config, OperationRegistry registry)
 
 int Worker::run() {
   const WorkerIdentity& self = config_.identity;
-  const std::string me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
+  std::string me = "[" + (self.role.empty() ? "worker" : self.role) + " " +
+                   (self.role.empty() ? "?" : std::to_string(self.rank)) + "] ";
   zmq::context_t context(1);
   Channel scheduler(context, zmq::socket_type::dealer);
   scheduler.set_max_message_size(config_.limits.max_total_bytes + config_.limits.max_header_bytes);
+  if (!config_.curve_server_key.empty()) set_curve_client(scheduler, config_.curve_server_key);
   scheduler.connect(config_.scheduler_endpoint);
 
   Message hello;
@@ -172,13 +189,31 @@ int Worker::run() {
   hello.args = {{"token", config_.token}, {"role", self.role},
                 {"rank", self.rank},      {"pid", static_cast<int64_t>(getpid())},
                 {"host", hostname()},     {"device", self.device}};
+  if (config_.on_assigned) hello.args["join"] = true;  // any free place, or the one asked for
+  if (config_.on_assigned && self.role.empty()) hello.args.erase("rank");
+  if (config_.on_assigned && !self.node.empty()) hello.args["node"] = self.node;
   scheduler.send(hello);
   auto answer = scheduler.recv(config_.register_timeout);
   if (!answer)
-    throw RuntimeError(me + "no answer from the scheduler at " + config_.scheduler_endpoint);
+    throw RuntimeError(me + "no answer from the scheduler at " + config_.scheduler_endpoint +
+                       " within " + std::to_string(config_.register_timeout.count() / 1000) +
+                       " s (is `rlhf run` up there, and are the endpoint and CURVE key right?)");
   Message accepted = decode(std::move(*answer), config_.limits);
   if (accepted.kind != MessageKind::kRegistered)
     throw RuntimeError(me + "the scheduler refused registration: " + accepted.error);
+  if (config_.on_assigned) {
+    const auto& a = accepted.args.at("identity");
+    config_.identity.role = a.at("role").get<std::string>();
+    config_.identity.rank = a.at("rank").get<int>();
+    config_.identity.world_size = a.at("world_size").get<int>();
+    config_.identity.device = a.at("device").get<std::string>();
+    config_.identity.node = a.at("node").get<std::string>();
+    config_.run_dir = accepted.args.value("run_dir", config_.run_dir);
+    for (const auto& [name, value] : accepted.args.at("env").items())
+      ::setenv(name.c_str(), value.get<std::string>().c_str(), 1);
+    registry_ = config_.on_assigned(config_.identity);
+  }
+  me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
   const milliseconds silence_limit(accepted.args.value("timeout_ms", int64_t{5000}));
   std::cerr << me << "registered with " << config_.scheduler_endpoint << ", pid " << getpid()
             << ", device " << self.device << std::endl;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "actors/operation_registry.h"
@@ -19,6 +20,13 @@ struct WorkerConfig {
   std::string run_dir;             // RLHF_RUN_DIR
   std::chrono::milliseconds register_timeout{30000};
   MessageLimits limits;
+  // CURVE: the scheduler's public key (Z85, 40 characters; RLHF_CURVE_SERVER_KEY), "" when
+  // the job's sockets are not encrypted.
+  std::string curve_server_key;
+  // Hand-joined workers (rlhf worker --connect) learn their identity from the scheduler's
+  // answer; after their environment is set from it, this prepares the process (device,
+  // threads) and returns the operations to serve. Unset: the identity comes from from_env().
+  std::function<OperationRegistry(const WorkerIdentity&)> on_assigned;
 
   // From the environment the scheduler sets (RLHF_ROLE, RLHF_RANK, RLHF_WORLD_SIZE,
   // RLHF_DEVICE, RLHF_NODE, RLHF_SCHEDULER, RLHF_TOKEN, RLHF_RUN_DIR).

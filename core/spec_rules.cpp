@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "core/cluster.h"
 #include "core/spec_schema.h"
 #include "core/text.h"
 
@@ -455,6 +456,7 @@ void check_cross_fields(Validation& v) {
   if (v.ok({"cluster.nodes"}) && !nodes.empty()) group = resolve_devices(v, used, nodes);
   check_batches(v, used, group);
   check_lengths_and_algo(v);
+  check_cluster(v);
 }
 
 }  // namespace rlhf::detail

@@ -123,6 +123,18 @@ std::vector<KeySpec> build_table() {
         "per device}]. On cpu, devices are logical slots.");
   t.string("cluster.interface", "127.0.0.1",
            "Address the scheduler binds to (loopback unless a job spans nodes).");
+  t.string("cluster.port_range", "",
+           "Ports of the job's endpoints, \"LOW-HIGH\": the worker endpoint takes the first "
+           "free one, the rendezvous store (a c10d TCPStore) the next. \"\": any free port.");
+  t.choice("cluster.launcher", "local", {"local", "manual", "slurm"},
+           "Who starts the workers: local (rlhf run, on this host), manual (anyone, with `rlhf "
+           "worker --connect`; see docs/multinode.md), slurm (srun steps inside an allocation).");
+  t.number("cluster.join_timeout_s", 300.0, 1, 86400,
+           "manual and slurm: seconds rlhf run waits for every worker to join before it stops, "
+           "naming the ones that never came.");
+  t.boolean("cluster.curve", false,
+            "Encrypt the scheduler's worker sockets with ZeroMQ CURVE (needs libzmq with "
+            "libsodium); the job token still decides who joins.");
   t.integer("cluster.threads_per_worker", 1, 1, 1024,
             "Torch intra-op threads per worker process (OMP_NUM_THREADS).");
   t.string("cluster.cuda_alloc_conf", "expandable_segments:True",

@@ -189,16 +189,11 @@ torch::Tensor OfflineJob::gather_rows(Scheduler& s, const std::string& op, const
 void OfflineJob::init_roles(Scheduler& s, std::ostream& out) {
   const auto t0 = Clock::now();
   std::mutex out_mutex;  // roles finish on their own threads
-  fs::remove_all(fs::path(run_dir_) / "stores");
-  fs::create_directories(fs::path(run_dir_) / "stores");
   std::vector<std::future<void>> calls;
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
     auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_, accum_);
-    json args = {
-        {"config", config.to_json()},
-        {"store_path",
-         (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
+    json args = {{"config", config.to_json()}, {"store_path", s.rendezvous(role_name(role))}};
     out << kind() << ": loading " << role_name(role) << " (" << g.size() << " worker"
         << (g.size() == 1 ? "" : "s") << ")" << std::endl;
     calls.push_back(std::async(std::launch::async, [this, &g, &out, &out_mutex, t0, args] {

@@ -272,10 +272,7 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
     } else {
       int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
       auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum);
-      args = {
-          {"config", config.to_json()},
-          {"store_path",
-           (fs::path(run_dir_) / "stores" / (std::string(role_name(role)) + ".store")).string()}};
+      args = {{"config", config.to_json()}, {"store_path", s.rendezvous(role_name(role))}};
     }
     out << "ppo: loading " << role_name(role) << " (" << g.size() << " worker"
         << (g.size() == 1 ? "" : "s") << ")" << std::endl;
@@ -617,7 +614,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
 }
 
 double PpoJob::sync_weights(Scheduler& s) {
-  const std::string store = (fs::path(run_dir_) / "stores" / "weight_sync.store").string();
+  const std::string store = s.rendezvous("weight_sync");
   RoleGroup& rollout = s.group(Role::kRollout);
   auto receive = in_parallel([&] {
     return rollout.call_all("sync_weights",

@@ -3,6 +3,7 @@
 #include "scheduler/scheduler.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -11,11 +12,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "scheduler/role_group.h"
+#include "scheduler/slurm_launcher.h"
 #include "scheduler/worker_process.h"
 #include "transport/channel.h"
 #include "transport/job_token.h"
+#include "transport/store.h"
 
 namespace rlhf {
 namespace {
@@ -28,6 +32,32 @@ bool is_local_host(const std::string& host) {
   if (host.empty() || host == "127.0.0.1" || host == "localhost" || host == "::1") return true;
   char name[256] = {};
   return gethostname(name, sizeof name - 1) == 0 && host == name;
+}
+
+bool is_wildcard(const std::string& host) {
+  return host == "0.0.0.0" || host == "*" || host == "::";
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) throw RuntimeError("gethostname failed");
+  return name;
+}
+
+// Binds `socket` to `host` at the first free port of [low, high] (both 0: any free port).
+std::string bind_in_range(Channel& socket, const std::string& host, uint16_t low, uint16_t high) {
+  if (low == 0 && high == 0) return socket.bind(tcp_wildcard(is_wildcard(host) ? "*" : host));
+  std::string last;
+  for (uint32_t p = low; p <= high; ++p) {
+    try {
+      return socket.bind("tcp://" + (is_wildcard(host) ? std::string("*") : host) + ":" +
+                         std::to_string(p));
+    } catch (const std::exception& e) {
+      last = e.what();
+    }
+  }
+  throw RuntimeError("cluster.port_range " + std::to_string(low) + "-" + std::to_string(high) +
+                     ": no free port on " + host + " (" + last + ")");
 }
 
 zmq::message_t index_frame(size_t index) {
@@ -65,6 +95,11 @@ struct Scheduler::Io {
 Scheduler::Scheduler(SchedulerConfig config, Placement placement)
     : config_(std::move(config)), placement_(std::move(placement)) {}
 
+std::string Scheduler::rendezvous(const std::string& group) const {
+  if (!store_server_) throw std::logic_error("Scheduler::rendezvous before start()");
+  return store_server_->url(connect_host_, group).text();
+}
+
 Scheduler::~Scheduler() {
   try {
     shutdown();
@@ -94,12 +129,41 @@ void Scheduler::start() {
   std::error_code ec;
   fs::create_directories(logs, ec);
   if (ec) throw RuntimeError("cannot create " + logs.string() + ": " + ec.message());
-  token_ = make_job_token();
+  token_ = config_.token.empty() ? make_job_token() : config_.token;
   io_ = std::make_unique<Io>();
   io_->router = std::make_unique<Channel>(io_->context, zmq::socket_type::router, milliseconds(0));
+  if (config_.curve) {
+    if (!zmq_has("curve"))
+      throw RuntimeError(
+          "cluster.curve is on but this libzmq has no CURVE (built without "
+          "libsodium)");
+    char public_key[41] = {}, secret_key[41] = {};
+    if (zmq_curve_keypair(public_key, secret_key) != 0)
+      throw RuntimeError(std::string("zmq_curve_keypair: ") + zmq_strerror(zmq_errno()));
+    curve_public_ = public_key;
+    io_->router->socket().set(zmq::sockopt::curve_server, 1);
+    io_->router->socket().set(zmq::sockopt::curve_secretkey, std::string(secret_key));
+  }
   io_->router->set_max_message_size(config_.limits.max_total_bytes +
                                     config_.limits.max_header_bytes);
-  tcp_endpoint_ = io_->router->bind(tcp_wildcard(config_.bind_host));
+  tcp_endpoint_ =
+      bind_in_range(*io_->router, config_.bind_host, config_.port_low, config_.port_high);
+  connect_host_ = is_wildcard(config_.bind_host) ? this_host_name() : config_.bind_host;
+  if (is_wildcard(config_.bind_host))
+    tcp_endpoint_ = "tcp://" + connect_host_ + tcp_endpoint_.substr(tcp_endpoint_.rfind(':'));
+  // The rendezvous store: in the range after the worker endpoint's port.
+  const auto zmq_port =
+      static_cast<uint16_t>(std::stoi(tcp_endpoint_.substr(tcp_endpoint_.rfind(':') + 1)));
+  const bool ranged = config_.port_low != 0 || config_.port_high != 0;
+  if (ranged && zmq_port >= config_.port_high)
+    throw RuntimeError("cluster.port_range " + std::to_string(config_.port_low) + "-" +
+                       std::to_string(config_.port_high) +
+                       ": no port left for the rendezvous store after the worker endpoint's " +
+                       std::to_string(zmq_port));
+  store_server_ = std::make_unique<transport::StoreServer>(
+      is_wildcard(config_.bind_host) ? "0.0.0.0" : config_.bind_host,
+      ranged ? static_cast<uint16_t>(zmq_port + 1) : 0, ranged ? config_.port_high : 0,
+      std::chrono::minutes(5));
   io_->ipc_path = (fs::temp_directory_path() /
                    ("rlhf-" + std::to_string(getpid()) + "-" + token_.substr(0, 12) + ".sock"))
                       .string();
@@ -114,20 +178,46 @@ void Scheduler::start() {
   });
 
   std::map<Role, std::vector<size_t>> members;
+  std::vector<std::string> allocation;
+  if (config_.launcher == LauncherKind::kSlurm) allocation = slurm_allocation_hosts();
+  if (config_.launcher != LauncherKind::kLocal) write_join_file();
   for (const auto& w : placement_.workers) {
-    if (!is_local_host(w.host))
-      throw RuntimeError("worker " + w.label() + " is placed on host " + w.host +
-                         ": launching workers on other hosts is not supported yet");
     const std::string log =
         (logs / (std::string(role_name(w.role)) + "-" + std::to_string(w.rank) + ".log")).string();
     std::vector<std::pair<std::string, std::string>> env = {
-        {kEnvScheduler, ipc_endpoint_}, {kEnvToken, token_}, {kEnvRunDir, config_.run_dir}};
-    io_->processes.push_back(
-        std::make_unique<WorkerProcess>(w, config_.worker_program, config_.worker_args, env, log));
+        {kEnvScheduler, ipc_endpoint_},
+        {kEnvToken, token_},
+        {kEnvRunDir, config_.run_dir},
+        {transport::kEnvCollectiveHost, w.host}};
+    if (config_.curve) env.emplace_back("RLHF_CURVE_SERVER_KEY", curve_public_);
+    if (config_.launcher == LauncherKind::kLocal) {
+      if (!is_local_host(w.host))
+        throw RuntimeError("worker " + w.label() + " is placed on host " + w.host +
+                           ": cluster.launcher \"local\" starts workers on this host only "
+                           "(use \"slurm\" or \"manual\")");
+      io_->processes.push_back(std::make_unique<WorkerProcess>(w, config_.worker_program,
+                                                               config_.worker_args, env, log));
+    } else if (config_.launcher == LauncherKind::kSlurm) {
+      if (std::find(allocation.begin(), allocation.end(), w.host) == allocation.end())
+        throw InputError("worker " + w.label() + " is placed on host " + w.host +
+                         ", which is not in this Slurm allocation (SLURM_JOB_NODELIST)");
+      env[0].second = tcp_endpoint_;
+      const SlurmStep step = slurm_step(w, config_.worker_program, tcp_endpoint_);
+      io_->processes.push_back(
+          std::make_unique<WorkerProcess>(w, step.program, step.args, env, log));
+    } else {
+      io_->processes.push_back(nullptr);  // started by hand: only heartbeats tell it lives
+    }
     io_->slots.push_back(Io::Slot{std::nullopt, Clock::now(), Clock::now(), false});
-    infos_.push_back({w, io_->processes.back()->pid(), log});
+    infos_.push_back({w, io_->processes.back() ? io_->processes.back()->pid() : -1, log});
     members[w.role].push_back(infos_.size() - 1);
   }
+  if (config_.launcher == LauncherKind::kManual)
+    std::cerr << "rlhf run: waiting up to " << config_.register_timeout.count() / 1000 << " s for "
+              << infos_.size() << " workers: start each with `" << config_.worker_program
+              << " worker --connect " << tcp_endpoint_ << " --join-file "
+              << (fs::path(config_.run_dir) / "join.json").string()
+              << "` (or RLHF_TOKEN in its environment)" << std::endl;
   for (auto& [role, indices] : members)
     groups_[role] = std::make_unique<RoleGroup>(*this, role, indices);
 
@@ -150,6 +240,20 @@ void Scheduler::start() {
   if (stopped_) throw RuntimeError("the scheduler stopped before every worker registered");
 }
 
+void Scheduler::write_join_file() const {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(config_.run_dir) / "join.json";
+  nlohmann::json join = {{"endpoint", tcp_endpoint_}, {"token", token_}};
+  if (config_.curve) join["curve_server_key"] = curve_public_;
+  // Owner-only: the token is what admits a worker.
+  const mode_t old_mask = ::umask(077);
+  std::ofstream out(path);
+  ::umask(old_mask);
+  out << join.dump(2) << '\n';
+  if (!out) throw RuntimeError("cannot write " + path.string());
+  ::chmod(path.c_str(), 0600);
+}
+
 void Scheduler::shutdown() {
   stop_requested_ = true;
   if (io_thread_.joinable()) io_thread_.join();
@@ -158,6 +262,7 @@ void Scheduler::shutdown() {
     if (!io_->ipc_path.empty()) ::unlink(io_->ipc_path.c_str());
     io_->ipc_path.clear();
   }
+  store_server_.reset();  // after the workers: nobody is left to meet there
   std::lock_guard<std::mutex> lock(mutex_);
   stopped_ = true;
   changed_.notify_all();
@@ -300,20 +405,54 @@ void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) 
   const std::string role = m.args.value("role", std::string());
   const int rank = m.args.value("rank", -1);
   const int64_t pid = m.args.value("pid", int64_t{-1});
+  const std::string node = m.args.value("node", std::string());
+  const std::string host = m.args.value("host", std::string("?"));
+  // A hand-joined worker (rlhf worker --connect) may leave role, rank and node open: it
+  // takes the first free place that fits what it named.
+  const bool join = m.args.value("join", false);
+  if (join && config_.launcher == LauncherKind::kLocal)
+    return refuse("this job starts its own workers (cluster.launcher \"local\"); worker on " +
+                  host + " cannot join");
+  std::optional<size_t> taken;
   for (size_t i = 0; i < infos_.size(); ++i) {
     const auto& p = infos_[i].placement;
-    if (role != role_name(p.role) || rank != p.rank) continue;
-    if (io_->slots[i].routing_id) return refuse(p.label() + " is already registered");
-    if (pid != infos_[i].pid)
-      return refuse("pid " + std::to_string(pid) + " is not the launched " + p.label() + " (pid " +
-                    std::to_string(infos_[i].pid) + ")");
+    if (join) {
+      if ((!role.empty() && role != role_name(p.role)) || (rank >= 0 && rank != p.rank) ||
+          (!node.empty() && node != p.node))
+        continue;
+      if (io_->slots[i].routing_id) {
+        if (!role.empty() && rank >= 0) taken = i;
+        continue;
+      }
+    } else {
+      if (role != role_name(p.role) || rank != p.rank) continue;
+      if (io_->slots[i].routing_id) return refuse(p.label() + " is already registered");
+      // Only a process started here has a pid to compare; a Slurm step's task has its own.
+      if (config_.launcher == LauncherKind::kLocal && pid != infos_[i].pid)
+        return refuse("pid " + std::to_string(pid) + " is not the launched " + p.label() +
+                      " (pid " + std::to_string(infos_[i].pid) + ")");
+    }
     io_->slots[i].routing_id = routing_id;
     io_->slots[i].last_seen = Clock::now();
     io_->by_routing_id[routing_id] = i;
+    if (pid > 0 && !io_->processes[i]) infos_[i].pid = static_cast<int>(pid);
+    remote_hosts_[i] = host;
     Message ok;
     ok.kind = MessageKind::kRegistered;
     ok.args = {{"heartbeat_interval_ms", config_.heartbeat_interval.count()},
-               {"timeout_ms", config_.worker_timeout.count()}};
+               {"timeout_ms", config_.worker_timeout.count()},
+               {"run_dir", config_.run_dir},
+               {"identity",
+                {{"role", role_name(p.role)},
+                 {"rank", p.rank},
+                 {"world_size", p.group_size},
+                 {"device", p.env.count(kEnvDevice) ? p.env.at(kEnvDevice) : "cpu:0"},
+                 {"node", p.node}}}};
+    nlohmann::json env = nlohmann::json::object();
+    for (const auto& [name, value] : p.env) env[name] = value;
+    env[transport::kEnvCollectiveHost] = p.host;
+    env[kEnvRunDir] = config_.run_dir;
+    ok.args["env"] = env;
     Frames out = encode(ok);
     out.insert(out.begin(), zmq::message_t(routing_id.data(), routing_id.size()));
     io_->router->send(std::move(out));
@@ -322,7 +461,25 @@ void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) 
     changed_.notify_all();
     return;
   }
+  if (taken) return refuse(infos_[*taken].placement.label() + " has already joined");
+  if (join)
+    return refuse("no free place for a worker" + (role.empty() ? "" : " of role " + role) +
+                  (rank >= 0 ? " rank " + std::to_string(rank) : "") +
+                  (node.empty() ? "" : " on node " + node) + " in this job");
   refuse("no worker " + role + "[" + std::to_string(rank) + "] in this job");
+}
+
+std::string Scheduler::report(size_t index, const std::string& what) const {
+  if (io_->processes[index]) return io_->processes[index]->report(what);
+  const auto& p = infos_[index].placement;
+  const auto seen = remote_hosts_.find(index);
+  std::ostringstream out;
+  out << "worker " << p.label() << " " << what << "\n"
+      << "  role " << role_name(p.role) << ", rank " << p.rank << " of " << p.group_size
+      << ", host " << p.host << " (node " << p.node << ")";
+  if (seen != remote_hosts_.end()) out << ", joined from " << seen->second;
+  out << ", pid " << infos_[index].pid << " there; its log is where its launcher put it\n";
+  return out.str();
 }
 
 void Scheduler::forward_request(Frames&& frames) {
@@ -359,27 +516,42 @@ bool Scheduler::supervise() {
   if (beat) io_->next_heartbeat = now + config_.heartbeat_interval;
   for (size_t i = 0; i < io_->processes.size(); ++i) {
     auto& slot = io_->slots[i];
-    auto& process = *io_->processes[i];
+    WorkerProcess* process = io_->processes[i].get();  // null: started by hand
     if (slot.exited) continue;
-    if (auto status = process.poll_exit()) {
+    if (auto status = process ? process->poll_exit() : std::nullopt) {
       slot.exited = true;
-      fail(process.report(describe_wait_status(*status)), false);
+      const bool step = config_.launcher == LauncherKind::kSlurm;
+      fail(report(i, (step ? "(its srun step) " : "") + describe_wait_status(*status)), false);
       return false;
     }
     if (!slot.routing_id) {
       if (now - slot.launched > config_.register_timeout) {
-        process.signal(SIGKILL);
-        fail(process.report("did not register within " +
-                            std::to_string(config_.register_timeout.count()) + " ms (killed)"),
+        if (process) process->signal(SIGKILL);
+        if (!process) {
+          // Name every worker that never came, not just the first.
+          std::string missing;
+          for (size_t k = 0; k < infos_.size(); ++k)
+            if (!io_->slots[k].routing_id)
+              missing += "  " + infos_[k].placement.label() + " (node " + infos_[k].placement.node +
+                         ", host " + infos_[k].placement.host + ")\n";
+          fail("workers never joined within " +
+                   std::to_string(config_.register_timeout.count() / 1000) +
+                   " s (cluster.join_timeout_s) at " + tcp_endpoint_ + ":\n" + missing,
+               false);
+          return false;
+        }
+        fail(report(i, "did not register within " +
+                           std::to_string(config_.register_timeout.count()) + " ms (killed)"),
              false);
         return false;
       }
       continue;
     }
     if (config_.worker_timeout.count() > 0 && now - slot.last_seen > config_.worker_timeout) {
-      process.signal(SIGKILL);
-      fail(process.report("stopped answering: no message for " +
-                          std::to_string(config_.worker_timeout.count()) + " ms (killed)"),
+      if (process) process->signal(SIGKILL);
+      fail(report(i, "stopped answering: no message for " +
+                         std::to_string(config_.worker_timeout.count()) + " ms" +
+                         (process ? " (killed)" : "")),
            false);
       return false;
     }
@@ -400,7 +572,7 @@ void Scheduler::stop_workers() {
   auto all_exited = [&] {
     bool done = true;
     for (size_t i = 0; i < procs.size(); ++i)
-      if (!io_->slots[i].exited && !procs[i]->poll_exit())
+      if (!io_->slots[i].exited && procs[i] && !procs[i]->poll_exit())
         done = false;
       else
         io_->slots[i].exited = true;
@@ -415,10 +587,16 @@ void Scheduler::stop_workers() {
       out.insert(out.begin(), zmq::message_t(io_->slots[i].routing_id->data(),
                                              io_->slots[i].routing_id->size()));
       io_->router->send(std::move(out));
-    } else {
+    } else if (procs[i]) {
       procs[i]->signal(SIGTERM);
     }
   }
+  // Workers started by hand have no process here: give their shutdown messages a moment
+  // on the wire (the router does not linger); they also exit when the heartbeats stop.
+  bool remote = false;
+  for (size_t i = 0; i < procs.size(); ++i)
+    remote = remote || (!procs[i] && io_->slots[i].routing_id);
+  const auto remote_drain = Clock::now() + milliseconds(remote ? 500 : 0);
   // Wait with a deadline, draining the router meanwhile (late replies are dropped).
   auto wait_until = [&](Clock::time_point deadline) {
     while (!all_exited() && Clock::now() < deadline) {
@@ -426,10 +604,16 @@ void Scheduler::stop_workers() {
       if (zmq::poll(&item, 1, milliseconds(10)) > 0) (void)io_->router->recv(milliseconds(0));
     }
   };
+  while (Clock::now() < remote_drain) {
+    zmq::pollitem_t item{io_->router->socket().handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, milliseconds(10)) > 0) (void)io_->router->recv(milliseconds(0));
+  }
   wait_until(Clock::now() + config_.stop_grace);
-  for (auto& p : procs) p->signal(SIGTERM);
+  for (auto& p : procs)
+    if (p) p->signal(SIGTERM);
   wait_until(Clock::now() + milliseconds(1000));
-  for (auto& p : procs) p->signal(SIGKILL);
+  for (auto& p : procs)
+    if (p) p->signal(SIGKILL);
   wait_until(Clock::now() + milliseconds(5000));
 }
 

@@ -18,6 +18,7 @@
 
 #include "core/placement.h"
 #include "core/spec.h"
+#include "scheduler/launcher.h"
 #include "scheduler/progress.h"
 #include "transport/message.h"
 
@@ -25,15 +26,24 @@ namespace rlhf {
 
 class RoleGroup;
 class WorkerProcess;
+namespace transport {
+class StoreServer;
+}
 
 struct SchedulerConfig {
   std::string bind_host = "127.0.0.1";  // cluster.interface
-  std::string run_dir = "runs/job";     // logs go to <run_dir>/logs/<role>-<rank>.log
-  std::string worker_program;           // the rlhf binary
+  // cluster.port_range: the worker endpoint takes the first free port in it, the
+  // rendezvous store the next; both 0: any free port.
+  uint16_t port_low = 0, port_high = 0;
+  LauncherKind launcher = LauncherKind::kLocal;  // cluster.launcher
+  bool curve = false;                            // cluster.curve: encrypt the worker sockets
+  std::string token;  // the job token; "" makes a fresh one (RLHF_TOKEN for hand-joined jobs)
+  std::string run_dir = "runs/job";  // logs go to <run_dir>/logs/<role>-<rank>.log
+  std::string worker_program;        // the rlhf binary
   std::vector<std::string> worker_args = {"worker"};
   std::chrono::milliseconds heartbeat_interval{1000};  // scheduler.heartbeat_interval_s
   std::chrono::milliseconds worker_timeout{5000};      // scheduler.worker_timeout_s (0: none)
-  std::chrono::milliseconds register_timeout{60000};   // launch -> registered
+  std::chrono::milliseconds register_timeout{60000};   // launch -> registered (join_timeout_s)
   std::chrono::milliseconds request_timeout{600000};   // scheduler.request_timeout_s (0: none)
   std::chrono::milliseconds stop_grace{3000};          // shutdown message -> SIGTERM -> SIGKILL
   int max_inflight = 2;                                // requests in flight per worker
@@ -73,6 +83,14 @@ class Scheduler {
   // The tcp endpoint (for workers on other nodes); local workers get an ipc endpoint.
   const std::string& endpoint() const { return tcp_endpoint_; }
   const std::string& token() const { return token_; }
+  // The scheduler's CURVE public key (Z85) when cluster.curve is on, else "".
+  const std::string& curve_public_key() const { return curve_public_; }
+  // Where collective group `group` ("actor", "weight_sync") meets: a prefix of the job's
+  // rendezvous store (a c10d TCPStore served here), as a store path for the workers'
+  // CollectiveConfig. Valid once start() has bound; the same group name gives the same place.
+  std::string rendezvous(const std::string& group) const;
+  // The host name or address workers on other nodes connect to.
+  const std::string& connect_host() const { return connect_host_; }
   const SchedulerConfig& config() const { return config_; }
   // The console progress of the job's long phases: drivers name phases, role groups count
   // finished calls; silent until attached (rlhf run attaches it to stdout).
@@ -97,6 +115,10 @@ class Scheduler {
   void forward_request(Frames&& frames);
   bool supervise();  // false once the job has failed or been interrupted
   void stop_workers();
+  void write_join_file() const;  // <run_dir>/join.json: endpoint, token, CURVE key (0600)
+  // The failure text for worker `index`: its process's report, or for a worker this
+  // scheduler did not start, its identity (role, rank, host).
+  std::string report(size_t index, const std::string& what) const;
   void fail(std::string report, bool interrupted);
   [[noreturn]] void rethrow_failure_locked();
 
@@ -104,6 +126,10 @@ class Scheduler {
   Placement placement_;
   std::string token_;
   std::string tcp_endpoint_;
+  std::string connect_host_;
+  std::string curve_public_;
+  std::unique_ptr<transport::StoreServer> store_server_;
+  std::map<size_t, std::string> remote_hosts_;  // worker index -> host it registered from
   std::string ipc_endpoint_;
   std::vector<WorkerInfo> infos_;
   std::map<Role, std::unique_ptr<RoleGroup>> groups_;

@@ -1,8 +1,10 @@
 // SchedulerConfig from the job spec. Kept apart from scheduler.cpp so programs that build
 // a config by hand (tests, benchmarks) do not link the spec.
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
+#include "core/cluster.h"
 #include "core/run_dir.h"
 #include "scheduler/scheduler.h"
 
@@ -20,6 +22,16 @@ SchedulerConfig SchedulerConfig::from_spec(const JobSpec& spec, std::string work
   SchedulerConfig c;
   c.worker_program = std::move(worker_program);
   c.bind_host = spec.get_string("cluster.interface");
+  const PortRange ports = parse_port_range(spec.get_string("cluster.port_range"));
+  c.port_low = ports.low;
+  c.port_high = ports.high;
+  c.launcher = launcher_kind(spec.get_string("cluster.launcher"));
+  c.curve = spec.get_bool("cluster.curve");
+  if (c.launcher != LauncherKind::kLocal) {
+    c.register_timeout = seconds_key(spec, "cluster.join_timeout_s");
+    // A launcher that starts workers before rlhf run knows its token hands it to both.
+    if (const char* token = std::getenv("RLHF_TOKEN")) c.token = token;
+  }
   c.run_dir = run_directory(spec);
   c.heartbeat_interval = seconds_key(spec, "scheduler.heartbeat_interval_s");
   c.worker_timeout = seconds_key(spec, "scheduler.worker_timeout_s");

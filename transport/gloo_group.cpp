@@ -39,7 +39,9 @@ GlooGroup::GlooGroup(const CollectiveConfig& config) : rank_(config.rank), size_
   auto store = open_store(config);
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(config.timeout);
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(config.host));
+    // Peers on other nodes reach this rank at its node's address (set by the scheduler).
+    options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(collective_host(config.host)));
     options->threads = 1;  // one collective at a time: the trainer issues them in order
     group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank_, size_, options);
   } catch (const std::exception& e) {

@@ -16,6 +16,7 @@
 #include "test_paths.h"
 #include "tests/transport/child_process.h"
 #include "transport/collective_group.h"
+#include "transport/store.h"
 
 namespace fs = std::filesystem;
 using rlhf::testing::ChildProcess;
@@ -121,6 +122,83 @@ TEST(CollectiveGroup, GlooOverTcpStoreHostedByRankZero) {
   ::close(fd);
   fs::path dir = fresh_dir("tcp0");
   run_group(2, {"tcp0", std::to_string(ntohs(addr.sin_port))}, dir);
+}
+
+TEST(StoreServer, TwoGroupsMeetAtOnceUnderTheirOwnPrefixes) {
+  // The scheduler's way: one server, every group a prefix of it. Two 2-rank groups join at
+  // the same time; were the prefixes not kept apart, their ranks would mix and fail.
+  rlhf::transport::StoreServer server("127.0.0.1", 0, 0, std::chrono::seconds(30));
+  ASSERT_GT(server.port(), 0);
+  fs::path a = fresh_dir("server_a"), b = fresh_dir("server_b");
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  for (const auto& [dir, group] : {std::pair{a, "actor"}, std::pair{b, "critic"}})
+    for (int r = 0; r < 2; ++r)
+      workers.push_back(std::make_unique<ChildProcess>(
+          std::vector<std::string>{kWorker, std::to_string(r), "2", "file",
+                                   server.url("127.0.0.1", group).text(),
+                                   (dir / ("out" + std::to_string(r))).string()},
+          (dir / "log").string()));
+  for (size_t i = 0; i < workers.size(); ++i)
+    ASSERT_EQ(workers[i]->wait(std::chrono::seconds(60)), 0)
+        << "worker " << i << ", logs in " << a << " and " << b;
+  for (const auto& dir : {a, b})
+    for (int r = 0; r < 2; ++r) {
+      auto got = read_results(dir / ("out" + std::to_string(r)));
+      EXPECT_EQ(got["rank"], std::vector<double>{double(r)});
+      EXPECT_EQ(got["sum"], (std::vector<double>{3, 30, -3}));
+      EXPECT_EQ(got.count("done"), 1u);
+    }
+}
+
+TEST(StoreServer, TakesTheFirstFreePortOfItsRange) {
+  uint16_t taken = 0;
+  const int fd = rlhf::transport::listen_on_port_range("127.0.0.1", 0, 0, taken);
+  ASSERT_GE(fd, 0);
+  // The range starts at a port in use: the server must skip it (or the range is too high).
+  if (taken >= 65535) {
+    ::close(fd);
+    GTEST_SKIP() << "the OS gave the last port; no range above it to test";
+  }
+  rlhf::transport::StoreServer server("127.0.0.1", taken, static_cast<uint16_t>(taken + 1),
+                                      std::chrono::seconds(5));
+  EXPECT_EQ(server.port(), taken + 1);
+  EXPECT_THROW(rlhf::transport::StoreServer("127.0.0.1", taken, taken, std::chrono::seconds(5)),
+               rlhf::RuntimeError);
+  ::close(fd);
+}
+
+TEST(StoreServer, StoreUrlsParseAndBadOnesNameTheAddress) {
+  auto url = rlhf::transport::parse_store_url("tcp://node-1:29500/weight_sync");
+  ASSERT_TRUE(url);
+  EXPECT_EQ(url->host, "node-1");
+  EXPECT_EQ(url->port, 29500);
+  EXPECT_EQ(url->group, "weight_sync");
+  EXPECT_EQ(url->text(), "tcp://node-1:29500/weight_sync");
+  EXPECT_FALSE(rlhf::transport::parse_store_url("/tmp/run/stores/actor.store"));
+  for (const char* bad : {"tcp://node-1/actor", "tcp://node-1:0/actor", "tcp://node-1:29500",
+                          "tcp://node-1:http/actor"}) {
+    try {
+      rlhf::transport::parse_store_url(bad);
+      ADD_FAILURE() << bad << " parsed";
+    } catch (const rlhf::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(StoreServer, UnreachableStoreNamesItsAddress) {
+  uint16_t port = 0;
+  const int fd = rlhf::transport::listen_on_port_range("127.0.0.1", 0, 0, port);
+  ::close(fd);  // nothing listens there now
+  rlhf::transport::CollectiveConfig config;
+  config.store_path = "tcp://127.0.0.1:" + std::to_string(port) + "/actor";
+  config.timeout = std::chrono::milliseconds(1500);
+  try {
+    rlhf::transport::make_collective_group(config);
+    FAIL() << "joined a group at a store nobody serves";
+  } catch (const rlhf::RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find(config.store_path), std::string::npos) << e.what();
+  }
 }
 
 TEST(CollectiveGroup, MissingPeerTimesOutWithRankInError) {
