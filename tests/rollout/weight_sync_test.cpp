@@ -7,13 +7,17 @@
 // is not on the GPU fails on both sides.
 #include "rollout/weight_sync.h"
 
+#include <execinfo.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -32,6 +36,23 @@ namespace fs = std::filesystem;
 using testing::ChildProcess;
 
 const std::string kWorker = std::string(RLHF_BINARY_DIR) + "/tests/rollout/rlhf_weight_sync_worker";
+
+// A crash of this test process prints its stack to stderr (unbuffered) before dying, so a
+// failure seen only on the GPU machine says where it happened.
+void print_stack_and_die(int signal) {
+  void* frames[64];
+  const int n = ::backtrace(frames, 64);
+  const char header[] = "weight_sync_test: fatal signal, stack:\n";
+  (void)!::write(2, header, sizeof(header) - 1);
+  ::backtrace_symbols_fd(frames, n, 2);
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+const bool kStackOnCrash = [] {
+  std::signal(SIGSEGV, print_stack_and_die);
+  std::signal(SIGABRT, print_stack_and_die);
+  return true;
+}();
 
 std::string fresh_dir(const std::string& name) {
   auto dir = fs::temp_directory_path() / ("rlhf_wsync_" + name + "_" + std::to_string(::getpid()));
@@ -209,6 +230,7 @@ TEST(WeightSync, CudaIpcBetweenTwoProcessesOnOneGpu_CUDA) {
                        dir + "/r.log");
   ASSERT_EQ(actor.wait(std::chrono::seconds(120)), 0) << log_of(dir);
   ASSERT_EQ(rollout.wait(std::chrono::seconds(120)), 0) << log_of(dir);
+  std::cerr << "both processes exited 0; comparing digests" << std::endl;
   const auto a = read_digest(dir + "/actor.txt");
   const auto r = read_digest(dir + "/r.txt");
   EXPECT_EQ(r.version, 7);
@@ -228,6 +250,7 @@ TEST(WeightSync, CudaIpcToAReceiverOffTheGpuFailsOnBothSides_CUDA) {
   ChildProcess rollout({kWorker, "receiver", store, "1", "2", dir + "/r.txt"}, dir + "/r.log");
   EXPECT_EQ(actor.wait(std::chrono::seconds(90)), 1);
   EXPECT_EQ(rollout.wait(std::chrono::seconds(90)), 1);
+  std::cerr << "both processes ended; reading their logs" << std::endl;
   const std::string all = log_of(dir);
   EXPECT_NE(all.find("could not map the actor's CUDA IPC buffer"), std::string::npos) << all;
   EXPECT_NE(all.find("not on the actor's GPU"), std::string::npos) << all;
