@@ -217,10 +217,22 @@ TEST(WeightSync, LayoutMismatchFailsOnBothSidesWithAMessage) {
   fs::remove_all(dir);
 }
 
+// Whether a GPU is visible, asked of a child process. The CUDA IPC tests' own process never
+// loads the CUDA driver: with torch::cuda::is_available() called here, this process died of
+// SIGSEGV on an H100 right after both sync processes had finished correctly (cause not
+// found; whether this avoids it was not yet run on a GPU).
+bool gpu_visible() {
+  const auto dir = fresh_dir("probe");
+  ChildProcess probe({kWorker, "probe-cuda"}, dir + "/probe.log");
+  const bool visible = probe.wait(std::chrono::seconds(60)) == 0;
+  fs::remove_all(dir);
+  return visible;
+}
+
 // Two processes on one GPU: the actor's buckets reach the rollout through a CUDA IPC buffer
 // (the Gloo group carries only the handle and the signals), exactly.
 TEST(WeightSync, CudaIpcBetweenTwoProcessesOnOneGpu_CUDA) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!gpu_visible()) GTEST_SKIP() << "no CUDA device";
   const auto dir = fresh_dir("ipc");
   const auto store = dir + "/sync.store";
   ChildProcess actor({kWorker, "--bucket-bytes", "4096", "--path", "cuda_ipc", "--device", "cuda",
@@ -241,7 +253,7 @@ TEST(WeightSync, CudaIpcBetweenTwoProcessesOnOneGpu_CUDA) {
 }
 
 TEST(WeightSync, CudaIpcToAReceiverOffTheGpuFailsOnBothSides_CUDA) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!gpu_visible()) GTEST_SKIP() << "no CUDA device";
   const auto dir = fresh_dir("ipc_cpu");
   const auto store = dir + "/sync.store";
   ChildProcess actor({kWorker, "--path", "cuda_ipc", "--device", "cuda", "model-sender", store, "0",

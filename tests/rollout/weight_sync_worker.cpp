@@ -10,6 +10,7 @@
 //                        (its rank 0 is sync rank 0; SYNC_* are ignored on other ranks)
 //   MODE receiver:       a rollout model (seed 2, FP32) receives
 //   MODE receiver-mismatch: the same with a different MLP width (a layout mismatch)
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <fstream>
@@ -129,6 +130,9 @@ int run(int argc, char** argv, Flags flags) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `probe-cuda`: exit 0 when torch sees a GPU (the test asks a child, so that the test
+  // process never loads the CUDA driver).
+  if (argc == 2 && std::string(argv[1]) == "probe-cuda") return torch::cuda::is_available() ? 0 : 1;
   Flags flags;
   try {
     // Leading flags, then the positional arguments (argv[0] is kept in front of them).
