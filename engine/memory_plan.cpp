@@ -295,7 +295,14 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
                          gib(per_seq * block) + " GiB");
     }
     t.kv_cache = blocks * block;
-    t.activations = inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e, in.device_kind);
+    // A decode step gathers one layer's keys and values of every running sequence from
+    // their blocks ([seqs, kv_heads, S, head_dim] each, S up to the padded capacity) before
+    // attending; prefill and decode run one after the other, so the larger of the two is
+    // the transient. (With CUDA graphs the gather lives in the graphs' pool for the whole
+    // generate call.)
+    const int64_t gather = 2 * seqs * per_seq * bs * c.num_key_value_heads * c.head_dim * e;
+    t.activations = std::max(
+        inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e, in.device_kind), gather);
     t.log_probs = seqs * c.vocab_size * 4 * 3;
     t.step_peak = t.kv_cache + t.activations + t.log_probs;
     return;
