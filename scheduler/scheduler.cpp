@@ -2,6 +2,8 @@
 // stopping, all on the I/O thread; drivers talk to it through submit() and await_any().
 #include "scheduler/scheduler.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -42,6 +44,27 @@ std::string this_host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) throw RuntimeError("gethostname failed");
   return name;
+}
+
+// `host` as a numeric IPv4 address: ZeroMQ binds only to addresses and interface names, while
+// cluster.interface may be a host name (a Slurm node name). Throws naming the key when it
+// does not resolve here.
+std::string numeric_address(const std::string& host) {
+  if (is_wildcard(host)) return host;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0)
+    throw RuntimeError("cluster.interface \"" + host +
+                       "\" does not resolve to an IPv4 address on this host: " + gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owned(found, &::freeaddrinfo);
+  char text[INET_ADDRSTRLEN] = {};
+  const auto* in = reinterpret_cast<const sockaddr_in*>(found->ai_addr);
+  if (!::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text))
+    throw RuntimeError("cluster.interface \"" + host + "\": inet_ntop: " + std::strerror(errno));
+  return text;
 }
 
 // Binds `socket` to `host` at the first free port of [low, high] (both 0: any free port).
@@ -146,10 +169,12 @@ void Scheduler::start() {
   }
   io_->router->set_max_message_size(config_.limits.max_total_bytes +
                                     config_.limits.max_header_bytes);
-  tcp_endpoint_ =
-      bind_in_range(*io_->router, config_.bind_host, config_.port_low, config_.port_high);
-  connect_host_ = is_wildcard(config_.bind_host) ? this_host_name() : config_.bind_host;
-  if (is_wildcard(config_.bind_host))
+  // Workers and collective groups reach the driver at the address it bound, the same on
+  // every node whichever way the name resolves there.
+  const std::string bind_address = numeric_address(config_.bind_host);
+  tcp_endpoint_ = bind_in_range(*io_->router, bind_address, config_.port_low, config_.port_high);
+  connect_host_ = is_wildcard(bind_address) ? this_host_name() : bind_address;
+  if (is_wildcard(bind_address))
     tcp_endpoint_ = "tcp://" + connect_host_ + tcp_endpoint_.substr(tcp_endpoint_.rfind(':'));
   // The rendezvous store: in the range after the worker endpoint's port.
   const auto zmq_port =
@@ -161,7 +186,7 @@ void Scheduler::start() {
                        ": no port left for the rendezvous store after the worker endpoint's " +
                        std::to_string(zmq_port));
   store_server_ = std::make_unique<transport::StoreServer>(
-      is_wildcard(config_.bind_host) ? "0.0.0.0" : config_.bind_host,
+      is_wildcard(bind_address) ? "0.0.0.0" : bind_address,
       ranged ? static_cast<uint16_t>(zmq_port + 1) : 0, ranged ? config_.port_high : 0,
       std::chrono::minutes(5));
   io_->ipc_path = (fs::temp_directory_path() /

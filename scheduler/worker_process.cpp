@@ -11,6 +11,7 @@
 #include <boost/process/environment.hpp>
 #include <boost/process/exe.hpp>
 #include <boost/process/io.hpp>
+#include <boost/process/search_path.hpp>
 #include <deque>
 #include <fstream>
 #include <sstream>
@@ -55,9 +56,15 @@ WorkerProcess::WorkerProcess(WorkerPlacement placement, const std::string& progr
   bp::environment env = boost::this_process::environment();
   for (const auto& [k, v] : placement_.env) env[k] = v;
   for (const auto& [k, v] : extra_env) env[k] = v;
+  // A bare name (the Slurm launcher's "srun") is looked up in PATH, as a shell would.
+  const std::string exe =
+      program.find('/') == std::string::npos ? bp::search_path(program).string() : program;
+  if (exe.empty())
+    throw RuntimeError("cannot start worker " + placement_.label() + ": " + program +
+                       " is not in PATH");
   std::error_code ec;
   impl_ = std::make_unique<Impl>(
-      Impl{bp::child(bp::exe = program, bp::args = args, bp::env = env,
+      Impl{bp::child(bp::exe = exe, bp::args = args, bp::env = env,
                      (bp::std_out & bp::std_err) > log_path_, bp::std_in < bp::null, ec)});
   if (ec)
     throw RuntimeError("cannot start worker " + placement_.label() + " (" + program +
