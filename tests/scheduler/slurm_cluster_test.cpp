@@ -1,0 +1,312 @@
+// A real Slurm (Debian's slurmctld, slurmd, munge) started by the test on this machine: two
+// nodes n1 and n2, each a network namespace with its own address (10.77.0.1, 10.77.0.2, joined
+// by a veth pair), its own host name (a UTS namespace) and an /etc/hosts naming both (a
+// bind mount in a private mount namespace). `salloc` runs `rlhf run` with cluster.launcher
+// slurm on n1; its workers are srun steps on both nodes. Needs root, `ip netns` and the
+// Slurm and munge binaries; skips naming what is missing. Not here: several slurmd per
+// namespace, cgroups (the plugins used need none).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "tests/scheduler/netns_support.h"
+#include "tests/support/processes.h"
+#include "tests/support/run_cli.h"
+
+namespace rlhf {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+using netns::command;
+using netns::Process;
+using nlohmann::json;
+using testing::poll_until;
+
+// The daemons that may stay in the nodes' namespaces once a job has ended.
+const std::set<std::string> kDaemons = {"slurmd", "slurmctld", "slurmscriptd"};
+
+std::string comm_of(int pid) {
+  std::string comm = testing::read_file("/proc/" + std::to_string(pid) + "/comm");
+  if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  return comm;
+}
+
+std::string cmdline_of(int pid) {
+  std::string cmd = testing::read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  for (char& c : cmd)
+    if (c == '\0') c = ' ';
+  return cmd;
+}
+
+// munged, slurmctld (on n1) and a slurmd per node, each a child of this process in the
+// foreground, stopped (SIGTERM, then SIGKILL) when destroyed; the namespaces go after them.
+class SlurmCluster {
+ public:
+  SlurmCluster() {
+    for (const char* program :
+         {"munged", "slurmctld", "slurmd", "salloc", "srun", "sinfo", "nsenter", "unshare"})
+      if (command({"sh", "-c", std::string("command -v ") + program}).exit_code != 0) {
+        missing_ = std::string("`") + program +
+                   "` in PATH (Debian packages slurmd, slurmctld, munge; util-linux)";
+        return;
+      }
+    ns_ = std::make_unique<netns::NamespacePair>();
+    if (!ns_->missing().empty()) {
+      missing_ = ns_->missing();
+      return;
+    }
+    if (!ns_->failed().empty()) {
+      failed_ = ns_->failed();
+      return;
+    }
+    dir_ = testing::fresh_run_dir("slurm-cluster");
+    for (const char* sub : {"munge", "state", "spool/n1", "spool/n2", "log"})
+      fs::create_directories(fs::path(dir_) / sub);
+    ::chmod((dir_ + "/munge").c_str(), 0700);
+    {
+      std::ifstream random("/dev/urandom", std::ios::binary);
+      std::string key(1024, '\0');
+      random.read(key.data(), key.size());
+      std::ofstream(dir_ + "/munge/munge.key", std::ios::binary) << key;
+    }
+    ::chmod((dir_ + "/munge/munge.key").c_str(), 0400);
+    std::ofstream(dir_ + "/hosts") << "127.0.0.1 localhost\n"
+                                   << netns::kFirstAddress << " n1\n"
+                                   << netns::kSecondAddress << " n2\n";
+    write_config();
+    daemons_.push_back(std::make_unique<Process>(
+        std::vector<std::string>{
+            "munged", "--foreground", "--force", "--key-file=" + dir_ + "/munge/munge.key",
+            "--socket=" + dir_ + "/munge/sock", "--pid-file=" + dir_ + "/munge/pid",
+            "--log-file=" + dir_ + "/munge/log", "--seed-file=" + dir_ + "/munge/seed"},
+        env(), dir_ + "/out-munged"));
+    if (!poll_until([&] { return fs::exists(dir_ + "/munge/sock"); }, 10s)) {
+      failed_ = "munged did not open its socket: " + daemons_.back()->err() +
+                testing::read_file(dir_ + "/munge/log");
+      return;
+    }
+    daemons_.push_back(std::make_unique<Process>(
+        on_node("n1", {"slurmctld", "-D", "-i", "-f", conf()}), env(), dir_ + "/out-slurmctld"));
+    for (const char* node : {"n1", "n2"})
+      daemons_.push_back(
+          std::make_unique<Process>(on_node(node, {"slurmd", "-D", "-N", node, "-f", conf()}),
+                                    env(), dir_ + "/out-slurmd-" + node));
+    std::string states;
+    const bool idle = poll_until(
+        [&] {
+          states = command(on_node("n1", {"sinfo", "-h", "-N", "-o", "%N=%t"})).output;
+          return states.find("n1=idle") != std::string::npos &&
+                 states.find("n2=idle") != std::string::npos;
+        },
+        30s);
+    if (!idle) {
+      failed_ = "the nodes did not come up idle within 30 s (sinfo: " + states + ")\n";
+      for (const char* log : {"slurmctld.log", "slurmd-n1.log", "slurmd-n2.log"})
+        failed_ += std::string(log) + ":\n" + testing::read_file(dir_ + "/log/" + log);
+    }
+  }
+  ~SlurmCluster() {
+    for (auto it = daemons_.rbegin(); it != daemons_.rend(); ++it) {
+      ::kill((*it)->pid(), SIGTERM);
+      (*it)->wait(10s);  // else its destructor kills it
+    }
+    daemons_.clear();
+  }
+  SlurmCluster(const SlurmCluster&) = delete;
+  SlurmCluster& operator=(const SlurmCluster&) = delete;
+
+  const std::string& missing() const { return missing_; }
+  const std::string& failed() const { return failed_; }
+  const std::string& dir() const { return dir_; }
+  const netns::NamespacePair& namespaces() const { return *ns_; }
+
+  // `argv` as if on `node` with this cluster's configuration: in its network namespace, with its
+  // host name and the test's /etc/hosts.
+  std::vector<std::string> on_node(const std::string& node,
+                                   const std::vector<std::string>& argv) const {
+    const std::string& ns = node == "n1" ? ns_->first() : ns_->second();
+    std::vector<std::string> out = {"env",
+                                    "SLURM_CONF=" + conf(),
+                                    "OMP_NUM_THREADS=1",
+                                    "nsenter",
+                                    "--net=/run/netns/" + ns,
+                                    "unshare",
+                                    "--mount",
+                                    "--uts",
+                                    "sh",
+                                    "-c",
+                                    "mount --bind " + netns::quoted(dir_ + "/hosts") +
+                                        " /etc/hosts && hostname " + node + " && exec \"$@\"",
+                                    "sh"};
+    out.insert(out.end(), argv.begin(), argv.end());
+    return out;
+  }
+
+  // The environment of every Slurm command: this cluster's configuration, one torch thread.
+  std::map<std::string, std::string> env() const {
+    return {{"SLURM_CONF", conf()}, {"OMP_NUM_THREADS", "1"}};
+  }
+
+  // Processes other than the daemons in either node's namespace (pid: command line).
+  std::map<int, std::string> strays() const {
+    std::map<int, std::string> found;
+    for (const auto& ns : {ns_->first(), ns_->second()}) {
+      std::istringstream pids(command({"ip", "netns", "pids", ns}).output);
+      for (int pid; pids >> pid;)
+        if (testing::pid_alive(pid) && !kDaemons.count(comm_of(pid))) found[pid] = cmdline_of(pid);
+    }
+    return found;
+  }
+
+ private:
+  std::string conf() const { return dir_ + "/slurm.conf"; }
+
+  // Ports are Slurm's defaults: each test's nodes have namespaces of their own, so runs
+  // side by side do not meet.
+  void write_config() const {
+    std::ofstream out(conf());
+    out << "ClusterName=rlhftest\n"
+        << "SlurmctldHost=n1(" << netns::kFirstAddress << ")\n"
+        << "SlurmctldPort=6817\nSlurmdPort=6818\n"
+        << "SlurmUser=root\nSlurmdUser=root\n"
+        << "AuthType=auth/munge\nCredType=cred/munge\n"
+        << "AuthInfo=socket=" << dir_ << "/munge/sock\n"
+        << "StateSaveLocation=" << dir_ << "/state\n"
+        << "SlurmdSpoolDir=" << dir_ << "/spool/%n\n"
+        << "SlurmctldPidFile=" << dir_ << "/slurmctld.pid\n"
+        << "SlurmdPidFile=" << dir_ << "/slurmd-%n.pid\n"
+        << "SlurmctldLogFile=" << dir_ << "/log/slurmctld.log\n"
+        << "SlurmdLogFile=" << dir_
+        << "/log/slurmd-%n.log\n"
+        // No cgroups: processes tracked by their parentage, no task binding.
+        << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+        << "JobAcctGatherType=jobacct_gather/none\n"
+        << "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
+        << "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
+        << "SchedulerType=sched/builtin\nMpiDefault=none\nReturnToService=2\n"
+        << "MailProg=/bin/true\nPlugStackConfig=/dev/null\n"
+        // The nodes' CPUs as declared, whatever this machine has.
+        << "SlurmdParameters=config_overrides\n"
+        << "NodeName=n1 NodeAddr=" << netns::kFirstAddress
+        << " NodeHostname=n1 CPUs=8 RealMemory=1000 State=UNKNOWN\n"
+        << "NodeName=n2 NodeAddr=" << netns::kSecondAddress
+        << " NodeHostname=n2 CPUs=8 RealMemory=1000 State=UNKNOWN\n"
+        << "PartitionName=test Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP\n";
+  }
+
+  std::string missing_, failed_, dir_;
+  std::unique_ptr<netns::NamespacePair> ns_;       // deleted after the daemons
+  std::vector<std::unique_ptr<Process>> daemons_;  // munged, slurmctld, slurmd n1, slurmd n2
+};
+
+// ppo_tiny's margin (tests/ppo): the mean reward of the last 5 steps exceeds that of the
+// first 5 by more than 0.1, far beyond the ~0.006 standard deviation without learning.
+void expect_learned(const std::vector<json>& m) {
+  ASSERT_GE(m.size(), 10u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += m[i]["reward_mean"].get<double>() / 5;
+    last += m[m.size() - 1 - i]["reward_mean"].get<double>() / 5;
+  }
+  EXPECT_GT(last - first, 0.1) << "first 5 steps " << first << ", last 5 steps " << last;
+}
+
+class SlurmJob : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = std::make_unique<SlurmCluster>();
+    if (!cluster_->missing().empty()) GTEST_SKIP() << "needs " << cluster_->missing();
+    ASSERT_EQ(cluster_->failed(), "");
+    models_ = test::tiny_models_dir("slurm-job");
+  }
+
+  // `salloc -N2 rlhf run` of ppo_tiny from n1: the actor on n1 (with the driver), the
+  // critic, reference and rollout on n2.
+  std::unique_ptr<Process> salloc_run(const std::string& name) {
+    const json nodes = json::array(
+        {{{"name", "a"}, {"host", "n1"}, {"kind", "cpu"}, {"devices", 1}, {"memory_gb", 4}},
+         {{"name", "b"}, {"host", "n2"}, {"kind", "cpu"}, {"devices", 3}, {"memory_gb", 4}}});
+    return std::make_unique<Process>(
+        cluster_->on_node("n1",
+                          {"salloc",    "-N2",
+                           "--time=10", RLHF_CLI_PATH,
+                           "run",       std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json",
+                           "--set",     "actor.model=" + models_ + "/tiny",
+                           "--set",     "critic.model=" + models_ + "/tiny-value",
+                           "--set",     "logger.run_dir=" + models_ + "/runs",
+                           "--set",     "name=" + name,
+                           "--set",     "cluster.launcher=slurm",
+                           "--set",     "cluster.interface=n1",
+                           "--set",     "cluster.nodes=" + nodes.dump(),
+                           "--set",     R"(actor.devices={"a":[0]})",
+                           "--set",     R"(critic.devices={"b":[0]})",
+                           "--set",     R"(ref.devices={"b":[1]})",
+                           "--set",     R"(rollout.devices={"b":[2]})"}),
+        cluster_->env(), models_ + "/salloc-" + name);
+  }
+
+  // Waits up to 15 s for every process but the daemons to leave the nodes' namespaces.
+  void expect_nothing_left() {
+    std::map<int, std::string> left;
+    poll_until(
+        [&] {
+          left = cluster_->strays();
+          return left.empty();
+        },
+        15s);
+    for (const auto& [pid, cmd] : left) ADD_FAILURE() << "left running: pid " << pid << ": " << cmd;
+  }
+
+  std::unique_ptr<SlurmCluster> cluster_;
+  std::string models_;
+};
+
+TEST_F(SlurmJob, PpoJobWithRolesOnTwoNodesLearns) {
+  auto run = salloc_run("learns");
+  const auto status = run->wait(180s);
+  ASSERT_TRUE(status) << "salloc rlhf run did not end in 180 s: " << run->err();
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run->out() << run->err();
+  const auto metrics = test::read_jsonl(models_ + "/runs/learns/metrics.jsonl");
+  EXPECT_EQ(metrics.size(), 30u);
+  expect_learned(metrics);
+  const auto listing =
+      json::parse(testing::read_file(models_ + "/runs/learns/workers.json"), nullptr, false);
+  ASSERT_TRUE(listing.is_array() && listing.size() == 4u) << listing.dump();
+  for (const auto& w : listing)
+    EXPECT_EQ(w.at("host"), w.at("role") == "actor" ? "n1" : "n2") << w.dump();
+  // The rollout on n2 got the actor's weights from n1 every step: across the veth.
+  EXPECT_GT(cluster_->namespaces().bytes_into_second(), 30 * 200'000);
+  expect_nothing_left();
+}
+
+TEST_F(SlurmJob, AWorkerKilledOnTheSecondNodeStopsTheJobNamingItsHost) {
+  auto run = salloc_run("killed");
+  const std::string metrics = models_ + "/runs/killed/metrics.jsonl";
+  ASSERT_TRUE(poll_until([&] { return test::read_jsonl(metrics).size() >= 2; }, 120s))
+      << run->err();
+  int rollout = -1;
+  for (const auto& [pid, cmd] : cluster_->strays())
+    if (comm_of(pid) == "rlhf" && cmd.find("--role rollout") != std::string::npos) rollout = pid;
+  ASSERT_GT(rollout, 0) << "no rollout worker in n2's namespace";
+  ASSERT_EQ(::kill(rollout, SIGKILL), 0);
+  const auto killed = testing::Clock::now();
+  const auto status = run->wait(30s);
+  ASSERT_TRUE(status) << "the job went on without its rollout worker: " << run->err();
+  EXPECT_LT(testing::Clock::now() - killed, 5s) << "noticed too late";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) != 0) << run->err();
+  const std::string err = run->err();
+  EXPECT_NE(err.find("rollout[0]"), std::string::npos) << err;
+  EXPECT_NE(err.find("host n2"), std::string::npos) << err;
+  EXPECT_LT(test::read_jsonl(metrics).size(), 30u);
+  expect_nothing_left();
+}
+
+}  // namespace
+}  // namespace rlhf
