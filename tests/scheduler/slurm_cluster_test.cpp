@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -229,27 +230,29 @@ class SlurmJob : public ::testing::Test {
 
   // `salloc -N2 rlhf run` of ppo_tiny from n1: the actor on n1 (with the driver), the
   // critic, reference and rollout on n2.
-  std::unique_ptr<Process> salloc_run(const std::string& name) {
+  std::unique_ptr<Process> salloc_run(const std::string& name,
+                                      const std::vector<std::string>& extra = {}) {
     const json nodes = json::array(
         {{{"name", "a"}, {"host", "n1"}, {"kind", "cpu"}, {"devices", 1}, {"memory_gb", 4}},
          {{"name", "b"}, {"host", "n2"}, {"kind", "cpu"}, {"devices", 3}, {"memory_gb", 4}}});
-    return std::make_unique<Process>(
-        cluster_->on_node("n1",
-                          {"salloc",    "-N2",
-                           "--time=10", RLHF_CLI_PATH,
-                           "run",       std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json",
-                           "--set",     "actor.model=" + models_ + "/tiny",
-                           "--set",     "critic.model=" + models_ + "/tiny-value",
-                           "--set",     "logger.run_dir=" + models_ + "/runs",
-                           "--set",     "name=" + name,
-                           "--set",     "cluster.launcher=slurm",
-                           "--set",     "cluster.interface=n1",
-                           "--set",     "cluster.nodes=" + nodes.dump(),
-                           "--set",     R"(actor.devices={"a":[0]})",
-                           "--set",     R"(critic.devices={"b":[0]})",
-                           "--set",     R"(ref.devices={"b":[1]})",
-                           "--set",     R"(rollout.devices={"b":[2]})"}),
-        cluster_->env(), models_ + "/salloc-" + name);
+    std::vector<std::string> argv = {
+        "salloc",    "-N2",
+        "--time=10", RLHF_CLI_PATH,
+        "run",       std::string(RLHF_SOURCE_DIR) + "/examples/ppo_tiny.json",
+        "--set",     "actor.model=" + models_ + "/tiny",
+        "--set",     "critic.model=" + models_ + "/tiny-value",
+        "--set",     "logger.run_dir=" + models_ + "/runs",
+        "--set",     "name=" + name,
+        "--set",     "cluster.launcher=slurm",
+        "--set",     "cluster.interface=n1",
+        "--set",     "cluster.nodes=" + nodes.dump(),
+        "--set",     R"(actor.devices={"a":[0]})",
+        "--set",     R"(critic.devices={"b":[0]})",
+        "--set",     R"(ref.devices={"b":[1]})",
+        "--set",     R"(rollout.devices={"b":[2]})"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Process>(cluster_->on_node("n1", argv), cluster_->env(),
+                                     models_ + "/salloc-" + name);
   }
 
   // Waits up to 15 s for every process but the daemons to leave the nodes' namespaces.
@@ -305,6 +308,56 @@ TEST_F(SlurmJob, AWorkerKilledOnTheSecondNodeStopsTheJobNamingItsHost) {
   EXPECT_NE(err.find("rollout[0]"), std::string::npos) << err;
   EXPECT_NE(err.find("host n2"), std::string::npos) << err;
   EXPECT_LT(test::read_jsonl(metrics).size(), 30u);
+  expect_nothing_left();
+}
+
+// The pids whose parent is `parent`.
+std::vector<int> children_of(int parent) {
+  std::vector<int> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces, so after the last ')'.
+    const std::string stat = testing::read_file(entry.path().string() + "/stat");
+    std::istringstream rest(stat.substr(stat.rfind(')') + 1));
+    std::string state;
+    int ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+// Ctrl-C at the terminal where `salloc rlhf run` runs: the terminal sends SIGINT to its
+// foreground process group. salloc puts the command it starts in a process group of its own
+// (and makes that the terminal's foreground group); salloc itself ignores SIGINT once the
+// command runs and exits with the command's status.
+TEST_F(SlurmJob, CtrlCStopsTheJobAndNothingRunsOnEitherNode) {
+  auto run =
+      salloc_run("interrupted", {"--set", "train.max_steps=200", "--set", "ckpt.save_steps=1"});
+  const std::string metrics = models_ + "/runs/interrupted/metrics.jsonl";
+  ASSERT_TRUE(poll_until([&] { return test::read_jsonl(metrics).size() >= 2; }, 120s))
+      << run->err();
+  int rlhf_run = -1;
+  for (int pid : children_of(run->pid()))
+    if (comm_of(pid) == "rlhf") rlhf_run = pid;
+  ASSERT_GT(rlhf_run, 0) << "no rlhf run under salloc (pid " << run->pid() << ")";
+  const int group = ::getpgid(rlhf_run);
+  ASSERT_EQ(group, rlhf_run) << "salloc starts its command as a process group leader";
+  ASSERT_NE(group, ::getpgrp()) << "the signal would reach this test";
+  ASSERT_EQ(::kill(-group, SIGINT), 0);
+  const auto interrupted = testing::Clock::now();
+  const auto status = run->wait(30s);
+  ASSERT_TRUE(status) << "salloc rlhf run went on after Ctrl-C: " << run->err();
+  EXPECT_LT(testing::Clock::now() - interrupted, 10s) << "stopped too late";
+  ASSERT_TRUE(WIFEXITED(*status)) << run->err();
+  // salloc exits with its command's status: rlhf run's 128 + SIGINT, as shells report.
+  EXPECT_EQ(WEXITSTATUS(*status), 130) << run->out() << run->err();
+  const std::string err = run->err();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(err, m, std::regex("--resume` continues after step (\\d+)")))
+      << err;
+  EXPECT_GE(std::stoi(m[1]), 1);
+  EXPECT_LT(test::read_jsonl(metrics).size(), 200u);
   expect_nothing_left();
 }
 
