@@ -461,6 +461,9 @@ void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) 
     io_->slots[i].last_seen = Clock::now();
     io_->by_routing_id[routing_id] = i;
     if (pid > 0 && !io_->processes[i]) infos_[i].pid = static_cast<int>(pid);
+    // An srun step: the process here is srun; the worker's own pid is on its node.
+    if (pid > 0 && io_->processes[i] && config_.launcher == LauncherKind::kSlurm)
+      step_pids_[i] = static_cast<int>(pid);
     remote_hosts_[i] = host;
     Message ok;
     ok.kind = MessageKind::kRegistered;
@@ -495,7 +498,10 @@ void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) 
 }
 
 std::string Scheduler::report(size_t index, const std::string& what) const {
-  if (io_->processes[index]) return io_->processes[index]->report(what);
+  if (io_->processes[index]) {
+    const auto step = step_pids_.find(index);
+    return io_->processes[index]->report(what, 20, step == step_pids_.end() ? -1 : step->second);
+  }
   const auto& p = infos_[index].placement;
   const auto seen = remote_hosts_.find(index);
   std::ostringstream out;

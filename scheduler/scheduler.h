@@ -130,6 +130,7 @@ class Scheduler {
   std::string curve_public_;
   std::unique_ptr<transport::StoreServer> store_server_;
   std::map<size_t, std::string> remote_hosts_;  // worker index -> host it registered from
+  std::map<size_t, int> step_pids_;  // srun-launched worker index -> pid it registered with
   std::string ipc_endpoint_;
   std::vector<WorkerInfo> infos_;
   std::map<Role, std::unique_ptr<RoleGroup>> groups_;

@@ -98,14 +98,18 @@ void WorkerProcess::signal(int signo) {
     throw RuntimeError("kill(" + std::to_string(pid_) + ") failed: " + strerror(errno));
 }
 
-std::string WorkerProcess::report(const std::string& what, size_t tail) const {
+std::string WorkerProcess::report(const std::string& what, size_t tail, int remote_pid) const {
   std::ostringstream out;
   const auto& p = placement_;
   out << "worker " << p.label() << " " << what << "\n"
       << "  role " << role_name(p.role) << ", rank " << p.rank << " of " << p.group_size
       << ", host " << p.host << " (node " << p.node << "), device "
-      << device_kind_name(p.device_kind) << ":" << p.device_id << ", pid " << pid_ << "\n"
-      << "  last lines of " << log_path_ << ":\n";
+      << device_kind_name(p.device_kind) << ":" << p.device_id;
+  if (remote_pid > 0)
+    out << ", pid " << remote_pid << " there (its launcher's pid here: " << pid_ << ")\n";
+  else
+    out << ", pid " << pid_ << "\n";
+  out << "  last lines of " << log_path_ << ":\n";
   std::istringstream lines(tail_lines(log_path_, tail));
   for (std::string line; std::getline(lines, line);) out << "    | " << line << "\n";
   return out.str();

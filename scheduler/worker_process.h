@@ -59,7 +59,9 @@ class WorkerProcess {
   void signal(int signo);
   // The failure report for this worker: `what` ("killed by signal 9 (SIGKILL)") + identity +
   // log tail.
-  std::string report(const std::string& what, size_t tail = 20) const;
+  // `remote_pid` (> 0): the pid the worker registered with on its host, this one being its
+  // launcher's (srun).
+  std::string report(const std::string& what, size_t tail = 20, int remote_pid = -1) const;
 
  private:
   struct Impl;

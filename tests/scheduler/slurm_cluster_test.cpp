@@ -307,6 +307,8 @@ TEST_F(SlurmJob, AWorkerKilledOnTheSecondNodeStopsTheJobNamingItsHost) {
   const std::string err = run->err();
   EXPECT_NE(err.find("rollout[0]"), std::string::npos) << err;
   EXPECT_NE(err.find("host n2"), std::string::npos) << err;
+  // The worker's own pid on n2, not srun's on n1.
+  EXPECT_NE(err.find("pid " + std::to_string(rollout) + " there"), std::string::npos) << err;
   EXPECT_LT(test::read_jsonl(metrics).size(), 30u);
   expect_nothing_left();
 }
