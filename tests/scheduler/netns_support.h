@@ -5,14 +5,10 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -144,65 +140,6 @@ class NamespacePair {
   std::vector<std::string> created_;
 };
 
-// `argv` (argv[0] looked up in PATH) with `env` added to this process's environment and its
-// output in files under `dir`; killed if still running when destroyed. Wrappers that exec
-// what they wrap (`ip netns exec`, `nsenter`, `unshare` without --fork, `sh -c 'exec ...'`)
-// keep the pid, so it is the wrapped program's.
-class Process {
- public:
-  Process(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
-          const std::string& dir)
-      : out_(dir + "/stdout.txt"), err_(dir + "/stderr.txt") {
-    fs::create_directories(dir);
-    std::vector<std::string> envs;
-    for (char** e = environ; *e; ++e) {
-      const std::string kv = *e;
-      if (!env.count(kv.substr(0, kv.find('=')))) envs.push_back(kv);
-    }
-    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
-    std::vector<char*> raw_argv, raw_env;
-    for (auto& a : argv) raw_argv.push_back(a.data());
-    raw_argv.push_back(nullptr);
-    for (auto& e : envs) raw_env.push_back(e.data());
-    raw_env.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawnp(&pid_, argv[0].c_str(), &actions, nullptr, raw_argv.data(), raw_env.data()) !=
-        0)
-      pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~Process() {
-    if (pid_ > 0 && !status_) {
-      ::kill(pid_, SIGKILL);
-      int s;
-      waitpid(pid_, &s, 0);
-    }
-  }
-  Process(const Process&) = delete;
-  Process& operator=(const Process&) = delete;
-
-  int pid() const { return pid_; }
-  // The waitpid status if it exited within `limit`, nullopt otherwise.
-  std::optional<int> wait(std::chrono::milliseconds limit) {
-    poll_until(
-        [&] {
-          int s = 0;
-          if (!status_ && pid_ > 0 && waitpid(pid_, &s, WNOHANG) == pid_) status_ = s;
-          return status_.has_value();
-        },
-        limit);
-    return status_;
-  }
-  std::string out() const { return testing::read_file(out_); }
-  std::string err() const { return testing::read_file(err_); }
-
- private:
-  pid_t pid_ = -1;
-  std::optional<int> status_;
-  std::string out_, err_;
-};
+using Process = testing::SpawnedProcess;
 
 }  // namespace rlhf::netns

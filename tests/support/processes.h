@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -90,38 +91,53 @@ inline Placement local_placement(const std::vector<std::pair<Role, int>>& groups
   return p;
 }
 
-// `rlhf ARGS...` started with stdout/stderr in files under `dir`; killed if still running
-// when destroyed.
-class RlhfProcess {
+// `argv` (argv[0] looked up in PATH) with `env` added to this process's environment and its
+// output in files under `dir` (stdout.txt, stderr.txt); killed if still running when
+// destroyed. Wrappers that exec what they wrap (`ip netns exec`, `nsenter`, `unshare`
+// without --fork, `sh -c 'exec ...'`) keep the pid, so it is the wrapped program's.
+class SpawnedProcess {
  public:
-  RlhfProcess(const std::vector<std::string>& args, const std::string& dir)
+  SpawnedProcess(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
+                 const std::string& dir)
       : out_(dir + "/stdout.txt"), err_(dir + "/stderr.txt") {
-    std::vector<std::string> argv = {RLHF_CLI_PATH};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> raw;
-    for (auto& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
+    std::filesystem::create_directories(dir);
+    std::vector<std::string> envs;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      if (!env.count(kv.substr(0, kv.find('=')))) envs.push_back(kv);
+    }
+    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+    std::vector<char*> raw_argv, raw_env;
+    for (auto& a : argv) raw_argv.push_back(a.data());
+    raw_argv.push_back(nullptr);
+    for (auto& e : envs) raw_env.push_back(e.data());
+    raw_env.push_back(nullptr);
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&actions, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, RLHF_CLI_PATH, &actions, nullptr, raw.data(), environ) != 0) pid_ = -1;
+    if (posix_spawnp(&pid_, argv[0].c_str(), &actions, nullptr, raw_argv.data(), raw_env.data()) !=
+        0)
+      pid_ = -1;
     posix_spawn_file_actions_destroy(&actions);
   }
-  ~RlhfProcess() {
+  ~SpawnedProcess() {
     if (pid_ > 0 && !status_) {
       ::kill(pid_, SIGKILL);
       int s;
       waitpid(pid_, &s, 0);
     }
   }
+  SpawnedProcess(const SpawnedProcess&) = delete;
+  SpawnedProcess& operator=(const SpawnedProcess&) = delete;
+
   int pid() const { return pid_; }
   // The waitpid status if it exited within `limit`, nullopt otherwise.
   std::optional<int> wait(std::chrono::milliseconds limit) {
     poll_until(
         [&] {
           int s = 0;
-          if (!status_ && waitpid(pid_, &s, WNOHANG) == pid_) status_ = s;
+          if (!status_ && pid_ > 0 && waitpid(pid_, &s, WNOHANG) == pid_) status_ = s;
           return status_.has_value();
         },
         limit);
@@ -134,6 +150,20 @@ class RlhfProcess {
   pid_t pid_ = -1;
   std::optional<int> status_;
   std::string out_, err_;
+};
+
+// `rlhf ARGS...` as a SpawnedProcess.
+class RlhfProcess : public SpawnedProcess {
+ public:
+  RlhfProcess(const std::vector<std::string>& args, const std::string& dir)
+      : SpawnedProcess(with_cli(args), {}, dir) {}
+
+ private:
+  static std::vector<std::string> with_cli(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {RLHF_CLI_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
 };
 
 }  // namespace rlhf::testing
