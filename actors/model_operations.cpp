@@ -404,7 +404,8 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
 // trainer's group); actor rank 0 also joins, once, the sync group of args.sync_size ranks
 // (itself as rank 0, rollout rank r as r + 1) at args.store_path over args.backend (nccl or
 // gloo) and sends the buckets by args.path (gloo, nccl or cuda_ipc; default: the backend)
-// of args.bucket_bytes (default 256 MiB).
+// of args.bucket_bytes (default 256 MiB); args.tensor_parallel_size (the rollout's) > 1
+// scatters each rollout rank only its slices.
 Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("push_weights: this worker's role is not trained");
   const std::string backend = req.args.value("backend", std::string("gloo"));
@@ -422,6 +423,7 @@ Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& 
   options.bucket_bytes = req.args.value("bucket_bytes", options.bucket_bytes);
   options.path = rollout::parse_sync_path(req.args.value("path", backend));
   options.device = role.device;
+  options.tensor_parallel_size = req.args.value("tensor_parallel_size", 1);
   auto stats = rollout::send_weights(source, self.rank == 0 ? role.sync_group.get() : nullptr,
                                      ++role.weight_version, options);
   Message reply;

@@ -86,25 +86,59 @@ Message wake_up(RolloutState& state, const WorkerIdentity& self) {
   return reply;
 }
 
-// args: "model" (HF directory) or "preset" + "seed"; "dtype"; the generation settings
-// "max_new_tokens", "n_samples_per_prompt", "micro_batch_size", "stop_token_ids",
-// "pad_token_id" (defaults: GenerationConfig's; stop tokens default to the model's EOS).
+// Tensor parallelism (args "tensor_parallel_size" t > 1, "tp_store_path"): rollout rank k is
+// TP rank k % t of engine k / t, whose group meets at tp_store_path + "_engine<k / t>" (NCCL
+// between GPUs, Gloo on cpu nodes).
+models::TensorParallel join_tensor_parallel(const nlohmann::json& a, const WorkerIdentity& self) {
+  models::TensorParallel tp;
+  tp.size = a.value("tensor_parallel_size", 1);
+  if (tp.size < 1 || self.world_size % tp.size != 0)
+    throw InputError("load_model: tensor_parallel_size " + std::to_string(tp.size) +
+                     " must divide the rollout's " + std::to_string(self.world_size) + " workers");
+  if (tp.size == 1) return tp;
+  tp.rank = self.rank % tp.size;
+  transport::CollectiveConfig cc;
+  cc.rank = tp.rank;
+  cc.size = tp.size;
+  cc.store_path =
+      a.at("tp_store_path").get<std::string>() + "_engine" + std::to_string(self.rank / tp.size);
+  cc.backend =
+      on_cuda(self) ? transport::CollectiveBackend::kNccl : transport::CollectiveBackend::kGloo;
+  tp.group = transport::make_collective_group(cc);
+  return tp;
+}
+
+// args: "model" (HF directory) or "preset" + "seed"; "dtype"; "tensor_parallel_size" and
+// "tp_store_path" (see join_tensor_parallel; a TP rank loads only its slices); the
+// generation settings "max_new_tokens", "n_samples_per_prompt", "micro_batch_size",
+// "stop_token_ids", "pad_token_id" (defaults: GenerationConfig's; stop tokens default to the
+// model's EOS).
 Message load_model(RolloutState& state, const Message& request, const WorkerIdentity& self) {
   const auto& a = request.args;
   const torch::Device device = worker_device(self);
+  models::TensorParallel tp = join_tensor_parallel(a, self);
   std::shared_ptr<models::CausalLM> model;
   if (a.contains("model")) {
     models::LoadOptions load;
     load.device = device;
     if (a.contains("dtype")) load.dtype = models::dtype_from_name(a.at("dtype").get<std::string>());
     load.head = models::HeadKind::kLanguageModel;
-    model = models::load_pretrained(a.at("model").get<std::string>(), load);
+    model = models::load_pretrained(a.at("model").get<std::string>(), load, tp);
   } else if (a.contains("preset")) {
+    // Presets are small test models: built whole, then (TP) each rank keeps its slices.
     model = std::make_shared<models::CausalLM>(
         models::preset_config(a.at("preset").get<std::string>()));
     model->init_weights(a.value("seed", uint64_t{0}));
     if (a.contains("dtype")) model->to(models::dtype_from_name(a.at("dtype").get<std::string>()));
-    model->to(device);
+    if (tp.enabled()) {
+      auto whole = model;
+      model =
+          std::make_shared<models::CausalLM>(whole->config(), models::Materialize::kDeferred, tp);
+      models::load_whole(*model, models::TensorsSource(whole->state_tensors()), whole->dtype(),
+                         device);
+    } else {
+      model->to(device);
+    }
   } else {
     throw InputError("load_model: expected arg \"model\" (a directory) or \"preset\"");
   }
@@ -124,7 +158,9 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
     config.stop_token_ids = {model->config().eos_token_id};
   state.generator = std::make_unique<rollout::Generator>(model, config);
   Message reply;
-  reply.args = {{"parameters", model->config().num_parameters()}, {"weight_version", 0}};
+  reply.args = {{"parameters", model->config().num_parameters()},
+                {"weight_version", 0},
+                {"tensor_parallel_size", tp.size}};
   return reply;
 }
 

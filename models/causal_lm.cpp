@@ -12,6 +12,7 @@
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
 #include "models/paged_kv_cache.h"
+#include "transport/collective_group.h"
 
 namespace rlhf::models {
 
@@ -73,24 +74,35 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 
 }  // namespace
 
-CausalLM::CausalLM(ModelConfig config, Materialize how) : config_(std::move(config)) {
+CausalLM::CausalLM(ModelConfig config, Materialize how, TensorParallel tp)
+    : config_(std::move(config)), tp_(std::move(tp)) {
   config_.validate("CausalLM");
+  if (tp_.enabled()) {
+    check_tensor_parallel(config_, tp_.size, "CausalLM");
+    if (!tp_.group || tp_.group->size() != tp_.size || tp_.group->rank() != tp_.rank)
+      throw InputError("CausalLM: tensor parallel rank " + std::to_string(tp_.rank) + " of " +
+                       std::to_string(tp_.size) + " needs a group of that size and rank");
+    if (how != Materialize::kDeferred)
+      throw InputError("CausalLM: a tensor-parallel shard is built deferred and loaded");
+  }
+  shard_config_ = tensor_parallel_shard_config(config_, tp_.size);
   const ModelConfig& c = config_;
+  const int64_t vocab = c.vocab_size / tp_.size;  // this rank's rows (vocab-parallel)
   auto stack = register_module("model", std::make_shared<torch::nn::Module>());
   // As HF: the padding row of the embedding gets no gradient.
   const int64_t padding_idx =
-      c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1;
-  embed_tokens = stack->register_module("embed_tokens",
-                                        Embedding(c.vocab_size, c.hidden_size, padding_idx, how));
+      !tp_.enabled() && c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1;
+  embed_tokens =
+      stack->register_module("embed_tokens", Embedding(vocab, c.hidden_size, padding_idx, how));
   layers = stack->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers->push_back(std::make_shared<DecoderLayerImpl>(c, how));
+    layers->push_back(std::make_shared<DecoderLayerImpl>(shard_config_, how, &tp_));
   norm = stack->register_module("norm",
                                 std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
   if (c.head == HeadKind::kValue) {
     value_head = register_module(c.value_head_prefix, Linear(c.hidden_size, 1, false, how));
   } else if (!c.tie_word_embeddings) {
-    lm_head = register_module("lm_head", Linear(c.hidden_size, c.vocab_size, false, how));
+    lm_head = register_module("lm_head", Linear(c.hidden_size, vocab, false, how));
   }
   shapes_ = models::parameter_shapes(c);
   if (how == Materialize::kAllocate) init_weights(0);
@@ -183,7 +195,8 @@ torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, PagedKvCache& ca
 torch::Tensor CausalLM::run_stack(const torch::Tensor& input_ids, const torch::Tensor& pos,
                                   AttentionInputs& in, KvStore* cache) {
   before(0);
-  torch::Tensor h = embed_tokens->forward(input_ids);  // [B, T, H]
+  torch::Tensor h = tp_.enabled() ? tensor_parallel_embedding(tp_, embed_tokens->weight, input_ids)
+                                  : embed_tokens->forward(input_ids);  // [B, T, H]
   after(0);
   if (!inv_freq_.defined() || inv_freq_.device() != pos.device())
     inv_freq_ = inverse_frequencies(config_).to(pos.device());
@@ -209,6 +222,7 @@ torch::Tensor CausalLM::log_probs(const torch::Tensor& hidden, const torch::Tens
                                   int64_t chunk) {
   TORCH_CHECK(config_.head == HeadKind::kLanguageModel,
               "CausalLM::log_probs needs an LM head; this model has a value head");
+  TORCH_CHECK(!tp_.enabled(), "CausalLM::log_probs: not available on a tensor-parallel shard");
   const int head_unit = static_cast<int>(num_layers()) + 1;
   before(head_unit);
   auto out = chunked_log_probs(hidden, head_weight(), labels, chunk);
@@ -231,7 +245,7 @@ torch::Tensor CausalLM::logits(const torch::Tensor& hidden) {
               "CausalLM::logits needs an LM head; this model has a value head");
   const int head_unit = static_cast<int>(num_layers()) + 1;
   before(head_unit);
-  auto out = torch::matmul(hidden, head_weight().t());
+  auto out = tensor_parallel_gather_vocab(tp_, torch::matmul(hidden, head_weight().t()));
   after(head_unit);
   return out;
 }
@@ -239,6 +253,7 @@ torch::Tensor CausalLM::logits(const torch::Tensor& hidden) {
 torch::Tensor CausalLM::values(const torch::Tensor& hidden) {
   TORCH_CHECK(config_.head == HeadKind::kValue,
               "CausalLM::values needs a value head; this model has an LM head");
+  TORCH_CHECK(!tp_.enabled(), "CausalLM::values: not available on a tensor-parallel shard");
   const int head_unit = static_cast<int>(num_layers()) + 1;
   before(head_unit);
   auto out = value_head->forward(hidden).squeeze(-1).to(torch::kFloat32);  // [B, T]

@@ -18,6 +18,7 @@
 #include "models/decoder_layer.h"
 #include "models/layer_hooks.h"
 #include "models/linear.h"
+#include "models/tensor_parallel.h"
 
 namespace rlhf::models {
 
@@ -36,7 +37,14 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // callers convert with to(dtype/device). kDeferred: every parameter is an empty [0]
   // placeholder (no memory, no random draws) until a loader (load_pretrained) or a sharded
   // owner (engine/) sets it; parameter_shapes() gives the full shapes meanwhile.
-  explicit CausalLM(ModelConfig config, Materialize how = Materialize::kAllocate);
+  //
+  // With `tp` of size > 1 (the rollout's tensor parallelism, tensor_parallel.h) the model is
+  // one TP rank's shard: its parameters have the shard's shapes (kDeferred only: a loader
+  // fills them, load_whole reads just the rank's slices), forwards run collectives over
+  // tp.group in lockstep with the other ranks, and logits() returns the full vocabulary.
+  // log_probs() and values() are not available on a shard.
+  explicit CausalLM(ModelConfig config, Materialize how = Materialize::kAllocate,
+                    TensorParallel tp = {});
 
   using ShapeList = std::vector<std::pair<std::string, std::vector<int64_t>>>;
   // Every parameter's HF name and full shape, in named_parameters() order, from the config
@@ -44,6 +52,10 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   const ShapeList& parameter_shapes() const { return shapes_; }
 
   const ModelConfig& config() const { return config_; }
+  // What this rank's decoder layers and KV cache hold: config() with heads, kv heads and
+  // intermediate size divided by the TP size (config() itself without TP).
+  const ModelConfig& shard_config() const { return shard_config_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
   torch::Dtype dtype() const;
   torch::Device device() const;
   int64_t num_layers() const { return config_.num_hidden_layers; }
@@ -123,6 +135,8 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   }
 
   ModelConfig config_;
+  TensorParallel tp_;
+  ModelConfig shard_config_;
   ShapeList shapes_;
   Checkpointing checkpointing_ = Checkpointing::kNone;
   LayerHooks* hooks_ = nullptr;

@@ -2,6 +2,8 @@
 // RMSNorm statistics and softmax in FP32, matmuls in the parameters' dtype.
 #include "models/decoder_layer.h"
 
+#include <ATen/ops/linear.h>
+
 #include <cmath>
 
 #include "models/kv_cache.h"
@@ -43,6 +45,16 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
                      const AttentionInputs& in) {
   const bool gqa = q.size(1) != k.size(1);
   return at::scaled_dot_product_attention(q, k, v, in.mask, 0.0, in.causal, std::nullopt, gqa);
+}
+
+// A row-parallel linear map: this rank's partial product, summed over the TP group, then
+// the bias once (HF's o_proj / down_proj bias is replicated, not split).
+torch::Tensor row_parallel(Linear& linear, const torch::Tensor& x, const TensorParallel* tp) {
+  if (tp == nullptr || !tp->enabled()) return linear->forward(x);
+  auto out = at::linear(x, linear->weight).contiguous();
+  tensor_parallel_all_reduce(*tp, out);
+  if (linear->bias.defined()) out = out + linear->bias;
+  return out;
 }
 
 }  // namespace
@@ -111,8 +123,11 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * (xf * torch::rsqrt(variance + eps_)).to(x.scalar_type());
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& c, Materialize how)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+AttentionImpl::AttentionImpl(const ModelConfig& c, Materialize how, const TensorParallel* tp)
+    : heads_(c.num_attention_heads),
+      kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      tp_(tp) {
   const int64_t H = c.hidden_size;
   q_proj = register_module("q_proj", Linear(H, heads_ * head_dim_, c.qkv_bias, how));
   k_proj = register_module("k_proj", Linear(H, kv_heads_ * head_dim_, c.qkv_bias, how));
@@ -131,10 +146,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   k = k * cos + rotate_half(k) * sin;
   if (cache) std::tie(k, v) = cache->append(layer_index, k, v);  // [B, kv, S, D]
   auto out = attend(q, k, v, in);                                // [B, nh, T, D]
-  return o_proj->forward(out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+  return row_parallel(o_proj, out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}), tp_);
 }
 
-MlpImpl::MlpImpl(const ModelConfig& c, Materialize how) {
+MlpImpl::MlpImpl(const ModelConfig& c, Materialize how, const TensorParallel* tp) : tp_(tp) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   gate_proj = register_module("gate_proj", Linear(H, I, c.mlp_bias, how));
   up_proj = register_module("up_proj", Linear(H, I, c.mlp_bias, how));
@@ -142,12 +157,13 @@ MlpImpl::MlpImpl(const ModelConfig& c, Materialize how) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(torch::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  return row_parallel(down_proj, torch::silu(gate_proj->forward(x)) * up_proj->forward(x), tp_);
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, Materialize how) {
-  self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, how));
-  mlp = register_module("mlp", std::make_shared<MlpImpl>(c, how));
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, Materialize how,
+                                   const TensorParallel* tp) {
+  self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, how, tp));
+  mlp = register_module("mlp", std::make_shared<MlpImpl>(c, how, tp));
   input_layernorm = register_module(
       "input_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
   post_attention_layernorm =

@@ -11,6 +11,7 @@
 
 #include "models/config.h"
 #include "models/linear.h"
+#include "models/tensor_parallel.h"
 
 namespace rlhf::models {
 
@@ -64,9 +65,13 @@ class RMSNormImpl : public torch::nn::Module {
   double eps_;
 };
 
+// With a TensorParallel of size > 1 (the rollout's tensor parallelism), `config` is the
+// rank's shard config (tensor_parallel_shard_config): q/k/v and gate/up hold this rank's
+// heads and rows, o_proj and down_proj its columns, and their outputs are summed over the
+// group. `tp` must outlive the module.
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(const ModelConfig& config, Materialize how);
+  AttentionImpl(const ModelConfig& config, Materialize how, const TensorParallel* tp = nullptr);
   // x: [B, T, H] -> [B, T, H]. With a cache, this step's keys/values are appended to layer
   // `layer_index` and attention runs over everything cached.
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
@@ -75,18 +80,23 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  const TensorParallel* tp_;
 };
 
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(const ModelConfig& config, Materialize how);
+  MlpImpl(const ModelConfig& config, Materialize how, const TensorParallel* tp = nullptr);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x)), [B, T, H]
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  const TensorParallel* tp_;
 };
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const ModelConfig& config, Materialize how = Materialize::kAllocate);
+  explicit DecoderLayerImpl(const ModelConfig& config, Materialize how = Materialize::kAllocate,
+                            const TensorParallel* tp = nullptr);
   // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)).
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
                         int64_t layer_index);

@@ -136,16 +136,41 @@ void load_whole(CausalLM& model, const WeightSource& source, torch::Dtype dtype,
   torch::NoGradGuard no_grad;
   std::map<std::string, torch::Tensor> params;
   for (auto& [name, param] : model.state_tensors()) params[name] = param;
+  const TensorParallel& tp = model.tensor_parallel();
   for (const auto& [name, shape] : model.parameter_shapes()) {
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
-    params.at(name).set_data(source.read(name, 0, numel, dtype, device).view(shape));
+    const int dim = tp.enabled() ? tensor_parallel_dim(name) : -1;
+    torch::Tensor value;
+    if (dim < 0) {
+      value = source.read(name, 0, numel, dtype, device).view(shape);
+    } else if (dim == 0) {  // rank r's rows are one flat range
+      const int64_t count = numel / tp.size;
+      value = source.read(name, tp.rank * count, count, dtype, device)
+                  .view(tensor_parallel_shape(name, shape, tp.size));
+    } else {
+      auto whole = source.read(name, 0, numel, dtype, torch::kCPU).view(shape);
+      value = tensor_parallel_slice(name, whole, tp.rank, tp.size).contiguous().to(device);
+    }
+    params.at(name).set_data(value);
   }
 }
 
-std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options) {
+TensorsSource::TensorsSource(std::vector<std::pair<std::string, torch::Tensor>> tensors) {
+  for (auto& [name, t] : tensors) tensors_[name] = t.detach();
+}
+
+torch::Tensor TensorsSource::read(const std::string& name, int64_t begin, int64_t count,
+                                  torch::Dtype dtype, torch::Device device) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw InputError("TensorsSource: no tensor named " + name);
+  return it->second.reshape({-1}).narrow(0, begin, count).to(device, dtype).clone();
+}
+
+std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options,
+                                          const TensorParallel& tp) {
   PretrainedSource source(dir, options);
-  auto model = std::make_shared<CausalLM>(source.config(), Materialize::kDeferred);
+  auto model = std::make_shared<CausalLM>(source.config(), Materialize::kDeferred, tp);
   load_whole(*model, source, source.dtype(), options.device);
   return model;
 }

@@ -8,9 +8,12 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "models/causal_lm.h"
 #include "models/config.h"
@@ -56,13 +59,28 @@ class PretrainedSource final : public WeightSource {
   std::string fresh_value_head_;  // the value head's name when it is initialised, not read
 };
 
+// Tensors in memory, by HF name, as a WeightSource (a preset's fresh weights, to be loaded
+// into a tensor-parallel shard).
+class TensorsSource final : public WeightSource {
+ public:
+  explicit TensorsSource(std::vector<std::pair<std::string, torch::Tensor>> tensors);
+  torch::Tensor read(const std::string& name, int64_t begin, int64_t count, torch::Dtype dtype,
+                     torch::Device device) const override;
+
+ private:
+  std::map<std::string, torch::Tensor> tensors_;
+};
+
 // Reads DIR/config.json and DIR's safetensors into a whole model in options.dtype on
 // options.device; peak memory is the model plus one tensor. Throws InputError naming the
 // file and the offending tensors.
-std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options = {});
+std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options = {},
+                                          const TensorParallel& tp = {});
 
 // Sets every parameter of a deferred (or allocated) `model` whole from `source`, in `dtype`
-// on `device`, one tensor at a time.
+// on `device`, one tensor at a time. A tensor-parallel shard (CausalLM's `tp`) gets its
+// slices only: a row-split tensor reads just its rows; a column-split one is read whole
+// (one tensor on the host) and sliced.
 void load_whole(CausalLM& model, const WeightSource& source, torch::Dtype dtype,
                 torch::Device device);
 

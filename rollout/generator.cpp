@@ -109,7 +109,7 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
 
 int64_t Generator::prompts_per_cache(int64_t P) const {
   if (config_.kv_cache_bytes <= 0) return config_.micro_batch_size;
-  const auto& c = model_->config();
+  const auto& c = model_->shard_config();  // a TP rank caches its kv heads only
   const int64_t element = c10::elementSize(model_->dtype());
   // K and V per layer for P + R positions (models::KvCache), for the prefilled row and its
   // n sample rows, which live together while the samples are copied.
@@ -161,7 +161,7 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   // Prefill each prompt once, then copy its cache rows to its n samples.
   GenerationTimings timings;
   auto clock = Clock::now();
-  models::KvCache cache(model.config(), b, P + R, model.dtype(), device);
+  models::KvCache cache(model.shard_config(), b, P + R, model.dtype(), device);
   const auto mask_dev = prompt_mask.to(device);
   auto hidden = model.forward(prompt_ids.to(device), mask_dev, {}, &cache);  // [b, P, H]
   auto logits = model.logits(hidden.narrow(1, P - 1, 1)).squeeze(1);         // [b, V]
@@ -246,7 +246,7 @@ GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids
   timings.decode_tokens = live_tokens.item<int64_t>();
   timings.decode_seconds = seconds_since(clock);
   timings.kv_pool_bytes = timings.kv_peak_bytes =
-      models::KvCache::bytes(model.config(), b + (n > 1 ? N : 0), P + R, model.dtype());
+      models::KvCache::bytes(model.shard_config(), b + (n > 1 ? N : 0), P + R, model.dtype());
   auto result = assemble_output(prompt_ids, prompt_mask, n, out_tokens, out_log_probs, lengths);
   result.timings = timings;
   return result;

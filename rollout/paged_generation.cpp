@@ -58,7 +58,7 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   torch::NoGradGuard no_grad;
   models::CausalLM& model = *model_;
   const auto device = model.device();
-  const auto& mc = model.config();
+  const auto& mc = model.shard_config();  // a TP rank's cache holds its kv heads only
   const int64_t B = prompt_ids.size(0), P = prompt_ids.size(1);
   const int64_t n = config_.n_samples_per_prompt, N = B * n, R = config_.max_new_tokens;
   const int64_t bs = config_.kv_block_size;
@@ -68,8 +68,11 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
       config_.sync_interval > 0 ? config_.sync_interval : (device.is_cpu() ? 1 : 8);
   // Padded decode steps, CUDA graphs on a GPU (decode_graph.h), where the whole call runs on
   // the decode stream.
+  // Not under tensor parallelism: its all-reduces run outside any graph (Gloo cannot be
+  // captured), so a TP rank decodes eagerly.
   const bool padded_steps = config_.decode_steps == DecodeSteps::kPadded ||
-                            (config_.decode_steps == DecodeSteps::kAuto && device.is_cuda());
+                            (config_.decode_steps == DecodeSteps::kAuto && device.is_cuda() &&
+                             !model.tensor_parallel().enabled());
   DecodeStream on_decode_stream(padded_steps ? device : torch::Device(torch::kCPU));
 
   // Each prompt's tokens (left padding dropped), on the host.

@@ -25,8 +25,9 @@ enum HeaderField : int64_t {
   kUnits,
   kLayoutHash,
   kWireDtype,
-  kBucketNumel,  // elements of wire dtype per bucket
-  kPath,         // SyncPath
+  kBucketNumel,     // elements of wire dtype per bucket
+  kPath,            // SyncPath
+  kTensorParallel,  // the rollout's TP size: each rank receives only its slices
   kHeaderSize
 };
 
@@ -45,11 +46,15 @@ void sort_by_name(std::vector<T>& v) {
   std::sort(v.begin(), v.end(), [](const T& a, const T& b) { return a.first < b.first; });
 }
 
+// Full (unsharded) shapes: a tensor-parallel shard's layout is the whole model's.
 std::vector<std::vector<TensorSpec>> layout_of_units(const std::vector<models::ParamUnit>& units) {
   std::vector<std::vector<TensorSpec>> layout;
   for (const auto& unit : units) {
     std::vector<TensorSpec> specs;
-    for (const auto& [name, tensor] : unit.params) specs.push_back({name, tensor.sizes().vec()});
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      const auto& [name, tensor] = unit.params[i];
+      specs.push_back({name, i < unit.shapes.size() ? unit.shapes[i] : tensor.sizes().vec()});
+    }
     layout.push_back(std::move(specs));
   }
   return layout;
@@ -200,6 +205,37 @@ class BroadcastBuckets final : public BucketTransport {
   torch::Tensor buffer_;
 };
 
+// Tensor parallel: the root fills one buffer per TP rank (that rank's slices) and scatters
+// them, sync rank g > 0 (rollout rank g - 1) getting TP rank (g - 1) % tp's; a receiver
+// holds only its own.
+class ScatterBuckets final : public BucketTransport {
+ public:
+  ScatterBuckets(transport::CollectiveGroup& group, int tp, int64_t capacity, torch::Dtype dtype,
+                 torch::Device device)
+      : group_(group) {
+    const auto options = torch::TensorOptions(dtype).device(device);
+    const int buffers = group.rank() == 0 ? tp + 1 : 1;  // the root's own piece: a scratch
+    for (int i = 0; i < buffers; ++i) buffers_.push_back(torch::empty({capacity}, options));
+  }
+  torch::Tensor buffer() override { return buffers_[0]; }
+  torch::Tensor buffer(int tp_rank) { return buffers_.at(static_cast<size_t>(tp_rank) + 1); }
+  void move(int64_t n) override {
+    auto out = buffers_[0].narrow(0, 0, n);
+    std::vector<torch::Tensor> inputs;
+    if (group_.rank() == 0) {
+      const int tp = static_cast<int>(buffers_.size()) - 1;
+      inputs.push_back(out);  // never read back: the root keeps nothing
+      for (int g = 1; g < group_.size(); ++g)
+        inputs.push_back(buffer((g - 1) % tp).narrow(0, 0, n));
+    }
+    group_.scatter(out, inputs, 0);
+  }
+
+ private:
+  transport::CollectiveGroup& group_;
+  std::vector<torch::Tensor> buffers_;  // receiver: [0]; root: [0] scratch, [1 + r] TP rank r
+};
+
 // The root's IPC buffer, mapped by every other rank; the group carries the handle, "bucket
 // of n elements ready" (a broadcast) and "read" (a barrier).
 class IpcBuckets final : public BucketTransport {
@@ -320,13 +356,21 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
   if (options.path == SyncPath::kCudaIpc)
     TORCH_CHECK(group->backend_name() == "gloo" && options.device.is_cuda(),
                 "send_weights: cuda_ipc needs a Gloo sync group and a CUDA device");
-  int64_t total = 0;
+  const int tp = options.tensor_parallel_size;
+  if (tp < 1 || (tp > 1 && (options.path == SyncPath::kCudaIpc || (group->size() - 1) % tp != 0)))
+    throw InputError("weight sync: tensor_parallel_size " + std::to_string(tp) +
+                     " needs the gloo or nccl path and a rollout rank count that it divides (" +
+                     std::to_string(group->size() - 1) + " ranks, path " +
+                     sync_path_name(options.path) + ")");
+  int64_t total = 0;  // elements each rollout rank receives
   for (const auto& unit : layout)
-    for (const auto& spec : unit) total += numel_of(spec.shape);
-  const int64_t capacity = bucket_numel(options.bucket_bytes, options.wire_dtype, total);
+    for (const auto& spec : unit)
+      total += numel_of(models::tensor_parallel_shape(spec.name, spec.shape, tp));
+  // At TP > 1 the root holds one bucket per TP rank: together bucket_bytes.
+  const int64_t capacity = bucket_numel(options.bucket_bytes / tp, options.wire_dtype, total);
   auto header =
       torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(options.wire_dtype),
-                     capacity, static_cast<int64_t>(options.path)},
+                     capacity, static_cast<int64_t>(options.path), static_cast<int64_t>(tp)},
                     torch::kInt64)
           .to(control_device(*group));
   group->broadcast(header, 0);
@@ -345,26 +389,37 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
                                         : error) +
                          "; nothing was sent");
     transport = std::move(ipc);
+  } else if (tp > 1) {
+    transport =
+        std::make_unique<ScatterBuckets>(*group, tp, capacity, options.wire_dtype, options.device);
   } else {
     transport =
         std::make_unique<BroadcastBuckets>(*group, capacity, options.wire_dtype, options.device);
   }
-  torch::Tensor bucket = transport->buffer();
+  auto* scatter = dynamic_cast<ScatterBuckets*>(transport.get());
+  std::vector<torch::Tensor> buckets;  // per TP rank
+  for (int r = 0; r < tp; ++r)
+    buckets.push_back(scatter ? scatter->buffer(r) : transport->buffer());
   BucketCursor cursor(capacity);
+  const auto element = static_cast<int64_t>(c10::elementSize(options.wire_dtype));
   auto flush = [&](int64_t n) {
     transport->move(n);
-    stats.bytes += n * static_cast<int64_t>(bucket.element_size());
+    stats.bytes += n * element * tp;
     ++stats.buckets;
   };
   for (int64_t u = 0; u < units; ++u) {
     auto tensors = source.acquire(u);
     sort_by_name(tensors);
     for (const auto& [name, t] : tensors) {
-      const auto flat = t.reshape({-1});
+      // Each TP rank's slice, flat (a column split is copied out once per tensor).
+      std::vector<torch::Tensor> flats;
+      for (int r = 0; r < tp; ++r)
+        flats.push_back(models::tensor_parallel_slice(name, t, r, tp).reshape({-1}));
       cursor.add(
-          flat.numel(),
+          flats[0].numel(),
           [&](int64_t from, int64_t at, int64_t n) {
-            bucket.narrow(0, at, n).copy_(flat.narrow(0, from, n));  // converts to wire dtype
+            for (int r = 0; r < tp; ++r)  // converts to wire dtype
+              buckets[static_cast<size_t>(r)].narrow(0, at, n).copy_(flats[r].narrow(0, from, n));
           },
           flush);
     }
@@ -390,9 +445,18 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
   header = header.to(torch::kCPU);
   const auto* h = header.data_ptr<int64_t>();
   const bool ok = h[kUnits] == static_cast<int64_t>(units.size()) && h[kLayoutHash] == mine;
+  const auto& tp = model.tensor_parallel();
+  const bool tp_ok =
+      h[kTensorParallel] == tp.size && (group.rank() - 1) % std::max(tp.size, 1) == tp.rank;
   const std::string sync = "weight sync v" + std::to_string(h[kVersion]) + " on sync rank " +
                            std::to_string(group.rank());
-  if (!all_ok(group, ok) || !ok) {
+  if (!all_ok(group, ok && tp_ok) || !ok || !tp_ok) {
+    if (!tp_ok)
+      throw RuntimeError(
+          sync + ": the actor sends tensor-parallel slices for " +
+          std::to_string(h[kTensorParallel]) +
+          " ranks (sync rank g gets TP rank (g - 1) % that), this model is TP rank " +
+          std::to_string(tp.rank) + " of " + std::to_string(tp.size));
     throw RuntimeError(sync + ": the actor's layout (" + std::to_string(h[kUnits]) +
                        " units, hash " + std::to_string(h[kLayoutHash]) +
                        ") differs from this model's (" + std::to_string(units.size()) +
@@ -416,6 +480,8 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
       throw RuntimeError(sync + ": cannot take the actor's buckets through CUDA IPC: " +
                          (error.empty() ? "another rollout rank cannot (see its log)" : error));
     transport = std::move(ipc);
+  } else if (tp.enabled()) {
+    transport = std::make_unique<ScatterBuckets>(group, tp.size, capacity, wire, model.device());
   } else {
     transport = std::make_unique<BroadcastBuckets>(group, capacity, wire, model.device());
   }

@@ -86,6 +86,9 @@ struct SyncOptions {
   int64_t bucket_bytes = int64_t{256} << 20;   // rollout.sync_bucket_mb
   SyncPath path = SyncPath::kGloo;
   torch::Device device = torch::kCPU;  // where the actor's bucket lives (its device)
+  // The rollout's tensor_parallel_size: > 1 scatters to each rollout rank (sync rank g, TP
+  // rank (g - 1) % tp) only its slices, from tp buckets of bucket_bytes / tp (gloo or nccl).
+  int tensor_parallel_size = 1;
 };
 
 struct WeightSyncStats {

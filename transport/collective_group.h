@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace rlhf::transport {
 
@@ -52,6 +53,11 @@ class CollectiveGroup {
   virtual void reduce_scatter(torch::Tensor& output, torch::Tensor& input) = 0;
   // In place: every rank's tensor becomes root's.
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  // Root sends inputs[r] to rank r (size() tensors of output's numel and dtype; inputs[root]
+  // lands in root's own output); other ranks pass no inputs. What a rank receives is only
+  // its own piece (a tensor-parallel weight sync: each rank gets its slices).
+  virtual void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                       int root) = 0;
   virtual void barrier() = 0;
 };
 

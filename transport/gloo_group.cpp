@@ -149,6 +149,40 @@ void GlooGroup::broadcast(torch::Tensor& tensor, int root) {
   run("broadcast", [&] { return group_->broadcast(tensors, options); });
 }
 
+void GlooGroup::scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root) {
+  TORCH_CHECK(rank_ != root || static_cast<int>(inputs.size()) == size_, "gloo scatter: root ",
+              root, " needs ", size_, " inputs, got ", inputs.size());
+  for (const auto& in : inputs)
+    TORCH_CHECK(in.numel() == output.numel() && in.dtype() == output.dtype(),
+                "gloo scatter: every input must match the output's numel and dtype, got ",
+                in.sizes(), " for ", output.sizes());
+  if (on_device(output)) {
+    auto host = torch::empty_like(output, output.options().device(torch::kCPU));
+    std::vector<torch::Tensor> staged_inputs;
+    for (const auto& in : inputs) staged_inputs.push_back(staged(in));
+    scatter(host, staged_inputs, root);
+    output.copy_(host);
+    return;
+  }
+  check_cpu_contiguous(output, "scatter output");
+  std::vector<torch::Tensor> host_inputs;
+  for (const auto& in : inputs) host_inputs.push_back(on_device(in) ? staged(in) : in.contiguous());
+  if (size_ == 1) {
+    output.copy_(host_inputs.at(0).view(output.sizes()));
+    return;
+  }
+  std::vector<torch::Tensor> outputs{output};
+  std::vector<std::vector<torch::Tensor>> input_lists;
+  if (rank_ == root) {
+    input_lists.emplace_back();
+    for (auto& in : host_inputs) input_lists.back().push_back(in.view(output.sizes()));
+  }
+  c10d::ScatterOptions options;
+  options.rootRank = root;
+  options.timeout = group_->getOptions()->timeout;
+  run("scatter", [&] { return group_->scatter(outputs, input_lists, options); });
+}
+
 void GlooGroup::barrier() {
   run("barrier", [&] { return group_->barrier(); });
 }

@@ -27,6 +27,7 @@ class GlooGroup final : public CollectiveGroup {
   // and 1.13's alltoall + local sum (184 vs 307 ms); see bench/RESULTS.md.
   void reduce_scatter(torch::Tensor& output, torch::Tensor& input) override;
   void broadcast(torch::Tensor& tensor, int root) override;
+  void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root) override;
   void barrier() override;
 
  private:

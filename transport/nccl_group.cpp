@@ -162,6 +162,42 @@ class NcclGroup final : public CollectiveGroup {
     wait("ncclBroadcast");
   }
 
+  // NCCL has no scatter: root sends each rank its piece (point to point, in one group
+  // call), every rank receives its own.
+  void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root) override {
+    TORCH_CHECK(rank_ != root || static_cast<int>(inputs.size()) == size_, "nccl scatter: root ",
+                root, " needs ", size_, " inputs, got ", inputs.size());
+    if (on_host(output)) {
+      auto out = output.to(torch::kCUDA);
+      scatter(out, inputs, root);
+      output.copy_(out);
+      return;
+    }
+    check_cuda_contiguous(output, "scatter output");
+    std::vector<torch::Tensor> device_inputs;
+    for (const auto& in : inputs) {
+      TORCH_CHECK(in.numel() == output.numel() && in.dtype() == output.dtype(),
+                  "nccl scatter: every input must match the output's numel and dtype");
+      device_inputs.push_back(on_host(in) ? in.to(torch::kCUDA) : in.contiguous());
+    }
+    check_nccl(ncclGroupStart(), "ncclGroupStart", rank_);
+    if (rank_ == root) {
+      for (int r = 0; r < size_; ++r) {
+        if (r == root) continue;
+        check_nccl(ncclSend(device_inputs[r].data_ptr(), output.numel(), nccl_dtype(output), r,
+                            comm_, stream()),
+                   "ncclSend", rank_);
+      }
+    } else {
+      check_nccl(
+          ncclRecv(output.data_ptr(), output.numel(), nccl_dtype(output), root, comm_, stream()),
+          "ncclRecv", rank_);
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd", rank_);
+    if (rank_ == root) output.copy_(device_inputs[root].view(output.sizes()));
+    wait("ncclScatter");
+  }
+
   void barrier() override {
     // NCCL has no barrier: an all-reduce of one float on the device is one.
     auto one = torch::zeros({1}, torch::TensorOptions(torch::kFloat).device(torch::kCUDA));
