@@ -3,7 +3,9 @@
 // then the weights packed in wire dtype into fixed-size flat buckets (filled across units,
 // a tensor larger than a bucket split over several), one bucket at a time: broadcast over
 // the group (Gloo or NCCL), or through a CUDA IPC buffer when every receiver is on the
-// sender's GPU. No rank holds more than one gathered unit and one bucket beyond its model.
+// sender's GPU. For a tensor-parallel rollout the root fills one bucket per TP rank with
+// that rank's slices and scatters them, so each rollout rank receives only what it holds.
+// No rank holds more than one gathered unit and one bucket beyond its model.
 // Receivers unpack into their model's parameters in place. Does not create the group
 // (transport/) or decide when to sync or by which path (the driver does).
 #pragma once

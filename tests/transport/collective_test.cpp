@@ -81,6 +81,7 @@ void run_group(int n, const std::vector<std::string>& store_args, const fs::path
     for (int i = 3 * r; i < 3 * r + 3; ++i) scatter.push_back(i * s);
     EXPECT_EQ(got["scatter"], scatter);
     EXPECT_EQ(got["bcast"], std::vector<double>(4, 100.0 + n - 1));
+    EXPECT_EQ(got["scatter_from_root"], (std::vector<double>{double(r), 2.0 * r}));
     EXPECT_EQ(got.count("done"), 1u);
   }
 }

@@ -75,6 +75,13 @@ int main(int argc, char** argv) {
     auto bcast = torch::full({4}, static_cast<int64_t>(100 + r), torch::kLong);
     group->broadcast(bcast, n - 1);
     write(out, "bcast", bcast);
+    // scatter from the last rank: rank k receives [k, 2k] (as int64), the root's own too.
+    auto piece_of = torch::empty({2}, torch::kLong);
+    std::vector<torch::Tensor> pieces;
+    if (r == n - 1)
+      for (int k = 0; k < n; ++k) pieces.push_back(torch::tensor({k, 2 * k}, torch::kLong));
+    group->scatter(piece_of, pieces, n - 1);
+    write(out, "scatter_from_root", piece_of);
     group->barrier();
     out << "done\n";
     return 0;

@@ -1,0 +1,224 @@
+// Rollout tensor parallelism, measured across real processes (one per TP rank, Gloo): each
+// rank loads only its slices of a checkpoint and the ranks decode in lockstep (an
+// all-reduce after attention and after the MLP of every layer, the logits all-gathered).
+// Per TP size: the weights a rank holds (limit: the whole model / TP, plus the replicated
+// norms), the load's peak RSS growth, and greedy decode tokens/s at batches 1 and 32, with
+// the speedup over TP 1 against the ideal (TP x: every rank does 1/TP of the matmuls and the
+// collectives cost nothing), and the bytes one decode step all-reduces per rank.
+// Usage: bench_tp [--preset 100m] [--tp 1,2] [--prompt 64] [--new-tokens 32] [--batches 1,32]
+// One torch thread per rank: on the 2-core VM, TP 2 has one core per rank.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/proc_memory.h"
+#include "models/pretrained.h"
+#include "models/tensor_parallel.h"
+#include "rollout/generator.h"
+#include "transport/collective_group.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::vector<int64_t> parse_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream list(text);
+  for (std::string n; std::getline(list, n, ',');) out.push_back(std::stoll(n));
+  return out;
+}
+
+// One TP rank: load its slices, then greedy decode of each batch size (a warm-up call, then
+// the median of 3).
+json tp_rank(int rank, int size, const std::string& store, const std::string& dir, int64_t prompt,
+             int64_t new_tokens, const std::vector<int64_t>& batches) {
+  rlhf::models::TensorParallel tp;
+  tp.rank = rank;
+  tp.size = size;
+  if (size > 1) {
+    rlhf::transport::CollectiveConfig config;
+    config.rank = rank;
+    config.size = size;
+    config.store_path = store;
+    config.timeout = std::chrono::seconds(600);
+    tp.group = rlhf::transport::make_collective_group(config);
+  }
+  const double hwm0 = rlhf::bench::hwm_bytes();
+  auto model = rlhf::models::load_pretrained(dir, {}, tp);
+  const double load_growth = rlhf::bench::hwm_bytes() - hwm0;
+  int64_t weight_bytes = 0;
+  for (const auto& p : model->parameters()) weight_bytes += p.numel() * p.element_size();
+  json out = {{"weight_bytes", weight_bytes}, {"load_rss_growth", load_growth}};
+  for (int64_t b : batches) {
+    rlhf::rollout::GenerationConfig config;
+    config.max_new_tokens = new_tokens;
+    config.micro_batch_size = b;
+    config.kv_block_size = 16;
+    config.stop_token_ids = {};  // every row decodes new_tokens tokens
+    rlhf::rollout::Generator generator(model, config);
+    auto gen = at::detail::createCPUGenerator(3);
+    const auto ids = torch::randint(model->config().vocab_size, {b, prompt}, gen, torch::kLong);
+    const auto mask = torch::ones_like(ids);
+    rlhf::rollout::SamplingParams greedy;
+    greedy.temperature = 0.0;
+    generator.generate(ids, mask, greedy);
+    std::vector<double> rates;
+    for (int i = 0; i < 3; ++i) {
+      const auto t = generator.generate(ids, mask, greedy).timings;
+      rates.push_back(static_cast<double>(t.decode_tokens) / t.decode_seconds);
+    }
+    std::sort(rates.begin(), rates.end());
+    out["tok_s_" + std::to_string(b)] = rates[1];
+  }
+  return out;
+}
+
+std::vector<json> run_ranks(const std::string& self, int size, const fs::path& work,
+                            const std::string& dir, int64_t prompt, int64_t new_tokens,
+                            const std::string& batches) {
+  const std::string store = (work / ("tp_" + std::to_string(size) + ".store")).string();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    std::vector<std::string> args = {self,
+                                     "--child",
+                                     std::to_string(r),
+                                     std::to_string(size),
+                                     store,
+                                     dir,
+                                     std::to_string(prompt),
+                                     std::to_string(new_tokens),
+                                     batches,
+                                     (work / ("rank" + std::to_string(r) + ".json")).string()};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) != 0)
+      throw std::runtime_error("cannot start " + self);
+    pids.push_back(pid);
+  }
+  for (int r = 0; r < size; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw std::runtime_error("TP " + std::to_string(size) + " rank " + std::to_string(r) +
+                               " failed");
+  }
+  std::vector<json> out;
+  for (int r = 0; r < size; ++r) {
+    std::ifstream in(work / ("rank" + std::to_string(r) + ".json"));
+    out.push_back(json::parse(in));
+  }
+  fs::remove(store);
+  return out;
+}
+
+double mib(double bytes) {
+  return bytes / (1 << 20);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  torch::set_num_threads(1);
+  try {
+    if (argc == 10 && std::string(argv[1]) == "--child") {
+      const json out = tp_rank(std::stoi(argv[2]), std::stoi(argv[3]), argv[4], argv[5],
+                               std::stoll(argv[6]), std::stoll(argv[7]), parse_list(argv[8]));
+      std::ofstream(argv[9]) << out.dump();
+      return 0;
+    }
+    std::string preset = "100m", batches = "1,32";
+    std::vector<int64_t> sizes = {1, 2};
+    int64_t prompt = 64, new_tokens = 32;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string flag = argv[i], value = argv[i + 1];
+      if (flag == "--preset") {
+        preset = value;
+      } else if (flag == "--tp") {
+        sizes = parse_list(value);
+      } else if (flag == "--prompt") {
+        prompt = std::stoll(value);
+      } else if (flag == "--new-tokens") {
+        new_tokens = std::stoll(value);
+      } else if (flag == "--batches") {
+        batches = value;
+      } else {
+        std::cerr << "usage: bench_tp [--preset 100m] [--tp 1,2] [--prompt 64] "
+                     "[--new-tokens 32] [--batches 1,32]\n";
+        return 2;
+      }
+    }
+    const std::string self = fs::read_symlink("/proc/self/exe").string();
+    const fs::path work = fs::temp_directory_path() / ("bench_tp_" + std::to_string(::getpid()));
+    fs::create_directories(work);
+    const std::string dir = (work / "model").string();
+    const auto config = rlhf::models::preset_config(preset);
+    {
+      rlhf::models::CausalLM model(config);
+      model.to(torch::kBFloat16);
+      rlhf::models::save_pretrained(model, dir);
+    }
+    for (int64_t t : sizes)
+      rlhf::models::check_tensor_parallel(config, static_cast<int>(t), "--tp");
+    // Whole-model bytes and what every rank keeps whole (the norms).
+    double whole = 0, replicated = 0;
+    for (const auto& [name, shape] : rlhf::models::parameter_shapes(config)) {
+      double n = 2;
+      for (int64_t d : shape) n *= static_cast<double>(d);
+      whole += n;
+      if (rlhf::models::tensor_parallel_dim(name) < 0) replicated += n;
+    }
+    std::cout << "preset " << preset << " (" << config.num_parameters() / 1e6
+              << "M parameters), BF16, paged engine, greedy, prompt " << prompt << ", "
+              << new_tokens << " new tokens per row, torch threads 1 per rank\n\n"
+              << "TP  weights/rank MiB  limit MiB  ratio  load RSS growth MiB";
+    const auto batch_list = parse_list(batches);
+    for (int64_t b : batch_list)
+      std::cout << "  tok/s b=" << b << "  speedup (ideal "
+                << "TP)";
+    std::cout << "\n";
+    std::vector<double> base(batch_list.size(), 0.0);
+    for (int64_t t : sizes) {
+      const json r0 =
+          run_ranks(self, static_cast<int>(t), work, dir, prompt, new_tokens, batches)[0];
+      const double limit = (whole - replicated) / static_cast<double>(t) + replicated;
+      std::printf("%2lld  %16.1f  %9.1f  %5.3f  %19.1f", static_cast<long long>(t),
+                  mib(r0["weight_bytes"].get<double>()), mib(limit),
+                  r0["weight_bytes"].get<double>() / limit,
+                  mib(r0["load_rss_growth"].get<double>()));
+      for (size_t i = 0; i < batch_list.size(); ++i) {
+        const double rate = r0["tok_s_" + std::to_string(batch_list[i])].get<double>();
+        if (t == 1) base[i] = rate;
+        std::printf("  %9.1f  %5.2fx of %lldx", rate, base[i] > 0 ? rate / base[i] : 0.0,
+                    static_cast<long long>(t));
+      }
+      std::printf("\n");
+    }
+    // Per decode step and row, each rank all-reduces 2 x layers + 1 hidden vectors (the
+    // embedding, then attention and MLP of each layer) and gathers V logits.
+    std::printf(
+        "\ncollectives per decoded token and rank: %.1f KiB all-reduced (%lld all-reduces), "
+        "%.1f KiB of logits gathered\n",
+        (2.0 * config.num_hidden_layers + 1) * config.hidden_size * 2 / 1024.0,
+        static_cast<long long>(2 * config.num_hidden_layers + 1), config.vocab_size * 2 / 1024.0);
+    fs::remove_all(work);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_tp: " << e.what() << '\n';
+    return 1;
+  }
+}
