@@ -80,6 +80,8 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
       role += " (zero " + std::to_string(r.input.zero_stage) +
               (r.input.checkpointing ? ", ckpt" : "") + (r.input.adam_offload ? ", offload" : "") +
               ")";
+    if (r.input.work == engine::RoleWork::kGenerate && r.input.tensor_parallel > 1)
+      role += " (tensor parallel " + std::to_string(r.input.tensor_parallel) + ")";
     roles.add({role, std::to_string(r.input.group_size), mib(t.weights), mib(t.master),
                mib(t.optimizer), mib(t.grads), mib(t.gathered), mib(t.buffers), mib(t.param_grads),
                mib(t.activations), mib(t.log_probs), mib(t.kv_cache), mib(t.load), mib(t.overhead),

@@ -12,6 +12,7 @@
 #include "dpo/preference_dataset.h"
 #include "engine/memory_plan.h"
 #include "models/safetensors.h"
+#include "models/tensor_parallel.h"
 #include "ppo/driver.h"
 #include "ppo/prompt_dataset.h"
 #include "ppo/rule_rewards.h"
@@ -92,10 +93,21 @@ void check_devices(const JobSpec& spec, std::vector<SpecProblem>& problems) {
   }
 }
 
-// The planner's hard limits (a KV budget below one prompt) where every model config is known.
+// The planner's hard limits (a KV budget below one prompt) where every model config is known;
+// first the rollout's tensor-parallel split, which needs the model's sizes (the spec alone
+// checks only the worker count).
 void check_plan(const JobSpec& spec, std::vector<SpecProblem>& problems) {
   std::vector<std::string> missing;
   const auto models = engine::load_role_models(spec, missing);
+  if (models.count(Role::kRollout)) {
+    const size_t before = problems.size();
+    const std::string key = "rollout.tensor_parallel_size";
+    check(problems, key, [&] {
+      models::check_tensor_parallel(models.at(Role::kRollout), static_cast<int>(spec.get_int(key)),
+                                    "the rollout model " + spec.get_string("rollout.model"));
+    });
+    if (problems.size() > before) return;
+  }
   if (!missing.empty()) return;
   check(problems, "", [&] { engine::plan_memory(spec, models, /*suggest=*/false); });
 }

@@ -29,8 +29,14 @@ std::string spec_summary(const JobSpec& spec) {
     out += " (loss " + spec.get_string("algo.dpo.loss") + ")";
   std::vector<std::string> groups;
   std::vector<std::string> nodes_used;
-  for (Role r : spec.used_roles())
+  for (Role r : spec.used_roles()) {
     groups.push_back(std::string(role_name(r)) + " " + std::to_string(p.group_size(r)));
+    const int64_t tp = r == Role::kRollout ? spec.get_int("rollout.tensor_parallel_size") : 1;
+    if (tp > 1)
+      groups.back() += " as " + std::to_string(p.group_size(r) / tp) + " engine" +
+                       (p.group_size(r) / tp == 1 ? "" : "s") + " of tensor parallel size " +
+                       std::to_string(tp);
+  }
   for (const auto& w : p.workers)
     if (std::find(nodes_used.begin(), nodes_used.end(), w.node) == nodes_used.end())
       nodes_used.push_back(w.node);

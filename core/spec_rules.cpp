@@ -363,6 +363,55 @@ void check_batches(Validation& v, const std::vector<Role>& used,
                   ", larger than rollout.batch_size (" + std::to_string(rb) + ")");
 }
 
+// rollout.tensor_parallel_size t: the rollout's workers form engines of t consecutive ranks
+// (rank order as core/placement.cpp gives it: nodes in cluster order, then the listed ids).
+// Distinct GPUs per engine need no rule of their own: a role never lists a device twice.
+void check_rollout_engines(Validation& v, const std::vector<Role>& used,
+                           const std::map<std::string, int64_t>& group) {
+  const std::string key = "rollout.tensor_parallel_size";
+  if (std::find(used.begin(), used.end(), Role::kRollout) == used.end() || !v.ok({key})) return;
+  const int64_t t = num(v, key);
+  if (t == 1 || !group.count("rollout") || !v.ok({"rollout.devices", "cluster.nodes"})) return;
+  const int64_t workers = group.at("rollout");
+  if (workers % t != 0) {
+    v.problem(key, std::to_string(t) + " does not divide the rollout's " + std::to_string(workers) +
+                       " worker" + (workers == 1 ? "" : "s") +
+                       " (rollout.devices): each engine takes " + std::to_string(t) +
+                       " consecutive workers; list a multiple of " + std::to_string(t) +
+                       " devices");
+    return;
+  }
+  const json& nodes = v.at("cluster.nodes");
+  const json& devices = v.at("rollout.devices");
+  std::vector<std::pair<std::string, bool>> node_of_rank;  // node name, cuda
+  for (const auto& n : nodes) {
+    const std::string name = n.value("name", std::string());
+    const bool cuda = n.value("kind", std::string()) == "cuda";
+    if (devices.is_array() && &n == &nodes[0])
+      for (size_t i = 0; i < devices.size(); ++i) node_of_rank.emplace_back(name, cuda);
+    if (devices.is_object() && devices.contains(name))
+      for (size_t i = 0; i < devices.at(name).size(); ++i) node_of_rank.emplace_back(name, cuda);
+  }
+  for (size_t first = 0; first + static_cast<size_t>(t) <= node_of_rank.size();
+       first += static_cast<size_t>(t)) {
+    const size_t last = first + static_cast<size_t>(t) - 1;
+    if (!node_of_rank[first].second || node_of_rank[first].first == node_of_rank[last].first)
+      continue;
+    v.problem(key, "engine " + std::to_string(first / static_cast<size_t>(t)) +
+                       " (rollout workers " + std::to_string(first) + ".." + std::to_string(last) +
+                       ") spans nodes \"" + node_of_rank[first].first + "\" and \"" +
+                       node_of_rank[last].first +
+                       "\": its ranks all-reduce in every layer, so list each engine's " +
+                       std::to_string(t) + " GPUs on one node");
+    return;
+  }
+  const bool cuda = !node_of_rank.empty() && node_of_rank.front().second;
+  if (cuda && !str(v, "rollout.colocate_with").empty())
+    v.warnings.push_back(key + " " + std::to_string(t) +
+                         " with rollout.colocate_with: the weight sync goes over NCCL or Gloo, "
+                         "not CUDA IPC (IPC hands one whole model to one GPU)");
+}
+
 void check_lengths_and_algo(Validation& v) {
   const std::string kind = str(v, "kind");
   int64_t prompt = num(v, "data.prompt_max_len"), max_len = num(v, "data.max_len");
@@ -455,6 +504,7 @@ void check_cross_fields(Validation& v) {
   std::map<std::string, int64_t> group;
   if (v.ok({"cluster.nodes"}) && !nodes.empty()) group = resolve_devices(v, used, nodes);
   check_batches(v, used, group);
+  check_rollout_engines(v, used, group);
   check_lengths_and_algo(v);
   check_cluster(v);
 }

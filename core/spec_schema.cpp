@@ -197,7 +197,17 @@ std::vector<KeySpec> build_table() {
             "kernel launches, not by the GPU). No effect on CPU nodes or with "
             "rollout.kv_block_size 0, which always run eagerly.");
   t.integer("rollout.micro_batch_size", 8, 1, kInf,
-            "Prompts per generate call on one rollout worker.");
+            "Prompts per generate call on one rollout engine (one worker, or the "
+            "rollout.tensor_parallel_size workers of a tensor-parallel engine).");
+  t.integer("rollout.tensor_parallel_size", 1, 1, kInf,
+            "Workers per rollout engine (vLLM's tensor_parallel_size): each layer is split "
+            "over this many GPUs (column- and row-parallel attention and MLP, "
+            "vocabulary-parallel embedding and head), so each holds about 1/t of the weights "
+            "and KV cache. Rollout workers t*e .. t*e+t-1 form engine e; each micro batch goes "
+            "to every worker of one engine. The rollout's worker count must be a multiple, "
+            "t must divide the model's heads, KV heads, intermediate size and vocabulary, and "
+            "on cuda nodes an engine's workers must be on one node. With t > 1 the weight sync "
+            "goes over NCCL or Gloo (never CUDA IPC), each rank receiving only its slices.");
   t.integer("rollout.n_samples_per_prompt", 1, 1, 4096, "Responses sampled per prompt.");
   t.integer("rollout.max_new_tokens", 1024, 1, kInf, "Maximum response length in tokens.");
   t.number("rollout.temperature", 1.0, 0, 100, "Sampling temperature (0: greedy).");

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/errors.h"
+#include "models/tensor_parallel.h"
 
 namespace rlhf::engine {
 
@@ -271,16 +272,28 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
     t.step_peak = gathered + t.activations + t.log_probs;
     return;
   }
+  // Generation. A tensor-parallel rank's layers (and so its KV cache and one layer's working
+  // set) are those of the shard config; its logits are gathered to the whole vocabulary.
+  const int tp = in.tensor_parallel;
+  const models::ModelConfig lc = tp > 1 ? models::tensor_parallel_shard_config(c, tp) : c;
+  // Beside the FP32 [rows, V] logits, softmax and sampling copy: with TP, the rank's own
+  // [rows, V / t] logits and the all-gather's [t, rows, V / t] buffer they are laid out from
+  // (models::tensor_parallel_gather_vocab), in the compute dtype.
+  const auto logits_bytes = [&](int64_t rows) {
+    int64_t bytes = rows * c.vocab_size * 4 * 3;
+    if (tp > 1) bytes += rows * (c.vocab_size / tp + c.vocab_size) * e;
+    return bytes;
+  };
   const int64_t capacity = in.prompt_len + in.max_new_tokens;
   const int64_t per_row =
-      2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * capacity * e;
+      2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * capacity * e;
   auto gib = [](int64_t b) { return std::to_string(static_cast<double>(b) / (1ll << 30)); };
   if (in.kv_block_size > 0) {
     // Paged (rollout/paged_generation.cpp): one pool of blocks, the budget's or what
     // max_num_seqs full-length sequences fill; a prefill forward of at most mb prompts;
     // decode logits for max_num_seqs rows.
     const int64_t bs = in.kv_block_size;
-    const int64_t block = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * bs * e;
+    const int64_t block = 2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * bs * e;
     const int64_t per_seq = div_up(capacity, bs);
     const int64_t seqs =
         in.max_num_seqs > 0 ? in.max_num_seqs : in.rollout_micro_batch * in.n_samples;
@@ -300,10 +313,10 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
     // attending; prefill and decode run one after the other, so the larger of the two is
     // the transient. (With CUDA graphs the gather lives in the graphs' pool for the whole
     // generate call.)
-    const int64_t gather = 2 * seqs * per_seq * bs * c.num_key_value_heads * c.head_dim * e;
+    const int64_t gather = 2 * seqs * per_seq * bs * lc.num_key_value_heads * lc.head_dim * e;
     t.activations = std::max(
-        inference_bytes(c, in.rollout_micro_batch, in.prompt_len, e, in.device_kind), gather);
-    t.log_probs = seqs * c.vocab_size * 4 * 3;
+        inference_bytes(lc, in.rollout_micro_batch, in.prompt_len, e, in.device_kind), gather);
+    t.log_probs = logits_bytes(seqs);
     t.step_peak = t.kv_cache + t.activations + t.log_probs;
     return;
   }
@@ -324,8 +337,8 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   }
   const int64_t rows = mb * in.n_samples;
   t.kv_cache = per_row * (rows + mb);
-  t.activations = inference_bytes(c, mb, in.prompt_len, e, in.device_kind);
-  t.log_probs = rows * c.vocab_size * 4 * 3;  // decode logits, FP32 softmax and sampling copy
+  t.activations = inference_bytes(lc, mb, in.prompt_len, e, in.device_kind);
+  t.log_probs = logits_bytes(rows);  // decode logits, FP32 softmax and sampling copy
   t.step_peak = t.kv_cache + t.activations + t.log_probs;
 }
 
@@ -407,7 +420,15 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
   } else {
     t.overhead = kCpuOverhead;
   }
-  const std::vector<int64_t> units = unit_numels(c);
+  // A tensor-parallel rollout rank holds the shard config's layers and V / t rows of the
+  // embedding and head (norms and row-parallel biases whole).
+  models::ModelConfig held = c;
+  if (in.work == RoleWork::kGenerate && in.tensor_parallel > 1) {
+    models::check_tensor_parallel(c, in.tensor_parallel, "rollout.tensor_parallel_size");
+    held = models::tensor_parallel_shard_config(c, in.tensor_parallel);
+    held.vocab_size /= in.tensor_parallel;
+  }
+  const std::vector<int64_t> units = unit_numels(held);
   int64_t numel = 0;
   for (int64_t n : units) numel += n;
   if (in.work == RoleWork::kTrain)
@@ -454,6 +475,7 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
   } else if (role == Role::kRollout) {
     in.work = RoleWork::kGenerate;
     in.micro_batch = in.rollout_micro_batch * in.n_samples;
+    in.tensor_parallel = static_cast<int>(spec.get_int("rollout.tensor_parallel_size"));
   } else {
     in.work = RoleWork::kInfer;
     in.shard_weights =
@@ -508,6 +530,7 @@ json MemoryPlan::to_json() const {
     j["micro_batch"] = r.input.micro_batch;
     j["seq_len"] = r.input.seq_len;
     if (r.input.shard_weights) j["zero_stage"] = 3;
+    if (r.input.work == RoleWork::kGenerate) j["tensor_parallel_size"] = r.input.tensor_parallel;
     if (r.input.work == RoleWork::kTrain) {
       j["zero_stage"] = r.input.zero_stage;
       j["gradient_checkpointing"] = r.input.checkpointing;
@@ -559,6 +582,16 @@ std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan
     }
     generates |= r->input.work == RoleWork::kGenerate;
     infers |= r->input.work == RoleWork::kInfer;
+    // Engines twice as wide over the same workers: each rank holds half the weights and KV.
+    const int wider = 2 * r->input.tensor_parallel;
+    if (r->input.work == RoleWork::kGenerate && r->input.group_size % wider == 0) {
+      try {
+        models::check_tensor_parallel(r->input.model, wider, name);
+        out.push_back(name + ".tensor_parallel_size=" + std::to_string(wider));
+      } catch (const InputError&) {
+        // The model's heads or vocabulary do not split that many ways.
+      }
+    }
     if (r->input.work == RoleWork::kInfer && (name == "ref" || name == "reward") &&
         !r->input.shard_weights && r->input.group_size > 1)
       out.push_back(name + ".zero_stage=3");

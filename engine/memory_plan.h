@@ -51,6 +51,10 @@ struct RoleMemoryInput {
   int64_t kv_cache_budget = 0;      // rollout.kv_cache_memory_gb in bytes (0: unbounded)
   int64_t kv_block_size = 0;        // rollout.kv_block_size (0: contiguous cache)
   int64_t max_num_seqs = 0;         // rollout.max_num_seqs (0: micro batch x n)
+  // rollout.tensor_parallel_size: the ranks of one engine, each holding heads / t, KV heads / t
+  // and intermediate / t of every layer and V / t rows of the embedding and head
+  // (models/tensor_parallel.h); every rank gathers the whole [rows, V] logits to sample.
+  int tensor_parallel = 1;
 };
 
 // Bytes one rank of a role holds, by term, each at its own peak. The transient terms do

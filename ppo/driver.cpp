@@ -169,10 +169,13 @@ class PpoJob {
 };
 
 // How the weight sync travels: CUDA IPC (over a Gloo group that carries only the handle and
-// the signals) when every rollout rank is on actor rank 0's GPU; NCCL when actor rank 0 and
-// every rollout rank have a GPU and none shares the actor's (NCCL refuses two ranks of one
-// communicator on one device); else Gloo, which stages CUDA tensors through the host.
-SyncRoute sync_route(const std::vector<Message>& actor, const std::vector<Message>& rollout) {
+// the signals) when every rollout rank is on actor rank 0's GPU and the rollout is not
+// tensor-parallel (IPC hands over whole tensors; a TP rank takes only its slices); NCCL when
+// actor rank 0 and every rollout rank have a GPU and none shares the actor's (NCCL refuses
+// two ranks of one communicator on one device); else Gloo, which stages CUDA tensors through
+// the host.
+SyncRoute sync_route(const std::vector<Message>& actor, const std::vector<Message>& rollout,
+                     int tensor_parallel_size) {
   auto where = [](const Message& m) {
     return std::make_pair(m.args.value("node", std::string()),
                           m.args.value("device", std::string()));
@@ -187,7 +190,7 @@ SyncRoute sync_route(const std::vector<Message>& actor, const std::vector<Messag
     all_shared = all_shared && where(r) == root;
     all_own = all_own && on_cuda(where(r)) && where(r) != root;
   }
-  if (all_shared) return {"gloo", "cuda_ipc"};
+  if (all_shared && tensor_parallel_size == 1) return {"gloo", "cuda_ipc"};
   if (all_own) return {"nccl", "nccl"};
   return {"gloo", "gloo"};
 }
@@ -254,9 +257,17 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
     RoleGroup& g = s.group(role);
     json args;
     std::string op = "init";
+    std::string workers = std::to_string(g.size()) + " worker" + (g.size() == 1 ? "" : "s");
     if (role == Role::kRollout) {
       std::vector<int64_t> stop = c_.stop_token_ids;
       stop.push_back(eos_id_);
+      // Engines of tensor_parallel_size consecutive workers: every micro batch goes to all
+      // ranks of one engine (see generate).
+      g.set_ranks_per_replica(c_.tensor_parallel_size);
+      if (c_.tensor_parallel_size > 1)
+        workers += ": " + std::to_string(g.replicas()) + " engine" +
+                   (g.replicas() == 1 ? "" : "s") + " of tensor parallel size " +
+                   std::to_string(c_.tensor_parallel_size);
       op = "load_model";
       args = {{"model", spec_.get_string("rollout.model")},
               {"dtype", spec_.get_string("rollout.dtype")},
@@ -269,13 +280,16 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
               {"enforce_eager", spec_.get_bool("rollout.enforce_eager")},
               {"stop_token_ids", stop},
               {"pad_token_id", pad_id_}};
+      if (c_.tensor_parallel_size > 1) {
+        args["tensor_parallel_size"] = c_.tensor_parallel_size;
+        args["tp_store_path"] = s.rendezvous("rollout_tp");
+      }
     } else {
       int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
       auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum);
       args = {{"config", config.to_json()}, {"store_path", s.rendezvous(role_name(role))}};
     }
-    out << "ppo: loading " << role_name(role) << " (" << g.size() << " worker"
-        << (g.size() == 1 ? "" : "s") << ")" << std::endl;
+    out << "ppo: loading " << role_name(role) << " (" << workers << ")" << std::endl;
     calls.push_back(in_parallel([&g, &out, &out_mutex, t0, op, args] {
       g.call_all(op, args);
       std::lock_guard<std::mutex> lock(out_mutex);
@@ -286,7 +300,7 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
   for (auto& c : calls) c.get();
   const auto actor = s.group(Role::kActor).call_all("info");
   const auto rollout = s.group(Role::kRollout).call_all("info");
-  sync_route_ = sync_route(actor, rollout);
+  sync_route_ = sync_route(actor, rollout, c_.tensor_parallel_size);
   // Sleep mode only where the rollout shares the actor's GPU and the two take turns: on cpu
   // nodes host memory is the same memory, and with async_steps they run at once.
   const bool colocated_gpu =
@@ -310,7 +324,8 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
 Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill) {
   // Seeds follow the prompt's position in the step (prompt_index), not the micro batch, so
   // a step samples the same whatever the rollout group size. A refill batch (dynamic
-  // sampling) draws with its own seed.
+  // sampling) draws with its own seed. Each micro batch goes to one engine: with tensor
+  // parallelism, the same request to each of its ranks at once (RoleGroup replicas).
   json args = {{"temperature", c_.temperature},
                {"top_p", c_.top_p},
                {"top_k", c_.top_k},
@@ -324,7 +339,8 @@ Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step, i
                                 {"prompt_index", index}},
                                c_.rollout_micro_batch_size, args);
   Rollout r;
-  r.compute_s = scatter_compute(reply, s.group(Role::kRollout).size());
+  // Micro batches spread over the engines (an engine's TP ranks compute each one together).
+  r.compute_s = scatter_compute(reply, s.group(Role::kRollout).replicas());
   r.sequences = reply.tensor("sequences").to(torch::kLong).contiguous();
   r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
   r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
@@ -627,7 +643,8 @@ double PpoJob::sync_weights(Scheduler& s) {
                                                {"sync_size", rollout.size() + 1},
                                                {"backend", sync_route_.backend},
                                                {"path", sync_route_.path},
-                                               {"bucket_bytes", bucket_bytes}});
+                                               {"bucket_bytes", bucket_bytes},
+                                               {"tensor_parallel_size", c_.tensor_parallel_size}});
   const auto received = receive.get();
   const json& a = pushed.at(0).args;
   const double seconds = a.value("seconds", 0.0);

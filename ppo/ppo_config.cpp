@@ -8,6 +8,7 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   PpoConfig c;
   c.rollout_batch_size = spec.get_int("rollout.batch_size");
   c.rollout_micro_batch_size = spec.get_int("rollout.micro_batch_size");
+  c.tensor_parallel_size = static_cast<int>(spec.get_int("rollout.tensor_parallel_size"));
   c.n_samples_per_prompt = spec.get_int("rollout.n_samples_per_prompt");
   c.max_new_tokens = spec.get_int("rollout.max_new_tokens");
   c.temperature = spec.get_float("rollout.temperature");

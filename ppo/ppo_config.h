@@ -14,8 +14,9 @@ namespace rlhf::ppo {
 
 struct PpoConfig {
   // Rollout.
-  int64_t rollout_batch_size = 1024;  // prompts per step
-  int64_t rollout_micro_batch_size = 8;
+  int64_t rollout_batch_size = 1024;     // prompts per step
+  int64_t rollout_micro_batch_size = 8;  // prompts per generate call on one engine
+  int tensor_parallel_size = 1;          // rollout workers per engine
   int64_t n_samples_per_prompt = 1;
   int64_t max_new_tokens = 1024;
   double temperature = 1.0;

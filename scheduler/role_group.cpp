@@ -70,6 +70,41 @@ Dispatch dispatch_for(const JobSpec& spec, Role role) {
   return sharded ? Dispatch::kEqualPerRank : Dispatch::kLeastLoaded;
 }
 
+void RoleGroup::set_ranks_per_replica(int ranks) {
+  if (ranks < 1 || size() % ranks != 0)
+    throw InputError(std::string(role_name(role_)) + ": " + std::to_string(ranks) +
+                     " ranks per replica do not divide the group's " + std::to_string(size()) +
+                     " ranks");
+  ranks_per_replica_ = ranks;
+}
+
+void RoleGroup::check_same_reply(const Message& first, int first_rank, const Message& other,
+                                 int rank) const {
+  const std::string who = std::string(role_name(role_)) + "[" + std::to_string(rank) + "]";
+  const std::string lead = std::string(role_name(role_)) + "[" + std::to_string(first_rank) + "]";
+  const std::string what = who + " operation \"" + other.op + "\": ";
+  const std::string why = " (the ranks of one replica must reply alike: they diverged)";
+  if (other.tensors.size() != first.tensors.size())
+    throw RuntimeError(what + "replied " + std::to_string(other.tensors.size()) + " tensors, " +
+                       lead + " " + std::to_string(first.tensors.size()) + why);
+  for (size_t i = 0; i < first.tensors.size(); ++i) {
+    const auto &a = first.tensors[i], &b = other.tensors[i];
+    if (a.name != b.name || a.tensor.sizes() != b.tensor.sizes() ||
+        a.tensor.scalar_type() != b.tensor.scalar_type())
+      throw RuntimeError(what + "replied tensor \"" + b.name + "\" " +
+                         std::string(at::toString(b.tensor.scalar_type())) + " " +
+                         c10::str(b.tensor.sizes()) + " where " + lead + " replied \"" + a.name +
+                         "\" " + std::string(at::toString(a.tensor.scalar_type())) + " " +
+                         c10::str(a.tensor.sizes()) + why);
+    // Token ids and masks must agree to the bit; floating-point outputs may differ in
+    // rounding where a rank reduces in another order, so only their shapes are checked.
+    const bool exact =
+        !at::isFloatingType(a.tensor.scalar_type()) && !at::isComplexType(a.tensor.scalar_type());
+    if (exact && !at::equal(a.tensor, b.tensor))
+      throw RuntimeError(what + "replied a different \"" + b.name + "\" than " + lead + why);
+  }
+}
+
 Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>& batch,
                            int64_t micro_batch_size, const nlohmann::json& args, Timeout timeout,
                            Dispatch dispatch) {
@@ -85,53 +120,70 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
                 batch.front().name, "\"");
   const auto until = deadline(timeout);
   const int64_t chunks = (rows + micro_batch_size - 1) / micro_batch_size;
-  const int ranks = size();
-  // Calls to make: one per micro batch, plus repeats of the last so that every rank gets
-  // the same count (kEqualPerRank). Call c carries micro batch min(c, chunks - 1).
+  const int per = ranks_per_replica_;
+  const int units = replicas();
+  // Calls to make: one per micro batch, plus repeats of the last so that every replica gets
+  // the same count (kEqualPerRank). Call c carries micro batch min(c, chunks - 1); each call
+  // is one request to every rank of its replica.
   const int64_t calls =
-      dispatch == Dispatch::kEqualPerRank ? (chunks + ranks - 1) / ranks * ranks : chunks;
+      dispatch == Dispatch::kEqualPerRank ? (chunks + units - 1) / units * units : chunks;
   const int max_inflight = std::max(1, scheduler_.config().max_inflight);
-  std::vector<int> inflight(ranks, 0);
-  std::vector<int64_t> next_call_of_rank(ranks);  // kEqualPerRank: rank r makes calls r, r + R, ...
-  for (int r = 0; r < ranks; ++r) next_call_of_rank[r] = r;
-  std::map<uint64_t, std::pair<int64_t, int>> owner;  // request id -> (call, rank)
+  std::vector<int> inflight(units, 0);
+  std::vector<int64_t> next_call_of(units);  // kEqualPerRank: replica u makes calls u, u + U, ...
+  for (int u = 0; u < units; ++u) next_call_of[u] = u;
+  struct Owner {
+    int64_t call;
+    int replica;
+    int member;  // rank within the replica
+  };
+  std::map<uint64_t, Owner> owner;                     // request id -> where it went
+  std::map<int64_t, std::vector<Message>> replies_of;  // call -> its ranks' replies so far
+  std::map<int64_t, int> answered;                     // call -> replies received
   std::vector<Message> results(chunks);
   int64_t next = 0, done = 0;
-  const auto submit = [&](int64_t call, int rank) {
+  const auto submit = [&](int64_t call, int replica) {
     Message request;
     request.op = op;
     request.args = args;
     const int64_t chunk = std::min(call, chunks - 1);
     const int64_t begin = chunk * micro_batch_size, len = std::min(micro_batch_size, rows - begin);
     for (const auto& t : batch) request.add(t.name, t.tensor.narrow(0, begin, len));
-    owner[scheduler_.submit(workers_[rank], std::move(request))] = {call, rank};
-    ++inflight[rank];
+    replies_of[call].resize(per);
+    for (int m = 0; m < per; ++m)
+      owner[scheduler_.submit(workers_[replica * per + m], request)] = {call, replica, m};
+    ++inflight[replica];
   };
   while (done < calls) {
-    // Dispatch while some rank is below its in-flight bound.
+    // Dispatch while some replica is below its in-flight bound.
     if (dispatch == Dispatch::kLeastLoaded) {
       while (next < calls) {
-        const int rank =
+        const int u =
             static_cast<int>(std::min_element(inflight.begin(), inflight.end()) - inflight.begin());
-        if (inflight[rank] >= max_inflight) break;
-        submit(next++, rank);
+        if (inflight[u] >= max_inflight) break;
+        submit(next++, u);
       }
     } else {
-      for (int r = 0; r < ranks; ++r) {
-        while (inflight[r] < max_inflight && next_call_of_rank[r] < calls) {
-          submit(next_call_of_rank[r], r);
-          next_call_of_rank[r] += ranks;
+      for (int u = 0; u < units; ++u) {
+        while (inflight[u] < max_inflight && next_call_of[u] < calls) {
+          submit(next_call_of[u], u);
+          next_call_of[u] += units;
         }
       }
     }
     std::vector<uint64_t> waiting;
     for (const auto& [id, where] : owner) waiting.push_back(id);
     auto [id, reply] = scheduler_.await_any(waiting, until);
-    const auto [call, rank] = owner.at(id);
+    const Owner o = owner.at(id);
     owner.erase(id);
-    --inflight[rank];
-    Message checked_reply = checked(reply, rank);
-    if (call < chunks) results[call] = std::move(checked_reply);
+    const int first_rank = o.replica * per;
+    replies_of[o.call][o.member] = checked(reply, first_rank + o.member);
+    if (++answered[o.call] < per) continue;
+    std::vector<Message> all = std::move(replies_of[o.call]);
+    replies_of.erase(o.call);
+    answered.erase(o.call);
+    for (int m = 1; m < per; ++m) check_same_reply(all[0], first_rank, all[m], first_rank + m);
+    --inflight[o.replica];
+    if (o.call < chunks) results[o.call] = std::move(all[0]);
     ++done;
     scheduler_.progress().count(std::string(role_name(role_)) + " " + op, done, calls);
   }

@@ -16,13 +16,14 @@ namespace rlhf {
 
 class Scheduler;
 
-// How scatter() assigns micro batches to ranks.
+// How scatter() assigns micro batches to replicas (a replica is one rank unless the group
+// was given set_ranks_per_replica).
 enum class Dispatch {
-  // Each micro batch goes to the least-loaded rank: fastest when the ranks are independent
-  // (rollout engines, replicated models).
+  // Each micro batch goes to the least-loaded replica: fastest when the replicas are
+  // independent (rollout engines, replicated models).
   kLeastLoaded,
-  // Round robin, and every rank receives the same number of calls: the last micro batch is
-  // repeated on the ranks that would otherwise get one fewer, and those replies are
+  // Round robin, and every replica receives the same number of calls: the last micro batch
+  // is repeated on the replicas that would otherwise get one fewer, and those replies are
   // dropped. Needed when the operation runs collectives across the group (a ZeRO-3 forward
   // all-gathers each unit), where a rank left without a call would leave the others
   // waiting forever.
@@ -42,6 +43,17 @@ class RoleGroup {
   Role role() const { return role_; }
   int size() const { return static_cast<int>(workers_.size()); }
 
+  // Makes scatter()'s unit `ranks` consecutive ranks that serve each micro batch together,
+  // running collectives among themselves in lockstep (a tensor-parallel rollout engine of
+  // rollout.tensor_parallel_size ranks): replica e is ranks e * ranks .. e * ranks + ranks - 1.
+  // Every rank of the chosen replica gets the same request at once; the call is done when
+  // all of them have answered; the replica's first rank's reply is kept. 1 (the default):
+  // every rank is its own replica. Set it before any scatter. Throws InputError when `ranks`
+  // is below 1 or does not divide size().
+  void set_ranks_per_replica(int ranks);
+  int ranks_per_replica() const { return ranks_per_replica_; }
+  int replicas() const { return size() / ranks_per_replica_; }
+
   // Runs `op` with `args` (and `tensors`, sent to every rank) on every rank; replies in rank
   // order. Throws RuntimeError naming the rank when one answers with an error, WorkerFailure
   // or JobInterrupted when the job fails meanwhile, RuntimeError on timeout.
@@ -53,10 +65,14 @@ class RoleGroup {
   Message call(int rank, Message request, Timeout timeout = std::nullopt);
 
   // Splits every tensor of `batch` along dim 0 (all must have the same size B > 0) into
-  // micro batches of `micro_batch_size` rows (the last may be smaller), sends each to a rank
-  // chosen by `dispatch` with `args`, and concatenates every reply tensor along dim 0 in
-  // batch order. The result's args hold "micro_batches": the reply args of each micro
-  // batch, in order (repeats sent for kEqualPerRank are not included).
+  // micro batches of `micro_batch_size` rows (the last may be smaller), sends each to a
+  // replica chosen by `dispatch` with `args` (at most max_inflight calls in flight per
+  // replica), and concatenates every reply tensor along dim 0 in batch order. The result's
+  // args hold "micro_batches": the reply args of each micro batch (its replica's first
+  // rank's), in order (repeats sent for kEqualPerRank are not included). Throws as call_all,
+  // naming the rank whose reply was an error; with several ranks per replica also
+  // RuntimeError when a rank's reply differs from its replica's first rank's in tensor names,
+  // shapes or dtypes, or in the values of an integer or bool tensor (the ranks diverged).
   Message scatter(const std::string& op, const std::vector<NamedTensor>& batch,
                   int64_t micro_batch_size, const nlohmann::json& args = nlohmann::json::object(),
                   Timeout timeout = std::nullopt, Dispatch dispatch = Dispatch::kLeastLoaded);
@@ -64,10 +80,14 @@ class RoleGroup {
  private:
   std::chrono::steady_clock::time_point deadline(Timeout timeout) const;
   Message checked(const Message& reply, int rank) const;
+  // Throws RuntimeError when `other` (from `rank`) is not the reply `first` (from
+  // `first_rank`) of the same replica (see scatter).
+  void check_same_reply(const Message& first, int first_rank, const Message& other, int rank) const;
 
   Scheduler& scheduler_;
   Role role_;
   std::vector<size_t> workers_;  // scheduler worker index per rank
+  int ranks_per_replica_ = 1;
 };
 
 }  // namespace rlhf

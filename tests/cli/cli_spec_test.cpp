@@ -40,13 +40,19 @@ TEST(Cli, EverySubcommandHasHelp) {
 
 TEST(Cli, ExamplesValidate) {
   for (const char* example : {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "sft_tiny.json",
-                              "rm_tiny.json", "ppo_8gpu.json"}) {
+                              "rm_tiny.json", "ppo_8gpu.json", "ppo_70b.json"}) {
     // --no-files: the examples' models (runs/models) and the 8-GPU job's files and GPUs
     // are not on every machine; checks_test.cpp covers what validate says about them.
     CliResult r = run_cli({"validate", std::string("examples/") + example, "--no-files"});
     EXPECT_EQ(r.exit_code, 0) << example << "\n" << r.err;
     EXPECT_TRUE(contains(r.out, std::string("ok: examples/") + example)) << r.out;
   }
+  // The 70B layout: 72 GPUs, the rollout's 8 as two tensor-parallel engines.
+  CliResult big = run_cli({"validate", "examples/ppo_70b.json", "--no-files"});
+  EXPECT_TRUE(contains(big.out,
+                       "72 workers on 9 nodes (actor 32, critic 16, reward 8, ref 8, "
+                       "rollout 8 as 2 engines of tensor parallel size 4)"))
+      << big.out;
 }
 
 TEST(Cli, ValidateReportsEveryProblemAndExits2) {

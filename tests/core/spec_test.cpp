@@ -149,6 +149,21 @@ const std::vector<BadCase>& bad_cases() {
        "expected -1 (only at the end)"},
       {"clip_range_order", R"({"reward": {"clip_range": [5, -5]}})", "reward.clip_range",
        "low < high"},
+      {"tensor_parallel_leaves_a_worker_over",
+       R"({"cluster": {"nodes": [{"name": "local", "kind": "cpu", "devices": 8, "memory_gb": 4}]},
+           "rollout": {"devices": [5, 6, 7], "tensor_parallel_size": 2}})",
+       "rollout.tensor_parallel_size",
+       "2 does not divide the rollout's 3 workers (rollout.devices): each engine takes 2 "
+       "consecutive workers"},
+      {"tensor_parallel_size_zero", R"({"rollout": {"tensor_parallel_size": 0}})",
+       "rollout.tensor_parallel_size", "expected an integer >= 1, found 0"},
+      {"tensor_parallel_engine_across_cuda_nodes",
+       R"({"cluster": {"nodes": [{"name": "a", "kind": "cuda", "devices": 8, "memory_gb": 80},
+                                 {"name": "b", "kind": "cuda", "devices": 8, "memory_gb": 80}]},
+           "rollout": {"devices": {"a": [5, 6, 7], "b": [0]}, "tensor_parallel_size": 2}})",
+       "rollout.tensor_parallel_size",
+       "engine 1 (rollout workers 2..3) spans nodes \"a\" and \"b\": its ranks all-reduce in "
+       "every layer, so list each engine's 2 GPUs on one node"},
       {"set_unknown_key",
        "{}",
        "rollout.n_sample",
@@ -318,6 +333,39 @@ TEST(Spec, SimpoAndOrpoWarnThatReferenceIsUnused) {
         warned = true;
     EXPECT_TRUE(warned) << loss;
   }
+}
+
+// rollout.tensor_parallel_size: engines of t consecutive rollout workers. On cuda nodes each
+// engine stays on one node (its ranks all-reduce every layer); cpu slots of two nodes may form
+// one engine (the tests' hand-joined jobs). A colocated TP rollout is warned that its weight
+// sync cannot take CUDA IPC.
+TEST(Spec, TensorParallelEnginesArePlacedAndChecked) {
+  auto parse = [](const std::string& patch) {
+    json doc = base_spec();
+    doc.merge_patch(json::parse(patch));
+    return JobSpec::parse(doc.dump(), "job.json");
+  };
+  JobSpec one_node = parse(R"({
+      "cluster": {"nodes": [{"name": "a", "kind": "cuda", "devices": 8, "memory_gb": 80},
+                            {"name": "b", "kind": "cuda", "devices": 8, "memory_gb": 80}]},
+      "rollout": {"devices": {"a": [5, 6], "b": [0, 1]}, "tensor_parallel_size": 2}})");
+  EXPECT_EQ(one_node.get_int("rollout.tensor_parallel_size"), 2);
+  EXPECT_TRUE(one_node.warnings().empty());
+  EXPECT_EQ(parse("{}").get_int("rollout.tensor_parallel_size"), 1);
+  EXPECT_NO_THROW(parse(R"({
+      "cluster": {"nodes": [{"name": "a", "kind": "cpu", "devices": 6, "memory_gb": 4},
+                            {"name": "b", "kind": "cpu", "devices": 6, "memory_gb": 4}]},
+      "rollout": {"devices": {"a": [5], "b": [0]}, "tensor_parallel_size": 2}})"));
+  JobSpec colocated = parse(R"({
+      "cluster": {"nodes": [{"name": "a", "kind": "cuda", "devices": 8, "memory_gb": 80}]},
+      "rollout": {"devices": [], "colocate_with": "actor", "tensor_parallel_size": 2}})");
+  ASSERT_EQ(colocated.warnings().size(), 1u);
+  EXPECT_EQ(colocated.warnings()[0],
+            "rollout.tensor_parallel_size 2 with rollout.colocate_with: the weight sync goes over "
+            "NCCL or Gloo, not CUDA IPC (IPC hands one whole model to one GPU)");
+  // Unused by offline jobs: no rule applies.
+  EXPECT_NO_THROW(parse(R"({"kind": "dpo", "data": {"dataset": "d"}, "critic": {"devices": []},
+      "reward": {"devices": []}, "rollout": {"devices": [], "tensor_parallel_size": 3}})"));
 }
 
 // A model's max_position_embeddings (times a linear RoPE factor) bounds the sequences a job

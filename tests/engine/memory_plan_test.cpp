@@ -170,6 +170,59 @@ TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
   EXPECT_EQ(plan_role(in).kv_cache, 8192 * 72);
 }
 
+// A tensor-parallel rollout rank (rollout.tensor_parallel_size 2), by hand on the tiny preset:
+//   embed  144 x 64 (V / 2 rows)                                     = 9216
+//   layer  q 64x32 + k 64x16 + v 64x16 + o 32x64 = 6144; MLP 3 x 64 x 88 = 16896;
+//          two norms 128 (whole)                                     = 23168
+//   head   norm 64 (whole) + lm_head 144 x 64                        = 9280
+// so 64832 elements, half the model's 129344 plus the replicated norms' other half (160).
+// Its KV cache holds 1 of the 2 KV heads; its logits are gathered to the whole vocabulary:
+// the FP32 [rows, V] logits, softmax and sampling copy as at TP 1, plus its own [rows, V / 2]
+// and the all-gather's [rows, V] in BF16.
+TEST(MemoryPlan, TensorParallelRolloutRankHoldsItsSlices) {
+  RoleMemoryInput in;
+  in.role = "rollout";
+  in.model = rt::tiny_config(false);
+  in.work = RoleWork::kGenerate;
+  in.rollout_micro_batch = 8;
+  in.n_samples = 4;
+  in.prompt_len = 16;
+  in.max_new_tokens = 16;
+  in.micro_batch = 32;
+  in.seq_len = 32;
+  const MemoryTerms whole = plan_role(in);
+  in.tensor_parallel = 2;
+  const MemoryTerms half = plan_role(in);
+  constexpr int64_t kRankParams = 9216 + 2 * 23168 + 9280;
+  static_assert(kRankParams == kParams / 2 + 160);
+  EXPECT_EQ(whole.weights, 2 * kParams);
+  EXPECT_EQ(half.weights, 2 * kRankParams);
+  EXPECT_EQ(half.engine_peak, half.weights);
+  // Contiguous cache (kv_block_size 0): 40 rows of K and V x 2 layers x 1 KV head x 16 dims
+  // x 32 positions x 2 bytes.
+  EXPECT_EQ(whole.kv_cache, 8192 * 40);
+  EXPECT_EQ(half.kv_cache, 4096 * 40);
+  EXPECT_EQ(whole.log_probs, 32 * 288 * 4 * 3);
+  EXPECT_EQ(half.log_probs, 32 * 288 * 4 * 3 + 32 * (144 + 288) * 2);
+  // Paged, blocks of 4 tokens: 32 sequences x 8 blocks, each K and V x 2 layers x 1 KV head
+  // x 16 dims x 4 tokens x 2 bytes = 512 bytes on a rank (1024 whole).
+  in.kv_block_size = 4;
+  EXPECT_EQ(plan_role(in).kv_cache, 32 * 8 * 512);
+  in.tensor_parallel = 1;
+  EXPECT_EQ(plan_role(in).kv_cache, 32 * 8 * 1024);
+  // 3 does not divide the 4 heads: refused naming the key and the size.
+  in.tensor_parallel = 3;
+  try {
+    plan_role(in);
+    FAIL() << "expected InputError";
+  } catch (const rlhf::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("rollout.tensor_parallel_size: tensor_parallel_size 3 "
+                                         "does not divide the model's num_attention_heads (4)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // The planner against a real one-rank Trainer (BF16, 4 micro batches of 2 x 16): the
 // tracker's peak over a step must equal the planned engine peak to the byte, since both
 // count the same tensors (a mismatch means the planner's replay of ShardedUnit is wrong).
@@ -403,6 +456,44 @@ TEST(MemoryPlan, EightGpuExampleFitsWithRealLlama3Configs) {
         << sug.change;
   }
   EXPECT_TRUE(combined) << "no single change fits: a combination comes first";
+}
+
+// examples/ppo_70b.json: Llama-3-70B laid out as OpenRLHF ran it (actor 32 GPUs, critic 16,
+// ref 8, reward 8, rollout 8; 128 prompts x 4 samples, 1024 + 1024 tokens) fits 80 GiB per
+// GPU with a margin (no device above 90%), the rollout as 2 engines of tensor parallel size 4
+// holding a quarter of the model's weights each. At tensor parallel size 1 the rollout's whole
+// 131 GiB fits no GPU, and the planner's way out starts with wider engines.
+TEST(MemoryPlan, SeventyBillionExampleFitsWithTensorParallelRollout) {
+  const std::string example = std::string(RLHF_SOURCE_DIR) + "/examples/ppo_70b.json";
+  std::vector<std::string> missing;
+  const auto s = rlhf::JobSpec::load(example);
+  const auto models = load_role_models(s, missing);
+  ASSERT_TRUE(missing.empty());
+  EXPECT_EQ(models.at(rlhf::Role::kActor).num_parameters(), 70553706496);
+  const MemoryPlan plan = plan_memory(s, models);
+  EXPECT_TRUE(plan.fits()) << plan.to_json().dump(2);
+  EXPECT_EQ(plan.devices.size(), 72u);
+  for (const auto& d : plan.devices)
+    EXPECT_LE(static_cast<double>(d.total) / d.capacity, 0.90) << d.node << ":" << d.device_id;
+  const RolePlan* rollout = plan.role("rollout");
+  ASSERT_NE(rollout, nullptr);
+  EXPECT_EQ(rollout->input.tensor_parallel, 4);
+  EXPECT_EQ(plan.role("actor")->input.group_size, 32);
+  EXPECT_EQ(plan.role("critic")->input.group_size, 16);
+  // A quarter of every layer, embedding and head per rank; norms whole (80 layers x 2 x 8192
+  // + 8192 elements, of which a rank holds all instead of a quarter).
+  const auto& c = models.at(rlhf::Role::kRollout);
+  const int64_t norms = (2 * c.num_hidden_layers + 1) * c.hidden_size;
+  EXPECT_EQ(rollout->terms.weights, 2 * ((c.num_parameters() - norms) / 4 + norms));
+
+  const auto whole = rlhf::JobSpec::load(example, {"rollout.tensor_parallel_size=1"});
+  const MemoryPlan over = plan_memory(whole, models);
+  ASSERT_FALSE(over.fits());
+  EXPECT_GT(over.role("rollout")->terms.weights, 80ll << 30);
+  ASSERT_FALSE(over.suggestions.empty());
+  EXPECT_EQ(over.suggestions.front().change.rfind("rollout.tensor_parallel_size=2", 0), 0u)
+      << over.suggestions.front().change;
+  EXPECT_TRUE(over.suggestions.front().fits);
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // The scheduler with real `rlhf worker` processes: bit-exact tensors through two role
-// groups, in-order fan-out over three ranks, error replies, failure reports for killed and
+// groups, in-order fan-out over three ranks, replicas of ranks that serve a micro batch
+// together (tests/scheduler/replica_worker.cpp), error replies, failure reports for killed and
 // silent workers within 5 s, refusal of strays without the token, and no process left over.
 #include "scheduler/scheduler.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "scheduler/role_group.h"
@@ -144,6 +146,97 @@ TEST(Scheduler, EqualPerRankDispatchGivesEveryRankTheSameNumberOfCalls) {
   EXPECT_TRUE(at::equal(one.tensor("rows"), rows));
   for (const auto& reply : s.group(Role::kActor).call_all("echo"))
     EXPECT_EQ(reply.args.at("served").get<int64_t>(), 6) << "rank " << reply.args.at("rank");
+}
+
+// Replica dispatch (a tensor-parallel rollout engine: rollout.tensor_parallel_size) with the
+// helper whose "replica_sum" all-reduces over its replica's Gloo group, so it completes only
+// when every rank of the replica got the same micro batch at the same time.
+SchedulerConfig replica_config(const std::string& name) {
+  auto c = test_config(name);
+  c.worker_program = std::string(RLHF_BINARY_DIR) + "/tests/scheduler/rlhf_replica_worker";
+  c.worker_args = {};
+  return c;
+}
+
+// 4 ranks in replicas of 2: 7 micro batches go to the least-loaded replica, each to both of
+// its ranks; the gathered rows are the batch in order, each micro batch's reply is its
+// replica's first rank's (0 or 2), and both ranks of a replica served the same calls.
+TEST(Scheduler, ReplicasOfTwoRanksServeEachMicroBatchTogether) {
+  auto config = replica_config("replicas");
+  config.max_inflight = 1;
+  Scheduler s(config, testing::local_placement({{Role::kRollout, 4}}));
+  s.start();
+  RoleGroup& g = s.group(Role::kRollout);
+  EXPECT_THROW(g.set_ranks_per_replica(3), InputError);
+  g.set_ranks_per_replica(2);
+  EXPECT_EQ(g.replicas(), 2);
+  const auto rows = at::arange(13 * 4, at::kLong).reshape({13, 4});
+  const nlohmann::json args = {{"store_path", s.rendezvous("replicas")}, {"ranks_per_replica", 2}};
+  Message out = g.scatter("replica_sum", {{"rows", rows}}, 2, args);
+  EXPECT_TRUE(at::equal(out.tensor("rows"), rows));
+  // Each micro batch's all-reduced sum is twice its own: both ranks held the same rows.
+  const auto sum = out.tensor("sum");
+  for (int64_t c = 0; c < 7; ++c) {
+    const int64_t begin = 2 * c, len = std::min<int64_t>(2, 13 - begin);
+    EXPECT_EQ(sum[begin].item<double>(), 2.0 * rows.narrow(0, begin, len).sum().item<double>())
+        << "micro batch " << c;
+  }
+  const auto& micro = out.args.at("micro_batches");
+  ASSERT_EQ(micro.size(), 7u);  // ceil(13 / 2)
+  std::map<int, int> calls_of_replica;
+  for (const auto& m : micro) {
+    const int rank = m.at("rank").get<int>();
+    EXPECT_TRUE(rank == 0 || rank == 2) << "kept reply from rank " << rank;
+    ++calls_of_replica[m.at("replica").get<int>()];
+  }
+  EXPECT_EQ(calls_of_replica.size(), 2u) << "both replicas served";
+  // kEqualPerRank counts calls per replica: 3 micro batches over 2 replicas make 4 calls.
+  Message even =
+      g.scatter("replica_sum", {{"rows", rows}}, 5, args, std::nullopt, Dispatch::kEqualPerRank);
+  EXPECT_TRUE(at::equal(even.tensor("rows"), rows));
+  EXPECT_EQ(even.args.at("micro_batches").size(), 3u);
+  // Every rank once more (call_all): each rank of replica u has served the 7 micro batches'
+  // share of u, 2 equal calls and this one; both ranks of a replica served alike.
+  const auto replies = g.call_all("replica_sum", args, {{"rows", rows}});
+  ASSERT_EQ(replies.size(), 4u);
+  std::vector<int64_t> served;
+  for (const auto& r : replies) served.push_back(r.args.at("served").get<int64_t>());
+  for (int u = 0; u < 2; ++u) {
+    EXPECT_EQ(served[2 * u], calls_of_replica[u] + 2 + 1) << "replica " << u;
+    EXPECT_EQ(served[2 * u + 1], served[2 * u]) << "replica " << u;
+  }
+}
+
+// An error from the replica's second rank is reported naming that rank (its first rank
+// answered fine); a rank whose integer outputs differ from its first rank's is named too.
+TEST(Scheduler, ReplicaErrorsAndDivergenceNameTheRank) {
+  Scheduler s(replica_config("replica-errors"), testing::local_placement({{Role::kRollout, 4}}));
+  s.start();
+  RoleGroup& g = s.group(Role::kRollout);
+  g.set_ranks_per_replica(2);
+  const auto rows = at::arange(8, at::kLong).reshape({4, 2});
+  nlohmann::json args = {
+      {"store_path", s.rendezvous("replica-errors")}, {"ranks_per_replica", 2}, {"fail_rank", 3}};
+  try {
+    g.scatter("replica_sum", {{"rows", rows}}, 1, args, std::nullopt, Dispatch::kEqualPerRank);
+    FAIL() << "expected an error";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "rollout[3] operation \"replica_sum\" failed: failing on purpose (fail_rank)"),
+              std::string::npos)
+        << e.what();
+  }
+  args.erase("fail_rank");
+  args["diverge_rank"] = 1;
+  try {
+    g.scatter("replica_sum", {{"rows", rows}}, 1, args, std::nullopt, Dispatch::kEqualPerRank);
+    FAIL() << "expected an error";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("rollout[1] operation \"replica_sum\": replied a "
+                                         "different \"rows\" than rollout[0]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Scheduler, ErrorReplyNamesTheRankAndTheWorkerKeepsServing) {
