@@ -118,6 +118,8 @@ torch::Device CausalLM::device() const {
 void CausalLM::init_weights(uint64_t seed) {
   // A private generator: constructing a model never disturbs the global RNG stream. Values
   // are drawn in FP32 on the CPU, so a seed gives the same model on any device and dtype.
+  TORCH_CHECK(!tp_.enabled(),
+              "CausalLM::init_weights: a tensor-parallel shard is loaded (load_whole), not drawn");
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(seed);
   const std::string value_name = config_.value_head_prefix + ".weight";

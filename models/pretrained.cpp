@@ -176,6 +176,8 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOpti
 }
 
 void save_pretrained(CausalLM& model, const std::string& dir, uint64_t max_shard_bytes) {
+  TORCH_CHECK(!model.tensor_parallel().enabled(),
+              "save_pretrained: a tensor-parallel shard holds slices, not the model");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw RuntimeError(dir + ": cannot create directory: " + ec.message());

@@ -224,7 +224,7 @@ class ScatterBuckets final : public BucketTransport {
     std::vector<torch::Tensor> inputs;
     if (group_.rank() == 0) {
       const int tp = static_cast<int>(buffers_.size()) - 1;
-      inputs.push_back(out);  // never read back: the root keeps nothing
+      inputs.push_back(buffer(0).narrow(0, 0, n));  // lands in the root's scratch, unused
       for (int g = 1; g < group_.size(); ++g)
         inputs.push_back(buffer((g - 1) % tp).narrow(0, 0, n));
     }
@@ -356,12 +356,10 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
   if (options.path == SyncPath::kCudaIpc)
     TORCH_CHECK(group->backend_name() == "gloo" && options.device.is_cuda(),
                 "send_weights: cuda_ipc needs a Gloo sync group and a CUDA device");
-  const int tp = options.tensor_parallel_size;
-  if (tp < 1 || (tp > 1 && (options.path == SyncPath::kCudaIpc || (group->size() - 1) % tp != 0)))
-    throw InputError("weight sync: tensor_parallel_size " + std::to_string(tp) +
-                     " needs the gloo or nccl path and a rollout rank count that it divides (" +
-                     std::to_string(group->size() - 1) + " ranks, path " +
-                     sync_path_name(options.path) + ")");
+  const int tp = std::max(options.tensor_parallel_size, 1);
+  const bool tp_ok =
+      options.tensor_parallel_size >= 1 &&
+      (tp == 1 || (options.path != SyncPath::kCudaIpc && (group->size() - 1) % tp == 0));
   int64_t total = 0;  // elements each rollout rank receives
   for (const auto& unit : layout)
     for (const auto& spec : unit)
@@ -374,10 +372,18 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
                     torch::kInt64)
           .to(control_device(*group));
   group->broadcast(header, 0);
-  if (!all_ok(*group, true))
+  // The receivers learn of a refused sync through all_ok: nobody waits for buckets.
+  if (!all_ok(*group, tp_ok) || !tp_ok) {
+    if (!tp_ok)
+      throw InputError("weight sync v" + std::to_string(version) + ": tensor_parallel_size " +
+                       std::to_string(options.tensor_parallel_size) +
+                       " needs the gloo or nccl path and a rollout rank count that it divides (" +
+                       std::to_string(group->size() - 1) + " ranks, path " +
+                       sync_path_name(options.path) + "); nothing was sent");
     throw RuntimeError("weight sync v" + std::to_string(version) +
                        ": a rollout rank's model layout differs from the actor's (see its log); "
                        "nothing was sent");
+  }
   std::unique_ptr<BucketTransport> transport;
   if (options.path == SyncPath::kCudaIpc) {
     auto ipc = std::make_unique<IpcBuckets>(*group, capacity, options.wire_dtype);
@@ -461,7 +467,7 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
                        " units, hash " + std::to_string(h[kLayoutHash]) +
                        ") differs from this model's (" + std::to_string(units.size()) +
                        " units, hash " + std::to_string(mine) +
-                       "), or another rollout rank's does");
+                       "), or another rank refused the sync (see the actor's log)");
   }
   const auto wire = static_cast<torch::Dtype>(h[kWireDtype]);
   const int64_t capacity = h[kBucketNumel];
