@@ -82,6 +82,26 @@ json tp_rank(int rank, int size, const std::string& store, const std::string& di
     }
     std::sort(rates.begin(), rates.end());
     out["tok_s_" + std::to_string(b)] = rates[1];
+    // The collectives of one decode step alone, at this batch: 2 x layers + 1 all-reduces
+    // of [b, H] and one all-gather of the [b, V / tp] logits (median of 20 steps).
+    if (tp.enabled()) {
+      const auto& c = model->config();
+      std::vector<double> steps;
+      for (int i = 0; i < 21; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t k = 0; k < 2 * c.num_hidden_layers + 1; ++k) {
+          auto h = torch::ones({b, c.hidden_size}, torch::kBFloat16);
+          rlhf::models::tensor_parallel_all_reduce(tp, h);
+        }
+        rlhf::models::tensor_parallel_gather_vocab(
+            tp, torch::ones({b, c.vocab_size / tp.size}, torch::kBFloat16));
+        if (i > 0)
+          steps.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(steps.begin(), steps.end());
+      out["collective_ms_" + std::to_string(b)] = steps[steps.size() / 2] * 1e3;
+    }
   }
   return out;
 }
@@ -207,6 +227,17 @@ int main(int argc, char** argv) {
                     static_cast<long long>(t));
       }
       std::printf("\n");
+      for (int64_t b : batch_list) {
+        const std::string key = "collective_ms_" + std::to_string(b);
+        if (!r0.contains(key)) continue;
+        const double step_ms =
+            1e3 * static_cast<double>(b) / r0["tok_s_" + std::to_string(b)].get<double>();
+        std::printf(
+            "    b=%lld: decode step %.2f ms, of which the step's collectives alone take "
+            "%.2f ms (%.0f%%)\n",
+            static_cast<long long>(b), step_ms, r0[key].get<double>(),
+            100.0 * r0[key].get<double>() / step_ms);
+      }
     }
     // Per decode step and row, each rank all-reduces 2 x layers + 1 hidden vectors (the
     // embedding, then attention and MLP of each layer) and gathers V logits.
