@@ -5,6 +5,8 @@ torch thread each. Prints the mean time per call (after a warm-up) and its ratio
 memcpy of the same bytes, which is the floor for any collective that moves them.
 
 Run: "$(scripts/python-env)" bench/gloo_collectives.py [MiB=64] [reps=5]
+     "$(scripts/python-env)" bench/gloo_collectives.py latency   # a 1.5 KB BF16 all_reduce,
+     mean of 500 (what each all-reduce of a tensor-parallel decode step of one row costs)
 """
 import os
 import socket
@@ -30,6 +32,14 @@ def run(rank, world, port, mib, reps):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
+    if mib == 0:  # latency
+        small = torch.ones(768, dtype=torch.bfloat16)
+        seconds = timed(lambda: dist.all_reduce(small), 500)
+        if rank == 0:
+            print(f"gloo_collectives: torch {torch.__version__}, {world} ranks, all_reduce of "
+                  f"768 BF16 (1.5 KB): {seconds * 1e6:.0f} us per call, mean of 500")
+        dist.destroy_process_group()
+        return
     n = mib * 1024 * 1024 // 4
     piece = n // world
     full = torch.randn(n)
@@ -74,7 +84,7 @@ def run(rank, world, port, mib, reps):
 
 
 def main():
-    mib = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    mib = 0 if sys.argv[1:2] == ["latency"] else int(sys.argv[1]) if len(sys.argv) > 1 else 64
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
