@@ -45,6 +45,9 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // log_probs() and values() are not available on a shard.
   explicit CausalLM(ModelConfig config, Materialize how = Materialize::kAllocate,
                     TensorParallel tp = {});
+  // Not copyable: the layers point at this model's TensorParallel.
+  CausalLM(const CausalLM&) = delete;
+  CausalLM& operator=(const CausalLM&) = delete;
 
   using ShapeList = std::vector<std::pair<std::string, std::vector<int64_t>>>;
   // Every parameter's HF name and full shape, in named_parameters() order, from the config

@@ -357,14 +357,21 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
     TORCH_CHECK(group->backend_name() == "gloo" && options.device.is_cuda(),
                 "send_weights: cuda_ipc needs a Gloo sync group and a CUDA device");
   const int tp = std::max(options.tensor_parallel_size, 1);
-  const bool tp_ok =
-      options.tensor_parallel_size >= 1 &&
-      (tp == 1 || (options.path != SyncPath::kCudaIpc && (group->size() - 1) % tp == 0));
+  bool tp_ok = options.tensor_parallel_size >= 1 &&
+               (tp == 1 || (options.path != SyncPath::kCudaIpc && (group->size() - 1) % tp == 0));
+  for (const auto& unit : layout)  // every split dim divides (checked before the header)
+    for (const auto& spec : unit) {
+      const int dim = tp > 1 ? models::tensor_parallel_dim(spec.name) : -1;
+      if (dim >= 0 && (dim >= static_cast<int>(spec.shape.size()) || spec.shape[dim] % tp != 0))
+        tp_ok = false;
+    }
   int64_t total = 0;  // elements each rollout rank receives
-  for (const auto& unit : layout)
-    for (const auto& spec : unit)
-      total += numel_of(models::tensor_parallel_shape(spec.name, spec.shape, tp));
-  // At TP > 1 the root holds one bucket per TP rank: together bucket_bytes.
+  if (tp_ok)
+    for (const auto& unit : layout)
+      for (const auto& spec : unit)
+        total += numel_of(models::tensor_parallel_shape(spec.name, spec.shape, tp));
+  // At TP > 1 the root fills one bucket per TP rank, bucket_bytes together (plus a scratch
+  // bucket its own scatter slot lands in).
   const int64_t capacity = bucket_numel(options.bucket_bytes / tp, options.wire_dtype, total);
   auto header =
       torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(options.wire_dtype),
@@ -377,7 +384,9 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
     if (!tp_ok)
       throw InputError("weight sync v" + std::to_string(version) + ": tensor_parallel_size " +
                        std::to_string(options.tensor_parallel_size) +
-                       " needs the gloo or nccl path and a rollout rank count that it divides (" +
+                       " needs the gloo or nccl path, a rollout rank count that it divides and "
+                       "a model whose heads, KV heads, intermediate size and vocabulary it "
+                       "divides (" +
                        std::to_string(group->size() - 1) + " ranks, path " +
                        sync_path_name(options.path) + "); nothing was sent");
     throw RuntimeError("weight sync v" + std::to_string(version) +

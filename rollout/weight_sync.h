@@ -89,7 +89,8 @@ struct SyncOptions {
   SyncPath path = SyncPath::kGloo;
   torch::Device device = torch::kCPU;  // where the actor's bucket lives (its device)
   // The rollout's tensor_parallel_size: > 1 scatters to each rollout rank (sync rank g, TP
-  // rank (g - 1) % tp) only its slices, from tp buckets of bucket_bytes / tp (gloo or nccl).
+  // rank (g - 1) % tp) only its slices, from tp buckets of bucket_bytes / tp (gloo or nccl;
+  // the root also keeps one more as the landing place of its own scatter slot).
   int tensor_parallel_size = 1;
 };
 

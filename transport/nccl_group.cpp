@@ -180,20 +180,28 @@ class NcclGroup final : public CollectiveGroup {
                   "nccl scatter: every input must match the output's numel and dtype");
       device_inputs.push_back(on_host(in) ? in.to(torch::kCUDA) : in.contiguous());
     }
+    // Nothing may throw between ncclGroupStart and ncclGroupEnd (an open group would swallow
+    // this thread's later NCCL calls): the first failure is kept and raised after the end.
+    const ncclDataType_t dtype = nccl_dtype(output);
+    ncclResult_t failed = ncclSuccess;
+    const char* failed_call = "ncclGroupEnd";
+    auto keep = [&](ncclResult_t result, const char* call) {
+      if (result != ncclSuccess && failed == ncclSuccess) {
+        failed = result;
+        failed_call = call;
+      }
+    };
     check_nccl(ncclGroupStart(), "ncclGroupStart", rank_);
     if (rank_ == root) {
-      for (int r = 0; r < size_; ++r) {
-        if (r == root) continue;
-        check_nccl(ncclSend(device_inputs[r].data_ptr(), output.numel(), nccl_dtype(output), r,
-                            comm_, stream()),
-                   "ncclSend", rank_);
-      }
+      for (int r = 0; r < size_; ++r)
+        if (r != root)
+          keep(ncclSend(device_inputs[r].data_ptr(), output.numel(), dtype, r, comm_, stream()),
+               "ncclSend");
     } else {
-      check_nccl(
-          ncclRecv(output.data_ptr(), output.numel(), nccl_dtype(output), root, comm_, stream()),
-          "ncclRecv", rank_);
+      keep(ncclRecv(output.data_ptr(), output.numel(), dtype, root, comm_, stream()), "ncclRecv");
     }
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd", rank_);
+    keep(ncclGroupEnd(), "ncclGroupEnd");
+    check_nccl(failed, failed_call, rank_);
     if (rank_ == root) output.copy_(device_inputs[root].view(output.sizes()));
     wait("ncclScatter");
   }

@@ -50,7 +50,9 @@ TEST(ModelOperations, LogProbsAndEntropyAtTheSamplingTemperature) {
 
   // Independently: the whole model's FP32 logits [B, T, V] divided by T, a plain log_softmax,
   // the next token's entry and -sum p log p at the A positions before each action token.
-  auto model = models::load_pretrained(kModel, {torch::kFloat32});
+  models::LoadOptions fp32;
+  fp32.dtype = torch::kFloat32;
+  auto model = models::load_pretrained(kModel, fp32);
   torch::NoGradGuard no_grad;
   torch::Tensor logits = model->logits(model->forward(seq, mask)).to(torch::kFloat32);
   for (double temperature : {0.6, 1.0, 1.7}) {

@@ -599,11 +599,12 @@ TEST_F(PpoJob, RemoteRewardServerScoresEverySample) {
   for (const auto& w : workers) EXPECT_NE(w["role"], "reward");
 }
 
-// Issue 15: the reference and the reward model each ZeRO-3 on 2 ranks, and the rollout as one
-// engine of tensor parallel size 2 (its two workers split every layer and all-reduce over
-// Gloo; each micro batch goes to both), still learn. The reward role needs a reward model:
-// one trained here on synthetic:preferences (examples/rm_tiny.json, ~5 s; it prefers lowercase
-// responses, as the letters rule does); the policy starts from the random tiny model as
+// Issue 15: the actor, the reference and the reward model each ZeRO-3 on 2 ranks, and the
+// rollout as one engine of tensor parallel size 2 (its two workers split every layer and
+// all-reduce over Gloo; each micro batch goes to both; each sync gathers the actor one unit
+// at a time and scatters each rollout worker only its slices), still learn. The reward role needs a
+// reward model: one trained here on synthetic:preferences (examples/rm_tiny.json, ~5 s; it prefers
+// lowercase responses, as the letters rule does); the policy starts from the random tiny model as
 // ppo_tiny's does. Without learning, a 5-step mean of reward means moves with a standard
 // deviation of ~0.045 (per-sample std ~0.8 over 5 x 64 samples), their difference ~0.064;
 // the same job at tensor parallel size 1 rose 0.62 -> 1.22. A margin of 0.3 is ~5 standard
@@ -614,12 +615,17 @@ TEST_F(PpoJob, LearnsWithShardedScorersAndATensorParallelRollout) {
                     "logger.run_dir=" + (dir_ / "runs").string()});
   ASSERT_EQ(rm.exit_code, 0) << rm.out << rm.err;
   Result r = run(
-      "tp2", {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":8,"memory_gb":4}])",
-              "--set", "reward.rule=", "--set",
-              "reward.model=" + (run_dir("rm_tiny") / "export" / "reward").string(), "--set",
-              "ref.devices=[3,5]", "--set", "ref.zero_stage=3", "--set", "reward.devices=[2,6]",
-              "--set", "reward.zero_stage=3", "--set", "rollout.devices=[4,7]", "--set",
-              "rollout.tensor_parallel_size=2"});
+      "tp2", {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":9,"memory_gb":4}])",
+              "--set", "actor.devices=[0,8]",
+              "--set", "actor.zero_stage=3",
+              "--set", "reward.rule=",
+              "--set", "reward.model=" + (run_dir("rm_tiny") / "export" / "reward").string(),
+              "--set", "ref.devices=[3,5]",
+              "--set", "ref.zero_stage=3",
+              "--set", "reward.devices=[2,6]",
+              "--set", "reward.zero_stage=3",
+              "--set", "rollout.devices=[4,7]",
+              "--set", "rollout.tensor_parallel_size=2"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("ppo: loading rollout (2 workers: 1 engine of tensor parallel size 2)"),
             std::string::npos)
@@ -633,7 +639,7 @@ TEST_F(PpoJob, LearnsWithShardedScorersAndATensorParallelRollout) {
   }
   EXPECT_GT(last - first, 0.3) << "first 5 steps " << first << ", last 5 steps " << last;
   for (const auto& step : m) {
-    for (const char* role : {"rollout", "ref", "reward"})
+    for (const char* role : {"actor", "rollout", "ref", "reward"})
       EXPECT_EQ(step["memory"][role].size(), 2u) << role;
     // The engine samples from the synced weights: its log-probs of the sampled tokens are the
     // actor's up to BF16 kernel differences, as at tensor parallel size 1 (< 0.01 nats there).

@@ -9,6 +9,7 @@
 
 #include <future>
 
+#include "core/errors.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
 #include "models/paged_kv_cache.h"
@@ -288,6 +289,30 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   }
   const std::string error = refused.get();
   EXPECT_NE(error.find("tensor-parallel slices for 1 ranks"), std::string::npos) << error;
+
+  // An actor whose vocabulary two ranks cannot split: refused after the header, so the
+  // receivers fail at once instead of waiting for buckets.
+  auto odd_config = whole_config;
+  odd_config.vocab_size = 289;
+  models::CausalLM odd(odd_config);
+  rollout::ModelWeights odd_source(odd);
+  auto refused_odd = std::async(std::launch::async, [&] {
+    try {
+      rollout.call_all("sync_weights", {{"store_path", store}});
+      return std::string("no error");
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  });
+  sync.tensor_parallel_size = 2;
+  try {
+    rollout::send_weights(odd_source, group.get(), 5, sync);
+    ADD_FAILURE() << "a sync of a model TP cannot split must fail";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary it divides"), std::string::npos) << e.what();
+  }
+  const std::string odd_error = refused_odd.get();
+  EXPECT_NE(odd_error.find("refused the sync"), std::string::npos) << odd_error;
   scheduler.shutdown();
 }
 

@@ -10,6 +10,14 @@
 //                        (its rank 0 is sync rank 0; SYNC_* are ignored on other ranks)
 //   MODE receiver:       a rollout model (seed 2, FP32) receives
 //   MODE receiver-mismatch: the same with a different MLP width (a layout mismatch)
+//   --tp N: the rollout's tensor_parallel_size. The sender scatters slices and, as
+//     trainer-sender, also writes each TP rank r's slice digests as "name@r"
+//   MODE tp-receiver:    (--tp N) TP rank (SYNC_RANK - 1) % N of a tiny rollout (seed 2,
+//                        FP32) whose TP group meets at SYNC_STORE.tp<engine>; receives
+//   MODE tp-logits:      (--model-dir DIR) TP rank SYNC_RANK of SYNC_SIZE (group at
+//                        SYNC_STORE) loads its slices of DIR in FP32, writes their digests
+//                        and "logit I V" lines: the logits of 3 x 7 tokens (seed 3)
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -21,6 +29,8 @@
 #include "engine/trainer.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
+#include "models/pretrained.h"
+#include "models/tensor_parallel.h"
 #include "rollout/weight_sync.h"
 
 using namespace rlhf;
@@ -32,6 +42,7 @@ constexpr int64_t kVersion = 7;
 struct Flags {
   rollout::SyncOptions sync;
   torch::Device device = torch::kCPU;
+  std::string model_dir;  // tp-logits
 };
 
 std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int rank, int size) {
@@ -82,6 +93,41 @@ int run(int argc, char** argv, Flags flags) {
     write_checksums(out, model->state_tensors());
     return 0;
   }
+  if (mode == "tp-receiver") {
+    const int tp_size = flags.sync.tensor_parallel_size;
+    models::TensorParallel tp;
+    tp.size = tp_size;
+    tp.rank = (sync_rank - 1) % tp_size;
+    tp.group =
+        join(sync_store + ".tp" + std::to_string((sync_rank - 1) / tp_size), tp.rank, tp_size);
+    auto whole = tiny(2);
+    models::CausalLM shard(whole->config(), models::Materialize::kDeferred, tp);
+    models::load_whole(shard, models::TensorsSource(whole->state_tensors()), torch::kFloat32,
+                       torch::kCPU);
+    auto group = join(sync_store, sync_rank, sync_size);
+    auto stats = rollout::receive_weights(shard, *group);
+    write_stats(out, stats);
+    write_checksums(out, shard.state_tensors());
+    return 0;
+  }
+  if (mode == "tp-logits") {
+    models::TensorParallel tp;
+    tp.size = sync_size;
+    tp.rank = sync_rank;
+    tp.group = join(sync_store, sync_rank, sync_size);
+    models::LoadOptions load;
+    load.dtype = torch::kFloat32;
+    auto shard = models::load_pretrained(flags.model_dir, load, tp);
+    write_checksums(out, shard->state_tensors());
+    auto gen = at::detail::createCPUGenerator(3);
+    const auto ids = torch::randint(shard->config().vocab_size, {3, 7}, gen, torch::kInt64);
+    torch::NoGradGuard no_grad;
+    const auto logits = shard->logits(shard->forward(ids, {})).reshape({-1});
+    out << std::setprecision(9);
+    for (int64_t i = 0; i < logits.numel(); ++i)
+      out << "logit " << i << ' ' << logits[i].item<float>() << '\n';
+    return 0;
+  }
   if (mode == "model-sender") {
     auto model = tiny(1);
     model->to(flags.device);
@@ -117,9 +163,17 @@ int run(int argc, char** argv, Flags flags) {
     write_stats(out, stats);
     // What the actor holds now, one gathered unit at a time (collective on both ranks).
     const auto units = static_cast<int64_t>(source.layout().size());
+    const int tp = flags.sync.tensor_parallel_size;
     for (int64_t u = 0; u < units; ++u) {
       auto tensors = source.acquire(u);
       write_checksums(out, tensors);
+      for (int r = 0; tp > 1 && r < tp; ++r) {  // what TP rank r must hold
+        rollout::NamedTensors slices;
+        for (const auto& [name, t] : tensors)
+          slices.emplace_back(name + "@" + std::to_string(r),
+                              models::tensor_parallel_slice(name, t, r, tp));
+        write_checksums(out, slices);
+      }
       source.release(u);
     }
     return 0;
@@ -144,6 +198,10 @@ int main(int argc, char** argv) {
         flags.sync.path = rollout::parse_sync_path(value);
       else if (flag == "--device")
         flags.device = torch::Device(value);
+      else if (flag == "--tp")
+        flags.sync.tensor_parallel_size = std::stoi(value);
+      else if (flag == "--model-dir")
+        flags.model_dir = value;
       else
         throw std::invalid_argument("unknown flag " + flag);
       argv[2] = argv[0];

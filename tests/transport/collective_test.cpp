@@ -240,5 +240,8 @@ TEST(CollectiveGroup, NcclOneRankCollectives_CUDA) {
   auto gathered = torch::empty({4}, t.options());
   group->all_gather(gathered, t);
   EXPECT_TRUE(torch::equal(gathered.cpu(), torch::arange(4, torch::kFloat)));
+  auto piece = torch::zeros({4}, t.options());  // scatter: the root's own slot
+  group->scatter(piece, {t * 2}, 0);
+  EXPECT_TRUE(torch::equal(piece.cpu(), torch::arange(4, torch::kFloat) * 2));
   group->barrier();
 }
