@@ -8,8 +8,6 @@
 // Usage: bench_sharded [--preset 100m] [--ranks 1,2,4] [--rows 4] [--len 256]
 // On a 2-core machine N ranks share the cores, so scoring times above 2 ranks also count
 // the ranks waiting for each other: read the gathered bytes per second beside them.
-#include <spawn.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -23,12 +21,11 @@
 #include <vector>
 
 #include "bench/proc_memory.h"
+#include "bench/rank_processes.h"
 #include "engine/sharded_inference.h"
 #include "engine/trainer.h"
 #include "models/pretrained.h"
 #include "transport/collective_group.h"
-
-extern char** environ;
 
 namespace {
 
@@ -126,37 +123,14 @@ std::vector<json> run_ranks(const std::string& self, const std::string& mode, in
                             int64_t len) {
   const std::string store =
       (work / (mode + "_" + std::to_string(size) + "_" + std::to_string(::getpid()))).string();
-  std::vector<pid_t> pids;
+  std::vector<std::vector<std::string>> argvs;
+  std::vector<std::string> outputs;
   for (int r = 0; r < size; ++r) {
-    std::vector<std::string> args = {self,
-                                     "--child",
-                                     mode,
-                                     std::to_string(r),
-                                     std::to_string(size),
-                                     store,
-                                     dir,
-                                     std::to_string(rows),
-                                     std::to_string(len),
-                                     (work / (mode + std::to_string(r) + ".json")).string()};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) != 0)
-      throw std::runtime_error("cannot start " + self);
-    pids.push_back(pid);
+    outputs.push_back((work / (mode + std::to_string(r) + ".json")).string());
+    argvs.push_back({self, "--child", mode, std::to_string(r), std::to_string(size), store, dir,
+                     std::to_string(rows), std::to_string(len), outputs.back()});
   }
-  std::vector<json> out;
-  for (int r = 0; r < size; ++r) {
-    int status = 0;
-    waitpid(pids[r], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw std::runtime_error(mode + " rank " + std::to_string(r) + " failed");
-  }
-  for (int r = 0; r < size; ++r) {
-    std::ifstream in(work / (mode + std::to_string(r) + ".json"));
-    out.push_back(json::parse(in));
-  }
+  auto out = rlhf::bench::run_rank_processes(argvs, outputs, mode);
   fs::remove(store);
   return out;
 }

@@ -7,8 +7,6 @@
 // collectives cost nothing), and the bytes one decode step all-reduces per rank.
 // Usage: bench_tp [--preset 100m] [--tp 1,2] [--prompt 64] [--new-tokens 32] [--batches 1,32]
 // One torch thread per rank: on the 2-core VM, TP 2 has one core per rank.
-#include <spawn.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -22,12 +20,11 @@
 #include <vector>
 
 #include "bench/proc_memory.h"
+#include "bench/rank_processes.h"
 #include "models/pretrained.h"
 #include "models/tensor_parallel.h"
 #include "rollout/generator.h"
 #include "transport/collective_group.h"
-
-extern char** environ;
 
 namespace {
 
@@ -110,38 +107,14 @@ std::vector<json> run_ranks(const std::string& self, int size, const fs::path& w
                             const std::string& dir, int64_t prompt, int64_t new_tokens,
                             const std::string& batches) {
   const std::string store = (work / ("tp_" + std::to_string(size) + ".store")).string();
-  std::vector<pid_t> pids;
+  std::vector<std::vector<std::string>> argvs;
+  std::vector<std::string> outputs;
   for (int r = 0; r < size; ++r) {
-    std::vector<std::string> args = {self,
-                                     "--child",
-                                     std::to_string(r),
-                                     std::to_string(size),
-                                     store,
-                                     dir,
-                                     std::to_string(prompt),
-                                     std::to_string(new_tokens),
-                                     batches,
-                                     (work / ("rank" + std::to_string(r) + ".json")).string()};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) != 0)
-      throw std::runtime_error("cannot start " + self);
-    pids.push_back(pid);
+    outputs.push_back((work / ("rank" + std::to_string(r) + ".json")).string());
+    argvs.push_back({self, "--child", std::to_string(r), std::to_string(size), store, dir,
+                     std::to_string(prompt), std::to_string(new_tokens), batches, outputs.back()});
   }
-  for (int r = 0; r < size; ++r) {
-    int status = 0;
-    waitpid(pids[r], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw std::runtime_error("TP " + std::to_string(size) + " rank " + std::to_string(r) +
-                               " failed");
-  }
-  std::vector<json> out;
-  for (int r = 0; r < size; ++r) {
-    std::ifstream in(work / ("rank" + std::to_string(r) + ".json"));
-    out.push_back(json::parse(in));
-  }
+  auto out = rlhf::bench::run_rank_processes(argvs, outputs, "TP " + std::to_string(size));
   fs::remove(store);
   return out;
 }

@@ -179,6 +179,8 @@ class BucketTransport {
  public:
   virtual ~BucketTransport() = default;
   virtual torch::Tensor buffer() = 0;  // [capacity] wire dtype
+  // Root: where TP rank `tp_rank`'s slices go (one buffer for all ranks without TP).
+  virtual torch::Tensor buffer(int /*tp_rank*/) { return buffer(); }
   // Root: sends the first n elements (returns when the buffer may be refilled). Others:
   // makes them readable in buffer().
   virtual void move(int64_t n) = 0;
@@ -218,7 +220,9 @@ class ScatterBuckets final : public BucketTransport {
     for (int i = 0; i < buffers; ++i) buffers_.push_back(torch::empty({capacity}, options));
   }
   torch::Tensor buffer() override { return buffers_[0]; }
-  torch::Tensor buffer(int tp_rank) { return buffers_.at(static_cast<size_t>(tp_rank) + 1); }
+  torch::Tensor buffer(int tp_rank) override {
+    return buffers_.at(static_cast<size_t>(tp_rank) + 1);
+  }
   void move(int64_t n) override {
     auto out = buffers_[0].narrow(0, 0, n);
     std::vector<torch::Tensor> inputs;
@@ -411,10 +415,8 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
     transport =
         std::make_unique<BroadcastBuckets>(*group, capacity, options.wire_dtype, options.device);
   }
-  auto* scatter = dynamic_cast<ScatterBuckets*>(transport.get());
   std::vector<torch::Tensor> buckets;  // per TP rank
-  for (int r = 0; r < tp; ++r)
-    buckets.push_back(scatter ? scatter->buffer(r) : transport->buffer());
+  for (int r = 0; r < tp; ++r) buckets.push_back(transport->buffer(r));
   BucketCursor cursor(capacity);
   const auto element = static_cast<int64_t>(c10::elementSize(options.wire_dtype));
   auto flush = [&](int64_t n) {

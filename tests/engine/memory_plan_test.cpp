@@ -149,7 +149,8 @@ TEST(MemoryPlan, ActivationsWithAndWithoutCheckpointing) {
   EXPECT_EQ(plan_role(in).log_probs, 2 * 4 * 288 * 8);
 }
 
-TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
+// A rollout of the tiny preset: micro batches of 8 prompts x 4 samples, 16 + 16 tokens.
+RoleMemoryInput tiny_rollout() {
   RoleMemoryInput in;
   in.role = "rollout";
   in.model = rt::tiny_config(false);
@@ -160,6 +161,11 @@ TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
   in.max_new_tokens = 16;
   in.micro_batch = 32;
   in.seq_len = 32;
+  return in;
+}
+
+TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
+  RoleMemoryInput in = tiny_rollout();
   const MemoryTerms t = plan_role(in);
   // Per row: K and V x 2 layers x 2 KV heads x 16 dims x 32 positions x 2 bytes = 8192;
   // 32 sample rows + the 8 prefilled rows they are copied from.
@@ -180,16 +186,7 @@ TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
 // the FP32 [rows, V] logits, softmax and sampling copy as at TP 1, plus its own [rows, V / 2]
 // and the all-gather's [rows, V] in BF16.
 TEST(MemoryPlan, TensorParallelRolloutRankHoldsItsSlices) {
-  RoleMemoryInput in;
-  in.role = "rollout";
-  in.model = rt::tiny_config(false);
-  in.work = RoleWork::kGenerate;
-  in.rollout_micro_batch = 8;
-  in.n_samples = 4;
-  in.prompt_len = 16;
-  in.max_new_tokens = 16;
-  in.micro_batch = 32;
-  in.seq_len = 32;
+  RoleMemoryInput in = tiny_rollout();
   const MemoryTerms whole = plan_role(in);
   in.tensor_parallel = 2;
   const MemoryTerms half = plan_role(in);

@@ -19,6 +19,7 @@
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
 #include "tests/support/processes.h"
+#include "tests/support/scheduler_config.h"
 #include "transport/collective_group.h"
 
 namespace rlhf {
@@ -28,13 +29,8 @@ using namespace std::chrono_literals;
 
 TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   torch::set_num_threads(1);
-  SchedulerConfig config;
-  config.run_dir = testing::fresh_run_dir("rollout-workers");
-  config.worker_program = RLHF_CLI_PATH;
-  config.heartbeat_interval = 200ms;
+  SchedulerConfig config = testing::scheduler_config("rollout-workers");
   config.worker_timeout = 5000ms;
-  config.register_timeout = 60s;
-  config.request_timeout = 60s;
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 2}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
@@ -103,13 +99,8 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
 
 TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
   torch::set_num_threads(1);
-  SchedulerConfig config;
-  config.run_dir = testing::fresh_run_dir("rollout-sleep");
-  config.worker_program = RLHF_CLI_PATH;
-  config.heartbeat_interval = 200ms;
+  SchedulerConfig config = testing::scheduler_config("rollout-sleep");
   config.worker_timeout = 5000ms;
-  config.register_timeout = 60s;
-  config.request_timeout = 60s;
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
@@ -157,13 +148,8 @@ TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
 // slices, and generation then follows the actor's weights.
 TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   torch::set_num_threads(1);
-  SchedulerConfig config;
-  config.run_dir = testing::fresh_run_dir("rollout-tp");
-  config.worker_program = RLHF_CLI_PATH;
-  config.heartbeat_interval = 200ms;
+  SchedulerConfig config = testing::scheduler_config("rollout-tp");
   config.worker_timeout = 5000ms;
-  config.register_timeout = 60s;
-  config.request_timeout = 60s;
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 2}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
@@ -271,15 +257,19 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   expect_same(generate(greedy), local_generate(actor, 0.0), "greedy, synced weights");
   expect_same(generate(sampled), local_generate(actor, 1.0), "sampled, synced weights");
 
+  // The rollout ranks' side of a sync that must fail: their error message.
+  auto receive_error = [&] {
+    return std::async(std::launch::async, [&] {
+      try {
+        rollout.call_all("sync_weights", {{"store_path", store}});
+        return std::string("no error");
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    });
+  };
   // A sender that does not know about the split is refused on both sides, naming it.
-  auto refused = std::async(std::launch::async, [&] {
-    try {
-      rollout.call_all("sync_weights", {{"store_path", store}});
-      return std::string("no error");
-    } catch (const std::exception& e) {
-      return std::string(e.what());
-    }
-  });
+  auto refused = receive_error();
   sync.tensor_parallel_size = 1;
   try {
     rollout::send_weights(source, group.get(), 4, sync);
@@ -296,14 +286,7 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   odd_config.vocab_size = 289;
   models::CausalLM odd(odd_config);
   rollout::ModelWeights odd_source(odd);
-  auto refused_odd = std::async(std::launch::async, [&] {
-    try {
-      rollout.call_all("sync_weights", {{"store_path", store}});
-      return std::string("no error");
-    } catch (const std::exception& e) {
-      return std::string(e.what());
-    }
-  });
+  auto refused_odd = receive_error();
   sync.tensor_parallel_size = 2;
   try {
     rollout::send_weights(odd_source, group.get(), 5, sync);

@@ -16,6 +16,7 @@
 #include "scheduler/slurm_launcher.h"
 #include "scheduler/worker_process.h"
 #include "tests/support/processes.h"
+#include "tests/support/scheduler_config.h"
 
 namespace rlhf {
 namespace {
@@ -26,14 +27,8 @@ using testing::poll_until;
 using testing::RlhfProcess;
 
 SchedulerConfig manual_config(const std::string& name) {
-  SchedulerConfig c;
-  c.run_dir = testing::fresh_run_dir(name);
-  c.worker_program = RLHF_CLI_PATH;
+  SchedulerConfig c = testing::scheduler_config(name);
   c.launcher = LauncherKind::kManual;
-  c.heartbeat_interval = 200ms;
-  c.worker_timeout = 2000ms;
-  c.register_timeout = 60s;
-  c.request_timeout = 60s;
   return c;
 }
 

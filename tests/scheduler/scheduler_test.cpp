@@ -13,6 +13,7 @@
 #include "scheduler/role_group.h"
 #include "scheduler/worker_process.h"
 #include "tests/support/processes.h"
+#include "tests/support/scheduler_config.h"
 #include "transport/channel.h"
 
 namespace rlhf {
@@ -22,16 +23,7 @@ using namespace std::chrono_literals;
 using testing::pid_alive;
 using testing::poll_until;
 
-SchedulerConfig test_config(const std::string& name) {
-  SchedulerConfig c;
-  c.run_dir = testing::fresh_run_dir(name);
-  c.worker_program = RLHF_CLI_PATH;
-  c.heartbeat_interval = 200ms;
-  c.worker_timeout = 2000ms;
-  c.register_timeout = 60s;  // a torch-linked process can take seconds to start on 2 busy cores
-  c.request_timeout = 60s;
-  return c;
-}
+using testing::scheduler_config;
 
 Message request(const std::string& op) {
   Message m;
@@ -64,7 +56,7 @@ std::vector<NamedTensor> mixed_tensors() {
 }
 
 TEST(Scheduler, TwoRoleJobExchangesTensorsBitExact) {
-  Scheduler s(test_config("two-role"),
+  Scheduler s(scheduler_config("two-role"),
               testing::local_placement({{Role::kActor, 1}, {Role::kCritic, 2}}));
   s.start();
   const auto pids = pids_of(s);
@@ -103,7 +95,7 @@ TEST(Scheduler, TwoRoleJobExchangesTensorsBitExact) {
 }
 
 TEST(Scheduler, FanOutOverThreeRanksReturnsInBatchOrder) {
-  auto config = test_config("fan-out");
+  auto config = scheduler_config("fan-out");
   config.max_inflight = 1;
   Scheduler s(config, testing::local_placement({{Role::kRef, 3}}));
   s.start();
@@ -125,7 +117,7 @@ TEST(Scheduler, FanOutOverThreeRanksReturnsInBatchOrder) {
 // ranks become 9 calls, 3 per rank (the last micro batch repeated twice); the gathered
 // result still holds each row once, in batch order.
 TEST(Scheduler, EqualPerRankDispatchGivesEveryRankTheSameNumberOfCalls) {
-  Scheduler s(test_config("equal-per-rank"), testing::local_placement({{Role::kActor, 3}}));
+  Scheduler s(scheduler_config("equal-per-rank"), testing::local_placement({{Role::kActor, 3}}));
   s.start();
   const auto rows = at::arange(13 * 4, at::kLong).reshape({13, 4});
   Message out = s.group(Role::kActor)
@@ -152,7 +144,7 @@ TEST(Scheduler, EqualPerRankDispatchGivesEveryRankTheSameNumberOfCalls) {
 // helper whose "replica_sum" all-reduces over its replica's Gloo group, so it completes only
 // when every rank of the replica got the same micro batch at the same time.
 SchedulerConfig replica_config(const std::string& name) {
-  auto c = test_config(name);
+  auto c = scheduler_config(name);
   c.worker_program = std::string(RLHF_BINARY_DIR) + "/tests/scheduler/rlhf_replica_worker";
   c.worker_args = {};
   return c;
@@ -240,7 +232,7 @@ TEST(Scheduler, ReplicaErrorsAndDivergenceNameTheRank) {
 }
 
 TEST(Scheduler, ErrorReplyNamesTheRankAndTheWorkerKeepsServing) {
-  Scheduler s(test_config("error-reply"), testing::local_placement({{Role::kReward, 2}}));
+  Scheduler s(scheduler_config("error-reply"), testing::local_placement({{Role::kReward, 2}}));
   s.start();
   try {
     s.group(Role::kReward).call(1, request("no_such_op"));
@@ -255,7 +247,7 @@ TEST(Scheduler, ErrorReplyNamesTheRankAndTheWorkerKeepsServing) {
 }
 
 TEST(Scheduler, RequestPastItsDeadlineFailsWithoutStoppingTheJob) {
-  Scheduler s(test_config("timeout"), testing::local_placement({{Role::kActor, 2}}));
+  Scheduler s(scheduler_config("timeout"), testing::local_placement({{Role::kActor, 2}}));
   s.start();
   Message slow = request("echo");
   slow.args = {{"delay_ms", 3000}};  // rank 0 of 2 sleeps 3 s
@@ -272,7 +264,7 @@ TEST(Scheduler, RequestPastItsDeadlineFailsWithoutStoppingTheJob) {
 }
 
 TEST(Scheduler, KilledWorkerIsReportedWithinFiveSeconds) {
-  Scheduler s(test_config("kill-9"),
+  Scheduler s(scheduler_config("kill-9"),
               testing::local_placement({{Role::kActor, 2}, {Role::kCritic, 1}}));
   s.start();
   const auto pids = pids_of(s);
@@ -305,7 +297,7 @@ TEST(Scheduler, KilledWorkerIsReportedWithinFiveSeconds) {
 }
 
 TEST(Scheduler, SilentWorkerIsDetectedAndKilled) {
-  auto config = test_config("silent");
+  auto config = scheduler_config("silent");
   config.worker_timeout = 1500ms;
   Scheduler s(config, testing::local_placement({{Role::kRollout, 2}}));
   s.start();
@@ -342,7 +334,7 @@ std::string refusal(Channel& stray, const Message& hello) {
 }
 
 TEST(Scheduler, ProcessWithoutTheTokenIsRefused) {
-  Scheduler s(test_config("token"), testing::local_placement({{Role::kActor, 1}}));
+  Scheduler s(scheduler_config("token"), testing::local_placement({{Role::kActor, 1}}));
   s.start();
   zmq::context_t ctx(1);
   Channel stray(ctx, zmq::socket_type::dealer, 0ms);
