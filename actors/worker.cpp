@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -224,10 +225,17 @@ int Worker::run() {
   std::thread executor(serve_operations, std::ref(context), std::cref(registry_), std::cref(self),
                        std::cref(config_.limits), std::cref(config_.run_dir), std::cref(stop));
   auto last_contact = Clock::now();
+  auto last_pass = last_contact;
   while (true) {
     zmq::pollitem_t items[] = {{scheduler.socket().handle(), 0, ZMQ_POLLIN, 0},
                                {operations.socket().handle(), 0, ZMQ_POLLIN, 0}};
     zmq::poll(items, 2, milliseconds(100));
+    // A pass comes every 100 ms or so; a longer gap is time this process did not run (a
+    // stalled machine: the scheduler stalled too), not silence of the scheduler's own.
+    const auto pass = Clock::now();
+    if (pass - last_pass > milliseconds(500))
+      last_contact = std::min(pass, last_contact + (pass - last_pass));
+    last_pass = pass;
     if (items[0].revents & ZMQ_POLLIN) {
       auto frames = scheduler.recv(milliseconds(0));
       last_contact = Clock::now();

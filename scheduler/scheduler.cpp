@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cstring>
@@ -112,6 +113,7 @@ struct Scheduler::Io {
   std::unique_ptr<boost::asio::signal_set> signals;
   int signal_received = 0;
   Clock::time_point next_heartbeat;
+  Clock::time_point last_pass;  // the previous supervise(): see credit_stall
   std::string ipc_path;
 };
 
@@ -258,6 +260,7 @@ void Scheduler::start() {
   std::ofstream(fs::path(config_.run_dir) / "workers.json") << listing.dump(2) << '\n';
 
   io_->next_heartbeat = Clock::now() + config_.heartbeat_interval;
+  io_->last_pass = Clock::now();
   io_thread_ = std::thread([this] { io_loop(); });
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return registered_ == infos_.size() || failure_ || stopped_; });
@@ -530,6 +533,28 @@ void Scheduler::forward_request(Frames&& frames) {
   io_->router->send(std::move(frames));
 }
 
+// A pass of the I/O loop comes every 20 ms or so. A longer gap is time this process did not
+// run: the machine stalled (VM steal, suspend, SIGSTOP, swapping) and its workers with it, or
+// one big message took that long to move. The workers were not silent on their own account
+// through it, so the gap is added to every worker's last contact and launch time: a stall of
+// the whole machine is not reported as dead workers, and a worker that stays silent once the
+// scheduler runs again is still caught after worker_timeout.
+void Scheduler::credit_stall(Clock::time_point now) {
+  constexpr auto kStall = std::chrono::milliseconds(500);
+  const auto gap = now - io_->last_pass;
+  io_->last_pass = now;
+  if (gap <= kStall) return;
+  for (auto& slot : io_->slots) {
+    slot.last_seen = std::min(now, slot.last_seen + gap);
+    slot.launched = std::min(now, slot.launched + gap);
+  }
+  if (gap >= std::chrono::seconds(1))
+    std::cerr << "rlhf scheduler: did not run for "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(gap).count()
+              << " ms (a stalled machine?); that time is not counted against the workers"
+              << std::endl;
+}
+
 bool Scheduler::supervise() {
   io_->asio.poll();
   if (io_->signal_received) {
@@ -543,6 +568,7 @@ bool Scheduler::supervise() {
     return false;
   }
   const auto now = Clock::now();
+  credit_stall(now);
   const bool beat = now >= io_->next_heartbeat;
   if (beat) io_->next_heartbeat = now + config_.heartbeat_interval;
   for (size_t i = 0; i < io_->processes.size(); ++i) {

@@ -114,6 +114,7 @@ class Scheduler {
   void on_registration(const std::string& routing_id, Frames&& frames);
   void forward_request(Frames&& frames);
   bool supervise();  // false once the job has failed or been interrupted
+  void credit_stall(std::chrono::steady_clock::time_point now);
   void stop_workers();
   void write_join_file() const;  // <run_dir>/join.json: endpoint, token, CURVE key (0600)
   // The failure text for worker `index`: its process's report, or for a worker this

@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include <map>
 #include <set>
@@ -314,6 +316,35 @@ TEST(Scheduler, SilentWorkerIsDetectedAndKilled) {
   EXPECT_NE(report.find("worker rollout[0] stopped answering: no message for 1500 ms (killed)"),
             std::string::npos)
       << report;
+  s.shutdown();
+  expect_all_gone(pids);
+}
+
+// The whole machine stalls (a VM's vCPUs descheduled, a suspend, a swap storm): this process
+// and both workers stop for 3 s, twice worker_timeout. Nobody was silent on their own account,
+// so both sides credit the gap and the job goes on; a worker silent while the scheduler runs is
+// still caught (SilentWorkerIsDetectedAndKilled).
+TEST(Scheduler, AStallOfTheWholeMachineIsNotReportedAsSilentWorkers) {
+  auto config = scheduler_config("stall");
+  config.worker_timeout = 1500ms;
+  Scheduler s(config, testing::local_placement({{Role::kRollout, 2}}));
+  s.start();
+  const auto pids = pids_of(s);
+  std::string everyone = std::to_string(::getpid());
+  for (int pid : pids) everyone += " " + std::to_string(pid);
+  // A shell outside the stall stops everyone, this process included, and continues them.
+  const std::string script = "kill -STOP " + everyone + "; sleep 3; kill -CONT " + everyone;
+  const char* argv[] = {"/bin/sh", "-c", script.c_str(), nullptr};
+  const auto t0 = testing::Clock::now();
+  pid_t stopper = 0;
+  ASSERT_EQ(::posix_spawn(&stopper, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ),
+            0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(stopper, &status, 0), stopper);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_GE(testing::Clock::now() - t0, 3s) << "the stall did not happen";
+  for (const auto& reply : s.group(Role::kRollout).call_all("ping"))
+    EXPECT_EQ(reply.kind, MessageKind::kReply);
   s.shutdown();
   expect_all_gone(pids);
 }
