@@ -386,14 +386,20 @@ TEST_F(PpoJob, OneStepOffPolicyLearnsFromSamplesOneVersionBehind) {
   auto m = read_metrics(run_dir("async") / "metrics.jsonl");
   ASSERT_EQ(m.size(), 30u);
   expect_learned(m);
-  for (size_t i = 0; i < m.size(); ++i) {
+  for (size_t i = 0; i < m.size(); ++i)
     EXPECT_EQ(m[i]["weight_version"].get<int64_t>(), std::max<int64_t>(1, static_cast<int64_t>(i)))
         << "step " << i + 1;
-    if (i > 0) {
-      EXPECT_LT(m[i]["time_s"]["generate"].get<double>(), 1.0);
-    }
+  // From step 2 on a step's "generate" is only its wait for the next step's samples, drawn
+  // ("generate_ahead") beside its scoring and training. Overlapped, the wait is a small part of
+  // the drawing (here about 0.1%); drawn after training, it would be all of it. A ratio of the
+  // run's own times, so a slow machine does not move it.
+  double waited = 0, drawn = 0;
+  for (size_t i = 1; i + 1 < m.size(); ++i) {
+    waited += m[i]["time_s"]["generate"].get<double>();
+    drawn += m[i]["time_s"]["generate_ahead"].get<double>();
   }
-  EXPECT_GT(m[1]["time_s"]["generate_ahead"].get<double>(), 0.0);
+  EXPECT_GT(drawn, 0.0);
+  EXPECT_LT(waited, 0.5 * drawn) << "the next step's samples were not drawn beside this step";
 
   const std::vector<std::string> frozen = {"--set", "train.max_steps=4", "--set",
                                            "actor.adam.lr=1e-30"};
