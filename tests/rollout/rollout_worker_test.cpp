@@ -27,6 +27,18 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The actor's side of a weight sync: rank 0 of a Gloo group with every rollout rank after it,
+// met at `store` (the rollout ranks join through their sync_weights call).
+std::unique_ptr<transport::CollectiveGroup> actor_sync_group(const std::string& store,
+                                                             int rollout_ranks) {
+  transport::CollectiveConfig config;
+  config.rank = 0;
+  config.size = rollout_ranks + 1;
+  config.store_path = store;
+  config.timeout = 60s;
+  return transport::make_collective_group(config);
+}
+
 TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   torch::set_num_threads(1);
   SchedulerConfig config = testing::scheduler_config("rollout-workers");
@@ -49,12 +61,7 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   auto receiving = std::async(std::launch::async, [&] {
     return rollout.call_all("sync_weights", {{"store_path", store}});
   });
-  transport::CollectiveConfig group_config;
-  group_config.rank = 0;
-  group_config.size = 3;
-  group_config.store_path = store;
-  group_config.timeout = 60s;
-  auto group = transport::make_collective_group(group_config);
+  auto group = actor_sync_group(store, rollout.size());
   rollout::ModelWeights source(*actor);
   rollout::SyncOptions sync;
   sync.wire_dtype = torch::kFloat32;
@@ -229,12 +236,7 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   auto receiving = std::async(std::launch::async, [&] {
     return rollout.call_all("sync_weights", {{"store_path", store}});
   });
-  transport::CollectiveConfig group_config;
-  group_config.rank = 0;
-  group_config.size = 3;
-  group_config.store_path = store;
-  group_config.timeout = 60s;
-  auto group = transport::make_collective_group(group_config);
+  auto group = actor_sync_group(store, rollout.size());
   rollout::ModelWeights source(*actor);
   rollout::SyncOptions sync;
   sync.wire_dtype = torch::kFloat32;
