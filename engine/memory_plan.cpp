@@ -43,6 +43,7 @@ int64_t layer_numel(const models::ModelConfig& c) {
   if (c.qkv_bias) n += q + 2 * kv;
   if (c.o_proj_bias) n += H;
   if (c.mlp_bias) n += 2 * I + H;
+  if (c.qk_norm) n += 2 * c.head_dim;  // Qwen3 q_norm, k_norm
   return n;
 }
 

@@ -306,6 +306,10 @@ CausalLM::ShapeList parameter_shapes(const ModelConfig& c) {
     linear("self_attn.k_proj", H, kv, c.qkv_bias);
     linear("self_attn.v_proj", H, kv, c.qkv_bias);
     linear("self_attn.o_proj", q, H, c.o_proj_bias);
+    if (c.qk_norm) {
+      out.push_back({p + "self_attn.q_norm.weight", {D}});
+      out.push_back({p + "self_attn.k_norm.weight", {D}});
+    }
     linear("mlp.gate_proj", H, I, c.mlp_bias);
     linear("mlp.up_proj", H, I, c.mlp_bias);
     linear("mlp.down_proj", I, H, c.mlp_bias);

@@ -1,5 +1,5 @@
 // HF config.json <-> ModelConfig, and the init-model presets. Field meanings follow
-// transformers' LlamaConfig / MistralConfig / Qwen2Config.
+// transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config.
 #include "models/config.h"
 
 #include <filesystem>
@@ -15,12 +15,15 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kModelTypes[] = {"llama", "mistral", "qwen2"};
+const char* const kModelTypes[] = {"llama", "mistral", "qwen2", "qwen3"};
+// Mixture-of-experts families transformers names; refused as such, not as unknown.
+const char* const kMoeModelTypes[] = {"qwen3_moe", "qwen2_moe", "mixtral"};
 
 // "Llama" for model_type "llama": the class-name prefix transformers uses.
 std::string class_prefix(const std::string& model_type) {
   if (model_type == "llama") return "Llama";
   if (model_type == "mistral") return "Mistral";
+  if (model_type == "qwen3") return "Qwen3";
   return "Qwen2";
 }
 
@@ -111,14 +114,14 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& source) {
   }
 }
 
-// Qwen2's sliding-window attention applies per layer (layer_types, or layers from
-// max_window_layers on when use_sliding_window is set); rlhf implements full attention only
-// for qwen2, so either is an InputError naming the key.
-void parse_qwen2_window(const json& j, const ModelConfig& c, const std::string& source) {
+// Qwen2's and Qwen3's sliding-window attention applies per layer (layer_types, or layers
+// from max_window_layers on when use_sliding_window is set); rlhf implements full attention
+// only for them, so either is an InputError naming the key.
+void parse_qwen_window(const json& j, const ModelConfig& c, const std::string& source) {
   if (get_or<bool>(j, "use_sliding_window", false, source))
-    throw InputError(source +
-                     ": use_sliding_window=true is not supported for qwen2 (per-layer "
-                     "sliding-window attention is not implemented; only full attention)");
+    throw InputError(source + ": use_sliding_window=true is not supported for " + c.model_type +
+                     " (per-layer sliding-window attention is not implemented; only full "
+                     "attention)");
   const auto types = get_or<std::vector<std::string>>(j, "layer_types", {}, source);
   if (!types.empty() && static_cast<int64_t>(types.size()) != c.num_hidden_layers)
     throw InputError(source + ": layer_types has " + std::to_string(types.size()) +
@@ -126,7 +129,7 @@ void parse_qwen2_window(const json& j, const ModelConfig& c, const std::string& 
   for (size_t i = 0; i < types.size(); ++i) {
     if (types[i] != "full_attention")
       throw InputError(source + ": layer_types[" + std::to_string(i) + "] is \"" + types[i] +
-                       "\"; only \"full_attention\" is supported for qwen2");
+                       "\"; only \"full_attention\" is supported for " + c.model_type);
   }
 }
 
@@ -171,11 +174,16 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   ModelConfig c;
   c.original_json = text;
   c.model_type = require<std::string>(j, "model_type", source);
+  for (const char* t : kMoeModelTypes)
+    if (c.model_type == t)
+      throw InputError(source + ": model_type \"" + c.model_type +
+                       "\" is a mixture-of-experts model; MoE is not supported yet (supported: "
+                       "the dense llama, mistral, qwen2, qwen3)");
   bool known = false;
   for (const char* t : kModelTypes) known |= c.model_type == t;
   if (!known)
     throw InputError(source + ": model_type \"" + c.model_type +
-                     "\" is not supported (supported: llama, mistral, qwen2)");
+                     "\" is not supported (supported: llama, mistral, qwen2, qwen3)");
   parse_architectures(j, c, source);
   const std::string act = get_or<std::string>(j, "hidden_act", "silu", source);
   if (act != "silu" && act != "swish")
@@ -186,8 +194,13 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.num_attention_heads = require<int64_t>(j, "num_attention_heads", source);
   c.num_key_value_heads = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
   c.vocab_size = require<int64_t>(j, "vocab_size", source);
-  c.head_dim = get_or<int64_t>(
-      j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0, source);
+  // Qwen3Config's head_dim defaults to 128 whatever the hidden size; the others' to
+  // hidden_size / num_attention_heads.
+  const int64_t default_head_dim = c.model_type == "qwen3" ? 128
+                                   : c.num_attention_heads > 0
+                                       ? c.hidden_size / c.num_attention_heads
+                                       : 0;
+  c.head_dim = get_or<int64_t>(j, "head_dim", default_head_dim, source);
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, source);
   c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048, source);
   parse_rope(j, c, source);
@@ -202,7 +215,13 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   } else if (c.model_type == "qwen2") {
     c.qkv_bias = true;  // Qwen2Attention: q/k/v always biased, o_proj never; MLP never
     c.o_proj_bias = false;
-    parse_qwen2_window(j, c, source);
+    parse_qwen_window(j, c, source);
+  } else if (c.model_type == "qwen3") {
+    // Qwen3Attention: attention_bias on q/k/v and o_proj alike, per-head q/k RMSNorm; MLP
+    // never biased.
+    c.qkv_bias = c.o_proj_bias = get_or<bool>(j, "attention_bias", false, source);
+    c.qk_norm = true;
+    parse_qwen_window(j, c, source);
   } else {  // mistral: no biases whatever attention_bias/mlp_bias say (as MistralAttention)
     c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, source);
     if (c.sliding_window < 0)
@@ -247,6 +266,9 @@ void ModelConfig::validate(const std::string& source) const {
                      ") must be a multiple of num_key_value_heads (" +
                      std::to_string(num_key_value_heads) + ")");
   if (head_dim % 2 != 0) throw InputError(source + ": head_dim must be even for rotary embeddings");
+  if (qk_norm != (model_type == "qwen3"))
+    throw InputError(source + ": qk_norm (per-head q/k RMSNorm) is " + (qk_norm ? "set" : "unset") +
+                     " for model_type \"" + model_type + "\"; it is set exactly for qwen3");
   if (head == HeadKind::kValue && value_head_prefix.find('.') != std::string::npos)
     throw InputError(source + ": value_head_prefix \"" + value_head_prefix +
                      "\" may not contain '.'");
@@ -285,7 +307,7 @@ std::string ModelConfig::to_json_text() const {
   j["max_position_embeddings"] = max_position_embeddings;
   j["vocab_size"] = vocab_size;
   j["tie_word_embeddings"] = tie_word_embeddings;
-  if (model_type == "llama") j["attention_bias"] = qkv_bias;
+  if (model_type == "llama" || model_type == "qwen3") j["attention_bias"] = qkv_bias;
   if (model_type == "llama") j["mlp_bias"] = mlp_bias;
   if (model_type == "mistral")
     j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
@@ -315,6 +337,7 @@ int64_t ModelConfig::num_parameters() const {
   if (qkv_bias) layer += q + 2 * kv;
   if (o_proj_bias) layer += H;
   if (mlp_bias) layer += 2 * I + H;
+  if (qk_norm) layer += 2 * head_dim;
   int64_t total = vocab_size * H + num_hidden_layers * layer + H;
   if (head == HeadKind::kValue)
     total += H;

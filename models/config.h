@@ -1,7 +1,8 @@
 // The model configuration read from (and written to) an HF config.json for the Llama family
-// (llama, mistral, qwen2), and the built-in presets `rlhf init-model` writes. Anything the
-// model cannot honour (architecture, activation, RoPE scaling type, ...) is an InputError
-// naming it, never a silently different model.
+// (llama, mistral, qwen2, dense qwen3), and the built-in presets `rlhf init-model` writes.
+// Anything the model cannot honour (architecture, activation, RoPE scaling type, sliding
+// windows per layer, mixture-of-experts, ...) is an InputError naming it, never a silently
+// different model.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3
   std::vector<std::string> architectures = {"LlamaForCausalLM"};
   int64_t hidden_size = 64;
   int64_t intermediate_size = 176;
@@ -41,9 +42,10 @@ struct ModelConfig {
   int64_t max_position_embeddings = 2048;
   int64_t vocab_size = 288;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;     // attention_bias (llama), always on for qwen2
-  bool o_proj_bias = false;  // attention_bias (llama); never for qwen2
+  bool qkv_bias = false;     // attention_bias (llama, qwen3), always on for qwen2
+  bool o_proj_bias = false;  // attention_bias (llama, qwen3); never for qwen2
   bool mlp_bias = false;
+  bool qk_norm = false;        // qwen3 only: RMSNorm [head_dim] on each head's q and k before RoPE
   int64_t sliding_window = 0;  // 0: full attention (mistral may set a window)
   double initializer_range = 0.02;
   std::string torch_dtype = "bfloat16";

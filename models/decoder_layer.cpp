@@ -47,6 +47,16 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   return at::scaled_dot_product_attention(q, k, v, in.mask, 0.0, in.causal, std::nullopt, gqa);
 }
 
+// x [B, T, H] -> [B, n, T, D]: `proj` split into n heads of D, each normalised over D by
+// `norm` when there is one (qwen3's q_norm / k_norm, before RoPE as in Qwen3Attention).
+// The one place q and k are made, for every path: dense, KV-cached, paged, tensor-parallel.
+torch::Tensor heads_of(Linear& proj, RMSNormImpl* norm, const torch::Tensor& x, int64_t n,
+                       int64_t D) {
+  auto h = proj->forward(x).view({x.size(0), x.size(1), n, D});  // [B, T, n, D]
+  if (norm) h = norm->forward(h);
+  return h.transpose(1, 2);
+}
+
 // A row-parallel linear map: this rank's partial product, summed over the TP group, then
 // the bias once (HF's o_proj / down_proj bias is replicated, not split).
 torch::Tensor row_parallel(Linear& linear, const torch::Tensor& x, const TensorParallel* tp) {
@@ -133,15 +143,21 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, Materialize how, const Tensor
   k_proj = register_module("k_proj", Linear(H, kv_heads_ * head_dim_, c.qkv_bias, how));
   v_proj = register_module("v_proj", Linear(H, kv_heads_ * head_dim_, c.qkv_bias, how));
   o_proj = register_module("o_proj", Linear(heads_ * head_dim_, H, c.o_proj_bias, how));
+  if (c.qk_norm) {
+    q_norm =
+        register_module("q_norm", std::make_shared<RMSNormImpl>(head_dim_, c.rms_norm_eps, how));
+    k_norm =
+        register_module("k_norm", std::make_shared<RMSNormImpl>(head_dim_, c.rms_norm_eps, how));
+  }
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
                                      KvStore* cache, int64_t layer_index) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = q_proj->forward(x).view({B, T, heads_, head_dim_}).transpose(1, 2);     // [B, nh, T, D]
-  auto k = k_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);  // [B, kv, T, D]
-  auto v = v_proj->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);  // [B, kv, T, D]
-  auto cos = in.cos.unsqueeze(1), sin = in.sin.unsqueeze(1);                       // [B, 1, T, D]
+  auto q = heads_of(q_proj, q_norm.get(), x, heads_, head_dim_);     // [B, nh, T, D]
+  auto k = heads_of(k_proj, k_norm.get(), x, kv_heads_, head_dim_);  // [B, kv, T, D]
+  auto v = heads_of(v_proj, nullptr, x, kv_heads_, head_dim_);       // [B, kv, T, D]
+  auto cos = in.cos.unsqueeze(1), sin = in.sin.unsqueeze(1);         // [B, 1, T, D]
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache) std::tie(k, v) = cache->append(layer_index, k, v);  // [B, kv, S, D]

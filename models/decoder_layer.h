@@ -68,7 +68,8 @@ class RMSNormImpl : public torch::nn::Module {
 // With a TensorParallel of size > 1 (the rollout's tensor parallelism), `config` is the
 // rank's shard config (tensor_parallel_shard_config): q/k/v and gate/up hold this rank's
 // heads and rows, o_proj and down_proj its columns, and their outputs are summed over the
-// group. `tp` must outlive the module.
+// group; the per-head q/k norms (qwen3) act on head_dim, so each rank holds them whole.
+// `tp` must outlive the module.
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& config, Materialize how, const TensorParallel* tp = nullptr);
@@ -77,6 +78,9 @@ class AttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
                         int64_t layer_index);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // config.qk_norm (qwen3): RMSNorm weight [head_dim] on every q / k head before RoPE;
+  // null otherwise.
+  std::shared_ptr<RMSNormImpl> q_norm, k_norm;
 
  private:
   int64_t heads_, kv_heads_, head_dim_;

@@ -78,7 +78,11 @@ TEST(ModelConfig, MistralSlidingWindowAndQwen2Defaults) {
 TEST(ModelConfig, UnsupportedOptionsAreErrorsNamingThem) {
   expect_error<InputError>(
       [] { ModelConfig::from_json_text(R"({"model_type": "gpt2"})", "cfg.json"); },
-      {"cfg.json", "model_type \"gpt2\"", "llama, mistral, qwen2"});
+      {"cfg.json", "model_type \"gpt2\"", "llama, mistral, qwen2, qwen3"});
+  // Mixture-of-experts families are refused as such, not as unknown model types.
+  expect_error<InputError>(
+      [] { ModelConfig::from_json_text(R"({"model_type": "qwen3_moe"})", "moe.json"); },
+      {"moe.json", "model_type \"qwen3_moe\"", "MoE is not supported yet"});
   expect_error<InputError>(
       [] {
         ModelConfig::from_json_text(with(R"(, "architectures": ["LlamaForTokenClassification"])"),
@@ -164,6 +168,48 @@ TEST(ModelConfig, BiasesOnlyWhereTransformersHasThem) {
   EXPECT_TRUE(llama.qkv_bias && llama.o_proj_bias && llama.mlp_bias);
 }
 
+TEST(ModelConfig, Qwen3AsQwen3ConfigReadsIt) {
+  // Qwen3Config: head_dim defaults to 128 (not hidden_size / heads), attention_bias biases
+  // q/k/v and o_proj alike, every layer has per-head q/k norms; its sliding-window keys are
+  // Qwen2's and refused the same way.
+  const std::string sizes = R"("model_type": "qwen3", "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "vocab_size": 100)";
+  auto plain = ModelConfig::from_json_text("{" + sizes + "}", "q");
+  EXPECT_EQ(plain.head_dim, 128);
+  EXPECT_TRUE(plain.qk_norm);
+  EXPECT_FALSE(plain.qkv_bias || plain.o_proj_bias || plain.mlp_bias);
+  EXPECT_EQ(plain.architectures, std::vector<std::string>{"Qwen3ForCausalLM"});
+  auto biased = ModelConfig::from_json_text(
+      "{" + sizes + R"(, "head_dim": 32, "attention_bias": true, "mlp_bias": true})", "q");
+  EXPECT_EQ(biased.head_dim, 32);
+  EXPECT_TRUE(biased.qkv_bias && biased.o_proj_bias);
+  EXPECT_FALSE(biased.mlp_bias);  // Qwen3MLP has no bias
+  auto back = ModelConfig::from_json_text(biased.to_json_text(), "round trip");
+  EXPECT_EQ(back.to_json_text(), biased.to_json_text());
+  EXPECT_TRUE(back.qk_norm && back.qkv_bias && back.o_proj_bias);
+  auto value = ModelConfig::from_json_text(
+      "{" + sizes + R"(, "architectures": ["Qwen3ForSequenceClassification"], "num_labels": 1})",
+      "v");
+  EXPECT_EQ(value.head, HeadKind::kValue);
+  expect_error<InputError>(
+      [&] { ModelConfig::from_json_text("{" + sizes + R"(, "use_sliding_window": true})", "q"); },
+      {"use_sliding_window", "qwen3"});
+  expect_error<InputError>(
+      [&] {
+        ModelConfig::from_json_text(
+            "{" + sizes + R"(, "layer_types": ["full_attention", "sliding_attention"]})", "q");
+      },
+      {"layer_types[1]", "qwen3"});
+  // The per-head norms belong to qwen3 alone: a config built in code cannot disagree.
+  ModelConfig llama = preset_config("tiny");
+  llama.qk_norm = true;
+  expect_error<InputError>([&] { llama.validate("built"); }, {"built", "qk_norm"});
+  ModelConfig qwen3 = plain;
+  qwen3.qk_norm = false;
+  expect_error<InputError>([&] { qwen3.validate("built"); }, {"qk_norm", "qwen3"});
+}
+
 TEST(ModelConfig, JsonRoundTripKeepsEveryField) {
   auto c = ModelConfig::from_json_file(kFixtures + "llama3_value");
   auto back = ModelConfig::from_json_text(c.to_json_text(), "roundtrip");
@@ -182,6 +228,18 @@ TEST(ModelConfig, PresetParameterCountsMatchTheModel) {
     for (const auto& p : model.parameters()) n += p.numel();
     EXPECT_EQ(n, c.num_parameters()) << name;
   }
+  // Qwen3's per-head q/k norms (2 x head_dim per layer), with biases and a head_dim that is
+  // not hidden_size / heads.
+  ModelConfig qwen3 = preset_config("tiny");
+  qwen3.model_type = "qwen3";
+  qwen3.architectures = {"Qwen3ForCausalLM"};
+  qwen3.qk_norm = qwen3.qkv_bias = qwen3.o_proj_bias = true;
+  qwen3.head_dim = 8;
+  CausalLM qwen3_model(qwen3);
+  int64_t n = 0;
+  for (const auto& p : qwen3_model.parameters()) n += p.numel();
+  EXPECT_EQ(n, qwen3.num_parameters());
+  EXPECT_EQ(qwen3_model.parameter_shapes().size(), qwen3_model.named_parameters().size());
   ModelConfig big = preset_config("100m");
   EXPECT_NEAR(static_cast<double>(big.num_parameters()), 100e6, 5e6);  // "~100M" as promised
   EXPECT_EQ(preset_config("tiny").vocab_size, 288);  // byte tokenizer: 259 ids, rounded up

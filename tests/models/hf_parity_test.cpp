@@ -1,5 +1,5 @@
 // Parity with Hugging Face transformers itself (the PyPI package in RLHF_PYTHON): tiny random
-// Llama, Qwen2 and Mistral models written by transformers' save_pretrained (FP32), and HF's
+// Llama, Qwen2, Qwen3 and Mistral models written by transformers' save_pretrained (FP32), and HF's
 // own outputs for them (tests/models/hf_reference.py). rlhf must load those directories and
 // give the same logits, log-probs, value-model scores and greedy tokens; an rlhf export after
 // a training step must load in transformers with the same logits; a config feature rlhf
@@ -200,7 +200,7 @@ TEST_P(LogitsAndLogProbs, MatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HfParity, LogitsAndLogProbs,
-                         ::testing::Values("llama", "qwen2", "mistral"));
+                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3-bias", "mistral"));
 
 TEST(HfParity, ReadsTheConfigsTransformers5Writes) {
   // transformers 5 keeps rope_theta and the scaling inside "rope_parameters" and the dtype
@@ -217,6 +217,23 @@ TEST(HfParity, ReadsTheConfigsTransformers5Writes) {
   EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
   EXPECT_TRUE(c.qkv_bias);
   EXPECT_FALSE(c.o_proj_bias);
+  // Qwen3: per-head q/k norms, biases only with attention_bias (o_proj too), head_dim as
+  // given (16 and 8, not hidden_size / heads = 8 and 12).
+  c = ModelConfig::from_json_file(case_dir("qwen3"));
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias || c.o_proj_bias || c.mlp_bias);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  c = ModelConfig::from_json_file(case_dir("qwen3-bias"));
+  EXPECT_TRUE(c.qk_norm && c.qkv_bias && c.o_proj_bias);
+  EXPECT_FALSE(c.mlp_bias || c.tie_word_embeddings);
+  EXPECT_EQ(c.head_dim, 8);
+  auto qwen3_back = json::parse(c.to_json_text());
+  EXPECT_EQ(qwen3_back["model_type"], "qwen3");
+  EXPECT_EQ(qwen3_back["architectures"], json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(qwen3_back["attention_bias"], true);
+  EXPECT_EQ(qwen3_back["head_dim"], 8);
   const std::string mistral = case_dir("mistral");
   c = ModelConfig::from_json_file(mistral);
   EXPECT_EQ(c.sliding_window, 4);
@@ -255,6 +272,32 @@ TEST(HfParity, MistralSlidingWindowShorterThanTheSequenceIsHonoured) {
   const double error = max_abs_error(no_window.logits(no_window.forward(plain, ones)),
                                      ref["plain_logits"], token_positions(ones));
   report("mistral with the window ignored, logits", error);
+  EXPECT_GT(error, 1e-2);
+}
+
+TEST(HfParity, Qwen3QkNormWeightsAreRead) {
+  // The reference's q_norm / k_norm weights are random (hf_reference.py): the same model
+  // with them reset to HF's initial ones is far from HF, i.e. the parity above checks that
+  // they are loaded and applied.
+  const std::string dir = case_dir("qwen3");
+  torch::NoGradGuard no_grad;
+  auto model = load_fp32(dir);
+  int64_t reset = 0;
+  for (auto& [name, param] : model->state_tensors()) {
+    if (name.find("self_attn.q_norm.") == std::string::npos &&
+        name.find("self_attn.k_norm.") == std::string::npos)
+      continue;
+    ASSERT_EQ(param.sizes(), (std::vector<int64_t>{16})) << name << ": [head_dim]";
+    param.fill_(1.0);
+    ++reset;
+  }
+  EXPECT_EQ(reset, 4);  // q_norm and k_norm in each of 2 layers
+  Reference ref(dir);
+  const auto plain = ref["plain_input_ids"];
+  const auto ones = torch::ones_like(plain);
+  const double error = max_abs_error(model->logits(model->forward(plain, ones)),
+                                     ref["plain_logits"], token_positions(ones));
+  report("qwen3 with q/k norm weights reset to 1, logits", error);
   EXPECT_GT(error, 1e-2);
 }
 
@@ -312,16 +355,20 @@ TEST_P(GreedyGenerate, RlhfGenerateGivesTransformersTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HfParity, GreedyGenerate, ::testing::Values("llama", "qwen2", "mistral"));
+INSTANTIATE_TEST_SUITE_P(HfParity, GreedyGenerate,
+                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3-bias", "mistral"));
 
 // ---- export after training ---------------------------------------------------------------
 
-TEST(HfParity, ExportAfterATrainingStepLoadsInTransformers) {
-  // One real SFT step (`rlhf run`, FP32) on the HF-written Qwen2 model, the HF export of the
-  // trained actor, then transformers loads that export: its logits must equal rlhf's.
-  const std::string initial = case_dir("qwen2");
-  const fs::path work =
-      fs::path(RLHF_BINARY_DIR) / "test-runs" / ("hf-export-" + std::to_string(::getpid()));
+class ExportAfterATrainingStep : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExportAfterATrainingStep, LoadsInTransformers) {
+  // One real SFT step (`rlhf run`, FP32) on the HF-written model (Qwen2; Qwen3 with its
+  // q/k norms and tied head), the HF export of the trained actor, then transformers loads
+  // that export: its logits must equal rlhf's.
+  const std::string initial = case_dir(GetParam());
+  const fs::path work = fs::path(RLHF_BINARY_DIR) / "test-runs" /
+                        ("hf-export-" + GetParam() + "-" + std::to_string(::getpid()));
   fs::remove_all(work);
   fs::create_directories(work);
   std::string data;
@@ -371,12 +418,14 @@ TEST(HfParity, ExportAfterATrainingStepLoadsInTransformers) {
   const double export_error = max_abs_error(logits, hf_logits, token_positions(mask));
   const double trained_vs_initial =
       max_abs_error(logits, ref["padded_logits"], token_positions(mask));
-  report("qwen2 export after one step, logits (rlhf vs transformers)", export_error);
-  report("qwen2 trained vs initial logits (the step's effect)", trained_vs_initial);
+  report(GetParam() + " export after one step, logits (rlhf vs transformers)", export_error);
+  report(GetParam() + " trained vs initial logits (the step's effect)", trained_vs_initial);
   EXPECT_LE(export_error, kFp32Tolerance);
   EXPECT_GT(trained_vs_initial, 1e-3);  // the comparison is of a trained model
   if (!HasFailure()) fs::remove_all(work);
 }
+
+INSTANTIATE_TEST_SUITE_P(HfParity, ExportAfterATrainingStep, ::testing::Values("qwen2", "qwen3"));
 
 // ---- features rlhf does not implement ----------------------------------------------------
 
@@ -387,6 +436,8 @@ TEST(HfParity, UnimplementedFeaturesAreRefusedByName) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"qwen2-sliding-window", {"use_sliding_window"}},
       {"qwen2-layer-types", {"layer_types[1]", "\"sliding_attention\""}},
+      {"qwen3-sliding-window", {"use_sliding_window", "qwen3"}},
+      {"qwen3-moe", {"model_type \"qwen3_moe\"", "MoE is not supported yet"}},
       {"llama-yarn", {"rope_parameters type \"yarn\""}},
       {"llama-dynamic", {"rope_parameters type \"dynamic\""}},
       {"llama-partial-rotary", {"partial_rotary_factor"}},

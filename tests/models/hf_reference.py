@@ -1,6 +1,6 @@
 """Hugging Face `transformers` as the reference for rlhf's models (run by hf_parity_test.cpp).
 
-`make --out DIR --seed N` random-initialises tiny Llama, Qwen2 and Mistral models with
+`make --out DIR --seed N` random-initialises tiny Llama, Qwen2, Qwen3 and Mistral models with
 transformers itself, saves each with save_pretrained (FP32 safetensors, the byte tokenizer's
 tokenizer_config.json so `rlhf generate` and `rlhf run` can read text), and writes HF's own
 outputs next to them in DIR/<case>/reference.safetensors: logits and next-token log-probs
@@ -79,6 +79,31 @@ def cases():
             t.Qwen2ForCausalLM,
             t.Qwen2Config(**common(rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
         ),
+        # Qwen3: per-head q/k RMSNorm before RoPE, no biases, head_dim 16 > hidden / heads
+        # (8), tied head.
+        "qwen3": (
+            t.Qwen3ForCausalLM,
+            t.Qwen3Config(
+                **common(
+                    head_dim=16,
+                    tie_word_embeddings=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                )
+            ),
+        ),
+        # Qwen3 with attention_bias (q/k/v and o_proj biased), head_dim 8 < hidden / heads
+        # (12), untied head.
+        "qwen3-bias": (
+            t.Qwen3ForCausalLM,
+            t.Qwen3Config(
+                **common(
+                    hidden_size=48,
+                    head_dim=8,
+                    attention_bias=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                )
+            ),
+        ),
         # Mistral: sliding window 4 shorter than the sequences, head_dim != hidden / heads,
         # linear RoPE scaling.
         "mistral": (
@@ -127,6 +152,12 @@ def refused_cases():
         "qwen2-layer-types": t.Qwen2Config(
             **common(layer_types=["full_attention", "sliding_attention"], sliding_window=4)
         ),
+        "qwen3-sliding-window": t.Qwen3Config(
+            **common(head_dim=8, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+        ),
+        "qwen3-moe": t.Qwen3MoeConfig(
+            **common(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+        ),
         "llama-yarn": t.LlamaConfig(
             **common(
                 rope_parameters={
@@ -162,7 +193,8 @@ def refused_cases():
 
 def randomise(model, generator):
     """HF's init leaves norms at 1 and biases at 0; give them random values too, so a
-    missing bias or a misread norm weight changes the outputs."""
+    missing bias or a misread norm weight (Qwen3's per-head q_norm / k_norm included: their
+    names end in norm.weight) changes the outputs."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

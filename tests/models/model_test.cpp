@@ -229,6 +229,79 @@ TEST(PagedKvCache, PrefillForkAndDecodeEqualWholeForwards) {
   }
 }
 
+// Qwen3's per-head q/k RMSNorms on every path that computes attention: the KV-cached and
+// the paged decode equal whole forwards, checkpointed gradients equal plain ones, and the
+// norms' weights (random here, not HF's initial ones) get gradients. head_dim 8 is not
+// hidden_size / heads (16). Same tolerances as the Llama tests above (FP32 rounding).
+TEST(CausalLM, Qwen3QkNormsActOnEveryAttentionPath) {
+  torch::set_num_threads(1);
+  ModelConfig config = tiny_config();
+  config.model_type = "qwen3";
+  config.architectures = {"Qwen3ForCausalLM"};
+  config.qk_norm = config.qkv_bias = config.o_proj_bias = true;
+  config.head_dim = 8;
+  auto model = std::make_shared<CausalLM>(config);
+  model->init_weights(5);
+  {
+    torch::NoGradGuard no_grad;
+    auto gen = at::detail::createCPUGenerator(6);
+    for (auto& [name, param] : model->state_tensors())
+      if (name.find("_norm.") != std::string::npos || name.find(".bias") != std::string::npos)
+        param.copy_(torch::empty(param.sizes()).uniform_(0.5, 1.5, gen));
+  }
+  int64_t qk_norms = 0;
+  for (const auto& [name, shape] : model->parameter_shapes()) {
+    if (name.find("self_attn.q_norm.weight") != std::string::npos ||
+        name.find("self_attn.k_norm.weight") != std::string::npos) {
+      EXPECT_EQ(shape, (std::vector<int64_t>{8})) << name;
+      ++qk_norms;
+    }
+  }
+  EXPECT_EQ(qk_norms, 4);
+
+  const int64_t B = 2, T = 10, prompt = 4;
+  auto ids = random_ids(B, T, 288, 7);
+  auto mask = torch::ones_like(ids);
+  mask[1].narrow(0, 0, 2).zero_();
+  {
+    torch::NoGradGuard no_grad;
+    auto full = model->forward(ids, mask);
+    KvCache cache(model->config(), B, T, torch::kFloat32);
+    std::vector<torch::Tensor> steps = {
+        model->forward(ids.narrow(1, 0, prompt), mask.narrow(1, 0, prompt), {}, &cache)};
+    for (int64_t t = prompt; t < T; ++t)
+      steps.push_back(model->forward(ids.narrow(1, t, 1), mask.narrow(1, 0, t + 1), {}, &cache));
+    auto valid = mask.to(torch::kBool);
+    EXPECT_LT(relative_error(torch::cat(steps, 1).index({valid}), full.index({valid})), 1e-5);
+
+    PagedKvCache paged(model->config(), 8, 3, torch::kFloat32);
+    const int64_t seq = paged.create();
+    ASSERT_TRUE(paged.reserve(seq, prompt));
+    paged.plan_prefill({seq}, torch::ones({1, prompt}, torch::kInt64));
+    std::vector<torch::Tensor> paged_steps = {
+        model->forward(ids[0].narrow(0, 0, prompt).view({1, prompt}), paged)};
+    for (int64_t t = prompt; t < T; ++t) {
+      ASSERT_TRUE(paged.reserve(seq, 1));
+      paged.plan_decode({seq});
+      paged_steps.push_back(model->forward(ids[0].narrow(0, t, 1).view({1, 1}), paged));
+    }
+    auto whole = model->forward(ids.narrow(0, 0, 1), torch::ones({1, T}, torch::kInt64));
+    EXPECT_LT(relative_error(torch::cat(paged_steps, 1), whole), 1e-5);
+  }
+
+  auto plain = grads_of_loss(*model, ids, mask);
+  model->set_checkpointing(Checkpointing::kPerLayer);
+  auto ckpt = grads_of_loss(*model, ids, mask);
+  model->set_checkpointing(Checkpointing::kNone);
+  ASSERT_EQ(plain.size(), ckpt.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_LT(relative_error(ckpt[i], plain[i]), 1e-6) << i;
+  for (auto& [name, param] : model->state_tensors()) {
+    if (name.find("q_norm") != std::string::npos || name.find("k_norm") != std::string::npos) {
+      EXPECT_GT(param.grad().abs().max().item<double>(), 0.0) << name;
+    }
+  }
+}
+
 TEST(CausalLM, PaddingLeavesValidPositionsUnchanged) {
   torch::set_num_threads(1);
   torch::NoGradGuard no_grad;

@@ -24,6 +24,11 @@ TEST(TensorParallel, SizesTheModelCannotSplitAreNamed) {
   EXPECT_EQ(tensor_parallel_dim("model.layers.0.mlp.up_proj.weight"), 0);
   EXPECT_EQ(tensor_parallel_dim("model.layers.0.input_layernorm.weight"), -1);
   EXPECT_EQ(tensor_parallel_dim("lm_head.weight"), 0);
+  // Qwen3's per-head q/k norms act on head_dim: every rank holds them whole.
+  EXPECT_EQ(tensor_parallel_dim("model.layers.0.self_attn.q_norm.weight"), -1);
+  EXPECT_EQ(tensor_parallel_dim("model.layers.0.self_attn.k_norm.weight"), -1);
+  EXPECT_EQ(tensor_parallel_shape("model.layers.0.self_attn.k_norm.weight", {128}, 4),
+            (std::vector<int64_t>{128}));
 }
 
 }  // namespace
