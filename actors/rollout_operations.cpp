@@ -166,7 +166,8 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
 
 // Tensors "prompt_ids", "prompt_mask" [B, P] int64 and optional "prompt_index" [B] (the
 // prompts' positions in the whole request, consecutive: seeds then follow the prompt, not
-// the micro batch). Args "temperature", "top_k", "top_p", "seed". Replies with
+// the micro batch). Args "temperature", "top_k", "top_p", "seed", optional
+// "n_samples_per_prompt" (this call only; default: load_model's). Replies with
 // GenerationOutput's tensors, responses padded to max_new_tokens columns so a scatter's
 // micro batches concatenate, and args "weight_version", "prompt_length".
 Message generate(RolloutState& state, const Message& request) {
@@ -186,8 +187,18 @@ Message generate(RolloutState& state, const Message& request) {
       throw InputError("generate: prompt_index must be [B] consecutive prompt positions");
     first_prompt = index[0].item<int64_t>();
   }
-  const auto out = generator.generate(request.tensor("prompt_ids"), request.tensor("prompt_mask"),
-                                      params, first_prompt);
+  // "n_samples_per_prompt" overrides the engine's n for this call only (held-out evaluation).
+  const int64_t configured_n = generator.config().n_samples_per_prompt;
+  generator.set_samples_per_prompt(a.value("n_samples_per_prompt", configured_n));
+  rollout::GenerationOutput out;
+  try {
+    out = generator.generate(request.tensor("prompt_ids"), request.tensor("prompt_mask"), params,
+                             first_prompt);
+  } catch (...) {
+    generator.set_samples_per_prompt(configured_n);
+    throw;
+  }
+  generator.set_samples_per_prompt(configured_n);
   const auto padded = rollout::concat_outputs({out}, generator.config().max_new_tokens,
                                               generator.config().pad_token_id);
   Message reply;

@@ -1,6 +1,7 @@
 // `rlhf generate --model DIR --prompt TEXT | --input FILE.jsonl`: samples responses from any
 // HF checkpoint with the rollout engine and the model's tokenizer, to look at what a model
-// says before and after training. Prompts are used as given (no chat template).
+// says before and after training. Prompts are used as given, or with --apply-chat-template
+// formatted by the model's chat template (as data.apply_chat_template in a job).
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -14,7 +15,9 @@
 #include "core/errors.h"
 #include "models/pretrained.h"
 #include "rollout/generator.h"
+#include "tokenizer/prompt_format.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
 
 namespace rlhf::cli {
 namespace {
@@ -43,13 +46,14 @@ double number_option(const Args& args, const std::string& name, double fallback)
   throw InputError(name + " must be a number, got \"" + *v + "\"");
 }
 
-// Prompts from --prompt, or one per line of --input: {"prompt": "..."} or a JSON string.
-std::vector<std::string> read_prompts(const Args& args) {
+// Prompts from --prompt, or one per line of --input: {"prompt": ...} or a JSON string (with
+// --apply-chat-template also a message list [{"role", "content"}, ...]).
+std::vector<nlohmann::json> read_prompts(const Args& args) {
   if (auto p = args.value("--prompt")) return {*p};
   const auto path = *args.value("--input");
   std::ifstream in(path);
   if (!in) throw InputError(path + ": cannot open");
-  std::vector<std::string> prompts;
+  std::vector<nlohmann::json> prompts;
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -61,9 +65,10 @@ std::vector<std::string> read_prompts(const Args& args) {
       throw InputError(where + ": not valid JSON: " + e.what());
     }
     if (j.is_object() && j.contains("prompt")) j = j["prompt"];
-    if (!j.is_string())
-      throw InputError(where + ": expected {\"prompt\": \"...\"} or a JSON string");
-    prompts.push_back(j.get<std::string>());
+    if (!j.is_string() && !(j.is_array() && args.flag("--apply-chat-template")))
+      throw InputError(where + ": expected {\"prompt\": \"...\"} or a JSON string" +
+                       (j.is_array() ? " (a message list needs --apply-chat-template)" : ""));
+    prompts.push_back(j);
   }
   if (prompts.empty()) throw InputError(path + ": no prompts");
   return prompts;
@@ -85,6 +90,12 @@ int cmd_generate(const Argv& argv) {
       {"--max-new-tokens", true, "response length limit (default 128)", "M"},
       {"--seed", true, "sampling seed (default 0): the same seed gives the same responses", "S"},
       {"--batch-size", true, "prompts per KV cache (default 8)", "B"},
+      {"--apply-chat-template", false,
+       "format each prompt (a text: one user turn; or a message list) with the model's chat "
+       "template and the assistant's turn opened"},
+      {"--chat-template", true,
+       "auto|chatml|llama3|llama2|mistral (default auto: from the model's tokenizer files)",
+       "NAME"},
       {"--dtype", true, "compute dtype: fp32 or bf16 (default: the model's torch_dtype)", "DTYPE"},
       {"--help", false, "show this help"}};
   Args args(argv, options);
@@ -133,8 +144,19 @@ int cmd_generate(const Argv& argv) {
   // Left-pad the encoded prompts into one batch; the generator micro-batches it.
   std::vector<std::vector<tokenizer::TokenId>> encoded;
   size_t P = 0;
+  tokenizer::PromptFormatConfig format_config;
+  format_config.apply_chat_template = args.flag("--apply-chat-template");
+  format_config.chat_template =
+      tokenizer::parse_chat_template(args.value("--chat-template").value_or("auto"));
+  const tokenizer::PromptFormatter formatter(format_config,
+                                             tokenizer::read_tokenizer_config(*model_dir));
+  std::vector<std::string> texts;
   for (const auto& p : prompts) {
-    encoded.push_back(tok->encode(p, tokenizer::AddSpecial::kYes));
+    // A chat template writes BOS itself (as a job's prompts): no special tokens added then.
+    texts.push_back(formatter.format(p));
+    encoded.push_back(tok->encode(texts.back(), format_config.apply_chat_template
+                                                    ? tokenizer::AddSpecial::kNo
+                                                    : tokenizer::AddSpecial::kYes));
     if (encoded.back().empty()) throw InputError("generate: a prompt encodes to no tokens");
     P = std::max(P, encoded.back().size());
   }

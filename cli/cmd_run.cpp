@@ -100,6 +100,7 @@ int cmd_run(const Argv& argv) {
     throw InputError("--resume-changed only goes with --resume");
   const JobSpec spec = load_spec_arg(args, "run");
   for (const auto& w : spec.warnings()) std::cerr << "rlhf run: warning: " << w << '\n';
+  for (const auto& n : spec.notes()) std::cerr << "rlhf run: " << n << '\n';
   // Everything `rlhf validate` checks, and the driver built (data and tokenizer read), before
   // any worker starts: bad input is exit 2 here.
   JobDriver driver;

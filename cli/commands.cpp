@@ -24,6 +24,9 @@ const std::vector<Command>& commands() {
        cmd_run},
       {"worker", "internal: one worker process, started by `rlhf run`", cmd_worker},
       {"tokenize", "token ids of text (or text of ids) with a model's tokenizer", cmd_tokenize},
+      {"reward", "score rows {prompt, response, label} with a spec's reward sources (no job)",
+       cmd_reward},
+      {"dataset", "rows of a built-in prompt dataset (synthetic:NAME) as JSON lines", cmd_dataset},
       {"version", "the versions this binary was built against (torch, CUDA, NCCL) and its GPUs",
        cmd_version},
   };

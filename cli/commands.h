@@ -26,6 +26,8 @@ int cmd_run(const Argv& args);
 int cmd_worker(const Argv& args);
 int cmd_tokenize(const Argv& args);
 int cmd_generate(const Argv& args);
+int cmd_reward(const Argv& args);
+int cmd_dataset(const Argv& args);
 int cmd_version(const Argv& args);
 
 // All subcommands, in the order `rlhf --help` lists them.

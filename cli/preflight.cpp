@@ -15,7 +15,8 @@
 #include "models/tensor_parallel.h"
 #include "ppo/driver.h"
 #include "ppo/prompt_dataset.h"
-#include "ppo/rule_rewards.h"
+#include "rewards/format_reward.h"
+#include "rewards/rule_rewards.h"
 
 namespace rlhf::cli {
 namespace {
@@ -40,8 +41,28 @@ void check(std::vector<SpecProblem>& problems, const std::string& path, F&& f) {
 // The names the spec uses that must be built in: reward.rule and synthetic:NAME datasets.
 void check_names(const JobSpec& spec, std::vector<SpecProblem>& problems) {
   const bool ppo = spec.kind() == JobKind::kPpo;
-  if (ppo && !spec.get_string("reward.rule").empty())
-    check(problems, "reward.rule", [&] { ppo::find_rule_reward(spec.get_string("reward.rule")); });
+  if (ppo) {
+    const bool listed = !spec.at("reward.sources").empty();
+    for (const auto& src : spec.reward_sources()) {
+      const std::string kind = src.at("kind");
+      if (kind == "rule") {
+        const std::string rule = src.at("rule");
+        check(problems, listed ? "reward.sources" : "reward.rule", [&] {
+          if (rule == "format")
+            rewards::FormatReward(src.value("pattern", std::string()));
+          else
+            rewards::find_rule_reward(rule);
+        });
+      } else if (kind == "python") {
+        const std::string fn = src.at("python");
+        const std::string file = fn.substr(0, fn.rfind(':'));
+        check(problems, listed ? "reward.sources" : "reward.python", [&] {
+          if (!std::filesystem::is_regular_file(file))
+            throw InputError("\"" + fn + "\": no such file " + file);
+        });
+      }
+    }
+  }
   const std::string prefix = "synthetic:";
   for (const char* key : {ppo ? "data.prompt_dataset" : "data.dataset", "data.eval_dataset"}) {
     const std::string source = spec.get_string(key);

@@ -143,6 +143,15 @@ void resolve_paths(json& node, const std::string& prefix, const std::filesystem:
       continue;
     }
     const KeySpec* key = find_key(path);
+    if (key && key->type == KeyType::kSources && value.is_array()) {
+      // A source's Python file and model directory are paths too.
+      for (auto& src : value)
+        for (const char* field : {"python", "model"})
+          if (src.is_object() && src.contains(field) && src[field].is_string() &&
+              !std::filesystem::path(src[field].get<std::string>()).is_absolute())
+            src[field] = (base / src[field].get<std::string>()).lexically_normal().string();
+      continue;
+    }
     if (!key || key->type != KeyType::kPath || !value.is_string()) continue;
     const std::string text = value.get<std::string>();
     if (is_builtin_source(text) || std::filesystem::path(text).is_absolute()) continue;
@@ -163,7 +172,7 @@ JobSpec::Validated validate(const std::string& text, const std::string& source,
   check_keys(doc, "", v);
   detail::check_cross_fields(v);
   if (!v.problems.empty()) throw SpecError(source, v.problems);
-  return {std::move(v.resolved), std::move(v.warnings)};
+  return {std::move(v.resolved), std::move(v.warnings), std::move(v.notes)};
 }
 
 }  // namespace
@@ -190,7 +199,8 @@ JobSpec JobSpec::parse(const std::string& text, const std::string& source,
 JobSpec::JobSpec(std::string source, Validated validated)
     : source_(std::move(source)),
       resolved_(std::move(validated.resolved)),
-      warnings_(std::move(validated.warnings)) {}
+      warnings_(std::move(validated.warnings)),
+      notes_(std::move(validated.notes)) {}
 
 nlohmann::json JobSpec::minimal_json() const {
   nlohmann::json out = nlohmann::json::object();
@@ -217,6 +227,10 @@ bool JobSpec::uses(Role role) const {
   for (Role r : used_roles())
     if (r == role) return true;
   return false;
+}
+
+nlohmann::json JobSpec::reward_sources() const {
+  return detail::reward_source_list(resolved_);
 }
 
 bool JobSpec::trains(Role role) const {

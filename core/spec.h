@@ -60,6 +60,12 @@ class JobSpec {
   const std::string& source() const { return source_; }
   // Non-fatal notes (e.g. a configured role that this job kind does not use).
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // What automatic defaults resolved to (e.g. "compute dtype (auto): actor fp32, ..."), for
+  // the console at start-up.
+  const std::vector<std::string>& notes() const { return notes_; }
+  // The reward sources of a ppo job, shorthands expanded (see detail::reward_source_list):
+  // [{"kind": rule|python|remote|model, "name", "weight", ...}].
+  nlohmann::json reward_sources() const;
 
   JobKind kind() const;
   // Roles whose workers this job starts (depends on kind, estimator, reward source, loss).
@@ -80,6 +86,7 @@ class JobSpec {
   struct Validated {
     nlohmann::json resolved;
     std::vector<std::string> warnings;
+    std::vector<std::string> notes;
   };
 
  private:
@@ -88,6 +95,7 @@ class JobSpec {
   std::string source_;
   nlohmann::json resolved_;
   std::vector<std::string> warnings_;
+  std::vector<std::string> notes_;
 };
 
 }  // namespace rlhf

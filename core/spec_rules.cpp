@@ -4,8 +4,10 @@
 #include "core/spec_rules.h"
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include "core/cluster.h"
 #include "core/spec_schema.h"
@@ -125,6 +127,151 @@ std::vector<NodeInfo> check_nodes(Validation& v) {
 
 // Fills models that default to another role's model (as OpenRLHF: ref and rollout from the
 // actor's pretrain, critic from the reward model's).
+
+// True when this machine's CPU has BF16 arithmetic units (AVX512-BF16 or AMX-BF16); without
+// them LibTorch emulates BF16 matmuls (at::native::AVX2::bf16_dot_with_fp32_arith), several
+// times slower than FP32.
+bool cpu_has_bf16_units() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    std::string w;
+    while (words >> w)
+      if (w == "avx512_bf16" || w == "amx_bf16") return true;
+    return false;
+  }
+  return false;
+}
+
+// The kind ("cpu" or "cuda") of the node a role's devices are on: the node its devices object
+// names, else the first node.
+std::string role_node_kind(const Validation& v, const std::string& role) {
+  const json& nodes = v.at("cluster.nodes");
+  if (!nodes.is_array() || nodes.empty() || !nodes[0].is_object()) return "cpu";
+  const json& devices = v.at(role + ".devices");
+  if (devices.is_object() && !devices.empty())
+    for (const auto& n : nodes)
+      if (n.is_object() && n.value("name", std::string()) == devices.begin().key())
+        return n.value("kind", std::string("cpu"));
+  return nodes[0].value("kind", std::string("cpu"));
+}
+
+// dtype "auto" -> bf16 on cuda nodes and on CPUs with BF16 units, else fp32; noted once.
+void resolve_dtypes(Validation& v) {
+  std::vector<std::string> chosen;
+  for (Role r : kAllRoles) {
+    const std::string key = std::string(role_name(r)) + ".dtype";
+    if (!v.ok({key, "cluster.nodes"}) || str(v, key) != "auto") continue;
+    const bool cuda = role_node_kind(v, role_name(r)) == "cuda";
+    const std::string dtype = cuda || cpu_has_bf16_units() ? "bf16" : "fp32";
+    v.set(key, dtype);
+    chosen.push_back(std::string(role_name(r)) + " " + dtype);
+  }
+  if (!chosen.empty())
+    v.notes.push_back(
+        "compute dtype (auto): " + join(chosen, ", ") +
+        (cpu_has_bf16_units() ? "" : "; this CPU has no BF16 units, so cpu nodes compute in fp32"));
+}
+
+}  // namespace
+
+json reward_source_list(const json& r, std::vector<SpecProblem>* problems) {
+  auto s = [&](const char* path) { return r.at(pointer(path)).get<std::string>(); };
+  auto problem = [&](const std::string& path, const std::string& message) {
+    if (problems) problems->push_back({path, message});
+  };
+  const json& given = r.at(pointer("reward.sources"));
+  json list = json::array();
+  const std::vector<std::string> kinds = {"rule", "python", "remote_url", "model"};
+  const std::vector<std::string> fields = {"rule",   "python", "remote_url", "model",
+                                           "weight", "name",   "pattern"};
+  if (!given.empty()) {
+    for (const char* shorthand : {"reward.rule", "reward.python", "reward.remote_url"})
+      if (!s(shorthand).empty())
+        problem(shorthand, "set either reward.sources or the single-source keys, not both");
+    for (size_t i = 0; i < given.size(); ++i) {
+      const std::string at = "reward.sources[" + std::to_string(i) + "]";
+      const json& g = given[i];
+      json src = json::object();
+      int found = 0;
+      for (const auto& [field, value] : g.items()) {
+        if (std::find(fields.begin(), fields.end(), field) == fields.end()) {
+          std::string hint = closest_match(field, fields);
+          problem("reward.sources", at + "." + field + ": unknown field" +
+                                        (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+          continue;
+        }
+        if (field == "weight") {
+          if (!value.is_number())
+            problem("reward.sources", at + ".weight: expected a number, found " + value.dump());
+          continue;
+        }
+        if (!value.is_string() || value.get<std::string>().empty()) {
+          problem("reward.sources",
+                  at + "." + field + ": expected a non-empty string, found " + value.dump());
+          continue;
+        }
+        if (std::find(kinds.begin(), kinds.end(), field) != kinds.end()) {
+          ++found;
+          src["kind"] = field == "remote_url" ? "remote" : field;
+        }
+      }
+      if (found != 1) {
+        problem("reward.sources",
+                at +
+                    ": expected exactly one of \"rule\", \"python\", \"remote_url\", \"model\", "
+                    "found " +
+                    std::to_string(found));
+        continue;
+      }
+      for (const auto& [field, value] : g.items())
+        if (field != "weight" && value.is_string()) src[field] = value;
+      src["weight"] = g.contains("weight") && g["weight"].is_number() ? g["weight"] : json(1.0);
+      list.push_back(std::move(src));
+    }
+  } else {
+    // reward.model is the source only when no other shorthand is set: beside a rule, a
+    // Python function or a URL it is only where the critic starts from (critic.model's default).
+    const bool other = !s("reward.rule").empty() || !s("reward.python").empty() ||
+                       !s("reward.remote_url").empty();
+    if (!s("reward.model").empty() && !other)
+      list.push_back({{"kind", "model"}, {"model", s("reward.model")}});
+    if (!s("reward.rule").empty()) list.push_back({{"kind", "rule"}, {"rule", s("reward.rule")}});
+    if (!s("reward.python").empty())
+      list.push_back({{"kind", "python"}, {"python", s("reward.python")}});
+    if (!s("reward.remote_url").empty())
+      list.push_back({{"kind", "remote"}, {"remote_url", s("reward.remote_url")}});
+    for (auto& src : list) src["weight"] = 1.0;
+  }
+  // Names: given, else the rule's name, the Python function's, "remote", "model"; repeats get
+  // a suffix (_2, _3) so every source has its own metric.
+  std::map<std::string, int> used;
+  for (auto& src : list) {
+    if (src["kind"] == "rule" && src["rule"] == "format" && !src.contains("pattern") &&
+        !s("reward.format_pattern").empty())
+      src["pattern"] = s("reward.format_pattern");
+    std::string name = src.value("name", std::string());
+    if (name.empty()) {
+      const std::string kind = src["kind"];
+      if (kind == "rule")
+        name = src["rule"];
+      else if (kind == "python") {
+        const std::string spec = src["python"];
+        const auto colon = spec.rfind(':');
+        name = colon == std::string::npos ? spec : spec.substr(colon + 1);
+      } else
+        name = kind;
+    }
+    if (int n = ++used[name]; n > 1) name += "_" + std::to_string(n);
+    src["name"] = name;
+  }
+  return list;
+}
+
+namespace {
+
 void inherit_models(Validation& v) {
   auto inherit = [&](const std::string& role, const std::string& from) {
     if (str(v, role + ".model").empty()) v.set(role + ".model", v.at(from + ".model"));
@@ -151,14 +298,31 @@ void check_models_and_data(Validation& v, const std::vector<Role>& used) {
     v.problem(role + ".model", "required for a " + kind + " job: " + what);
   }
   if (kind == "ppo") {
-    bool has_source = !str(v, "reward.model").empty() || !str(v, "reward.remote_url").empty() ||
-                      !str(v, "reward.rule").empty();
-    if (!has_source)
+    std::vector<SpecProblem> problems;
+    const json sources = reward_source_list(v.resolved, &problems);
+    for (const auto& p : problems) v.problem(p.path, p.message);
+    if (sources.empty() && problems.empty())
       v.problem("reward",
-                "a ppo job needs a reward source: reward.model, reward.remote_url or "
-                "reward.rule");
-    if (!str(v, "reward.remote_url").empty() && !str(v, "reward.rule").empty())
-      v.problem("reward.rule", "set either reward.rule or reward.remote_url, not both");
+                "a ppo job needs a reward source: reward.model, reward.rule, reward.python, "
+                "reward.remote_url or reward.sources");
+    int models = 0;
+    for (const auto& src : sources) {
+      if (src["kind"] == "model") ++models;
+      if (src["kind"] == "python") {
+        const std::string fn = src["python"];
+        const auto colon = fn.rfind(':');
+        if (colon == std::string::npos || colon == 0 || colon + 1 == fn.size() ||
+            fn.compare(colon - 3 < fn.size() ? colon - 3 : 0, 3, ".py") != 0)
+          v.problem(v.at("reward.sources").empty() ? "reward.python" : "reward.sources",
+                    "expected \"FILE.py:FUNCTION\", found \"" + fn + "\"");
+      }
+      if (src["kind"] == "rule" && src["rule"] == "format" && !src.contains("pattern"))
+        v.problem("reward.format_pattern",
+                  "the format rule needs a pattern: reward.format_pattern, or \"pattern\" in its "
+                  "reward.sources entry");
+    }
+    if (models > 1)
+      v.problem("reward.sources", "at most one reward model source (the reward group serves it)");
     if (str(v, "data.prompt_dataset").empty())
       v.problem("data.prompt_dataset", "required for a ppo job: a JSONL file or synthetic:NAME");
   } else if (str(v, "data.dataset").empty()) {
@@ -452,12 +616,14 @@ void check_lengths_and_algo(Validation& v) {
               "expected at most rollout.max_new_tokens (" +
                   std::to_string(num(v, "rollout.max_new_tokens")) + "), found " +
                   std::to_string(num(v, "reward.overlong_buffer_len")));
-  if (v.ok({"algo.dynamic_sampling", "reward.rule", "reward.remote_url"}) &&
+  if (v.ok({"algo.dynamic_sampling", "reward.rule", "reward.remote_url", "reward.sources"}) &&
       v.at("algo.dynamic_sampling").get<bool>()) {
-    if (str(v, "reward.rule").empty() && str(v, "reward.remote_url").empty())
+    bool model = false;
+    for (const auto& src : reward_source_list(v.resolved)) model = model || src["kind"] == "model";
+    if (model)
       v.problem("algo.dynamic_sampling",
-                "needs the scores before scoring: set reward.rule or reward.remote_url (a reward "
-                "model is not supported with dynamic sampling)");
+                "needs the scores before scoring: use rule, python or remote reward sources (a "
+                "reward model is not supported with dynamic sampling)");
     if (v.ok({"rollout.n_samples_per_prompt"}) && num(v, "rollout.n_samples_per_prompt") < 2)
       v.problem("algo.dynamic_sampling",
                 "compares the samples of a prompt: set rollout.n_samples_per_prompt to 2 or more");
@@ -477,7 +643,9 @@ std::vector<Role> used_roles(const json& r) {
   }
   std::vector<Role> roles = {Role::kActor};
   if (s("algo.advantage.estimator") == "gae") roles.push_back(Role::kCritic);
-  if (s("reward.remote_url").empty() && s("reward.rule").empty()) roles.push_back(Role::kReward);
+  // The reward group serves the reward model source (reward.model or a {"model": DIR} entry).
+  for (const auto& src : reward_source_list(r))
+    if (src["kind"] == "model") roles.push_back(Role::kReward);
   double kl = r.at(pointer("algo.kl.init_coef")).get<double>();
   if (kl > 0 || r.at(pointer("algo.kl.use_loss")).get<bool>()) roles.push_back(Role::kRef);
   roles.push_back(Role::kRollout);
@@ -498,6 +666,16 @@ bool trains(const json& r, Role role) {
 void check_cross_fields(Validation& v) {
   std::vector<NodeInfo> nodes;
   if (v.ok({"cluster.nodes"})) nodes = check_nodes(v);
+  resolve_dtypes(v);
+  // A {"model": DIR} source is the reward role's model.
+  if (v.ok({"reward.sources"}) && str(v, "kind") == "ppo")
+    for (const auto& src : reward_source_list(v.resolved))
+      if (src["kind"] == "model" && str(v, "reward.model").empty())
+        v.set("reward.model", src["model"]);
+      else if (src["kind"] == "model" && src["model"] != v.at("reward.model"))
+        v.problem("reward.sources",
+                  "the model source " + src["model"].dump() + " differs from reward.model " +
+                      v.at("reward.model").dump() + " (the reward group serves one)");
   inherit_models(v);
   std::vector<Role> used = used_roles(v.resolved);
   check_models_and_data(v, used);

@@ -82,8 +82,11 @@ void add_role_placement(TableBuilder& t, const std::string& role, const std::str
             "device. Empty: one free device is chosen (or the colocated role's devices).");
   t.choice(role + ".colocate_with", "", kRoleChoices,
            "Share the devices of this role (only when asked: roles are disjoint otherwise).");
-  t.choice(role + ".dtype", "bf16", {"bf16", "fp32"},
-           "Compute dtype of the " + role + " model (master weights stay FP32 when trained).");
+  t.choice(role + ".dtype", "auto", {"auto", "bf16", "fp32"},
+           "Compute dtype of the " + role +
+               " model (master weights stay FP32 when trained). auto: bf16 on GPUs and on CPUs "
+               "with BF16 units (AVX512-BF16 or AMX), fp32 on other CPUs, where BF16 matmuls are "
+               "emulated and several times slower.");
 }
 
 // Keys of a role that trains (actor, critic; reward in `rm` jobs).
@@ -151,11 +154,19 @@ std::vector<KeySpec> build_table() {
 
   // Data.
   t.file("data.prompt_dataset", "",
-         "Prompt dataset for ppo: a JSONL file, or synthetic:NAME for a built-in one.");
+         "Prompt dataset for ppo: a JSONL or Parquet file, or synthetic:NAME for a built-in one "
+         "(synthetic:letters, synthetic:arith).");
   t.file("data.dataset", "",
          "Training dataset for dpo, sft and rm: a JSONL file, or synthetic:NAME.");
-  t.file("data.eval_dataset", "", "Held-out dataset evaluated after training (optional).");
-  t.string("data.input_key", "input", "JSON key of the prompt in prompt datasets.");
+  t.file("data.eval_dataset", "",
+         "Held-out dataset (a file or synthetic:NAME), evaluated before training, every "
+         "eval.steps and at the end (optional).");
+  t.string("data.input_key", "input",
+           "JSON key of the prompt in prompt datasets (dots reach into nested objects: "
+           "extra_info.question).");
+  t.choice("data.label_from", "field", {"field", "gsm8k"},
+           "How the label is read from data.label_key's value: field (as it is), gsm8k (the "
+           "number after \"####\" in a GSM8K answer, e.g. data.label_key answer).");
   t.string("data.label_key", "",
            "JSON key of a label passed to rule and remote rewards; for algo.dpo.loss kto, of "
            "the boolean desirable flag (empty: \"label\").");
@@ -305,7 +316,9 @@ std::vector<KeySpec> build_table() {
   t.number("critic.value_clip", 0.5, 0, kInf, "Value clip around the old values (0: off).");
   t.string("critic.value_head_prefix", "score", "Name prefix of the value head's weights.");
 
-  add_role_placement(t, "reward", "Reward model directory with a value head.");
+  add_role_placement(t, "reward",
+                     "Reward model directory with a value head (the reward source when no "
+                     "other reward key is set; else only critic.model's default).");
   add_trainer_keys(t, "reward", 9e-6,
                    " In PPO jobs (reward not trained) 3 shards the reward model's weights over its "
                    "workers, one layer gathered at a time; other values keep it whole.");
@@ -314,7 +327,27 @@ std::vector<KeySpec> build_table() {
   t.string("reward.remote_url", "",
            "HTTP endpoint scoring {prompts, responses, labels} (instead of a reward model).");
   t.number("reward.remote_timeout_s", 30.0, 0, 3600, "Timeout of one remote reward call.", true);
-  t.string("reward.rule", "", "Built-in rule reward instead of a model (see docs/rewards.md).");
+  t.string("reward.rule", "",
+           "Built-in rule reward instead of a model: letters, match_label, math, format (see "
+           "docs/rewards.md).");
+  t.file("reward.python", "",
+         "A Python reward function \"FILE.py:FUNCTION\" with TRL's signature fn(prompts, "
+         "completions, labels, **row) -> list[float], run in rlhf's pool of Python processes.");
+  t.string("reward.format_pattern", "",
+           "Regular expression (PCRE2, . matches newlines) the whole response must match for "
+           "the format rule to give 1 (e.g. <think>.*</think>\\s*<answer>.*</answer>).");
+  t.add("reward.sources", KeyType::kSources, json::array(),
+        "Several reward sources, summed with weights (TRL's reward_funcs + reward_weights): "
+        "a list of {\"rule\": NAME} | {\"python\": \"FILE.py:FUNCTION\"} | {\"remote_url\": URL} "
+        "| {\"model\": DIR}, each with optional \"weight\" (default 1), \"name\" and, for the "
+        "format rule, \"pattern\". Each is logged as reward/<name>. Instead of the single-source "
+        "keys reward.rule, reward.python, reward.remote_url, reward.model.");
+  t.string("reward.python_interpreter", "python3",
+           "Interpreter of the Python reward processes (a venv's python for your packages).");
+  t.integer("reward.python_workers", 2, 1, 256,
+            "Python processes per Python reward source; a batch is split between them.");
+  t.number("reward.python_timeout_s", 300.0, 0, 86400,
+           "Seconds one batch may take in a Python reward function before the job stops.", true);
   t.integer("reward.overlong_buffer_len", 0, 0, kInf,
             "DAPO overlong reward shaping: a response longer than rollout.max_new_tokens minus "
             "this many tokens loses reward.overlong_penalty_factor x (excess / this), up to the "
@@ -350,8 +383,16 @@ std::vector<KeySpec> build_table() {
   t.integer("ckpt.max_num", 3, 1, 1000, "Keep the newest N checkpoints.");
   t.boolean("ckpt.save_only_model", false, "Skip optimizer state in checkpoints.");
   t.integer("eval.steps", 0, 0, kInf,
-            "dpo/sft/rm: also evaluate the held-out set every N training steps (OpenRLHF's "
-            "eval_steps); 0: only before and after training.");
+            "Also evaluate the held-out set (data.eval_dataset) every N training steps "
+            "(OpenRLHF's eval_steps); 0: only before and after training.");
+  t.integer("eval.n_samples", 0, 0, 1024,
+            "ppo: sampled responses per held-out prompt (at rollout.temperature) beside the "
+            "greedy one, for eval/pass_rate_sampled (0: greedy only).");
+  t.string("eval.accuracy_source", "",
+           "ppo: the reward source whose full score (>= 1) counts as correct in eval/accuracy "
+           "(empty: the first source).");
+  t.integer("eval.max_samples", 0, 0, kInf,
+            "ppo: evaluate at most this many held-out prompts (0: all).");
   t.boolean("ckpt.export_hf", true,
             "Export trained models as Hugging Face directories at the end.");
   t.file("logger.run_dir", "runs", "Parent directory of run directories.");
@@ -445,6 +486,8 @@ const char* key_type_name(KeyType type) {
       return "devices";
     case KeyType::kNodes:
       return "nodes";
+    case KeyType::kSources:
+      return "sources";
   }
   return "?";
 }
@@ -474,6 +517,8 @@ std::string KeySpec::expectation() const {
       return "a list of device ids or an object {\"node\": [ids]}";
     case KeyType::kNodes:
       return "a list of node objects";
+    case KeyType::kSources:
+      return "a list of reward-source objects";
   }
   return "?";
 }
@@ -518,6 +563,11 @@ std::string KeySpec::check(const json& v) const {
     }
     case KeyType::kNodes:
       return v.is_array() && !v.empty() ? "" : bad("a non-empty list of node objects");
+    case KeyType::kSources:
+      if (!v.is_array()) return bad();
+      for (const auto& e : v)
+        if (!e.is_object()) return bad();
+      return "";
   }
   return "";
 }

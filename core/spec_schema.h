@@ -21,6 +21,7 @@ enum class KeyType {
   kIntList,    // any length, each element within [min, max]
   kDevices,    // [0, 1] on the first node, or {"node-name": [0, 1], ...}
   kNodes,      // list of node objects (see cluster.nodes)
+  kSources,    // list of reward-source objects (see reward.sources)
 };
 const char* key_type_name(KeyType type);
 

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -15,14 +16,14 @@
 #include "core/errors.h"
 #include "core/metrics.h"
 #include "core/run_dir.h"
+#include "core/text.h"
 #include "engine/driver_state.h"
 #include "engine/memory_check.h"
 #include "engine/role_config.h"
 #include "ppo/advantages.h"
 #include "ppo/ppo_config.h"
 #include "ppo/prompt_batches.h"
-#include "ppo/remote_reward.h"
-#include "ppo/rule_rewards.h"
+#include "rewards/reward_sources.h"
 #include "scheduler/peak_memory.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
@@ -71,6 +72,18 @@ std::string seconds_text(double seconds) {
   return o.str();
 }
 
+// {name: mean score} of each reward source ([S, B]; NaN scores, "not applicable", left out).
+json source_means(const torch::Tensor& source_scores, const std::vector<std::string>& names) {
+  json out = json::object();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto row = source_scores[static_cast<int64_t>(i)];
+    const auto valid = ~torch::isnan(row);
+    const auto n = valid.sum().item<int64_t>();
+    out[names[i]] = n > 0 ? row.masked_select(valid).mean().item<double>() : std::nan("");
+  }
+  return out;
+}
+
 // One step's samples, prompt-major (the n samples of a prompt are consecutive).
 struct Rollout {
   torch::Tensor sequences;            // [B, T] prompt (left-padded) + response (right-padded)
@@ -78,8 +91,9 @@ struct Rollout {
   torch::Tensor action_mask;          // [B, A] response tokens up to and including EOS
   torch::Tensor behaviour_log_probs;  // [B, A] FP32 log-probs the rollout sampled from
   std::vector<std::string> prompts, responses, labels;  // [B]
-  torch::Tensor scores;  // [B] rule or remote scores when dynamic sampling needed them early
-  json sampling;         // dynamic sampling's counts (null when off)
+  torch::Tensor scores;         // [B] reward-source total when dynamic sampling needed it early
+  torch::Tensor source_scores;  // [S, B] each source's scores, with `scores`
+  json sampling;                // dynamic sampling's counts (null when off)
   int64_t weight_version = 0;
   double compute_s = 0;       // rollout workers' generate time on the critical path
   int64_t preempted = 0;      // sequences the rollout evicted and recomputed (paged KV)
@@ -89,7 +103,8 @@ struct Rollout {
 // Rollout plus what the scorers returned: OpenRLHF's Experience, grouped by meaning.
 struct Experience {
   // Per sequence.
-  torch::Tensor scores;           // [B] raw reward-source scores
+  torch::Tensor scores;           // [B] weighted sum of the reward sources' scores
+  torch::Tensor source_scores;    // [S, B] each source's own scores (NaN: not applicable)
   torch::Tensor response_length;  // [B] action tokens
   // Per token.
   torch::Tensor log_probs_old;  // [B, A] actor log pi_old(a|s)
@@ -128,12 +143,18 @@ class PpoJob {
   void run(Scheduler& scheduler, std::ostream& out);
 
  private:
-  std::vector<TokenizedPrompt> tokenize_prompts(const JobSpec& spec);
+  std::vector<TokenizedPrompt> tokenize_prompts(const JobSpec& spec, const PromptDataConfig& data);
+  // Held-out evaluation (data.eval_dataset): greedy responses (and eval.n_samples sampled
+  // ones) to every held-out prompt, scored by the job's reward sources; writes an
+  // eval record ({"split": "eval", "accuracy", "reward", ...}) and a console line.
+  void evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out);
   void init_roles(Scheduler& s, std::ostream& out);
   Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill = 0);
   Rollout sample(Scheduler& s, int64_t step);  // generate, with dynamic sampling when on
-  torch::Tensor rule_or_remote_scores(const Rollout& r);
-  Experience score(Scheduler& s, const Rollout& r);
+  // Scores r with every reward source (the reward model's scores passed in where there is
+  // one): sets r.scores [B] and r.source_scores [S, B] unless already set.
+  void score_rewards(Rollout& r, const torch::Tensor& model_scores = {}) const;
+  Experience score(Scheduler& s, Rollout& r);  // fills r's reward scores
   json train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step);
   double sync_weights(Scheduler& s);  // returns worker compute on the critical path
   // Colocation sleep mode (rollout.offload_while_training,
@@ -154,11 +175,13 @@ class PpoJob {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   int64_t eos_id_ = -1, pad_id_ = 0;
   std::unique_ptr<PromptStream> stream_;
+  std::vector<TokenizedPrompt> eval_prompts_;  // held-out prompts (empty: no evaluation)
+  int64_t eval_steps_ = 0, eval_samples_ = 0;
+  std::string eval_accuracy_source_;
   int64_t truncated_prompts_ = 0;
   int64_t total_steps_ = 0;
   KlController kl_;
-  const RuleReward* rule_ = nullptr;
-  std::unique_ptr<RemoteReward> remote_;
+  std::unique_ptr<rewards::RewardSources> rewards_;
   bool has_ref_ = false, has_critic_ = false, has_reward_model_ = false;
   json planned_;  // plan.json's per-role figures (null without a plan), beside measured peaks
   SyncRoute sync_route_;            // actor -> rollout weight sync (see sync_route)
@@ -205,24 +228,39 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
   has_ref_ = spec.uses(Role::kRef);
   has_critic_ = spec.uses(Role::kCritic);
   has_reward_model_ = spec.uses(Role::kReward);
-  if (!c_.reward_rule.empty()) rule_ = &find_rule_reward(c_.reward_rule);
-  if (!c_.reward_remote_url.empty())
-    remote_ = std::make_unique<RemoteReward>(
-        RemoteRewardConfig{c_.reward_remote_url, c_.reward_remote_timeout_s});
+  {
+    auto rc = rewards::RewardSourcesConfig::from_spec(spec);
+    rc.python_log_path = (fs::path(run_dir_) / "logs" / "python_rewards.log").string();
+    fs::create_directories(fs::path(rc.python_log_path).parent_path());
+    rewards_ = std::make_unique<rewards::RewardSources>(rc);
+  }
   tokenizer_ = tokenizer::load_tokenizer(spec.get_string("actor.model"));
   const auto& special = tokenizer_->special_ids();
   if (!special.eos)
     throw InputError(spec.get_string("actor.model") + ": the tokenizer has no EOS token");
   eos_id_ = *special.eos;
   pad_id_ = special.pad ? *special.pad : eos_id_;
-  stream_ = std::make_unique<PromptStream>(tokenize_prompts(spec), pad_id_, c_.seed);
+  stream_ = std::make_unique<PromptStream>(
+      tokenize_prompts(spec, PromptDataConfig::from_spec(spec)), pad_id_, c_.seed);
+  if (!spec.get_string("data.eval_dataset").empty()) {
+    eval_prompts_ = tokenize_prompts(spec, PromptDataConfig::from_spec(spec, /*eval=*/true));
+    eval_steps_ = spec.get_int("eval.steps");
+    eval_samples_ = spec.get_int("eval.n_samples");
+    eval_accuracy_source_ = spec.get_string("eval.accuracy_source");
+    const auto& names = rewards_->names();
+    if (!eval_accuracy_source_.empty() &&
+        std::find(names.begin(), names.end(), eval_accuracy_source_) == names.end())
+      throw InputError("eval.accuracy_source: no reward source named \"" + eval_accuracy_source_ +
+                       "\" (sources: " + join(names, ", ") + ")");
+  }
   const int64_t steps_per_episode =
       (stream_->size() + c_.rollout_batch_size - 1) / c_.rollout_batch_size;
   total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.num_episodes * steps_per_episode;
 }
 
-std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec) {
-  PromptDataset data = load_prompts(PromptDataConfig::from_spec(spec));
+std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec,
+                                                      const PromptDataConfig& source) {
+  PromptDataset data = load_prompts(source);
   tokenizer::PromptFormatConfig fc;
   fc.input_template = spec.get_string("data.input_template");
   fc.apply_chat_template = spec.get_bool("data.apply_chat_template");
@@ -367,6 +405,8 @@ Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
   out.action_mask = r.action_mask.index_select(0, index).contiguous();
   out.behaviour_log_probs = r.behaviour_log_probs.index_select(0, index).contiguous();
   if (r.scores.defined()) out.scores = r.scores.index_select(0, index).contiguous();
+  if (r.source_scores.defined())
+    out.source_scores = r.source_scores.index_select(1, index).contiguous();
   out.prompts.clear();
   out.responses.clear();
   out.labels.clear();
@@ -403,6 +443,8 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
   out.behaviour_log_probs = torch::cat(
       {pad(a.behaviour_log_probs, 0, 0, false), pad(b.behaviour_log_probs, 0, 0, false)});
   if (a.scores.defined()) out.scores = torch::cat({a.scores, b.scores});
+  if (a.source_scores.defined())
+    out.source_scores = torch::cat({a.source_scores, b.source_scores}, 1);
   for (auto [to, from] :
        {std::make_pair(&out.prompts, &b.prompts), std::make_pair(&out.responses, &b.responses),
         std::make_pair(&out.labels, &b.labels)})
@@ -411,19 +453,19 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
   return out;
 }
 
-torch::Tensor PpoJob::rule_or_remote_scores(const Rollout& r) {
-  if (r.scores.defined()) return r.scores;
-  if (rule_) {
-    std::vector<float> v;
-    for (size_t i = 0; i < r.responses.size(); ++i)
-      v.push_back(static_cast<float>(rule_->fn(r.prompts[i], r.responses[i], r.labels[i])));
-    return torch::tensor(v);
+void PpoJob::score_rewards(Rollout& r, const torch::Tensor& model_scores) const {
+  if (r.scores.defined()) return;
+  std::vector<double> model;
+  if (model_scores.defined()) {
+    const auto m = model_scores.to(torch::kFloat64).contiguous();
+    model.assign(m.data_ptr<double>(), m.data_ptr<double>() + m.numel());
   }
-  if (remote_) {
-    auto v = remote_->score(r.prompts, r.responses, r.labels);
-    return torch::tensor(std::vector<float>(v.begin(), v.end()));
-  }
-  return {};
+  const auto got = rewards_->score(r.prompts, r.responses, r.labels, {}, model);
+  r.scores = torch::tensor(got.total, torch::kFloat64).to(torch::kFloat32);
+  std::vector<torch::Tensor> rows;
+  for (const auto& s : got.sources)
+    rows.push_back(torch::tensor(s.scores, torch::kFloat64).to(torch::kFloat32));
+  r.source_scores = torch::stack(rows);
 }
 
 // DAPO dynamic sampling (algo.dynamic_sampling): groups whose samples all score the same are
@@ -436,12 +478,12 @@ Rollout PpoJob::sample(Scheduler& s, int64_t step) {
   if (!c_.dynamic_sampling) return first;
   const int64_t n = c_.n_samples_per_prompt, want = c_.rollout_batch_size;
   auto keep = [&](Rollout batch) {
-    batch.scores = rule_or_remote_scores(batch);
+    score_rewards(batch);
     torch::Tensor groups = groups_with_distinct_scores(batch.scores, n);
     torch::Tensor rows = (groups.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1});
     return select_rows(batch, rows);
   };
-  first.scores = rule_or_remote_scores(first);
+  score_rewards(first);
   Rollout kept = keep(first);
   double compute_s = first.compute_s;  // every generate call is on the step's critical path
   int64_t refills = 0;
@@ -474,7 +516,7 @@ std::string PpoJob::response_text(const Rollout& r, int64_t row) const {
   return tokenizer_->decode(ids, tokenizer::SkipSpecial::kYes);
 }
 
-Experience PpoJob::score(Scheduler& s, const Rollout& r) {
+Experience PpoJob::score(Scheduler& s, Rollout& r) {
   const int64_t micro = c_.rollout_micro_batch_size * c_.n_samples_per_prompt;
   // Every forward of a scorer holds at most max_tokens (rows x padded length); max_rows lets
   // ranks that gather weights in each forward (ZeRO-3) agree on the number of forwards.
@@ -504,7 +546,8 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
     model_scores = call(Role::kReward, "score",
                         {{"max_tokens", c_.max_tokens_per_micro_batch}, {"max_rows", micro}});
   Experience e;
-  e.scores = rule_or_remote_scores(r);
+  // Rule, Python and remote sources on the driver while the groups compute.
+  if (!has_reward_model_) score_rewards(r);
   // Each group's reply, with its worker time counted toward the slowest scorer.
   auto take = [&e](std::future<Scored>& f) {
     Scored got = f.get();
@@ -529,7 +572,9 @@ Experience PpoJob::score(Scheduler& s, const Rollout& r) {
   }
   if (has_ref_) e.log_probs_ref = take(ref).tensor("log_probs");
   if (has_critic_) e.values = take(values).tensor("values");
-  if (has_reward_model_) e.scores = take(model_scores).tensor("scores").to(torch::kFloat32);
+  if (has_reward_model_) score_rewards(r, take(model_scores).tensor("scores"));
+  e.scores = r.scores;
+  e.source_scores = r.source_scores;
   e.response_length = r.action_mask.sum(1);
   // DAPO overlong reward shaping, on the scores the advantages see (the logged reward stays
   // the reward source's score).
@@ -742,6 +787,90 @@ std::string fmt(double v, int precision = 3) {
   return o.str();
 }
 
+void PpoJob::evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out) {
+  const auto t0 = Clock::now();
+  const int64_t count = static_cast<int64_t>(eval_prompts_.size());
+  s.progress().begin("evaluating " + std::to_string(count) + " held-out prompts");
+  // Every held-out prompt once, in one left-padded batch, scattered micro batch by micro batch.
+  PromptStream stream(eval_prompts_, pad_id_, c_.seed);
+  const PromptBatch batch = stream.next(count);
+  torch::Tensor index = torch::arange(count, torch::kLong);
+  auto run = [&](double temperature, int64_t n) {
+    json args = {{"temperature", temperature},
+                 {"top_p", c_.top_p},
+                 {"top_k", c_.top_k},
+                 {"seed", c_.seed * 7919 + 104729},
+                 {"n_samples_per_prompt", n}};
+    Message reply = s.group(Role::kRollout)
+                        .scatter("generate",
+                                 {{"prompt_ids", batch.prompt_ids},
+                                  {"prompt_mask", batch.prompt_mask},
+                                  {"prompt_index", index}},
+                                 c_.rollout_micro_batch_size, args);
+    Rollout r;
+    r.sequences = reply.tensor("sequences").to(torch::kLong).contiguous();
+    r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
+    r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
+    for (int64_t i = 0; i < r.sequences.size(0); ++i) {
+      r.prompts.push_back(batch.texts[static_cast<size_t>(i / n)]);
+      r.labels.push_back(batch.labels[static_cast<size_t>(i / n)]);
+      r.responses.push_back(response_text(r, i));
+    }
+    torch::Tensor model_scores;
+    if (has_reward_model_)
+      model_scores = s.group(Role::kReward)
+                         .scatter("score", sequence_tensors(r), c_.rollout_micro_batch_size * n,
+                                  {{"max_tokens", c_.max_tokens_per_micro_batch},
+                                   {"max_rows", c_.rollout_micro_batch_size * n}},
+                                  std::nullopt, dispatch_for(spec_, Role::kReward))
+                         .tensor("scores");
+    score_rewards(r, model_scores);
+    return r;
+  };
+  // Correct: the accuracy source (eval.accuracy_source, else the first) at its full score.
+  const auto& names = rewards_->names();
+  const int64_t source =
+      eval_accuracy_source_.empty()
+          ? 0
+          : std::find(names.begin(), names.end(), eval_accuracy_source_) - names.begin();
+  auto correct = [&](const Rollout& r) { return (r.source_scores[source] >= 1.0 - 1e-9); };
+  const Rollout greedy = run(0.0, 1);
+  const auto right = correct(greedy);
+  json rec = {
+      {"step", step},
+      {"split", "eval"},
+      {"prompts", count},
+      {"accuracy", right.to(torch::kFloat64).mean().item<double>()},
+      {"correct", right.sum().item<int64_t>()},
+      {"reward", greedy.scores.mean().item<double>()},
+      {"sources", source_means(greedy.source_scores, names)},
+      {"response_length", greedy.action_mask.sum(1).to(torch::kFloat64).mean().item<double>()}};
+  if (eval_samples_ > 0) {
+    const Rollout sampled = run(c_.temperature, eval_samples_);
+    const auto ok = correct(sampled).to(torch::kFloat64).reshape({count, eval_samples_});
+    rec["accuracy_sampled"] = ok.mean().item<double>();  // mean over samples
+    rec["pass_at_n"] = (ok.amax(1) > 0).to(torch::kFloat64).mean().item<double>();
+  }
+  rec["time_s"] = seconds_since(t0);
+  metrics.write(rec);
+  json rows = json::array();
+  for (int64_t i = 0; i < std::min<int64_t>(count, spec_.get_int("logger.samples_per_step")); ++i)
+    rows.push_back({{"split", "eval"},
+                    {"prompt", greedy.prompts[static_cast<size_t>(i)]},
+                    {"response", greedy.responses[static_cast<size_t>(i)]},
+                    {"label", greedy.labels[static_cast<size_t>(i)]},
+                    {"reward", greedy.scores[i].item<double>()}});
+  if (!rows.empty()) metrics.samples(step, rows);
+  s.progress().end();
+  out << "eval after step " << step << " | accuracy " << fmt(rec["accuracy"]) << " ("
+      << rec["correct"].get<int64_t>() << "/" << count << ")"
+      << (eval_samples_ > 0 ? " | sampled " + fmt(rec["accuracy_sampled"]) + ", pass@" +
+                                  std::to_string(eval_samples_) + " " + fmt(rec["pass_at_n"])
+                            : std::string())
+      << " | reward " << fmt(rec["reward"]) << " | len " << fmt(rec["response_length"], 1) << " | "
+      << fmt(rec["time_s"], 1) << " s" << std::endl;
+}
+
 void PpoJob::run(Scheduler& s, std::ostream& out) {
   planned_ = engine::planned_roles(run_dir_);
   MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string(),
@@ -761,6 +890,8 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
   s.progress().begin("sending the actor's weights to the rollout group");
   sync_weights(s);
   before_generating(s);
+  // Held-out accuracy before training (or at the resumed step), every eval.steps, at the end.
+  if (!eval_prompts_.empty()) evaluate(s, step, metrics, out);
   const auto loop_start = Clock::now();
   const int64_t first_step = step + 1;
   // algo.async_steps 1: the next step's samples, generated while this step scores and trains
@@ -821,6 +952,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
           {"total_steps", total_steps_},
           {"reward_mean", e.scores.mean().item<double>()},
           {"reward_std", e.scores.std(false).item<double>()},
+          {"reward", source_means(e.source_scores, rewards_->names())},
           {"return_mean", (e.adv.rewards.sum(1)).mean().item<double>()},
           {"kl", kl_mean},
           {"kl_coef", kl_coef},
@@ -874,6 +1006,12 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
                              total_steps_ - first_step + 1)
           << std::endl;
     }
+    if (!eval_prompts_.empty() &&
+        ((eval_steps_ > 0 && step % eval_steps_ == 0) || step == total_steps_)) {
+      // The rollout has this step's weights (synced above); with async_steps it is generating
+      // nothing now (the next step's samples are drawn).
+      evaluate(s, step, metrics, out);
+    }
     // Every ckpt.save_steps, and always after the last step (a finished run can be resumed
     // with more steps, and its final state is kept whatever save_steps says).
     if ((c_.save_steps > 0 && step % c_.save_steps == 0) || step == total_steps_) {
@@ -890,8 +1028,9 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
     s.group(Role::kActor).call_all("export_hf", {{"dir", dir}});
     s.progress().end();
     // The export is a complete model directory: the tokenizer comes along.
-    for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                             "special_tokens_map.json", "generation_config.json"}) {
+    for (const char* name :
+         {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+          "generation_config.json", "chat_template.jinja"}) {
       const fs::path from = fs::path(spec_.get_string("actor.model")) / name;
       if (fs::exists(from))
         fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);

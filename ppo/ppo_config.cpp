@@ -54,9 +54,6 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.dynamic_sampling = spec.get_bool("algo.dynamic_sampling");
   c.async_steps = spec.get_int("algo.async_steps");
   c.max_refill_batches = spec.get_int("rollout.max_refill_batches");
-  c.reward_rule = spec.get_string("reward.rule");
-  c.reward_remote_url = spec.get_string("reward.remote_url");
-  c.reward_remote_timeout_s = spec.get_float("reward.remote_timeout_s");
   c.ckpt_path = spec.get_string("ckpt.path");
   if (c.ckpt_path.empty()) c.ckpt_path = (std::filesystem::path(run_dir) / "ckpt").string();
   c.save_steps = spec.get_int("ckpt.save_steps");

@@ -50,10 +50,6 @@ struct PpoConfig {
   int64_t async_steps = 0;         // algo.async_steps: 1 = generate one step ahead
   bool dynamic_sampling = false;   // drop groups whose samples all score the same
   int64_t max_refill_batches = 0;  // extra batches generated to refill dropped groups
-  // Reward source.
-  std::string reward_rule;
-  std::string reward_remote_url;
-  double reward_remote_timeout_s = 30.0;
   // Checkpoints and logging.
   std::string ckpt_path;  // resolved: "" in the spec means <run_dir>/ckpt
   int64_t save_steps = -1;

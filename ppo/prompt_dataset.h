@@ -1,6 +1,8 @@
-// Prompt datasets for PPO-family jobs: JSONL rows with the prompt at data.input_key (a
-// string or a chat message list) and an optional label at data.label_key, or a built-in
-// synthetic:NAME dataset. Tokenization and truncation happen later, in the driver.
+// Prompt datasets for PPO-family jobs: JSONL or Parquet rows with the prompt at
+// data.input_key (a string or a chat message list) and an optional label at data.label_key
+// (dotted keys reach into nested objects; data.label_from gsm8k takes the number after
+// "####"), or a built-in synthetic:NAME dataset. Tokenization and truncation happen later,
+// in the driver.
 #pragma once
 
 #include <cstdint>
@@ -16,18 +18,21 @@ namespace rlhf::ppo {
 struct PromptDataConfig {
   std::string source;  // JSONL path or "synthetic:NAME"
   std::string input_key = "input";
-  std::string label_key;    // "" for none
-  int64_t max_samples = 0;  // 0: all
+  std::string label_key;             // "" for none
+  std::string label_from = "field";  // "field" | "gsm8k"
+  int64_t max_samples = 0;           // 0: all
   BadLinePolicy bad_lines = BadLinePolicy::kFatal;
   uint64_t seed = 42;
 
-  static PromptDataConfig from_spec(const JobSpec& spec);
+  // The training prompts (data.prompt_dataset), or with `eval` the held-out ones
+  // (data.eval_dataset, at most eval.max_samples).
+  static PromptDataConfig from_spec(const JobSpec& spec, bool eval = false);
 };
 
 struct PromptRow {
   nlohmann::json input;  // a string, or [{"role": ..., "content": ...}, ...]
   std::string label;     // "" when the dataset has none
-  int64_t line = 0;      // 1-based line in the file (0 for synthetic rows)
+  int64_t line = 0;      // 1-based line (JSONL) or row (Parquet) in the file; 0 for synthetic rows
 };
 
 struct PromptDataset {
@@ -40,7 +45,11 @@ struct PromptDataset {
 PromptDataset load_prompts(const PromptDataConfig& config);
 
 // Built-in synthetic prompt datasets, for examples and tests (see docs/rewards.md):
-//   letters: short random lowercase words; pairs with the `letters` rule reward.
+//   letters:    short random lowercase words; pairs with the `letters` rule reward.
+//   arith:      arithmetic word problems (one to three operations, varied sentence
+//               templates, integer answers as labels); pairs with the `math` rule.
+//   arith_test: the held-out split of arith: the same distribution, disjoint problems (a
+//               problem's split follows a hash of its text), the same rows whatever the seed.
 std::vector<PromptRow> synthetic_prompts(const std::string& name, int64_t count, uint64_t seed);
 const std::vector<std::string>& synthetic_prompt_datasets();
 

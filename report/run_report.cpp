@@ -79,6 +79,8 @@ struct ChartDef {
 const std::vector<ChartDef>& chart_defs() {
   static const std::vector<ChartDef> kDefs = {
       {"chart-reward", "Reward", "", {"reward_mean", "return_mean"}, {}},
+      // PPO-family held-out evaluation (data.eval_dataset): the verifier's accuracy.
+      {"chart-eval", "Held-out accuracy", "", {}, {"accuracy", "accuracy_sampled", "pass_at_n"}},
       {"chart-kl", "KL (nats)", "nats", {"kl", "approx_kl"}, {}},
       {"chart-loss", "Losses", "", {"policy_loss", "value_loss", "loss"}, {"eval_loss"}},
       {"chart-accuracy", "Preference accuracy", "", {"accuracy"}, {"eval_accuracy"}},

@@ -1,4 +1,4 @@
-#include "ppo/remote_reward.h"
+#include "rewards/remote_reward.h"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -9,7 +9,7 @@
 
 #include "core/errors.h"
 
-namespace rlhf::ppo {
+namespace rlhf::rewards {
 
 namespace beast = boost::beast;
 namespace http = beast::http;
@@ -110,4 +110,4 @@ std::vector<double> RemoteReward::score(const std::vector<std::string>& prompts,
   return out;
 }
 
-}  // namespace rlhf::ppo
+}  // namespace rlhf::rewards

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace rlhf::ppo {
+namespace rlhf::rewards {
 
 struct RemoteRewardConfig {
   std::string url;          // http://host:port/path
@@ -34,4 +34,4 @@ class RemoteReward {
   std::string host_, port_, target_;
 };
 
-}  // namespace rlhf::ppo
+}  // namespace rlhf::rewards

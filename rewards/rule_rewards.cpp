@@ -1,9 +1,10 @@
-#include "ppo/rule_rewards.h"
+#include "rewards/rule_rewards.h"
 
 #include "core/errors.h"
 #include "core/text.h"
+#include "rewards/math_verifier.h"
 
-namespace rlhf::ppo {
+namespace rlhf::rewards {
 namespace {
 
 // Share of response bytes that are lowercase ASCII letters; 0 for an empty response.
@@ -20,12 +21,22 @@ double match_label(const std::string&, const std::string& response, const std::s
   return trim(response) == trim(label) ? 1.0 : 0.0;
 }
 
+// 1 when the response's final answer equals the label's (rewards/math_verifier.h), else 0.
+double math(const std::string&, const std::string& response, const std::string& label) {
+  return math_score(response, label);
+}
+
 }  // namespace
 
 const std::vector<RuleReward>& rule_rewards() {
   static const std::vector<RuleReward> kRules = {
       {"letters", "share of response bytes that are lowercase letters a-z (0 when empty)", letters},
       {"match_label", "1 when the trimmed response equals the trimmed label, else 0", match_label},
+      {"math",
+       "1 when the response's final answer (\\boxed{}, #### N, \"the answer is\", else the last "
+       "number) equals the label's, as numbers (relative tolerance 1e-6) or normalised text; "
+       "else 0",
+       math},
   };
   return kRules;
 }
@@ -39,4 +50,4 @@ const RuleReward& find_rule_reward(const std::string& name) {
   throw InputError("reward.rule: unknown rule \"" + name + "\" (known: " + join(names, ", ") + ")");
 }
 
-}  // namespace rlhf::ppo
+}  // namespace rlhf::rewards

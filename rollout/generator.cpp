@@ -107,6 +107,12 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
   return out;
 }
 
+void Generator::set_samples_per_prompt(int64_t n) {
+  if (n < 1)
+    throw InputError("generate: n_samples_per_prompt must be >= 1, got " + std::to_string(n));
+  config_.n_samples_per_prompt = n;
+}
+
 int64_t Generator::prompts_per_cache(int64_t P) const {
   if (config_.kv_cache_bytes <= 0) return config_.micro_batch_size;
   const auto& c = model_->shard_config();  // a TP rank caches its kv heads only

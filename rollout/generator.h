@@ -98,6 +98,9 @@ class Generator {
   Generator(std::shared_ptr<models::CausalLM> model, GenerationConfig config);
 
   const GenerationConfig& config() const { return config_; }
+  // Samples per prompt of the calls that follow (held-out evaluation draws one greedy sample
+  // per prompt from an engine configured for the step's n). Throws InputError for n < 1.
+  void set_samples_per_prompt(int64_t n);
   models::CausalLM& model() { return *model_; }
   int64_t weight_version() const { return weight_version_; }
   void set_weight_version(int64_t version) { weight_version_ = version; }

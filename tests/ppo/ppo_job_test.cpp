@@ -672,3 +672,81 @@ TEST_F(PpoJob, GrpoExampleLearnsTheLettersTask) {
 
 }  // namespace
 }  // namespace rlhf::ppo
+
+namespace rlhf::ppo {
+namespace {
+
+// Issue 27's wiring on the tiny model (the real model's run is bench/RESULTS.md's): arithmetic
+// prompts and their held-out split, three weighted reward sources (the math verifier, a
+// format rule, a Python function in rlhf's process pool), each logged on its own, and the
+// held-out evaluation before training, every eval.steps and at the end.
+TEST_F(PpoJob, VerifiableRewardsFromSeveralSourcesWithHeldOutEvaluation) {
+  const std::string py = test::write_temp("arith_rewards.py",
+                                          "def odd_length(prompts, completions, labels, **row):\n"
+                                          "    assert len(prompts) == len(labels)\n"
+                                          "    return [float(len(c) % 2) for c in completions]\n");
+  const json sources = json::array({{{"rule", "math"}, {"name", "correct"}},
+                                    {{"rule", "format"}, {"pattern", ".*"}, {"weight", 0.5}},
+                                    {{"python", py + ":odd_length"}, {"weight", 0.25}}});
+  Result r = run("rlvr",
+                 {"--set", "data.prompt_dataset=synthetic:arith", "--set",
+                  "data.eval_dataset=synthetic:arith_test", "--set", "eval.steps=2", "--set",
+                  "eval.max_samples=16", "--set", "eval.n_samples=2", "--set", "train.max_steps=4",
+                  "--set", "reward.rule=", "--set", "reward.sources=" + sources.dump(), "--set",
+                  "reward.python_workers=2"},
+                 "examples/grpo_tiny.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<json> steps, evals;
+  for (auto& m : read_metrics(run_dir("rlvr") / "metrics.jsonl"))
+    (m.value("split", "") == "eval" ? evals : steps).push_back(m);
+  ASSERT_EQ(steps.size(), 4u);
+  for (const auto& m : steps) {
+    const json& by = m["reward"];
+    ASSERT_TRUE(by.is_object()) << m.dump();
+    // ".*" matches everything; odd_length is a share; the random policy is never right.
+    EXPECT_DOUBLE_EQ(by["format"].get<double>(), 1.0);
+    EXPECT_GE(by["odd_length"].get<double>(), 0.0);
+    EXPECT_LE(by["odd_length"].get<double>(), 1.0);
+    EXPECT_GE(by["correct"].get<double>(), 0.0);
+    // The reward is the weighted sum of the sources (FP32 sums over 32 samples: 1e-5).
+    const double want = by["correct"].get<double>() + 0.5 * by["format"].get<double>() +
+                        0.25 * by["odd_length"].get<double>();
+    EXPECT_NEAR(m["reward_mean"].get<double>(), want, 1e-5) << m.dump();
+  }
+  // Before training (step 0), every 2 steps, and at the end (step 4, once).
+  ASSERT_EQ(evals.size(), 3u);
+  const int64_t at[] = {0, 2, 4};
+  for (size_t i = 0; i < evals.size(); ++i) {
+    const json& e = evals[i];
+    EXPECT_EQ(e["step"], at[i]);
+    EXPECT_EQ(e["prompts"], 16);
+    for (const char* key :
+         {"accuracy", "reward", "response_length", "accuracy_sampled", "pass_at_n", "time_s"})
+      EXPECT_TRUE(e.contains(key) && e[key].is_number()) << key << " in " << e.dump();
+    EXPECT_GE(e["accuracy"].get<double>(), 0.0);
+    EXPECT_LE(e["accuracy"].get<double>(), 1.0);
+    EXPECT_NEAR(e["accuracy"].get<double>() * 16, e["correct"].get<double>(), 1e-9);
+    EXPECT_GE(e["pass_at_n"].get<double>(), e["accuracy_sampled"].get<double>() - 1e-12);
+    EXPECT_DOUBLE_EQ(e["sources"]["format"].get<double>(), 1.0);
+  }
+  EXPECT_NE(r.out.find("eval after step 0 | accuracy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("eval after step 4 | accuracy"), std::string::npos) << r.out;
+}
+
+// A Python reward function that raises stops the job (exit 1) naming it, with its traceback.
+TEST_F(PpoJob, APythonRewardThatRaisesStopsTheJobNamingIt) {
+  const std::string py =
+      test::write_temp("raising_rewards.py",
+                       "def broken(prompts, completions, labels, **row):\n"
+                       "    raise ValueError('no score for ' + prompts[0][:8])\n");
+  Result r = run("raises",
+                 {"--set", "train.max_steps=2", "--set", "reward.rule=", "--set",
+                  "reward.python=" + py + ":broken"},
+                 "examples/grpo_tiny.json");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find(py + ":broken raised"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ValueError: no score for"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace rlhf::ppo

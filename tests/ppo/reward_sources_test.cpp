@@ -5,18 +5,22 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "core/errors.h"
 #include "ppo/prompt_dataset.h"
-#include "ppo/remote_reward.h"
-#include "ppo/rule_rewards.h"
+#include "rewards/remote_reward.h"
+#include "rewards/rule_rewards.h"
 
 namespace rlhf::ppo {
+using rewards::find_rule_reward;
+using rewards::RemoteReward;
 namespace {
 
 namespace beast = boost::beast;
@@ -77,6 +81,70 @@ TEST(PromptDataset, BadLinesSkippedAndCounted) {
       << ds.stats.first_problem;
   c.max_samples = 1;
   EXPECT_EQ(load_prompts(c).rows.size(), 1u);
+}
+
+TEST(PromptDataset, NestedKeysAndGsm8kLabels) {
+  // veRL's layout (a nested ground truth) and GSM8K's (#### at the end of the answer).
+  std::string path =
+      temp_file("nested.jsonl",
+                "{\"extra\": {\"q\": \"Q1\"}, \"reward_model\": {\"ground_truth\": \"1,234\"}, "
+                "\"answer\": \"so 3 + 4 = 7 clips.\\n#### 1,234\"}\n");
+  PromptDataConfig c;
+  c.source = path;
+  c.input_key = "extra.q";
+  c.label_key = "reward_model.ground_truth";
+  auto ds = load_prompts(c);
+  ASSERT_EQ(ds.rows.size(), 1u);
+  EXPECT_EQ(ds.rows[0].input, "Q1");
+  EXPECT_EQ(ds.rows[0].label, "1,234");
+  c.label_key = "answer";
+  c.label_from = "gsm8k";
+  EXPECT_EQ(load_prompts(c).rows[0].label, "1234");
+  // An answer without "####" is named with its line.
+  std::string bad = temp_file("nogsm.jsonl", "{\"extra\": {\"q\": \"Q\"}, \"answer\": \"7\"}\n");
+  c.source = bad;
+  try {
+    load_prompts(c);
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(bad + ":1: data.label_from gsm8k"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PromptDataset, ArithmeticSplitsAreDisjointAndLabelsAreTheAnswers) {
+  const auto train = synthetic_prompts("arith", 3000, 42);
+  const auto test = synthetic_prompts("arith_test", 500, 42);
+  const auto test_other_seed = synthetic_prompts("arith_test", 500, 7);
+  ASSERT_EQ(train.size(), 3000u);
+  ASSERT_EQ(test.size(), 500u);
+  std::set<std::string> seen;
+  for (const auto& r : train) seen.insert(r.input.get<std::string>());
+  EXPECT_EQ(seen.size(), train.size()) << "repeated problems in the training split";
+  int shared = 0;
+  for (size_t i = 0; i < test.size(); ++i) {
+    const std::string q = test[i].input.get<std::string>();
+    shared += seen.count(q);
+    EXPECT_EQ(q, test_other_seed[i].input.get<std::string>()) << "the held-out split moved";
+  }
+  EXPECT_EQ(shared, 0);
+  // Every label is an integer; the "What is a + b?" and "a times b" ones are recomputed.
+  int checked = 0;
+  for (const auto& r : train) {
+    const std::string q = r.input.get<std::string>();
+    EXPECT_NO_THROW(std::stoll(r.label)) << r.label;
+    int a = 0, b = 0;
+    char op[8] = {0};
+    if (std::sscanf(q.c_str(), "What is %d %7s %d?", &a, op, &b) == 3 &&
+        q.find(" - ") == std::string::npos) {
+      const int want = std::string(op) == "+" ? a + b : std::string(op) == "times" ? a * b : -1;
+      if (want >= 0) {
+        EXPECT_EQ(r.label, std::to_string(want)) << q;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
 }
 
 TEST(PromptDataset, SyntheticIsDeterministicPerSeed) {
