@@ -25,7 +25,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-TRL = ["trl==1.16.0", "datasets==5.2.0"]
+# datasets 4.8.x: 5.x needs pyarrow >= 24, and the build pins pyarrow 22 (data/CMakeLists.txt).
+TRL = ["trl==1.16.0", "datasets==4.8.2", "pyarrow==22.0.0"]
 
 
 def ensure_trl():

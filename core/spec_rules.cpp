@@ -234,8 +234,8 @@ json reward_source_list(const json& r, std::vector<SpecProblem>* problems) {
   } else {
     // reward.model is the source only when no other shorthand is set: beside a rule, a
     // Python function or a URL it is only where the critic starts from (critic.model's default).
-    const bool other = !s("reward.rule").empty() || !s("reward.python").empty() ||
-                       !s("reward.remote_url").empty();
+    const bool other =
+        !s("reward.rule").empty() || !s("reward.python").empty() || !s("reward.remote_url").empty();
     if (!s("reward.model").empty() && !other)
       list.push_back({{"kind", "model"}, {"model", s("reward.model")}});
     if (!s("reward.rule").empty()) list.push_back({{"kind", "rule"}, {"rule", s("reward.rule")}});

@@ -2,7 +2,10 @@
 // Face transformers itself (tests/cli/smollm2_reference.py, FP32, eager attention): the chat
 // template's token ids, greedy generation token for token, and per-token log-probs.
 // The reference is made once per build directory and made again when the script changes.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +14,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "tests/support/run_cli.h"
 #include "test_paths.h"
+#include "tests/support/run_cli.h"
 
 namespace rlhf::test {
 namespace {
@@ -35,11 +38,24 @@ std::pair<std::string, int> shell(const std::string& cmd) {
 class RealModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    ref_ = std::string(RLHF_BINARY_DIR) + "/test-runs/smollm2-reference";
+    // ctest runs each test in its own process, several at once: one makes the reference while
+    // the others wait on the lock.
+    fs::create_directories(std::string(RLHF_BINARY_DIR) + "/test-runs");
+    const std::string lock_path = ref_ + ".lock";
+    const int lock = ::open(lock_path.c_str(), O_CREAT | O_RDWR, 0644);
+    if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
+      error_ = "cannot lock " + lock_path;
+      return;
+    }
+    struct Unlock {
+      int fd;
+      ~Unlock() { ::close(fd); }
+    } unlock{lock};
     auto [dir, status] = shell(std::string(RLHF_SOURCE_DIR) + "/scripts/get-model " +
-                               "smollm2-135m-instruct 2>/tmp/rlhf-get-model.err");
+                               "smollm2-135m-instruct 2>" + ref_ + ".get-model.err");
     model_ = status == 0 ? dir : "";
     if (model_.empty()) return;
-    ref_ = std::string(RLHF_BINARY_DIR) + "/test-runs/smollm2-reference";
     const std::string script = std::string(RLHF_SOURCE_DIR) + "/tests/cli/smollm2_reference.py";
     // Made again when the script differs from the copy kept beside the reference.
     if (slurp(ref_ + "/script.py") != slurp(script) || !fs::exists(ref_ + "/reference.json")) {
@@ -57,8 +73,9 @@ class RealModel : public ::testing::Test {
   }
 
   void SetUp() override {
+    ASSERT_TRUE(error_.empty()) << error_;
     ASSERT_FALSE(model_.empty()) << "scripts/get-model smollm2-135m-instruct failed: "
-                                 << slurp("/tmp/rlhf-get-model.err");
+                                 << slurp(ref_ + ".get-model.err");
     ASSERT_TRUE(error_.empty()) << error_;
   }
 
@@ -126,6 +143,70 @@ TEST_F(RealModel, LogProbsEqualTransformersInFp32) {
   EXPECT_LE(worst, 1e-4) << "over " << tokens << " tokens";
   std::cout << "max |log-prob diff| vs transformers: " << worst << " over " << tokens
             << " tokens\n";
+}
+
+// The RLVR example on the real model, cut to two small steps (the full run is a benchmark,
+// bench/RESULTS.md): prompts in SmolLM2's chat template, the held-out evaluation before and
+// after, and a trained export that transformers loads and computes as rlhf does.
+TEST_F(RealModel, ShortGrpoJobEvaluatesAndExportsWhatTransformersLoads) {
+  const std::string runs =
+      std::string(RLHF_BINARY_DIR) + "/test-runs/real-model-" + std::to_string(::getpid());
+  const auto r = run_cli({"run",   "examples/grpo_smollm2_arith.json",
+                          "--set", "actor.model=" + model_,
+                          "--set", "logger.run_dir=" + runs,
+                          "--set", "train.max_steps=2",
+                          "--set", "rollout.batch_size=2",
+                          "--set", "rollout.micro_batch_size=2",
+                          "--set", "rollout.n_samples_per_prompt=4",
+                          "--set", "rollout.max_new_tokens=16",
+                          "--set", "train.batch_size=8",
+                          "--set", "train.micro_batch_size=4",
+                          "--set", "eval.max_samples=8",
+                          "--set", "data.max_samples=16",
+                          "--set", "cluster.threads_per_worker=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string dir = runs + "/grpo_smollm2_arith";
+  std::vector<json> evals, steps;
+  for (auto& m : read_jsonl(dir + "/metrics.jsonl"))
+    (m.value("split", "") == "eval" ? evals : steps).push_back(m);
+  ASSERT_EQ(steps.size(), 2u);
+  ASSERT_EQ(evals.size(), 2u);
+  EXPECT_EQ(evals[0]["step"], 0);
+  EXPECT_EQ(evals[1]["step"], 2);
+  EXPECT_EQ(evals[0]["prompts"], 8);
+  for (const auto& s : steps) {
+    EXPECT_TRUE(s["reward"].contains("correct")) << s.dump();
+    EXPECT_TRUE(s["reward"].contains("ends_with_number")) << s.dump();
+  }
+  // The policy saw the chat template with SmolLM2's default system prompt.
+  const auto samples = read_jsonl(dir + "/samples.jsonl");
+  ASSERT_FALSE(samples.empty());
+  EXPECT_EQ(samples[0]["prompt"].get<std::string>().rfind(
+                "<|im_start|>system\nYou are a helpful AI assistant named SmolLM", 0),
+            0u)
+      << samples[0]["prompt"];
+  // On a CPU without BF16 units the job computes in FP32 and says so.
+  EXPECT_NE(r.err.find("compute dtype (auto): actor"), std::string::npos) << r.err;
+  // transformers loads the export; its log-probs equal rlhf's on the export (FP32, 1e-4).
+  const std::string exported = dir + "/export/actor";
+  const std::string ids = "[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308]";
+  const auto ours = run_cli({"logprobs", "--model", exported, "--input",
+                             write_temp("export-ids.jsonl", "{\"input_ids\": " + ids + "}\n"),
+                             "--dtype", "fp32"});
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  const auto [theirs, status] =
+      shell("OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 '" + std::string(RLHF_PYTHON) +
+            "' -c \"import torch, json, transformers as t; "
+            "m = t.AutoModelForCausalLM.from_pretrained('" +
+            exported + "', dtype=torch.float32).eval(); x = torch.tensor([" + ids +
+            "]); lp = torch.log_softmax(m(x).logits[0, :-1].float(), -1)"
+            ".gather(1, x[0, 1:, None])[:, 0]; print(json.dumps(lp.tolist()))\" 2>&1");
+  ASSERT_EQ(status, 0) << theirs;
+  const auto a = json::parse(ours.out)["log_probs"].get<std::vector<double>>();
+  const auto b = json::parse(theirs.substr(theirs.rfind('\n') + 1)).get<std::vector<double>>();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4) << "position " << i;
+  std::filesystem::remove_all(runs);
 }
 
 }  // namespace

@@ -31,11 +31,14 @@ std::string spec_with(const std::string& name, const json& reward) {
   return write_temp(name + ".json", spec.dump());
 }
 
-const char* const kRows =
-    R"({"prompt": "What is 2 + 3?", "response": "<think>2 plus 3</think> The answer is 5.", "label": "5", "level": 1}
-{"prompt": "What is 6 x 7?", "response": "It is \\boxed{42}", "label": "42", "level": 2}
-{"prompt": "What is 9 - 4?", "response": "I think 6", "label": "5", "level": 3}
-)";
+const std::string kRows =
+    R"({"prompt": "What is 2 + 3?", "response": "<think>2 plus 3</think> The answer is 5.", )"
+    R"("label": "5", "level": 1})"
+    "\n"
+    R"({"prompt": "What is 6 x 7?", "response": "It is \\boxed{42}", "label": "42", "level": 2})"
+    "\n"
+    R"({"prompt": "What is 9 - 4?", "response": "I think 6", "label": "5", "level": 3})"
+    "\n";
 
 TEST(RewardCli, WeightedSourcesScoreEachRowAndNameEachSource) {
   const std::string py =

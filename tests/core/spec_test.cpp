@@ -461,3 +461,79 @@ TEST(SpecSchema, CommittedReferenceMatchesTheTable) {
 
 }  // namespace
 }  // namespace rlhf
+
+namespace rlhf {
+namespace {
+
+JobSpec patched(const std::string& patch) {
+  json doc = base_spec();
+  doc.merge_patch(json::parse(patch));
+  return JobSpec::parse(doc.dump(), "job.json");
+}
+
+// dtype "auto": bf16 on cuda nodes, and on CPUs only with BF16 units (read here from
+// /proc/cpuinfo as the rule does); a dtype the user gave is kept; the choice is noted.
+TEST(Spec, AutoDtypeFollowsTheNodeAndTheCpu) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const bool units =
+      text.find(" avx512_bf16") != std::string::npos || text.find(" amx_bf16") != std::string::npos;
+  const JobSpec cpu = patched(R"({"ref": {"dtype": "bf16"}})");
+  EXPECT_EQ(cpu.get_string("actor.dtype"), units ? "bf16" : "fp32");
+  EXPECT_EQ(cpu.get_string("ref.dtype"), "bf16");
+  ASSERT_EQ(cpu.notes().size(), 1u);
+  EXPECT_NE(cpu.notes()[0].find("compute dtype (auto): actor "), std::string::npos);
+  EXPECT_EQ(cpu.notes()[0].find("ref "), std::string::npos) << cpu.notes()[0];
+  const JobSpec gpu = patched(
+      R"({"cluster": {"nodes": [{"name": "g", "kind": "cuda", "devices": 6, "memory_gb": 80}]}})");
+  for (const char* role : {"actor", "critic", "reward", "ref", "rollout"})
+    EXPECT_EQ(gpu.get_string(std::string(role) + ".dtype"), "bf16") << role;
+}
+
+TEST(Spec, RewardSourcesExpandShorthandsAndDecideTheRewardGroup) {
+  // reward.model alone is the source; beside a rule it is only the critic's default.
+  auto names = [](const JobSpec& s) {
+    std::vector<std::string> out;
+    for (const auto& src : s.reward_sources()) out.push_back(src["name"]);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(names(patched("{}")), V{"model"});
+  const JobSpec rule = patched(R"({"reward": {"rule": "math", "python": "r.py:f"}})");
+  EXPECT_EQ(names(rule), (V{"math", "f"}));
+  EXPECT_FALSE(rule.uses(Role::kReward));
+  // A list: weights, default names, repeats suffixed; a model entry starts the reward group.
+  const JobSpec list = patched(R"({"reward": {"model": "", "sources": [
+      {"rule": "math"}, {"rule": "math", "weight": 0.5}, {"model": "m/rm2", "name": "rm"},
+      {"remote_url": "http://127.0.0.1:1/"}]}})");
+  EXPECT_EQ(names(list), (V{"math", "math_2", "rm", "remote"}));
+  EXPECT_DOUBLE_EQ(list.reward_sources()[1]["weight"].get<double>(), 0.5);
+  EXPECT_TRUE(list.uses(Role::kReward));
+  EXPECT_EQ(list.get_string("reward.model"), "m/rm2");
+  // One problem per mistake, naming the entry.
+  auto problems = [](const std::string& patch) {
+    try {
+      patched(patch);
+    } catch (const SpecError& e) {
+      std::string all;
+      for (const auto& p : e.problems()) all += p.path + ": " + p.message + "\n";
+      return all;
+    }
+    return std::string();
+  };
+  EXPECT_NE(problems(R"({"reward": {"sources": [{"rule": "math", "python": "a.py:f"}]}})")
+                .find("reward.sources[0]: expected exactly one of"),
+            std::string::npos);
+  EXPECT_NE(problems(R"({"reward": {"rule": "math", "sources": [{"rule": "math"}]}})")
+                .find("reward.rule: set either reward.sources or the single-source keys"),
+            std::string::npos);
+  EXPECT_NE(
+      problems(R"({"reward": {"python": "rewards:f"}})").find("expected \"FILE.py:FUNCTION\""),
+      std::string::npos);
+  EXPECT_NE(problems(R"({"reward": {"sources": [{"model": "a"}, {"model": "a"}]}})")
+                .find("at most one reward model source"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace rlhf

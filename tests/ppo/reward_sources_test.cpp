@@ -17,6 +17,7 @@
 #include "ppo/prompt_dataset.h"
 #include "rewards/remote_reward.h"
 #include "rewards/rule_rewards.h"
+#include "test_paths.h"
 
 namespace rlhf::ppo {
 using rewards::find_rule_reward;
@@ -108,6 +109,42 @@ TEST(PromptDataset, NestedKeysAndGsm8kLabels) {
     FAIL() << "accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(bad + ":1: data.label_from gsm8k"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(PromptDataset, ReadsParquetWithMessagesAndNestedLabels) {
+  // A veRL-style GSM8K file as pyarrow writes it: chat messages and a nested ground truth.
+  const std::string path = temp_file("gsm8k.parquet", "");
+  const std::string script = temp_file(
+      "write.py",
+      "import sys, pyarrow as pa, pyarrow.parquet as pq\n"
+      "msg = pa.struct([('role', pa.string()), ('content', pa.string())])\n"
+      "rm = pa.struct([('ground_truth', pa.string())])\n"
+      "t = pa.table({'prompt': pa.array([[{'role': 'user', 'content': 'What is 6*7?'}],"
+      " [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]],"
+      " pa.list_(msg)), 'reward_model': pa.array([{'ground_truth': '42'},"
+      " {'ground_truth': '4'}], rm)})\n"
+      "pq.write_table(t, sys.argv[1])\n");
+  ASSERT_EQ(std::system(("'" + std::string(RLHF_PYTHON) + "' " + script + " " + path).c_str()), 0);
+  PromptDataConfig c;
+  c.source = path;
+  c.input_key = "prompt";
+  c.label_key = "reward_model.ground_truth";
+  auto ds = load_prompts(c);
+  ASSERT_EQ(ds.rows.size(), 2u);
+  EXPECT_EQ(ds.rows[0].input[0]["content"], "What is 6*7?");
+  EXPECT_EQ(ds.rows[1].input.size(), 2u);
+  EXPECT_EQ(ds.rows[0].label, "42");
+  EXPECT_EQ(ds.rows[1].line, 2);
+  // A column that is not there is named with the file and row.
+  c.label_key = "answer";
+  try {
+    load_prompts(c);
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ": row 1: missing key \"answer\""),
+              std::string::npos)
         << e.what();
   }
 }
