@@ -7,9 +7,10 @@ before and after. TRL is a peer to compare with (bench-only, never a dependency 
 Same model (SmolLM2-135M-Instruct from scripts/get-model), same prompts (`rlhf dataset
 synthetic:arith`, 2000 rows) and held-out problems (synthetic:arith_test, 200), same rewards
 (the example's sources, scored by `rlhf reward` itself so both runs see identical scores), 16
-prompts x 8 samples per step, 48 new tokens, temperature 1, two optimizer steps of 64 samples
-per step, lr 5e-6 constant, KL k3 loss with beta 0.001, group-normalised advantages,
-gradient checkpointing, FP32 on CPU. Differences: TRL's token-level "dapo" loss vs rlhf's
+prompts x 8 samples per step, 48 new tokens, temperature 0.7, two optimizer steps of 64
+samples per step, lr 5e-6 constant, KL k3 loss with beta 0.001, group-normalised advantages,
+no gradient checkpointing, BF16 compute (TRL: autocast, FP32 weights; rlhf: dtype auto
+chose BF16 on this AVX512-BF16 CPU, FP32 master weights). Differences: TRL's token-level "dapo" loss vs rlhf's
 token_mean (the same normalisation over a batch's tokens); HF generate (dense KV cache, no
 continuous batching) for rollouts; torch's threads inside one process vs one thread in each of
 rlhf's three processes (both use the machine's 2 cores).
@@ -142,11 +143,11 @@ def main():
 
     clock = Clock()
     config = GRPOConfig(
-        output_dir=a.out, learning_rate=5e-6, lr_scheduler_type="constant", warmup_ratio=0.0,
+        output_dir=a.out, learning_rate=5e-6, lr_scheduler_type="constant", warmup_steps=0,
         per_device_train_batch_size=8, gradient_accumulation_steps=8, steps_per_generation=16,
-        num_generations=8, max_completion_length=48, temperature=1.0, beta=0.001,
+        num_generations=8, max_completion_length=48, temperature=0.7, beta=0.001,
         loss_type="dapo", scale_rewards="group", num_iterations=1, max_steps=2 * a.steps,
-        gradient_checkpointing=True, bf16=False, use_cpu=True, logging_steps=2,
+        gradient_checkpointing=False, bf16=True, use_cpu=True, logging_steps=2,
         save_strategy="no", report_to=[], seed=42)
     trainer = GRPOTrainer(model=model, args=config, train_dataset=data, reward_funcs=[reward],
                           processing_class=tok, callbacks=[clock])

@@ -150,6 +150,10 @@ class PpoJob {
   void evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out);
   void init_roles(Scheduler& s, std::ostream& out);
   Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill = 0);
+  // One generate request for `batch` over the rollout group: `n` samples per prompt at
+  // `temperature` (0: greedy), drawn from `seed`; the reply as a Rollout with its texts.
+  Rollout generate_with(Scheduler& s, const PromptBatch& batch, double temperature, int64_t n,
+                        uint64_t seed);
   Rollout sample(Scheduler& s, int64_t step);  // generate, with dynamic sampling when on
   // Scores r with every reward source (the reward model's scores passed in where there is
   // one): sets r.scores [B] and r.source_scores [S, B] unless already set.
@@ -362,13 +366,21 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
 Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill) {
   // Seeds follow the prompt's position in the step (prompt_index), not the micro batch, so
   // a step samples the same whatever the rollout group size. A refill batch (dynamic
-  // sampling) draws with its own seed. Each micro batch goes to one engine: with tensor
-  // parallelism, the same request to each of its ranks at once (RoleGroup replicas).
-  json args = {{"temperature", c_.temperature},
+  // sampling) draws with its own seed.
+  return generate_with(
+      s, batch, c_.temperature, c_.n_samples_per_prompt,
+      c_.seed * 7919 + static_cast<uint64_t>(step) + static_cast<uint64_t>(refill) * 1000003);
+}
+
+Rollout PpoJob::generate_with(Scheduler& s, const PromptBatch& batch, double temperature, int64_t n,
+                              uint64_t seed) {
+  // Each micro batch goes to one engine: with tensor parallelism, the same request to each of
+  // its ranks at once (RoleGroup replicas). n overrides the engine's samples per prompt.
+  json args = {{"temperature", temperature},
                {"top_p", c_.top_p},
                {"top_k", c_.top_k},
-               {"seed", c_.seed * 7919 + static_cast<uint64_t>(step) +
-                            static_cast<uint64_t>(refill) * 1000003}};
+               {"seed", seed},
+               {"n_samples_per_prompt", n}};
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   Message reply = s.group(Role::kRollout)
                       .scatter("generate",
@@ -388,7 +400,6 @@ Rollout PpoJob::generate(Scheduler& s, const PromptBatch& batch, int64_t step, i
     r.preempted += mb.value("preempted", int64_t{0});
     r.kv_peak_bytes = std::max<int64_t>(r.kv_peak_bytes, mb.value("kv_peak_bytes", int64_t{0}));
   }
-  const int64_t n = c_.n_samples_per_prompt;
   for (int64_t i = 0; i < r.sequences.size(0); ++i) {
     r.prompts.push_back(batch.texts[static_cast<size_t>(i / n)]);
     r.labels.push_back(batch.labels[static_cast<size_t>(i / n)]);
@@ -794,28 +805,8 @@ void PpoJob::evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ost
   // Every held-out prompt once, in one left-padded batch, scattered micro batch by micro batch.
   PromptStream stream(eval_prompts_, pad_id_, c_.seed);
   const PromptBatch batch = stream.next(count);
-  torch::Tensor index = torch::arange(count, torch::kLong);
   auto run = [&](double temperature, int64_t n) {
-    json args = {{"temperature", temperature},
-                 {"top_p", c_.top_p},
-                 {"top_k", c_.top_k},
-                 {"seed", c_.seed * 7919 + 104729},
-                 {"n_samples_per_prompt", n}};
-    Message reply = s.group(Role::kRollout)
-                        .scatter("generate",
-                                 {{"prompt_ids", batch.prompt_ids},
-                                  {"prompt_mask", batch.prompt_mask},
-                                  {"prompt_index", index}},
-                                 c_.rollout_micro_batch_size, args);
-    Rollout r;
-    r.sequences = reply.tensor("sequences").to(torch::kLong).contiguous();
-    r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
-    r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
-    for (int64_t i = 0; i < r.sequences.size(0); ++i) {
-      r.prompts.push_back(batch.texts[static_cast<size_t>(i / n)]);
-      r.labels.push_back(batch.labels[static_cast<size_t>(i / n)]);
-      r.responses.push_back(response_text(r, i));
-    }
+    Rollout r = generate_with(s, batch, temperature, n, c_.seed * 7919 + 104729);
     torch::Tensor model_scores;
     if (has_reward_model_)
       model_scores = s.group(Role::kReward)

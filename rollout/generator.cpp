@@ -110,6 +110,9 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
 void Generator::set_samples_per_prompt(int64_t n) {
   if (n < 1)
     throw InputError("generate: n_samples_per_prompt must be >= 1, got " + std::to_string(n));
+  if (config_.max_num_seqs > 0 && n > config_.max_num_seqs)
+    throw InputError("generate: n_samples_per_prompt " + std::to_string(n) +
+                     " exceeds rollout.max_num_seqs " + std::to_string(config_.max_num_seqs));
   config_.n_samples_per_prompt = n;
 }
 
