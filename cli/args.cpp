@@ -1,6 +1,7 @@
 #include "cli/args.h"
 
 #include <sstream>
+#include <stdexcept>
 
 #include "core/errors.h"
 
@@ -47,6 +48,18 @@ std::optional<std::string> Args::value(const std::string& name) const {
   auto it = values_.find(name);
   if (it == values_.end() || it->second.empty()) return std::nullopt;
   return it->second.back();
+}
+
+int64_t Args::integer(const std::string& name, int64_t fallback, int64_t min) const {
+  auto v = value(name);
+  if (!v) return fallback;
+  try {
+    size_t used = 0;
+    const int64_t x = std::stoll(*v, &used);
+    if (used == v->size() && x >= min) return x;
+  } catch (const std::exception&) {
+  }
+  throw InputError(name + " must be an integer >= " + std::to_string(min) + ", got \"" + *v + "\"");
 }
 
 std::vector<std::string> Args::values(const std::string& name) const {

@@ -2,6 +2,7 @@
 // and positionals. Unknown options are an InputError naming the option.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
@@ -25,6 +26,9 @@ class Args {
   bool flag(const std::string& name) const;
   std::optional<std::string> value(const std::string& name) const;  // last occurrence
   std::vector<std::string> values(const std::string& name) const;   // all occurrences
+  // The option's value as an integer >= min, `fallback` when absent; throws InputError
+  // ("NAME must be an integer >= MIN, got ...") otherwise.
+  int64_t integer(const std::string& name, int64_t fallback, int64_t min) const;
   const std::vector<std::string>& positionals() const { return positionals_; }
 
  private:

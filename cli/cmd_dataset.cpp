@@ -26,17 +26,8 @@ int cmd_dataset(const Argv& argv) {
   const std::string source = args.positionals()[0];
   if (source.rfind("synthetic:", 0) != 0)
     throw InputError("rlhf dataset: expected synthetic:NAME, got \"" + source + "\"");
-  auto number = [&](const char* name, int64_t fallback) {
-    const auto v = args.value(name);
-    if (!v) return fallback;
-    try {
-      return static_cast<int64_t>(std::stoll(*v));
-    } catch (const std::exception&) {
-      throw InputError(std::string(name) + ": expected an integer, got \"" + *v + "\"");
-    }
-  };
-  const auto rows = ppo::synthetic_prompts(source.substr(10), number("--count", 1024),
-                                           static_cast<uint64_t>(number("--seed", 42)));
+  const auto rows = ppo::synthetic_prompts(source.substr(10), args.integer("--count", 1024, 1),
+                                           static_cast<uint64_t>(args.integer("--seed", 42, 0)));
   for (const auto& r : rows)
     std::cout << nlohmann::json({{"prompt", r.input}, {"label", r.label}}).dump() << '\n';
   return 0;

@@ -22,18 +22,6 @@
 namespace rlhf::cli {
 namespace {
 
-int64_t int_option(const Args& args, const std::string& name, int64_t fallback, int64_t min) {
-  auto v = args.value(name);
-  if (!v) return fallback;
-  try {
-    size_t used = 0;
-    int64_t x = std::stoll(*v, &used);
-    if (used == v->size() && x >= min) return x;
-  } catch (const std::exception&) {
-  }
-  throw InputError(name + " must be an integer >= " + std::to_string(min) + ", got \"" + *v + "\"");
-}
-
 double number_option(const Args& args, const std::string& name, double fallback) {
   auto v = args.value(name);
   if (!v) return fallback;
@@ -119,13 +107,13 @@ int cmd_generate(const Argv& argv) {
   rollout::SamplingParams sampling;
   sampling.temperature = number_option(args, "--temperature", 1.0);
   sampling.top_p = number_option(args, "--top-p", 1.0);
-  sampling.top_k = int_option(args, "--top-k", -1, -1);
-  sampling.seed = static_cast<uint64_t>(int_option(args, "--seed", 0, 0));
+  sampling.top_k = args.integer("--top-k", -1, -1);
+  sampling.seed = static_cast<uint64_t>(args.integer("--seed", 0, 0));
   sampling.validate();
   rollout::GenerationConfig config;
-  config.n_samples_per_prompt = int_option(args, "--n", 1, 1);
-  config.max_new_tokens = int_option(args, "--max-new-tokens", 128, 1);
-  config.micro_batch_size = int_option(args, "--batch-size", 8, 1);
+  config.n_samples_per_prompt = args.integer("--n", 1, 1);
+  config.max_new_tokens = args.integer("--max-new-tokens", 128, 1);
+  config.micro_batch_size = args.integer("--batch-size", 8, 1);
   const auto prompts = read_prompts(args);
 
   models::LoadOptions load;

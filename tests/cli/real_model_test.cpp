@@ -76,7 +76,6 @@ class RealModel : public ::testing::Test {
     ASSERT_TRUE(error_.empty()) << error_;
     ASSERT_FALSE(model_.empty()) << "scripts/get-model smollm2-135m-instruct failed: "
                                  << slurp(ref_ + ".get-model.err");
-    ASSERT_TRUE(error_.empty()) << error_;
   }
 
   static std::string model_, ref_, error_;
