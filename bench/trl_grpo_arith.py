@@ -2,16 +2,22 @@
 GRPOTrainer on the same machine, for bench/RESULTS.md: seconds per step and held-out accuracy
 before and after. TRL is a peer to compare with (bench-only, never a dependency of rlhf).
 
-  "$(scripts/python-env)" bench/trl_grpo_arith.py --steps 20 [--out bench-runs/trl]
+  "$(scripts/python-env)" bench/trl_grpo_arith.py --steps 20 [--loss dr_grpo] [--eval-steps 5]
+      [--out bench-runs/trl]
 
 Same model (SmolLM2-135M-Instruct from scripts/get-model), same prompts (`rlhf dataset
 synthetic:arith`, 2000 rows) and held-out problems (synthetic:arith_test, 200), same rewards
 (the example's sources, scored by `rlhf reward` itself so both runs see identical scores), 16
 prompts x 8 samples per step, 48 new tokens, temperature 0.7, two optimizer steps of 64
-samples per step, lr 5e-6 constant, KL k3 loss with beta 0.001, group-normalised advantages,
-no gradient checkpointing, BF16 compute (TRL: autocast, FP32 weights; rlhf: dtype auto
-chose BF16 on this AVX512-BF16 CPU, FP32 master weights). Differences: TRL's token-level "dapo" loss vs rlhf's
-token_mean (the same normalisation over a batch's tokens); HF generate (dense KV cache, no
+samples per step, KL k3 loss with beta 0.001, no gradient checkpointing, BF16 compute (TRL: autocast, FP32 weights; rlhf: dtype auto
+chose BF16 on this AVX512-BF16 CPU, FP32 master weights). --loss picks the pair of settings:
+  dr_grpo (the example's): TRL loss_type="dr_grpo", scale_rewards="none", lr 1e-5 = rlhf
+          algo.advantage.estimator dr_grpo (r - group mean; loss summed over tokens and divided
+          by batch x max_new_tokens, rlhf's token_sum_norm), lr 1e-5;
+  group_norm: TRL loss_type="dapo", scale_rewards="group", lr 5e-6 = rlhf group_norm with
+          token_mean (the same normalisation over a batch's tokens).
+Held-out accuracy is measured before, every --eval-steps rlhf steps and after (greedy, the
+same 200 problems), as rlhf's eval.steps does. Differences: HF generate (dense KV cache, no
 continuous batching) for rollouts; torch's threads inside one process vs one thread in each of
 rlhf's three processes (both use the machine's 2 cores).
 """
@@ -96,6 +102,9 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "bench-runs", "trl"))
     p.add_argument("--rlhf", default=os.path.join(ROOT, "build", "cli", "rlhf"))
     p.add_argument("--eval-prompts", type=int, default=200)
+    p.add_argument("--loss", choices=["dr_grpo", "group_norm"], default="dr_grpo")
+    p.add_argument("--eval-steps", type=int, default=5,
+                   help="held-out accuracy every N rlhf steps (0: before and after only)")
     p.add_argument("--eval-only", metavar="DIR",
                    help="only the held-out accuracy of this HF directory (e.g. rlhf's export), "
                         "greedy in transformers; no TRL needed")
@@ -134,31 +143,50 @@ def main():
     eval_s = time.time() - t
     print(f"trl_grpo_arith: held-out accuracy before {before:.3f} ({eval_s:.0f} s)", flush=True)
 
+    curve = [{"step": 0, "accuracy": before}]
+
     class Clock(TrainerCallback):
+        """Times each optimizer step, leaving the held-out evaluations out of the step times."""
+
         def __init__(self):
             self.marks = [time.time()]
+            self.eval_s = 0.0
 
-        def on_step_end(self, args, state, control, **kw):
-            self.marks.append(time.time())
+        def on_step_end(self, args, state, control, model=None, **kw):
+            now = time.time()
+            self.marks.append(now)
+            step = state.global_step // 2  # an rlhf step is two TRL optimizer steps
+            if (a.eval_steps and state.global_step % 2 == 0 and step % a.eval_steps == 0
+                    and step < a.steps):
+                acc = accuracy(model, tok, held_out, reward)
+                curve.append({"step": step, "accuracy": acc})
+                print(f"trl_grpo_arith: step {step} held-out accuracy {acc:.3f}", flush=True)
+                spent = time.time() - now
+                self.eval_s += spent
+                self.marks = [m + spent for m in self.marks]  # shift: the next step starts now
 
     clock = Clock()
+    lr = 1e-5 if a.loss == "dr_grpo" else 5e-6
+    loss_type, scale = ("dr_grpo", "none") if a.loss == "dr_grpo" else ("dapo", "group")
     config = GRPOConfig(
-        output_dir=a.out, learning_rate=5e-6, lr_scheduler_type="constant", warmup_steps=0,
+        output_dir=a.out, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
         per_device_train_batch_size=8, gradient_accumulation_steps=8, steps_per_generation=16,
         num_generations=8, max_completion_length=48, temperature=0.7, beta=0.001,
-        loss_type="dapo", scale_rewards="group", num_iterations=1, max_steps=2 * a.steps,
+        loss_type=loss_type, scale_rewards=scale, num_iterations=1, max_steps=2 * a.steps,
         gradient_checkpointing=False, bf16=True, use_cpu=True, logging_steps=2,
         save_strategy="no", report_to=[], seed=42)
     trainer = GRPOTrainer(model=model, args=config, train_dataset=data, reward_funcs=[reward],
                           processing_class=tok, callbacks=[clock])
     t = time.time()
     trainer.train()
-    train_s = time.time() - t
+    train_s = time.time() - t - clock.eval_s
     after = accuracy(trainer.model, tok, held_out, reward)
+    curve.append({"step": a.steps, "accuracy": after})
     # An rlhf step is two of TRL's optimizer steps (128 samples).
     step_s = [clock.marks[i + 2] - clock.marks[i] for i in range(0, len(clock.marks) - 2, 2)]
     rewards = [h.get("reward") for h in trainer.state.log_history if "reward" in h]
-    result = {"steps": a.steps, "accuracy_before": before, "accuracy_after": after,
+    result = {"loss": a.loss, "lr": lr, "steps": a.steps, "accuracy_curve": curve,
+              "accuracy_before": before, "accuracy_after": after,
               "train_s": train_s, "s_per_step": step_s, "mean_s_per_step": train_s / a.steps,
               "reward_curve": rewards, "eval_prompts": len(held_out), "eval_s": eval_s}
     os.makedirs(a.out, exist_ok=True)

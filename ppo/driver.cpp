@@ -91,6 +91,7 @@ struct Rollout {
   torch::Tensor action_mask;          // [B, A] response tokens up to and including EOS
   torch::Tensor behaviour_log_probs;  // [B, A] FP32 log-probs the rollout sampled from
   std::vector<std::string> prompts, responses, labels;  // [B]
+  std::vector<json> columns;    // [B] the rows' other columns for Python rewards (else empty)
   torch::Tensor scores;         // [B] reward-source total when dynamic sampling needed it early
   torch::Tensor source_scores;  // [S, B] each source's scores, with `scores`
   json sampling;                // dynamic sampling's counts (null when off)
@@ -285,6 +286,7 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec,
     }
     p.ids.assign(ids.begin(), ids.end());
     p.label = row.label;
+    if (rewards_->reads_rows()) p.columns = row.columns;
     out.push_back(std::move(p));
   }
   return out;
@@ -403,6 +405,7 @@ Rollout PpoJob::generate_with(Scheduler& s, const PromptBatch& batch, double tem
   for (int64_t i = 0; i < r.sequences.size(0); ++i) {
     r.prompts.push_back(batch.texts[static_cast<size_t>(i / n)]);
     r.labels.push_back(batch.labels[static_cast<size_t>(i / n)]);
+    if (rewards_->reads_rows()) r.columns.push_back(batch.columns[static_cast<size_t>(i / n)]);
     r.responses.push_back(response_text(r, i));
   }
   return r;
@@ -421,11 +424,13 @@ Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
   out.prompts.clear();
   out.responses.clear();
   out.labels.clear();
+  out.columns.clear();
   for (int64_t i :
        std::vector<int64_t>(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel())) {
     out.prompts.push_back(r.prompts[static_cast<size_t>(i)]);
     out.responses.push_back(r.responses[static_cast<size_t>(i)]);
     out.labels.push_back(r.labels[static_cast<size_t>(i)]);
+    if (!r.columns.empty()) out.columns.push_back(r.columns[static_cast<size_t>(i)]);
   }
   return out;
 }
@@ -460,6 +465,7 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
        {std::make_pair(&out.prompts, &b.prompts), std::make_pair(&out.responses, &b.responses),
         std::make_pair(&out.labels, &b.labels)})
     to->insert(to->end(), from->begin(), from->end());
+  out.columns.insert(out.columns.end(), b.columns.begin(), b.columns.end());
   out.weight_version = std::max(a.weight_version, b.weight_version);
   return out;
 }
@@ -471,7 +477,7 @@ void PpoJob::score_rewards(Rollout& r, const torch::Tensor& model_scores) const 
     const auto m = model_scores.to(torch::kFloat64).contiguous();
     model.assign(m.data_ptr<double>(), m.data_ptr<double>() + m.numel());
   }
-  const auto got = rewards_->score(r.prompts, r.responses, r.labels, {}, model);
+  const auto got = rewards_->score(r.prompts, r.responses, r.labels, r.columns, model);
   r.scores = torch::tensor(got.total, torch::kFloat64).to(torch::kFloat32);
   std::vector<torch::Tensor> rows;
   for (const auto& s : got.sources)

@@ -7,6 +7,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ struct TokenizedPrompt {
   std::vector<int64_t> ids;
   std::string text;  // the formatted prompt
   std::string label;
+  nlohmann::json columns;  // PromptRow::columns; null when no reward source reads them
 };
 
 struct PromptBatch {
@@ -25,6 +27,7 @@ struct PromptBatch {
   torch::Tensor prompt_mask;  // [b, P] int64, 0 on padding
   std::vector<std::string> texts;
   std::vector<std::string> labels;
+  std::vector<nlohmann::json> columns;  // [b] the rows' other columns (TokenizedPrompt::columns)
 };
 
 class PromptStream {

@@ -211,7 +211,10 @@ PromptDataset load_prompts(const PromptDataConfig& c) {
     const json* input = find_key(row, c.input_key);
     if (!input) throw InputError("missing key \"" + c.input_key + "\" (data.input_key)");
     check_input(*input, c.input_key);
-    PromptRow p{*input, "", line};
+    PromptRow p{*input, "", line, json::object()};
+    for (const auto& [key, value] : row.items())
+      if (key != c.input_key && key != "prompts" && key != "completions" && key != "labels")
+        p.columns[key] = value;
     if (!c.label_key.empty()) {
       const json* l = find_key(row, c.label_key);
       if (!l || l->is_null())

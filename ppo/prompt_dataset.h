@@ -33,6 +33,10 @@ struct PromptRow {
   nlohmann::json input;  // a string, or [{"role": ..., "content": ...}, ...]
   std::string label;     // "" when the dataset has none
   int64_t line = 0;      // 1-based line (JSONL) or row (Parquet) in the file; 0 for synthetic rows
+  // The row's other top-level columns (the label's column included, the prompt's left out,
+  // as TRL passes dataset columns): Python reward functions get them as **row keywords.
+  // Columns named prompts, completions or labels are dropped (those keywords are ours).
+  nlohmann::json columns = nlohmann::json::object();
 };
 
 struct PromptDataset {

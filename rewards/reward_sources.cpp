@@ -76,6 +76,12 @@ bool RewardSources::has_model() const {
   return false;
 }
 
+bool RewardSources::reads_rows() const {
+  for (const auto& s : sources_)
+    if (s->python) return true;
+  return false;
+}
+
 RewardScores RewardSources::score(const std::vector<std::string>& prompts,
                                   const std::vector<std::string>& responses,
                                   const std::vector<std::string>& labels,

@@ -46,7 +46,8 @@ class RewardSources {
   RewardSources(const RewardSources&) = delete;
   RewardSources& operator=(const RewardSources&) = delete;
 
-  bool has_model() const;  // a reward-model source: score() needs its scores
+  bool has_model() const;   // a reward-model source: score() needs its scores
+  bool reads_rows() const;  // a Python source: score() passes `rows` on as **row keywords
   const std::vector<std::string>& names() const { return names_; }
 
   // Scores B samples. `rows`: each sample's dataset row (its other columns, for Python

@@ -735,6 +735,39 @@ TEST_F(PpoJob, VerifiableRewardsFromSeveralSourcesWithHeldOutEvaluation) {
   EXPECT_NE(r.out.find("eval after step 4 | accuracy"), std::string::npos) << r.out;
 }
 
+// A Python reward function gets the dataset row's other columns as keywords, as TRL passes
+// them (issue 27: `fn(prompts, completions, labels, **row)`): each prompt's own `key` and a
+// nested `meta` object arrive with its samples, through batching and grouping. The function returns
+// 1 only when both match the prompt's text, and raises (stopping the job) when a keyword is
+// missing, so reward/columns is 1 exactly.
+TEST_F(PpoJob, APythonRewardReadsTheRowsOtherColumns) {
+  std::string rows;
+  for (int i = 0; i < 12; ++i)
+    rows +=
+        json({{"input", "w" + std::to_string(i) + ":"}, {"key", i}, {"meta", {{"twice", 2 * i}}}})
+            .dump() +
+        "\n";
+  const std::string data = test::write_temp("column_prompts.jsonl", rows);
+  const std::string py =
+      test::write_temp("column_rewards.py",
+                       "import re\n"
+                       "def columns(prompts, completions, labels, key, meta, **row):\n"
+                       "    assert 'input' not in row, row\n"
+                       "    out = []\n"
+                       "    for p, k, m in zip(prompts, key, meta):\n"
+                       "        i = int(re.search(r'w(\\d+):', p).group(1))\n"
+                       "        out.append(1.0 if k == i and m['twice'] == 2 * i else 0.0)\n"
+                       "    return out\n");
+  Result r = run("columns",
+                 {"--set", "data.prompt_dataset=" + data, "--set", "train.max_steps=2", "--set",
+                  "reward.rule=", "--set", "reward.python=" + py + ":columns"},
+                 "examples/grpo_tiny.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = read_metrics(run_dir("columns") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 2u);
+  for (const auto& step : m) EXPECT_EQ(step["reward"]["columns"].get<double>(), 1.0) << step.dump();
+}
+
 // A Python reward function that raises stops the job (exit 1) naming it, with its traceback.
 TEST_F(PpoJob, APythonRewardThatRaisesStopsTheJobNamingIt) {
   const std::string py =
