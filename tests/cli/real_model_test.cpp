@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "test_paths.h"
@@ -147,32 +148,61 @@ TEST_F(RealModel, LogProbsEqualTransformersInFp32) {
 // The RLVR example on the real model, cut to two small steps (the full run is a benchmark,
 // bench/RESULTS.md): prompts in SmolLM2's chat template, the held-out evaluation before and
 // after, and a trained export that transformers loads and computes as rlhf does.
-TEST_F(RealModel, ShortGrpoJobEvaluatesAndExportsWhatTransformersLoads) {
+// The easiest problems of synthetic:arith ("What is 51 + 26? ..."), as a JSONL dataset: the
+// training split's and the held-out split's, written by `rlhf dataset`.
+std::string easy_additions(const std::string& source, const std::string& name) {
+  const auto r = run_cli({"dataset", source, "--count", "2000"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::regex addition(R"(^What is \d+ \+ \d+\?)");
+  std::string rows;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);)
+    if (std::regex_search(json::parse(line)["prompt"].get<std::string>(), addition))
+      rows += line + "\n";
+  return write_temp(name, rows);
+}
+
+// The example's job, short (4 steps of 8 prompts x 8 samples, ~3 minutes on 2 cores), on the
+// easiest problems: held-out accuracy must rise. Measured on this machine (BF16, lr 5e-5):
+// 5/32 -> 21/32. Greedy evaluation is deterministic, so an actor that did not learn (or
+// learned the wrong way) scores the same or less; a rise of 5 problems of 32 is well inside
+// what was measured and far from an unchanged policy. Then transformers loads the export.
+TEST_F(RealModel, ShortGrpoJobRaisesAccuracyOnTheEasiestProblemsAndExports) {
   const std::string runs =
       std::string(RLHF_BINARY_DIR) + "/test-runs/real-model-" + std::to_string(::getpid());
+  const std::string train = easy_additions("synthetic:arith", "easy-train.jsonl");
+  const std::string held_out = easy_additions("synthetic:arith_test", "easy-test.jsonl");
   const auto r = run_cli({"run",   "examples/grpo_smollm2_arith.json",
                           "--set", "actor.model=" + model_,
                           "--set", "logger.run_dir=" + runs,
-                          "--set", "train.max_steps=2",
-                          "--set", "rollout.batch_size=2",
-                          "--set", "rollout.micro_batch_size=2",
-                          "--set", "rollout.n_samples_per_prompt=4",
-                          "--set", "rollout.max_new_tokens=16",
-                          "--set", "train.batch_size=8",
-                          "--set", "train.micro_batch_size=4",
-                          "--set", "eval.max_samples=8",
-                          "--set", "data.max_samples=16",
+                          "--set", "data.prompt_dataset=" + train,
+                          "--set", "data.eval_dataset=" + held_out,
+                          "--set", "data.input_key=prompt",
+                          "--set", "data.label_key=label",
+                          "--set", "train.max_steps=4",
+                          "--set", "rollout.batch_size=8",
+                          "--set", "rollout.micro_batch_size=8",
+                          "--set", "rollout.max_new_tokens=32",
+                          "--set", "train.batch_size=64",
+                          "--set", "train.micro_batch_size=16",
+                          "--set", "actor.adam.lr=5e-5",
+                          "--set", "eval.steps=4",
+                          "--set", "eval.max_samples=32",
                           "--set", "cluster.threads_per_worker=1"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const std::string dir = runs + "/grpo_smollm2_arith";
   std::vector<json> evals, steps;
   for (auto& m : read_jsonl(dir + "/metrics.jsonl"))
     (m.value("split", "") == "eval" ? evals : steps).push_back(m);
-  ASSERT_EQ(steps.size(), 2u);
+  ASSERT_EQ(steps.size(), 4u);
   ASSERT_EQ(evals.size(), 2u);
   EXPECT_EQ(evals[0]["step"], 0);
-  EXPECT_EQ(evals[1]["step"], 2);
-  EXPECT_EQ(evals[0]["prompts"], 8);
+  EXPECT_EQ(evals[1]["step"], 4);
+  EXPECT_EQ(evals[0]["prompts"], 32);
+  const int64_t before = evals[0]["correct"].get<int64_t>();
+  const int64_t after = evals[1]["correct"].get<int64_t>();
+  EXPECT_GE(after, before + 5) << "held-out easy additions correct: " << before << " -> " << after
+                               << " of 32";
   for (const auto& s : steps) {
     EXPECT_TRUE(s["reward"].contains("correct")) << s.dump();
     EXPECT_TRUE(s["reward"].contains("ends_with_number")) << s.dump();
@@ -184,7 +214,7 @@ TEST_F(RealModel, ShortGrpoJobEvaluatesAndExportsWhatTransformersLoads) {
                 "<|im_start|>system\nYou are a helpful AI assistant named SmolLM", 0),
             0u)
       << samples[0]["prompt"];
-  // On a CPU without BF16 units the job computes in FP32 and says so.
+  // The job says which compute dtype `auto` chose (BF16 with BF16 units, else FP32).
   EXPECT_NE(r.err.find("compute dtype (auto): actor"), std::string::npos) << r.err;
   // transformers loads the export; its log-probs equal rlhf's on the export (FP32, 1e-4).
   const std::string exported = dir + "/export/actor";
