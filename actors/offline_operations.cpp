@@ -5,6 +5,7 @@
 
 #include "core/errors.h"
 #include "dpo/losses.h"
+#include "transport/collective_group.h"
 
 namespace rlhf {
 
@@ -196,9 +197,44 @@ Message train_dpo(ModelRole& role, const Message& req, const WorkerIdentity& sel
       });
 }
 
+// Rows first, first + 2, ... of `b`: one side of interleaved rows.
+RowBatch alternate_rows(const RowBatch& b, int64_t first) {
+  auto pick = [&](const torch::Tensor& t) { return t.slice(0, first, b.rows(), 2).contiguous(); };
+  return {pick(b.sequences), pick(b.attention_mask), pick(b.loss_mask)};
+}
+
+// KTO's reference point for this optimizer step, one value for the whole global batch:
+// z0 = max(0, mean of log pi(y_j|x_i) - log pi_ref(y_j|x_i) over the KL rows of every micro
+// batch of every rank) (dpo::kto_reference_point). OpenRLHF's KTOLoss all-reduces a micro
+// batch's mean over ranks; averaging the global batch also keeps z0 from depending on
+// micro_batch_size. The policy's side comes from a no-grad pass over this rank's KL rows in
+// micro batches before the step changes any weight, so it is what the training pass would
+// compute. Collective over the trained group.
+torch::Tensor kto_global_reference_point(ModelRole& role, const Message& req,
+                                         const WorkerIdentity& self) {
+  if (!role.trainer || !role.group)
+    throw RuntimeError(req.op + ": this worker's role is not trained");
+  torch::NoGradGuard no_grad;
+  RowBatch all = read_rows(req, true, role.device);
+  auto [begin, end] = share(all.rows(), 2, self, req.op);
+  RowBatch kl_rows = alternate_rows(all.slice(begin, end), 1);
+  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
+  // [P] each: the policy's and the reference's log-probs of this rank's KL rows.
+  torch::Tensor policy_kl = by_chunks(
+      kl_rows, micro, [&](const RowBatch& c) { return response_log_prob_sums(*role.model, c); });
+  torch::Tensor ref_kl = req.tensor("ref_log_probs").slice(0, begin + 1, end, 2);
+  torch::Tensor kl = policy_kl.to(torch::kFloat64) - ref_kl.to(role.device, torch::kFloat64);
+  // The sum and the count, in FP64: the mean does not depend on how rows split over ranks.
+  torch::Tensor sum_count =
+      torch::stack({kl.sum(), torch::full({}, static_cast<double>(kl.numel()), kl.options())});
+  role.group->all_reduce(sum_count, transport::ReduceOp::kSum);
+  return dpo::kto_reference_point(sum_count[0] / sum_count[1]);
+}
+
 // train_kto: rows interleaved (labelled row, mismatched KL row); tensors ref_log_probs [N]
 // (sums over the response, same order) and desirable [N/2] (1 desirable, 0 undesirable).
-// The reference point z0 is the KL estimate of each micro batch (dpo::kto_loss).
+// z0 is the global batch's (kto_global_reference_point); the micro batches then train on
+// their labelled rows, the only ones with a gradient (z0 is detached).
 Message train_kto(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   dpo::KtoLossConfig config;
   config.beta = req.args.at("beta").get<double>();
@@ -206,20 +242,17 @@ Message train_kto(ModelRole& role, const Message& req, const WorkerIdentity& sel
   config.undesirable_weight = req.args.value("undesirable_weight", 1.0);
   TORCH_CHECK(req.has_tensor("ref_log_probs") && req.has_tensor("desirable"),
               "train_kto: needs ref_log_probs [N] and desirable [N/2]");
+  const torch::Tensor z0 = kto_global_reference_point(role, req, self);
   return train_units(
       role, req, self, 2, true, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
-        torch::Tensor sums = response_log_prob_sums(*role.model, mb);  // [2P]
-        torch::Tensor r = req.tensor("ref_log_probs")
-                              .slice(0, b0, b0 + mb.rows())
-                              .to(role.device, torch::kFloat32);
-        const int64_t n = sums.size(0);
         dpo::KtoLogProbs lp;
-        lp.policy = sums.slice(0, 0, n, 2);
-        lp.policy_kl = sums.slice(0, 1, n, 2);
-        lp.ref = r.slice(0, 0, n, 2);
-        lp.ref_kl = r.slice(0, 1, n, 2);
-        lp.desirable =
-            req.tensor("desirable").slice(0, b0 / 2, b0 / 2 + n / 2).to(role.device).gt(0.5);
+        lp.policy = response_log_prob_sums(*role.model, alternate_rows(mb, 0));  // [P]
+        const int64_t p = lp.policy.size(0);
+        lp.ref = req.tensor("ref_log_probs")
+                     .slice(0, b0, b0 + mb.rows(), 2)
+                     .to(role.device, torch::kFloat32);
+        lp.desirable = req.tensor("desirable").slice(0, b0 / 2, b0 / 2 + p).to(role.device).gt(0.5);
+        lp.z0 = z0;
         dpo::KtoLossResult out = dpo::kto_loss(config, lp);
         means.add("kl", out.kl.item<double>());
         if (out.chosen_rewards.numel() > 0)

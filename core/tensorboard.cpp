@@ -39,17 +39,17 @@ void fixed_field(std::string& out, uint32_t field, T value) {
   out.append(raw, sizeof(T));
 }
 
-// tensorflow.Event: wall_time = 1 (double), step = 2 (int64), file_version = 3,
-// summary = 5 (tensorflow.Summary).
-std::string event(int64_t step, const std::string* summary, const std::string* file_version) {
+// tensorflow.Event: wall_time = 1 (double), step = 2 (int64), then one of file_version = 3
+// (string), summary = 5 (tensorflow.Summary), session_log = 7 (tensorflow.SessionLog).
+enum EventField : uint32_t { kFileVersion = 3, kSummary = 5, kSessionLog = 7 };
+std::string event(int64_t step, EventField field, const std::string& payload) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::string e;
   fixed_field(e, 1, now);
   key(e, 2, kVarint);
   varint(e, static_cast<uint64_t>(step));
-  if (file_version) bytes_field(e, 3, *file_version);
-  if (summary) bytes_field(e, 5, *summary);
+  bytes_field(e, field, payload);
   return e;
 }
 
@@ -104,8 +104,8 @@ EventWriter::EventWriter(const std::string& dir) {
               .string();
   out_.open(path_, std::ios::binary | std::ios::app);
   if (!out_) throw RuntimeError("cannot create TensorBoard event file " + path_);
-  const std::string version = "brain.Event:2";
-  write_event(event(0, nullptr, &version));
+  // Version 2 makes TensorBoard's EventAccumulator honour SessionLog START (session_start).
+  write_event(event(0, kFileVersion, "brain.Event:2"));
   flush();
 }
 
@@ -129,7 +129,7 @@ void EventWriter::scalar(const std::string& tag, double value, int64_t step) {
   fixed_field(v, 2, static_cast<float>(value));
   std::string summary;
   bytes_field(summary, 1, v);  // Summary.value = 1 (repeated)
-  write_event(event(step, &summary, nullptr));
+  write_event(event(step, kSummary, summary));
 }
 
 void EventWriter::text(const std::string& tag, const std::string& markdown, int64_t step) {
@@ -150,12 +150,36 @@ void EventWriter::text(const std::string& tag, const std::string& markdown, int6
   bytes_field(v, 9, metadata);
   std::string summary;
   bytes_field(summary, 1, v);
-  write_event(event(step, &summary, nullptr));
+  write_event(event(step, kSummary, summary));
+}
+
+void EventWriter::session_start(int64_t step) {
+  // SessionLog: status = 1 (enum; START = 1).
+  std::string log;
+  key(log, 1, kVarint);
+  varint(log, 1);
+  write_event(event(step, kSessionLog, log));
 }
 
 void EventWriter::flush() {
   out_.flush();
   if (!out_) throw RuntimeError("cannot write TensorBoard event file " + path_);
+}
+
+bool mark_resumed_after(const std::string& dir, int64_t step) {
+  std::error_code ec;
+  bool earlier = false;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec))
+    earlier = earlier || f.path().filename().string().find("tfevents") != std::string::npos;
+  if (!earlier) return false;
+  EventWriter marker(dir);
+  // TensorBoard keeps the events of steps below a START's step: step + 1 keeps `step`'s own.
+  // Twice: the server's reader (plugin_event_accumulator) takes a run's first START as its
+  // beginning, not a restart, and our writers write none; EventAccumulator purges at each.
+  marker.session_start(step + 1);
+  marker.session_start(step + 1);
+  marker.flush();
+  return true;
 }
 
 std::vector<std::pair<std::string, double>> scalar_metrics(const nlohmann::json& record) {

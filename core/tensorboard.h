@@ -21,6 +21,12 @@ class EventWriter {
   void scalar(const std::string& tag, double value, int64_t step);
   // `markdown` shown by TensorBoard's text dashboard.
   void text(const std::string& tag, const std::string& markdown, int64_t step);
+  // A SessionLog START event at `step`: TensorBoard (purge_orphaned_data, on by default)
+  // then drops the events read before it with a step >= `step`, as for a TensorFlow job
+  // restarted from a checkpoint; its server's reader does so from a run's second START on.
+  // (TensorBoard's Rust data server needs no marker: a point at step s drops its series'
+  // points at steps >= s.)
+  void session_start(int64_t step);
   // Writes buffered records to the file (each metrics record ends with one).
   void flush();
   const std::string& path() const { return path_; }
@@ -31,6 +37,13 @@ class EventWriter {
   std::string path_;
   std::ofstream out_;
 };
+
+// For --resume after step `step`: when `dir` holds event files of earlier runs, adds a new
+// event file there that starts a session at step + 1, so the steps after `step` that the
+// resumed run logs again replace the earlier ones instead of appearing twice (as
+// drop_records_after does for metrics.jsonl). Returns whether it wrote one. Throws
+// RuntimeError.
+bool mark_resumed_after(const std::string& dir, int64_t step);
 
 // Every number of a metrics record as (tag, value): nested objects joined with '/'
 // ("time_s/generate", "memory/actor/0/peak_rss_bytes"); "step" itself and strings left out.

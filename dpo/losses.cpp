@@ -93,21 +93,32 @@ DpoLossResult dpo_loss(const DpoLossConfig& c, const PairLogProbs& lp) {
   return out;
 }
 
+torch::Tensor kto_reference_point(const torch::Tensor& mean_kl) {
+  TORCH_CHECK(mean_kl.numel() == 1, "kto_reference_point: expected a scalar, got ",
+              mean_kl.sizes());
+  // KTO eq. 8; OpenRLHF KTOLoss: KL = (policy_KL_logps - reference_KL_logps).mean().detach(),
+  // all-reduced over ranks, then KL.clamp(min=0).
+  return mean_kl.detach().to(torch::kFloat32).reshape({}).clamp_min(0);
+}
+
 KtoLossResult kto_loss(const KtoLossConfig& c, const KtoLogProbs& lp) {
   TORCH_CHECK(lp.policy.dim() == 1 && lp.policy.sizes() == lp.ref.sizes() &&
                   lp.policy.sizes() == lp.desirable.sizes(),
               "kto_loss: expected policy, ref and desirable [N], got ", lp.policy.sizes(), ", ",
               lp.ref.sizes(), " and ", lp.desirable.sizes());
-  TORCH_CHECK(lp.policy_kl.dim() == 1 && lp.policy_kl.sizes() == lp.ref_kl.sizes() &&
-                  lp.policy_kl.numel() > 0,
-              "kto_loss: expected mismatched-pair log-probs policy_kl and ref_kl [N], got ",
-              lp.policy_kl.sizes(), " and ", lp.ref_kl.sizes());
-  // Reference point z0: the batch's KL estimate on mismatched pairs, detached and clamped at
-  // 0 (KTO eq. 8; OpenRLHF KTOLoss: (policy_KL_logps - reference_KL_logps).mean().detach()).
-  torch::Tensor z0 = (lp.policy_kl.to(torch::kFloat32) - lp.ref_kl.to(torch::kFloat32))
-                         .mean()
-                         .detach()
-                         .clamp_min(0);
+  torch::Tensor z0;
+  if (lp.z0.defined()) {
+    z0 = kto_reference_point(lp.z0.to(lp.policy.device()));
+  } else {
+    TORCH_CHECK(lp.policy_kl.defined() && lp.ref_kl.defined(),
+                "kto_loss: needs z0 or the mismatched-pair log-probs policy_kl and ref_kl");
+    TORCH_CHECK(lp.policy_kl.dim() == 1 && lp.policy_kl.sizes() == lp.ref_kl.sizes() &&
+                    lp.policy_kl.numel() > 0,
+                "kto_loss: expected mismatched-pair log-probs policy_kl and ref_kl [N], got ",
+                lp.policy_kl.sizes(), " and ", lp.ref_kl.sizes());
+    z0 = kto_reference_point(
+        (lp.policy_kl.to(torch::kFloat32) - lp.ref_kl.to(torch::kFloat32)).mean());
+  }
   torch::Tensor r = lp.policy.to(torch::kFloat32) - lp.ref.to(torch::kFloat32);  // [N]
   torch::Tensor d = lp.desirable.to(torch::kBool);
   torch::Tensor desirable_losses = c.desirable_weight * (1 - torch::sigmoid(c.beta * (r - z0)));

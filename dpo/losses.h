@@ -62,14 +62,16 @@ struct KtoLossConfig {
   double undesirable_weight = 1.0;  // lambda_U
 };
 
-// Unpaired rows [N], each desirable or not, and N mismatched rows (row i's prompt with
-// another row's response) that estimate the KL reference point. All sums over response tokens.
+// Unpaired rows [N], each desirable or not, and either the KL reference point z0 or N
+// mismatched rows (row i's prompt with another row's response) to estimate it from. All sums
+// over response tokens.
 struct KtoLogProbs {
   torch::Tensor policy;     // [N] log pi(y_i|x_i)
   torch::Tensor ref;        // [N] log pi_ref(y_i|x_i)
   torch::Tensor desirable;  // [N] bool: true for desirable rows
-  torch::Tensor policy_kl;  // [N] log pi(y_j|x_i), j != i
-  torch::Tensor ref_kl;     // [N] log pi_ref(y_j|x_i)
+  torch::Tensor policy_kl;  // [N] log pi(y_j|x_i), j != i (read only without z0)
+  torch::Tensor ref_kl;     // [N] log pi_ref(y_j|x_i)     (read only without z0)
+  torch::Tensor z0;         // scalar: the reference point of a larger batch (undefined: estimate)
 };
 
 struct KtoLossResult {
@@ -84,9 +86,15 @@ struct KtoLossResult {
 //   desirable:   desirable_weight   * (1 - sigmoid(beta * (r_i - z0)))
 //   undesirable: undesirable_weight * (1 - sigmoid(beta * (z0 - r_i)))
 //   loss = mean over all N rows.
-// z0 is the mean over the rows passed in (one micro batch); OpenRLHF also averages it over
-// data-parallel ranks.
+// z0 is lp.z0 when given, else the mean over the mismatched rows passed in. A trainer passes
+// the global batch's (kto_reference_point over every rank and micro batch), as OpenRLHF
+// all-reduces it over data-parallel ranks, so the micro-batch size and the rank count do not
+// change it.
 KtoLossResult kto_loss(const KtoLossConfig& config, const KtoLogProbs& lp);
+
+// z0 = max(0, mean_kl), detached, FP32: mean_kl is the mean of policy_kl - ref_kl over the
+// mismatched rows of the batch z0 stands for.
+torch::Tensor kto_reference_point(const torch::Tensor& mean_kl);
 
 enum class RmLossType { kSigmoid, kLogExp };
 RmLossType parse_rm_loss(const std::string& name);

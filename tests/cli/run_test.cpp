@@ -1,17 +1,20 @@
 // `rlhf run` over a job's life, through the real binary with worker processes (issue 19):
 // Ctrl-C (exit 130, the checkpoint --resume would use), checkpoints announced, kept to
-// ckpt.max_num and written at the end, --resume writing each step's metrics once and
-// refusing changed trajectory settings unless asked, and progress lines while phases run.
+// ckpt.max_num and written at the end, --resume writing each step's metrics and TensorBoard
+// events once and refusing changed trajectory settings unless asked, and progress lines while
+// phases run.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <regex>
 
+#include "core/tensorboard.h"
 #include "test_paths.h"
 #include "tests/support/processes.h"
 #include "tests/support/run_cli.h"
@@ -29,6 +32,47 @@ std::vector<int> steps_of(const fs::path& metrics) {
   std::vector<int> steps;
   for (const auto& m : read_jsonl(metrics.string())) steps.push_back(m["step"].get<int>());
   return steps;
+}
+
+// TensorBoard's own reading of an event directory (tests/cli/read_tensorboard.py in
+// RLHF_PYTHON, which scripts/setup gives the `tensorboard` package), through `scratch`:
+// {"scalars": {tag: [[step, value], ...]}, "texts": {...}}. EventAccumulator's reading, or
+// with `plugin` that of the reader TensorBoard's server uses without its Rust data server.
+nlohmann::json read_board(const fs::path& events, const fs::path& scratch, bool plugin = false) {
+  const std::string cmd = std::string("'") + RLHF_PYTHON + "' '" + RLHF_SOURCE_DIR +
+                          "/tests/cli/read_tensorboard.py' '" + events.string() + "'" +
+                          (plugin ? " --plugin" : "") + " > '" + scratch.string() + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n(does RLHF_PYTHON have tensorboard? "
+                                         << "scripts/setup installs it)";
+  return nlohmann::json::parse(slurp(scratch.string()));
+}
+
+// The steps of a TensorBoard scalar series, in the order TensorBoard keeps them.
+std::vector<int> board_steps(const nlohmann::json& board, const std::string& tag) {
+  std::vector<int> steps;
+  for (const auto& e : board["scalars"][tag]) steps.push_back(e[0].get<int>());
+  return steps;
+}
+
+// TensorBoard shows reward_mean at the steps of `metrics` (1, 2, ...), with its values
+// (float32: a relative 1e-6 covers the rounding), and no series has a step twice.
+void expect_each_step_once(const nlohmann::json& board,
+                           const std::vector<nlohmann::json>& metrics) {
+  std::vector<int> want_steps;
+  for (const auto& m : metrics) want_steps.push_back(m["step"].get<int>());
+  ASSERT_EQ(board_steps(board, "reward_mean"), want_steps);
+  for (size_t i = 0; i < metrics.size(); ++i) {
+    const double want = metrics[i]["reward_mean"].get<double>();
+    EXPECT_NEAR(board["scalars"]["reward_mean"][i][1].get<double>(), want,
+                1e-6 * std::abs(want) + 1e-30)
+        << "step " << want_steps[i];
+  }
+  for (const auto& [tag, points] : board["scalars"].items()) {
+    const std::vector<int> steps = board_steps(board, tag);
+    EXPECT_TRUE(std::adjacent_find(steps.begin(), steps.end(), std::greater_equal<int>()) ==
+                steps.end())
+        << tag << " has a step twice or out of order: " << points.dump();
+  }
 }
 
 std::vector<std::string> driver_files(const fs::path& dir) {
@@ -134,6 +178,55 @@ TEST_F(RunLifecycle, InterruptResumeAndCheckpoints) {
   EXPECT_TRUE(contains(more.out, "--resume-changed: actor.adam.lr: 0.001 -> 0.0005")) << more.out;
   EXPECT_TRUE(contains(more.out, "resuming after step 9")) << more.out;
   EXPECT_EQ(steps_of(run / "metrics.jsonl"), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+
+  // TensorBoard, too, shows every step once (in both of its Python readers): the steps the
+  // interrupted run logged after its checkpoint were replaced by the resumed run's.
+  for (bool plugin : {false, true})
+    expect_each_step_once(read_board(run / "tensorboard", dir_ / "board.json", plugin),
+                          read_jsonl((run / "metrics.jsonl").string()));
+}
+
+// How a resume reaches TensorBoard, without a job: the interrupted run logged steps 1-5, its
+// checkpoint is step 3, the resumed run logs 4-6 again in a new event file. Both of
+// TensorBoard's Python readers then show steps 1-6 once each, 4 and 5 with the resumed run's
+// values (float32: 1e-6).
+TEST(TensorBoard, ResumedRunReplacesTheStepsAfterItsCheckpoint) {
+  const fs::path dir = fs::path(RLHF_BINARY_DIR) / "test-runs" /
+                       ("tensorboard-resume-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    EventWriter interrupted((dir / "tensorboard").string());
+    for (int step = 1; step <= 5; ++step) interrupted.scalar("reward_mean", step, step);
+    interrupted.text("samples", "| prompt |", 5);
+    interrupted.flush();
+  }
+  EXPECT_TRUE(mark_resumed_after((dir / "tensorboard").string(), 3));
+  {
+    EventWriter resumed((dir / "tensorboard").string());
+    for (int step = 4; step <= 6; ++step) resumed.scalar("reward_mean", 10.0 * step, step);
+    resumed.flush();
+  }
+  for (bool plugin : {false, true}) {
+    const auto board = read_board(dir / "tensorboard", dir / "board.json", plugin);
+    const auto& points = board["scalars"]["reward_mean"];
+    ASSERT_EQ(board_steps(board, "reward_mean"), (std::vector<int>{1, 2, 3, 4, 5, 6}))
+        << (plugin ? "plugin reader: " : "EventAccumulator: ") << points.dump();
+    const std::vector<double> want = {1, 2, 3, 40, 50, 60};
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(points[i][1].get<double>(), want[i], 1e-6 * want[i]) << "step " << i + 1;
+    // The server's reader drops the text tab's samples of step 5 with the step
+    // (EventAccumulator purges no text).
+    if (plugin)
+      EXPECT_TRUE(board["texts"].value("samples", nlohmann::json::array()).empty())
+          << board["texts"].dump();
+  }
+  // Nothing to replace in a directory without events: no file is added.
+  fs::remove_all(dir / "empty");
+  fs::create_directories(dir / "empty");
+  EXPECT_FALSE(mark_resumed_after((dir / "empty").string(), 3));
+  EXPECT_TRUE(fs::is_empty(dir / "empty"));
+  EXPECT_FALSE(mark_resumed_after((dir / "absent").string(), 3));
+  fs::remove_all(dir);
 }
 
 // What a long phase prints: loading each role, generating/scoring/training with the step,
@@ -198,13 +291,7 @@ TEST_F(RunLifecycle, TensorBoardHasEveryMetricAndTheSamples) {
       args("ppo_tiny.json", {"--set", "train.max_steps=3", "--set", "logger.samples_per_step=2"}));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const fs::path run = dir_ / "runs" / "ppo_tiny";
-  const std::string json_out = (dir_ / "tensorboard.json").string();
-  const std::string cmd = std::string("'") + RLHF_PYTHON + "' '" + RLHF_SOURCE_DIR +
-                          "/tests/cli/read_tensorboard.py' '" + (run / "tensorboard").string() +
-                          "' > '" + json_out + "'";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n(does RLHF_PYTHON have tensorboard? "
-                                         << "scripts/setup installs it)";
-  const auto board = nlohmann::json::parse(slurp(json_out));
+  const auto board = read_board(run / "tensorboard", dir_ / "tensorboard.json");
   const auto metrics = read_jsonl((run / "metrics.jsonl").string());
   ASSERT_EQ(metrics.size(), 3u);
   // Every number of every record, nested ones as a/b/c tags. TensorBoard keeps scalars as

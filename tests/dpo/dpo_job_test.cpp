@@ -311,6 +311,52 @@ TEST_F(OfflineRun, KtoTrainsOnUnpairedRowsAgainstTheReference) {
   EXPECT_LT(m.evals[1]["eval_loss"].get<double>(), m.evals[0]["eval_loss"].get<double>());
 }
 
+TEST_F(OfflineRun, KtoReferencePointIsOneValuePerGlobalBatch) {
+  // The same 4 steps of 16 rows as one micro batch on one rank, as 4 micro batches of 4 on
+  // one rank, and as 2 micro batches of 4 on each of two ZeRO-3 ranks. z0 is the mean KL of
+  // all 16 mismatched rows, clamped at 0, in each, so the logged kl and loss agree step for
+  // step. lr 5e-3 moves the policy off the reference at once; a z0 taken per micro batch or
+  // per rank does not agree (measured: kl off by 0.025, 0.06, 0.43 at steps 2-4, loss by
+  // 6e-3 and 1e-2 at steps 3-4). Tolerances: only the batching of the forwards and the order
+  // of the gradient reduction differ (BF16 compute, FP32 masters): loss 1e-3, as in
+  // DpoOnTwoZero3RanksMatchesOneRank (measured <= 3e-5); kl, a sum over ~30 tokens of BF16
+  // log-prob differences, 1e-2 (measured <= 5e-3).
+  // chosen_reward and rejected_reward are means of micro-batch means: not compared.
+  const std::vector<std::string> common = {
+      "--set", "algo.dpo.loss=kto",  "--set", "data.max_samples=64", "--set", "train.max_steps=4",
+      "--set", "actor.adam.lr=5e-3", "--set", "ckpt.export_hf=false"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  Result whole =
+      run("examples/dpo_tiny.json", "whole", with({"--set", "train.micro_batch_size=16"}));
+  ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
+  Result micro =
+      run("examples/dpo_tiny.json", "micro", with({"--set", "train.micro_batch_size=4"}));
+  ASSERT_EQ(micro.exit_code, 0) << micro.out << micro.err;
+  Result ranks =
+      run("examples/dpo_tiny.json", "ranks",
+          with({"--set",
+                R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 3, "memory_gb": 4}])",
+                "--set", "actor.devices=[0,1]", "--set", "ref.devices=[2]", "--set",
+                "actor.zero_stage=3", "--set", "train.micro_batch_size=4"}));
+  ASSERT_EQ(ranks.exit_code, 0) << ranks.out << ranks.err;
+  Metrics a = read_metrics(run_dir("whole") / "metrics.jsonl");
+  ASSERT_EQ(a.steps.size(), 4u);
+  EXPECT_GT(a.steps[3]["kl"].get<double>(), 0.1) << "the policy left the reference";
+  for (const char* name : {"micro", "ranks"}) {
+    Metrics b = read_metrics(run_dir(name) / "metrics.jsonl");
+    ASSERT_EQ(b.steps.size(), 4u) << name;
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_NEAR(b.steps[i]["kl"].get<double>(), a.steps[i]["kl"].get<double>(), 1e-2)
+          << name << ": kl at step " << i + 1;
+      EXPECT_NEAR(b.steps[i]["loss"].get<double>(), a.steps[i]["loss"].get<double>(), 1e-3)
+          << name << ": loss at step " << i + 1;
+    }
+  }
+}
+
 TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
   // 128 examples, batch 16, 6 epochs: 48 steps; held-out evaluation before, every 16 steps
   // (eval.steps) and after: at steps 0, 16, 32 and 48.

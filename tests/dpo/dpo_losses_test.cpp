@@ -159,6 +159,34 @@ TEST(KtoLoss, ReferencePointClampedAtZero) {
   EXPECT_NEAR(r.loss.item<double>(), 0.475021, kTol);
 }
 
+TEST(KtoLoss, AGivenReferencePointStandsForTheWholeBatch) {
+  // Rows split into two micro batches, each given the whole batch's z0 = 0.5: their mean loss
+  // is the whole batch's 0.475036, and the reported kl is z0 in both. Estimated per micro
+  // batch instead, z0 would be 1 and 0: losses 0.5 and 0.475021 (mean 0.487510).
+  KtoLogProbs whole = kto_rows();
+  const torch::Tensor z0 = kto_reference_point((whole.policy_kl - whole.ref_kl).mean());
+  EXPECT_NEAR(z0.item<double>(), 0.5, kTol);
+  double sum = 0;
+  for (int64_t i = 0; i < 2; ++i) {
+    KtoLogProbs part;
+    part.policy = whole.policy.slice(0, i, i + 1);
+    part.ref = whole.ref.slice(0, i, i + 1);
+    part.desirable = whole.desirable.slice(0, i, i + 1);
+    part.z0 = z0;  // no mismatched rows needed
+    KtoLossResult r = kto_loss(KtoLossConfig{}, part);
+    EXPECT_NEAR(r.kl.item<double>(), 0.5, kTol);
+    sum += r.loss.item<double>();
+  }
+  EXPECT_NEAR(sum / 2, 0.475036, kTol);
+  // The reference point is clamped at 0 and carries no gradient.
+  torch::Tensor negative = torch::tensor(-1.5, torch::requires_grad());
+  EXPECT_EQ(kto_reference_point(negative).item<double>(), 0.0);
+  EXPECT_FALSE(kto_reference_point(negative).requires_grad());
+  KtoLogProbs neither = kto_rows();
+  neither.policy_kl = torch::Tensor();
+  EXPECT_THROW(kto_loss(KtoLossConfig{}, neither), c10::Error);
+}
+
 TEST(KtoLoss, GradientFlowsThroughRowsNotThroughTheReferencePoint) {
   // d/dpolicy_0 = -beta * s (1 - s) / N with s = sigmoid(0.05): -0.012492;
   // d/dpolicy_1 = +beta * s (1 - s) / N with s = sigmoid(0.15): 0.012430; z0 is detached.
