@@ -92,6 +92,7 @@ json ModelRoleConfig::to_json() const {
             {"head", head == models::HeadKind::kValue ? "value" : "lm"},
             {"value_head_prefix", value_head_prefix},
             {"gradient_checkpointing", gradient_checkpointing},
+            {"logits_chunk_tokens", logits_chunk_tokens},
             {"seed", seed},
             {"shard_weights", shard_weights}};
   j["trainer"] = trainer ? trainer_json(*trainer) : json();
@@ -111,6 +112,8 @@ ModelRoleConfig ModelRoleConfig::from_json(const json& j) {
   c.head = head == "value" ? models::HeadKind::kValue : models::HeadKind::kLanguageModel;
   c.value_head_prefix = field<std::string>(j, "value_head_prefix");
   c.gradient_checkpointing = field<bool>(j, "gradient_checkpointing");
+  c.logits_chunk_tokens = field<int64_t>(j, "logits_chunk_tokens");
+  if (c.logits_chunk_tokens < 0) throw InputError("role config: logits_chunk_tokens must be >= 0");
   c.seed = field<uint64_t>(j, "seed");
   c.shard_weights = j.value("shard_weights", false);
   if (j.contains("trainer") && !j["trainer"].is_null()) c.trainer = trainer_from_json(j["trainer"]);
@@ -129,6 +132,7 @@ ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64
   if (role == Role::kCritic || role == Role::kReward)
     c.value_head_prefix = spec.get_string(r + ".value_head_prefix");
   c.seed = static_cast<uint64_t>(spec.get_int("train.seed"));
+  c.logits_chunk_tokens = spec.get_int("train.logits_chunk_tokens");
   if (!spec.trains(role)) {
     c.gradient_checkpointing = false;
     c.shard_weights =

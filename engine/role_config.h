@@ -11,6 +11,7 @@
 #include "core/spec.h"
 #include "engine/trainer_config.h"
 #include "models/config.h"
+#include "models/log_probs.h"
 
 namespace rlhf::engine {
 
@@ -21,6 +22,9 @@ struct ModelRoleConfig {
   models::HeadKind head = models::HeadKind::kLanguageModel;
   std::string value_head_prefix = "score";
   bool gradient_checkpointing = true;
+  // Tokens per chunk of the LM head's log-probs (train.logits_chunk_tokens; 0: the path
+  // before chunking by tokens), in every role with an LM head.
+  int64_t logits_chunk_tokens = models::kDefaultLogitsChunkTokens;
   uint64_t seed = 42;
   std::optional<TrainerConfig> trainer;  // set for trained roles only
   // Untrained roles (ref, a PPO job's reward): ZeRO-3 inference, each rank holding 1/N of

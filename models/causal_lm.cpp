@@ -220,16 +220,27 @@ torch::Tensor CausalLM::head_weight() {
   return config_.tie_word_embeddings ? embed_tokens->weight : lm_head->weight;
 }
 
-torch::Tensor CausalLM::log_probs(const torch::Tensor& hidden, const torch::Tensor& labels,
-                                  int64_t chunk) {
+void CausalLM::set_logits_chunk_tokens(int64_t tokens) {
+  TORCH_CHECK(tokens >= 0, "CausalLM: logits_chunk_tokens must be >= 0, got ", tokens);
+  logits_chunk_tokens_ = tokens;
+}
+
+HeadLogProbs CausalLM::head_log_probs(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                      Entropy entropy, int64_t chunk) {
   TORCH_CHECK(config_.head == HeadKind::kLanguageModel,
               "CausalLM::log_probs needs an LM head; this model has a value head");
   TORCH_CHECK(!tp_.enabled(), "CausalLM::log_probs: not available on a tensor-parallel shard");
   const int head_unit = static_cast<int>(num_layers()) + 1;
   before(head_unit);
-  auto out = chunked_log_probs(hidden, head_weight(), labels, chunk);
+  auto out = models::head_log_probs(hidden, head_weight(), labels,
+                                    chunk == kModelChunk ? logits_chunk_tokens_ : chunk, entropy);
   after(head_unit);
   return out;
+}
+
+torch::Tensor CausalLM::log_probs(const torch::Tensor& hidden, const torch::Tensor& labels,
+                                  int64_t chunk) {
+  return head_log_probs(hidden, labels, Entropy::kSkip, chunk).log_probs;
 }
 
 torch::Tensor CausalLM::next_token_log_probs(const torch::Tensor& hidden,

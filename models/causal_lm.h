@@ -18,6 +18,7 @@
 #include "models/decoder_layer.h"
 #include "models/layer_hooks.h"
 #include "models/linear.h"
+#include "models/log_probs.h"
 #include "models/tensor_parallel.h"
 
 namespace rlhf::models {
@@ -84,14 +85,26 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // Returns the final-normed hidden states [B, T, H].
   torch::Tensor forward(const torch::Tensor& input_ids, PagedKvCache& cache);
 
-  // log p(labels[b,t] | hidden[b,t]) through the LM head, in chunks of `chunk` positions:
-  // hidden [B, T, H], labels [B, T] -> [B, T] FP32.
+  // Tokens per chunk of the LM head in the log-prob calls below (the job's
+  // train.logits_chunk_tokens): at most that many tokens' logits exist at once, in forward
+  // and backward. 0: the path before issue 28 (log_probs.h). Throws on a negative count.
+  void set_logits_chunk_tokens(int64_t tokens);
+  int64_t logits_chunk_tokens() const { return logits_chunk_tokens_; }
+  static constexpr int64_t kModelChunk = -1;  // a log-prob call's chunk: logits_chunk_tokens()
+
+  // log p(labels[b,t] | hidden[b,t]) through the LM head, and with Entropy::kCompute each
+  // position's entropy, `chunk` tokens at a time (head_log_probs in log_probs.h): hidden
+  // [B, T, H], labels [B, T] -> [B, T] FP32 each. A tied head's gradient reaches the
+  // embedding matrix.
+  HeadLogProbs head_log_probs(const torch::Tensor& hidden, const torch::Tensor& labels,
+                              Entropy entropy = Entropy::kSkip, int64_t chunk = kModelChunk);
+  // head_log_probs' log-probs alone.
   torch::Tensor log_probs(const torch::Tensor& hidden, const torch::Tensor& labels,
-                          int64_t chunk = 256);
+                          int64_t chunk = kModelChunk);
   // Log-probs of each next token: hidden [B, T, H], input_ids [B, T] -> [B, T-1] FP32
   // (OpenRLHF's action log-probs before the action mask).
   torch::Tensor next_token_log_probs(const torch::Tensor& hidden, const torch::Tensor& input_ids,
-                                     int64_t chunk = 256);
+                                     int64_t chunk = kModelChunk);
   // Full logits in the compute dtype, [B, T, H] -> [B, T, V]: for sampling a few positions.
   torch::Tensor logits(const torch::Tensor& hidden);
   // Value head: [B, T, H] -> [B, T] FP32.
@@ -142,6 +155,7 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   ModelConfig shard_config_;
   ShapeList shapes_;
   Checkpointing checkpointing_ = Checkpointing::kNone;
+  int64_t logits_chunk_tokens_ = kDefaultLogitsChunkTokens;
   LayerHooks* hooks_ = nullptr;
   torch::Tensor inv_freq_;  // RoPE's inverse frequencies on the device of the last forward
 };

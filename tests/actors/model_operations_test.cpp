@@ -22,7 +22,12 @@ Message call(const OperationRegistry& registry, Message request, const WorkerIde
   return (*op)(request, self);
 }
 
-TEST(ModelOperations, LogProbsAndEntropyAtTheSamplingTemperature) {
+// train.logits_chunk_tokens as the role config carries it: the default (one chunk here), 3
+// (the 8 action tokens in chunks of 3, 3, 2 that span rows) and 0 (the path before chunks of
+// tokens) all give the same log-probs and entropy.
+class ModelOperationsChunks : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ModelOperationsChunks, LogProbsAndEntropyAtTheSamplingTemperature) {
   torch::set_num_threads(1);
   OperationRegistry registry;
   add_model_operations(registry);
@@ -31,6 +36,7 @@ TEST(ModelOperations, LogProbsAndEntropyAtTheSamplingTemperature) {
   config.role = "ref";
   config.model_dir = kModel;
   config.dtype = "fp32";
+  if (GetParam() >= 0) config.logits_chunk_tokens = GetParam();
   Message init;
   init.op = "init";
   init.args = {{"config", config.to_json()}, {"store_path", ""}};
@@ -77,6 +83,12 @@ TEST(ModelOperations, LogProbsAndEntropyAtTheSamplingTemperature) {
                 .item<double>(),
             0.01);
 }
+
+INSTANTIATE_TEST_SUITE_P(ChunkTokens, ModelOperationsChunks, ::testing::Values(-1, 3, 0),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return info.param < 0 ? std::string("Default")
+                                                 : "Chunk" + std::to_string(info.param);
+                         });
 
 }  // namespace
 }  // namespace rlhf
