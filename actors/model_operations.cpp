@@ -83,6 +83,7 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   load.value_head_prefix = role.config.value_head_prefix;
   const models::PretrainedSource source(role.config.model_dir, load);
   role.model = std::make_shared<models::CausalLM>(source.config(), models::Materialize::kDeferred);
+  role.model->set_logits_chunk_tokens(role.config.logits_chunk_tokens);
   role.config_json =
       read_text((std::filesystem::path(role.config.model_dir) / "config.json").string());
   const bool sharded_inference = !trained && role.config.shard_weights && self.world_size > 1;
@@ -166,18 +167,15 @@ torch::Tensor at_temperature(const torch::Tensor& hidden, double temperature) {
   return temperature == 1.0 ? hidden : hidden / temperature;
 }
 
-// Per-token entropy [B, A] (FP32) of the policy at each action position, from `hidden`
-// [B, T, H]; logits are made 16 positions at a time so [B, A, V] never exists. No graph.
-torch::Tensor action_entropy(models::CausalLM& model, const torch::Tensor& hidden, int64_t a) {
+// Log-probs [B, A] (FP32) of the last A tokens of `ids` [B, T] and, with Entropy::kCompute,
+// the policy's entropy [B, A] before each: the head runs on the action positions alone
+// (hidden [B, T, H] at T-1-A .. T-2), train.logits_chunk_tokens tokens at a time.
+models::HeadLogProbs action_log_probs(models::CausalLM& model, const torch::Tensor& hidden,
+                                      const torch::Tensor& ids, int64_t a, double temperature,
+                                      models::Entropy entropy) {
   const int64_t t = hidden.size(1);
-  torch::Tensor h = hidden.slice(1, t - 1 - a, t - 1);
-  std::vector<torch::Tensor> parts;
-  for (int64_t s = 0; s < a; s += 16) {
-    torch::Tensor logp = torch::log_softmax(
-        model.logits(h.slice(1, s, std::min(a, s + 16))).to(torch::kFloat32), -1);
-    parts.push_back(-(logp.exp() * logp).sum(-1));
-  }
-  return torch::cat(parts, 1);
+  return model.head_log_probs(at_temperature(hidden.narrow(1, t - 1 - a, a), temperature),
+                              ids.narrow(1, t - a, a), entropy);
 }
 
 // Critic values [B, A] (FP32) of the states before each action.
@@ -323,6 +321,10 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
   pc.ratio = ppo::parse_policy_ratio(req.args.value("policy_loss", std::string("ppo")));
   pc.aggregation = ppo::parse_loss_aggregation(req.args.at("loss_agg").get<std::string>());
   pc.norm_len = req.args.value("loss_norm_len", int64_t{0});
+  pc.correction.mode =
+      ppo::parse_rollout_correction(req.args.value("rollout_correction", std::string("none")));
+  pc.correction.cap = req.args.value("rollout_correction_cap", 2.0);
+  const bool corrected = pc.correction.mode != ppo::RolloutCorrection::kNone;
   const double kl_coef = req.args.value("kl_loss_coef", 0.0);
   const bool kl_loss = kl_coef > 0 && req.has_tensor("log_probs_ref");
   const auto kl_estimator =
@@ -343,8 +345,11 @@ Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& s
                                     return role.model->next_token_log_probs(
                                         at_temperature(hidden, temperature), ids);
                                   });
-    auto r = ppo::policy_loss(pc, lp, rows(req, "log_probs_old", part.begin, part.end, role.device),
-                              rows(req, "advantages", part.begin, part.end, role.device), m);
+    auto r = ppo::policy_loss(
+        pc, lp, rows(req, "log_probs_old", part.begin, part.end, role.device),
+        rows(req, "advantages", part.begin, part.end, role.device), m,
+        corrected ? rows(req, "log_probs_behaviour", part.begin, part.end, role.device)
+                  : torch::Tensor());
     torch::Tensor loss = share == 1.0 ? r.loss : r.loss * share;
     if (kl_loss) {
       // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
@@ -473,11 +478,11 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     auto out = by_budget(
         *role, req, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
           Batch mb = slice(b, b0, b1);
-          torch::Tensor hidden =
-              at_temperature(model.forward(mb.sequences, mb.attention_mask), temperature);
-          torch::Tensor lp = model.next_token_log_probs(hidden, mb.sequences);
-          std::vector<torch::Tensor> r = {lp.slice(1, lp.size(1) - b.action_len, lp.size(1))};
-          if (entropy) r.push_back(action_entropy(model, hidden, b.action_len));
+          auto head = action_log_probs(
+              model, model.forward(mb.sequences, mb.attention_mask), mb.sequences, b.action_len,
+              temperature, entropy ? models::Entropy::kCompute : models::Entropy::kSkip);
+          std::vector<torch::Tensor> r = {head.log_probs};
+          if (entropy) r.push_back(head.entropy);
           return r;
         });
     Message reply;

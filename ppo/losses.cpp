@@ -44,7 +44,8 @@ torch::Tensor aggregate_loss(const torch::Tensor& loss, const torch::Tensor& mas
 
 PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor& log_probs,
                              const torch::Tensor& log_probs_old, const torch::Tensor& advantages,
-                             const torch::Tensor& action_mask) {
+                             const torch::Tensor& action_mask,
+                             const torch::Tensor& log_probs_behaviour) {
   TORCH_CHECK(log_probs.sizes() == log_probs_old.sizes() &&
                   log_probs.sizes() == advantages.sizes() &&
                   log_probs.sizes() == action_mask.sizes(),
@@ -69,6 +70,12 @@ PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor
     loss = -torch::where(adv < 0, lower, clipped);
   } else {
     loss = -clipped;
+  }
+  if (config.correction.mode != RolloutCorrection::kNone) {
+    TORCH_CHECK(log_probs_behaviour.defined(),
+                "policy_loss: a rollout correction needs the rollout's log-probs");
+    loss = loss * rollout_correction_weights(config.correction, log_probs_old, log_probs_behaviour,
+                                             action_mask);
   }
   PolicyLossResult out;
   out.loss = aggregate_loss(loss, action_mask, config.aggregation, config.norm_len);

@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "ppo/rollout_correction.h"
+
 namespace rlhf::ppo {
 
 enum class LossAggregation {
@@ -42,7 +44,8 @@ struct PolicyLossConfig {
   double clip_high = 0.2;
   double dual_clip = 0.0;  // c > 1 bounds the loss of negative advantages (0: off)
   LossAggregation aggregation = LossAggregation::kTokenMean;
-  int64_t norm_len = 0;  // token_sum_norm's constant length (rollout.max_new_tokens)
+  int64_t norm_len = 0;                // token_sum_norm's constant length (rollout.max_new_tokens)
+  RolloutCorrectionConfig correction;  // algo.rollout_correction and its cap
 };
 
 struct PolicyLossResult {
@@ -57,10 +60,18 @@ struct PolicyLossResult {
 // (OpenRLHF policy_loss_type="gspo"), so clipping acts on whole sequences;
 // loss_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A);
 // dual clip (Ye et al. 2020), for A < 0: loss_t = -max(min(...), c * A).
-// All tensors [B, A]; action_mask [B, A].
+// A rollout correction (config.correction, not kNone) multiplies loss_t by a detached weight
+// w_t from rollout_correction_weights(log_probs_old, log_probs_behaviour): with tis,
+// veRL's pg_losses * tis_weights; with decoupled, AReaL's objective
+//   loss_t = -(pi_prox / pi_behav) * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),
+//   r = pi_theta / pi_prox,
+// pi_prox being log_probs_old (the trainer's recomputed log-probs) and pi_behav the rollout's.
+// All tensors [B, A]; action_mask [B, A]; log_probs_behaviour is read only with a correction,
+// which throws c10::Error without it.
 PolicyLossResult policy_loss(const PolicyLossConfig& config, const torch::Tensor& log_probs,
                              const torch::Tensor& log_probs_old, const torch::Tensor& advantages,
-                             const torch::Tensor& action_mask);
+                             const torch::Tensor& action_mask,
+                             const torch::Tensor& log_probs_behaviour = {});
 
 // 0.5 * agg(max((V_clip - R)^2, (V - R)^2)), V_clip = V_old + clip(V - V_old, -c, c);
 // unclipped 0.5 * agg((V - R)^2) when value_clip == 0. Tensors [B, A]. agg is aggregate_loss

@@ -48,6 +48,9 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
                                         spec.get_string("algo.advantage.estimator"));
   c.policy.aggregation = parse_loss_aggregation(c.loss_agg);
   c.policy.norm_len = c.max_new_tokens;
+  c.rollout_correction = spec.get_string("algo.rollout_correction");
+  c.policy.correction.mode = parse_rollout_correction(c.rollout_correction);
+  c.policy.correction.cap = spec.get_float("algo.rollout_correction_cap");
   c.value_clip = spec.get_float("critic.value_clip");
   c.overlong_buffer_len = spec.get_int("reward.overlong_buffer_len");
   c.overlong_penalty_factor = spec.get_float("reward.overlong_penalty_factor");

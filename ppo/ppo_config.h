@@ -41,8 +41,9 @@ struct PpoConfig {
   int64_t kl_horizon = 10000;
   bool kl_use_loss = false;
   PolicyLossConfig policy;
-  std::string policy_loss = "ppo";      // actor.policy_loss: ppo | gspo
-  std::string loss_agg = "token_mean";  // resolved (never "auto"); the critic's loss follows it
+  std::string policy_loss = "ppo";          // actor.policy_loss: ppo | gspo
+  std::string loss_agg = "token_mean";      // resolved (never "auto"); the critic's loss follows it
+  std::string rollout_correction = "none";  // algo.rollout_correction: none | tis | decoupled
   double value_clip = 0.5;
   // DAPO.
   int64_t overlong_buffer_len = 0;  // soft length penalty over the last N tokens (0: off)

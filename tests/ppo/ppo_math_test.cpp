@@ -336,6 +336,98 @@ TEST(PolicyLoss, GradientFlowsOnlyThroughUnclippedTokens) {
   EXPECT_NEAR(lp.grad()[0][1].item<double>(), -0.5, kTol);
 }
 
+// Rollout/trainer mismatch, by hand. One row of 4 tokens (the last masked). The rollout
+// sampled with log-probs behav = 0; the trainer's recomputed (old, AReaL's proximal) log-probs
+// differ by ln 1 | ln 3 | ln 0.25 | 7, so pi_old / pi_rollout = 1 | 3 | 0.25 | e^7 (masked);
+// the policy moved token 0 by ln 1.5 since. Advantages 1 | 1 | 2 | 5; eps 0.2; token mean.
+struct MismatchCase {
+  torch::Tensor behav = torch::zeros({1, 4});
+  torch::Tensor old = t2({{0, std::log(3.0f), std::log(0.25f), 7}});
+  torch::Tensor lp = t2({{std::log(1.5f), std::log(3.0f), std::log(0.25f), 7}});
+  torch::Tensor adv = t2({{1, 1, 2, 5}});
+  torch::Tensor mask = t2({{1, 1, 1, 0}});
+};
+
+TEST(RolloutCorrection, PolicyLossOfEachModeByHand) {
+  MismatchCase k;
+  PolicyLossConfig c;
+  // Against old: r = 1.5 | 1 | 1. Token 0 clipped to 1.2: per-token loss -1.2 | -1 | -2.
+  // none: (-1.2 - 1 - 2) / 3 = -1.4 (the behaviour log-probs are not read).
+  EXPECT_NEAR(policy_loss(c, k.lp, k.old, k.adv, k.mask, k.behav).loss.item<double>(), -1.4, kTol);
+  // tis, C = 2: w = 1 | min(3, 2) | 0.25: (-1.2 - 2 - 0.5) / 3 = -1.233333.
+  c.correction.mode = RolloutCorrection::kTis;
+  auto lp = k.lp.clone().set_requires_grad(true);
+  auto r = policy_loss(c, lp, k.old, k.adv, k.mask, k.behav);
+  EXPECT_NEAR(r.loss.item<double>(), -1.233333, kTol);
+  EXPECT_NEAR(r.clip_frac.item<double>(), 1.0 / 3, kTol);
+  // The weight is a constant: d loss / d lp_t = -w_t r_t A_t / 3 where unclipped.
+  r.loss.backward();
+  expect_near(lp.grad(), t2({{0, -0.666667f, -0.166667f, 0}}));
+  // decoupled (AReaL): w = 1 | 3 | 0.25 untruncated: (-1.2 - 3 - 0.5) / 3 = -1.566667.
+  c.correction.mode = RolloutCorrection::kDecoupled;
+  lp = k.lp.clone().set_requires_grad(true);
+  r = policy_loss(c, lp, k.old, k.adv, k.mask, k.behav);
+  EXPECT_NEAR(r.loss.item<double>(), -1.566667, kTol);
+  r.loss.backward();
+  expect_near(lp.grad(), t2({{0, -1, -0.166667f, 0}}));
+  // Clipping against the rollout instead (today's async_steps 1 without a correction): token
+  // 1's ratio 3 is clipped to 1.2 and loses its gradient, token 2's is 0.25:
+  // (-1.2 - 1.2 - 0.5) / 3 = -0.966667. The decoupled objective clips against pi_prox.
+  c.correction.mode = RolloutCorrection::kNone;
+  lp = k.lp.clone().set_requires_grad(true);
+  r = policy_loss(c, lp, k.behav, k.adv, k.mask);
+  EXPECT_NEAR(r.loss.item<double>(), -0.966667, kTol);
+  r.loss.backward();
+  expect_near(lp.grad(), t2({{0, 0, -0.166667f, 0}}));
+  // A correction without the rollout's log-probs is a programming error.
+  c.correction.mode = RolloutCorrection::kTis;
+  EXPECT_THROW(policy_loss(c, k.lp, k.old, k.adv, k.mask), std::exception);
+}
+
+TEST(RolloutCorrection, WeightsAndMismatchFigures) {
+  MismatchCase k;
+  RolloutCorrectionConfig c;
+  // Masked tokens get weight 1 (e^7 would otherwise reach the loss as inf * 0 in worse cases).
+  expect_near(rollout_correction_weights(c, k.old, k.behav, k.mask), t2({{1, 1, 1, 1}}));
+  c.mode = RolloutCorrection::kTis;
+  expect_near(rollout_correction_weights(c, k.old, k.behav, k.mask), t2({{1, 2, 0.25f, 1}}));
+  c.cap = 5;
+  expect_near(rollout_correction_weights(c, k.old, k.behav, k.mask), t2({{1, 3, 0.25f, 1}}));
+  c.cap = 2;
+  // k3 = r - 1 - ln r at r = 1 | 3 | 0.25: (0 + 0.901388 + 0.636294) / 3 = 0.512561.
+  auto m = measure_rollout_mismatch(c, k.old, k.behav, k.mask);
+  EXPECT_NEAR(m.kl, 0.512561, kTol);
+  EXPECT_NEAR(m.weight_mean, 3.25 / 3, kTol);
+  EXPECT_NEAR(m.weight_max, 2.0, kTol);
+  EXPECT_NEAR(m.truncated, 1.0 / 3, kTol);
+  c.mode = RolloutCorrection::kDecoupled;
+  m = measure_rollout_mismatch(c, k.old, k.behav, k.mask);
+  EXPECT_NEAR(m.kl, 0.512561, kTol);
+  EXPECT_NEAR(m.weight_mean, 4.25 / 3, kTol);
+  EXPECT_NEAR(m.weight_max, 3.0, kTol);
+  EXPECT_EQ(m.truncated, 0.0);
+  c.mode = RolloutCorrection::kNone;
+  m = measure_rollout_mismatch(c, k.old, k.behav, k.mask);
+  EXPECT_NEAR(m.kl, 0.512561, kTol);
+  EXPECT_EQ(m.weight_mean, 1.0);
+  // Identical engines: no mismatch at all.
+  EXPECT_EQ(measure_rollout_mismatch(c, k.old, k.old, k.mask).kl, 0.0);
+  // The on-policy BF16 gap is ~1e-4 nats a token: k3 = e^x - 1 - x = 5.000167e-9 at x = 1e-4
+  // must not drown in FP32 rounding (6e-8 near 1). FP64 inputs; tolerance 1e-13.
+  auto opt = torch::TensorOptions().dtype(torch::kFloat64);
+  auto m64 = measure_rollout_mismatch(c, torch::full({1, 2}, 1e-4, opt), torch::zeros({1, 2}, opt),
+                                      torch::ones({1, 2}));
+  EXPECT_NEAR(m64.kl, std::expm1(1e-4) - 1e-4, 1e-13);
+  EXPECT_GT(m64.kl, 4.99e-9);
+  EXPECT_EQ(parse_rollout_correction("decoupled"), RolloutCorrection::kDecoupled);
+  try {
+    parse_rollout_correction("tiss");
+    ADD_FAILURE() << "accepted tiss";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("algo.rollout_correction"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ValueLoss, ClippedAndPlain) {
   auto mask = t2({{1}});
   // V_clip = 0 + clip(1, -0.5, 0.5) = 0.5: max((0.5-2)^2, (1-2)^2) = 2.25; times 0.5.
