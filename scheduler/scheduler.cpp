@@ -229,7 +229,10 @@ void Scheduler::start() {
         throw InputError("worker " + w.label() + " is placed on host " + w.host +
                          ", which is not in this Slurm allocation (SLURM_JOB_NODELIST)");
       env[0].second = tcp_endpoint_;
-      const SlurmStep step = slurm_step(w, config_.worker_program, tcp_endpoint_);
+      int node_gpus = 0;
+      for (const auto& node : placement_.nodes)
+        if (node.name == w.node) node_gpus = node.devices;
+      const SlurmStep step = slurm_step(w, node_gpus, config_.worker_program, tcp_endpoint_);
       io_->processes.push_back(
           std::make_unique<WorkerProcess>(w, step.program, step.args, env, log));
     } else {

@@ -89,14 +89,39 @@ std::vector<std::string> expand_hostlist(const std::string& text) {
   return hosts;
 }
 
-SlurmStep slurm_step(const WorkerPlacement& worker, const std::string& rlhf_program,
+// POSIX sh: splits Slurm's list at commas, keeps entry $1, execs the rest. `set -f`: no
+// globbing of the entries.
+const char* const kSlurmGpuSelectScript =
+    "set -f; id=$1; shift; n=0; IFS=,; "
+    "for d in $CUDA_VISIBLE_DEVICES; do "
+    "if [ \"$n\" -eq \"$id\" ]; then export CUDA_VISIBLE_DEVICES=\"$d\"; exec \"$@\"; fi; "
+    "n=$((n+1)); done; "
+    "echo \"rlhf: this worker is placed on GPU $id of its node, but its Slurm step sees "
+    "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: allocate the job every GPU its node lists in "
+    "cluster.nodes (e.g. sbatch --gpus-per-node=N)\" >&2; exit 1";
+
+SlurmStep slurm_step(const WorkerPlacement& worker, int node_gpus, const std::string& rlhf_program,
                      const std::string& endpoint) {
   const std::string role = role_name(worker.role);
   const std::string rank = std::to_string(worker.rank);
-  return {"srun",
-          {"--nodes=1", "--ntasks=1", "-w", worker.host, "--overlap", "--kill-on-bad-exit=1",
-           "--job-name=rlhf-" + role + "-" + rank, "--export=ALL", rlhf_program, "worker",
-           "--connect", endpoint, "--role", role, "--rank", rank}};
+  SlurmStep step{"srun",
+                 {"--nodes=1", "--ntasks=1", "-w", worker.host, "--overlap", "--kill-on-bad-exit=1",
+                  "--job-name=rlhf-" + role + "-" + rank}};
+  auto& args = step.args;
+  if (worker.device_kind == DeviceKind::kCuda) {
+    if (worker.device_id < 0 || worker.device_id >= node_gpus)
+      throw RuntimeError("worker " + worker.label() + " is placed on GPU " +
+                         std::to_string(worker.device_id) + " of node " + worker.node +
+                         ", which has " + std::to_string(node_gpus));
+    args.insert(args.end(),
+                {"--gres=gpu:" + std::to_string(node_gpus), "--export=ALL", "sh", "-c",
+                 kSlurmGpuSelectScript, "rlhf-gpu-select", std::to_string(worker.device_id)});
+  } else {
+    args.insert(args.end(), {"--gres=none", "--export=ALL"});
+  }
+  args.insert(args.end(),
+              {rlhf_program, "worker", "--connect", endpoint, "--role", role, "--rank", rank});
+  return step;
 }
 
 std::vector<std::string> slurm_allocation_hosts() {

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
+#include <algorithm>
+#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 
@@ -15,6 +17,7 @@
 #include "scheduler/scheduler.h"
 #include "scheduler/slurm_launcher.h"
 #include "scheduler/worker_process.h"
+#include "tests/scheduler/netns_support.h"
 #include "tests/support/processes.h"
 #include "tests/support/scheduler_config.h"
 
@@ -260,13 +263,103 @@ TEST(Slurm, StepRunsOneWorkerOnItsHostAndKeepsTheTokenOffTheCommandLine) {
   w.role = Role::kCritic;
   w.rank = 3;
   w.host = "node02";
-  const SlurmStep step = slurm_step(w, "/opt/rlhf/bin/rlhf", "tcp://node01:29500");
+  const SlurmStep step = slurm_step(w, 0, "/opt/rlhf/bin/rlhf", "tcp://node01:29500");
   EXPECT_EQ(step.program, "srun");
+  // A cpu worker asks for no GPU: without --gres a step gets every GPU of the job.
   EXPECT_EQ(step.args,
+            (std::vector<std::string>{
+                "--nodes=1", "--ntasks=1", "-w", "node02", "--overlap", "--kill-on-bad-exit=1",
+                "--job-name=rlhf-critic-3", "--gres=none", "--export=ALL", "/opt/rlhf/bin/rlhf",
+                "worker", "--connect", "tcp://node01:29500", "--role", "critic", "--rank", "3"}));
+}
+
+WorkerPlacement cuda_worker(Role role, int rank, int device_id) {
+  WorkerPlacement w;
+  w.role = role;
+  w.rank = rank;
+  w.node = "b";
+  w.host = "node02";
+  w.device_kind = DeviceKind::kCuda;
+  w.device_id = device_id;
+  return w;
+}
+
+// The srun arguments up to the worker command (whatever wraps it comes after).
+std::vector<std::string> srun_options(const SlurmStep& step) {
+  const auto exported = std::find(step.args.begin(), step.args.end(), "--export=ALL");
+  return {step.args.begin(), exported + 1};
+}
+
+// Runs the step's command (what srun starts on the node) here, as if Slurm had set
+// CUDA_VISIBLE_DEVICES to `slurm_visible` for the step; `rlhf_program` is a script that
+// prints the CUDA_VISIBLE_DEVICES it gets and its arguments.
+netns::CommandResult run_step_command(const SlurmStep& step, const std::string& slurm_visible) {
+  std::vector<std::string> argv = {"env", "CUDA_VISIBLE_DEVICES=" + slurm_visible};
+  argv.insert(argv.end(), std::find(step.args.begin(), step.args.end(), "--export=ALL") + 1,
+              step.args.end());
+  return netns::command(argv);
+}
+
+std::string visible_printer() {
+  const std::string path = testing::fresh_run_dir("slurm-gpu-select") + "/print-visible";
+  std::ofstream(path) << "#!/bin/sh\necho \"visible=$CUDA_VISIBLE_DEVICES args=$*\"\n";
+  fs::permissions(path, fs::perms::owner_all);
+  return path;
+}
+
+TEST(Slurm, CudaStepAsksForItsNodesGpusAndTheWorkerSeesOnlyItsOwn) {
+  const SlurmStep step =
+      slurm_step(cuda_worker(Role::kRollout, 1, 2), 8, "/opt/rlhf/bin/rlhf", "tcp://node01:29500");
+  EXPECT_EQ(step.program, "srun");
+  EXPECT_EQ(srun_options(step),
             (std::vector<std::string>{"--nodes=1", "--ntasks=1", "-w", "node02", "--overlap",
-                                      "--kill-on-bad-exit=1", "--job-name=rlhf-critic-3",
-                                      "--export=ALL", "/opt/rlhf/bin/rlhf", "worker", "--connect",
-                                      "tcp://node01:29500", "--role", "critic", "--rank", "3"}));
+                                      "--kill-on-bad-exit=1", "--job-name=rlhf-rollout-1",
+                                      "--gres=gpu:8", "--export=ALL"}));
+  const std::vector<std::string> command(step.args.begin() + srun_options(step).size(),
+                                         step.args.end());
+  EXPECT_EQ(command,
+            (std::vector<std::string>{"sh", "-c", kSlurmGpuSelectScript, "rlhf-gpu-select", "2",
+                                      "/opt/rlhf/bin/rlhf", "worker", "--connect",
+                                      "tcp://node01:29500", "--role", "rollout", "--rank", "1"}));
+  // The step's list as Slurm writes it: global ids without cgroup device constraint (here
+  // the job holds GPUs 8-15 of a 16-GPU host), 0..N-1 with it. Entry 2 either way.
+  const std::string printer = visible_printer();
+  const SlurmStep local = slurm_step(cuda_worker(Role::kRollout, 1, 2), 8, printer, "tcp://x:1");
+  for (const auto& [slurm, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"8,9,10,11,12,13,14,15", "10"}, {"0,1,2,3,4,5,6,7", "2"}}) {
+    const auto r = run_step_command(local, slurm);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output,
+              "visible=" + expected + " args=worker --connect tcp://x:1 --role rollout --rank 1\n");
+  }
+  // A job that holds fewer GPUs on the node than the spec lists: the step fails saying so.
+  const auto short_list = run_step_command(local, "0,1");
+  EXPECT_EQ(short_list.exit_code, 1);
+  EXPECT_NE(short_list.output.find("placed on GPU 2 of its node, but its Slurm step sees "
+                                   "CUDA_VISIBLE_DEVICES=0,1"),
+            std::string::npos)
+      << short_list.output;
+  EXPECT_THROW(slurm_step(cuda_worker(Role::kRollout, 1, 8), 8, printer, "tcp://x:1"),
+               RuntimeError);
+}
+
+TEST(Slurm, ColocatedRolesShareTheirGpuInsideTheirSteps) {
+  const std::string printer = visible_printer();
+  WorkerPlacement actor = cuda_worker(Role::kActor, 0, 3);
+  WorkerPlacement ref = cuda_worker(Role::kRef, 0, 3);
+  ref.colocated_with = "actor";
+  const SlurmStep a = slurm_step(actor, 4, printer, "tcp://x:1");
+  const SlurmStep r = slurm_step(ref, 4, printer, "tcp://x:1");
+  // Both steps hold the node's 4 GPUs and overlap (share them); each worker keeps GPU 3.
+  for (const SlurmStep* step : {&a, &r}) {
+    const auto options = srun_options(*step);
+    EXPECT_NE(std::find(options.begin(), options.end(), "--gres=gpu:4"), options.end());
+    EXPECT_NE(std::find(options.begin(), options.end(), "--overlap"), options.end());
+  }
+  const auto ra = run_step_command(a, "0,1,2,3");
+  const auto rr = run_step_command(r, "0,1,2,3");
+  EXPECT_EQ(ra.output, "visible=3 args=worker --connect tcp://x:1 --role actor --rank 0\n");
+  EXPECT_EQ(rr.output, "visible=3 args=worker --connect tcp://x:1 --role ref --rank 0\n");
 }
 
 TEST(Slurm, OutsideAnAllocationTheLauncherSaysSo) {

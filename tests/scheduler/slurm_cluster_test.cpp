@@ -3,12 +3,17 @@
 // by a veth pair), its own host name (a UTS namespace) and an /etc/hosts naming both (a
 // bind mount in a private mount namespace). `salloc` runs `rlhf run` with cluster.launcher
 // slurm on n1; its workers are srun steps on both nodes. Needs root, `ip netns` and the
-// Slurm and munge binaries; skips naming what is missing. Not here: several slurmd per
-// namespace, cgroups (the plugins used need none).
+// Slurm and munge binaries; skips naming what is missing. Each node also declares 4 fake GPUs
+// (gres.conf over character devices made in the test's directory, no driver behind them), so
+// the srun steps' GPU requests meet a real Slurm. Not here: several slurmd per namespace,
+// cgroups (the plugins used need none), a real GPU.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,6 +21,7 @@
 #include <set>
 #include <sstream>
 
+#include "scheduler/slurm_launcher.h"
 #include "tests/scheduler/netns_support.h"
 #include "tests/support/processes.h"
 #include "tests/support/run_cli.h"
@@ -78,6 +84,14 @@ class SlurmCluster {
       std::ofstream(dir_ + "/munge/munge.key", std::ios::binary) << key;
     }
     ::chmod((dir_ + "/munge/munge.key").c_str(), 0400);
+    // Slurm reads a GPU's device file's major and minor: character devices, NVIDIA's numbers.
+    for (int gpu = 0; gpu < kGpusPerNode; ++gpu) {
+      const std::string file = dir_ + "/fake-nvidia" + std::to_string(gpu);
+      if (::mknod(file.c_str(), S_IFCHR | 0600, makedev(195, gpu)) != 0) {
+        failed_ = "mknod " + file + ": " + std::strerror(errno);
+        return;
+      }
+    }
     std::ofstream(dir_ + "/hosts") << "127.0.0.1 localhost\n"
                                    << netns::kFirstAddress << " n1\n"
                                    << netns::kSecondAddress << " n2\n";
@@ -169,6 +183,10 @@ class SlurmCluster {
  private:
   std::string conf() const { return dir_ + "/slurm.conf"; }
 
+ public:
+  static constexpr int kGpusPerNode = 4;
+
+ private:
   // Ports are Slurm's defaults: each test's nodes have namespaces of their own, so runs
   // side by side do not meet.
   void write_config() const {
@@ -195,11 +213,15 @@ class SlurmCluster {
         << "MailProg=/bin/true\nPlugStackConfig=/dev/null\n"
         // The nodes' CPUs as declared, whatever this machine has.
         << "SlurmdParameters=config_overrides\n"
+        << "GresTypes=gpu\n"
         << "NodeName=n1 NodeAddr=" << netns::kFirstAddress
-        << " NodeHostname=n1 CPUs=8 RealMemory=1000 State=UNKNOWN\n"
+        << " NodeHostname=n1 CPUs=8 RealMemory=1000 Gres=gpu:" << kGpusPerNode << " State=UNKNOWN\n"
         << "NodeName=n2 NodeAddr=" << netns::kSecondAddress
-        << " NodeHostname=n2 CPUs=8 RealMemory=1000 State=UNKNOWN\n"
+        << " NodeHostname=n2 CPUs=8 RealMemory=1000 Gres=gpu:" << kGpusPerNode << " State=UNKNOWN\n"
         << "PartitionName=test Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP\n";
+    // Slurm reads gres.conf beside slurm.conf.
+    std::ofstream(dir_ + "/gres.conf") << "NodeName=n[1-2] Name=gpu File=" << dir_
+                                       << "/fake-nvidia[0-" << kGpusPerNode - 1 << "]\n";
   }
 
   std::string missing_, failed_, dir_;
@@ -361,6 +383,60 @@ TEST_F(SlurmJob, CtrlCStopsTheJobAndNothingRunsOnEitherNode) {
   EXPECT_GE(std::stoi(m[1]), 1);
   EXPECT_LT(test::read_jsonl(metrics).size(), 200u);
   expect_nothing_left();
+}
+
+// The steps rlhf run starts, with the program replaced by a script that writes down what the
+// worker would see, run in `salloc -N2 --gres=gpu:4`: a cuda worker on n2's GPU 2, an actor and
+// a reference colocated on n1's GPU 3, and a cpu worker on n2, all at once. Without cgroups
+// Slurm writes global GPU ids, which here are the placement's ids.
+TEST(SlurmGpus, EachCudaStepSeesItsOwnGpuAndACpuStepNone) {
+  SlurmCluster cluster;
+  if (!cluster.missing().empty()) GTEST_SKIP() << "needs " << cluster.missing();
+  ASSERT_EQ(cluster.failed(), "");
+  const std::string dir = cluster.dir();
+  const std::string printer = dir + "/print-visible";
+  // Arguments: worker --connect ENDPOINT --role ROLE --rank RANK.
+  std::ofstream(printer) << "#!/bin/sh\necho \"$(hostname) visible=$CUDA_VISIBLE_DEVICES\" > "
+                         << netns::quoted(dir) << "/seen-$5\n";
+  fs::permissions(printer, fs::perms::owner_all);
+  auto worker = [](Role role, const std::string& host, DeviceKind kind, int device) {
+    WorkerPlacement w;
+    w.role = role;
+    w.host = host;
+    w.node = host;
+    w.device_kind = kind;
+    w.device_id = device;
+    return w;
+  };
+  const int gpus = SlurmCluster::kGpusPerNode;
+  const std::vector<SlurmStep> steps = {
+      slurm_step(worker(Role::kRollout, "n2", DeviceKind::kCuda, 2), gpus, printer, "tcp://n1:1"),
+      slurm_step(worker(Role::kActor, "n1", DeviceKind::kCuda, 3), gpus, printer, "tcp://n1:1"),
+      slurm_step(worker(Role::kRef, "n1", DeviceKind::kCuda, 3), gpus, printer, "tcp://n1:1"),
+      slurm_step(worker(Role::kCritic, "n2", DeviceKind::kCpu, 0), 0, printer, "tcp://n1:1")};
+  std::string job = "#!/bin/sh\n";
+  for (const auto& step : steps) {
+    job += step.program;
+    for (const auto& a : step.args) job += " " + netns::quoted(a);
+    job += " &\n";
+  }
+  job += "wait\n";
+  std::ofstream(dir + "/job.sh") << job;
+  fs::permissions(dir + "/job.sh", fs::perms::owner_all);
+  // As in an sbatch script with --gpus-per-node: the driver's own list, exported to each step.
+  auto env = cluster.env();
+  env["CUDA_VISIBLE_DEVICES"] = "0,1,2,3";
+  Process run(cluster.on_node("n1", {"salloc", "-N2", "--gres=gpu:4", "--time=5", dir + "/job.sh"}),
+              env, dir + "/salloc-gpus");
+  const auto status = run.wait(60s);
+  ASSERT_TRUE(status) << "salloc did not end in 60 s: " << run.err();
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run.out() << run.err();
+  EXPECT_EQ(testing::read_file(dir + "/seen-rollout"), "n2 visible=2\n") << run.err();
+  EXPECT_EQ(testing::read_file(dir + "/seen-actor"), "n1 visible=3\n") << run.err();
+  EXPECT_EQ(testing::read_file(dir + "/seen-ref"), "n1 visible=3\n") << run.err();
+  // A step without --gres would get all 4 (the default): the cpu worker asks for none, and
+  // Slurm empties the list it exported.
+  EXPECT_EQ(testing::read_file(dir + "/seen-critic"), "n2 visible=\n") << run.err();
 }
 
 }  // namespace
