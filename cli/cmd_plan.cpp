@@ -63,13 +63,60 @@ std::string percent(double ratio) {
   return o.str();
 }
 
+// Each role's and each device's bytes per phase of the step, and the rollout's KV pool.
+void print_phases(const engine::MemoryPlan& plan, std::ostream& out) {
+  bool ppo = false;
+  for (const auto& r : plan.roles) ppo |= r.input.ppo;
+  const auto phases = engine::step_phases(ppo);
+  std::vector<std::string> header = {"per rank"};
+  header.insert(header.end(), phases.begin(), phases.end());
+  header.push_back("nccl");
+  header.push_back("sync");
+  TextTable roles(header);
+  for (const auto& r : plan.roles) {
+    std::vector<std::string> row = {r.input.role};
+    for (const auto& p : phases)
+      row.push_back(mib(r.terms.phases.count(p) ? r.terms.phases.at(p) : 0));
+    row.push_back(mib(r.terms.nccl));
+    row.push_back(mib(r.terms.sync));
+    roles.add(row);
+  }
+  header[0] = "device";
+  header.resize(header.size() - 2);  // nccl and sync are per rank
+  TextTable devices(header);
+  for (const auto& d : plan.devices) {
+    std::vector<std::string> row = {d.node + ":" + std::to_string(d.device_id)};
+    for (const auto& p : phases) {
+      const int64_t b = d.phases.count(p) ? d.phases.at(p) : 0;
+      row.push_back(mib(b) + (p == d.peak_phase ? " *" : ""));
+    }
+    devices.add(row);
+  }
+  out << "\nBy phase of the step (what each holds while it runs; sleep mode moves the rollout's\n"
+         "weights or the actor's optimizer state to the host where it applies; * the device's\n"
+         "peak; nccl: communicator buffers in every phase, sync: the weight sync's buckets):\n"
+      << roles.str() << '\n'
+      << devices.str();
+  for (const auto& r : plan.roles) {
+    if (r.input.work != engine::RoleWork::kGenerate) continue;
+    out << "rollout KV cache" << (r.input.kv_auto ? " (auto)" : "") << ": " << mib(r.terms.kv_cache)
+        << " per rank, " << r.terms.kv_sequences << " sequences of " << r.input.prompt_len << " + "
+        << r.input.max_new_tokens << " tokens at once"
+        << (r.input.kv_auto
+                ? " (what " +
+                      std::to_string(static_cast<int>(100 * r.input.gpu_memory_utilization + 0.5)) +
+                      "% of the device leaves in the generate phase, up to "
+                      "max_num_seqs)"
+                : "")
+        << '\n';
+  }
+}
+
 void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
-  out << "\nMemory per rank (bytes each worker of the role holds, each term at its own peak). The\n"
-         "transient terms peak in different phases of a step (activations, log-probs and the "
-         ".grad\n"
-         "in flight first; all .grad and collective buffers at the reduction; the load's one\n"
-         "checkpoint slice), so total = overhead + weights + master + adam + grads + the largest\n"
-         "phase; engine = what the trainer's tracker counts, reported as peak_tensor_bytes:\n";
+  out << "\nMemory per rank (bytes each worker of the role holds, each term at its own peak; the\n"
+         "transient terms peak in different phases of a step, so total = the largest phase of\n"
+         "the table below; engine = what the trainer's tracker counts, reported as\n"
+         "peak_tensor_bytes):\n";
   TextTable roles({"role", "ranks", "weights", "master", "adam", "grads", "gathered", "buffers",
                    ".grad", "activations", "log-probs", "kv-cache", "load", "overhead", "total",
                    "engine"});
@@ -88,38 +135,44 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
                mib(t.device_total()), mib(t.engine_peak)});
   }
   out << roles.str();
-  TextTable devices({"device", "roles", "planned", "capacity", "use", ""});
+  print_phases(plan, out);
+  TextTable devices({"device", "roles", "planned", "peak phase", "capacity", "use", ""});
   for (const auto& d : plan.devices) {
     const double use =
         d.capacity > 0 ? static_cast<double>(d.total) / static_cast<double>(d.capacity) : 0.0;
     std::ostringstream u;
     u << std::fixed << std::setprecision(1) << 100.0 * use << "%";
     devices.add({d.node + ":" + std::to_string(d.device_id), join(d.roles, "+"), mib(d.total),
-                 mib(d.capacity), u.str(), d.fits() ? "fits" : "OVER BUDGET"});
+                 d.peak_phase, mib(d.capacity), u.str(), d.fits() ? "fits" : "OVER BUDGET"});
   }
   out << '\n' << devices.str();
+  if (!plan.kv_auto_error.empty())
+    out << '\n' << plan.kv_auto_error << " (`rlhf run` refuses it)\n";
   if (!plan.fits()) out << '\n';
   for (const auto& d : plan.devices) {
     if (d.fits()) continue;
-    std::pair<std::string, int64_t> dominant{"", -1};
-    std::string owner;
+    // The role that holds the most in the device's peak phase, and its largest state term.
+    const engine::RolePlan* most = nullptr;
     for (const auto& label : d.roles) {
       const auto* r = plan.role(label.substr(0, label.find('[')));
-      if (r && r->terms.dominant().second > dominant.second) {
-        dominant = r->terms.dominant();
-        owner = r->input.role;
-      }
+      if (r && (!most || r->terms.phases.at(d.peak_phase) > most->terms.phases.at(d.peak_phase)))
+        most = r;
     }
     out << d.node << ":" << d.device_id << " is over budget by " << mib(d.total - d.capacity)
-        << "; the largest term is " << owner << " " << dominant.first << " ("
-        << mib(dominant.second) << ").\n";
+        << " in the " << d.peak_phase << " phase";
+    if (most)
+      out << ", where " << most->input.role << " holds " << mib(most->terms.phases.at(d.peak_phase))
+          << " (its largest term: " << most->terms.dominant().first << ", "
+          << mib(most->terms.dominant().second) << ")";
+    out << ".\n";
   }
   if (!plan.suggestions.empty()) {
     out << "Changes, each planned again (total: the most over-budget device; a combination is\n"
            "listed first when no single change fits):\n";
     for (const auto& s : plan.suggestions)
       out << "  --set " << s.change << "  ->  " << mib(s.new_total)
-          << (s.fits ? "  (fits)" : "  (still over)") << '\n';
+          << (s.fits ? "  (fits" : "  (still over")
+          << (s.costs_throughput ? "; costs throughput)" : "; keeps throughput)") << '\n';
   }
 }
 
@@ -127,7 +180,13 @@ int check_run(const std::string& run_dir, bool as_json) {
   const auto rows = engine::check_run_memory(run_dir);
   if (as_json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const auto& r : rows)
+    for (const auto& r : rows) {
+      nlohmann::json phases = nlohmann::json::array();
+      for (const auto& p : r.phases)
+        phases.push_back({{"phase", p.phase},
+                          {"planned_cuda_allocated", p.planned},
+                          {"measured_cuda_allocated", p.measured},
+                          {"error", p.error()}});
       out.push_back({{"role", r.role},
                      {"rank", r.rank},
                      {"device", r.device},
@@ -139,7 +198,9 @@ int check_run(const std::string& run_dir, bool as_json) {
                      {"rss_error", r.rss_error()},
                      {"planned_cuda_allocated", r.planned_cuda},
                      {"measured_cuda_allocated", r.measured_cuda},
-                     {"cuda_error", r.cuda_error()}});
+                     {"cuda_error", r.cuda_error()},
+                     {"phases", phases}});
+    }
     std::cout << out.dump(2) << '\n';
     return 0;
   }
@@ -166,6 +227,14 @@ int check_run(const std::string& run_dir, bool as_json) {
         g.add({r.role, std::to_string(r.rank), r.device, mib(r.planned_cuda), mib(r.measured_cuda),
                percent(r.cuda_error())});
     std::cout << g.str();
+    std::cout << "\nBy phase: the allocator's peak over each phase's operations vs the plan's "
+                 "phase less the CUDA context, NCCL and an IPC bucket\n\n";
+    TextTable ph({"role", "rank", "phase", "planned allocated", "measured allocated", "error"});
+    for (const auto& r : rows)
+      for (const auto& p : r.phases)
+        ph.add({r.role, std::to_string(r.rank), p.phase, mib(p.planned),
+                p.measured < 0 ? "-" : mib(p.measured), p.measured < 0 ? "-" : percent(p.error())});
+    std::cout << ph.str();
   }
   return 0;
 }

@@ -43,6 +43,10 @@ class TableBuilder {
     k.min_exclusive = lo_exclusive;
     if (hi < kInf) k.max = hi;
   }
+  void number_or_auto(std::string path, json def, double lo, std::string doc) {
+    auto& k = add(std::move(path), KeyType::kFloatOrAuto, std::move(def), std::move(doc));
+    k.min = lo;
+  }
   void boolean(std::string path, bool def, std::string doc) {
     add(std::move(path), KeyType::kBool, def, std::move(doc));
   }
@@ -190,12 +194,24 @@ std::vector<KeySpec> build_table() {
 
   // Rollout (generation).
   t.integer("rollout.batch_size", 1024, 1, kInf, "Prompts per PPO step (rollout_batch_size).");
-  t.number("rollout.kv_cache_memory_gb", 0.0, 0, kInf,
-           "KV cache budget per rollout worker in GiB (0: unbounded). Paged "
-           "(rollout.kv_block_size > 0): the pool's size; sequences join as others finish and "
-           "are preempted and recomputed when blocks run out. Contiguous: each micro batch "
-           "generates in waves of as many prompts (with their n samples) as fit. Outputs are "
-           "the same either way.");
+  t.number_or_auto(
+      "rollout.kv_cache_memory_gb", "auto", 0,
+      "KV cache budget per rollout worker in GiB (0: unbounded, sized for max_num_seqs "
+      "sequences at full length). auto: on cuda nodes what the device has left in the "
+      "generate phase after every other term the plan counts there (weights, the roles "
+      "colocated with the rollout, activations, logits, the CUDA context), minus the headroom "
+      "rollout.gpu_memory_utilization leaves (vLLM's meaning); `rlhf plan` shows the size "
+      "and how many full-length sequences it holds; on cpu nodes auto is 0. Paged "
+      "(rollout.kv_block_size > 0): the pool's size (never more than max_num_seqs full-length "
+      "sequences); sequences join as others finish and are preempted and recomputed when "
+      "blocks run out. Contiguous: each micro batch generates in waves of as many prompts "
+      "(with their n samples) as fit. Outputs are the same either way.");
+  t.number("rollout.gpu_memory_utilization", 0.9, 0, 1,
+           "With rollout.kv_cache_memory_gb auto: the share of each rollout GPU's memory "
+           "(cluster.nodes[].memory_gb) the plan may fill in the generate phase, all roles "
+           "on the device counted (vLLM's gpu_memory_utilization); the rest is headroom for "
+           "the allocator's fragmentation and what no term counts.",
+           true);
   t.integer("rollout.kv_block_size", 16, 0, 4096,
             "Tokens per KV cache block (vLLM's block_size): a sequence holds only the blocks "
             "it fills, a prompt's samples share its blocks, and new prompts join the decode "
@@ -244,6 +260,12 @@ std::vector<KeySpec> build_table() {
   t.boolean("train.packing_samples", false,
             "With a token budget, PPO training packs consecutive sequences end to end into one "
             "row of at most the budget (no padding computed), as OpenRLHF's packing_samples.");
+  t.integer("train.logits_chunk_tokens", 1024, 0, kInf,
+            "Tokens per chunk of the LM head when log-probs (and the entropy) are computed, in "
+            "every role and job kind: the [tokens, vocabulary] logits never exist beyond one "
+            "chunk, in forward or backward (each chunk's logits are recomputed there), with "
+            "the same values and gradients (Liger's / Cut Cross-Entropy's chunked loss). 0: "
+            "the path before this key, chunks of 256 positions over all rows of a micro batch.");
   t.integer("train.max_epochs", 1, 1, 1000, "Passes over each batch of experience (ppo) or data.");
   t.integer("train.num_episodes", 1, 1, 100000, "Passes over the prompt dataset (ppo).");
   t.integer("train.max_steps", 0, 0, kInf, "Stop after this many steps (0: when data runs out).");
@@ -265,7 +287,18 @@ std::vector<KeySpec> build_table() {
             "One-step off-policy: 1 = the rollout group generates step k+1's samples with the "
             "weights before step k's update while the actor and critic train on step k "
             "(veRL's one-step-off-policy); the PPO ratio is taken against the rollout's own "
-            "log-probs. 0: generate, then train (on-policy).");
+            "log-probs (with algo.rollout_correction, against the trainer's). 0: generate, "
+            "then train (on-policy).");
+  t.choice("algo.rollout_correction", "none", {"none", "tis", "decoupled"},
+           "Correction for the rollout engine's log-probs differing from the trainer's (BF16 "
+           "kernels, and with algo.async_steps 1 the weights it lags by): the ratio is taken "
+           "against the trainer's recomputed log-probs pi_old and each token's policy loss is "
+           "weighted by w = pi_old / pi_rollout, detached. tis: truncated importance sampling, "
+           "w capped at algo.rollout_correction_cap (Yao et al. 2025, veRL's "
+           "tis_imp_ratio_cap); decoupled: AReaL's decoupled PPO (Fu et al. 2025), w "
+           "untruncated. none: no weight, as before.");
+  t.number("algo.rollout_correction_cap", 2.0, 1, kInf,
+           "tis: the cap C of the weight min(pi_old / pi_rollout, C) (veRL's default 2).");
   t.boolean("algo.dynamic_sampling", false,
             "DAPO dynamic sampling: drop the prompts whose samples all got the same score (no "
             "group-relative signal), refilled up to rollout.max_refill_batches. Needs "
@@ -470,6 +503,8 @@ const char* key_type_name(KeyType type) {
       return "integer";
     case KeyType::kFloat:
       return "number";
+    case KeyType::kFloatOrAuto:
+      return "number or auto";
     case KeyType::kBool:
       return "boolean";
     case KeyType::kString:
@@ -498,6 +533,8 @@ std::string KeySpec::expectation() const {
       return "an integer" + range_text(*this);
     case KeyType::kFloat:
       return "a number" + range_text(*this);
+    case KeyType::kFloatOrAuto:
+      return "\"auto\" or a number" + range_text(*this);
     case KeyType::kBool:
       return "true or false";
     case KeyType::kString:
@@ -532,6 +569,10 @@ std::string KeySpec::check(const json& v) const {
       if (!is_integer(v)) return bad();
       return in_range(*this, v.get<double>()) ? "" : bad();
     case KeyType::kFloat:
+      if (!v.is_number()) return bad();
+      return in_range(*this, v.get<double>()) ? "" : bad();
+    case KeyType::kFloatOrAuto:
+      if (v.is_string() && v.get<std::string>() == "auto") return "";
       if (!v.is_number()) return bad();
       return in_range(*this, v.get<double>()) ? "" : bad();
     case KeyType::kBool:
@@ -585,6 +626,9 @@ json KeySpec::parse_override(const std::string& text) const {
       if (text == "true" || text == "1") return true;
       if (text == "false" || text == "0") return false;
       return fail();
+    case KeyType::kFloatOrAuto:
+      if (trim(text) == "auto") return "auto";
+      [[fallthrough]];
     case KeyType::kInt:
     case KeyType::kFloat: {
       json v = json::parse(text, nullptr, /*allow_exceptions=*/false);

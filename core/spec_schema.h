@@ -13,6 +13,7 @@ namespace rlhf {
 enum class KeyType {
   kInt,
   kFloat,
+  kFloatOrAuto,  // a number within [min, max], or the string "auto"
   kBool,
   kString,
   kPath,       // a file or directory; relative paths in a spec file resolve against its directory

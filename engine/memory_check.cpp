@@ -1,8 +1,10 @@
 // plan.json written at run start, and planned vs measured read back from a run directory.
 #include "engine/memory_check.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/errors.h"
@@ -60,6 +62,55 @@ double MemoryCheckRow::cuda_error() const {
   return relative_error(planned_cuda, measured_cuda);
 }
 
+double MemoryCheckRow::Phase::error() const {
+  return relative_error(planned, measured);
+}
+
+std::string phase_of_operation(const std::string& op) {
+  static const std::map<std::string, std::string> kPhases = {
+      {"generate", "generate"}, {"log_probs", "score"},   {"values", "score"},
+      {"score", "score"},       {"train_actor", "train"}, {"train_critic", "train"},
+      {"train", "train"},       {"sync_weights", "sync"}, {"push_weights", "sync"},
+      {"save", "save"},         {"export_hf", "save"},    {"load_model", "load"},
+      {"init", "load"}};
+  auto it = kPhases.find(op);
+  return it == kPhases.end() ? "" : it->second;
+}
+
+namespace {
+
+// The plan's allocator bytes per phase for one role (plan.json's terms): what the role holds
+// in the phase less what the allocator does not see.
+std::map<std::string, int64_t> planned_cuda_phases(const json& role) {
+  std::map<std::string, int64_t> out;
+  if (role.value("cuda_workspace", int64_t{0}) == 0 || !role.contains("phases")) return out;
+  const int64_t outside = role.value("overhead", int64_t{0}) -
+                          role.value("cuda_workspace", int64_t{0}) + role.value("nccl", int64_t{0});
+  for (const auto& [phase, bytes] : role["phases"].items())
+    out[phase] = bytes.get<int64_t>() - outside -
+                 (phase == "sync" ? role.value("sync_outside", int64_t{0}) : 0);
+  return out;
+}
+
+// Folds one rank's measured cuda_phases (per operation) into its row's per-phase peaks.
+void add_measured_phases(const json& role_plan, const json& cuda_phases, MemoryCheckRow& r) {
+  const auto planned = planned_cuda_phases(role_plan);
+  for (const auto& [op, peaks] : cuda_phases.items()) {
+    const std::string phase = phase_of_operation(op);
+    auto plan_it = planned.find(phase);
+    if (phase.empty() || plan_it == planned.end()) continue;
+    auto it = std::find_if(r.phases.begin(), r.phases.end(),
+                           [&](const MemoryCheckRow::Phase& p) { return p.phase == phase; });
+    if (it == r.phases.end()) {
+      r.phases.push_back({phase, plan_it->second, -1});
+      it = r.phases.end() - 1;
+    }
+    it->measured = std::max(it->measured, peaks.value("peak_allocated_bytes", int64_t{-1}));
+  }
+}
+
+}  // namespace
+
 json planned_roles(const std::string& run_dir) {
   const fs::path plan_path = fs::path(run_dir) / kPlanFileName;
   if (!fs::exists(plan_path)) return nullptr;
@@ -103,6 +154,7 @@ std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
         if (m.contains("cuda_peak_allocated_bytes"))
           r.measured_cuda =
               std::max(r.measured_cuda, m["cuda_peak_allocated_bytes"].get<int64_t>());
+        if (m.contains("cuda_phases")) add_measured_phases(roles[role], m["cuda_phases"], r);
       }
     }
   });

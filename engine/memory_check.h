@@ -40,7 +40,21 @@ struct MemoryCheckRow {
   double tensor_error() const;
   double rss_error() const;
   double cuda_error() const;
+  // GPU workers, per phase of the step: the plan's allocator bytes in that phase (its phase
+  // bytes less the CUDA context, NCCL's buffers and a CUDA IPC bucket) and the allocator's
+  // peak over the operations of that phase (cuda_phases: generate; log_probs, values, score;
+  // train_actor, train_critic; sync_weights, push_weights; save, export_hf; load_model, init).
+  struct Phase {
+    std::string phase;
+    int64_t planned = 0;
+    int64_t measured = -1;
+    double error() const;
+  };
+  std::vector<Phase> phases;
 };
+
+// The phase of the step a worker operation belongs to ("" for bookkeeping operations).
+std::string phase_of_operation(const std::string& op);
 
 // Reads <run_dir>/plan.json and <run_dir>/metrics.jsonl. Throws InputError naming the
 // missing or malformed file.

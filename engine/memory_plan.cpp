@@ -4,11 +4,13 @@
 #include "engine/memory_plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <set>
 
 #include "core/errors.h"
+#include "models/decoder_layer.h"
 #include "models/tensor_parallel.h"
 
 namespace rlhf::engine {
@@ -18,19 +20,33 @@ using nlohmann::json;
 
 namespace {
 
-// Fixed bytes per worker process beside its tensors. CPU: the RSS of an idle `rlhf worker`
-// with a tiny model (LibTorch, oneDNN, OpenBLAS, ZeroMQ), measured ~176-185 MiB (see
-// bench/RESULTS.md, memory planner). CUDA, measured on an H100 with torch 2.11.0+cu130
-// (bench/RESULTS.md, GPU path):
+// Fixed bytes per worker process beside its tensors. CPU: the peak RSS of a worker whose
+// tensors are a few hundred KiB (LibTorch 2.11's CPU libraries, oneDNN, ZeroMQ, Arrow),
+// measured 391-410 MiB on grpo_tiny's ref and rollout workers (2026-11-25; it was 176-185 MiB
+// with LibTorch 1.13, bench/RESULTS.md, memory planner). CUDA, measured on an H100 with
+// torch 2.11.0+cu130 (bench/RESULTS.md, GPU path):
 //   - the context, outside the caching allocator: four workers with at most 4 MiB allocated
 //     each left 75.98 of 79.18 GiB free, so <= 0.80 GiB per process (with the driver's own
 //     share); 768 MiB;
 //   - cuBLAS workspaces, inside the allocator: 32 MiB per stream that runs a matmul (Hopper's
 //     default); the allocator's resident floor was 32 MiB on ref and rollout workers and
 //     64 MiB on trained ones (forward on the worker's thread, backward on autograd's).
-constexpr int64_t kCpuOverhead = 176ll << 20;
+constexpr int64_t kCpuOverhead = 390ll << 20;
 constexpr int64_t kCudaContext = 768ll << 20;
 constexpr int64_t kCublasWorkspace = 32ll << 20;
+// NCCL's buffers per communicator and rank, outside the caching allocator: per channel, a
+// receive buffer of NCCL_BUFFSIZE (4 MiB, Simple protocol) plus LL128's (~4.5 MiB) and LL's
+// (~0.25 MiB) from each ring neighbour, with up to 32 channels on NVLink: ~280 MiB. Assumed
+// from NCCL's defaults, not yet measured here (no GPU has run a multi-rank NCCL group for
+// this figure); set NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS lower to shrink it.
+constexpr int64_t kNcclCommBytes = 280ll << 20;
+
+std::string format_gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f",
+                static_cast<double>(bytes) / static_cast<double>(1ll << 30));
+  return buf;
+}
 
 int64_t div_up(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -71,9 +87,13 @@ int64_t shared_forward_bytes(const models::ModelConfig& c, int64_t B, int64_t T,
 // their FP32 copy + mask, softmax FP32, probs in e) and its MLP intermediates. On a GPU,
 // SDPA's fused kernels (flash / memory-efficient) never hold the [B, heads, T, T] scores:
 // a bool mask [B, 1, T, T] (padded batches) and the rotary tables are what remains shared.
+//
+// The MLP's gate, up and product [tokens, I] exist for one chunk of at most
+// models::kInferenceMlpChunkTokens tokens at a time (models/decoder_layer.cpp).
 int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e,
                         DeviceKind kind = DeviceKind::kCpu) {
-  const int64_t hidden = B * T * (4 * c.hidden_size + 3 * c.intermediate_size) * e;
+  const int64_t mlp_tokens = std::min(B * T, models::kInferenceMlpChunkTokens);
+  const int64_t hidden = (B * T * 4 * c.hidden_size + mlp_tokens * 3 * c.intermediate_size) * e;
   if (kind == DeviceKind::kCuda) return B * T * T + 2 * B * T * c.head_dim * e + hidden;
   const int64_t attention = B * c.num_attention_heads * T * T * (2 * e + 8);
   return shared_forward_bytes(c, B, T, e) + attention + hidden;
@@ -86,30 +106,51 @@ int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int6
 // flight: gradients as large as its saved tensors, plus the softmax backward's FP32 buffers
 // and e-dtype score gradients, (8 + 2e) x heads x T x T (bench_memory_plan measures the
 // whole: within 10% at T = 128..512 on the 100m preset).
+//
+// On a GPU, SDPA runs the fused kernels (flash, or memory-efficient with a mask): no
+// [heads, T, T] scores are saved or built in backward; each layer saves its FP32 log-sum-exp
+// [B, heads, T] instead, and the layers share a bool mask [B, 1, T, T] and the rotary tables.
+// (Planned from the kernels' definitions; not yet checked against the allocator on a GPU.)
 int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e,
-                       bool checkpointing) {
-  const int64_t layer = layer_saved_bytes(c, B, T, e);
-  const int64_t in_flight = layer + B * c.num_attention_heads * T * T * (8 + 2 * e);
+                       bool checkpointing, DeviceKind kind = DeviceKind::kCpu) {
+  const int64_t scores = B * c.num_attention_heads * T * T;
+  const bool fused = kind == DeviceKind::kCuda;
+  const int64_t layer = layer_saved_bytes(c, B, T, e) -
+                        (fused ? scores * (4 + e) - 4 * B * c.num_attention_heads * T : 0);
+  const int64_t in_flight = layer + (fused ? 0 : scores * (8 + 2 * e));
   const int64_t head_norm = B * T * (4 + e) * c.hidden_size;
-  const int64_t shared = shared_forward_bytes(c, B, T, e) + head_norm;
+  const int64_t shared =
+      (fused ? B * T * T + 2 * B * T * c.head_dim * e : shared_forward_bytes(c, B, T, e)) +
+      head_norm;
   if (!checkpointing) return c.num_hidden_layers * layer + in_flight + shared;
   return c.num_hidden_layers * B * T * c.hidden_size * e + layer + in_flight + shared;
 }
 
-// models/log_probs.cpp, per chunk of n positions: the logits matmul in e, converted to FP32,
-// then logsumexp's FP32 temporary (forward), or the FP32 logits and probs (backward): 8
-// bytes per [B, n, V] element at the peak, the e-dtype copy being freed by then. Backward
-// also builds the head's gradient [V, H] in e before autograd adds it to .grad, and with
-// several chunks accumulates it in an FP32 [V, H] buffer first.
-int64_t log_prob_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t chunk, int64_t e,
-                       bool backward) {
-  const int64_t positions = std::max<int64_t>(1, T - 1);
-  const int64_t n = std::min(chunk, positions);
-  const int64_t V = c.vocab_size;
+// models/log_probs.cpp: the LM head's log-probs of B x `positions` tokens.
+// train.logits_chunk_tokens c > 0 (the default): the tokens flattened and split into k =
+// ceil(N / c) balanced chunks of n = ceil(N / k); per chunk the logits [n, V] in e and their
+// FP32 log-sum-exp / softmax: n V (4 + e') bytes, e' = 0 in FP32 (no copy) or 2 in BF16.
+// Backward recomputes each chunk's logits and adds the head's [V, H] gradient into an FP32
+// sum when there are several chunks (V H (4 + e')), else builds it once in e (V H e).
+// c = 0: the older path, chunks of `chunk_positions` positions over all B rows at once: 8
+// bytes per [B, n, V] element at the peak, the head's gradient in e and, with several
+// chunks, an FP32 [V, H] buffer.
+int64_t log_prob_bytes(const models::ModelConfig& c, int64_t B, int64_t positions,
+                       int64_t chunk_positions, int64_t chunk_tokens, int64_t e, bool backward) {
+  positions = std::max<int64_t>(1, positions);
+  const int64_t V = c.vocab_size, H = c.hidden_size;
+  if (chunk_tokens > 0) {
+    const int64_t N = B * positions, k = div_up(N, chunk_tokens), n = div_up(N, k);
+    const int64_t wide = 4 + (e == 4 ? 0 : 2);
+    const int64_t forward = n * V * wide;
+    if (!backward) return forward;
+    return forward + (k > 1 ? V * H * wide : V * H * e);
+  }
+  const int64_t n = std::min(chunk_positions, positions);
   int64_t bytes = B * n * V * 8;
   if (!backward) return bytes;
-  bytes += V * c.hidden_size * e;
-  if (positions > chunk) bytes += V * c.hidden_size * 4;
+  bytes += V * H * e;
+  if (positions > chunk_positions) bytes += V * H * 4;
   return bytes;
 }
 
@@ -182,11 +223,36 @@ EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, 
 }  // namespace
 
 int64_t MemoryTerms::device_total() const {
-  return overhead + weights + master + optimizer + grads + std::max(load, step_peak);
+  int64_t most = 0;
+  for (const auto& [phase, bytes] : phases) most = std::max(most, bytes);
+  if (!phases.empty()) return most;
+  return overhead + nccl + weights + master + optimizer + grads + std::max(load, step_peak);
+}
+
+std::string MemoryTerms::peak_phase() const {
+  std::string best;
+  int64_t most = -1;
+  for (const auto& phase : step_phases(true)) {
+    auto it = phases.find(phase);
+    if (it != phases.end() && it->second > most) {
+      most = it->second;
+      best = phase;
+    }
+  }
+  return best;
 }
 
 int64_t MemoryTerms::cuda_allocated() const {
-  return cuda_workspace > 0 ? device_total() - (overhead - cuda_workspace) : 0;
+  if (cuda_workspace == 0) return 0;
+  // The CUDA context, NCCL's buffers and a CUDA IPC bucket are outside the allocator.
+  const int64_t outside =
+      overhead - cuda_workspace + nccl + (peak_phase() == "sync" ? sync_outside : 0);
+  return device_total() - outside;
+}
+
+std::vector<std::string> step_phases(bool ppo) {
+  if (ppo) return {"load", "generate", "score", "train", "sync", "save"};
+  return {"load", "score", "train", "save"};
 }
 
 std::pair<std::string, int64_t> MemoryTerms::dominant() const {
@@ -221,7 +287,16 @@ json MemoryTerms::to_json() const {
           {"engine_peak", engine_peak},
           {"device_total", device_total()},
           {"cuda_workspace", cuda_workspace},
-          {"cuda_allocated", cuda_allocated()}};
+          {"cuda_allocated", cuda_allocated()},
+          {"nccl", nccl},
+          {"sync", sync},
+          {"sync_outside", sync_outside},
+          {"train_peak", train_peak},
+          {"score_peak", score_peak},
+          {"save_peak", save_peak},
+          {"kv_sequences", kv_sequences},
+          {"phases", phases},
+          {"peak_phase", peak_phase()}};
 }
 
 std::vector<int64_t> unit_numels(const models::ModelConfig& c) {
@@ -237,6 +312,36 @@ std::vector<int64_t> unit_numels(const models::ModelConfig& c) {
 }
 
 namespace {
+
+// Positions a scoring forward runs the LM head on: PPO scores the response's positions only
+// (actors/model_operations.cpp), other jobs every position but the last.
+int64_t scored_positions(const RoleMemoryInput& in) {
+  return in.ppo ? std::min(in.max_new_tokens, in.seq_len - 1) : in.seq_len - 1;
+}
+
+// A rollout rank's weight-sync buckets (rollout/weight_sync.cpp): at TP size 1 one bucket
+// of min(rollout.sync_bucket_mb, the model) in the wire (compute) dtype, none beside the
+// actor's CUDA IPC bucket when the two share a GPU; at TP size t the root fills one bucket of
+// bucket / t per rank plus a scratch one, (t + 1) / t buckets (the plan shows the root).
+int64_t sync_receive_bytes(const RoleMemoryInput& in, int64_t held_numel) {
+  const int64_t e = in.compute_bytes, tp = in.tensor_parallel;
+  if (tp == 1 && in.sync_over_ipc) return 0;
+  return (tp + 1 > 2 ? tp + 1 : 1) * std::min(in.sync_bucket_bytes / tp, e * held_numel);
+}
+
+// The smallest KV budget a rollout rank can generate with: one full-length sequence's blocks
+// (paged), or one prompt's prefilled row and its n sample rows (contiguous).
+int64_t one_sequence_kv_bytes(const RoleMemoryInput& in) {
+  const int tp = in.tensor_parallel;
+  const models::ModelConfig lc =
+      tp > 1 ? models::tensor_parallel_shard_config(in.model, tp) : in.model;
+  const int64_t capacity = in.prompt_len + in.max_new_tokens;
+  const int64_t per_token =
+      2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * in.compute_bytes;
+  if (in.kv_block_size > 0)
+    return per_token * in.kv_block_size * div_up(capacity, in.kv_block_size);
+  return per_token * capacity * (in.n_samples + 1);
+}
 
 // Weights, one inference micro batch (ref, reward) or the KV cache and decode buffers
 // (rollout), for a role that does not train.
@@ -269,8 +374,11 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
       t.engine_peak = t.weights + gathered;
     }
     t.activations = inference_bytes(c, in.micro_batch, in.seq_len, e, in.device_kind);
-    if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, false);
+    if (lm)
+      t.log_probs = log_prob_bytes(c, in.micro_batch, scored_positions(in), in.logprob_chunk,
+                                   in.logits_chunk_tokens, e, false);
     t.step_peak = gathered + t.activations + t.log_probs;
+    t.score_peak = t.step_peak;
     return;
   }
   // Generation. A tensor-parallel rank's layers (and so its KV cache and one layer's working
@@ -319,6 +427,8 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
         inference_bytes(lc, in.rollout_micro_batch, in.prompt_len, e, in.device_kind), gather);
     t.log_probs = logits_bytes(seqs);
     t.step_peak = t.kv_cache + t.activations + t.log_probs;
+    t.kv_sequences = blocks / per_seq;
+    t.sync = sync_receive_bytes(in, numel);
     return;
   }
   // Contiguous (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
@@ -341,6 +451,8 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   t.activations = inference_bytes(lc, mb, in.prompt_len, e, in.device_kind);
   t.log_probs = logits_bytes(rows);  // decode logits, FP32 softmax and sampling copy
   t.step_peak = t.kv_cache + t.activations + t.log_probs;
+  t.kv_sequences = rows;
+  t.sync = sync_receive_bytes(in, numel);
 }
 
 // Model states, engine transients, activations and the phases of a training step.
@@ -374,8 +486,11 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
       units.size() > 2 ? *std::max_element(units.begin() + 1, units.end() - 1) : 0;
   const int64_t grads_in_flight = e * (units.front() + units.back() + largest_layer);
   t.param_grads = in.checkpointing ? grads_in_flight : e * numel;
-  t.activations = training_bytes(c, in.micro_batch, in.seq_len, e, in.checkpointing);
-  if (lm) t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len, in.logprob_chunk, e, true);
+  t.activations =
+      training_bytes(c, in.micro_batch, in.seq_len, e, in.checkpointing, in.device_kind);
+  if (lm)
+    t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len - 1, in.logprob_chunk,
+                                 in.logits_chunk_tokens, e, true);
   // The embedding's backward (the last op of backward, when the activations are gone)
   // builds its [V, H] gradient through an FP32 buffer: measured ~141 MiB on the 100m
   // preset whatever the length (bench_memory_plan). When that phase is the larger, the
@@ -399,12 +514,59 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   const int64_t reduction_phase = unreduced + t.gathered + t.buffers;
   int64_t scoring_phase = 0;  // PPO: the trained roles also score experience without grad
   if (in.infer_micro_batch > 0) {
-    scoring_phase =
-        inference_bytes(c, in.infer_micro_batch, in.seq_len, e, in.device_kind) +
-        (lm ? log_prob_bytes(c, in.infer_micro_batch, in.seq_len, in.logprob_chunk, e, false) : 0) +
-        (stage == 3 ? e * div_up(units.front(), in.group_size) * in.group_size : 0);
+    scoring_phase = inference_bytes(c, in.infer_micro_batch, in.seq_len, e, in.device_kind) +
+                    (lm ? log_prob_bytes(c, in.infer_micro_batch, scored_positions(in),
+                                         in.logprob_chunk, in.logits_chunk_tokens, e, false)
+                        : 0) +
+                    (stage == 3 ? e * div_up(units.front(), in.group_size) * in.group_size : 0);
   }
   t.step_peak = std::max({activation_phase, reduction_phase, scoring_phase});
+  t.train_peak = std::max(activation_phase, reduction_phase);
+  t.score_peak = scoring_phase;
+  // Saving and the weight sync: ZeRO-3 gathers one unit at a time, whole, in the compute
+  // dtype (export and sync); ZeRO 1/2 ranks hold the weights whole already.
+  const int64_t largest_unit = *std::max_element(units.begin(), units.end());
+  const int64_t unit_gathered =
+      stage == 3 ? e * div_up(largest_unit, in.group_size) * in.group_size : 0;
+  t.save_peak = unit_gathered;
+  if (in.sends_weights) {
+    const int64_t bucket = std::min(in.sync_bucket_bytes, e * numel);
+    t.sync = unit_gathered + bucket;
+    t.sync_outside = in.sync_over_ipc && in.device_kind == DeviceKind::kCuda ? bucket : 0;
+  }
+}
+
+// What one rank holds in each phase of the step: what stays on the device (overhead, NCCL,
+// states or weights, less what sleep mode moves to the host in that phase) plus the phase's
+// transient (RoleMemoryInput's phase flags say which apply).
+void fill_phases(const RoleMemoryInput& in, MemoryTerms& t) {
+  const int64_t stays = t.overhead + t.nccl + t.weights + t.master + t.optimizer + t.grads;
+  const int64_t moved = in.offloads_states_while_generating ? t.master + t.optimizer + t.grads : 0;
+  for (const auto& phase : step_phases(in.ppo)) {
+    int64_t bytes = stays;
+    if (phase == "load") {
+      bytes += t.load;
+    } else if (in.work == RoleWork::kGenerate) {
+      const bool generating =
+          phase == "generate" || (in.generates_while_training && phase != "sync");
+      if (generating)
+        bytes += t.step_peak;
+      else if (phase == "sync")
+        bytes += t.sync;
+      else if (in.sleeps_outside_generate)
+        bytes = t.overhead + t.nccl;  // weights in host memory, KV cache freed
+    } else if (phase == "generate" || phase == "sync") {
+      bytes -= moved;
+      if (phase == "sync") bytes += t.sync;
+    } else if (phase == "score") {
+      bytes += t.score_peak;
+    } else if (phase == "train") {
+      bytes += t.train_peak;
+    } else if (phase == "save") {
+      bytes += t.save_peak;
+    }
+    t.phases[phase] = bytes;
+  }
 }
 
 }  // namespace
@@ -436,8 +598,54 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
     plan_trainer(in, units, numel, t);
   else
     plan_untrained(in, numel, t);
+  if (in.device_kind == DeviceKind::kCuda) t.nccl = kNcclCommBytes * in.nccl_communicators;
+  fill_phases(in, t);
   return t;
 }
+
+namespace {
+
+// The phase flags of RoleMemoryInput, as ppo/driver.cpp decides them at start-up.
+void set_phase_flags(const JobSpec& spec, Role role, const Placement& placement,
+                     RoleMemoryInput& in) {
+  in.ppo = spec.kind() == JobKind::kPpo;
+  if (!in.ppo) {
+    if (in.device_kind == DeviceKind::kCuda && in.group_size > 1) in.nccl_communicators = 1;
+    return;
+  }
+  auto kind_of = [&](Role r) {
+    const auto g = placement.group(r);
+    return g.empty() ? DeviceKind::kCpu : g.front().device_kind;
+  };
+  const bool gpus =
+      kind_of(Role::kActor) == DeviceKind::kCuda && kind_of(Role::kRollout) == DeviceKind::kCuda;
+  const bool colocated = spec.get_string("rollout.colocate_with") == "actor";
+  const bool async = spec.get_int("algo.async_steps") > 0;
+  const bool takes_turns = gpus && colocated && !async;
+  in.sync_bucket_bytes =
+      static_cast<int64_t>(spec.get_float("rollout.sync_bucket_mb") * static_cast<double>(1 << 20));
+  in.sync_over_ipc = gpus && colocated;
+  const bool sync_over_nccl = gpus && !colocated;
+  const bool cuda = in.device_kind == DeviceKind::kCuda;
+  if (role == Role::kActor) {
+    in.sends_weights = true;
+    in.offloads_states_while_generating =
+        takes_turns && spec.get_bool("actor.offload_optimizer_while_generating") &&
+        !spec.get_bool("actor.adam_offload");
+    in.nccl_communicators = (cuda && in.group_size > 1 ? 1 : 0) + (sync_over_nccl ? 1 : 0);
+  } else if (role == Role::kRollout) {
+    in.sleeps_outside_generate = takes_turns && spec.get_bool("rollout.offload_while_training");
+    in.generates_while_training = async;
+    const int64_t tp = spec.get_int("rollout.tensor_parallel_size");
+    in.nccl_communicators = (cuda && tp > 1 ? 1 : 0) + (sync_over_nccl ? 1 : 0);
+  } else if (cuda && in.group_size > 1 &&
+             (spec.trains(role) ||
+              spec.get_int(std::string(role_name(role)) + ".zero_stage") == 3)) {
+    in.nccl_communicators = 1;
+  }
+}
+
+}  // namespace
 
 RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placement& placement,
                                   const models::ModelConfig& model) {
@@ -460,8 +668,15 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
   in.seq_len = ppo ? std::min(max_len, in.prompt_len + in.max_new_tokens) : max_len;
   in.rollout_micro_batch = spec.get_int("rollout.micro_batch_size");
   in.n_samples = spec.get_int("rollout.n_samples_per_prompt");
-  in.kv_cache_budget = static_cast<int64_t>(spec.get_float("rollout.kv_cache_memory_gb") *
-                                            static_cast<double>(1ll << 30));
+  if (spec.at("rollout.kv_cache_memory_gb").is_string()) {  // "auto": plan_memory sizes it
+    in.kv_auto = in.device_kind == DeviceKind::kCuda;
+  } else {
+    in.kv_cache_budget = static_cast<int64_t>(spec.get_float("rollout.kv_cache_memory_gb") *
+                                              static_cast<double>(1ll << 30));
+  }
+  in.gpu_memory_utilization = spec.get_float("rollout.gpu_memory_utilization");
+  in.logits_chunk_tokens = spec.get_int("train.logits_chunk_tokens");
+  set_phase_flags(spec, role, placement, in);
   in.kv_block_size = spec.get_int("rollout.kv_block_size");
   in.max_num_seqs = spec.get_int("rollout.max_num_seqs");
   // DPO and RM batches hold chosen and rejected together.
@@ -531,7 +746,10 @@ json MemoryPlan::to_json() const {
     j["micro_batch"] = r.input.micro_batch;
     j["seq_len"] = r.input.seq_len;
     if (r.input.shard_weights) j["zero_stage"] = 3;
-    if (r.input.work == RoleWork::kGenerate) j["tensor_parallel_size"] = r.input.tensor_parallel;
+    if (r.input.work == RoleWork::kGenerate) {
+      j["tensor_parallel_size"] = r.input.tensor_parallel;
+      j["kv_cache_auto"] = r.input.kv_auto;
+    }
     if (r.input.work == RoleWork::kTrain) {
       j["zero_stage"] = r.input.zero_stage;
       j["gradient_checkpointing"] = r.input.checkpointing;
@@ -546,12 +764,18 @@ json MemoryPlan::to_json() const {
                             {"device", d.device_id},
                             {"capacity", d.capacity},
                             {"roles", d.roles},
+                            {"phases", d.phases},
+                            {"peak_phase", d.peak_phase},
                             {"total", d.total},
                             {"fits", d.fits()}});
   json s = json::array();
   for (const auto& x : suggestions)
-    s.push_back({{"change", x.change}, {"new_total", x.new_total}, {"fits", x.fits}});
+    s.push_back({{"change", x.change},
+                 {"new_total", x.new_total},
+                 {"fits", x.fits},
+                 {"costs_throughput", x.costs_throughput}});
   return {{"fits", fits()},
+          {"kv_auto_error", kv_auto_error.empty() ? json(nullptr) : json(kv_auto_error)},
           {"roles", roles_json},
           {"devices", devices_json},
           {"suggestions", s},
@@ -562,49 +786,45 @@ json MemoryPlan::to_json() const {
 
 namespace {
 
-// Spec changes worth trying for the roles on one device, in the order a practitioner would
-// reach for them (cheapest in speed first).
-std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan& plan,
-                                           const DevicePlan& device, const Placement& placement) {
-  std::vector<std::string> out;
-  std::set<std::string> names;
-  for (const auto& label : device.roles) names.insert(label.substr(0, label.find('[')));
-  bool trains = false, generates = false, infers = false;
+// A spec change worth trying, and whether it fits by doing less or more slowly per step
+// (recompute, host round trips, smaller batches, shorter sequences) rather than by placing
+// the same work better (phases, the KV pool, tensor parallelism, sharding, more devices).
+struct Candidate {
+  std::string change;
+  bool costs_throughput = false;
+};
+
+// Candidates that keep throughput for the roles on one device: sleep mode and the KV pool
+// where the rollout shares a GPU, wider engines, sharding, more devices.
+void placement_changes(const JobSpec& spec, const MemoryPlan& plan, const DevicePlan& device,
+                       const Placement& placement, const std::set<std::string>& names,
+                       std::vector<Candidate>& out) {
   for (const auto& name : names) {
     const RolePlan* r = plan.role(name);
     if (!r) continue;
-    if (r->input.work == RoleWork::kTrain) {
-      trains = true;
-      if (!r->input.checkpointing) out.push_back(name + ".gradient_checkpointing=true");
-      if (r->input.zero_stage < 3)
-        out.push_back(name + ".zero_stage=" + std::to_string(r->input.zero_stage + 1));
-      if (!r->input.adam_offload && r->input.device_kind == DeviceKind::kCuda)
-        out.push_back(name + ".adam_offload=true");
+    const RoleMemoryInput& in = r->input;
+    if (in.work == RoleWork::kGenerate && in.device_kind == DeviceKind::kCuda) {
+      if (in.sync_over_ipc && !in.sleeps_outside_generate && !in.generates_while_training &&
+          !spec.get_bool("rollout.offload_while_training"))
+        out.push_back({"rollout.offload_while_training=true", false});
+      if (!in.kv_auto) out.push_back({"rollout.kv_cache_memory_gb=auto", false});
     }
-    generates |= r->input.work == RoleWork::kGenerate;
-    infers |= r->input.work == RoleWork::kInfer;
+    if (in.sends_weights && in.sync_over_ipc && !in.offloads_states_while_generating &&
+        !in.adam_offload && spec.get_int("algo.async_steps") == 0)
+      out.push_back({"actor.offload_optimizer_while_generating=true", false});
     // Engines twice as wide over the same workers: each rank holds half the weights and KV.
-    const int wider = 2 * r->input.tensor_parallel;
-    if (r->input.work == RoleWork::kGenerate && r->input.group_size % wider == 0) {
+    const int wider = 2 * in.tensor_parallel;
+    if (in.work == RoleWork::kGenerate && in.group_size % wider == 0) {
       try {
-        models::check_tensor_parallel(r->input.model, wider, name);
-        out.push_back(name + ".tensor_parallel_size=" + std::to_string(wider));
+        models::check_tensor_parallel(in.model, wider, name);
+        out.push_back({name + ".tensor_parallel_size=" + std::to_string(wider), false});
       } catch (const InputError&) {
         // The model's heads or vocabulary do not split that many ways.
       }
     }
-    if (r->input.work == RoleWork::kInfer && (name == "ref" || name == "reward") &&
-        !r->input.shard_weights && r->input.group_size > 1)
-      out.push_back(name + ".zero_stage=3");
+    if (in.work == RoleWork::kTrain && in.zero_stage == 1)
+      out.push_back({name + ".zero_stage=2", false});
   }
-  const int64_t train_mb = spec.get_int("train.micro_batch_size");
-  if (trains && train_mb > 1)
-    out.push_back("train.micro_batch_size=" + std::to_string(train_mb / 2));
-  const int64_t rollout_mb = spec.get_int("rollout.micro_batch_size");
-  if ((generates || infers) && rollout_mb > 1)
-    out.push_back("rollout.micro_batch_size=" + std::to_string(rollout_mb / 2));
-  const int64_t max_len = spec.get_int("data.max_len");
-  if (max_len > 2) out.push_back("data.max_len=" + std::to_string(max_len / 2));
   // Spread a role over twice the devices, taking free ones of the same node.
   std::set<int> used;
   for (const auto& w : placement.workers)
@@ -624,8 +844,43 @@ std::vector<std::string> candidate_changes(const JobSpec& spec, const MemoryPlan
     if (ids.size() < 2 * group.size()) continue;
     std::string list;
     for (int d : ids) list += (list.empty() ? "" : ",") + std::to_string(d);
-    out.push_back(name + ".devices=[" + list + "]");
+    out.push_back({name + ".devices=[" + list + "]", false});
   }
+}
+
+// Spec changes worth trying for the roles on one device: those that keep throughput first,
+// then those that cost it, each group in the order a practitioner would reach for them.
+std::vector<Candidate> candidate_changes(const JobSpec& spec, const MemoryPlan& plan,
+                                         const DevicePlan& device, const Placement& placement) {
+  std::vector<Candidate> out;
+  std::set<std::string> names;
+  for (const auto& label : device.roles) names.insert(label.substr(0, label.find('[')));
+  placement_changes(spec, plan, device, placement, names, out);
+  bool trains = false, generates = false, infers = false;
+  for (const auto& name : names) {
+    const RolePlan* r = plan.role(name);
+    if (!r) continue;
+    if (r->input.work == RoleWork::kTrain) {
+      trains = true;
+      if (r->input.zero_stage == 2) out.push_back({name + ".zero_stage=3", true});
+      if (!r->input.checkpointing) out.push_back({name + ".gradient_checkpointing=true", true});
+      if (!r->input.adam_offload && r->input.device_kind == DeviceKind::kCuda)
+        out.push_back({name + ".adam_offload=true", true});
+    }
+    generates |= r->input.work == RoleWork::kGenerate;
+    infers |= r->input.work == RoleWork::kInfer;
+    if (r->input.work == RoleWork::kInfer && (name == "ref" || name == "reward") &&
+        !r->input.shard_weights && r->input.group_size > 1)
+      out.push_back({name + ".zero_stage=3", true});
+  }
+  const int64_t train_mb = spec.get_int("train.micro_batch_size");
+  if (trains && train_mb > 1)
+    out.push_back({"train.micro_batch_size=" + std::to_string(train_mb / 2), true});
+  const int64_t rollout_mb = spec.get_int("rollout.micro_batch_size");
+  if ((generates || infers) && rollout_mb > 1)
+    out.push_back({"rollout.micro_batch_size=" + std::to_string(rollout_mb / 2), true});
+  const int64_t max_len = spec.get_int("data.max_len");
+  if (max_len > 2) out.push_back({"data.max_len=" + std::to_string(max_len / 2), true});
   return out;
 }
 
@@ -654,35 +909,57 @@ std::optional<JobSpec> with_change(const JobSpec& spec, const std::string& chang
 // Each candidate alone (reported with the worst device's new total); when none fits alone,
 // also the greedy combination: candidates in order, each kept if it lowers the overflow,
 // until everything fits.
+// The plan of `spec`, or nothing when it cannot be planned (a KV pool below one sequence).
+std::optional<MemoryPlan> plan_again(const JobSpec& spec,
+                                     const std::map<Role, models::ModelConfig>& models) {
+  try {
+    return plan_memory(spec, models, false);
+  } catch (const InputError&) {
+    return std::nullopt;
+  }
+}
+
+// Each candidate alone (reported with the worst device's new total); when none fits alone,
+// first the combination as one --set line: candidates in order (those that keep throughput
+// first), each kept if it lowers the bytes over capacity, until everything fits; a key
+// appears once, with its last value.
 void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models,
                      const Placement& placement, MemoryPlan& plan) {
   const DevicePlan* worst = nullptr;
-  std::vector<std::string> candidates;
+  std::vector<Candidate> candidates;
+  auto add_new = [](std::vector<Candidate>& to, const std::vector<Candidate>& from) {
+    for (const auto& c : from)
+      if (std::none_of(to.begin(), to.end(),
+                       [&](const Candidate& x) { return x.change == c.change; }))
+        to.push_back(c);
+  };
   for (const auto& d : plan.devices) {
     if (d.fits()) continue;
     if (!worst || d.total - d.capacity > worst->total - worst->capacity) worst = &d;
-    for (const auto& c : candidate_changes(spec, plan, d, placement))
-      if (std::find(candidates.begin(), candidates.end(), c) == candidates.end())
-        candidates.push_back(c);
+    add_new(candidates, candidate_changes(spec, plan, d, placement));
   }
   if (!worst) return;
   bool any_fits = false;
-  for (const auto& change : candidates) {
-    auto changed = with_change(spec, change);
+  for (const auto& c : candidates) {
+    auto changed = with_change(spec, c.change);
     if (!changed) continue;
-    const MemoryPlan again = plan_memory(*changed, models, false);
-    plan.suggestions.push_back({change, device_total(again, *worst), again.fits()});
-    any_fits |= again.fits();
+    const auto again = plan_again(*changed, models);
+    if (!again) continue;
+    plan.suggestions.push_back(
+        {c.change, device_total(*again, *worst), again->fits(), c.costs_throughput});
+    any_fits |= again->fits();
   }
-  std::stable_sort(
-      plan.suggestions.begin(), plan.suggestions.end(),
-      [](const PlanSuggestion& a, const PlanSuggestion& b) { return a.fits && !b.fits; });
+  // Fitting first; among them, those that keep throughput.
+  std::stable_sort(plan.suggestions.begin(), plan.suggestions.end(),
+                   [](const PlanSuggestion& a, const PlanSuggestion& b) {
+                     if (a.fits != b.fits) return a.fits;
+                     return a.fits && !a.costs_throughput && b.costs_throughput;
+                   });
   if (any_fits) return;
   JobSpec current = spec;
   int64_t over = overflow(plan);
-  // The combination as --set overrides, one per key: a key changed again (a micro batch
-  // halved twice) keeps its latest value in its first place.
   std::vector<std::pair<std::string, std::string>> combined;
+  bool costs = false;
   auto add_change = [&combined](const std::string& change) {
     const auto eq = change.find('=');
     const std::string key = change.substr(0, eq), value = change.substr(eq + 1);
@@ -695,20 +972,21 @@ void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConf
   for (int round = 0; round < 6 && over > 0; ++round) {
     const int64_t before = over;
     const Placement now = place(current);
-    std::vector<std::string> next;
+    std::vector<Candidate> next;
     for (const auto& d : last.devices)
-      if (!d.fits())
-        for (const auto& c : candidate_changes(current, last, d, now))
-          if (std::find(next.begin(), next.end(), c) == next.end()) next.push_back(c);
-    for (const auto& change : next) {
-      auto changed = with_change(current, change);
+      if (!d.fits()) add_new(next, candidate_changes(current, last, d, now));
+    std::stable_partition(next.begin(), next.end(),
+                          [](const Candidate& c) { return !c.costs_throughput; });
+    for (const auto& c : next) {
+      auto changed = with_change(current, c.change);
       if (!changed) continue;
-      MemoryPlan again = plan_memory(*changed, models, false);
-      if (overflow(again) >= over) continue;
+      auto again = plan_again(*changed, models);
+      if (!again || overflow(*again) >= over) continue;
       current = *changed;
-      over = overflow(again);
-      last = std::move(again);
-      add_change(change);
+      over = overflow(*again);
+      last = std::move(*again);
+      add_change(c.change);
+      costs |= c.costs_throughput;
       if (over == 0) break;
     }
     if (over == before) break;
@@ -720,7 +998,89 @@ void add_suggestions(const JobSpec& spec, const std::map<Role, models::ModelConf
   if (!text.empty() && std::none_of(plan.suggestions.begin(), plan.suggestions.end(),
                                     [&](const PlanSuggestion& x) { return x.change == text; }))
     plan.suggestions.insert(plan.suggestions.begin(),
-                            {text, device_total(last, *worst), over == 0});
+                            {text, device_total(last, *worst), over == 0, costs});
+}
+
+}  // namespace
+
+namespace {
+
+// The devices' phase tables from the roles' (a device's total is its largest phase).
+void fill_devices(const Placement& placement, MemoryPlan& plan) {
+  plan.devices.clear();
+  std::map<std::pair<std::string, int>, size_t> index;
+  for (const auto& w : placement.workers) {
+    auto key = std::make_pair(w.node, w.device_id);
+    if (!index.count(key)) {
+      DevicePlan d;
+      d.node = w.node;
+      d.device_id = w.device_id;
+      for (const auto& n : placement.nodes)
+        if (n.name == w.node)
+          d.capacity = static_cast<int64_t>(n.memory_gb * static_cast<double>(1ll << 30));
+      index[key] = plan.devices.size();
+      plan.devices.push_back(d);
+    }
+    DevicePlan& d = plan.devices[index[key]];
+    d.roles.push_back(w.label());
+    const RolePlan* r = plan.role(role_name(w.role));
+    if (!r) continue;
+    for (const auto& [phase, bytes] : r->terms.phases) d.phases[phase] += bytes;
+  }
+  for (auto& d : plan.devices) {
+    d.total = 0;
+    for (const auto& [phase, bytes] : d.phases) {
+      if (bytes > d.total) {
+        d.total = bytes;
+        d.peak_phase = phase;
+      }
+    }
+  }
+}
+
+// rollout.kv_cache_memory_gb "auto" (vLLM's profile-then-fill): on every device of the
+// rollout, capacity x gpu_memory_utilization less what the generate phase holds beside the
+// KV cache; the pool is the smallest over the rollout's devices (every rank runs the same
+// engine), and never more than max_num_seqs full-length sequences need.
+void size_auto_kv_cache(const Placement& placement, MemoryPlan& plan) {
+  RolePlan* rollout = nullptr;
+  for (auto& r : plan.roles)
+    if (r.input.work == RoleWork::kGenerate && r.input.kv_auto) rollout = &r;
+  if (!rollout) return;
+  std::optional<int64_t> budget;
+  std::string where;
+  for (const auto& d : plan.devices) {
+    if (std::none_of(d.roles.begin(), d.roles.end(),
+                     [](const std::string& l) { return l.rfind("rollout[", 0) == 0; }))
+      continue;
+    const int64_t others = d.phases.at("generate") - rollout->terms.kv_cache;
+    const int64_t left = static_cast<int64_t>(static_cast<double>(d.capacity) *
+                                              rollout->input.gpu_memory_utilization) -
+                         others;
+    if (!budget || left < *budget) {
+      budget = left;
+      where = d.node + ":" + std::to_string(d.device_id);
+    }
+  }
+  if (!budget) return;
+  // A pool below one sequence is the same bad input as a too-small explicit budget: a run
+  // stops on it (kv_cache_gb_for_run); the plan shows the device over budget with the
+  // smallest pool that works, so that its suggestions apply.
+  const int64_t least = one_sequence_kv_bytes(rollout->input);
+  rollout->input.kv_cache_budget = std::max(*budget, least);
+  if (*budget < least) {
+    char util[16];
+    std::snprintf(util, sizeof util, "%.0f%%", 100 * rollout->input.gpu_memory_utilization);
+    plan.kv_auto_error = "rollout.kv_cache_memory_gb auto: " + where + " has " +
+                         format_gib(std::max<int64_t>(*budget, 0)) +
+                         " GiB left for the KV cache in the generate phase (" + util +
+                         " of its memory less every other term), less than one sequence of " +
+                         std::to_string(rollout->input.prompt_len) + " + " +
+                         std::to_string(rollout->input.max_new_tokens) + " tokens needs (" +
+                         format_gib(least) + " GiB)";
+  }
+  rollout->terms = plan_role(rollout->input);
+  fill_devices(placement, plan);
 }
 
 }  // namespace
@@ -739,26 +1099,29 @@ MemoryPlan plan_memory(const JobSpec& spec, const std::map<Role, models::ModelCo
     rp.terms = plan_role(rp.input);
     plan.roles.push_back(rp);
   }
-  std::map<std::pair<std::string, int>, size_t> index;
-  for (const auto& w : placement.workers) {
-    auto key = std::make_pair(w.node, w.device_id);
-    if (!index.count(key)) {
-      DevicePlan d;
-      d.node = w.node;
-      d.device_id = w.device_id;
-      for (const auto& n : placement.nodes)
-        if (n.name == w.node)
-          d.capacity = static_cast<int64_t>(n.memory_gb * static_cast<double>(1ll << 30));
-      index[key] = plan.devices.size();
-      plan.devices.push_back(d);
-    }
-    DevicePlan& d = plan.devices[index[key]];
-    d.roles.push_back(w.label());
-    const RolePlan* r = plan.role(role_name(w.role));
-    if (r) d.total += r->terms.device_total();
-  }
+  fill_devices(placement, plan);
+  size_auto_kv_cache(placement, plan);
   if (suggest) add_suggestions(spec, models, placement, plan);
   return plan;
+}
+
+double kv_cache_gb_for_run(const JobSpec& spec) {
+  if (!spec.at("rollout.kv_cache_memory_gb").is_string())
+    return spec.get_float("rollout.kv_cache_memory_gb");
+  const Placement placement = place(spec);
+  const auto group = placement.group(Role::kRollout);
+  if (group.empty() || group.front().device_kind != DeviceKind::kCuda) return 0.0;
+  std::vector<std::string> missing;
+  const auto models = load_role_models(spec, missing);
+  if (!missing.empty())
+    throw InputError(
+        "rollout.kv_cache_memory_gb auto: the plan needs every role's config.json; "
+        "missing " +
+        missing.front());
+  const MemoryPlan plan = plan_memory(spec, models, /*suggest=*/false);
+  if (!plan.kv_auto_error.empty()) throw InputError(plan.kv_auto_error);
+  const RolePlan* r = plan.role("rollout");
+  return r ? static_cast<double>(r->input.kv_cache_budget) / static_cast<double>(1ll << 30) : 0.0;
 }
 
 }  // namespace rlhf::engine

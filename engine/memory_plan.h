@@ -40,21 +40,40 @@ struct RoleMemoryInput {
   int64_t infer_micro_batch =
       0;                // trained roles: sequences per scoring forward (PPO: rollout mb x n)
   int64_t seq_len = 1;  // tokens per sequence
-  int64_t logprob_chunk = 256;    // positions per chunk of the LM head (CausalLM::log_probs)
-  bool lm_head_log_probs = true;  // the role computes log-probs through its LM head
-  bool shard_weights = false;     // kInfer: ZeRO-3 inference over the group (ref/reward stage 3)
+  int64_t logprob_chunk = 256;  // train.logits_chunk_tokens 0: positions per chunk of the head
+  int64_t logits_chunk_tokens = 1024;  // train.logits_chunk_tokens (0: the position chunks)
+  bool lm_head_log_probs = true;       // the role computes log-probs through its LM head
+  bool shard_weights = false;  // kInfer: ZeRO-3 inference over the group (ref/reward stage 3)
   // Generation only.
   int64_t rollout_micro_batch = 1;  // prompts per KV cache
   int64_t n_samples = 1;            // samples per prompt (the cache holds mb x n rows)
   int64_t prompt_len = 1;           // P
   int64_t max_new_tokens = 1;       // R
   int64_t kv_cache_budget = 0;      // rollout.kv_cache_memory_gb in bytes (0: unbounded)
-  int64_t kv_block_size = 0;        // rollout.kv_block_size (0: contiguous cache)
-  int64_t max_num_seqs = 0;         // rollout.max_num_seqs (0: micro batch x n)
+  bool kv_auto = false;  // kv_cache_memory_gb "auto" on cuda: plan_memory sets kv_cache_budget
+  double gpu_memory_utilization = 0.9;  // rollout.gpu_memory_utilization (kv_auto)
+  int64_t kv_block_size = 0;            // rollout.kv_block_size (0: contiguous cache)
+  int64_t max_num_seqs = 0;             // rollout.max_num_seqs (0: micro batch x n)
   // rollout.tensor_parallel_size: the ranks of one engine, each holding heads / t, KV heads / t
   // and intermediate / t of every layer and V / t rows of the embedding and head
   // (models/tensor_parallel.h); every rank gathers the whole [rows, V] logits to sample.
   int tensor_parallel = 1;
+  // The phases of a step (PPO: generate, score, train, sync, save; other jobs: score, train,
+  // save; all: load) and what each role holds in them.
+  bool ppo = false;
+  bool sends_weights = false;     // PPO's actor: gathers and sends its weights in the sync phase
+  int64_t sync_bucket_bytes = 0;  // rollout.sync_bucket_mb
+  bool sync_over_ipc = false;     // rollout colocated with the actor on a GPU: CUDA IPC bucket
+  // Colocation's sleep mode where it applies (ppo/driver.cpp: rollout colocated with the
+  // actor on a GPU, algo.async_steps 0): the rollout's weights leave the device outside the
+  // generate and sync phases (rollout.offload_while_training); the actor's master, moments
+  // and gradient shards leave it in the generate and sync phases
+  // (actor.offload_optimizer_while_generating).
+  bool sleeps_outside_generate = false;
+  bool offloads_states_while_generating = false;
+  bool generates_while_training = false;  // rollout with algo.async_steps 1
+  int nccl_communicators =
+      0;  // NCCL communicators a rank belongs to (cuda: its group's, the sync's)
 };
 
 // Bytes one rank of a role holds, by term, each at its own peak. The transient terms do
@@ -82,12 +101,24 @@ struct MemoryTerms {
   int64_t engine_peak =
       0;  // MemoryTracker's peak: model states + gathered + buffers (+ host states)
   int64_t cuda_workspace = 0;  // cuda: cuBLAS workspaces (part of overhead, in the allocator)
+  int64_t nccl = 0;            // NCCL communicators' buffers (outside the allocator; persistent)
+  int64_t sync = 0;            // the weight sync's transient: bucket(s), a ZeRO-3 unit gathered
+  int64_t sync_outside = 0;  // of `sync`, a CUDA IPC bucket (raw cudaMalloc, outside the allocator)
+  int64_t train_peak = 0;    // trained roles: the larger of the activation and reduction phases
+  int64_t score_peak = 0;    // the scoring forward's transient (0: the role does not score)
+  int64_t save_peak = 0;     // trained roles: a unit gathered whole to write it
+  int64_t kv_sequences = 0;  // rollout: full-length sequences the KV cache holds
+  // Bytes this rank holds in each phase of a step ("load", "generate", "score", "train",
+  // "sync", "save"): what stays (overhead, states, weights, less what sleep mode moves out)
+  // plus the phase's transient. device_total() is the largest.
+  std::map<std::string, int64_t> phases;
 
   // cuda: the caching allocator's planned peak (device_total less the CUDA context, which
   // the allocator does not see); 0 on cpu. Measured as cuda_peak_allocated_bytes.
   int64_t cuda_allocated() const;
 
   int64_t device_total() const;
+  std::string peak_phase() const;  // the phase that sets device_total()
   // The largest device term: {name, bytes}.
   std::pair<std::string, int64_t> dominant() const;
   nlohmann::json to_json() const;
@@ -112,21 +143,32 @@ struct DevicePlan {
   int device_id = 0;
   int64_t capacity = 0;            // bytes (cluster.nodes[].memory_gb)
   std::vector<std::string> roles;  // "actor[0]", several when colocated (a shared budget)
-  int64_t total = 0;               // sum of the roles' device totals
+  // Per phase, the sum over the device's roles of what each holds in it; total is the
+  // largest, in the phase peak_phase.
+  std::map<std::string, int64_t> phases;
+  std::string peak_phase;
+  int64_t total = 0;
   bool fits() const { return total <= capacity; }
 };
 
 // A spec change (one --set override) and what it gives.
 struct PlanSuggestion {
-  std::string change;     // "actor.gradient_checkpointing=true"
-  int64_t new_total = 0;  // the over-budget device's total after the change
-  bool fits = false;      // every device fits after the change
+  std::string change;             // "actor.gradient_checkpointing=true", or several "K=V --set K=V"
+  int64_t new_total = 0;          // the over-budget device's total after the change
+  bool fits = false;              // every device fits after the change
+  bool costs_throughput = false;  // it fits by doing less per step or more work per step
 };
+
+// The phases of a job's step, in order ("load" first).
+std::vector<std::string> step_phases(bool ppo);
 
 struct MemoryPlan {
   std::vector<RolePlan> roles;
   std::vector<DevicePlan> devices;
   std::vector<PlanSuggestion> suggestions;  // only when a device is over budget; fitting ones first
+  // rollout.kv_cache_memory_gb auto left less than one sequence on a rollout device (the
+  // plan then counts the one-sequence pool; a run refuses to start).
+  std::string kv_auto_error;
   bool fits() const;
   const RolePlan* role(const std::string& name) const;  // nullptr when not used
   nlohmann::json to_json() const;
@@ -145,5 +187,11 @@ std::map<Role, models::ModelConfig> load_role_models(const JobSpec& spec,
 // get the spec changes that make them fit, each found by planning the changed spec again.
 MemoryPlan plan_memory(const JobSpec& spec, const std::map<Role, models::ModelConfig>& models,
                        bool suggest = true);
+
+// rollout.kv_cache_memory_gb as the rollout workers get it: the number, 0 for "auto" on cpu
+// nodes, and for "auto" on cuda nodes the pool plan_memory sizes (what the generate phase
+// leaves under rollout.gpu_memory_utilization). Throws InputError when that is less than one
+// full-length sequence, or a role's config.json is missing.
+double kv_cache_gb_for_run(const JobSpec& spec);
 
 }  // namespace rlhf::engine

@@ -4,6 +4,7 @@
 
 #include <ATen/ops/linear.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/kv_cache.h"
@@ -173,7 +174,19 @@ MlpImpl::MlpImpl(const ModelConfig& c, Materialize how, const TensorParallel* tp
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return row_parallel(down_proj, torch::silu(gate_proj->forward(x)) * up_proj->forward(x), tp_);
+  auto mlp = [this](const torch::Tensor& in) {
+    return row_parallel(down_proj, torch::silu(gate_proj->forward(in)) * up_proj->forward(in), tp_);
+  };
+  const int64_t H = x.size(-1), tokens = x.numel() / std::max<int64_t>(1, H);
+  if (torch::GradMode::is_enabled() || tokens <= kInferenceMlpChunkTokens) return mlp(x);
+  // Every tensor-parallel rank has the same token count, so the same chunks (and collectives).
+  const torch::Tensor flat = x.reshape({tokens, H});
+  torch::Tensor out = torch::empty_like(flat);
+  for (int64_t start = 0; start < tokens; start += kInferenceMlpChunkTokens) {
+    const int64_t n = std::min(kInferenceMlpChunkTokens, tokens - start);
+    out.narrow(0, start, n).copy_(mlp(flat.narrow(0, start, n)));
+  }
+  return out.view(x.sizes());
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, Materialize how,

@@ -87,10 +87,17 @@ class AttentionImpl : public torch::nn::Module {
   const TensorParallel* tp_;
 };
 
+// Without autograd (scoring, prefill) the MLP runs over at most this many tokens at a time,
+// so its [tokens, intermediate] gate, up and product exist for one chunk only (a token's
+// MLP output depends on that token alone: same values). The memory planner counts it.
+inline constexpr int64_t kInferenceMlpChunkTokens = 8192;
+
 class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(const ModelConfig& config, Materialize how, const TensorParallel* tp = nullptr);
-  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x)), [B, T, H]
+  // down(silu(gate(x)) * up(x)), [B, T, H]; in chunks of kInferenceMlpChunkTokens tokens
+  // when autograd is off.
+  torch::Tensor forward(const torch::Tensor& x);
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:

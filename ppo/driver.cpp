@@ -19,10 +19,12 @@
 #include "core/text.h"
 #include "engine/driver_state.h"
 #include "engine/memory_check.h"
+#include "engine/memory_plan.h"
 #include "engine/role_config.h"
 #include "ppo/advantages.h"
 #include "ppo/ppo_config.h"
 #include "ppo/prompt_batches.h"
+#include "ppo/rollout_correction.h"
 #include "rewards/reward_sources.h"
 #include "scheduler/peak_memory.h"
 #include "scheduler/role_group.h"
@@ -84,6 +86,15 @@ json source_means(const torch::Tensor& source_scores, const std::vector<std::str
   return out;
 }
 
+// The metrics record's rollout_mismatch: the KL always, the weights when a correction applies.
+json mismatch_json(RolloutCorrection mode, const RolloutMismatch& m) {
+  json out = {{"kl", m.kl}};
+  if (mode == RolloutCorrection::kNone) return out;
+  out.update(
+      {{"weight_mean", m.weight_mean}, {"weight_max", m.weight_max}, {"truncated", m.truncated}});
+  return out;
+}
+
 // One step's samples, prompt-major (the n samples of a prompt are consecutive).
 struct Rollout {
   torch::Tensor sequences;            // [B, T] prompt (left-padded) + response (right-padded)
@@ -108,14 +119,16 @@ struct Experience {
   torch::Tensor source_scores;    // [S, B] each source's own scores (NaN: not applicable)
   torch::Tensor response_length;  // [B] action tokens
   // Per token.
-  torch::Tensor log_probs_old;  // [B, A] actor log pi_old(a|s)
-  torch::Tensor log_probs_ref;  // [B, A] reference log-probs (undefined without a ref)
-  torch::Tensor values;         // [B, A] critic values (undefined without a critic)
-  torch::Tensor kl;             // [B, A] policy-vs-reference KL estimate (zeros without a ref)
-  double kl_mean = 0;           // sequence_mean_kl(kl): logged and fed to the KL controller
+  torch::Tensor log_probs_old;        // [B, A] actor log pi_old(a|s)
+  torch::Tensor log_probs_behaviour;  // [B, A] the rollout's, 0 outside the action mask
+  torch::Tensor log_probs_ref;        // [B, A] reference log-probs (undefined without a ref)
+  torch::Tensor values;               // [B, A] critic values (undefined without a critic)
+  torch::Tensor kl;    // [B, A] policy-vs-reference KL estimate (zeros without a ref)
+  double kl_mean = 0;  // sequence_mean_kl(kl): logged and fed to the KL controller
   // |rollout log-probs - actor log-probs| over action tokens: the synced weights and the two
   // engines agree (with async_steps 1 it includes the update the rollout lags by).
   double logprob_diff_mean = 0, logprob_diff_max = 0;
+  RolloutMismatch mismatch;        // k3 KL and algo.rollout_correction's weights over action tokens
   torch::Tensor overlong_penalty;  // [B] DAPO soft length penalty added to the scores (<= 0)
   torch::Tensor entropy;           // [B, A] policy entropy at each action position
   BatchAdvantages adv;             // rewards, advantages, returns [B, A]
@@ -296,6 +309,13 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
   const int64_t per_step = c_.optimizer_steps_per_step();
   const auto t0 = Clock::now();
   std::mutex out_mutex;  // roles finish on their own threads
+  // rollout.kv_cache_memory_gb auto: on GPUs the pool the plan leaves in the generate phase.
+  const double kv_cache_gb = engine::kv_cache_gb_for_run(spec_);
+  if (spec_.at("rollout.kv_cache_memory_gb").is_string() && kv_cache_gb > 0)
+    out << "ppo: rollout KV cache (auto): " << std::fixed << std::setprecision(2) << kv_cache_gb
+        << " GiB per rollout worker (rollout.gpu_memory_utilization "
+        << spec_.get_float("rollout.gpu_memory_utilization") << ")" << std::defaultfloat
+        << std::endl;
   std::vector<std::future<void>> calls;
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
@@ -318,7 +338,7 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
               {"max_new_tokens", c_.max_new_tokens},
               {"n_samples_per_prompt", c_.n_samples_per_prompt},
               {"micro_batch_size", c_.rollout_micro_batch_size},
-              {"kv_cache_memory_gb", spec_.get_float("rollout.kv_cache_memory_gb")},
+              {"kv_cache_memory_gb", kv_cache_gb},
               {"kv_block_size", spec_.get_int("rollout.kv_block_size")},
               {"max_num_seqs", spec_.get_int("rollout.max_num_seqs")},
               {"enforce_eager", spec_.get_bool("rollout.enforce_eager")},
@@ -575,10 +595,15 @@ Experience PpoJob::score(Scheduler& s, Rollout& r) {
   const torch::Tensor current = actor_reply.tensor("log_probs");
   // One-step off-policy (algo.async_steps 1): the samples were drawn with the weights before
   // the last update, so the ratio's denominator is the distribution they were drawn from,
-  // the rollout's own log-probs; the KL and entropy are the current policy's.
-  e.log_probs_old = c_.async_steps > 0 ? r.behaviour_log_probs.narrow(1, 0, r.action_mask.size(1)) *
-                                             r.action_mask.to(torch::kFloat32)
-                                       : current;
+  // the rollout's own log-probs; the KL and entropy are the current policy's. A rollout
+  // correction keeps the trainer's log-probs as the ratio's denominator (AReaL's proximal
+  // policy) and weights the loss by pi_old / pi_rollout instead (ppo/rollout_correction.h).
+  e.log_probs_behaviour =
+      r.behaviour_log_probs.narrow(1, 0, r.action_mask.size(1)) * r.action_mask.to(torch::kFloat32);
+  const bool corrected = c_.policy.correction.mode != RolloutCorrection::kNone;
+  e.log_probs_old = c_.async_steps > 0 && !corrected ? e.log_probs_behaviour : current;
+  e.mismatch =
+      measure_rollout_mismatch(c_.policy.correction, current, e.log_probs_behaviour, r.action_mask);
   e.entropy = actor_reply.tensor("entropy");
   {
     const auto mask = r.action_mask.to(torch::kFloat32);
@@ -622,6 +647,8 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
                      {"policy_loss", c_.policy_loss},
                      {"loss_agg", c_.loss_agg},
                      {"loss_norm_len", c_.policy.norm_len},
+                     {"rollout_correction", c_.rollout_correction},
+                     {"rollout_correction_cap", c_.policy.correction.cap},
                      {"kl_loss_coef", c_.kl_use_loss && has_ref_ ? kl_.value() : 0.0},
                      {"kl_estimator", spec_.get_string("algo.kl.estimator")},
                      {"temperature", c_.temperature}};
@@ -654,6 +681,8 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
       auto actor_tensors = common;
       actor_tensors.push_back({"log_probs_old", pick(e.log_probs_old)});
       actor_tensors.push_back({"advantages", pick(e.adv.advantages)});
+      if (c_.policy.correction.mode != RolloutCorrection::kNone)
+        actor_tensors.push_back({"log_probs_behaviour", pick(e.log_probs_behaviour)});
       if (c_.kl_use_loss && has_ref_)
         actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
       std::future<std::vector<Message>> critic;
@@ -972,6 +1001,7 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
           {"prompts_consumed", consumed},
           {"weight_sync", last_sync_},
           {"rollout_logprob_diff", {{"mean", e.logprob_diff_mean}, {"max", e.logprob_diff_max}}},
+          {"rollout_mismatch", mismatch_json(c_.policy.correction.mode, e.mismatch)},
           {"memory", peak_memory_by_role(s, planned_)}};
       if (!offload_.empty()) rec["offload"] = offload_;
       rec.update(losses);

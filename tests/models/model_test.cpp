@@ -2,6 +2,7 @@
 // ones, hooks fire in the documented order, KV-cache decoding equals a full forward,
 // padding does not change valid positions, chunked log-probs are exact.
 #include "models/causal_lm.h"
+#include "models/decoder_layer.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
 #include "models/paged_kv_cache.h"
@@ -451,6 +452,27 @@ TEST(CausalLM, HeadsRefuseTheWrongCall) {
   EXPECT_THROW(critic->log_probs(hidden, ids), c10::Error);
   auto actor = tiny_model();
   EXPECT_THROW(actor->values(actor->forward(ids, torch::ones_like(ids))), c10::Error);
+}
+
+// Without autograd the MLP runs over chunks of kInferenceMlpChunkTokens tokens (scoring
+// forwards of many long sequences); each token's output depends on that token alone, so the
+// result equals the whole-batch MLP (FP32: within 1e-6 relative, BLAS blocking may differ)
+// for a token count that is not a multiple of the chunk.
+TEST(Mlp, ChunkedInferenceEqualsTheWholeBatch) {
+  torch::manual_seed(3);
+  ModelConfig c = tiny_config();
+  auto mlp = std::make_shared<MlpImpl>(c, Materialize::kAllocate);
+  {
+    torch::NoGradGuard init;
+    for (auto& p : mlp->parameters()) p.normal_(0.0, 0.2);
+  }
+  const int64_t T = kInferenceMlpChunkTokens + 1237;
+  const torch::Tensor x = torch::randn({2, T, c.hidden_size});
+  const torch::Tensor whole = mlp->forward(x).detach();  // autograd on: one pass
+  torch::NoGradGuard no_grad;
+  const torch::Tensor chunked = mlp->forward(x);
+  ASSERT_EQ(chunked.sizes(), whole.sizes());
+  EXPECT_LT((chunked - whole).abs().max().item<double>(), 1e-6 * whole.abs().max().item<double>());
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -220,6 +221,36 @@ TEST_F(PpoGpuJob, OutOfMemoryStopsTheJobNamingRoleDevicePhaseAndBytes_CUDA) {
     const int pid = w["pid"].get<int>();
     EXPECT_NE(::kill(pid, 0), 0) << w["role"] << " worker " << pid << " still runs";
   }
+}
+
+// Issue 28's GPU check (not yet run: no GPU was lent when it was written): a colocated GRPO
+// job of the 100m preset (actor, reference and rollout on one GPU, sleep mode on) for 2 steps;
+// `rlhf plan --check --json` pairs the plan's allocator bytes per phase with the allocator's
+// measured peak over that phase's operations. Every phase that holds at least 256 MiB must be
+// within 10% (smaller ones are dominated by cuBLAS workspaces and allocator rounding).
+TEST_F(PpoGpuJob, PlannedPhasesMatchTheAllocator_CUDA) {
+  const fs::path model = dir_ / "m100";
+  ASSERT_EQ(test::run_cli({"init-model", "--preset", "100m", "--out", model.string()}).exit_code,
+            0);
+  auto r =
+      test::run_cli({"run", "examples/grpo_tiny.json", "--set", "actor.model=" + model.string(),
+                     "--set", "logger.run_dir=" + (dir_ / "runs").string(), "--set", "name=phases",
+                     "--set", std::string("cluster.nodes=") + kOneGpu, "--set", "actor.devices=[0]",
+                     "--set", "ref.colocate_with=actor", "--set", "rollout.colocate_with=actor",
+                     "--set", "train.max_steps=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto check = test::run_cli({"plan", "--check", (dir_ / "runs" / "phases").string(), "--json"});
+  ASSERT_EQ(check.exit_code, 0) << check.err;
+  int compared = 0;
+  for (const auto& row : json::parse(check.out)) {
+    for (const auto& p : row["phases"]) {
+      if (p["measured_cuda_allocated"].get<int64_t>() < (256ll << 20)) continue;
+      ++compared;
+      EXPECT_LE(std::abs(p["error"].get<double>()), 0.10)
+          << row["role"] << " " << p["phase"] << ": " << p.dump();
+    }
+  }
+  EXPECT_GE(compared, 3) << check.out;
 }
 
 }  // namespace
