@@ -1,15 +1,20 @@
 // Sharded memory and sharded scoring, measured across real processes (one per rank, Gloo):
 //   memory: ZeRO-3 training of a model loaded shard by shard from its checkpoint, per rank
-//     vs ranks (1, 2, 4): the load's peak RSS growth and a step's tracked peak, against
-//     ZeRO's 16 P / N (the limit: what a rank must hold);
+//     vs ranks (1, 2, 4): what a rank holds once built, measured as malloc's growth
+//     (mallinfo2), against the 1-rank process's own measured growth / N (the limit: a rank
+//     holds 1/N of the whole states); the load's and a step's peak RSS growth, and the step's
+//     peak as the engine's tracker accounts it;
 //   scoring: action log-probs of the same per-rank batch with the whole model (1 rank) and
-//     with ZeRO-3 inference over N ranks (one unit all-gathered at a time): seconds, and
-//     the ratio to the whole model's time (the limit: no gather cost at all, ratio 1).
+//     with ZeRO-3 inference over N ranks (one unit all-gathered at a time): the weights a rank
+//     holds (malloc's growth over the load), seconds, and the ratio to the whole model's time
+//     (the limit: no gather cost at all, ratio 1).
+// The 1-rank run always comes first: it is the reference of both.
 // Usage: bench_sharded [--preset 100m] [--ranks 1,2,4] [--rows 4] [--len 256]
 // On a 2-core machine N ranks share the cores, so scoring times above 2 ranks also count
 // the ranks waiting for each other: read the gathered bytes per second beside them.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -31,6 +36,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using rlhf::bench::heap_bytes;
 using rlhf::bench::hwm_bytes;
 using Clock = std::chrono::steady_clock;
 
@@ -57,7 +63,7 @@ torch::Tensor batch(int64_t rows, int64_t len, int64_t vocab) {
 json train_rank(int rank, int size, const std::string& store, const std::string& dir, int64_t rows,
                 int64_t len) {
   auto group = join(rank, size, store);
-  const double hwm0 = hwm_bytes();
+  const double hwm0 = hwm_bytes(), heap0 = heap_bytes();
   const rlhf::models::PretrainedSource source(dir);
   rlhf::models::CausalLM model(source.config(), rlhf::models::Materialize::kDeferred);
   model.set_checkpointing(rlhf::models::Checkpointing::kPerLayer);
@@ -66,6 +72,7 @@ json train_rank(int rank, int size, const std::string& store, const std::string&
   config.tied_embeddings = model.config().tie_word_embeddings;
   config.grad_accum_steps = 1;
   rlhf::engine::Trainer trainer(config, model, *group, &source);
+  const double held = heap_bytes() - heap0;  // the built rank: its states, measured
   const double load_growth = hwm_bytes() - hwm0;
   const auto t0 = Clock::now();
   auto tokens = batch(rows, len, model.config().vocab_size);
@@ -73,12 +80,9 @@ json train_rank(int rank, int size, const std::string& store, const std::string&
     auto hidden = model.forward(tokens, torch::ones_like(tokens));
     return -model.next_token_log_probs(hidden, tokens).mean();
   });
-  return {{"states", trainer.memory_report().model_states()},
-          {"load_rss_growth", load_growth},
-          {"step_peak", m.memory.peak},
-          {"step_rss_growth", hwm_bytes() - hwm0},
-          {"step_s", seconds_since(t0)},
-          {"params", model.config().num_parameters()}};
+  return {{"heap_growth", held},         {"load_rss_growth", load_growth},
+          {"step_peak", m.memory.peak},  {"step_rss_growth", hwm_bytes() - hwm0},
+          {"step_s", seconds_since(t0)}, {"params", model.config().num_parameters()}};
 }
 
 // One rank scoring `rows` x `len` tokens (3 timed repeats after a warm-up), with the whole
@@ -90,17 +94,16 @@ json score_rank(int rank, int size, const std::string& store, const std::string&
   auto model = std::make_shared<rlhf::models::CausalLM>(source.config(),
                                                         rlhf::models::Materialize::kDeferred);
   std::unique_ptr<rlhf::transport::CollectiveGroup> group;
+  if (size > 1) group = join(rank, size, store);
   std::unique_ptr<rlhf::engine::ShardedInference> sharded;
-  int64_t weight_bytes = 0;
+  const double heap0 = heap_bytes();
   if (size == 1) {
     rlhf::models::load_whole(*model, source, source.dtype(), torch::kCPU);
-    for (const auto& p : model->parameters()) weight_bytes += p.numel() * p.element_size();
   } else {
-    group = join(rank, size, store);
     sharded = std::make_unique<rlhf::engine::ShardedInference>(
         *model, *group, source, source.dtype(), torch::kCPU, model->config().tie_word_embeddings);
-    weight_bytes = sharded->shard_bytes();
   }
+  const double weight_bytes = heap_bytes() - heap0;  // the weights the rank holds, measured
   auto tokens = batch(rows, len, model->config().vocab_size);
   auto once = [&] {
     auto hidden = model->forward(tokens, torch::ones_like(tokens));
@@ -188,30 +191,37 @@ int main(int argc, char** argv) {
       model.to(torch::kBFloat16);
       rlhf::models::save_pretrained(model, dir);
     }
+    // 1 rank first: its process measures the whole (states, weights, scoring time).
+    ranks.erase(std::remove(ranks.begin(), ranks.end(), 1), ranks.end());
+    ranks.insert(ranks.begin(), 1);
     std::cout << "preset " << preset << ", BF16 checkpoint, ZeRO-3, " << rows << " x " << len
               << " tokens per rank, torch threads 1 per rank\n\n";
-    std::cout
-        << "memory per rank (rank 0; GiB)\n"
-        << "ranks  16P/N   states  ratio  load RSS growth  step tracked peak  step RSS growth  "
-           "step s\n";
+    std::cout << "memory per rank (rank 0; GiB; held = malloc's growth over the load)\n"
+              << "ranks    held  1-rank/N  ratio  load peak RSS growth  step tracked peak  "
+                 "step peak RSS growth  step s\n";
+    double whole = 0, params = 0;
     for (int n : ranks) {
       const json r0 = run_ranks(self, "train", n, work, dir, rows, len)[0];
-      const double limit = 16.0 * r0["params"].get<double>() / n;
-      std::printf("%5d  %6s  %6s  %5.3f  %15s  %17s  %15s  %6.2f\n", n, gib(limit).c_str(),
-                  gib(r0["states"].get<double>()).c_str(), r0["states"].get<double>() / limit,
+      const double held = r0["heap_growth"].get<double>();
+      if (n == 1) whole = held, params = r0["params"].get<double>();
+      std::printf("%5d  %6s  %8s  %5.3f  %20s  %17s  %20s  %6.2f\n", n, gib(held).c_str(),
+                  gib(whole / n).c_str(), held / (whole / n),
                   gib(r0["load_rss_growth"].get<double>()).c_str(),
                   gib(r0["step_peak"].get<double>()).c_str(),
                   gib(r0["step_rss_growth"].get<double>()).c_str(), r0["step_s"].get<double>());
     }
-    std::cout << "\nscoring (action log-probs; rank 0)\n"
-              << "ranks  weights GiB  seconds  vs whole model\n";
-    double whole = 0;
+    std::cout << "(for reference, ZeRO's 16 P bytes of states: " << gib(16.0 * params)
+              << " GiB, against " << gib(whole) << " GiB held by the 1-rank process)\n";
+    std::cout << "\nscoring (action log-probs; rank 0; weights held = malloc's growth over the "
+                 "load)\n"
+              << "ranks  weights held GiB  1-rank/N  ratio  seconds  vs whole model\n";
+    double whole_weights = 0, whole_s = 0;
     for (int n : ranks) {
       const json r0 = run_ranks(self, "score", n, work, dir, rows, len)[0];
-      const double s = r0["score_s"].get<double>();
-      if (n == 1) whole = s;
-      std::printf("%5d  %11s  %7.3f  %s\n", n, gib(r0["weight_bytes"].get<double>()).c_str(), s,
-                  whole > 0 ? (std::to_string(s / whole).substr(0, 5) + "x").c_str() : "-");
+      const double held = r0["weight_bytes"].get<double>(), s = r0["score_s"].get<double>();
+      if (n == 1) whole_weights = held, whole_s = s;
+      std::printf("%5d  %16s  %8s  %5.3f  %7.3f  %13.3fx\n", n, gib(held).c_str(),
+                  gib(whole_weights / n).c_str(), held / (whole_weights / n), s, s / whole_s);
     }
     fs::remove_all(work);
     return 0;

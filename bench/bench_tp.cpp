@@ -1,14 +1,18 @@
 // Rollout tensor parallelism, measured across real processes (one per TP rank, Gloo): each
 // rank loads only its slices of a checkpoint and the ranks decode in lockstep (an
 // all-reduce after attention and after the MLP of every layer, the logits all-gathered).
-// Per TP size: the weights a rank holds (limit: the whole model / TP, plus the replicated
-// norms), the load's peak RSS growth, and greedy decode tokens/s at batches 1 and 32, with
-// the speedup over TP 1 against the ideal (TP x: every rank does 1/TP of the matmuls and the
-// collectives cost nothing), and the bytes one decode step all-reduces per rank.
+// Per TP size: the memory a rank holds after the load, measured as malloc's growth
+// (mallinfo2), against the whole model measured the same way in the TP 1 process, divided by
+// TP (the limit: every rank holds 1/TP of the whole; the replicated norms add 0.04 MiB at the
+// 100m preset); the load's peak RSS growth; greedy decode tokens/s at batches 1 and 32, with
+// the speedup over TP 1 of the same run against TP x (every rank does 1/TP of the matmuls and
+// the collectives cost nothing); and the bytes one decode step all-reduces per rank.
+// TP 1 always runs first: it is the reference of both.
 // Usage: bench_tp [--preset 100m] [--tp 1,2] [--prompt 64] [--new-tokens 32] [--batches 1,32]
 // One torch thread per rank: on the 2-core VM, TP 2 has one core per rank.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -53,12 +57,15 @@ json tp_rank(int rank, int size, const std::string& store, const std::string& di
     config.timeout = std::chrono::seconds(600);
     tp.group = rlhf::transport::make_collective_group(config);
   }
-  const double hwm0 = rlhf::bench::hwm_bytes();
+  const double hwm0 = rlhf::bench::hwm_bytes(), heap0 = rlhf::bench::heap_bytes();
   auto model = rlhf::models::load_pretrained(dir, {}, tp);
+  // What the rank holds once the load is over (its temporaries freed, the checkpoint unmapped).
+  const double held = rlhf::bench::heap_bytes() - heap0;
   const double load_growth = rlhf::bench::hwm_bytes() - hwm0;
   int64_t weight_bytes = 0;
   for (const auto& p : model->parameters()) weight_bytes += p.numel() * p.element_size();
-  json out = {{"weight_bytes", weight_bytes}, {"load_rss_growth", load_growth}};
+  json out = {
+      {"weight_bytes", weight_bytes}, {"heap_growth", held}, {"load_rss_growth", load_growth}};
   for (int64_t b : batches) {
     rlhf::rollout::GenerationConfig config;
     config.max_new_tokens = new_tokens;
@@ -165,33 +172,30 @@ int main(int argc, char** argv) {
       model.to(torch::kBFloat16);
       rlhf::models::save_pretrained(model, dir);
     }
+    // TP 1 first: its process measures the whole model and the speedups' base.
+    sizes.erase(std::remove(sizes.begin(), sizes.end(), 1), sizes.end());
+    sizes.insert(sizes.begin(), 1);
     for (int64_t t : sizes)
       rlhf::models::check_tensor_parallel(config, static_cast<int>(t), "--tp");
-    // Whole-model bytes and what every rank keeps whole (the norms).
-    double whole = 0, replicated = 0;
-    for (const auto& [name, shape] : rlhf::models::parameter_shapes(config)) {
-      double n = 2;
-      for (int64_t d : shape) n *= static_cast<double>(d);
-      whole += n;
-      if (rlhf::models::tensor_parallel_dim(name) < 0) replicated += n;
-    }
     std::cout << "preset " << preset << " (" << config.num_parameters() / 1e6
               << "M parameters), BF16, paged engine, greedy, prompt " << prompt << ", "
               << new_tokens << " new tokens per row, torch threads 1 per rank\n\n"
-              << "TP  weights/rank MiB  limit MiB  ratio  load RSS growth MiB";
+              << "TP  held MiB  whole/TP MiB  ratio  params MiB  load peak RSS growth MiB";
     const auto batch_list = parse_list(batches);
     for (int64_t b : batch_list)
       std::cout << "  tok/s b=" << b << "  speedup (ideal "
                 << "TP)";
     std::cout << "\n";
     std::vector<double> base(batch_list.size(), 0.0);
+    double whole = 0;  // the TP 1 process's heap growth: the whole model, measured
     for (int64_t t : sizes) {
       const json r0 =
           run_ranks(self, static_cast<int>(t), work, dir, prompt, new_tokens, batches)[0];
-      const double limit = (whole - replicated) / static_cast<double>(t) + replicated;
-      std::printf("%2lld  %16.1f  %9.1f  %5.3f  %19.1f", static_cast<long long>(t),
-                  mib(r0["weight_bytes"].get<double>()), mib(limit),
-                  r0["weight_bytes"].get<double>() / limit,
+      const double held = r0["heap_growth"].get<double>();
+      if (t == 1) whole = held;
+      const double limit = whole / static_cast<double>(t);
+      std::printf("%2lld  %8.1f  %12.1f  %5.3f  %10.1f  %24.1f", static_cast<long long>(t),
+                  mib(held), mib(limit), held / limit, mib(r0["weight_bytes"].get<double>()),
                   mib(r0["load_rss_growth"].get<double>()));
       for (size_t i = 0; i < batch_list.size(); ++i) {
         const double rate = r0["tok_s_" + std::to_string(batch_list[i])].get<double>();

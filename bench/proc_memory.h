@@ -1,6 +1,7 @@
-// Process memory as Linux reports it, for the benchmarks that measure activation memory:
-// resident set now, its high-water mark, resetting that mark (clear_refs 5), and running a
-// measurement in a child process whose malloc returns freed blocks to the OS at once.
+// Process memory as Linux and malloc report it, for the benchmarks that measure memory:
+// resident set now, its high-water mark, resetting that mark (clear_refs 5), the bytes malloc
+// has handed out, and running a measurement in a child process whose malloc returns freed
+// blocks to the OS at once.
 #pragma once
 
 #include <malloc.h>
@@ -21,6 +22,14 @@ inline double rss_bytes() {
   long pages_total = 0, pages_resident = 0;
   statm >> pages_total >> pages_resident;
   return static_cast<double>(pages_resident) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+// Bytes malloc has handed out and not had back (mallinfo2: arenas + mmap'd blocks), every
+// thread's arena included. Unlike the resident set it leaves out mapped files (a checkpoint's
+// pages) and freed memory malloc keeps: the measured size of what the process holds.
+inline double heap_bytes() {
+  const struct mallinfo2 info = ::mallinfo2();
+  return static_cast<double>(info.uordblks + info.hblkhd);
 }
 
 // Peak resident set since start or the last reset_hwm() (VmHWM), in bytes; -1 if unknown.
