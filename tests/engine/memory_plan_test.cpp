@@ -498,16 +498,24 @@ TEST(MemoryPlan, EightGpuExampleFitsWithRealLlama3Configs) {
   EXPECT_TRUE(kept_first) << "fitting changes that keep throughput come before those that cost it";
 }
 
+// examples/ppo_8gpu.json, and Llama-3-8B presets for its roles with room for 1024 sequences
+// (so that the KV pool is bounded by memory, not by max_num_seqs).
+std::string eight_gpu_example() {
+  return std::string(RLHF_SOURCE_DIR) + "/examples/ppo_8gpu.json";
+}
+std::vector<std::string> llama_8b_roomy() {
+  return {"actor.model=preset:llama-3-8b", "critic.model=preset:llama-3-8b",
+          "reward.model=preset:llama-3-8b", "rollout.max_num_seqs=1024"};
+}
+
 // Colocation by phases (issue 28): actor and rollout on one GPU take turns. With sleep mode
 // (the default) the rollout holds only its process overhead outside the generate and sync
 // phases; without it, its weights stay through scoring and training. With
 // actor.offload_optimizer_while_generating the actor's master, moments and gradient shards
 // leave the GPU in the generate and sync phases.
 TEST(MemoryPlan, ColocatedActorAndRolloutTakeTurnsByPhase) {
-  const std::string example = std::string(RLHF_SOURCE_DIR) + "/examples/ppo_8gpu.json";
-  const std::vector<std::string> llama = {
-      "actor.model=preset:llama-3-8b", "critic.model=preset:llama-3-8b",
-      "reward.model=preset:llama-3-8b", "rollout.max_num_seqs=1024"};
+  const std::string example = eight_gpu_example();
+  const std::vector<std::string> llama = llama_8b_roomy();
   std::vector<std::string> missing;
   const auto models = load_role_models(rlhf::JobSpec::load(example, llama), missing);
   auto plan_with = [&](std::vector<std::string> extra) {
@@ -551,10 +559,8 @@ TEST(MemoryPlan, ColocatedActorAndRolloutTakeTurnsByPhase) {
 // workers get; too little room for one sequence is refused with the device named. On a cpu
 // node auto is unbounded (0), as before.
 TEST(MemoryPlan, AutoKvCacheTakesWhatTheGeneratePhaseLeaves) {
-  const std::string example = std::string(RLHF_SOURCE_DIR) + "/examples/ppo_8gpu.json";
-  const std::vector<std::string> llama = {
-      "actor.model=preset:llama-3-8b", "critic.model=preset:llama-3-8b",
-      "reward.model=preset:llama-3-8b", "rollout.max_num_seqs=1024"};
+  const std::string example = eight_gpu_example();
+  const std::vector<std::string> llama = llama_8b_roomy();
   std::vector<std::string> missing;
   const auto spec = rlhf::JobSpec::load(example, llama);
   const MemoryPlan plan = plan_memory(spec, load_role_models(spec, missing), false);
