@@ -7,6 +7,7 @@
 #include <fstream>
 #include <future>
 #include <iomanip>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -41,18 +42,20 @@ std::vector<int64_t> to_int64(const std::vector<tokenizer::TokenId>& ids) {
 }
 
 // Mean over the ranks' replies of every number a train op returned (the trainer's loss,
-// grad norm and lr agree across ranks already; accuracy and rewards are per rank).
+// grad norm and lr agree across ranks already; accuracy and rewards are per rank). A key
+// only some ranks report (KTO's rejected_reward when a rank's share holds no undesirable
+// row) is the mean over the ranks that report it.
 json mean_over_ranks(const std::vector<Message>& replies) {
-  json out = json::object();
-  for (const auto& [key, v] : replies.front().args.items()) {
-    if (!v.is_number() || key == "step" || key == "rows" || key == "compute_s") continue;
-    double sum = 0;
-    for (const auto& r : replies) {
-      const json& x = r.args.at(key);
-      sum += x.is_number() ? x.get<double>() : std::nan("");
+  std::map<std::string, std::pair<double, int>> sums;
+  for (const auto& r : replies)
+    for (const auto& [key, v] : r.args.items()) {
+      if (!v.is_number() || key == "step" || key == "rows" || key == "compute_s") continue;
+      auto& [sum, n] = sums[key];
+      sum += v.get<double>();
+      ++n;
     }
-    out[key] = sum / static_cast<double>(replies.size());
-  }
+  json out = json::object();
+  for (const auto& [key, s] : sums) out[key] = s.first / static_cast<double>(s.second);
   return out;
 }
 

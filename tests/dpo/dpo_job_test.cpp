@@ -357,6 +357,36 @@ TEST_F(OfflineRun, KtoReferencePointIsOneValuePerGlobalBatch) {
   }
 }
 
+TEST_F(OfflineRun, KtoLogsRewardsWhenARankHasRowsOfOneLabelOnly) {
+  // 16 rows, one of them undesirable, the whole file each step (2 epochs: 2 steps), over two
+  // ZeRO-3 ranks: one rank's share has no undesirable row, so it reports no rejected_reward.
+  // The step's record must still carry both rewards (the mean over the ranks that have
+  // them). Before the fix the driver took the keys of rank 0's reply only: it stopped with
+  // "key 'rejected_reward' not found" when rank 0 held the undesirable row and dropped the
+  // key when rank 1 did.
+  const fs::path data = dir_ / "kto_one_undesirable.jsonl";
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 16; ++i)
+      f << R"({"prompt": "w)" << char('a' + i) << R"(:", "output": ")" << (i == 7 ? "X1Y2" : "abcd")
+        << R"(", "label": )" << (i == 7 ? "false" : "true") << "}\n";
+  }
+  Result r = run(
+      "examples/dpo_tiny.json", "kto_one",
+      {"--set", "algo.dpo.loss=kto", "--set", "data.dataset=" + data.string(), "--set",
+       "train.batch_size=16", "--set", "train.micro_batch_size=4", "--set", "ckpt.export_hf=false",
+       "--set", R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 3, "memory_gb": 4}])",
+       "--set", "actor.devices=[0,1]", "--set", "ref.devices=[2]", "--set", "actor.zero_stage=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  Metrics m = read_metrics(run_dir("kto_one") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 2u);
+  for (const auto& s : m.steps) {
+    ASSERT_TRUE(s.contains("rejected_reward")) << s.dump();
+    ASSERT_TRUE(s.contains("chosen_reward")) << s.dump();
+    EXPECT_TRUE(std::isfinite(s["rejected_reward"].get<double>())) << s.dump();
+  }
+}
+
 TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
   // 128 examples, batch 16, 6 epochs: 48 steps; held-out evaluation before, every 16 steps
   // (eval.steps) and after: at steps 0, 16, 32 and 48.
