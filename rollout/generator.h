@@ -117,12 +117,6 @@ class Generator {
   // Throws InputError when the budget holds less than one prompt (naming what it needs).
   int64_t prompts_per_cache(int64_t P) const;
 
- private:
-  // One micro batch: prompts [b, P], first_row = its first output row in the request.
-  GenerationOutput generate_micro_batch(const torch::Tensor& prompt_ids,
-                                        const torch::Tensor& prompt_mask, Sampler& sampler,
-                                        int64_t first_row);
-
   // What both decode loops write on the model's device for rows [first_row, first_row + N)
   // of the request: their uniforms (undefined when greedy), the stop ids, and outputs [N, R]
   // (tokens padded, log-probs 0) and lengths [N] to fill.
@@ -134,6 +128,13 @@ class Generator {
     torch::Tensor lengths;    // [N] int64, 0
     torch::Tensor pad;        // [] int64, pad_token_id
   };
+
+ private:
+  // One micro batch: prompts [b, P], first_row = its first output row in the request.
+  GenerationOutput generate_micro_batch(const torch::Tensor& prompt_ids,
+                                        const torch::Tensor& prompt_mask, Sampler& sampler,
+                                        int64_t first_row);
+
   DecodeState decode_state(Sampler& sampler, int64_t first_row, int64_t N,
                            torch::Device device) const;
 

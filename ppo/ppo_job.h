@@ -1,0 +1,243 @@
+// Private to rlhf_ppo_driver: the PPO-family job (ppo_driver's PpoJob) and what its phases
+// share. One file per phase:
+//   driver.cpp      setup (data, tokenizer, reward sources, loading the roles) and `run`
+//   experience.cpp  making experience: generate (with dynamic sampling), score, advantages
+//   training.cpp    the actor's and critic's train steps over the experience
+//   syncing.cpp     actor -> rollout weight sync and the colocation sleep mode around it
+//   step_loop.cpp   the step loop (with algo.async_steps 1, the next step's samples are
+//                   generated while this step scores and trains) and each step's metrics
+//   evaluation.cpp  held-out evaluation
+//   checkpoint.cpp  save, resume, HF export
+// Drivers call role groups through the scheduler's handles by operation name; nothing here
+// includes actors/.
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/spec.h"
+#include "ppo/advantages.h"
+#include "ppo/driver.h"
+#include "ppo/kl.h"
+#include "ppo/ppo_config.h"
+#include "ppo/prompt_batches.h"
+#include "ppo/prompt_dataset.h"
+#include "ppo/rollout_correction.h"
+#include "transport/message.h"
+
+namespace rlhf {
+class Scheduler;
+class MetricsSink;
+namespace tokenizer {
+class Tokenizer;
+}  // namespace tokenizer
+namespace rewards {
+class RewardSources;
+}  // namespace rewards
+}  // namespace rlhf
+
+namespace rlhf::ppo::job {
+
+using Clock = std::chrono::steady_clock;
+
+// A number from a reply's args; JSON has no NaN, so a NaN arrives as null and reads as NaN.
+// Throws RuntimeError when the key is missing.
+double number(const nlohmann::json& args, const char* key);
+// Worker compute of one role-group call on its critical path: a scatter's micro batches
+// spread over the group's ranks (sum / ranks); call_all's ranks run together (max).
+double scatter_compute(const Message& reply, int ranks);
+double call_all_compute(const std::vector<Message>& replies);
+double seconds_since(Clock::time_point t);
+// "1.2": seconds for console lines (without touching the stream's number format).
+std::string seconds_text(double seconds);
+// `v` with `precision` decimals, for console lines.
+std::string fmt(double v, int precision = 3);
+// {name: mean score} of each reward source ([S, B]; NaN scores, "not applicable", left out).
+nlohmann::json source_means(const torch::Tensor& source_scores,
+                            const std::vector<std::string>& names);
+
+// Runs f on its own thread (role groups are independent, so their calls overlap).
+template <typename F>
+auto in_parallel(F&& f) {
+  return std::async(std::launch::async, std::forward<F>(f));
+}
+
+// One step's samples, prompt-major (the n samples of a prompt are consecutive).
+struct Rollout {
+  torch::Tensor sequences;            // [B, T] prompt (left-padded) + response (right-padded)
+  torch::Tensor attention_mask;       // [B, T]
+  torch::Tensor action_mask;          // [B, A] response tokens up to and including EOS
+  torch::Tensor behaviour_log_probs;  // [B, A] FP32 log-probs the rollout sampled from
+  std::vector<std::string> prompts, responses, labels;  // [B]
+  std::vector<nlohmann::json> columns;  // [B] the rows' other columns for Python rewards
+  torch::Tensor scores;         // [B] reward-source total when dynamic sampling needed it early
+  torch::Tensor source_scores;  // [S, B] each source's scores, with `scores`
+  nlohmann::json sampling;      // dynamic sampling's counts (null when off)
+  int64_t weight_version = 0;
+  double compute_s = 0;       // rollout workers' generate time on the critical path
+  int64_t preempted = 0;      // sequences the rollout evicted and recomputed (paged KV)
+  int64_t kv_peak_bytes = 0;  // most KV cache bytes in use on one rollout worker
+};
+
+// Rollout plus what the scorers returned: OpenRLHF's Experience, grouped by meaning.
+struct Experience {
+  // Per sequence.
+  torch::Tensor scores;           // [B] weighted sum of the reward sources' scores
+  torch::Tensor source_scores;    // [S, B] each source's own scores (NaN: not applicable)
+  torch::Tensor response_length;  // [B] action tokens
+  // Per token.
+  torch::Tensor log_probs_old;        // [B, A] actor log pi_old(a|s)
+  torch::Tensor log_probs_behaviour;  // [B, A] the rollout's, 0 outside the action mask
+  torch::Tensor log_probs_ref;        // [B, A] reference log-probs (undefined without a ref)
+  torch::Tensor values;               // [B, A] critic values (undefined without a critic)
+  torch::Tensor kl;    // [B, A] policy-vs-reference KL estimate (zeros without a ref)
+  double kl_mean = 0;  // sequence_mean_kl(kl): logged and fed to the KL controller
+  // |rollout log-probs - actor log-probs| over action tokens: the synced weights and the two
+  // engines agree (with async_steps 1 it includes the update the rollout lags by).
+  double logprob_diff_mean = 0, logprob_diff_max = 0;
+  RolloutMismatch mismatch;        // k3 KL and algo.rollout_correction's weights over action tokens
+  torch::Tensor overlong_penalty;  // [B] DAPO soft length penalty added to the scores (<= 0)
+  torch::Tensor entropy;           // [B, A] policy entropy at each action position
+  BatchAdvantages adv;             // rewards, advantages, returns [B, A]
+  double compute_s = 0;            // slowest scoring group's worker time
+};
+
+// The sequences and attention mask, as a scatter's tensors.
+std::vector<NamedTensor> sequence_tensors(const Rollout& r);
+// Rows `index` [k] of a rollout (their texts too).
+Rollout select_rows(const Rollout& r, const torch::Tensor& index);
+// `a` then `b`, re-padded to the longer prompt (left) and response (right) of the two.
+Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id);
+
+// The weight sync's collective backend and the path its buckets take (rollout::SyncPath).
+struct SyncRoute {
+  std::string backend = "gloo";
+  std::string path = "gloo";
+};
+// How the weight sync travels, from the actor's and rollout's "info" replies (syncing.cpp).
+SyncRoute sync_route(const std::vector<Message>& actor, const std::vector<Message>& rollout,
+                     int tensor_parallel_size);
+
+// One step's samples, experience and figures, for its metrics record and console line.
+struct StepOutcome {
+  Rollout r;
+  Experience e;
+  nlohmann::json losses;    // train()'s averages, updates and compute_s
+  int64_t consumed = 0;     // prompts consumed by this step (not the next step's)
+  double sync_compute = 0;  // worker compute of the sync and sleep-mode calls
+  double t_gen = 0;         // this step's samples (0-ish when generated ahead)
+  double t_ahead = 0;       // the next step's generation, beside this step's work
+  double t_score = 0, t_train = 0;
+  double t_wait = 0;  // waiting for the next step's samples
+  double t_sync = 0, t_step = 0;
+};
+
+class PpoJob {
+ public:
+  PpoJob(const JobSpec& spec, PpoDriverOptions options);
+  ~PpoJob();
+  void run(Scheduler& scheduler, std::ostream& out);
+
+ private:
+  // Setup (driver.cpp).
+  std::vector<TokenizedPrompt> tokenize_prompts(const JobSpec& spec, const PromptDataConfig& data);
+  void init_roles(Scheduler& s, std::ostream& out);
+  // The rollout group's load_model arguments; adds the engines to `workers` under TP.
+  nlohmann::json rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& workers);
+  // Sleep mode from the rollout's "info" replies (see sleep_rollout_).
+  void choose_sleep_mode(const std::vector<Message>& rollout, std::ostream& out);
+
+  // Making experience (experience.cpp).
+  Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill = 0);
+  // One generate request for `batch` over the rollout group: `n` samples per prompt at
+  // `temperature` (0: greedy), drawn from `seed`; the reply as a Rollout with its texts.
+  Rollout generate_with(Scheduler& s, const PromptBatch& batch, double temperature, int64_t n,
+                        uint64_t seed);
+  Rollout sample(Scheduler& s, int64_t step);  // generate, with dynamic sampling when on
+  // Scores r with every reward source (the reward model's scores passed in where there is
+  // one): sets r.scores [B] and r.source_scores [S, B] unless already set.
+  void score_rewards(Rollout& r, const torch::Tensor& model_scores = {}) const;
+  Experience score(Scheduler& s, Rollout& r);  // fills r's reward scores
+  // From the actor's current log-probs [B, A]: the ratio's denominator, the rollout
+  // mismatch and the log-prob difference.
+  void set_old_log_probs(Experience& e, const Rollout& r, const torch::Tensor& current) const;
+  // KL, overlong penalty and advantages, once scores, references and values are in.
+  void shape_rewards(Experience& e, const Rollout& r, const torch::Tensor& current);
+  std::string response_text(const Rollout& r, int64_t row) const;
+
+  // Training (training.cpp): train.max_epochs passes in global batches of
+  // train.batch_size; returns the averaged figures, "updates" and "compute_s".
+  nlohmann::json train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step);
+  // One global batch (rows `idx`) to the actor and the critic at once; adds their figures
+  // to `sums` and returns the update's worker compute on the critical path.
+  double train_update(Scheduler& s, const Rollout& r, const Experience& e, const torch::Tensor& idx,
+                      const nlohmann::json& actor_args, const nlohmann::json& critic_args,
+                      nlohmann::json& sums);
+  nlohmann::json actor_train_args(const Rollout& r) const;
+  nlohmann::json critic_train_args(const Rollout& r) const;
+
+  // Syncing (syncing.cpp).
+  double sync_weights(Scheduler& s);  // returns worker compute on the critical path
+  // Colocation sleep mode (rollout.offload_while_training,
+  // actor.offload_optimizer_while_generating): each call moves what its key asks for and adds
+  // the figures to offload_; returns the worker compute on the critical path.
+  double before_training(Scheduler& s);    // rollout to sleep, actor optimizer back
+  double before_generating(Scheduler& s);  // actor optimizer to host, rollout awake
+
+  // The step loop (step_loop.cpp): steps after `step` up to total_steps_.
+  void run_steps(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out);
+  // One step: its samples (`ready` when generated ahead; with async_steps it starts the
+  // next step's into `ready`), scoring, training, sync.
+  StepOutcome run_step(Scheduler& s, int64_t step, std::optional<Rollout>& ready);
+  nlohmann::json step_record(Scheduler& s, int64_t step, const StepOutcome& o, double kl_coef);
+  void write_samples(int64_t step, const StepOutcome& o, MetricsSink& metrics) const;
+
+  // Held-out evaluation (evaluation.cpp, data.eval_dataset): greedy responses (and
+  // eval.n_samples sampled ones) to every held-out prompt, scored by the job's reward
+  // sources; writes an eval record ({"split": "eval", "accuracy", "reward", ...}) and a
+  // console line.
+  void evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out);
+  // The held-out batch generated at `temperature`, n per prompt, and scored.
+  Rollout eval_rollout(Scheduler& s, const PromptBatch& batch, double temperature, int64_t n);
+
+  // Checkpoints (checkpoint.cpp). prompts_consumed: where a resume continues the prompt
+  // stream (the prompts of steps 1..step; with async_steps, not those already drawn for
+  // the next step).
+  void save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ostream& out);
+  int64_t resume(Scheduler& s);
+  void export_actor(Scheduler& s, std::ostream& out);
+
+  JobSpec spec_;
+  PpoDriverOptions options_;
+  PpoConfig c_;
+  std::string run_dir_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  int64_t eos_id_ = -1, pad_id_ = 0;
+  std::unique_ptr<PromptStream> stream_;
+  std::vector<TokenizedPrompt> eval_prompts_;  // held-out prompts (empty: no evaluation)
+  int64_t eval_steps_ = 0, eval_samples_ = 0;
+  std::string eval_accuracy_source_;
+  int64_t truncated_prompts_ = 0;
+  int64_t total_steps_ = 0;
+  KlController kl_;
+  std::unique_ptr<rewards::RewardSources> rewards_;
+  bool has_ref_ = false, has_critic_ = false, has_reward_model_ = false;
+  nlohmann::json planned_;          // plan.json's per-role figures (null without a plan)
+  SyncRoute sync_route_;            // actor -> rollout weight sync (see sync_route)
+  nlohmann::json last_sync_;        // the last sync's figures (actor rank 0's reply)
+  bool sleep_rollout_ = false;      // rollout.offload_while_training, where it applies
+  bool offload_optimizer_ = false;  // actor.offload_optimizer_while_generating, where it applies
+  nlohmann::json offload_;          // this step's offload figures (see before_training)
+};
+
+}  // namespace rlhf::ppo::job

@@ -1,0 +1,185 @@
+// The step loop: per step, samples (with algo.async_steps 1 the next step's are generated
+// while this step scores and trains, and the rollout's weights change only after they are
+// drawn), scoring, training and the weight sync; then the KL controller, the step's metrics
+// record and console line, held-out evaluation and checkpoints on their schedules.
+#include <algorithm>
+#include <future>
+#include <optional>
+#include <utility>
+
+#include "core/metrics.h"
+#include "ppo/ppo_job.h"
+#include "rewards/reward_sources.h"
+#include "scheduler/peak_memory.h"
+#include "scheduler/progress.h"
+#include "scheduler/role_group.h"
+#include "scheduler/scheduler.h"
+
+namespace rlhf::ppo::job {
+
+using nlohmann::json;
+
+namespace {
+
+// The metrics record's rollout_mismatch: the KL always, the weights when a correction applies.
+json mismatch_json(RolloutCorrection mode, const RolloutMismatch& m) {
+  json out = {{"kl", m.kl}};
+  if (mode == RolloutCorrection::kNone) return out;
+  out.update(
+      {{"weight_mean", m.weight_mean}, {"weight_max", m.weight_max}, {"truncated", m.truncated}});
+  return out;
+}
+
+}  // namespace
+
+void PpoJob::run_steps(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out) {
+  const auto loop_start = Clock::now();
+  const int64_t first_step = step + 1;
+  // algo.async_steps 1: the next step's samples, generated while this step scores and trains
+  // (with the weights this step's samples came from, or after a resume the checkpoint's).
+  std::optional<Rollout> ready;
+  for (++step; step <= total_steps_; ++step) {
+    const StepOutcome o = run_step(s, step, ready);
+    const double kl_mean = o.e.kl_mean;
+    const double kl_coef = kl_.value();
+    kl_.update(kl_mean, o.r.sequences.size(0));
+    if (step % c_.logging_steps == 0 || step == total_steps_) {
+      const json rec = step_record(s, step, o, kl_coef);
+      metrics.write(rec);
+      write_samples(step, o, metrics);
+      out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"])
+          << " +- " << fmt(rec["reward_std"]) << " | kl " << fmt(kl_mean, 4) << " | policy "
+          << fmt(rec["policy_loss"])
+          << (has_critic_ ? " | value " + fmt(rec["value_loss"]) : std::string()) << " | len "
+          << fmt(rec["response_length"], 1) << " | " << fmt(o.t_step, 2) << " s (gen "
+          << static_cast<int>(100 * o.t_gen / o.t_step) << "%) | " << fmt(rec["samples_per_s"], 1)
+          << " samples/s | "
+          << elapsed_and_eta(seconds_since(loop_start), step - first_step + 1,
+                             total_steps_ - first_step + 1)
+          << std::endl;
+    }
+    if (!eval_prompts_.empty() &&
+        ((eval_steps_ > 0 && step % eval_steps_ == 0) || step == total_steps_)) {
+      // The rollout has this step's weights (synced above); with async_steps it is generating
+      // nothing now (the next step's samples are drawn).
+      evaluate(s, step, metrics, out);
+    }
+    // Every ckpt.save_steps, and always after the last step (a finished run can be resumed
+    // with more steps, and its final state is kept whatever save_steps says).
+    if ((c_.save_steps > 0 && step % c_.save_steps == 0) || step == total_steps_) {
+      save(s, step, o.consumed, out);
+      // The save brought the optimizer state back to the device; the rollout generates next.
+      if (offload_optimizer_ && step < total_steps_)
+        s.group(Role::kActor).call_all("offload_optimizer");
+    }
+  }
+}
+
+StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, std::optional<Rollout>& ready) {
+  StepOutcome o;
+  const auto t0 = Clock::now();
+  const std::string at = "step " + std::to_string(step) + "/" + std::to_string(total_steps_);
+  s.progress().begin(at + ": generating " + std::to_string(c_.rollout_batch_size) + " prompts x " +
+                     std::to_string(c_.n_samples_per_prompt) + " samples");
+  o.r = ready ? std::move(*ready) : sample(s, step);
+  ready.reset();
+  o.consumed = stream_->consumed();  // this step's prompts, not the next one's
+  std::future<Rollout> ahead;
+  const auto ahead_start = Clock::now();
+  double t_ahead = 0;  // the next step's generation, beside this step's work
+  if (c_.async_steps > 0 && step < total_steps_)
+    ahead = in_parallel([this, &s, step, &t_ahead, ahead_start] {
+      Rollout next = sample(s, step + 1);
+      t_ahead = seconds_since(ahead_start);
+      return next;
+    });
+  o.t_gen = seconds_since(t0);
+  const auto t1 = Clock::now();
+  const double offload_compute = before_training(s);
+  s.progress().begin(at + ": scoring " + std::to_string(o.r.sequences.size(0)) + " samples");
+  o.e = score(s, o.r);
+  o.t_score = seconds_since(t1);
+  const auto t2 = Clock::now();
+  o.losses = train(s, o.r, o.e, step);
+  o.t_train = seconds_since(t2);
+  // The weights change under the rollout only after the next step's samples are drawn.
+  const auto t_wait_start = Clock::now();
+  if (ahead.valid()) {
+    s.progress().begin(at + ": waiting for the next step's samples");
+    ready = ahead.get();
+  }
+  o.t_wait = seconds_since(t_wait_start);
+  o.t_ahead = t_ahead;
+  const auto t3 = Clock::now();
+  const double reload_compute = before_generating(s);
+  s.progress().begin(at + ": sending the actor's weights to the rollout group");
+  o.sync_compute = sync_weights(s) + offload_compute + reload_compute;
+  s.progress().end();
+  o.t_sync = seconds_since(t3);
+  o.t_step = seconds_since(t0);
+  return o;
+}
+
+json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, double kl_coef) {
+  const Rollout& r = o.r;
+  const Experience& e = o.e;
+  const auto mask = r.action_mask.to(torch::kFloat32);
+  const double tokens = r.attention_mask.sum().item<double>();
+  // Worker compute on the step's critical path; the rest is scheduling, transport,
+  // driver-side math (advantages, rewards) and waiting (bench/ppo_overhead measures it).
+  const double compute =
+      r.compute_s + e.compute_s + o.losses["compute_s"].get<double>() + o.sync_compute;
+  json rec = {
+      {"step", step},
+      {"total_steps", total_steps_},
+      {"reward_mean", e.scores.mean().item<double>()},
+      {"reward_std", e.scores.std(false).item<double>()},
+      {"reward", source_means(e.source_scores, rewards_->names())},
+      {"return_mean", (e.adv.rewards.sum(1)).mean().item<double>()},
+      {"kl", e.kl_mean},
+      {"kl_coef", kl_coef},
+      {"response_length", e.response_length.to(torch::kFloat32).mean().item<double>()},
+      {"entropy", ((e.entropy * mask).sum() / mask.sum().clamp_min(1)).item<double>()},
+      {"worker_compute_s", compute},
+      {"overhead_share", std::max(0.0, 1.0 - compute / o.t_step)},
+      {"time_s",
+       {{"generate", o.t_gen + o.t_wait},
+        {"generate_ahead", o.t_ahead},
+        {"score", o.t_score},
+        {"train", o.t_train},
+        {"sync", o.t_sync},
+        {"step", o.t_step}}},
+      {"samples_per_s", static_cast<double>(r.sequences.size(0)) / o.t_step},
+      {"tokens_per_s", tokens / o.t_step},
+      {"weight_version", r.weight_version},
+      {"rollout_preempted", r.preempted},
+      {"rollout_kv_peak_bytes", r.kv_peak_bytes},
+      {"prompts_consumed", o.consumed},
+      {"weight_sync", last_sync_},
+      {"rollout_logprob_diff", {{"mean", e.logprob_diff_mean}, {"max", e.logprob_diff_max}}},
+      {"rollout_mismatch", mismatch_json(c_.policy.correction.mode, e.mismatch)},
+      {"memory", peak_memory_by_role(s, planned_)}};
+  if (!offload_.empty()) rec["offload"] = offload_;
+  rec.update(o.losses);
+  if (!r.sampling.is_null()) rec.update(r.sampling);
+  if (c_.overlong_buffer_len > 0)
+    rec["overlong_penalty"] = e.overlong_penalty.mean().item<double>();
+  return rec;
+}
+
+// A few generations of the step, spread over its prompts, to read beside the numbers.
+void PpoJob::write_samples(int64_t step, const StepOutcome& o, MetricsSink& metrics) const {
+  const Rollout& r = o.r;
+  const int64_t b = r.sequences.size(0), k = std::min(b, spec_.get_int("logger.samples_per_step"));
+  if (k <= 0) return;
+  json rows = json::array();
+  for (int64_t j = 0; j < k; ++j) {
+    const auto i = static_cast<size_t>(j * b / k);
+    rows.push_back({{"prompt", r.prompts[i]},
+                    {"response", r.responses[i]},
+                    {"reward", o.e.scores[static_cast<int64_t>(i)].item<double>()}});
+  }
+  metrics.samples(step, rows);
+}
+
+}  // namespace rlhf::ppo::job

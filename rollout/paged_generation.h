@@ -1,0 +1,142 @@
+// Continuous batching over one models::PagedKvCache (Generator::generate_paged, see
+// generator.h): a batcher that decides which rows of a request wait, run and finish.
+//
+// The schedule, as vLLM's (v0) scheduler with recompute preemption:
+// - waiting: prompts not yet started, and preempted rows (first, oldest first);
+// - a prompt is admitted when max_num_seqs leaves room for its n samples and the pool has
+//   blocks for its tokens (plus a small watermark while others run); it is prefilled once,
+//   its first token sampled for every sample, and its n sequences share the prompt's blocks;
+// - each decode step feeds every running row its last token; a row that needs a block when
+//   none is free first waits for finished rows to be released, then the latest-admitted row
+//   is preempted: its blocks return to the pool and it waits to be prefilled again with its
+//   prompt and the tokens it had (its sampled tokens stay; the next one continues its
+//   stream), so preemption changes no output;
+// - finished rows leave at the next check of the device (every step on the CPU, every
+//   sync_interval on a GPU) and new prompts join in their place.
+//
+// Called a batcher, not a scheduler: scheduler/ is the job's orchestration. Does not size
+// the pool or assemble the output (generate_paged does).
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "models/causal_lm.h"
+#include "models/paged_kv_cache.h"
+#include "rollout/generator.h"
+#include "rollout/sampling.h"
+
+namespace rlhf::rollout {
+
+class PagedDecoder;
+
+class PagedBatcher {
+ public:
+  struct Limits {
+    int64_t n_samples = 1;         // rows per prompt: row p * n + s is sample s of prompt p
+    int64_t max_new_tokens = 1;    // R: a row ends after this many tokens, or a stop token
+    int64_t max_seqs = 1;          // rows decoding at once (rollout.max_num_seqs)
+    int64_t micro_batch_size = 1;  // waiting items per prefill forward
+    int64_t watermark = 1;         // blocks left free when admitting while others run
+    int64_t block_bytes = 0;       // bytes of one block, for the peak
+    int64_t pad_token_id = 0;      // left padding of prefill batches
+  };
+  // A waiting item: a whole prompt (its n rows), or one preempted row.
+  struct Waiting {
+    int64_t prompt = -1;
+    int64_t row = -1;
+  };
+
+  // prompts: each prompt's tokens, no padding (every prompt waits, in order). The batcher
+  // samples with `sampler` and writes the rows' tokens, log-probs and lengths into `outputs`
+  // (Generator::DecodeState for the request's rows, on the model's device); `decoder`, when
+  // not null, runs the decode steps padded (CUDA graphs on a GPU). All must outlive it.
+  PagedBatcher(models::CausalLM& model, models::PagedKvCache& cache, Sampler& sampler,
+               PagedDecoder* decoder, Generator::DecodeState outputs,
+               std::vector<std::vector<int64_t>> prompts, Limits limits);
+
+  // Generates every row to its end: admits, decodes one position per running row per step,
+  // and every `check_every` steps reads which rows ended, releases them and admits more.
+  // Throws c10::Error when one sequence needs more blocks than the pool has.
+  void run(int64_t check_every);
+
+  // The items the next prefill takes from the front of the waiting queue, in order: while
+  // max_seqs leaves room for each (a prompt is n rows, a preempted row one) and the free
+  // blocks hold its tokens plus the watermark (no watermark for the first item when nothing
+  // runs: only the blocks themselves matter then), at most micro_batch_size. Stops at the
+  // first item that does not fit (first come, first served). Changes nothing.
+  std::vector<Waiting> admissible() const;
+
+  const std::deque<Waiting>& waiting() const { return waiting_; }
+  const std::vector<int64_t>& running() const { return running_; }  // rows, decode order
+  // Prefill time, preemptions, recomputed tokens, decode steps, peak KV bytes so far (the
+  // caller adds the rest).
+  const GenerationTimings& timings() const { return timings_; }
+  // Tokens sampled by live rows in decode steps ([] int64 on the model's device).
+  const torch::Tensor& decode_tokens() const { return live_tokens_; }
+
+ private:
+  // One output row's place in the schedule.
+  struct RowState {
+    int64_t seq = -1;              // its PagedKvCache sequence; -1 while not resident
+    int64_t sampled = 0;           // tokens sampled so far
+    bool done = false;             // ended (stop token or max_new_tokens), blocks released
+    std::vector<int64_t> history;  // preempted: the tokens it had sampled (host copy)
+  };
+
+  // Tokens the item's sequence holds after its prefill.
+  int64_t held_tokens(const Waiting& w) const;
+  // Admits waiting items while sequences and blocks allow, one prefill per admissible().
+  void admit();
+  // Prefills the admitted items in one forward and adds their rows to running_.
+  void prefill(const std::vector<Waiting>& items);
+  // What each item's sequence holds after prefill: a prompt's tokens, or a preempted row's
+  // prompt and every sampled token but the last (which the next decode step feeds).
+  std::vector<std::vector<int64_t>> prefill_tokens(const std::vector<Waiting>& items);
+  // After a prefill of `items` into sequences `seqs` with last-position logits [b, V]: new
+  // prompts fork to their n rows and sample their first tokens; preempted rows resume.
+  void start_rows(const std::vector<Waiting>& items, const std::vector<int64_t>& seqs,
+                  const torch::Tensor& logits);
+  // First tokens of `first_rows` from logits rows `from`; the rows join running_.
+  void sample_first_tokens(const std::vector<int64_t>& first_rows, const std::vector<int64_t>& from,
+                           const torch::Tensor& logits);
+  // Ends rows that sampled max_new_tokens, without asking the device.
+  void finish_full_rows();
+  // One position for every running row; short of blocks, first releases rows that ended,
+  // then preempts from the back (the row being served may be the one preempted).
+  void reserve_decode_positions();
+  // One decode step of every running row: forward, sample, write outputs, liveness.
+  void decode_step();
+  // Reads liveness (the loop's wait for the device) and releases rows that ended.
+  void release_finished();
+  // Evicts the latest-admitted running row: its blocks go back, it waits to be recomputed.
+  void preempt_last();
+  void finish_row(int64_t row);
+  // Keeps running positions `keep` (host indices into running_), in order.
+  void keep_running(const std::vector<int64_t>& keep);
+  void note_peak();
+
+  models::CausalLM& model_;
+  models::PagedKvCache& cache_;
+  Sampler& sampler_;
+  PagedDecoder* decoder_;
+  Generator::DecodeState out_;
+  std::vector<std::vector<int64_t>> prompts_;
+  Limits limits_;
+  torch::Device device_;
+
+  std::vector<RowState> rows_;
+  std::deque<Waiting> waiting_;
+  // Running rows in decode order (admission order), with their next token [C] and liveness
+  // [C] on the device, aligned with running_.
+  std::vector<int64_t> running_;
+  torch::Tensor next_;
+  torch::Tensor live_;
+  torch::Tensor live_tokens_;  // [] int64
+  GenerationTimings timings_;
+};
+
+}  // namespace rlhf::rollout
