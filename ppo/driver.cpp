@@ -257,8 +257,10 @@ void PpoJob::run(Scheduler& s, std::ostream& out) {
   s.progress().begin("sending the actor's weights to the rollout group");
   sync_weights(s);
   before_generating(s);
-  // Held-out accuracy before training (or at the resumed step), every eval.steps, at the end.
-  if (!eval_prompts_.empty()) evaluate(s, step, metrics, out);
+  // Held-out accuracy before training (or at the resumed step unless the interrupted run
+  // logged it already), every eval.steps, at the end.
+  if (!eval_prompts_.empty() && !(options_.resume && evaluated_at(step)))
+    evaluate(s, step, metrics, out);
   run_steps(s, step, metrics, out);
   if (c_.export_hf) export_actor(s, out);
   out << "ppo: done; metrics in " << metrics.path() << std::endl;

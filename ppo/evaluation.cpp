@@ -2,6 +2,8 @@
 // eval.n_samples sampled), scored by the job's reward sources; accuracy is the accuracy
 // source at its full score. Writes an eval record and a console line.
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "core/metrics.h"
@@ -27,6 +29,17 @@ Rollout PpoJob::eval_rollout(Scheduler& s, const PromptBatch& batch, double temp
                        .tensor("scores");
   score_rewards(r, model_scores);
   return r;
+}
+
+bool PpoJob::evaluated_at(int64_t step) const {
+  std::ifstream in(std::filesystem::path(run_dir_) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (rec.is_object() && rec.value("split", "") == "eval" &&
+        rec.value("step", int64_t{-1}) == step)
+      return true;
+  }
+  return false;
 }
 
 void PpoJob::evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out) {

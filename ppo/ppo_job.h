@@ -207,6 +207,9 @@ class PpoJob {
   // sources; writes an eval record ({"split": "eval", "accuracy", "reward", ...}) and a
   // console line.
   void evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out);
+  // Whether metrics.jsonl already holds the eval record of `step` (a resumed run keeps the
+  // records up to its checkpoint, so the evaluation at the resumed step may have run).
+  bool evaluated_at(int64_t step) const;
   // The held-out batch generated at `temperature`, n per prompt, and scored.
   Rollout eval_rollout(Scheduler& s, const PromptBatch& batch, double temperature, int64_t n);
 

@@ -153,6 +153,34 @@ TEST_F(PpoJob, ResumeContinuesTheSameTrajectory) {
     EXPECT_NEAR(a[2][key].get<double>(), b[2][key].get<double>(), 1e-4) << key;
 }
 
+TEST_F(PpoJob, ResumedRunEvaluatesEachStepOnce) {
+  // 2 steps with a checkpoint each step and a held-out evaluation at steps 0 and 2 (the
+  // end), then --resume to step 3. The resumed run starts at step 2, whose evaluation the
+  // first run logged; it must not log it again (before the fix: evals at 0, 2, 2, 3).
+  const std::vector<std::string> common = {"--set", "data.prompt_dataset=synthetic:arith",
+                                           "--set", "data.eval_dataset=synthetic:arith_test",
+                                           "--set", "eval.steps=2",
+                                           "--set", "eval.max_samples=8",
+                                           "--set", "ckpt.save_steps=1",
+                                           "--set", "ckpt.export_hf=false",
+                                           "--set", "reward.rule=math"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.begin(), common.begin(), common.end());
+    return a;
+  };
+  Result first = run("evals", with({"--set", "train.max_steps=2"}), "examples/grpo_tiny.json");
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  Result second =
+      run("evals", with({"--set", "train.max_steps=3", "--resume"}), "examples/grpo_tiny.json");
+  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
+  EXPECT_EQ(second.out.find("eval after step 2"), std::string::npos) << second.out;
+  std::vector<int64_t> eval_steps, train_steps;
+  for (auto& m : read_metrics(run_dir("evals") / "metrics.jsonl"))
+    (m.value("split", "") == "eval" ? eval_steps : train_steps).push_back(m["step"].get<int64_t>());
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_EQ(train_steps, (std::vector<int64_t>{1, 2, 3}));
+}
+
 TEST_F(PpoJob, RolloutColocatedWithTheActor) {
   // Asked for, the rollout group shares the actor's device instead of its own slot. The
   // sleep-mode keys are accepted on cpu nodes and move nothing (host memory is the same
