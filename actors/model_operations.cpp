@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -55,7 +56,51 @@ json memory_json(const ModelRole& role) {
     j["params"] = bytes;
     j["peak_tensor_bytes"] = bytes;
   }
+  // As the GPU's cuda.phases: per operation, {"peak_tensor_bytes": N}.
+  json phases = json::object();
+  for (const auto& [op, bytes] : role.tensor_phases) phases[op] = {{"peak_tensor_bytes", bytes}};
+  j["tensor_phases"] = phases;
   return j;
+}
+
+// Starts a tracked-tensor window on the role's tracker (none before init).
+void begin_tensor_window(ModelRole& role) {
+  if (role.trainer)
+    role.trainer->begin_memory_window();
+  else if (role.sharded)
+    role.sharded->begin_memory_window();
+}
+
+// The tracked-tensor peak since begin_tensor_window (a tracker built during the operation,
+// as init's, counts from its construction), or the weights of an unsharded model; -1
+// before a model exists.
+int64_t tensor_window_peak(const ModelRole& role) {
+  if (role.trainer) return role.trainer->memory_report().window_peak;
+  if (role.sharded) return role.sharded->memory_report().window_peak;
+  if (!role.model) return -1;
+  int64_t bytes = 0;
+  for (const auto& p : role.model->parameters()) bytes += p.numel() * p.element_size();
+  return bytes;
+}
+
+// Wraps every operation registered since `before` to keep its tracked peak per name.
+void record_tensor_phases(OperationRegistry& registry, const std::vector<std::string>& before,
+                          const std::shared_ptr<ModelRole>& role) {
+  for (const auto& name : registry.names()) {
+    if (std::find(before.begin(), before.end(), name) != before.end()) continue;
+    registry.wrap(name, [role, name](Operation op) -> Operation {
+      return [role, name, op](const Message& req, const WorkerIdentity& self) {
+        begin_tensor_window(*role);
+        Message reply = op(req, self);
+        const int64_t peak = tensor_window_peak(*role);
+        if (peak >= 0) {
+          int64_t& most = role->tensor_phases[name];
+          most = std::max(most, peak);
+        }
+        return reply;
+      };
+    });
+  }
 }
 
 std::string read_text(const std::string& path) {
@@ -464,6 +509,7 @@ json step_metrics_json(const engine::StepMetrics& m) {
 
 std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
   auto role = std::make_shared<ModelRole>();
+  const std::vector<std::string> before = registry.names();
   registry.add("init", [role](const Message& req, const WorkerIdentity& self) {
     return init(*role, req, self);
   });
@@ -563,6 +609,7 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     return reply;
   });
   add_offline_operations(registry, role);  // dpo, sft, rm
+  record_tensor_phases(registry, before, role);
   return role;
 }
 

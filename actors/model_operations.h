@@ -11,7 +11,9 @@
 // T-A-1+t (the state before the action).
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 
 #include "actors/operation_registry.h"
 #include "engine/role_config.h"
@@ -33,6 +35,10 @@ struct ModelRole {
   torch::Device device = torch::kCPU;                 // the worker's: cuda:0 on a GPU node
   std::unique_ptr<transport::CollectiveGroup> sync_group;  // actor rank 0 -> rollout ranks
   int64_t weight_version = 0;                              // pushes done so far
+  // Per operation name, the largest tracked-tensor peak over its calls (the trainer's or
+  // the sharded inference's MemoryTracker, from the operation's start; an unsharded
+  // untrained model: its weights). CPU and GPU alike; metrics.jsonl's tensor_phases.
+  std::map<std::string, int64_t> tensor_phases;
 
   // Throws RuntimeError when `init` has not run yet.
   models::CausalLM& checked_model(const std::string& op) const;
@@ -42,7 +48,8 @@ struct ModelRole {
 // peak_tensor_bytes.
 nlohmann::json step_metrics_json(const engine::StepMetrics& m);
 
-// Registers the model operations on a shared ModelRole (created empty; `init` fills it).
+// Registers the model operations on a shared ModelRole (created empty; `init` fills it),
+// each wrapped to record its tracked-tensor peak in ModelRole::tensor_phases.
 // Returns the role state so other operations of the worker (weight sync) can reach it.
 std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry);
 

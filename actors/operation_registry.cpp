@@ -15,6 +15,14 @@ const Operation* OperationRegistry::find(const std::string& name) const {
   return it == operations_.end() ? nullptr : &it->second;
 }
 
+void OperationRegistry::wrap(const std::string& name,
+                             const std::function<Operation(Operation)>& wrapper) {
+  auto it = operations_.find(name);
+  if (it == operations_.end())
+    throw std::logic_error("cannot wrap operation \"" + name + "\": not registered");
+  it->second = wrapper(std::move(it->second));
+}
+
 std::vector<std::string> OperationRegistry::names() const {
   std::vector<std::string> out;
   for (const auto& [name, op] : operations_) out.push_back(name);

@@ -31,6 +31,9 @@ class OperationRegistry {
   void add(const std::string& name, Operation operation);
   // nullptr when no operation has that name.
   const Operation* find(const std::string& name) const;
+  // Replaces `name`'s handler with wrapper(handler) (measurements around an operation).
+  // Throws std::logic_error when no operation has that name.
+  void wrap(const std::string& name, const std::function<Operation(Operation)>& wrapper);
   std::vector<std::string> names() const;
 
  private:

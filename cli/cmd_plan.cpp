@@ -176,6 +176,24 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
   }
 }
 
+// Per phase, the tracked tensors (the MemoryTracker's bytes) planned and measured.
+void print_tensor_phases(const std::vector<engine::MemoryCheckRow>& rows) {
+  TextTable ph({"role", "rank", "phase", "planned tensor", "measured tensor", "error"});
+  bool any = false;
+  for (const auto& r : rows) {
+    for (const auto& p : r.tensor_phases) {
+      any = true;
+      ph.add({r.role, std::to_string(r.rank), p.phase, mib(p.planned),
+              p.measured < 0 ? "-" : mib(p.measured), p.measured < 0 ? "-" : percent(p.error())});
+    }
+  }
+  if (!any) return;
+  std::cout << "\nBy phase: the tracked tensors' peak over each phase's operations vs the plan's "
+               "tracked bytes of that phase\n(model states, gathered units, collective buffers; "
+               "the metrics' tensor_phases)\n\n"
+            << ph.str();
+}
+
 int check_run(const std::string& run_dir, bool as_json) {
   const auto rows = engine::check_run_memory(run_dir);
   if (as_json) {
@@ -187,6 +205,12 @@ int check_run(const std::string& run_dir, bool as_json) {
                           {"planned_cuda_allocated", p.planned},
                           {"measured_cuda_allocated", p.measured},
                           {"error", p.error()}});
+      nlohmann::json tensor_phases = nlohmann::json::array();
+      for (const auto& p : r.tensor_phases)
+        tensor_phases.push_back({{"phase", p.phase},
+                                 {"planned_tensor", p.planned},
+                                 {"measured_tensor", p.measured},
+                                 {"error", p.error()}});
       out.push_back({{"role", r.role},
                      {"rank", r.rank},
                      {"device", r.device},
@@ -199,7 +223,8 @@ int check_run(const std::string& run_dir, bool as_json) {
                      {"planned_cuda_allocated", r.planned_cuda},
                      {"measured_cuda_allocated", r.measured_cuda},
                      {"cuda_error", r.cuda_error()},
-                     {"phases", phases}});
+                     {"phases", phases},
+                     {"tensor_phases", tensor_phases}});
     }
     std::cout << out.dump(2) << '\n';
     return 0;
@@ -216,6 +241,7 @@ int check_run(const std::string& run_dir, bool as_json) {
            r.measured_rss < 0 ? "-" : mib(r.measured_rss),
            r.measured_rss < 0 ? "-" : percent(r.rss_error())});
   std::cout << t.str();
+  print_tensor_phases(rows);
   bool gpu = false;
   for (const auto& r : rows) gpu |= r.measured_cuda >= 0;
   if (gpu) {

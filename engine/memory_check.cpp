@@ -68,11 +68,13 @@ double MemoryCheckRow::Phase::error() const {
 
 std::string phase_of_operation(const std::string& op) {
   static const std::map<std::string, std::string> kPhases = {
-      {"generate", "generate"}, {"log_probs", "score"},   {"values", "score"},
-      {"score", "score"},       {"train_actor", "train"}, {"train_critic", "train"},
-      {"train", "train"},       {"sync_weights", "sync"}, {"push_weights", "sync"},
-      {"save", "save"},         {"export_hf", "save"},    {"load_model", "load"},
-      {"init", "load"}};
+      {"generate", "generate"}, {"log_probs", "score"},          {"values", "score"},
+      {"score", "score"},       {"train_actor", "train"},        {"train_critic", "train"},
+      {"train", "train"},       {"sync_weights", "sync"},        {"push_weights", "sync"},
+      {"save", "save"},         {"export_hf", "save"},           {"load_model", "load"},
+      {"init", "load"},         {"sequence_log_probs", "score"}, {"sequence_scores", "score"},
+      {"train_dpo", "train"},   {"train_kto", "train"},          {"train_sft", "train"},
+      {"train_rm", "train"}};
   auto it = kPhases.find(op);
   return it == kPhases.end() ? "" : it->second;
 }
@@ -92,21 +94,46 @@ std::map<std::string, int64_t> planned_cuda_phases(const json& role) {
   return out;
 }
 
-// Folds one rank's measured cuda_phases (per operation) into its row's per-phase peaks.
-void add_measured_phases(const json& role_plan, const json& cuda_phases, MemoryCheckRow& r) {
-  const auto planned = planned_cuda_phases(role_plan);
-  for (const auto& [op, peaks] : cuda_phases.items()) {
+// The plan's tracked bytes per phase (plan.json's engine_phases; empty for the rollout).
+std::map<std::string, int64_t> planned_engine_phases(const json& role) {
+  std::map<std::string, int64_t> out;
+  if (!role.contains("engine_phases")) return out;
+  for (const auto& [phase, bytes] : role["engine_phases"].items())
+    out[phase] = bytes.get<int64_t>();
+  return out;
+}
+
+// Folds one rank's measured per-operation peaks (cuda_phases: `key` peak_allocated_bytes;
+// tensor_phases: peak_tensor_bytes) into `out`, one entry per phase the plan has. A phase's
+// planned figure is its own, or with `per_op` (engine_operations) the largest of those of
+// the operations that ran in it.
+void add_measured_phases(const std::map<std::string, int64_t>& planned, const json& measured,
+                         const char* key, std::vector<MemoryCheckRow::Phase>& out,
+                         const json& per_op = json::object()) {
+  for (const auto& [op, peaks] : measured.items()) {
     const std::string phase = phase_of_operation(op);
     auto plan_it = planned.find(phase);
     if (phase.empty() || plan_it == planned.end()) continue;
-    auto it = std::find_if(r.phases.begin(), r.phases.end(),
+    const int64_t op_planned = per_op.contains(op) ? per_op[op].get<int64_t>() : plan_it->second;
+    auto it = std::find_if(out.begin(), out.end(),
                            [&](const MemoryCheckRow::Phase& p) { return p.phase == phase; });
-    if (it == r.phases.end()) {
-      r.phases.push_back({phase, plan_it->second, -1});
-      it = r.phases.end() - 1;
+    if (it == out.end()) {
+      out.push_back({phase, op_planned, -1});
+      it = out.end() - 1;
     }
-    it->measured = std::max(it->measured, peaks.value("peak_allocated_bytes", int64_t{-1}));
+    it->planned = std::max(it->planned, op_planned);
+    it->measured = std::max(it->measured, peaks.value(key, int64_t{-1}));
   }
+}
+
+// The step's order (load, generate, score, train, sync, save) rather than the operations'.
+void sort_phases(std::vector<MemoryCheckRow::Phase>& phases) {
+  const auto order = step_phases(true);
+  auto rank = [&](const MemoryCheckRow::Phase& p) {
+    return std::find(order.begin(), order.end(), p.phase) - order.begin();
+  };
+  std::stable_sort(phases.begin(), phases.end(),
+                   [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
 }
 
 }  // namespace
@@ -154,10 +181,20 @@ std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
         if (m.contains("cuda_peak_allocated_bytes"))
           r.measured_cuda =
               std::max(r.measured_cuda, m["cuda_peak_allocated_bytes"].get<int64_t>());
-        if (m.contains("cuda_phases")) add_measured_phases(roles[role], m["cuda_phases"], r);
+        if (m.contains("cuda_phases"))
+          add_measured_phases(planned_cuda_phases(roles[role]), m["cuda_phases"],
+                              "peak_allocated_bytes", r.phases);
+        if (m.contains("tensor_phases"))
+          add_measured_phases(planned_engine_phases(roles[role]), m["tensor_phases"],
+                              "peak_tensor_bytes", r.tensor_phases,
+                              roles[role].value("engine_operations", json::object()));
       }
     }
   });
+  for (auto& r : rows) {
+    sort_phases(r.phases);
+    sort_phases(r.tensor_phases);
+  }
   if (rows.empty())
     throw InputError(metrics.string() + ": no memory records (did the run reach a logging step?)");
   return rows;

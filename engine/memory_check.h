@@ -51,9 +51,16 @@ struct MemoryCheckRow {
     double error() const;
   };
   std::vector<Phase> phases;
+  // Every model worker (CPU and GPU), per phase: the plan's engine_phases (the bytes its
+  // MemoryTracker counts in that phase) and the largest tensor_phases peak over the phase's
+  // operations. On the CPU machine these match to the byte where the plan replays the engine.
+  std::vector<Phase> tensor_phases;
 };
 
-// The phase of the step a worker operation belongs to ("" for bookkeeping operations).
+// The phase of the step a worker operation belongs to ("" for bookkeeping operations):
+// generate; log_probs, values, score, sequence_log_probs, sequence_scores: score;
+// train_actor, train_critic, train_dpo/kto/sft/rm: train; sync_weights, push_weights: sync;
+// save, export_hf: save; load_model, init: load.
 std::string phase_of_operation(const std::string& op);
 
 // Reads <run_dir>/plan.json and <run_dir>/metrics.jsonl. Throws InputError naming the

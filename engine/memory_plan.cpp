@@ -296,6 +296,8 @@ json MemoryTerms::to_json() const {
           {"save_peak", save_peak},
           {"kv_sequences", kv_sequences},
           {"phases", phases},
+          {"engine_phases", engine_phases},
+          {"engine_operations", engine_operations},
           {"peak_phase", peak_phase()}};
 }
 
@@ -311,7 +313,30 @@ std::vector<int64_t> unit_numels(const models::ModelConfig& c) {
   return units;
 }
 
+std::vector<int64_t> largest_param_numels(const models::ModelConfig& c) {
+  const int64_t H = c.hidden_size, q = c.num_attention_heads * c.head_dim;
+  std::vector<int64_t> out = {c.vocab_size * H};
+  const int64_t layer = std::max({H * q, q * H, H * c.intermediate_size});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) out.push_back(layer);
+  const bool lm_head = c.head == models::HeadKind::kLanguageModel && !c.tie_word_embeddings;
+  out.push_back(lm_head ? c.vocab_size * H : H);
+  return out;
+}
+
 namespace {
+
+// A forward without grad over ZeRO-3 shards (ShardedInference, or a stage-3 trainer's
+// scoring): one unit gathered at a time, padded to N ranks, in the compute dtype; the head
+// with unit 0 beside it when the embeddings are tied.
+int64_t inference_gathered(const std::vector<int64_t>& units, int64_t N, int64_t e, bool tied) {
+  int64_t most = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    int64_t set = e * div_up(units[u], N) * N;
+    if (u + 1 == units.size() && tied) set += e * div_up(units[0], N) * N;
+    most = std::max(most, set);
+  }
+  return most;
+}
 
 // Positions a scoring forward runs the LM head on: PPO scores the response's positions only
 // (actors/model_operations.cpp), other jobs every position but the last.
@@ -343,6 +368,8 @@ int64_t one_sequence_kv_bytes(const RoleMemoryInput& in) {
   return per_token * capacity * (in.n_samples + 1);
 }
 
+void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t);
+
 // Weights, one inference micro batch (ref, reward) or the KV cache and decode buffers
 // (rollout), for a role that does not train.
 void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
@@ -361,14 +388,11 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
       const int64_t N = in.group_size;
       int64_t largest_shard = 0;
       t.weights = 0;
-      for (size_t u = 0; u < units.size(); ++u) {
-        const int64_t shard = div_up(units[u], N);
-        t.weights += e * shard;
-        largest_shard = std::max(largest_shard, shard);
-        int64_t set = e * shard * N;
-        if (u + 1 == units.size() && c.tie_word_embeddings) set += e * div_up(units[0], N) * N;
-        gathered = std::max(gathered, set);
+      for (int64_t n : units) {
+        t.weights += e * div_up(n, N);
+        largest_shard = std::max(largest_shard, div_up(n, N));
       }
+      gathered = inference_gathered(units, N, e, c.tie_word_embeddings);
       t.gathered = gathered;
       t.load = e * largest_shard;  // one slice in flight beside the shards
       t.engine_peak = t.weights + gathered;
@@ -379,8 +403,19 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
                                    in.logits_chunk_tokens, e, false);
     t.step_peak = gathered + t.activations + t.log_probs;
     t.score_peak = t.step_peak;
+    // The tracker (ShardedInference) counts the shards, and a unit gathered while scoring;
+    // its load slice goes before the unit's shard is counted, so the load adds nothing.
+    for (const auto& phase : step_phases(in.ppo))
+      t.engine_phases[phase] = t.weights + (phase == "score" ? gathered : 0);
     return;
   }
+  plan_generation(in, numel, t);
+}
+
+// The rollout's KV cache, decode buffers and sync bucket (weights set by plan_untrained).
+void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
+  const models::ModelConfig& c = in.model;
+  const int64_t e = in.compute_bytes;
   // Generation. A tensor-parallel rank's layers (and so its KV cache and one layer's working
   // set) are those of the shard config; its logits are gathered to the whole vocabulary.
   const int tp = in.tensor_parallel;
@@ -455,6 +490,9 @@ void plan_untrained(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   t.sync = sync_receive_bytes(in, numel);
 }
 
+void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
+                        int64_t score_gathered, MemoryTerms& t);
+
 // Model states, engine transients, activations and the phases of a training step.
 void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
                   MemoryTerms& t) {
@@ -512,28 +550,67 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   const int64_t activation_phase = t.activations + t.log_probs + grads_in_flight + gathered_then;
   const int64_t unreduced = in.checkpointing ? e * (units.front() + units.back()) : e * numel;
   const int64_t reduction_phase = unreduced + t.gathered + t.buffers;
+  // A scoring forward (no grad) at stage 3 gathers one unit at a time (Trainer::before_unit,
+  // released by after_unit: no graph holds it).
+  const int64_t score_gathered =
+      stage == 3 ? inference_gathered(units, in.group_size, e, c.tie_word_embeddings) : 0;
   int64_t scoring_phase = 0;  // PPO: the trained roles also score experience without grad
   if (in.infer_micro_batch > 0) {
     scoring_phase = inference_bytes(c, in.infer_micro_batch, in.seq_len, e, in.device_kind) +
                     (lm ? log_prob_bytes(c, in.infer_micro_batch, scored_positions(in),
                                          in.logprob_chunk, in.logits_chunk_tokens, e, false)
                         : 0) +
-                    (stage == 3 ? e * div_up(units.front(), in.group_size) * in.group_size : 0);
+                    score_gathered;
   }
   t.step_peak = std::max({activation_phase, reduction_phase, scoring_phase});
   t.train_peak = std::max(activation_phase, reduction_phase);
   t.score_peak = scoring_phase;
-  // Saving and the weight sync: ZeRO-3 gathers one unit at a time, whole, in the compute
-  // dtype (export and sync); ZeRO 1/2 ranks hold the weights whole already.
+  plan_sync_and_save(in, units, numel, score_gathered, t);
+}
+
+// A trained role's weight sync and save transients, and what its tracker counts per phase.
+void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
+                        int64_t score_gathered, MemoryTerms& t) {
+  const models::ModelConfig& c = in.model;
+  const int64_t e = in.compute_bytes;
+  const int stage = std::clamp(in.zero_stage, 1, 3);
+  // The weight sync: ZeRO-3 gathers one unit at a time, whole, in the compute dtype; ZeRO 1/2
+  // ranks hold the weights whole already.
   const int64_t largest_unit = *std::max_element(units.begin(), units.end());
   const int64_t unit_gathered =
       stage == 3 ? e * div_up(largest_unit, in.group_size) * in.group_size : 0;
-  t.save_peak = unit_gathered;
+  // Saving: a checkpoint writes each rank's shards as they are; export_hf (Trainer::export_hf)
+  // all-gathers one unit's FP32 master [padded] on the device at every stage and converts one
+  // parameter at a time to the compute dtype in host memory (a GPU does not hold it; in FP32
+  // on a CPU it is a view, no copy), which the tracker counts either way.
+  const std::vector<int64_t> params = largest_param_numels(c);
+  const bool copies = in.device_kind == DeviceKind::kCpu && e != 4;
+  int64_t export_device = 0, export_tracked = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t full = 4 * div_up(units[u], in.group_size) * in.group_size;
+    export_device = std::max(export_device, full + (copies ? e * params[u] : 0));
+    export_tracked = std::max(export_tracked, full + e * params[u]);
+  }
+  t.save_peak = export_device;
   if (in.sends_weights) {
     const int64_t bucket = std::min(in.sync_bucket_bytes, e * numel);
     t.sync = unit_gathered + bucket;
     t.sync_outside = in.sync_over_ipc && in.device_kind == DeviceKind::kCuda ? bucket : 0;
   }
+  // What the trainer's MemoryTracker counts in each phase: the states (host ones too) in
+  // every phase (a unit's load slice goes before its states are counted, so load adds
+  // nothing); a gathered unit while scoring and sending weights (ZeRO-3); the engine's
+  // replayed peak in training; the export's unit and conversion buffer in saving.
+  const int64_t states = t.weights + t.master + t.optimizer + t.grads + t.host;
+  for (const auto& phase : step_phases(in.ppo)) {
+    int64_t bytes = states;
+    if (phase == "score") bytes += score_gathered;
+    if (phase == "train") bytes = t.engine_peak;
+    if (phase == "sync" && in.sends_weights) bytes += unit_gathered;
+    if (phase == "save") bytes += export_tracked;
+    t.engine_phases[phase] = bytes;
+  }
+  t.engine_operations = {{"save", states}, {"export_hf", states + export_tracked}};
 }
 
 // What one rank holds in each phase of the step: what stays on the device (overhead, NCCL,

@@ -106,12 +106,24 @@ struct MemoryTerms {
   int64_t sync_outside = 0;  // of `sync`, a CUDA IPC bucket (raw cudaMalloc, outside the allocator)
   int64_t train_peak = 0;    // trained roles: the larger of the activation and reduction phases
   int64_t score_peak = 0;    // the scoring forward's transient (0: the role does not score)
-  int64_t save_peak = 0;     // trained roles: a unit gathered whole to write it
+  int64_t save_peak = 0;     // trained roles: export_hf's FP32 unit gathered whole (+ on cpu
+                             // the one parameter converted to write it)
   int64_t kv_sequences = 0;  // rollout: full-length sequences the KV cache holds
   // Bytes this rank holds in each phase of a step ("load", "generate", "score", "train",
   // "sync", "save"): what stays (overhead, states, weights, less what sleep mode moves out)
   // plus the phase's transient. device_total() is the largest.
   std::map<std::string, int64_t> phases;
+  // Of each phase, the bytes the role's MemoryTracker counts (trainer: model states, host
+  // ones included, + gathered units + collective buffers; ZeRO-3 ref/reward: shards +
+  // gathered units; other ref/reward: the weights): what the worker measures per phase as
+  // tensor_phases. Activations, log-prob chunks, KV cache and overhead are not tracked.
+  // Empty for the rollout (no tracker).
+  std::map<std::string, int64_t> engine_phases;
+  // Operations whose tracked bytes are below their phase's: in the save phase a checkpoint
+  // ("save") writes the shards as they are, and only "export_hf" gathers. `rlhf plan --check`
+  // pairs a measured operation with its own figure (the metrics records come before each
+  // step's save and the run's final export, so a run shows checkpoints only).
+  std::map<std::string, int64_t> engine_operations;
 
   // cuda: the caching allocator's planned peak (device_total less the CUDA context, which
   // the allocator does not see); 0 on cpu. Measured as cuda_peak_allocated_bytes.
@@ -128,6 +140,11 @@ struct MemoryTerms {
 // layer, the head (final norm + lm_head or value head; no lm_head when tied), as
 // models::CausalLM::param_units lays them out.
 std::vector<int64_t> unit_numels(const models::ModelConfig& config);
+
+// The largest single parameter of each unit of unit_numels (the one tensor export_hf
+// converts at a time): embeddings V x H, a layer's largest projection, the head's lm_head
+// (or its norm when tied, its value head).
+std::vector<int64_t> largest_param_numels(const models::ModelConfig& config);
 
 // One rank's terms for one role.
 MemoryTerms plan_role(const RoleMemoryInput& in);

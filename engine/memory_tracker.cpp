@@ -9,6 +9,7 @@ void MemoryTracker::add(MemoryKind kind, int64_t bytes) {
   bytes_[static_cast<int>(kind)] += bytes;
   total_ += bytes;
   peak_ = std::max(peak_, total_);
+  window_peak_ = std::max(window_peak_, total_);
 }
 
 MemoryReport MemoryTracker::report() const {
@@ -20,6 +21,7 @@ MemoryReport MemoryTracker::report() const {
   r.gathered = bytes_[static_cast<int>(MemoryKind::kGathered)];
   r.buffers = bytes_[static_cast<int>(MemoryKind::kBuffers)];
   r.peak = peak_;
+  r.window_peak = window_peak_;
   return r;
 }
 

@@ -27,6 +27,9 @@ struct MemoryReport {
   int64_t gathered = 0;
   int64_t buffers = 0;
   int64_t peak = 0;  // the largest total since the last reset (a step, an export)
+  // The largest total since the last begin_window() (a worker operation; the worker's
+  // per-phase tracked peaks, tensor_phases in metrics.jsonl). Independent of `peak`.
+  int64_t window_peak = 0;
   // Model states in ZeRO's sense: params + master + optimizer + grads.
   int64_t model_states() const { return params + master + optimizer + grads; }
 };
@@ -36,6 +39,8 @@ class MemoryTracker {
   void add(MemoryKind kind, int64_t bytes);
   void sub(MemoryKind kind, int64_t bytes) { add(kind, -bytes); }
   void reset_peak() { peak_ = total_; }
+  // Starts a second peak window (one worker operation) without touching reset_peak's.
+  void begin_window() { window_peak_ = total_; }
   int64_t total() const { return total_; }
   MemoryReport report() const;
 
@@ -43,6 +48,7 @@ class MemoryTracker {
   std::array<int64_t, kMemoryKinds> bytes_{};
   int64_t total_ = 0;
   int64_t peak_ = 0;
+  int64_t window_peak_ = 0;
 };
 
 }  // namespace rlhf::engine

@@ -36,7 +36,8 @@ class ShardedInference final : public models::LayerHooks {
   // params: this rank's shards; gathered: the unit(s) live now; peak since reset_peak().
   MemoryReport memory_report() const { return tracker_.report(); }
   void reset_peak() { tracker_.reset_peak(); }
-  int64_t shard_bytes() const;  // this rank's persistent bytes
+  void begin_memory_window() { tracker_.begin_window(); }  // MemoryReport::window_peak
+  int64_t shard_bytes() const;                             // this rank's persistent bytes
 
  private:
   struct Slot {

@@ -81,6 +81,7 @@ class Trainer {
   bool optimizer_state_offloaded() const { return optimizer_offload_.offloaded(); }
 
   MemoryReport memory_report() const { return tracker_.report(); }
+  void begin_memory_window() { tracker_.begin_window(); }  // MemoryReport::window_peak
   // Peak engine bytes and peak measured heap growth during the last export_hf.
   struct ExportMemory {
     int64_t peak_engine_bytes = 0;   // accounted (gathered unit + conversion buffer)

@@ -21,6 +21,8 @@ nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_r
         m["peak_tensor_bytes"] = tensors[rank].args.value("peak_tensor_bytes", int64_t{0});
         // Weights this rank keeps between operations: whole, or its ZeRO shard.
         m["weight_bytes"] = tensors[rank].args.value("params", int64_t{0});
+        // Per operation, the tracked-tensor peak (CPU and GPU workers alike).
+        m["tensor_phases"] = tensors[rank].args.value("tensor_phases", nlohmann::json::object());
       }
       // GPU workers: the CUDA caching allocator's peaks (tensors, and what it reserved from
       // the driver), overall and per phase (operation).

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "test_paths.h"
+#include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
 namespace rlhf::dpo {
@@ -144,6 +145,11 @@ TEST_F(OfflineRun, DpoWithTheReferenceInItsOwnProcess) {
   EXPECT_EQ(m.evals[1]["when"], "after");
   EXPECT_EQ(m.evals[1]["examples"], 256);
   EXPECT_TRUE(fs::exists(run_dir("dpo") / "export" / "actor" / "model.safetensors"));
+  // Issue 28: per phase (the held-out scoring before training is the actor's score phase),
+  // the plan's tracked bytes as measured.
+  const auto compared = test::expect_tracked_phases_match(run_dir("dpo").string());
+  EXPECT_EQ(compared.at("actor"), (std::set<std::string>{"load", "score", "train"}));
+  EXPECT_EQ(compared.at("ref"), (std::set<std::string>{"load", "score"}));
 }
 
 TEST_F(OfflineRun, DpoResumeContinuesAndReusesTheReferenceCache) {
@@ -215,6 +221,9 @@ TEST_F(OfflineRun, DpoOnTwoZero3RanksMatchesOneRank) {
       EXPECT_NEAR(a.steps[i][key].get<double>(), b.steps[i][key].get<double>(), 1e-3)
           << key << " step " << i + 1;
   EXPECT_EQ(b.steps[0]["memory"]["actor"].size(), 2u);
+  // Issue 28 at ZeRO-3: the held-out scoring gathers one unit at a time.
+  const auto compared = test::expect_tracked_phases_match(run_dir("two").string());
+  EXPECT_EQ(compared.at("actor"), (std::set<std::string>{"load", "score", "train"}));
   ASSERT_EQ(b.evals.size(), 2u);
   EXPECT_NEAR(a.evals[1]["eval_loss"].get<double>(), b.evals[1]["eval_loss"].get<double>(), 1e-3);
 }

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "core/errors.h"
 #include "core/spec.h"
+#include "engine/memory_check.h"
 #include "engine/trainer.h"
 #include "models/config.h"
 #include "test_paths.h"
@@ -232,7 +234,8 @@ TEST(MemoryPlan, TensorParallelRolloutRankHoldsItsSlices) {
 
 // The planner against a real one-rank Trainer (BF16, 4 micro batches of 2 x 16): the
 // tracker's peak over a step must equal the planned engine peak to the byte, since both
-// count the same tensors (a mismatch means the planner's replay of ShardedUnit is wrong).
+// count the same tensors (a mismatch means the planner's replay of ShardedUnit is wrong);
+// so must its peak over a scoring forward and over an HF export (engine_phases).
 TEST(MemoryPlan, EnginePeakEqualsTheTrainersTrackedPeak) {
   const fs::path dir =
       fs::temp_directory_path() / ("rlhf_memory_plan_" + std::to_string(::getpid()));
@@ -253,8 +256,29 @@ TEST(MemoryPlan, EnginePeakEqualsTheTrainersTrackedPeak) {
         });
         RoleMemoryInput in = tiny_trainer(stage, 1, checkpointing);
         in.model = rt::tiny_config(tied);
-        EXPECT_EQ(plan_role(in).engine_peak, m.memory.peak)
-            << "stage " << stage << (checkpointing ? " ckpt" : " no ckpt") << (tied ? " tied" : "");
+        const MemoryTerms planned = plan_role(in);
+        const std::string what = "stage " + std::to_string(stage) +
+                                 (checkpointing ? " ckpt" : " no ckpt") + (tied ? " tied" : "");
+        EXPECT_EQ(planned.engine_peak, m.memory.peak) << what;
+        // Per phase (issue 28), as the workers measure it (a window per operation): the train
+        // phase is the step's peak; a forward without grad (the score phase) holds the states
+        // and, at stage 3, one gathered unit (the head with the tied embeddings); export_hf
+        // one FP32 unit and one converted parameter.
+        EXPECT_EQ(planned.engine_phases.at("train"), m.memory.peak) << what;
+        trainer.begin_memory_window();
+        {
+          torch::NoGradGuard no_grad;
+          auto tokens = rt::micro_batch(1, 0, model->config().vocab_size);
+          model->forward(tokens, torch::ones_like(tokens));
+        }
+        EXPECT_EQ(planned.engine_phases.at("score"), trainer.memory_report().window_peak) << what;
+        trainer.begin_memory_window();
+        trainer.export_hf((dir / ("export" + std::to_string(n))).string(),
+                          rt::tiny_config(tied).to_json_text(), torch::kBFloat16);
+        EXPECT_EQ(planned.engine_operations.at("export_hf"), trainer.memory_report().window_peak)
+            << what;
+        EXPECT_EQ(planned.engine_phases.at("save"), planned.engine_operations.at("export_hf"));
+        EXPECT_EQ(planned.engine_phases.at("load"), planned.engine_operations.at("save"));
       }
     }
   }
@@ -653,6 +677,66 @@ TEST(MemoryPlan, SeventyBillionExampleFitsWithTensorParallelRollout) {
   EXPECT_EQ(over.suggestions.front().change.rfind("rollout.tensor_parallel_size=2", 0), 0u)
       << over.suggestions.front().change;
   EXPECT_TRUE(over.suggestions.front().fits);
+}
+
+// check_run_memory on a hand-written run directory (issue 28): per phase, the plan's tracked
+// bytes beside the largest tensor_phases peak over the phase's operations and over every
+// metrics record; bookkeeping operations ("memory") count in no phase; the save phase is
+// planned by the operations that ran in it (a checkpoint's shards, or the export's gather);
+// the rollout (no tracker) has no tracked phases; rows come in the step's phase order.
+TEST(MemoryCheck, PairsPlannedAndMeasuredTrackedBytesPerPhase) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("rlhf_memory_check_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "plan.json") << R"({"spec": "job.json", "memory": {"roles": {
+    "actor": {"engine_peak": 300, "device_total": 1000,
+              "engine_phases": {"load": 200, "generate": 200, "score": 250, "train": 300,
+                                "sync": 200, "save": 400},
+              "engine_operations": {"save": 200, "export_hf": 400}},
+    "rollout": {"engine_peak": 50, "device_total": 500}}}})";
+  // One record per line, as the drivers write them.
+  auto line = [](const char* text) { return nlohmann::json::parse(text).dump() + "\n"; };
+  std::ofstream(dir / "metrics.jsonl")
+      << line(R"({"step": 1, "memory": {"actor": [{"rank": 0, "device": "cpu:0",
+           "peak_tensor_bytes": 300, "peak_rss_bytes": 900, "tensor_phases": {
+           "train_actor": {"peak_tensor_bytes": 300}, "init": {"peak_tensor_bytes": 200},
+           "log_probs": {"peak_tensor_bytes": 240}, "memory": {"peak_tensor_bytes": 999}}}],
+           "rollout": [{"rank": 0, "device": "cpu:0", "peak_rss_bytes": 450}]}})")
+      << line(R"({"step": 2, "memory": {"actor": [{"rank": 0, "device": "cpu:0",
+           "peak_tensor_bytes": 300, "peak_rss_bytes": 950, "tensor_phases": {
+           "log_probs": {"peak_tensor_bytes": 250}, "push_weights": {"peak_tensor_bytes": 250},
+           "save": {"peak_tensor_bytes": 200}}},
+           {"rank": 1, "device": "cpu:1", "peak_tensor_bytes": 300, "tensor_phases": {
+           "export_hf": {"peak_tensor_bytes": 380}, "save": {"peak_tensor_bytes": 200}}}]}})");
+  const auto rows = check_run_memory(dir.string());
+  ASSERT_EQ(rows.size(), 3u);
+  const MemoryCheckRow& a0 = rows[0];
+  EXPECT_EQ(a0.role, "actor");
+  EXPECT_EQ(a0.rank, 0);
+  EXPECT_EQ(a0.measured_tensor, 300);
+  using P = std::tuple<std::string, int64_t, int64_t>;  // phase, planned, measured
+  std::vector<P> got;
+  for (const auto& p : a0.tensor_phases) got.emplace_back(p.phase, p.planned, p.measured);
+  EXPECT_EQ(got, (std::vector<P>{{"load", 200, 200},
+                                 {"score", 250, 250},
+                                 {"train", 300, 300},
+                                 {"sync", 200, 250},
+                                 {"save", 200, 200}}));
+  EXPECT_DOUBLE_EQ(a0.tensor_phases[3].error(), (200.0 - 250.0) / 250.0);
+  EXPECT_DOUBLE_EQ(a0.tensor_phases[1].error(), 0.0);
+  EXPECT_TRUE(a0.phases.empty()) << "no cuda_phases on a CPU worker";
+  const MemoryCheckRow& a1 = rows[2];
+  EXPECT_EQ(a1.rank, 1);
+  ASSERT_EQ(a1.tensor_phases.size(), 1u);
+  EXPECT_EQ(a1.tensor_phases[0].phase, "save");
+  EXPECT_EQ(a1.tensor_phases[0].planned, 400) << "the export ran: the phase's own figure";
+  EXPECT_EQ(a1.tensor_phases[0].measured, 380);
+  EXPECT_DOUBLE_EQ(a1.tensor_phases[0].error(), 20.0 / 380.0);
+  const MemoryCheckRow& rollout = rows[1];
+  EXPECT_EQ(rollout.role, "rollout");
+  EXPECT_EQ(rollout.measured_tensor, -1);
+  EXPECT_TRUE(rollout.tensor_phases.empty());
+  fs::remove_all(dir);
 }
 
 }  // namespace

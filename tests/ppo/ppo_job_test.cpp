@@ -19,6 +19,7 @@
 
 #include "models/config.h"
 #include "test_paths.h"
+#include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
 namespace rlhf::ppo {
@@ -197,6 +198,15 @@ TEST_F(PpoJob, RolloutColocatedWithTheActor) {
     device[w["role"].get<std::string>()] = w["device"].get<std::string>();
   EXPECT_EQ(device["rollout"], device["actor"]);
   EXPECT_NE(device["critic"], device["actor"]);
+  // Issue 28: per phase, the plan's tracked bytes are what each worker's tracker measured.
+  // The rollout has no tracker; the critic is not in the sync; the save and export come
+  // after the last metrics record.
+  using Phases = std::set<std::string>;
+  const auto compared = test::expect_tracked_phases_match(run_dir("coloc").string());
+  EXPECT_EQ(compared.at("actor"), (Phases{"load", "score", "train", "sync"}));
+  EXPECT_EQ(compared.at("critic"), (Phases{"load", "score", "train"}));
+  EXPECT_EQ(compared.at("ref"), (Phases{"load", "score"}));
+  EXPECT_EQ(compared.count("rollout"), 0u);
   const auto rows = read_metrics(run_dir("coloc") / "metrics.jsonl");
   ASSERT_EQ(rows.size(), 2u);
   for (const auto& m : rows) {
@@ -219,15 +229,20 @@ TEST_F(PpoJob, RolloutColocatedWithTheActor) {
 // one scoring micro batch (64 rows), both ranks must still be called, or rank 0 waits in
 // its all-gather forever (this hung before scatter learned Dispatch::kEqualPerRank).
 TEST_F(PpoJob, ShardedActorScoresFewerMicroBatchesThanRanks) {
-  auto r =
-      run("zero3",
-          {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":6,"memory_gb":4}])",
-           "--set", "actor.devices=[0,5]", "--set", "actor.zero_stage=3", "--set",
-           "rollout.micro_batch_size=16", "--set", "train.max_steps=2"});
+  auto r = run(
+      "zero3",
+      {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":6,"memory_gb":4}])",
+       "--set", "actor.devices=[0,5]", "--set", "actor.zero_stage=3", "--set",
+       "rollout.micro_batch_size=16", "--set", "train.max_steps=2", "--set", "ckpt.save_steps=1"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto rows = read_metrics(dir_ / "runs/zero3/metrics.jsonl");
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[1]["memory"]["actor"].size(), 2u);  // both actor ranks reported
+  // Issue 28, ZeRO-3: one unit gathered while scoring and sending weights, the step 1
+  // checkpoint (in step 2's record) the shards alone; every phase to the byte.
+  const auto compared = test::expect_tracked_phases_match(run_dir("zero3").string());
+  EXPECT_EQ(compared.at("actor"),
+            (std::set<std::string>{"load", "score", "train", "sync", "save"}));
 }
 
 // The reference and the reward model sharded ZeRO-3 style over 2 workers each (one layer
@@ -753,6 +768,10 @@ TEST_F(PpoJob, GrpoExampleLearnsTheLettersTask) {
   auto m = read_metrics(run_dir("grpo") / "metrics.jsonl");
   ASSERT_EQ(m.size(), 30u);
   expect_learned(m);
+  // Issue 28: the tracked bytes of every phase as planned (no critic).
+  const auto compared = test::expect_tracked_phases_match(run_dir("grpo").string());
+  EXPECT_EQ(compared.at("actor"), (std::set<std::string>{"load", "score", "train", "sync"}));
+  EXPECT_EQ(compared.at("ref"), (std::set<std::string>{"load", "score"}));
   // The KL is a loss term here (algo.kl.use_loss), and still measured and logged: 0 at step 1
   // (actor and reference hold the same weights), then positive as the policy moves. No
   // critic, so no critic figures at all.
