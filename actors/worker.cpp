@@ -214,6 +214,10 @@ int Worker::run() {
       ::setenv(name.c_str(), value.get<std::string>().c_str(), 1);
     registry_ = config_.on_assigned(config_.identity);
   }
+  // The job's rendezvous store admits only clients that prove the token: collective groups
+  // opened in this process read it here (a worker joined by --join-file had it only in its
+  // config).
+  ::setenv(kEnvToken, config_.token.c_str(), 1);
   me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
   const milliseconds silence_limit(accepted.args.value("timeout_ms", int64_t{5000}));
   std::cerr << me << "registered with " << config_.scheduler_endpoint << ", pid " << getpid()

@@ -132,7 +132,8 @@ std::vector<KeySpec> build_table() {
            "Address the scheduler binds to (loopback unless a job spans nodes).");
   t.string("cluster.port_range", "",
            "Ports of the job's endpoints, \"LOW-HIGH\": the worker endpoint takes the first "
-           "free one, the rendezvous store (a c10d TCPStore) the next. \"\": any free port.");
+           "free one, the rendezvous store (it admits only workers that prove the job token) the "
+           "next. \"\": any free port.");
   t.choice("cluster.launcher", "local", {"local", "manual", "slurm"},
            "Who starts the workers: local (rlhf run, on this host), manual (anyone, with `rlhf "
            "worker --connect`; see docs/multinode.md), slurm (srun steps inside an allocation).");

@@ -189,8 +189,7 @@ void Scheduler::start() {
                        std::to_string(zmq_port));
   store_server_ = std::make_unique<transport::StoreServer>(
       is_wildcard(bind_address) ? "0.0.0.0" : bind_address,
-      ranged ? static_cast<uint16_t>(zmq_port + 1) : 0, ranged ? config_.port_high : 0,
-      std::chrono::minutes(5));
+      ranged ? static_cast<uint16_t>(zmq_port + 1) : 0, ranged ? config_.port_high : 0, token_);
   io_->ipc_path = (fs::temp_directory_path() /
                    ("rlhf-" + std::to_string(getpid()) + "-" + token_.substr(0, 12) + ".sock"))
                       .string();

@@ -86,8 +86,9 @@ class Scheduler {
   // The scheduler's CURVE public key (Z85) when cluster.curve is on, else "".
   const std::string& curve_public_key() const { return curve_public_; }
   // Where collective group `group` ("actor", "weight_sync") meets: a prefix of the job's
-  // rendezvous store (a c10d TCPStore served here), as a store path for the workers'
-  // CollectiveConfig. Valid once start() has bound; the same group name gives the same place.
+  // rendezvous store (served here; it admits only clients that prove the job token), as a store
+  // path for the workers' CollectiveConfig. Valid once start() has bound; the same group name gives
+  // the same place.
   std::string rendezvous(const std::string& group) const;
   // The host name or address workers on other nodes connect to.
   const std::string& connect_host() const { return connect_host_; }

@@ -28,6 +28,8 @@ struct CollectiveConfig {
   int size = 1;
   StoreKind store = StoreKind::kFile;
   std::string store_path;          // kFile: the rendezvous file (must not exist beforehand)
+                                   // or a store URL tcp://HOST:PORT/GROUP (transport/store.h)
+  std::string token;               // store URL: the job token to prove; "": $RLHF_TOKEN
   std::string host = "127.0.0.1";  // kTcp: store host; the Gloo device binds here too
   uint16_t port = 0;               // kTcp: store port (must be set: peers need to know it)
   StoreHost store_host = StoreHost::kRank0;

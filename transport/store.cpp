@@ -1,6 +1,6 @@
 // Opens a group's rendezvous store (c10d FileStore, TCPStore, or a prefix of the job's store
 // server) and runs the job's store server on a socket bound here, so the address and port
-// range are ours to choose (TCPStore alone listens on every interface).
+// range are ours to choose, behind the job token's proof (transport/auth_store.h).
 #include "transport/store.h"
 
 #include <netdb.h>
@@ -15,6 +15,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/errors.h"
+#include "core/placement.h"
+#include "transport/auth_store.h"
 
 namespace rlhf::transport {
 namespace {
@@ -27,14 +29,13 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
-// A TCPStore client of the server at url, seen through the group's prefix.
-c10::intrusive_ptr<c10d::Store> open_url(const StoreUrl& url, std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions options;
-  options.port = url.port;
-  options.isServer = false;
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  auto client = c10::make_intrusive<c10d::TCPStore>(url.host, options);
+// A client of the job's store server at url that proves `token`, seen through the group's
+// prefix.
+c10::intrusive_ptr<c10d::Store> open_url(const StoreUrl& url, const std::string& token,
+                                         std::chrono::milliseconds timeout) {
+  const char* env = std::getenv(kEnvToken);
+  auto client = c10::make_intrusive<AuthStoreClient>(url.host, url.port,
+                                                     token.empty() && env ? env : token, timeout);
   return c10::make_intrusive<c10d::PrefixStore>(url.group + "/", client);
 }
 
@@ -83,7 +84,7 @@ c10::intrusive_ptr<c10d::Store> open_store(const CollectiveConfig& config) {
         throw InputError("collective group: file store needs store_path");
       if (auto url = parse_store_url(config.store_path)) {
         where = "store " + url->text();
-        return open_url(*url, config.timeout);
+        return open_url(*url, config.token, config.timeout);
       }
       where = "file store " + config.store_path;
       auto store = c10::make_intrusive<c10d::FileStore>(config.store_path, config.size);
@@ -154,27 +155,20 @@ int listen_on_port_range(const std::string& host, uint16_t low, uint16_t high, u
 }
 
 StoreServer::StoreServer(const std::string& host, uint16_t low_port, uint16_t high_port,
-                         std::chrono::milliseconds timeout) {
-  const int fd = listen_on_port_range(host, low_port, high_port, port_);
-  c10d::TCPStoreOptions options;
-  options.port = port_;
-  options.isServer = true;
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  options.masterListenFd = fd;  // the server takes the socket over
-  try {
-    // The server's own client connects to the listening address (a wildcard one through
-    // loopback).
-    const std::string self = host == "0.0.0.0" || host == "::" ? "127.0.0.1" : host;
-    store_ = c10::make_intrusive<c10d::TCPStore>(self, options);
-  } catch (const std::exception& e) {
-    ::close(fd);
-    throw RuntimeError("store server on " + host + ":" + std::to_string(port_) + ": " +
-                       message_of(e));
-  }
+                         const std::string& token) {
+  if (token.empty()) throw InputError("store server on " + host + ": the job token is empty");
+  server_ = std::make_unique<AuthStoreServer>(
+      listen_on_port_range(host, low_port, high_port, port_), token);
 }
 
 StoreServer::~StoreServer() = default;
+
+int StoreServer::refused() const {
+  return server_->refused();
+}
+int StoreServer::admitted() const {
+  return server_->admitted();
+}
 
 StoreUrl StoreServer::url(const std::string& connect_host, const std::string& group) const {
   return StoreUrl{connect_host, port_, group};

@@ -58,7 +58,7 @@ class NetnsHandJoin : public ::testing::Test {
 
   // `rlhf run` of ppo_tiny in the driver's namespace: node a (the driver's address) holds the
   // actor; node b (the workers' address) the critic, reference and rollout, so the ZeroMQ
-  // traffic, the TCPStore rendezvous and the actor -> rollout weight sync all cross the veth.
+  // traffic, the rendezvous store and the actor -> rollout weight sync all cross the veth.
   std::unique_ptr<Process> start_run(const std::string& name, int steps) {
     const json nodes = json::array({{{"name", "a"},
                                      {"host", kDriverAddress},

@@ -8,9 +8,12 @@
 // the collective) and "diverge_rank" (that rank replies its rows plus one).
 // Reply: tensors "rows" and "sum" (the replica's all-reduced sum of rows), args "rank",
 // "replica", "served" (replica_sum calls served by this process).
-// Started by the scheduler with the environment `rlhf worker` gets.
+// Started by the scheduler with the environment `rlhf worker` gets. With the argument
+// --token-in-config-only it drops RLHF_TOKEN from its environment once read, as a worker joined
+// by `rlhf worker --join-file` holds the token in its config only.
 #include <torch/types.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -18,6 +21,7 @@
 #include "actors/builtin_operations.h"
 #include "actors/worker.h"
 #include "core/errors.h"
+#include "core/placement.h"
 #include "transport/collective_group.h"
 
 using namespace rlhf;
@@ -60,9 +64,10 @@ Message replica_sum(const Message& request, const WorkerIdentity& self) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
     WorkerConfig config = WorkerConfig::from_env();
+    if (argc > 1 && std::string(argv[1]) == "--token-in-config-only") ::unsetenv(kEnvToken);
     OperationRegistry registry;
     add_builtin_operations(registry);
     registry.add("replica_sum", replica_sum);

@@ -152,6 +152,21 @@ SchedulerConfig replica_config(const std::string& name) {
   return c;
 }
 
+// A worker joined by --join-file holds the token in its config only; the collective groups it
+// opens must still prove it to the job's rendezvous store (Worker::run exports it).
+TEST(Scheduler, AWorkerWithTheTokenInItsConfigOnlyStillJoinsItsGroup) {
+  auto config = replica_config("token-in-config");
+  config.worker_args = {"--token-in-config-only"};
+  Scheduler s(config, testing::local_placement({{Role::kRollout, 2}}));
+  s.start();
+  const nlohmann::json args = {{"store_path", s.rendezvous("token")}, {"ranks_per_replica", 2}};
+  const auto rows = at::arange(8, at::kLong).reshape({2, 4});
+  const auto replies = s.group(Role::kRollout).call_all("replica_sum", args, {{"rows", rows}});
+  ASSERT_EQ(replies.size(), 2u);
+  for (const auto& r : replies)  // both ranks held the same rows: the sum is twice their own
+    EXPECT_EQ(r.tensor("sum")[0].item<double>(), 2.0 * rows.sum().item<double>());
+}
+
 // 4 ranks in replicas of 2: 7 micro batches go to the least-loaded replica, each to both of
 // its ranks; the gathered rows are the batch in order, each micro batch's reply is its
 // replica's first rank's (0 or 2), and both ranks of a replica served the same calls.

@@ -16,6 +16,7 @@
 #include "test_paths.h"
 #include "tests/transport/child_process.h"
 #include "transport/collective_group.h"
+#include "transport/job_token.h"
 #include "transport/store.h"
 
 namespace fs = std::filesystem;
@@ -128,7 +129,10 @@ TEST(CollectiveGroup, GlooOverTcpStoreHostedByRankZero) {
 TEST(StoreServer, TwoGroupsMeetAtOnceUnderTheirOwnPrefixes) {
   // The scheduler's way: one server, every group a prefix of it. Two 2-rank groups join at
   // the same time; were the prefixes not kept apart, their ranks would mix and fail.
-  rlhf::transport::StoreServer server("127.0.0.1", 0, 0, std::chrono::seconds(30));
+  // The workers prove the job token, which they take from RLHF_TOKEN as a job's workers do.
+  const std::string token = rlhf::make_job_token();
+  ASSERT_EQ(::setenv("RLHF_TOKEN", token.c_str(), 1), 0);
+  rlhf::transport::StoreServer server("127.0.0.1", 0, 0, token);
   ASSERT_GT(server.port(), 0);
   fs::path a = fresh_dir("server_a"), b = fresh_dir("server_b");
   std::vector<std::unique_ptr<ChildProcess>> workers;
@@ -149,6 +153,9 @@ TEST(StoreServer, TwoGroupsMeetAtOnceUnderTheirOwnPrefixes) {
       EXPECT_EQ(got["sum"], (std::vector<double>{3, 30, -3}));
       EXPECT_EQ(got.count("done"), 1u);
     }
+  EXPECT_EQ(server.admitted(), 4);  // one connection per worker, each with the token
+  EXPECT_EQ(server.refused(), 0);
+  ::unsetenv("RLHF_TOKEN");
 }
 
 TEST(StoreServer, TakesTheFirstFreePortOfItsRange) {
@@ -161,9 +168,9 @@ TEST(StoreServer, TakesTheFirstFreePortOfItsRange) {
     GTEST_SKIP() << "the OS gave the last port; no range above it to test";
   }
   rlhf::transport::StoreServer server("127.0.0.1", taken, static_cast<uint16_t>(taken + 1),
-                                      std::chrono::seconds(5));
+                                      "token");
   EXPECT_EQ(server.port(), taken + 1);
-  EXPECT_THROW(rlhf::transport::StoreServer("127.0.0.1", taken, taken, std::chrono::seconds(5)),
+  EXPECT_THROW(rlhf::transport::StoreServer("127.0.0.1", taken, taken, "token"),
                rlhf::RuntimeError);
   ::close(fd);
 }
@@ -193,6 +200,7 @@ TEST(StoreServer, UnreachableStoreNamesItsAddress) {
   ::close(fd);  // nothing listens there now
   rlhf::transport::CollectiveConfig config;
   config.store_path = "tcp://127.0.0.1:" + std::to_string(port) + "/actor";
+  config.token = "token";
   config.timeout = std::chrono::milliseconds(1500);
   try {
     rlhf::transport::make_collective_group(config);
