@@ -201,6 +201,7 @@ class PpoJob {
   KlController kl_;
   std::unique_ptr<rewards::RewardSources> rewards_;
   bool has_ref_ = false, has_critic_ = false, has_reward_model_ = false;
+  bool ref_from_actor_ = false;  // a LoRA actor with adapters off is the reference (issue 30.2)
   json planned_;  // plan.json's per-role figures (null without a plan), beside measured peaks
   SyncRoute sync_route_;            // actor -> rollout weight sync (see sync_route)
   json last_sync_;                  // the last sync's figures (actor rank 0's reply)
@@ -243,7 +244,12 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
           spec.get_int("algo.kl.horizon")) {
   run_dir_ = run_directory(spec);
   c_ = PpoConfig::from_spec(spec, run_dir_);
-  has_ref_ = spec.uses(Role::kRef);
+  // No ref workers for a LoRA actor on the reference's model (core/spec_rules.cpp used_roles).
+  ref_from_actor_ =
+      !spec.uses(Role::kRef) &&
+      (spec.get_float("algo.kl.init_coef") > 0 || spec.get_bool("algo.kl.use_loss")) &&
+      (spec.get_int("actor.lora.rank") > 0 || !spec.get_string("actor.lora.adapter").empty());
+  has_ref_ = spec.uses(Role::kRef) || ref_from_actor_;
   has_critic_ = spec.uses(Role::kCritic);
   has_reward_model_ = spec.uses(Role::kReward);
   {
@@ -575,9 +581,10 @@ Experience PpoJob::score(Scheduler& s, Rollout& r) {
   };
   json actor_args = args;
   actor_args["entropy"] = true;
+  actor_args["reference"] = ref_from_actor_;
   auto old = call(Role::kActor, "log_probs", actor_args);
   std::future<Scored> ref, values, model_scores;
-  if (has_ref_) ref = call(Role::kRef, "log_probs", args);
+  if (has_ref_ && !ref_from_actor_) ref = call(Role::kRef, "log_probs", args);
   if (has_critic_) values = call(Role::kCritic, "values", args);
   if (has_reward_model_)
     model_scores = call(Role::kReward, "score",
@@ -612,7 +619,9 @@ Experience PpoJob::score(Scheduler& s, Rollout& r) {
     e.logprob_diff_mean = (diff.sum() / mask.sum().clamp_min(1)).item<double>();
     e.logprob_diff_max = diff.max().item<double>();
   }
-  if (has_ref_) e.log_probs_ref = take(ref).tensor("log_probs");
+  if (has_ref_)
+    e.log_probs_ref =
+        ref_from_actor_ ? actor_reply.tensor("ref_log_probs") : take(ref).tensor("log_probs");
   if (has_critic_) e.values = take(values).tensor("values");
   if (has_reward_model_) score_rewards(r, take(model_scores).tensor("scores"));
   e.scores = r.scores;
