@@ -12,6 +12,7 @@
 #include "actors/offline_operations.h"
 #include "core/errors.h"
 #include "engine/token_budget.h"
+#include "models/lora.h"
 #include "models/pretrained.h"
 #include "ppo/kl.h"
 #include "ppo/losses.h"
@@ -111,6 +112,52 @@ std::string read_text(const std::string& path) {
   return buf.str();
 }
 
+// Switches a model's LoRA adapters off for one request (`off`), and back on.
+class AdaptersOff {
+ public:
+  AdaptersOff(models::CausalLM& model, bool off) : model_(off ? &model : nullptr) {
+    if (model_) model_->set_adapters_enabled(false);
+  }
+  ~AdaptersOff() {
+    if (model_) model_->set_adapters_enabled(true);
+  }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  models::CausalLM* model_;
+};
+
+// LoRA on a trained role: a PEFT adapter to start from (its config wins), or fresh adapters
+// drawn from the job's seed (the same on every rank). The base is frozen; a value head stays
+// trained (PEFT's modules_to_save for a classifier's score).
+void add_adapters(ModelRole& role) {
+  const std::string what = role.config.role + ".lora";
+  if (!role.config.lora_adapter.empty()) {
+    role.config.lora = models::load_adapter(*role.model, role.config.lora_adapter);
+  } else {
+    models::apply_lora(*role.model, role.config.lora, role.config.seed, what);
+  }
+  if (role.model->value_head) role.model->value_head->weight.set_requires_grad(true);
+}
+
+// export_hf of a LoRA role: the PEFT adapter directory at `dir` (rank 0 writes) and, with
+// lora.export_merged, the merged model at DIR-merged, streamed from the base checkpoint.
+void export_lora(ModelRole& role, const std::string& dir, const WorkerIdentity& self) {
+  auto tensors = role.trainer->gather_trainable();  // collective: every rank
+  if (self.rank == 0) {
+    std::vector<std::pair<std::string, torch::Tensor>> adapters;
+    for (auto& [name, t] : tensors)
+      if (name.find(".lora_") != std::string::npos) adapters.emplace_back(name, t);
+    const torch::Dtype dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+    models::write_adapter_dir(adapters, role.config.lora, dir, role.config.model_dir, dtype);
+    if (role.config.lora_export_merged)
+      models::write_merged_model(role.config.model_dir, adapters, role.config.lora, dir + "-merged",
+                                 dtype);
+  }
+  role.group->barrier();  // the export is complete on disk when any rank returns
+}
+
 // init: {"config": ModelRoleConfig, "store_path": rendezvous file of the role's group}.
 // Every role builds its model without weights (Materialize::kDeferred) and fills it from the
 // checkpoint as it will hold it: a trainer reads each rank's FP32 shard, a ZeRO-3
@@ -151,7 +198,14 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
     tc.device = role.device;
     tc.compute_dtype = compute;
     tc.tied_embeddings = tied;
-    role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group, &source);
+    if (role.config.uses_lora()) {
+      // Adapters first (the base frozen), then the trainer reads them with the base weights.
+      add_adapters(role);
+      const models::AdapterSource adapters(source, models::model_adapters(*role.model));
+      role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group, &adapters);
+    } else {
+      role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group, &source);
+    }
   } else if (sharded_inference) {
     role.sharded = std::make_unique<engine::ShardedInference>(*role.model, *role.group, source,
                                                               compute, role.device, tied);
@@ -467,7 +521,10 @@ Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& 
     cc.backend = transport::collective_backend(backend);
     role.sync_group = transport::make_collective_group(cc);
   }
-  rollout::TrainerWeights source(*role.trainer);
+  rollout::TrainerWeights trainer_weights(*role.trainer);
+  rollout::MergedLoraWeights merged(*role.trainer, role.config.lora.scale());
+  rollout::WeightSource& source =
+      role.config.uses_lora() ? static_cast<rollout::WeightSource&>(merged) : trainer_weights;
   rollout::SyncOptions options;
   options.wire_dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
   options.bucket_bytes = req.args.value("bucket_bytes", options.bucket_bytes);
@@ -514,12 +571,16 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     return init(*role, req, self);
   });
   registry.add("log_probs", [role](const Message& req, const WorkerIdentity&) {
-    // args.entropy: also the policy's per-token entropy (for the metrics); args.temperature:
-    // both at that sampling temperature (request_temperature).
+    // args.entropy: also the policy's per-token entropy (for the metrics); args.reference: also
+    // "ref_log_probs", the base model's (LoRA adapters off: a LoRA actor is its own
+    // reference, issue 30.2); args.temperature: all at that sampling temperature.
     torch::NoGradGuard no_grad;
     models::CausalLM& model = role->checked_model(req.op);
     Batch b = read_batch(req, role->device);
     const bool entropy = req.args.value("entropy", false);
+    const bool reference = req.args.value("reference", false);
+    if (reference && !model.has_adapters())
+      throw RuntimeError("log_probs: reference asked of a model without LoRA adapters");
     const double temperature = request_temperature(req);
     auto out = by_budget(
         *role, req, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
@@ -529,11 +590,19 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
               temperature, entropy ? models::Entropy::kCompute : models::Entropy::kSkip);
           std::vector<torch::Tensor> r = {head.log_probs};
           if (entropy) r.push_back(head.entropy);
+          if (reference) {
+            const AdaptersOff base_model(model, true);
+            r.push_back(action_log_probs(model, model.forward(mb.sequences, mb.attention_mask),
+                                         mb.sequences, b.action_len, temperature,
+                                         models::Entropy::kSkip)
+                            .log_probs);
+          }
           return r;
         });
     Message reply;
     reply.add("log_probs", out[0].contiguous());
     if (entropy) reply.add("entropy", out[1].contiguous());
+    if (reference) reply.add("ref_log_probs", out.back().contiguous());
     return reply;
   });
   registry.add("values", [role](const Message& req, const WorkerIdentity&) {
@@ -584,8 +653,12 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     reply.args = {{"step", role->trainer->steps_done()}};
     return reply;
   });
-  registry.add("export_hf", [role](const Message& req, const WorkerIdentity&) {
+  registry.add("export_hf", [role](const Message& req, const WorkerIdentity& self) {
     if (!role->trainer) throw RuntimeError("export_hf: this worker's role is not trained");
+    if (role->config.uses_lora()) {
+      export_lora(*role, req.args.at("dir").get<std::string>(), self);
+      return Message{};
+    }
     role->trainer->export_hf(req.args.at("dir").get<std::string>(), role->config_json,
                              role->config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
     return Message{};

@@ -13,6 +13,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/errors.h"
+#include "models/lora.h"
 #include "models/pretrained.h"
 #include "rollout/generator.h"
 #include "tokenizer/prompt_format.h"
@@ -67,6 +68,8 @@ std::vector<nlohmann::json> read_prompts(const Args& args) {
 int cmd_generate(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       {"--model", true, "HF model directory (config.json, safetensors, tokenizer files)", "DIR"},
+      {"--adapter", true,
+       "a PEFT LoRA adapter directory on --model, merged into its weights after loading", "DIR"},
       {"--prompt", true, "one prompt text", "TEXT"},
       {"--input", true, "JSON lines: {\"prompt\": \"...\"} or a JSON string per line", "FILE"},
       {"--output", true,
@@ -89,7 +92,8 @@ int cmd_generate(const Argv& argv) {
   Args args(argv, options);
   if (args.flag("--help")) {
     std::cout
-        << "usage: rlhf generate --model DIR (--prompt TEXT | --input FILE.jsonl) [--n N] "
+        << "usage: rlhf generate --model DIR [--adapter DIR] (--prompt TEXT | --input FILE.jsonl) "
+           "[--n N] "
            "[--temperature T]\n"
            "                     [--top-p P] [--top-k K] [--max-new-tokens M] [--seed S] [--output "
            "FILE]\n\n"
@@ -120,6 +124,12 @@ int cmd_generate(const Argv& argv) {
   if (auto d = args.value("--dtype")) load.dtype = models::dtype_from_name(*d);
   load.head = models::HeadKind::kLanguageModel;
   auto model = models::load_pretrained(*model_dir, load);
+  if (auto adapter = args.value("--adapter")) {
+    // Merged (W + scale B A): generation runs at the base model's speed.
+    models::load_adapter(*model, *adapter);
+    models::merge_adapters(*model);
+    models::remove_adapters(*model);
+  }
   auto tok = tokenizer::load_tokenizer(*model_dir);
   const auto& special = tok->special_ids();
   for (int64_t id : {special.eos ? int64_t{*special.eos} : -1, model->config().eos_token_id}) {

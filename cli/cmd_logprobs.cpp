@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "core/errors.h"
 #include "models/causal_lm.h"
+#include "models/lora.h"
 #include "models/pretrained.h"
 #include "tokenizer/tokenizer.h"
 
@@ -61,6 +62,10 @@ std::vector<int64_t> parse_ids(const std::string& line, const std::string& where
 int cmd_logprobs(const Argv& argv) {
   const std::vector<OptionSpec> options = {
       {"--model", true, "HF model directory (config.json + safetensors)", "DIR"},
+      {"--adapter", true,
+       "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) on "
+       "--model, kept unmerged",
+       "DIR"},
       {"--input", true,
        "JSON lines: {\"input_ids\": [...]}, [...], {\"text\": \"...\"} or \"...\" per line",
        "FILE"},
@@ -74,8 +79,8 @@ int cmd_logprobs(const Argv& argv) {
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
-    std::cout << "usage: rlhf logprobs --model DIR (--input FILE.jsonl | --text TEXT...) "
-                 "[--output FILE] [--dtype fp32|bf16]\n\n"
+    std::cout << "usage: rlhf logprobs --model DIR [--adapter DIR] (--input FILE.jsonl | --text "
+                 "TEXT...) [--output FILE] [--dtype fp32|bf16]\n\n"
                  "For each input line, writes {\"line\": N, \"log_probs\": [...], \"sum\": S}: the "
                  "log-prob\n"
                  "of every token after the first given the tokens before it (T-1 values, FP32).\n\n"
@@ -98,6 +103,7 @@ int cmd_logprobs(const Argv& argv) {
   }
   if (chunk <= 0) throw InputError("--chunk must be a positive integer");
   auto model = models::load_pretrained(*model_dir, load);
+  if (auto adapter = args.value("--adapter")) models::load_adapter(*model, *adapter);
   model->eval();
 
   // --text: each text is one input line, as a JSON string would be.

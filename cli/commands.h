@@ -22,6 +22,7 @@ int cmd_report(const Argv& args);
 int cmd_spec(const Argv& args);
 int cmd_init_model(const Argv& args);
 int cmd_logprobs(const Argv& args);
+int cmd_merge_adapter(const Argv& args);
 int cmd_run(const Argv& args);
 int cmd_worker(const Argv& args);
 int cmd_tokenize(const Argv& args);

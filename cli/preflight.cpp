@@ -11,6 +11,7 @@
 #include "dpo/driver.h"
 #include "dpo/preference_dataset.h"
 #include "engine/memory_plan.h"
+#include "models/lora.h"
 #include "models/safetensors.h"
 #include "models/tensor_parallel.h"
 #include "ppo/driver.h"
@@ -98,6 +99,20 @@ void check_model_files(const JobSpec& spec, std::vector<SpecProblem>& problems) 
   }
 }
 
+// A LoRA adapter to start from (<role>.lora.adapter) fits the role's base model: its keys
+// and every lora_A / lora_B shape, named here rather than by a worker later.
+void check_lora_adapters(const JobSpec& spec, std::vector<SpecProblem>& problems) {
+  for (Role r : spec.used_roles()) {
+    const std::string role = role_name(r), key = role + ".lora.adapter";
+    if (!spec.trains(r) || spec.get_string(key).empty()) continue;
+    const std::string model = spec.get_string(role + ".model");
+    check(problems, key, [&] {
+      models::check_adapter(spec.get_string(key), models::ModelConfig::from_json_file(
+                                                      (fs::path(model) / "config.json").string()));
+    });
+  }
+}
+
 // Workers start on this machine: a cuda worker needs its GPU here.
 void check_devices(const JobSpec& spec, std::vector<SpecProblem>& problems) {
   const Placement placement = place(spec);
@@ -162,6 +177,7 @@ Preflight preflight(const JobSpec& spec, const PreflightOptions& options) {
   if (options.machine) {
     for (const auto& m : missing_inputs(spec)) problems.push_back(m);
     if (problems.empty()) check_model_files(spec, problems);
+    if (problems.empty()) check_lora_adapters(spec, problems);
     check_devices(spec, problems);
   }
   if (problems.empty()) check_plan(spec, problems);

@@ -4,6 +4,7 @@
 #include "core/spec_rules.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -338,6 +339,9 @@ void check_models_and_data(Validation& v, const std::vector<Role>& used) {
         (str(v, "algo.dpo.loss") == "simpo" || str(v, "algo.dpo.loss") == "orpo"))
       why += " (" + str(v, "algo.dpo.loss") + " needs no reference)";
     if (r == Role::kCritic && kind == "ppo") why += " (only the gae estimator uses a critic)";
+    if (r == Role::kRef && kind == "ppo" &&
+        (num(v, "actor.lora.rank") > 0 || !str(v, "actor.lora.adapter").empty()))
+      why += " (the LoRA actor with its adapters off is the reference)";
     v.warnings.push_back(why + "; its devices stay free");
   }
 }
@@ -647,7 +651,12 @@ std::vector<Role> used_roles(const json& r) {
   for (const auto& src : reward_source_list(r))
     if (src["kind"] == "model") roles.push_back(Role::kReward);
   double kl = r.at(pointer("algo.kl.init_coef")).get<double>();
-  if (kl > 0 || r.at(pointer("algo.kl.use_loss")).get<bool>()) roles.push_back(Role::kRef);
+  // A LoRA actor on the reference's model is its own reference (adapters off): no ref group.
+  const bool lora =
+      r.at(pointer("actor.lora.rank")).get<int64_t>() > 0 || !s("actor.lora.adapter").empty();
+  const bool ref_from_actor = lora && s("ref.model") == s("actor.model");
+  if ((kl > 0 || r.at(pointer("algo.kl.use_loss")).get<bool>()) && !ref_from_actor)
+    roles.push_back(Role::kRef);
   roles.push_back(Role::kRollout);
   return roles;
 }
@@ -661,6 +670,53 @@ bool trains(const json& r, Role role) {
            r.at(pointer("algo.advantage.estimator")).get<std::string>() == "gae";
   }
   return role == Role::kActor;
+}
+
+// <role>.lora.*: LoRA only where the role is trained and the job supports it (SFT, DPO
+// family); target names PEFT knows; an adapter directory that holds PEFT's config.
+void check_lora(Validation& v) {
+  const std::string kind = str(v, "kind");
+  const std::vector<std::string> known = {"q_proj",    "k_proj",  "v_proj",    "o_proj",
+                                          "gate_proj", "up_proj", "down_proj", "all-linear"};
+  for (Role r : {Role::kActor, Role::kCritic, Role::kReward}) {
+    const std::string role = role_name(r), p = role + ".lora.";
+    if (!v.ok({p + "rank", p + "adapter", p + "target_modules"})) continue;
+    const bool on = num(v, p + "rank") > 0 || !str(v, p + "adapter").empty();
+    if (!on) continue;
+    const std::string key = num(v, p + "rank") > 0 ? p + "rank" : p + "adapter";
+    if (!trains(v.resolved, r)) {
+      v.problem(key, "the " + role + " is not trained in a " + kind + " job: no adapters to train");
+      continue;
+    }
+    if (r != Role::kActor) {
+      v.problem(key,
+                "LoRA on a value-head role (" + role + ") is not supported yet: only on the actor");
+      continue;
+    }
+    if (kind == "ppo" && num(v, "rollout.tensor_parallel_size") > 1) {
+      v.problem(key, "LoRA with rollout.tensor_parallel_size > 1 is not supported yet");
+      continue;
+    }
+    std::string names = str(v, p + "target_modules") + ",", cur;
+    for (char ch : names) {
+      if (ch != ',') {
+        if (ch != ' ') cur += ch;
+        continue;
+      }
+      if (!cur.empty() && std::find(known.begin(), known.end(), cur) == known.end())
+        v.problem(p + "target_modules", "\"" + cur +
+                                            "\" is not a linear map of a Llama-family decoder "
+                                            "(expected q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                                            "up_proj, down_proj or all-linear)");
+      cur.clear();
+    }
+    const std::string adapter = str(v, p + "adapter");
+    if (!adapter.empty() &&
+        !std::filesystem::exists(std::filesystem::path(adapter) / "adapter_config.json"))
+      v.problem(p + "adapter", adapter +
+                                   " holds no adapter_config.json (expected a PEFT "
+                                   "LoRA adapter directory)");
+  }
 }
 
 void check_cross_fields(Validation& v) {
@@ -684,6 +740,7 @@ void check_cross_fields(Validation& v) {
   check_batches(v, used, group);
   check_rollout_engines(v, used, group);
   check_lengths_and_algo(v);
+  check_lora(v);
   check_cluster(v);
 }
 

@@ -93,6 +93,39 @@ void add_role_placement(TableBuilder& t, const std::string& role, const std::str
                "emulated and several times slower.");
 }
 
+// LoRA adapters on a trained role (PEFT's LoraConfig names and defaults, alpha as OpenRLHF).
+void add_lora_keys(TableBuilder& t, const std::string& role) {
+  const std::string p = role + ".lora.";
+  t.integer(p + "rank", 0, 0, 65536,
+            role == "actor"
+                ? std::string("LoRA rank r (0: off, the whole model is trained). Above 0 the "
+                              "actor's base weights stay frozen in the compute dtype (no FP32 "
+                              "master, gradients or AdamW state) and only the adapters are "
+                              "trained, sharded by actor.zero_stage; checkpoints hold only them "
+                              "and the export is a PEFT adapter directory. In ppo jobs the actor "
+                              "with its adapters off is the reference (no ref workers) unless "
+                              "ref.model names another model.")
+                : "LoRA rank r (0: off). Not supported yet on a value-head role: refused when "
+                  "above 0.");
+  t.number(p + "alpha", 16.0, 0, kInf, "LoRA alpha: the adapter's output is scaled by alpha / r.",
+           true);
+  t.number(p + "dropout", 0.0, 0, 0.99, "Dropout on each adapter's input while training.");
+  t.string(p + "target_modules", "all-linear",
+           "Linear maps that get adapters, comma-separated PEFT names: q_proj, k_proj, v_proj, "
+           "o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven).");
+  t.choice(p + "init", "default", {"default", "gaussian"},
+           "Adapter init (B is zero either way): default, PEFT's Kaiming-uniform A; gaussian, "
+           "A ~ N(0, 1/r^2) as PEFT's init_lora_weights=\"gaussian\".");
+  t.boolean(p + "use_rslora", false, "rsLoRA: scale by alpha / sqrt(r) instead of alpha / r.");
+  t.file(p + "adapter", "",
+         "Start from this PEFT adapter directory (adapter_config.json + "
+         "adapter_model.safetensors; its r, alpha and targets win over the keys above).");
+  t.boolean(p + "export_merged", false,
+            "Also export the merged model (W + scale B A) as a Hugging Face directory, "
+            "export/" +
+                role + "-merged, next to the adapter directory export/" + role + ".");
+}
+
 // Keys of a role that trains (actor, critic; reward in `rm` jobs).
 void add_trainer_keys(TableBuilder& t, const std::string& role, double lr,
                       const std::string& zero_note = "") {
@@ -111,6 +144,7 @@ void add_trainer_keys(TableBuilder& t, const std::string& role, double lr,
   t.number(role + ".lr_warmup_ratio", 0.03, 0, 1, "Fraction of steps of linear LR warmup.");
   t.number(role + ".max_norm", 1.0, 0, kInf,
            "Global gradient-norm clipping across shards (0: off).");
+  add_lora_keys(t, role);
 }
 
 std::vector<KeySpec> build_table() {

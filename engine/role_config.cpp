@@ -83,6 +83,43 @@ TrainerConfig trainer_from_json(const json& j) {
   return t;
 }
 
+json lora_json(const ModelRoleConfig& c) {
+  return {{"rank", c.lora.rank},
+          {"alpha", c.lora.alpha},
+          {"dropout", c.lora.dropout},
+          {"target_modules", c.lora.target_modules},
+          {"init", models::lora_init_name(c.lora.init)},
+          {"use_rslora", c.lora.use_rslora},
+          {"adapter", c.lora_adapter},
+          {"export_merged", c.lora_export_merged}};
+}
+
+void lora_from_json(const json& j, ModelRoleConfig& c) {
+  c.lora.rank = field<int64_t>(j, "rank");
+  c.lora.alpha = field<double>(j, "alpha");
+  c.lora.dropout = field<double>(j, "dropout");
+  c.lora.target_modules = field<std::vector<std::string>>(j, "target_modules");
+  c.lora.init = models::lora_init_from_name(field<std::string>(j, "init"));
+  c.lora.use_rslora = field<bool>(j, "use_rslora");
+  c.lora_adapter = field<std::string>(j, "adapter");
+  c.lora_export_merged = field<bool>(j, "export_merged");
+}
+
+// "q_proj, v_proj" -> {"q_proj", "v_proj"}.
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : text + ",") {
+    if (ch == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (ch != ' ') {
+      cur += ch;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 json ModelRoleConfig::to_json() const {
@@ -96,6 +133,7 @@ json ModelRoleConfig::to_json() const {
             {"seed", seed},
             {"shard_weights", shard_weights}};
   j["trainer"] = trainer ? trainer_json(*trainer) : json();
+  j["lora"] = lora_json(*this);
   return j;
 }
 
@@ -117,6 +155,7 @@ ModelRoleConfig ModelRoleConfig::from_json(const json& j) {
   c.seed = field<uint64_t>(j, "seed");
   c.shard_weights = j.value("shard_weights", false);
   if (j.contains("trainer") && !j["trainer"].is_null()) c.trainer = trainer_from_json(j["trainer"]);
+  if (j.contains("lora")) lora_from_json(j["lora"], c);
   return c;
 }
 
@@ -140,6 +179,14 @@ ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64
     return c;
   }
   c.gradient_checkpointing = spec.get_bool(r + ".gradient_checkpointing");
+  c.lora.rank = spec.get_int(r + ".lora.rank");
+  c.lora.alpha = spec.get_float(r + ".lora.alpha");
+  c.lora.dropout = spec.get_float(r + ".lora.dropout");
+  c.lora.target_modules = split_names(spec.get_string(r + ".lora.target_modules"));
+  c.lora.init = models::lora_init_from_name(spec.get_string(r + ".lora.init"));
+  c.lora.use_rslora = spec.get_bool(r + ".lora.use_rslora");
+  c.lora_adapter = spec.get_string(r + ".lora.adapter");
+  c.lora_export_merged = spec.get_bool(r + ".lora.export_merged");
   TrainerConfig t;
   int64_t stage = spec.get_int(r + ".zero_stage");
   // ZeRO stage 0 (plain data parallel) runs as stage 1: same numbers, sharded optimizer.

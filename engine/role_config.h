@@ -12,6 +12,7 @@
 #include "engine/trainer_config.h"
 #include "models/config.h"
 #include "models/log_probs.h"
+#include "models/lora_config.h"
 
 namespace rlhf::engine {
 
@@ -30,6 +31,11 @@ struct ModelRoleConfig {
   // Untrained roles (ref, a PPO job's reward): ZeRO-3 inference, each rank holding 1/N of
   // the weights and gathering one unit at a time (the spec's zero_stage 3).
   bool shard_weights = false;
+  // LoRA (trained roles; <role>.lora.* in the spec): lora.rank 0 = off.
+  models::LoraConfig lora;
+  std::string lora_adapter;         // a PEFT adapter directory to start from ("" = fresh)
+  bool lora_export_merged = false;  // export also writes the merged model
+  bool uses_lora() const { return lora.rank > 0 || !lora_adapter.empty(); }
 
   nlohmann::json to_json() const;
   // Throws InputError naming the missing or malformed key.

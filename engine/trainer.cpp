@@ -196,6 +196,20 @@ std::string config_with_dtype(const std::string& config_json, torch::Dtype dtype
 
 }  // namespace
 
+std::vector<std::pair<std::string, torch::Tensor>> Trainer::gather_trainable() {
+  restore_optimizer_state();
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& unit : units_) {
+    if (unit->slots().empty()) continue;         // same on every rank: the layout is shared
+    torch::Tensor full = unit->gather_master();  // [padded] FP32
+    for (const auto& slot : unit->slots())
+      out.emplace_back(
+          slot.name,
+          full.narrow(0, slot.offset, slot.numel).view(slot.shape).to(torch::kCPU).clone());
+  }
+  return out;
+}
+
 void Trainer::export_hf(const std::string& dir, const std::string& config_json,
                         torch::Dtype dtype) {
   restore_optimizer_state();

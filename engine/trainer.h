@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/checkpoint.h"
@@ -70,6 +71,11 @@ class Trainer {
   // `dtype`, streamed unit by unit: each unit is gathered, written by rank 0 and freed
   // before the next. Collective; rank 0 writes.
   void export_hf(const std::string& dir, const std::string& config_json, torch::Dtype dtype);
+
+  // Every trainable parameter whole, by name, FP32 on the CPU, on every rank (one unit
+  // gathered at a time): the few tensors of a LoRA run (adapters, a value head), for their
+  // export. Not for a full model (each rank would hold all of it). Collective.
+  std::vector<std::pair<std::string, torch::Tensor>> gather_trainable();
 
   // The optimizer state (FP32 master shards except at stage 3, where gathers read them;
   // AdamW moments; gradient buffers) to host memory while another role needs the device,

@@ -4,9 +4,11 @@
 #include "models/causal_lm.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/autograd.h>
 
 #include <map>
+#include <mutex>
 
 #include "core/errors.h"
 #include "models/kv_cache.h"
@@ -26,10 +28,33 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// One decoder layer, recomputed in backward (torch.utils.checkpoint's pattern). The model
-// has no dropout (config rejects attention_dropout > 0), so the recompute is deterministic
-// and needs no RNG replay. Hooks: before_forward/after_forward around the recompute (ZeRO-3
-// re-gathers the layer there), after_backward once its parameter grads are in .grad.
+// The layer's linear maps by their names inside the layer ("self_attn.q_proj"), in HF order.
+std::vector<std::pair<std::string, Linear>> layer_linears(DecoderLayerImpl& layer) {
+  auto& a = *layer.self_attn;
+  auto& m = *layer.mlp;
+  return {{"self_attn.q_proj", a.q_proj}, {"self_attn.k_proj", a.k_proj},
+          {"self_attn.v_proj", a.v_proj}, {"self_attn.o_proj", a.o_proj},
+          {"mlp.gate_proj", m.gate_proj}, {"mlp.up_proj", m.up_proj},
+          {"mlp.down_proj", m.down_proj}};
+}
+
+bool has_lora_dropout(DecoderLayerImpl& layer) {
+  for (auto& [name, linear] : layer_linears(layer))
+    if (linear->lora && linear->lora->dropout > 0) return true;
+  return false;
+}
+
+// The default generator of `device`, whose state a checkpointed layer with LoRA dropout
+// saves in forward and replays in its recompute (torch.utils.checkpoint's preserve_rng_state).
+at::Generator generator_of(const torch::Device& device) {
+  return at::globalContext().defaultGenerator(device);
+}
+
+// One decoder layer, recomputed in backward (torch.utils.checkpoint's pattern). The base
+// model has no dropout (config rejects attention_dropout > 0); LoRA dropout is replayed
+// from the generator state saved in forward, so the recompute draws the same masks. Hooks:
+// before_forward/after_forward around the recompute (ZeRO-3 re-gathers the layer there),
+// after_backward once its parameter grads are in .grad.
 class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, DecoderLayerImpl* layer, LayerHooks* hooks,
@@ -42,8 +67,33 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     ctx->saved_data["index"] = index;
     ctx->saved_data["causal"] = causal;
     ctx->save_for_backward({hidden, cos, sin, mask.value_or(torch::Tensor())});
-    return layer->forward(hidden, AttentionInputs{cos, sin, mask, causal}, nullptr,
-                          index);  // grad mode is off here
+    if (!has_lora_dropout(*layer))
+      return layer->forward(hidden, AttentionInputs{cos, sin, mask, causal}, nullptr,
+                            index);  // grad mode is off here
+    auto gen = generator_of(hidden.device());
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      ctx->saved_data["rng"] = gen.get_state();
+    }
+    LoraDropoutScope dropout;  // grad mode is off, but this forward is a training one
+    return layer->forward(hidden, AttentionInputs{cos, sin, mask, causal}, nullptr, index);
+  }
+
+  // Runs `recompute` with the generator state saved in forward (if any), then puts the
+  // generator back where it was.
+  template <typename Fn>
+  static void with_saved_rng(AutogradContext* ctx, const torch::Device& device, Fn recompute) {
+    if (!ctx->saved_data.count("rng")) return recompute();
+    auto gen = generator_of(device);
+    torch::Tensor now;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      now = gen.get_state();
+      gen.set_state(ctx->saved_data["rng"].toTensor());
+    }
+    recompute();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(now);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -56,13 +106,13 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     auto saved = ctx->get_saved_variables();
     auto x = saved[0].detach().requires_grad_(true);
     if (hooks) hooks->before_forward(unit);
-    {
+    with_saved_rng(ctx, x.device(), [&] {
       torch::AutoGradMode enable(true);
       const auto mask = saved[3].defined() ? std::optional<torch::Tensor>(saved[3]) : std::nullopt;
       const AttentionInputs in{saved[1], saved[2], mask, ctx->saved_data["causal"].toBool()};
       auto out = layer->forward(x, in, nullptr, index);
       torch::autograd::backward({out}, {grads[0]});  // accumulates the layer's .grad
-    }
+    });
     if (hooks) {
       hooks->after_forward(unit);
       hooks->after_backward(unit);
@@ -274,6 +324,31 @@ torch::Tensor CausalLM::values(const torch::Tensor& hidden) {
   return out;
 }
 
+std::vector<std::pair<std::string, Linear>> CausalLM::decoder_linears() {
+  std::vector<std::pair<std::string, Linear>> out;
+  for (int64_t i = 0; i < num_layers(); ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    for (auto& [name, linear] : layer_linears(*layers->ptr(i)->as<DecoderLayerImpl>()))
+      out.emplace_back(prefix + name, linear);
+  }
+  return out;
+}
+
+bool CausalLM::has_adapters() {
+  for (auto& [name, linear] : decoder_linears())
+    if (linear->lora) return true;
+  return false;
+}
+
+void CausalLM::set_adapters_enabled(bool enabled) {
+  for (auto& [name, linear] : decoder_linears()) {
+    if (!linear->lora) continue;
+    TORCH_CHECK(enabled || !linear->lora->merged, "CausalLM: adapter of ", name,
+                " is merged into the base weight and cannot be disabled");
+    linear->lora->enabled = enabled;
+  }
+}
+
 std::vector<std::pair<std::string, torch::Tensor>> CausalLM::state_tensors() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const auto& p : named_parameters()) out.emplace_back(p.key(), p.value());
@@ -289,6 +364,13 @@ std::vector<ParamUnit> CausalLM::param_units() {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     for (const auto& p : layers->ptr(i)->named_parameters())
       unit.params.emplace_back(prefix + p.key(), p.value());
+    for (auto& [name, linear] : layer_linears(*layers->ptr(i)->as<DecoderLayerImpl>())) {
+      if (!linear->lora) continue;
+      unit.params.emplace_back(prefix + name + ".lora_A.weight", linear->lora->A);
+      unit.params.emplace_back(prefix + name + ".lora_B.weight", linear->lora->B);
+      shape_of[prefix + name + ".lora_A.weight"] = linear->lora->a_shape;
+      shape_of[prefix + name + ".lora_B.weight"] = linear->lora->b_shape;
+    }
     units.push_back(std::move(unit));
   }
   ParamUnit head{"head", {{"model.norm.weight", norm->weight}}, {}};

@@ -113,6 +113,14 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   void set_checkpointing(Checkpointing mode) { checkpointing_ = mode; }
   Checkpointing checkpointing() const { return checkpointing_; }
 
+  // Every linear map of the decoder layers by HF module name ("model.layers.3.mlp.up_proj"),
+  // layer by layer in the order q, k, v, o, gate, up, down: where LoRA adapters go.
+  std::vector<std::pair<std::string, Linear>> decoder_linears();
+  // LoRA (models/lora.h): whether any linear carries an adapter; switch every adapter's
+  // term off (false: the base model's forward, PPO/DPO's reference) or back on.
+  bool has_adapters();
+  void set_adapters_enabled(bool enabled);
+
   // The tensors a checkpoint holds, by HF name (a tied lm_head is not listed).
   std::vector<std::pair<std::string, torch::Tensor>> state_tensors();
 
@@ -120,10 +128,13 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // With tie_word_embeddings the head reads unit 0's embedding matrix (listed in unit 0 only).
   // Hook order: forward() calls before/after_forward(u) around the embedding (0), each layer
   // (1..L) and the final norm (L+1); log_probs()/logits()/values() call them around the head
-  // again (L+1). In backward, each checkpointed layer u calls before_forward(u), recomputes
-  // and back-propagates the layer, then after_forward(u), then after_backward(u) (its .grad
-  // is complete). Units 0 and L+1 (and layers without checkpointing) are referenced by
-  // autograd's saved tensors until backward passes them: ZeRO-3 must keep them gathered.
+  // again (L+1). A layer's LoRA adapters (A then B per linear, named
+  // "<module>.lora_A.weight" / "<module>.lora_B.weight") follow its own parameters in its
+  // unit; apply_lora freezes the base parameters (requires_grad false). In backward, each
+  // checkpointed layer u calls before_forward(u), recomputes and back-propagates the layer, then
+  // after_forward(u), then after_backward(u) (its .grad is complete). Units 0 and L+1 (and layers
+  // without checkpointing) are referenced by autograd's saved tensors until backward passes them:
+  // ZeRO-3 must keep them gathered.
   std::vector<ParamUnit> param_units() override;
   void set_layer_hooks(LayerHooks* hooks) override { hooks_ = hooks; }
   LayerHooks* layer_hooks() const { return hooks_; }

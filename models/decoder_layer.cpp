@@ -62,6 +62,7 @@ torch::Tensor heads_of(Linear& proj, RMSNormImpl* norm, const torch::Tensor& x, 
 // the bias once (HF's o_proj / down_proj bias is replicated, not split).
 torch::Tensor row_parallel(Linear& linear, const torch::Tensor& x, const TensorParallel* tp) {
   if (tp == nullptr || !tp->enabled()) return linear->forward(x);
+  TORCH_CHECK(!linear->lora, "LoRA adapters on a tensor-parallel shard are not supported");
   auto out = at::linear(x, linear->weight).contiguous();
   tensor_parallel_all_reduce(*tp, out);
   if (linear->bias.defined()) out = out + linear->bias;

@@ -85,7 +85,12 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
           spec.get_int("algo.kl.horizon")) {
   run_dir_ = run_directory(spec);
   c_ = PpoConfig::from_spec(spec, run_dir_);
-  has_ref_ = spec.uses(Role::kRef);
+  // No ref workers for a LoRA actor on the reference's model (core/spec_rules.cpp used_roles).
+  ref_from_actor_ =
+      !spec.uses(Role::kRef) &&
+      (spec.get_float("algo.kl.init_coef") > 0 || spec.get_bool("algo.kl.use_loss")) &&
+      (spec.get_int("actor.lora.rank") > 0 || !spec.get_string("actor.lora.adapter").empty());
+  has_ref_ = spec.uses(Role::kRef) || ref_from_actor_;
   has_critic_ = spec.uses(Role::kCritic);
   has_reward_model_ = spec.uses(Role::kReward);
   {

@@ -212,9 +212,10 @@ Experience PpoJob::score(Scheduler& s, Rollout& r) {
   };
   json actor_args = args;
   actor_args["entropy"] = true;
+  actor_args["reference"] = ref_from_actor_;
   auto old = call(Role::kActor, "log_probs", actor_args);
   std::future<Scored> ref, values, model_scores;
-  if (has_ref_) ref = call(Role::kRef, "log_probs", args);
+  if (has_ref_ && !ref_from_actor_) ref = call(Role::kRef, "log_probs", args);
   if (has_critic_) values = call(Role::kCritic, "values", args);
   if (has_reward_model_)
     model_scores = call(Role::kReward, "score",
@@ -232,7 +233,9 @@ Experience PpoJob::score(Scheduler& s, Rollout& r) {
   const torch::Tensor current = actor_reply.tensor("log_probs");
   set_old_log_probs(e, r, current);
   e.entropy = actor_reply.tensor("entropy");
-  if (has_ref_) e.log_probs_ref = take(ref).tensor("log_probs");
+  if (has_ref_)
+    e.log_probs_ref =
+        ref_from_actor_ ? actor_reply.tensor("ref_log_probs") : take(ref).tensor("log_probs");
   if (has_critic_) e.values = take(values).tensor("values");
   if (has_reward_model_) score_rewards(r, take(model_scores).tensor("scores"));
   e.scores = r.scores;

@@ -235,6 +235,7 @@ class PpoJob {
   KlController kl_;
   std::unique_ptr<rewards::RewardSources> rewards_;
   bool has_ref_ = false, has_critic_ = false, has_reward_model_ = false;
+  bool ref_from_actor_ = false;     // a LoRA actor with adapters off is the reference (issue 30.2)
   nlohmann::json planned_;          // plan.json's per-role figures (null without a plan)
   SyncRoute sync_route_;            // actor -> rollout weight sync (see sync_route)
   nlohmann::json last_sync_;        // the last sync's figures (actor rank 0's reply)

@@ -142,6 +142,52 @@ void TrainerWeights::release(int64_t unit) {
 
 namespace {
 
+bool is_adapter(const std::string& name) {
+  return name.find(".lora_A.weight") != std::string::npos ||
+         name.find(".lora_B.weight") != std::string::npos;
+}
+
+}  // namespace
+
+std::vector<std::vector<TensorSpec>> MergedLoraWeights::layout() {
+  auto layout = inner_.layout();
+  for (auto& unit : layout)
+    unit.erase(std::remove_if(unit.begin(), unit.end(),
+                              [](const TensorSpec& s) { return is_adapter(s.name); }),
+               unit.end());
+  return layout;
+}
+
+NamedTensors MergedLoraWeights::acquire(int64_t unit) {
+  const NamedTensors all = inner_.acquire(unit);
+  std::map<std::string, torch::Tensor> by_name(all.begin(), all.end());
+  held_.clear();
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : all) {
+    if (is_adapter(name)) continue;
+    const std::string module = name.size() > 7 ? name.substr(0, name.size() - 7) : "";
+    auto a = by_name.find(module + ".lora_A.weight");
+    if (name.compare(name.size() - std::min<size_t>(7, name.size()), 7, ".weight") != 0 ||
+        a == by_name.end()) {
+      held_.emplace_back(name, tensor);
+      continue;
+    }
+    // PEFT's merge: W + (B @ A) * scaling, in FP32.
+    const auto& b = by_name.at(module + ".lora_B.weight");
+    auto merged = tensor.to(torch::kFloat32) +
+                  torch::matmul(b.to(torch::kFloat32), a->second.to(torch::kFloat32)) * scale_;
+    held_.emplace_back(name, merged.to(tensor.scalar_type()));
+  }
+  return held_;
+}
+
+void MergedLoraWeights::release(int64_t unit) {
+  held_.clear();
+  inner_.release(unit);
+}
+
+namespace {
+
 // The order both sides walk the weights in: units in order, each unit's tensors sorted by
 // name, each tensor's elements in order, cut into buckets of `capacity` elements.
 class BucketCursor {

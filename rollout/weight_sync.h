@@ -73,6 +73,23 @@ class TrainerWeights final : public WeightSource {
   bool gathered_here_ = false;  // acquire() gathered the unit, so release() frees it
 };
 
+// A LoRA trainer's weights as the plain model the rollout holds (issue 30.3, its first
+// path): each adapted linear goes as W + scale B A, computed in FP32 from the gathered unit
+// and sent in W's dtype; the adapters themselves are not sent. One unit's merged weights
+// exist at a time (acquire to release), never a whole merged copy.
+class MergedLoraWeights final : public WeightSource {
+ public:
+  MergedLoraWeights(engine::Trainer& trainer, double scale) : inner_(trainer), scale_(scale) {}
+  std::vector<std::vector<TensorSpec>> layout() override;
+  NamedTensors acquire(int64_t unit) override;
+  void release(int64_t unit) override;
+
+ private:
+  TrainerWeights inner_;
+  double scale_;       // alpha / r (or alpha / sqrt r)
+  NamedTensors held_;  // the merged tensors of the acquired unit
+};
+
 // How the buckets travel from the actor to the rollout ranks.
 enum class SyncPath {
   kGloo,     // Gloo broadcast (CPU tensors; CUDA ones staged through the host)
