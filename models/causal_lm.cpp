@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "core/text.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
 #include "models/paged_kv_cache.h"
@@ -20,11 +21,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // One decoder layer, recomputed in backward (torch.utils.checkpoint's pattern). The model
 // has no dropout (config rejects attention_dropout > 0), so the recompute is deterministic
