@@ -11,6 +11,7 @@
 #include "actors/device.h"
 #include "actors/offline_operations.h"
 #include "core/errors.h"
+#include "core/timing.h"
 #include "engine/token_budget.h"
 #include "models/lora.h"
 #include "models/pretrained.h"
@@ -546,9 +547,8 @@ Message move_optimizer_state(ModelRole& role, const std::string& op, const Worke
       offload ? role.trainer->offload_optimizer_state() : role.trainer->restore_optimizer_state();
   release_cached_device_memory(self);
   Message reply;
-  reply.args = {
-      {offload ? "offloaded_bytes" : "restored_bytes", moved},
-      {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  reply.args = {{offload ? "offloaded_bytes" : "restored_bytes", moved},
+                {"seconds", seconds_since(start)}};
   if (on_cuda(self)) {
     const CudaMemory m = cuda_memory();
     reply.args["cuda_allocated_bytes"] = m.allocated;

@@ -9,6 +9,7 @@
 
 #include "actors/device.h"
 #include "core/errors.h"
+#include "core/timing.h"
 #include "engine/host_offload.h"
 #include "models/config.h"
 #include "models/pretrained.h"
@@ -65,9 +66,7 @@ Message sleep(RolloutState& state, const WorkerIdentity& self) {
   }
   release_cached_device_memory(self);
   Message reply;
-  reply.args = {
-      {"offloaded_bytes", moved},
-      {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  reply.args = {{"offloaded_bytes", moved}, {"seconds", seconds_since(start)}};
   add_device_bytes(reply.args, self);
   return reply;
 }
@@ -79,9 +78,7 @@ Message wake_up(RolloutState& state, const WorkerIdentity& self) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t moved = state.asleep.restore();
   Message reply;
-  reply.args = {
-      {"restored_bytes", moved},
-      {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+  reply.args = {{"restored_bytes", moved}, {"seconds", seconds_since(start)}};
   add_device_bytes(reply.args, self);
   return reply;
 }

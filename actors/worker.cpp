@@ -14,7 +14,9 @@
 
 #include "actors/device.h"
 #include "core/errors.h"
+#include "core/host.h"
 #include "core/placement.h"
+#include "core/timing.h"
 #include "transport/channel.h"
 
 namespace rlhf {
@@ -42,12 +44,6 @@ int env_int(const char* name) {
   }
   throw InputError(std::string("environment variable ") + name + "=\"" + v +
                    "\": expected a non-negative integer");
-}
-
-std::string hostname() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
 }
 
 // The header's kind, or kRequest when the header is unreadable (the operation thread then
@@ -111,9 +107,7 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       device_memory.end(request.op);
       if (shares_device) release_cached_device_memory(self);
       // The handler's own time, so drivers can tell worker compute from everything around it.
-      if (reply.args.is_object())
-        reply.args["compute_s"] =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (reply.args.is_object()) reply.args["compute_s"] = seconds_since(started);
       reply.kind = MessageKind::kReply;
       reply.id = request.id;
       reply.op = request.op;
@@ -187,9 +181,12 @@ int Worker::run() {
 
   Message hello;
   hello.kind = MessageKind::kRegister;
-  hello.args = {{"token", config_.token}, {"role", self.role},
-                {"rank", self.rank},      {"pid", static_cast<int64_t>(getpid())},
-                {"host", hostname()},     {"device", self.device}};
+  hello.args = {{"token", config_.token},
+                {"role", self.role},
+                {"rank", self.rank},
+                {"pid", static_cast<int64_t>(getpid())},
+                {"host", host_name().value_or("?")},
+                {"device", self.device}};
   if (config_.on_assigned) hello.args["join"] = true;  // any free place, or the one asked for
   if (config_.on_assigned && self.role.empty()) hello.args.erase("rank");
   if (config_.on_assigned && !self.node.empty()) hello.args["node"] = self.node;

@@ -3,7 +3,6 @@
 // plain memcpy of the same bytes. Prints figures and ratios; asserts nothing.
 // Usage: bench_engine [--steps S] [--seq T] [--micro-batch B] [--comm-mib M] [--train 0|1]
 //        [--threads K per rank; default cores / N]
-#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -17,19 +16,18 @@
 #include <thread>
 #include <vector>
 
+#include "bench/flags.h"
+#include "bench/rank_processes.h"
+#include "core/timing.h"
 #include "engine/trainer.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
-#include "transport/collective_group.h"
+#include "tests/support/collective.h"
 
 using namespace rlhf;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 struct Options {
   int64_t steps = 3;
@@ -39,15 +37,6 @@ struct Options {
   bool train = true;
   int64_t threads = 0;  // per rank; 0: the machine's cores / N
 };
-
-std::unique_ptr<transport::CollectiveGroup> join(int rank, int size, const std::string& store) {
-  transport::CollectiveConfig config;
-  config.rank = rank;
-  config.size = size;
-  config.store_path = store;
-  config.timeout = std::chrono::minutes(10);
-  return transport::make_collective_group(config);
-}
 
 double best_of(int reps, const std::function<void()>& fn) {
   double best = 1e30;
@@ -158,36 +147,12 @@ void run_ranks(const std::string& mode, int n, const Options& o, char** argv) {
   const std::string store = dir + "/store_" + mode + std::to_string(n);
   std::remove(store.c_str());
   std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      std::vector<std::string> args{"/proc/self/exe",
-                                    "--rank",
-                                    mode,
-                                    std::to_string(n),
-                                    std::to_string(r),
-                                    store,
-                                    dir + "/out",
-                                    std::to_string(o.steps),
-                                    std::to_string(o.seq),
-                                    std::to_string(o.micro_batch),
-                                    std::to_string(o.comm_mib),
-                                    std::to_string(o.threads)};
-      std::vector<char*> cargs;
-      for (auto& a : args) cargs.push_back(a.data());
-      cargs.push_back(nullptr);
-      ::execv(cargs[0], cargs.data());
-      ::_exit(127);
-    }
-    if (pid < 0) throw std::runtime_error("fork failed");
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw std::runtime_error("a rank failed (" + mode + ")");
-  }
+  for (int r = 0; r < n; ++r)
+    pids.push_back(bench::start_process(
+        {"/proc/self/exe", "--rank", mode, std::to_string(n), std::to_string(r), store,
+         dir + "/out", std::to_string(o.steps), std::to_string(o.seq),
+         std::to_string(o.micro_batch), std::to_string(o.comm_mib), std::to_string(o.threads)}));
+  for (pid_t pid : pids) bench::wait_process(pid, "a rank (" + mode + ")");
   std::ifstream in(dir + "/out");
   std::cout << in.rdbuf() << std::flush;
 }
@@ -204,7 +169,7 @@ int main(int argc, char** argv) {
           std::stoll(argv[11])};
       const int cores = static_cast<int>(std::thread::hardware_concurrency());
       torch::set_num_threads(o.threads > 0 ? static_cast<int>(o.threads) : std::max(1, cores / n));
-      auto group = join(rank, n, argv[5]);
+      auto group = test::join_group(argv[5], rank, n, std::chrono::minutes(10));
       std::ostringstream out;
       if (mode == "train")
         train_rank(*group, o, out);
@@ -213,25 +178,17 @@ int main(int argc, char** argv) {
       if (rank == 0) std::ofstream(argv[6]) << out.str();
       return 0;
     }
+    bench::Flags flags(argc, argv,
+                       "usage: bench_engine [--steps S] [--seq T] [--micro-batch B] "
+                       "[--comm-mib M] [--train 0|1] [--threads K]");
     Options o;
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string key = argv[i];
-      const int64_t value = std::stoll(argv[i + 1]);
-      if (key == "--steps")
-        o.steps = value;
-      else if (key == "--seq")
-        o.seq = value;
-      else if (key == "--micro-batch")
-        o.micro_batch = value;
-      else if (key == "--comm-mib")
-        o.comm_mib = value;
-      else if (key == "--train")
-        o.train = value != 0;
-      else if (key == "--threads")
-        o.threads = value;
-      else
-        throw std::runtime_error("unknown option " + key);
-    }
+    o.steps = flags.integer("--steps", o.steps);
+    o.seq = flags.integer("--seq", o.seq);
+    o.micro_batch = flags.integer("--micro-batch", o.micro_batch);
+    o.comm_mib = flags.integer("--comm-mib", o.comm_mib);
+    o.train = flags.integer("--train", 1) != 0;
+    o.threads = flags.integer("--threads", o.threads);
+    flags.check_all_known();
     std::ifstream cpuinfo("/proc/cpuinfo");
     const std::string info((std::istreambuf_iterator<char>(cpuinfo)), {});
     std::cout << "cores " << std::thread::hardware_concurrency() << ", amx_bf16 "

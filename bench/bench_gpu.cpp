@@ -36,7 +36,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/proc_memory.h"
+#include "core/timing.h"
 #include "engine/trainer.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
@@ -77,74 +79,49 @@ struct Options {
   std::string out;  // JSON figures, when set
 };
 
-std::vector<std::string> split_csv(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 Options parse_options(int argc, char** argv) {
+  bench::Flags flags(argc, argv, kUsage);
   Options o;
-  std::string device = "cuda";
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + k + "\n" + kUsage);
-    const std::string v = argv[++i];
-    if (k == "--device")
-      device = v;
-    else if (k == "--models")
-      o.models = split_csv(v);
-    else if (k == "--batches") {
-      for (const auto& b : split_csv(v)) o.batches.push_back(std::stoll(b));
-    } else if (k == "--new-tokens")
-      o.new_tokens = std::stoll(v);
-    else if (k == "--prompt-len")
-      o.prompt_len = std::stoll(v);
-    else if (k == "--train-seq")
-      o.train_seq = std::stoll(v);
-    else if (k == "--train-batch")
-      o.train_batch = std::stoll(v);
-    else if (k == "--steps")
-      o.steps = std::stoll(v);
-    else if (k == "--zero")
-      o.zero_stage = std::stoi(v);
-    else if (k == "--peak-tflops")
-      o.peak_flops = std::stod(v) * 1e12;
-    else if (k == "--threads")
-      o.threads = std::stoi(v);
-    else if (k == "--sections") {
-      const auto sections = split_csv(v);
-      auto has = [&](const char* s) {
-        return std::find(sections.begin(), sections.end(), s) != sections.end();
-      };
-      o.decode = has("decode");
-      o.train = has("train");
-      if (!o.decode && !o.train)
-        throw std::invalid_argument("--sections: decode, train or both, got " + v);
-    } else if (k == "--engines") {
-      o.engines = split_csv(v);
-      for (const auto& e : o.engines)
-        if (e != "contiguous" && e != "paged" && e != "graphs")
-          throw std::invalid_argument("--engines: contiguous, paged or graphs, got " + e);
-    } else if (k == "--out")
-      o.out = v;
-    else
-      throw std::invalid_argument("unknown option " + k + "\n" + kUsage);
-  }
+  const std::string device = flags.text("--device", "cuda");
+  o.models = flags.list("--models", {});
+  o.batches = flags.integers("--batches", {});
+  o.new_tokens = flags.integer("--new-tokens", o.new_tokens);
+  o.prompt_len = flags.integer("--prompt-len", o.prompt_len);
+  o.train_seq = flags.integer("--train-seq", o.train_seq);
+  o.train_batch = flags.integer("--train-batch", o.train_batch);
+  o.steps = flags.integer("--steps", o.steps);
+  o.zero_stage = static_cast<int>(flags.integer("--zero", o.zero_stage));
+  o.peak_flops = flags.number("--peak-tflops", 0.0) * 1e12;
+  o.threads = static_cast<int>(flags.integer("--threads", o.threads));
+  const auto sections = flags.list("--sections", {"decode", "train"});
+  auto has = [&](const char* s) {
+    return std::find(sections.begin(), sections.end(), s) != sections.end();
+  };
+  o.decode = has("decode");
+  o.train = has("train");
+  if (!o.decode && !o.train)
+    throw std::invalid_argument("--sections: decode, train or both, got " +
+                                flags.text("--sections"));
+  o.engines = flags.list("--engines", {});
+  for (const auto& e : o.engines)
+    if (e != "contiguous" && e != "paged" && e != "graphs")
+      throw std::invalid_argument("--engines: contiguous, paged or graphs, got " + e);
+  o.out = flags.text("--out");
+  flags.check_all_known();
   if (device != "cuda" && device != "cpu")
     throw std::invalid_argument("--device must be cuda or cpu, got " + device);
   const bool cuda = device == "cuda";
   o.device = cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-  if (o.models.empty()) o.models = cuda ? split_csv("0.5b,1.5b") : split_csv("tiny");
+  if (o.models.empty())
+    o.models = cuda ? bench::split_list("0.5b,1.5b") : bench::split_list("tiny");
   if (o.batches.empty())
     o.batches = cuda ? std::vector<int64_t>{1, 32, 256} : std::vector<int64_t>{1, 8};
   if (o.train_seq == 0) o.train_seq = cuda ? 1024 : 128;
   if (o.train_batch == 0) o.train_batch = cuda ? 8 : 2;
   if (o.steps == 0) o.steps = cuda ? 3 : 2;
   if (o.engines.empty())
-    o.engines = cuda ? split_csv("contiguous,paged,graphs") : split_csv("contiguous,paged");
+    o.engines =
+        cuda ? bench::split_list("contiguous,paged,graphs") : bench::split_list("contiguous,paged");
   if (o.threads == 0 && !cuda) o.threads = 1;
   if (o.zero_stage != 1 && o.zero_stage != 3)
     throw std::invalid_argument("--zero must be 1 or 3, got " + std::to_string(o.zero_stage));
@@ -156,10 +133,6 @@ Options parse_options(int argc, char** argv) {
 }
 
 // --- Device: timing, memory, limits ------------------------------------------------------
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 void synchronize(torch::Device d) {
   if (d.is_cuda()) torch::cuda::synchronize(d.index());

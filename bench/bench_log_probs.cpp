@@ -23,7 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/proc_memory.h"
+#include "core/timing.h"
 #include "engine/trainer.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
@@ -45,10 +47,6 @@ struct Figures {
   double above = 0;    // VmHWM - RSS before the measured calls, bytes
   double seconds = 0;  // per call (the train step: the mean after the first)
 };
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::shared_ptr<models::CausalLM> make_model(const Options& o, int64_t chunk) {
   models::ModelConfig c = models::preset_config("tiny");  // 2 layers, hidden 64
@@ -113,41 +111,19 @@ std::vector<double> train_step(const Options& o, int64_t chunk) {
           later / static_cast<double>(std::max<int64_t>(1, o.steps - 1))};
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  size_t at = 0;
-  while (at <= s.size()) {
-    const size_t comma = s.find(',', at);
-    out.push_back(std::stoll(s.substr(at, comma - at)));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
-
 Options parse(int argc, char** argv) {
+  bench::Flags flags(argc, argv,
+                     "usage: bench_log_probs [--rows 4] [--seq 1500] [--vocab 151936] "
+                     "[--steps 2] [--threads 1] [--chunks 0,1024] [--dtype fp32|bf16]");
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rows")
-      o.rows = std::stoll(v);
-    else if (k == "--seq")
-      o.seq = std::stoll(v);
-    else if (k == "--vocab")
-      o.vocab = std::stoll(v);
-    else if (k == "--steps")
-      o.steps = std::stoll(v);
-    else if (k == "--threads")
-      o.threads = std::stoll(v);
-    else if (k == "--chunks")
-      o.chunks = parse_list(v);
-    else if (k == "--dtype")
-      o.dtype = v == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-    else
-      throw std::invalid_argument("unknown option " + k);
-  }
-  if (argc % 2 == 0)
-    throw std::invalid_argument(std::string("missing value for ") + argv[argc - 1]);
+  o.rows = flags.integer("--rows", o.rows);
+  o.seq = flags.integer("--seq", o.seq);
+  o.vocab = flags.integer("--vocab", o.vocab);
+  o.steps = flags.integer("--steps", o.steps);
+  o.threads = flags.integer("--threads", o.threads);
+  o.chunks = flags.integers("--chunks", o.chunks);
+  o.dtype = flags.text("--dtype", "fp32") == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  flags.check_all_known();
   return o;
 }
 
@@ -158,7 +134,13 @@ double gb(double bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o;
+  try {
+    o = parse(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "bench_log_probs: %s\n", e.what());
+    return 2;
+  }
   torch::set_num_threads(static_cast<int>(o.threads));
   std::printf(
       "%s, %lld rows x %lld tokens, vocab %lld, tiny preset (2 layers, hidden 64), "

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/proc_memory.h"
 #include "engine/memory_plan.h"
 #include "models/causal_lm.h"
@@ -48,27 +49,20 @@ double measure(CausalLM& model, const torch::Tensor& ids) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string preset = "100m";
+  std::string preset;
   int64_t batch = 1;
-  std::vector<int64_t> seqs = {128, 256, 512};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--preset")
-      preset = v;
-    else if (k == "--batch")
-      batch = std::stoll(v);
-    else if (k == "--seq") {
-      seqs.clear();
-      for (size_t p = 0; p < v.size();) {
-        const size_t q = v.find(',', p);
-        seqs.push_back(std::stoll(v.substr(p, q - p)));
-        p = q == std::string::npos ? v.size() : q + 1;
-      }
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_memory_plan [--preset 100m] [--batch 1] [--seq 128,256,512]\n");
-      return 2;
-    }
+  std::vector<int64_t> seqs;
+  try {
+    rlhf::bench::Flags flags(argc, argv,
+                             "usage: bench_memory_plan [--preset 100m] [--batch 1] "
+                             "[--seq 128,256,512]");
+    preset = flags.text("--preset", "100m");
+    batch = flags.integer("--batch", 1);
+    seqs = flags.integers("--seq", {128, 256, 512});
+    flags.check_all_known();
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "bench_memory_plan: %s\n", e.what());
+    return 2;
   }
   torch::set_num_threads(1);
   const auto config = rlhf::models::preset_config(preset);

@@ -23,19 +23,20 @@
 #include <sstream>
 #include <string>
 
+#include "bench/flags.h"
 #include "bench/proc_memory.h"
+#include "core/timing.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
 
 namespace {
 
+using rlhf::seconds_since;
+
 using Clock = std::chrono::steady_clock;
 using rlhf::models::CausalLM;
 using rlhf::models::Checkpointing;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 using rlhf::bench::hwm_bytes;
 using rlhf::bench::reset_hwm;
 using rlhf::bench::rss_bytes;
@@ -121,27 +122,24 @@ std::string mib(double bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string preset = "100m";
+  std::string preset;
   int64_t batch = 1;
-  std::vector<int64_t> seqs = {256, 512};
+  std::vector<int64_t> seqs;
   int steps = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--preset")
-      preset = v;
-    else if (k == "--batch")
-      batch = std::stoll(v);
-    else if (k == "--steps")
-      steps = std::stoi(v);
-    else if (k == "--threads")
-      torch::set_num_threads(std::stoi(v));
-    else if (k == "--seq")
-      seqs = {std::stoll(v.substr(0, v.find(','))), std::stoll(v.substr(v.find(',') + 1))};
-    else {
-      std::cerr << "usage: bench_model [--preset 100m] [--batch 1] [--seq 256,512] [--threads N] "
-                   "[--steps 2]\n";
-      return 2;
-    }
+  try {
+    rlhf::bench::Flags flags(argc, argv,
+                             "usage: bench_model [--preset 100m] [--batch 1] [--seq 256,512] "
+                             "[--threads N] [--steps 2]");
+    preset = flags.text("--preset", "100m");
+    batch = flags.integer("--batch", 1);
+    seqs = flags.integers("--seq", {256, 512});
+    steps = static_cast<int>(flags.integer("--steps", 1));
+    const int64_t threads = flags.integer("--threads", 0);
+    flags.check_all_known();
+    if (threads > 0) torch::set_num_threads(static_cast<int>(threads));
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "bench_model: " << e.what() << '\n';
+    return 2;
   }
   std::string load;
   std::getline(std::ifstream("/proc/loadavg"), load);

@@ -19,16 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "core/timing.h"
 #include "pyhost/python_pool.h"
 
 namespace {
 
+using rlhf::seconds_since;
+
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

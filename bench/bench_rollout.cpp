@@ -1,20 +1,17 @@
 // Rollout benchmark: decode tokens/s of the 100m preset (BF16) at several batch sizes and
 // prompt lengths, beside the memory-bandwidth bound (bytes a decode step must read: weights +
 // KV cache, over the memcpy bandwidth measured here) and the compute bound (2 x parameters
-// FLOP per token over a measured BF16 matmul rate), and weight-sync seconds per GB over
-// Gloo between two processes (this program re-executed as the receiver).
+// FLOP per token over a measured BF16 matmul rate).
 // Then decode tokens/s of one batch of 32 prompts under a KV budget (rollout.kv_cache_memory_gb)
 // of the whole cache, a half and a quarter (the waves run one after another).
 // Then paged against contiguous generation (bench_paged).
+// The actor -> rollout weight sync of the same model is bench_sync's: bench_sync --model 100m.
 // Usage: bench_rollout [--threads N] [--new-tokens R] [--quick] [--paged-only]
 #include <ATen/Parallel.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -22,20 +19,16 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
+#include "core/timing.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
 #include "rollout/generator.h"
-#include "rollout/weight_sync.h"
-#include "transport/collective_group.h"
 
 using namespace rlhf;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Best of 5 copies of a 256 MiB buffer: bytes read + written per second.
 double memcpy_bandwidth() {
@@ -131,56 +124,6 @@ void bench_decode(double bandwidth, double flops, int64_t new_tokens, bool quick
   }
 }
 
-std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int rank) {
-  transport::CollectiveConfig config;
-  config.rank = rank;
-  config.size = 2;
-  config.store_path = store;
-  config.timeout = std::chrono::seconds(300);
-  return transport::make_collective_group(config);
-}
-
-int sync_receiver(const std::string& store, int rounds) {
-  auto model = model_100m(1);
-  auto group = join(store, 1);
-  for (int i = 0; i < rounds; ++i) rollout::receive_weights(*model, *group);
-  return 0;
-}
-
-void bench_sync(const std::string& self, double bandwidth) {
-  const auto store =
-      (std::filesystem::temp_directory_path() / ("bench_rollout_sync_" + std::to_string(getpid())))
-          .string();
-  std::filesystem::remove(store);
-  const int rounds = 3;
-  pid_t child = fork();
-  if (child < 0) throw std::runtime_error("fork failed");
-  if (child == 0) {
-    const std::string r = std::to_string(rounds);
-    execl(self.c_str(), self.c_str(), "--sync-receiver", store.c_str(), r.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  auto model = model_100m(0);
-  auto group = join(store, 0);
-  rollout::ModelWeights source(*model);
-  double best = 1e30;
-  int64_t bytes = 0;
-  for (int i = 0; i < rounds; ++i) {
-    auto stats = rollout::send_weights(source, group.get(), i + 1, rollout::SyncOptions{});
-    best = std::min(best, stats.seconds);
-    bytes = stats.bytes;
-  }
-  int status = 0;
-  if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw std::runtime_error("sync receiver failed");
-  std::filesystem::remove(store);
-  const double gb = static_cast<double>(bytes) / 1e9;
-  std::cout << "\nweight sync (Gloo, 2 processes, BF16, 256 MiB buckets, best of " << rounds
-            << "): " << gb << " GB in " << best << " s = " << best / gb << " s/GB (" << gb / best
-            << " GB/s; memcpy moves " << bandwidth / 2e9 << " GB/s of payload)\n";
-}
-
 }  // namespace
 
 // Decode tokens/s of 32 prompts of 256 tokens (1 sample each) with the KV cache bounded to
@@ -268,28 +211,14 @@ void bench_paged(int64_t new_tokens, bool quick) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc == 4 && std::string(argv[1]) == "--sync-receiver") {
-      torch::set_num_threads(1);
-      return sync_receiver(argv[2], std::stoi(argv[3]));
-    }
-    int threads = 1;
-    int64_t new_tokens = 32;
-    bool quick = false, paged_only = false;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--threads" && i + 1 < argc)
-        threads = std::stoi(argv[++i]);
-      else if (a == "--new-tokens" && i + 1 < argc)
-        new_tokens = std::stoll(argv[++i]);
-      else if (a == "--quick")
-        quick = true;
-      else if (a == "--paged-only")
-        paged_only = true;
-      else
-        throw std::invalid_argument("unknown argument " + a +
-                                    " (usage: bench_rollout [--threads N] "
-                                    "[--new-tokens R] [--quick] [--paged-only])");
-    }
+    bench::Flags flags(argc, argv,
+                       "usage: bench_rollout [--threads N] [--new-tokens R] [--quick] "
+                       "[--paged-only]",
+                       {"--quick", "--paged-only"});
+    const int threads = static_cast<int>(flags.integer("--threads", 1));
+    const int64_t new_tokens = flags.integer("--new-tokens", 32);
+    const bool quick = flags.on("--quick"), paged_only = flags.on("--paged-only");
+    flags.check_all_known();
     torch::set_num_threads(threads);
     std::ifstream cpuinfo("/proc/cpuinfo");
     const std::string info((std::istreambuf_iterator<char>(cpuinfo)), {});
@@ -306,7 +235,6 @@ int main(int argc, char** argv) {
       bench_kv_budget(new_tokens);
     }
     bench_paged(new_tokens, quick);
-    if (!paged_only) bench_sync("/proc/self/exe", bw);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "bench_rollout: " << e.what() << '\n';

@@ -25,34 +25,24 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/proc_memory.h"
 #include "bench/rank_processes.h"
+#include "core/timing.h"
 #include "engine/sharded_inference.h"
 #include "engine/trainer.h"
 #include "models/pretrained.h"
-#include "transport/collective_group.h"
+#include "tests/support/collective.h"
 
 namespace {
+
+using rlhf::seconds_since;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using rlhf::bench::heap_bytes;
 using rlhf::bench::hwm_bytes;
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::unique_ptr<rlhf::transport::CollectiveGroup> join(int rank, int size,
-                                                       const std::string& store) {
-  rlhf::transport::CollectiveConfig config;
-  config.rank = rank;
-  config.size = size;
-  config.store_path = store;
-  config.timeout = std::chrono::seconds(300);
-  return rlhf::transport::make_collective_group(config);
-}
 
 torch::Tensor batch(int64_t rows, int64_t len, int64_t vocab) {
   auto gen = at::detail::createCPUGenerator(11);
@@ -62,7 +52,7 @@ torch::Tensor batch(int64_t rows, int64_t len, int64_t vocab) {
 // One rank of ZeRO-3 BF16 training: sharded load, one step of `rows` x `len` tokens.
 json train_rank(int rank, int size, const std::string& store, const std::string& dir, int64_t rows,
                 int64_t len) {
-  auto group = join(rank, size, store);
+  auto group = rlhf::test::join_group(store, rank, size, std::chrono::seconds(300));
   const double hwm0 = hwm_bytes(), heap0 = heap_bytes();
   const rlhf::models::PretrainedSource source(dir);
   rlhf::models::CausalLM model(source.config(), rlhf::models::Materialize::kDeferred);
@@ -94,7 +84,7 @@ json score_rank(int rank, int size, const std::string& store, const std::string&
   auto model = std::make_shared<rlhf::models::CausalLM>(source.config(),
                                                         rlhf::models::Materialize::kDeferred);
   std::unique_ptr<rlhf::transport::CollectiveGroup> group;
-  if (size > 1) group = join(rank, size, store);
+  if (size > 1) group = rlhf::test::join_group(store, rank, size, std::chrono::seconds(300));
   std::unique_ptr<rlhf::engine::ShardedInference> sharded;
   const double heap0 = heap_bytes();
   if (size == 1) {
@@ -160,26 +150,21 @@ int main(int argc, char** argv) {
       std::ofstream(argv[9]) << out.dump();
       return 0;
     }
-    std::string preset = "100m";
-    std::vector<int> ranks = {1, 2, 4};
+    std::string preset;
+    std::vector<int> ranks;
     int64_t rows = 4, len = 256;
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string flag = argv[i], value = argv[i + 1];
-      if (flag == "--preset") {
-        preset = value;
-      } else if (flag == "--rows") {
-        rows = std::stoll(value);
-      } else if (flag == "--len") {
-        len = std::stoll(value);
-      } else if (flag == "--ranks") {
-        ranks.clear();
-        std::stringstream list(value);
-        for (std::string n; std::getline(list, n, ',');) ranks.push_back(std::stoi(n));
-      } else {
-        std::cerr
-            << "usage: bench_sharded [--preset 100m] [--ranks 1,2,4] [--rows 4] [--len 256]\n";
-        return 2;
-      }
+    try {
+      rlhf::bench::Flags flags(
+          argc, argv,
+          "usage: bench_sharded [--preset 100m] [--ranks 1,2,4] [--rows 4] [--len 256]");
+      preset = flags.text("--preset", "100m");
+      rows = flags.integer("--rows", 4);
+      len = flags.integer("--len", 256);
+      for (int64_t n : flags.integers("--ranks", {1, 2, 4})) ranks.push_back(static_cast<int>(n));
+      flags.check_all_known();
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "bench_sharded: " << e.what() << '\n';
+      return 2;
     }
     const std::string self = fs::read_symlink("/proc/self/exe").string();
     const fs::path work =

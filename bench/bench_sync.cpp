@@ -1,15 +1,16 @@
 // Weight-sync benchmark: an actor -> rollout sync of a ~0.5B model (Qwen2.5-0.5B's shapes,
-// random init, BF16 on the wire) between two processes (this program re-executed as the
+// random init, BF16 on the wire; --model 100m: the 100m preset bench_rollout generates with,
+// --model tiny for a smoke run) between two processes (this program re-executed as the
 // receiver), in seconds per GB and GB/s, beside the limit a copy of the same bytes on this
-// machine reaches (memcpy on the host; a device-to-device copy on a GPU).
+// machine reaches (memcpy on the host; a device-to-device copy on a GPU). The one weight-sync
+// benchmark (bench_rollout's own sync figure, 100m over Gloo, folded in here).
 //   --device cpu (default): Gloo over loopback TCP, at each --bucket-mb.
 //   --device cuda: both processes on GPU 0 through CUDA IPC (the colocated path) and through
 //   Gloo with CUDA tensors (staged through the host: the comparison); with two GPUs also
 //   NCCL from GPU 0 to GPU 1 (NCCL refuses two ranks on one GPU).
-// Usage: bench_sync [--device cpu|cuda] [--model 0.5b|tiny] [--bucket-mb 32,256]
+// Usage: bench_sync [--device cpu|cuda] [--model 0.5b|100m|tiny] [--bucket-mb 32,256]
 //                   [--rounds N] [--paths cuda_ipc,gloo,nccl]
 #include <c10/cuda/CUDAFunctions.h>
-#include <sys/wait.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -20,13 +21,16 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
+#include "bench/rank_processes.h"
+#include "core/timing.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
 #include "rollout/weight_sync.h"
+#include "tests/support/collective.h"
 #include "transport/collective_group.h"
 
 using namespace rlhf;
@@ -34,22 +38,14 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+constexpr const char* kUsage =
+    "usage: bench_sync [--device cpu|cuda] [--model 0.5b|100m|tiny] [--bucket-mb 32,256] "
+    "[--rounds N] [--paths cuda_ipc,gloo,nccl]";
 
-std::vector<std::string> split_csv(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-// Qwen2.5-0.5B's config.json shapes (as bench_gpu's "0.5b"), or the tiny preset.
+// Qwen2.5-0.5B's config.json shapes (as bench_gpu's "0.5b"), or the 100m or tiny preset.
 models::ModelConfig bench_config(const std::string& name) {
-  if (name == "tiny") return models::preset_config("tiny");
-  if (name != "0.5b") throw std::invalid_argument("--model: 0.5b or tiny, got " + name);
+  if (name == "tiny" || name == "100m") return models::preset_config(name);
+  if (name != "0.5b") throw std::invalid_argument("--model: 0.5b, 100m or tiny, got " + name);
   models::ModelConfig c;
   c.model_type = "qwen2";
   c.architectures = {"Qwen2ForCausalLM"};
@@ -107,14 +103,8 @@ struct Route {
 
 std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int rank,
                                                  const std::string& backend, int gpu) {
-  transport::CollectiveConfig config;
-  config.rank = rank;
-  config.size = 2;
-  config.store_path = store;
-  config.backend = transport::collective_backend(backend);
-  config.cuda_device = gpu;
-  config.timeout = std::chrono::seconds(600);
-  return transport::make_collective_group(config);
+  return test::join_group(store, rank, 2, std::chrono::seconds(600),
+                          transport::collective_backend(backend), gpu);
 }
 
 // The receiver process: argv = --receiver STORE ROUNDS MODEL DEVICE BACKEND GPU.
@@ -146,14 +136,9 @@ Result run(const std::string& self, const std::string& model_name, const std::st
       (std::filesystem::temp_directory_path() / ("bench_sync_" + std::to_string(getpid())))
           .string();
   std::filesystem::remove(store);
-  pid_t child = fork();
-  if (child < 0) throw std::runtime_error("fork failed");
-  if (child == 0) {
-    const std::string r = std::to_string(rounds), g = std::to_string(route.receiver_gpu);
-    execl(self.c_str(), self.c_str(), "--receiver", store.c_str(), r.c_str(), model_name.c_str(),
-          device.c_str(), route.backend.c_str(), g.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  const pid_t receiver =
+      bench::start_process({self, "--receiver", store, std::to_string(rounds), model_name, device,
+                            route.backend, std::to_string(route.receiver_gpu)});
   auto group = join(store, 0, route.backend, route.sender_gpu);
   rollout::ModelWeights source(*model);
   rollout::SyncOptions options;
@@ -167,9 +152,7 @@ Result run(const std::string& self, const std::string& model_name, const std::st
     auto stats = rollout::send_weights(source, group.get(), i + 1, options);
     if (stats.seconds < best.seconds) best = {stats.seconds, stats.bytes, stats.buckets};
   }
-  int status = 0;
-  if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw std::runtime_error("the receiver process failed (" + route.path + ")");
+  bench::wait_process(receiver, "the receiver process (" + route.path + ")");
   std::filesystem::remove(store);
   return best;
 }
@@ -182,27 +165,13 @@ int main(int argc, char** argv) {
       torch::set_num_threads(1);
       return receiver(argv);
     }
-    std::string device = "cpu", model_name = "0.5b", paths_arg;
-    std::vector<std::string> bucket_mb = {"32", "256"};
-    int rounds = 3;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "--device" && i + 1 < argc)
-        device = argv[++i];
-      else if (a == "--model" && i + 1 < argc)
-        model_name = argv[++i];
-      else if (a == "--bucket-mb" && i + 1 < argc)
-        bucket_mb = split_csv(argv[++i]);
-      else if (a == "--rounds" && i + 1 < argc)
-        rounds = std::stoi(argv[++i]);
-      else if (a == "--paths" && i + 1 < argc)
-        paths_arg = argv[++i];
-      else
-        throw std::invalid_argument(
-            "unknown argument " + a +
-            " (usage: bench_sync [--device cpu|cuda] [--model 0.5b|tiny] [--bucket-mb 32,256] "
-            "[--rounds N] [--paths cuda_ipc,gloo,nccl])");
-    }
+    bench::Flags flags(argc, argv, kUsage);
+    const std::string device = flags.text("--device", "cpu");
+    const std::string model_name = flags.text("--model", "0.5b");
+    const std::vector<std::string> bucket_mb = flags.list("--bucket-mb", {"32", "256"});
+    const int rounds = static_cast<int>(flags.integer("--rounds", 3));
+    const auto paths = flags.list("--paths", {"cuda_ipc", "gloo", "nccl"});
+    flags.check_all_known();
     if (device != "cpu" && device != "cuda")
       throw std::invalid_argument("--device: cpu or cuda, got " + device);
     torch::set_num_threads(1);
@@ -210,7 +179,6 @@ int main(int argc, char** argv) {
     const bool cuda = device == "cuda";
     if (cuda) {
       if (!torch::cuda::is_available()) throw std::runtime_error("--device cuda: no CUDA device");
-      const auto paths = split_csv(paths_arg.empty() ? "cuda_ipc,gloo,nccl" : paths_arg);
       for (const auto& p : paths) {
         if (p == "cuda_ipc") routes.push_back({"cuda_ipc", "gloo", 0, 0});
         if (p == "gloo") routes.push_back({"gloo", "gloo", 0, 0});

@@ -16,16 +16,15 @@
 #include <thread>
 #include <vector>
 
+#include "core/timing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
 
+using rlhf::seconds_since;
+
 namespace tk = rlhf::tokenizer;
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // CPU seconds used by all threads of this process: on a machine shared with other jobs the
 // wall-clock ratio is capped by the cores we actually got; MB per CPU-second is not.

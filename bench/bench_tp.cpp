@@ -23,24 +23,19 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/proc_memory.h"
 #include "bench/rank_processes.h"
+#include "core/timing.h"
 #include "models/pretrained.h"
 #include "models/tensor_parallel.h"
 #include "rollout/generator.h"
-#include "transport/collective_group.h"
+#include "tests/support/collective.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::vector<int64_t> parse_list(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream list(text);
-  for (std::string n; std::getline(list, n, ',');) out.push_back(std::stoll(n));
-  return out;
-}
 
 // One TP rank: load its slices, then greedy decode of each batch size (a warm-up call, then
 // the median of 3).
@@ -49,14 +44,7 @@ json tp_rank(int rank, int size, const std::string& store, const std::string& di
   rlhf::models::TensorParallel tp;
   tp.rank = rank;
   tp.size = size;
-  if (size > 1) {
-    rlhf::transport::CollectiveConfig config;
-    config.rank = rank;
-    config.size = size;
-    config.store_path = store;
-    config.timeout = std::chrono::seconds(600);
-    tp.group = rlhf::transport::make_collective_group(config);
-  }
+  if (size > 1) tp.group = rlhf::test::join_group(store, rank, size, std::chrono::seconds(600));
   const double hwm0 = rlhf::bench::hwm_bytes(), heap0 = rlhf::bench::heap_bytes();
   auto model = rlhf::models::load_pretrained(dir, {}, tp);
   // What the rank holds once the load is over (its temporaries freed, the checkpoint unmapped).
@@ -99,9 +87,7 @@ json tp_rank(int rank, int size, const std::string& store, const std::string& di
         }
         rlhf::models::tensor_parallel_gather_vocab(
             tp, torch::ones({b, c.vocab_size / tp.size}, torch::kBFloat16));
-        if (i > 0)
-          steps.push_back(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        if (i > 0) steps.push_back(rlhf::seconds_since(t0));
       }
       std::sort(steps.begin(), steps.end());
       out["collective_ms_" + std::to_string(b)] = steps[steps.size() / 2] * 1e3;
@@ -136,31 +122,29 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
   try {
     if (argc == 10 && std::string(argv[1]) == "--child") {
-      const json out = tp_rank(std::stoi(argv[2]), std::stoi(argv[3]), argv[4], argv[5],
-                               std::stoll(argv[6]), std::stoll(argv[7]), parse_list(argv[8]));
+      const json out =
+          tp_rank(std::stoi(argv[2]), std::stoi(argv[3]), argv[4], argv[5], std::stoll(argv[6]),
+                  std::stoll(argv[7]), rlhf::bench::integer_list(argv[8]));
       std::ofstream(argv[9]) << out.dump();
       return 0;
     }
-    std::string preset = "100m", batches = "1,32";
-    std::vector<int64_t> sizes = {1, 2};
+    std::string preset, batches;
+    std::vector<int64_t> sizes;
     int64_t prompt = 64, new_tokens = 32;
-    for (int i = 1; i + 1 < argc; i += 2) {
-      const std::string flag = argv[i], value = argv[i + 1];
-      if (flag == "--preset") {
-        preset = value;
-      } else if (flag == "--tp") {
-        sizes = parse_list(value);
-      } else if (flag == "--prompt") {
-        prompt = std::stoll(value);
-      } else if (flag == "--new-tokens") {
-        new_tokens = std::stoll(value);
-      } else if (flag == "--batches") {
-        batches = value;
-      } else {
-        std::cerr << "usage: bench_tp [--preset 100m] [--tp 1,2] [--prompt 64] "
-                     "[--new-tokens 32] [--batches 1,32]\n";
-        return 2;
-      }
+    try {
+      rlhf::bench::Flags flags(argc, argv,
+                               "usage: bench_tp [--preset 100m] [--tp 1,2] [--prompt 64] "
+                               "[--new-tokens 32] [--batches 1,32]");
+      preset = flags.text("--preset", "100m");
+      sizes = flags.integers("--tp", {1, 2});
+      prompt = flags.integer("--prompt", 64);
+      new_tokens = flags.integer("--new-tokens", 32);
+      batches = flags.text("--batches", "1,32");
+      rlhf::bench::integer_list(batches);  // checked here, parsed again by each rank
+      flags.check_all_known();
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "bench_tp: " << e.what() << '\n';
+      return 2;
     }
     const std::string self = fs::read_symlink("/proc/self/exe").string();
     const fs::path work = fs::temp_directory_path() / ("bench_tp_" + std::to_string(::getpid()));
@@ -181,7 +165,7 @@ int main(int argc, char** argv) {
               << "M parameters), BF16, paged engine, greedy, prompt " << prompt << ", "
               << new_tokens << " new tokens per row, torch threads 1 per rank\n\n"
               << "TP  held MiB  whole/TP MiB  ratio  params MiB  load peak RSS growth MiB";
-    const auto batch_list = parse_list(batches);
+    const auto batch_list = rlhf::bench::integer_list(batches);
     for (int64_t b : batch_list)
       std::cout << "  tok/s b=" << b << "  speedup (ideal "
                 << "TP)";

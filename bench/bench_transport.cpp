@@ -2,8 +2,8 @@
 // ZeroMQ ipc, tcp loopback and the shared-memory path, each as a ratio to memcpy of the same
 // bytes here; small-message round-trip latency; the scheduler's own time per operation.
 // Usage: bench_transport [path/to/rlhf]   (the rlhf binary, for the scheduler part)
+// (bench_transport --serve ENDPOINT is the receiving process it starts itself.)
 #include <ATen/ATen.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/rank_processes.h"
+#include "core/timing.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
 #include "transport/channel.h"
@@ -23,10 +25,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 const std::vector<size_t> kSizes = {size_t{1} << 20, size_t{16} << 20, size_t{256} << 20};
 
@@ -61,22 +59,21 @@ double memcpy_fresh_gbs(size_t bytes) {
   return bytes / (total / reps_for(bytes)) / 1e9;
 }
 
-// The child: answers every message with a small ack after decoding (and so validating) it.
-[[noreturn]] void serve(int endpoint_pipe) {
-  char buf[256] = {};
-  if (read(endpoint_pipe, buf, sizeof buf - 1) <= 0) _exit(3);
+// The receiving process (--serve ENDPOINT): connects to the sender's endpoint and answers
+// every message with a small ack after decoding (and so validating) it, until "stop".
+int serve(const std::string& endpoint) {
   zmq::context_t ctx(1);
   Channel rep(ctx, zmq::socket_type::rep, milliseconds(0));
-  rep.connect(buf);
+  rep.connect(endpoint);
   while (auto frames = rep.recv(std::nullopt)) {
     Message m = decode(std::move(*frames), MessageLimits{});
-    if (m.op == "stop") _exit(0);
+    if (m.op == "stop") return 0;
     Message ack;
     ack.kind = MessageKind::kReply;
     ack.args = {{"bytes", m.tensors.empty() ? 0 : m.tensors[0].tensor.nbytes()}};
     rep.send(ack);
   }
-  _exit(0);
+  return 0;
 }
 
 struct Peer {
@@ -85,22 +82,11 @@ struct Peer {
   Channel req{ctx, zmq::socket_type::req, milliseconds(0)};
 };
 
+// Binds `bind_endpoint`, then starts this program as the receiver connecting to it.
 std::unique_ptr<Peer> start_peer(const std::string& bind_endpoint) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    close(fds[1]);
-    serve(fds[0]);
-  }
-  close(fds[0]);
   auto peer = std::make_unique<Peer>();
-  peer->pid = pid;
   const std::string endpoint = peer->req.bind(bind_endpoint);
-  if (write(fds[1], endpoint.c_str(), endpoint.size() + 1) < 0)
-    throw std::runtime_error("write failed");
-  close(fds[1]);
+  peer->pid = bench::start_process({"/proc/self/exe", "--serve", endpoint});
   return peer;
 }
 
@@ -108,8 +94,7 @@ void stop_peer(Peer& peer) {
   Message stop;
   stop.op = "stop";
   peer.req.send(stop);
-  int status;
-  waitpid(peer.pid, &status, 0);
+  bench::wait_process(peer.pid, "the receiving process");
 }
 
 double round_trip(Peer& peer, const Message& m, const EncodeOptions& options) {
@@ -204,6 +189,7 @@ void scheduler_overhead(const std::string& rlhf_path, double raw_ipc_round_trip)
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--serve") return serve(argv[2]);
   const std::string rlhf_path = argc > 1 ? argv[1] : "build/cli/rlhf";
   at::set_num_threads(1);
   std::printf("bench_transport: %ld cores\n", sysconf(_SC_NPROCESSORS_ONLN));

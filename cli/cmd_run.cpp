@@ -14,14 +14,14 @@
 #include "cli/commands.h"
 #include "cli/preflight.h"
 #include "cli/spec_args.h"
-#include "core/metrics.h"
 #include "core/placement.h"
 #include "core/run_dir.h"
 #include "core/spec.h"
-#include "core/tensorboard.h"
 #include "engine/driver_state.h"
 #include "engine/memory_check.h"
 #include "report/dashboard.h"
+#include "report/metrics.h"
+#include "report/tensorboard.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/smoke_driver.h"
 #include "scheduler/worker_process.h"
@@ -121,9 +121,11 @@ int cmd_run(const Argv& argv) {
       // The steps after the checkpoint run again: their earlier records go, so each step
       // appears once in metrics.jsonl, and TensorBoard is told to drop their earlier events.
       const std::string metrics = (fs::path(run_directory(spec)) / "metrics.jsonl").string();
-      const int64_t dropped = drop_records_after(metrics, from.step);
-      drop_records_after((fs::path(run_directory(spec)) / "samples.jsonl").string(), from.step);
-      mark_resumed_after((fs::path(run_directory(spec)) / "tensorboard").string(), from.step);
+      const int64_t dropped = report::drop_records_after(metrics, from.step);
+      report::drop_records_after((fs::path(run_directory(spec)) / "samples.jsonl").string(),
+                                 from.step);
+      report::mark_resumed_after((fs::path(run_directory(spec)) / "tensorboard").string(),
+                                 from.step);
       std::cout << "rlhf run: resuming after step " << from.step << " from " << from.file;
       if (dropped > 0)
         std::cout << "; " << dropped << " metrics record" << (dropped == 1 ? "" : "s")

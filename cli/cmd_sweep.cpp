@@ -1,5 +1,5 @@
 // `rlhf sweep SPEC --grid KEY=V1,V2 [--grid ...] [--steps N] [--plan-only]`: every
-// combination as its own `rlhf run` (scheduler/sweep.h), or planned only; SIGINT stops the
+// combination as its own `rlhf run` (sweep/sweep.h), or planned only; SIGINT stops the
 // running variant cleanly and keeps what finished.
 #include <signal.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "cli/commands.h"
 #include "cli/spec_args.h"
 #include "core/errors.h"
-#include "scheduler/sweep.h"
+#include "sweep/sweep.h"
 
 namespace rlhf::cli {
 namespace {

@@ -62,6 +62,10 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b + 1));
 }
 
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
 LineCol line_col(std::string_view text, size_t offset) {
   LineCol lc{1, 1};
   for (size_t i = 0; i < offset && i < text.size(); ++i) {

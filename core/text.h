@@ -16,6 +16,8 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
 std::vector<std::string> split(std::string_view s, char sep);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 std::string trim(std::string_view s);
+// Whether `s` ends with `suffix` (std::string::ends_with is C++20).
+bool ends_with(std::string_view s, std::string_view suffix);
 
 // 1-based line and column of a byte offset in `text`.
 struct LineCol {

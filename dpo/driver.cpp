@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/errors.h"
+#include "core/timing.h"
 #include "dpo/losses.h"
 #include "dpo/offline_job.h"
 #include "dpo/ref_cache.h"
@@ -164,12 +165,9 @@ class DpoJob : public OfflineJob {
     const std::string key = hasher.hex(model_identity(ref_model, spec().get_string("ref.dtype")));
     RefLogProbCache cache((fs::path(run_dir()) / "ref_cache").string());
     const auto t0 = std::chrono::steady_clock::now();
-    auto since = [&t0] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
     if (auto hit = cache.find(key, 2 * pairs)) {
       out << "dpo: reference log-probs of " << pairs << " " << split << " pairs loaded from "
-          << cache.file(key) << " in " << fixed(since(), 4) << " s" << std::endl;
+          << cache.file(key) << " in " << fixed(seconds_since(t0), 4) << " s" << std::endl;
       return *hit;
     }
     s.progress().begin("reference log-probs of " + std::to_string(pairs) + " " + split + " pairs");
@@ -191,7 +189,7 @@ class DpoJob : public OfflineJob {
     }
     torch::Tensor lp = torch::cat(parts, 0).contiguous();
     s.progress().end();
-    const double seconds = since();
+    const double seconds = seconds_since(t0);
     const std::string file = cache.store(
         key, lp,
         {{"split", split},

@@ -12,12 +12,13 @@
 #include <sstream>
 
 #include "core/errors.h"
-#include "core/metrics.h"
 #include "core/run_dir.h"
+#include "core/timing.h"
 #include "dpo/preference_dataset.h"
 #include "engine/driver_state.h"
 #include "engine/memory_check.h"
 #include "engine/role_config.h"
+#include "report/metrics.h"
 #include "scheduler/peak_memory.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
@@ -32,10 +33,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 std::vector<int64_t> to_int64(const std::vector<tokenizer::TokenId>& ids) {
   return {ids.begin(), ids.end()};
@@ -313,8 +310,8 @@ void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
 
 void OfflineJob::run(Scheduler& s, std::ostream& out) {
   planned_ = engine::planned_roles(run_dir_);
-  metrics_ = std::make_unique<MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string(),
-                                           spec_.get_bool("logger.tensorboard"));
+  metrics_ = std::make_unique<report::MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string(),
+                                                   spec_.get_bool("logger.tensorboard"));
   group_size_ = s.group(trained_).size();
   accum_ = std::max<int64_t>(1, batch_size_ / (micro_ * group_size_));
   eval_.resize(eval_.size() - eval_.size() % static_cast<size_t>(group_size_));

@@ -19,7 +19,9 @@
 
 namespace rlhf {
 class Scheduler;
+namespace report {
 class MetricsSink;
+}  // namespace report
 namespace tokenizer {
 class Tokenizer;
 class PromptFormatter;
@@ -97,7 +99,7 @@ class OfflineJob {
   int64_t epochs_ = 1, steps_per_epoch_ = 0, total_steps_ = 0;
   uint64_t seed_ = 42;
   bool packing_ = false;
-  std::unique_ptr<MetricsSink> metrics_;
+  std::unique_ptr<report::MetricsSink> metrics_;
 };
 
 }  // namespace rlhf::dpo

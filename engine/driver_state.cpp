@@ -6,6 +6,7 @@
 
 #include "core/errors.h"
 #include "core/spec_schema.h"
+#include "core/text.h"
 
 namespace rlhf::engine {
 
@@ -15,10 +16,6 @@ using nlohmann::json;
 namespace {
 
 constexpr const char* kTagPrefix = "global_step";
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 // Keys that change where or how fast a job runs, or what it writes, never what it computes.
 bool affects_trajectory(const std::string& key, bool schedule_counts_steps) {

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "core/errors.h"
+#include "core/text.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
 #include "models/paged_kv_cache.h"
@@ -22,11 +23,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The layer's linear maps by their names inside the layer ("self_attn.q_proj"), in HF order.
 std::vector<std::pair<std::string, Linear>> layer_linears(DecoderLayerImpl& layer) {

@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "core/errors.h"
+#include "core/text.h"
 #include "models/safetensors.h"
 
 namespace rlhf::models {
@@ -23,11 +24,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // PEFT's match of a module name against one target: equal, or ending in ".<target>".
 bool matches(const std::string& module, const std::string& target) {

@@ -4,16 +4,12 @@
 #include <ATen/ops/embedding.h>
 
 #include "core/errors.h"
+#include "core/text.h"
 #include "transport/collective_group.h"
 
 namespace rlhf::models {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;

@@ -12,13 +12,13 @@
 #include <sstream>
 
 #include "core/errors.h"
-#include "core/metrics.h"
 #include "core/run_dir.h"
 #include "core/text.h"
 #include "engine/memory_check.h"
 #include "engine/memory_plan.h"
 #include "engine/role_config.h"
 #include "ppo/ppo_job.h"
+#include "report/metrics.h"
 #include "rewards/reward_sources.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
@@ -49,10 +49,6 @@ double call_all_compute(const std::vector<Message>& replies) {
   double most = 0;
   for (const auto& r : replies) most = std::max(most, r.args.value("compute_s", 0.0));
   return most;
-}
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 std::string seconds_text(double seconds) {

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <optional>
 
-#include "core/metrics.h"
 #include "ppo/ppo_job.h"
+#include "report/metrics.h"
 #include "rewards/reward_sources.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/spec.h"
+#include "core/timing.h"
 #include "ppo/advantages.h"
 #include "ppo/driver.h"
 #include "ppo/kl.h"
@@ -37,7 +38,10 @@
 
 namespace rlhf {
 class Scheduler;
+namespace report {
 class MetricsSink;
+}  // namespace report
+using report::MetricsSink;
 namespace tokenizer {
 class Tokenizer;
 }  // namespace tokenizer
@@ -57,7 +61,6 @@ double number(const nlohmann::json& args, const char* key);
 // spread over the group's ranks (sum / ranks); call_all's ranks run together (max).
 double scatter_compute(const Message& reply, int ranks);
 double call_all_compute(const std::vector<Message>& replies);
-double seconds_since(Clock::time_point t);
 // "1.2": seconds for console lines (without touching the stream's number format).
 std::string seconds_text(double seconds);
 // `v` with `precision` decimals, for console lines.

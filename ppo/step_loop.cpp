@@ -7,8 +7,8 @@
 #include <optional>
 #include <utility>
 
-#include "core/metrics.h"
 #include "ppo/ppo_job.h"
+#include "report/metrics.h"
 #include "rewards/reward_sources.h"
 #include "scheduler/peak_memory.h"
 #include "scheduler/progress.h"

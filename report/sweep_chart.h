@@ -1,4 +1,4 @@
-// The sweep's charts as SVG, for the sweep report (scheduler/sweep.h writes it): samples/s per
+// The sweep's charts as SVG, for the sweep report (sweep/sweep.h writes it): samples/s per
 // variant, and for every role its planned memory beside the measured peaks, with a warning
 // when a figure comes from fewer than kFewSteps steps. Knows nothing of how sweeps run: the
 // caller fills SweepFigures.

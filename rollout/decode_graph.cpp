@@ -13,6 +13,8 @@
 #include <mutex>
 #include <optional>
 
+#include "core/timing.h"
+
 namespace rlhf::rollout {
 namespace {
 
@@ -154,7 +156,7 @@ void PagedDecoder::capture(Shape& s) {
     s.graph->capture_end();
   }
   torch::cuda::synchronize();
-  capture_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  capture_seconds_ += seconds_since(start);
 }
 
 torch::Tensor PagedDecoder::step(const std::vector<int64_t>& seqs, const torch::Tensor& next,

@@ -11,16 +11,13 @@
 #include <string>
 
 #include "core/errors.h"
+#include "core/timing.h"
 #include "models/kv_cache.h"
 
 namespace rlhf::rollout {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 }  // namespace
 

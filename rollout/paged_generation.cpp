@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "core/timing.h"
 #include "models/paged_kv_cache.h"
 #include "rollout/decode_graph.h"
 #include "rollout/generator.h"
@@ -23,10 +24,6 @@ namespace rlhf::rollout {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Each prompt's tokens (left padding dropped), on the host. prompt_ids, prompt_mask: [B, P].
 std::vector<std::vector<int64_t>> unpadded_prompts(const torch::Tensor& prompt_ids,

@@ -11,8 +11,9 @@
 #include <string>
 
 #include "core/errors.h"
+#include "core/timing.h"
 #include "engine/trainer.h"
-#include "rollout/cuda_ipc.h"
+#include "transport/cuda_ipc.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -30,10 +31,6 @@ enum HeaderField : int64_t {
   kTensorParallel,  // the rollout's TP size: each rank receives only its slices
   kHeaderSize
 };
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -295,10 +292,10 @@ class IpcBuckets final : public BucketTransport {
   IpcBuckets(transport::CollectiveGroup& group, int64_t capacity, torch::Dtype dtype)
       : group_(group) {
     const int64_t bytes = capacity * static_cast<int64_t>(c10::elementSize(dtype));
-    auto handle = torch::zeros({cuda_ipc_handle_bytes()}, torch::kUInt8);
+    auto handle = torch::zeros({transport::cuda_ipc_handle_bytes()}, torch::kUInt8);
     if (group.rank() == 0) {
       try {
-        owned_ = std::make_unique<CudaIpcBuffer>(bytes);
+        owned_ = std::make_unique<transport::CudaIpcBuffer>(bytes);
         const auto h = owned_->handle();
         std::copy(h.begin(), h.end(), handle.data_ptr<uint8_t>());
         buffer_ = owned_->as(dtype);
@@ -310,8 +307,8 @@ class IpcBuckets final : public BucketTransport {
     if (group.rank() == 0) return;
     try {
       const auto* p = handle.data_ptr<uint8_t>();
-      mapping_ =
-          std::make_unique<CudaIpcMapping>(std::vector<uint8_t>(p, p + handle.numel()), bytes);
+      mapping_ = std::make_unique<transport::CudaIpcMapping>(
+          std::vector<uint8_t>(p, p + handle.numel()), bytes);
       buffer_ = mapping_->as(dtype);
     } catch (const std::exception& e) {
       error_ = e.what();
@@ -320,7 +317,8 @@ class IpcBuckets final : public BucketTransport {
   const std::string& error() const { return error_; }  // why allocating or mapping failed
   torch::Tensor buffer() override { return buffer_; }
   void move(int64_t n) override {
-    if (group_.rank() == 0) cuda_synchronize();  // the bucket is written before it is announced
+    if (group_.rank() == 0)
+      transport::cuda_synchronize();  // the bucket is written before it is announced
     auto count = torch::tensor({n}, torch::kInt64);
     group_.broadcast(count, 0);
     TORCH_CHECK(count.item<int64_t>() == n, "weight sync: the actor announced a bucket of ",
@@ -328,7 +326,7 @@ class IpcBuckets final : public BucketTransport {
     if (group_.rank() == 0) group_.barrier();  // every receiver has copied it out
   }
   void consumed() override {
-    cuda_synchronize();  // the copies out of the mapped buffer are done
+    transport::cuda_synchronize();  // the copies out of the mapped buffer are done
     group_.barrier();
   }
   void finish() override {
@@ -338,8 +336,8 @@ class IpcBuckets final : public BucketTransport {
 
  private:
   transport::CollectiveGroup& group_;
-  std::unique_ptr<CudaIpcBuffer> owned_;
-  std::unique_ptr<CudaIpcMapping> mapping_;
+  std::unique_ptr<transport::CudaIpcBuffer> owned_;
+  std::unique_ptr<transport::CudaIpcMapping> mapping_;
   torch::Tensor buffer_;
   std::string error_;
 };

@@ -17,6 +17,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/host.h"
 #include "scheduler/role_group.h"
 #include "scheduler/slurm_launcher.h"
 #include "scheduler/worker_process.h"
@@ -33,8 +34,7 @@ constexpr const char* kOutbox = "inproc://rlhf-scheduler-outbox";
 
 bool is_local_host(const std::string& host) {
   if (host.empty() || host == "127.0.0.1" || host == "localhost" || host == "::1") return true;
-  char name[256] = {};
-  return gethostname(name, sizeof name - 1) == 0 && host == name;
+  return host_name() == host;
 }
 
 bool is_wildcard(const std::string& host) {
@@ -42,9 +42,9 @@ bool is_wildcard(const std::string& host) {
 }
 
 std::string this_host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) throw RuntimeError("gethostname failed");
-  return name;
+  const auto name = host_name();
+  if (!name) throw RuntimeError("gethostname failed");
+  return *name;
 }
 
 // `host` as a numeric IPv4 address: ZeroMQ binds only to addresses and interface names, while

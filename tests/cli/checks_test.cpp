@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "cli/table.h"
-#include "core/tensorboard.h"
+#include "report/tensorboard.h"
 #include "test_paths.h"
 #include "tests/support/run_cli.h"
 
@@ -263,8 +263,8 @@ TEST(Checks, DocsLinkOnlyInsideTheRepository) {
 
 // The TFRecord checksum of TensorBoard event files: CRC-32C's check value (RFC 3720).
 TEST(Checks, Crc32cKnownAnswer) {
-  EXPECT_EQ(crc32c("123456789"), 0xe3069283u);
-  EXPECT_EQ(crc32c(""), 0u);
+  EXPECT_EQ(report::crc32c("123456789"), 0xe3069283u);
+  EXPECT_EQ(report::crc32c(""), 0u);
 }
 
 TEST(Checks, SmallThings) {

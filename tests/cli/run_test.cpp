@@ -14,7 +14,7 @@
 #include <functional>
 #include <regex>
 
-#include "core/tensorboard.h"
+#include "report/tensorboard.h"
 #include "test_paths.h"
 #include "tests/support/processes.h"
 #include "tests/support/run_cli.h"
@@ -195,14 +195,14 @@ TEST(TensorBoard, ResumedRunReplacesTheStepsAfterItsCheckpoint) {
                        ("tensorboard-resume-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   {
-    EventWriter interrupted((dir / "tensorboard").string());
+    report::EventWriter interrupted((dir / "tensorboard").string());
     for (int step = 1; step <= 5; ++step) interrupted.scalar("reward_mean", step, step);
     interrupted.text("samples", "| prompt |", 5);
     interrupted.flush();
   }
-  EXPECT_TRUE(mark_resumed_after((dir / "tensorboard").string(), 3));
+  EXPECT_TRUE(report::mark_resumed_after((dir / "tensorboard").string(), 3));
   {
-    EventWriter resumed((dir / "tensorboard").string());
+    report::EventWriter resumed((dir / "tensorboard").string());
     for (int step = 4; step <= 6; ++step) resumed.scalar("reward_mean", 10.0 * step, step);
     resumed.flush();
   }
@@ -223,9 +223,9 @@ TEST(TensorBoard, ResumedRunReplacesTheStepsAfterItsCheckpoint) {
   // Nothing to replace in a directory without events: no file is added.
   fs::remove_all(dir / "empty");
   fs::create_directories(dir / "empty");
-  EXPECT_FALSE(mark_resumed_after((dir / "empty").string(), 3));
+  EXPECT_FALSE(report::mark_resumed_after((dir / "empty").string(), 3));
   EXPECT_TRUE(fs::is_empty(dir / "empty"));
-  EXPECT_FALSE(mark_resumed_after((dir / "absent").string(), 3));
+  EXPECT_FALSE(report::mark_resumed_after((dir / "absent").string(), 3));
   fs::remove_all(dir);
 }
 

@@ -32,5 +32,22 @@ TEST(Text, LineColAndBytes) {
   EXPECT_EQ(format_bytes(3.0 * (1ull << 30)), "3.00 GiB");
 }
 
+TEST(Text, EndsWithTable) {
+  struct Case {
+    const char* s;
+    const char* suffix;
+    bool ends;
+  };
+  const Case cases[] = {{"model.norm.weight", "norm.weight", true},
+                        {"q_proj.bias", ".bias", true},
+                        {"bias", ".bias", false},  // shorter than the suffix
+                        {"q_proj.bias.x", ".bias", false},
+                        {"anything", "", true},
+                        {"", "", true},
+                        {"", "a", false}};
+  for (const auto& c : cases)
+    EXPECT_EQ(ends_with(c.s, c.suffix), c.ends) << c.s << " / " << c.suffix;
+}
+
 }  // namespace
 }  // namespace rlhf

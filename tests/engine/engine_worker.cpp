@@ -37,6 +37,7 @@
 #include "engine/trainer.h"
 #include "models/pretrained.h"
 #include "tests/engine/tiny_job.h"
+#include "tests/support/collective.h"
 #include "transport/collective_group.h"
 
 using namespace rlhf;
@@ -291,12 +292,8 @@ int main(int argc, char** argv) {
   }
   try {
     torch::set_num_threads(1);
-    transport::CollectiveConfig config;
-    config.rank = std::stoi(argv[2]);
-    config.size = std::stoi(argv[3]);
-    config.store_path = argv[4];
-    config.timeout = std::chrono::seconds(60);
-    auto group = transport::make_collective_group(config);
+    auto group =
+        test::join_group(argv[4], std::stoi(argv[2]), std::stoi(argv[3]), std::chrono::seconds(60));
     const std::string mode = argv[1];
     const std::vector<std::string> args(argv + 6, argv + argc);
     json out = mode == "parity"         ? parity(*group)

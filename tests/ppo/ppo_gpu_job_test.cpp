@@ -18,6 +18,7 @@
 
 #include "models/config.h"
 #include "test_paths.h"
+#include "tests/support/learning.h"
 #include "tests/support/run_cli.h"
 
 namespace rlhf::ppo {
@@ -62,17 +63,6 @@ class PpoGpuJob : public testing::Test {
   fs::path dir_;
 };
 
-// The mean reward of the last 5 steps minus the first 5 (the CPU examples' criterion: a
-// policy that does not learn moves it by ~0.006; the CPU runs move it by ~0.4).
-double reward_gain(const std::vector<json>& m) {
-  double first = 0, last = 0;
-  for (int i = 0; i < 5; ++i) {
-    first += m[i]["reward_mean"].get<double>() / 5;
-    last += m[m.size() - 1 - i]["reward_mean"].get<double>() / 5;
-  }
-  return last - first;
-}
-
 // Every role listed in `gpu_roles` reports CUDA allocator peaks (overall and per phase) on
 // its GPU; the others none.
 void expect_gpu_memory(const json& step, const std::set<std::string>& gpu_roles) {
@@ -98,7 +88,7 @@ TEST_F(PpoGpuJob, PpoWithEveryRoleOnOneGpuLearns_CUDA) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = metrics("ppo1gpu");
   ASSERT_EQ(m.size(), 30u);
-  EXPECT_GT(reward_gain(m), 0.1);
+  test::expect_learned(m);  // the CPU examples' criterion
   expect_gpu_memory(m.back(), {"actor", "critic", "ref", "rollout"});
   // Phases of the trained roles are named by operation.
   EXPECT_TRUE(m.back()["memory"]["actor"][0]["cuda_phases"].contains("train_actor"));
@@ -124,7 +114,7 @@ TEST_F(PpoGpuJob, GrpoWithEveryRoleOnOneGpuLearns_CUDA) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = metrics("grpo1gpu");
   ASSERT_EQ(m.size(), 30u);
-  EXPECT_GT(reward_gain(m), 0.1);
+  test::expect_learned(m);  // the CPU examples' criterion
   expect_gpu_memory(m.back(), {"actor", "ref", "rollout"});
 }
 
@@ -137,7 +127,7 @@ TEST_F(PpoGpuJob, RolloutOnTheGpuOthersOnCpuLearns_CUDA) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = metrics("mixed");
   ASSERT_EQ(m.size(), 30u);
-  EXPECT_GT(reward_gain(m), 0.1);
+  test::expect_learned(m);  // the CPU examples' criterion
   expect_gpu_memory(m.back(), {"rollout"});
 }
 

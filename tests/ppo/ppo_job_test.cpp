@@ -19,6 +19,7 @@
 
 #include "models/config.h"
 #include "test_paths.h"
+#include "tests/support/learning.h"
 #include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
@@ -29,6 +30,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 using Result = test::CliResult;
+using test::expect_learned;
 using test::slurp;
 
 // `rlhf ARGS` (from the source directory, killed after 300 s).
@@ -38,19 +40,6 @@ Result rlhf(const std::vector<std::string>& args) {
 
 std::vector<json> read_metrics(const fs::path& file) {
   return test::read_jsonl(file);
-}
-
-// The mean reward of the last 5 steps exceeds that of the first 5 by more than `margin`
-// (default 0.1, for the letters task). Without learning, a 5-step mean of reward means has a
-// standard deviation of ~0.006 on the letters task (per-sample std ~0.1 over 5 x 64 samples); the
-// runs here moved it by ~0.4.
-void expect_learned(const std::vector<json>& m, double margin = 0.1) {
-  double first = 0, last = 0;
-  for (int i = 0; i < 5; ++i) {
-    first += m[i]["reward_mean"].get<double>() / 5;
-    last += m[m.size() - 1 - i]["reward_mean"].get<double>() / 5;
-  }
-  EXPECT_GT(last - first, margin) << "first 5 steps " << first << ", last 5 steps " << last;
 }
 
 // A test's common arguments, then one run's own.

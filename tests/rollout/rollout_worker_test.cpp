@@ -18,6 +18,7 @@
 #include "rollout/weight_sync.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
+#include "tests/support/collective.h"
 #include "tests/support/processes.h"
 #include "tests/support/scheduler_config.h"
 #include "transport/collective_group.h"
@@ -31,12 +32,7 @@ using namespace std::chrono_literals;
 // met at `store` (the rollout ranks join through their sync_weights call).
 std::unique_ptr<transport::CollectiveGroup> actor_sync_group(const std::string& store,
                                                              int rollout_ranks) {
-  transport::CollectiveConfig config;
-  config.rank = 0;
-  config.size = rollout_ranks + 1;
-  config.store_path = store;
-  config.timeout = 60s;
-  return transport::make_collective_group(config);
+  return test::join_group(store, 0, rollout_ranks + 1, 60s);
 }
 
 TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {

@@ -32,6 +32,7 @@
 #include "models/pretrained.h"
 #include "models/tensor_parallel.h"
 #include "rollout/weight_sync.h"
+#include "tests/support/collective.h"
 
 using namespace rlhf;
 
@@ -46,12 +47,7 @@ struct Flags {
 };
 
 std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int rank, int size) {
-  transport::CollectiveConfig config;
-  config.rank = rank;
-  config.size = size;
-  config.store_path = store;
-  config.timeout = std::chrono::seconds(60);
-  return transport::make_collective_group(config);
+  return test::join_group(store, rank, size, std::chrono::seconds(60));
 }
 
 // Exact per-tensor digests: sums in FP64 of the values and of the values times (i mod 97 + 1).

@@ -23,6 +23,7 @@
 
 #include "scheduler/slurm_launcher.h"
 #include "tests/scheduler/netns_support.h"
+#include "tests/support/learning.h"
 #include "tests/support/processes.h"
 #include "tests/support/run_cli.h"
 
@@ -229,18 +230,6 @@ class SlurmCluster {
   std::vector<std::unique_ptr<Process>> daemons_;  // munged, slurmctld, slurmd n1, slurmd n2
 };
 
-// ppo_tiny's margin (tests/ppo): the mean reward of the last 5 steps exceeds that of the
-// first 5 by more than 0.1, far beyond the ~0.006 standard deviation without learning.
-void expect_learned(const std::vector<json>& m) {
-  ASSERT_GE(m.size(), 10u);
-  double first = 0, last = 0;
-  for (int i = 0; i < 5; ++i) {
-    first += m[i]["reward_mean"].get<double>() / 5;
-    last += m[m.size() - 1 - i]["reward_mean"].get<double>() / 5;
-  }
-  EXPECT_GT(last - first, 0.1) << "first 5 steps " << first << ", last 5 steps " << last;
-}
-
 class SlurmJob : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -300,7 +289,7 @@ TEST_F(SlurmJob, PpoJobWithRolesOnTwoNodesLearns) {
   ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run->out() << run->err();
   const auto metrics = test::read_jsonl(models_ + "/runs/learns/metrics.jsonl");
   EXPECT_EQ(metrics.size(), 30u);
-  expect_learned(metrics);
+  test::expect_learned(metrics);  // ppo_tiny's margin, as in tests/ppo
   const auto listing =
       json::parse(testing::read_file(models_ + "/runs/learns/workers.json"), nullptr, false);
   ASSERT_TRUE(listing.is_array() && listing.size() == 4u) << listing.dump();

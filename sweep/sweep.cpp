@@ -1,6 +1,6 @@
 // Sweep: grid expansion, one `rlhf run` child per variant (fork/exec, output to files in the
 // variant's run directory), results read back from its metrics.jsonl, and the table outputs.
-#include "scheduler/sweep.h"
+#include "sweep/sweep.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -23,6 +23,7 @@
 #include "core/jsonl.h"
 #include "core/spec_schema.h"
 #include "core/text.h"
+#include "core/timing.h"
 #include "engine/memory_check.h"
 #include "engine/memory_plan.h"
 
@@ -238,12 +239,11 @@ void run_variant(const SweepOptions& o, VariantResult& r, const std::atomic<bool
     if (steps != shown) {
       shown = steps;
       progress << tag << " " << r.name << ": step " << steps << "/" << o.steps << " (" << std::fixed
-               << std::setprecision(1) << std::chrono::duration<double>(Clock::now() - t0).count()
-               << " s)" << std::endl;
+               << std::setprecision(1) << seconds_since(t0) << " s)" << std::endl;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.seconds = seconds_since(t0);
   read_metrics(metrics, r);
   const std::string last = last_line(err.string());
   if (interrupted) {
@@ -320,8 +320,8 @@ std::vector<VariantResult> run_sweep(SweepOptions& o, const std::atomic<bool>& s
       progress << ", " << std::fixed << std::setprecision(1) << r.samples_per_s << " samples/s, "
                << r.seconds << " s";
     if (!r.reason.empty()) progress << " (" << r.reason << ")";
-    progress << " | sweep " << std::fixed << std::setprecision(0)
-             << std::chrono::duration<double>(Clock::now() - t0).count() << " s" << std::endl;
+    progress << " | sweep " << std::fixed << std::setprecision(0) << seconds_since(t0) << " s"
+             << std::endl;
   }
   write_sweep_csv(results, o.grid, (fs::path(o.out_dir) / "sweep.csv").string());
   std::ofstream md(fs::path(o.out_dir) / "sweep.md");

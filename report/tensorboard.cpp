@@ -1,4 +1,4 @@
-#include "core/tensorboard.h"
+#include "report/tensorboard.h"
 
 #include <unistd.h>
 
@@ -8,8 +8,9 @@
 #include <filesystem>
 
 #include "core/errors.h"
+#include "core/host.h"
 
-namespace rlhf {
+namespace rlhf::report {
 namespace {
 
 // Protobuf wire format: a field's key is (number << 3) | wire type.
@@ -53,12 +54,6 @@ std::string event(int64_t step, EventField field, const std::string& payload) {
   return e;
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
-
 void flatten(const nlohmann::json& j, const std::string& prefix,
              std::vector<std::pair<std::string, double>>& out) {
   if (j.is_number()) {
@@ -99,8 +94,9 @@ EventWriter::EventWriter(const std::string& dir) {
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
                            std::chrono::system_clock::now().time_since_epoch())
                            .count();
-  path_ = (std::filesystem::path(dir) / ("events.out.tfevents." + std::to_string(seconds) + "." +
-                                         host_name() + "." + std::to_string(::getpid())))
+  path_ = (std::filesystem::path(dir) /
+           ("events.out.tfevents." + std::to_string(seconds) + "." +
+            host_name().value_or("localhost") + "." + std::to_string(::getpid())))
               .string();
   out_.open(path_, std::ios::binary | std::ios::app);
   if (!out_) throw RuntimeError("cannot create TensorBoard event file " + path_);
@@ -189,4 +185,4 @@ std::vector<std::pair<std::string, double>> scalar_metrics(const nlohmann::json&
   return out;
 }
 
-}  // namespace rlhf
+}  // namespace rlhf::report

@@ -11,7 +11,7 @@
 #include "report/run_report.h"
 #include "report/svg.h"
 #include "report/sweep_chart.h"
-#include "scheduler/sweep.h"
+#include "sweep/sweep.h"
 
 namespace rlhf {
 namespace {

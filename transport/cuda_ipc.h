@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace rlhf::rollout {
+namespace rlhf::transport {
 
 // A device buffer of `bytes` on the current CUDA device, exported for other processes.
 class CudaIpcBuffer {
@@ -58,4 +58,4 @@ int64_t cuda_ipc_handle_bytes();
 // peer is told so, and copied out before the sender may reuse it). Throws on a CUDA error.
 void cuda_synchronize();
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::transport

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-namespace rlhf {
+namespace rlhf::report {
 
 class EventWriter;
 
@@ -42,4 +42,4 @@ class MetricsSink {
 // file does not exist). Throws RuntimeError on I/O failure.
 int64_t drop_records_after(const std::string& path, int64_t step);
 
-}  // namespace rlhf
+}  // namespace rlhf::report

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-namespace rlhf {
+namespace rlhf::report {
 
 class EventWriter {
  public:
@@ -53,4 +53,4 @@ std::vector<std::pair<std::string, double>> scalar_metrics(const nlohmann::json&
 uint32_t crc32c(const std::string& data);
 uint32_t masked_crc32c(const std::string& data);
 
-}  // namespace rlhf
+}  // namespace rlhf::report

@@ -83,7 +83,7 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
 std::string sweep_markdown(const std::vector<VariantResult>& results,
                            const std::vector<GridAxis>& grid);
 // report.html: samples/s and every role's planned vs measured memory per variant as SVG
-// (scheduler/sweep_report.cpp), the table, and each variant's own run report linked.
+// (sweep/sweep_report.cpp), the table, and each variant's own run report linked.
 void write_sweep_report(const std::vector<VariantResult>& results,
                         const std::vector<GridAxis>& grid, const std::string& path);
 

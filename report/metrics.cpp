@@ -1,11 +1,11 @@
-#include "core/metrics.h"
+#include "report/metrics.h"
 
 #include <filesystem>
 
 #include "core/errors.h"
-#include "core/tensorboard.h"
+#include "report/tensorboard.h"
 
-namespace rlhf {
+namespace rlhf::report {
 
 MetricsSink::MetricsSink(const std::string& path, bool tensorboard) : path_(path) {
   auto parent = std::filesystem::path(path).parent_path();
@@ -86,4 +86,4 @@ int64_t drop_records_after(const std::string& path, int64_t step) {
   return dropped;
 }
 
-}  // namespace rlhf
+}  // namespace rlhf::report

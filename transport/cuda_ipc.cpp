@@ -1,5 +1,5 @@
 // CUDA IPC buffers and mappings. See cuda_ipc.h.
-#include "rollout/cuda_ipc.h"
+#include "transport/cuda_ipc.h"
 
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
@@ -10,7 +10,7 @@
 
 #include "core/errors.h"
 
-namespace rlhf::rollout {
+namespace rlhf::transport {
 namespace {
 
 void check(cudaError_t status, const std::string& what) {
@@ -82,4 +82,4 @@ void cuda_synchronize() {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
-}  // namespace rlhf::rollout
+}  // namespace rlhf::transport
