@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "core/errors.h"
+#include "core/text.h"
 #include "models/decoder_layer.h"
 #include "models/tensor_parallel.h"
 
@@ -325,6 +327,39 @@ std::vector<int64_t> largest_param_numels(const models::ModelConfig& c) {
 
 namespace {
 
+const char* const kLoraLinears[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                    "gate_proj", "up_proj", "down_proj"};
+
+// Whether a target_modules list adapts the decoder linear `name` (models/lora.cpp: PEFT's
+// match, a module name equal to or ending in ".<target>"; the short name is the module's tail).
+bool lora_adapts(const std::vector<std::string>& targets, const std::string& name) {
+  return std::any_of(targets.begin(), targets.end(), [&](const std::string& t) {
+    return t == "all-linear" || t == name || ends_with(t, "." + name);
+  });
+}
+
+}  // namespace
+
+std::vector<int64_t> lora_unit_numels(const models::ModelConfig& c, int64_t r,
+                                      const std::vector<std::string>& targets) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim;
+  // {name, in, out} of each decoder linear (models/lora.cpp: lora_module_names).
+  const std::vector<std::tuple<std::string, int64_t, int64_t>> linears = {
+      {"q_proj", H, q},    {"k_proj", H, kv}, {"v_proj", H, kv},  {"o_proj", q, H},
+      {"gate_proj", H, I}, {"up_proj", H, I}, {"down_proj", I, H}};
+  int64_t layer = 0;
+  for (const auto& [name, in, out] : linears) {
+    if (lora_adapts(targets, name)) layer += r * (in + out);
+  }
+  std::vector<int64_t> units = {0};
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) units.push_back(layer);
+  units.push_back(c.head == models::HeadKind::kValue ? H : 0);
+  return units;
+}
+
+namespace {
+
 // A forward without grad over ZeRO-3 shards (ShardedInference, or a stage-3 trainer's
 // scoring): one unit gathered at a time, padded to N ranks, in the compute dtype; the head
 // with unit 0 beside it when the embeddings are tied.
@@ -491,24 +526,38 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
 }
 
 void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
-                        int64_t score_gathered, MemoryTerms& t);
+                        int64_t frozen, int64_t score_gathered, MemoryTerms& t);
 
-// Model states, engine transients, activations and the phases of a training step.
+// What LoRA adds to a training step's saved activations (models/lora.cpp): per adapted
+// linear the [B T, r] product x A^T in e that B's backward reads, kept for every layer
+// without checkpointing, for the one recomputed layer with it. (With lora.dropout > 0 the
+// dropped input [B T, in] is saved too; not counted.)
+int64_t lora_activation_bytes(const RoleMemoryInput& in, int64_t e) {
+  if (in.lora_rank <= 0) return 0;
+  int64_t linears = 0;
+  for (const char* name : kLoraLinears) linears += lora_adapts(in.lora_targets, name) ? 1 : 0;
+  const int64_t layers = in.checkpointing ? 1 : in.model.num_hidden_layers;
+  return layers * linears * in.micro_batch * in.seq_len * in.lora_rank * e;
+}
+
+// Model states, engine transients, activations and the phases of a training step. `units`
+// and `numel` are the trained parameters (under LoRA the adapters); `frozen` the elements
+// of a frozen base, kept whole in the compute dtype on every rank (ShardedUnit::frozen).
 void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
-                  MemoryTerms& t) {
+                  int64_t frozen, MemoryTerms& t) {
   const models::ModelConfig& c = in.model;
   const int64_t e = in.compute_bytes;
   const bool lm = c.head == models::HeadKind::kLanguageModel && in.lm_head_log_probs;
   const int stage = std::clamp(in.zero_stage, 1, 3);
   const bool off_device = in.adam_offload && in.device_kind == DeviceKind::kCuda;
   const EnginePeak p = engine_peak(units, in.group_size, stage, e, off_device, in.checkpointing);
-  t.weights = p.weights;
+  t.weights = p.weights + e * frozen;
   t.master = p.master;
   t.optimizer = p.optimizer;
   t.grads = p.grads;
   t.gathered = p.gathered;
   t.buffers = p.buffers;
-  t.engine_peak = p.weights + p.master + p.optimizer + p.grads + p.gathered + p.buffers;
+  t.engine_peak = t.weights + p.master + p.optimizer + p.grads + p.gathered + p.buffers;
   // The sharded load (ShardedUnit with a WeightSource): beside the states as they will
   // stay, one FP32 slice of one unit's shard read from the checkpoint.
   int64_t largest_shard = 0;
@@ -525,7 +574,8 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   const int64_t grads_in_flight = e * (units.front() + units.back() + largest_layer);
   t.param_grads = in.checkpointing ? grads_in_flight : e * numel;
   t.activations =
-      training_bytes(c, in.micro_batch, in.seq_len, e, in.checkpointing, in.device_kind);
+      training_bytes(c, in.micro_batch, in.seq_len, e, in.checkpointing, in.device_kind) +
+      lora_activation_bytes(in, e);
   if (lm)
     t.log_probs = log_prob_bytes(c, in.micro_batch, in.seq_len - 1, in.logprob_chunk,
                                  in.logits_chunk_tokens, e, true);
@@ -533,7 +583,7 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   // builds its [V, H] gradient through an FP32 buffer: measured ~141 MiB on the 100m
   // preset whatever the length (bench_memory_plan). When that phase is the larger, the
   // vocabulary-sized term carries the difference so that the sum is the phase's peak.
-  const int64_t embed_backward = c.vocab_size * c.hidden_size * (4 + e);
+  const int64_t embed_backward = frozen > 0 ? 0 : c.vocab_size * c.hidden_size * (4 + e);
   t.log_probs = std::max(t.activations + t.log_probs, embed_backward) - t.activations;
   // Phases of a step (see MemoryTerms). Activation phase: the graph, the head's buffers, the
   // .grad in flight and what ZeRO-3 keeps gathered then (embeddings + head + the recomputed
@@ -565,12 +615,12 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   t.step_peak = std::max({activation_phase, reduction_phase, scoring_phase});
   t.train_peak = std::max(activation_phase, reduction_phase);
   t.score_peak = scoring_phase;
-  plan_sync_and_save(in, units, numel, score_gathered, t);
+  plan_sync_and_save(in, units, numel, frozen, score_gathered, t);
 }
 
 // A trained role's weight sync and save transients, and what its tracker counts per phase.
 void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
-                        int64_t score_gathered, MemoryTerms& t) {
+                        int64_t frozen, int64_t score_gathered, MemoryTerms& t) {
   const models::ModelConfig& c = in.model;
   const int64_t e = in.compute_bytes;
   const int stage = std::clamp(in.zero_stage, 1, 3);
@@ -591,10 +641,20 @@ void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& u
     export_device = std::max(export_device, full + (copies ? e * params[u] : 0));
     export_tracked = std::max(export_tracked, full + e * params[u]);
   }
+  if (frozen > 0) {
+    // LoRA exports the adapters (actors/model_operations.cpp: export_lora): every unit's FP32
+    // master gathered at once by Trainer::gather_trainable, which the tracker does not count.
+    export_device = export_tracked = 0;
+    for (int64_t n : units) export_device += 4 * div_up(n, in.group_size) * in.group_size;
+  }
   t.save_peak = export_device;
   if (in.sends_weights) {
-    const int64_t bucket = std::min(in.sync_bucket_bytes, e * numel);
-    t.sync = unit_gathered + bucket;
+    // LoRA sends the merged base (rollout::MergedLoraWeights): one unit's merged tensors in
+    // e beside its gathered adapters, untracked.
+    const std::vector<int64_t> base = frozen > 0 ? unit_numels(c) : std::vector<int64_t>{};
+    const int64_t merged = base.empty() ? 0 : e * *std::max_element(base.begin(), base.end());
+    const int64_t bucket = std::min(in.sync_bucket_bytes, e * (frozen > 0 ? frozen : numel));
+    t.sync = unit_gathered + bucket + merged;
     t.sync_outside = in.sync_over_ipc && in.device_kind == DeviceKind::kCuda ? bucket : 0;
   }
   // What the trainer's MemoryTracker counts in each phase: the states (host ones too) in
@@ -671,10 +731,18 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
   const std::vector<int64_t> units = unit_numels(held);
   int64_t numel = 0;
   for (int64_t n : units) numel += n;
-  if (in.work == RoleWork::kTrain)
-    plan_trainer(in, units, numel, t);
-  else
+  if (in.work == RoleWork::kTrain && in.lora_rank > 0) {
+    // The base frozen (a value head stays trained), the adapters the trained states.
+    const std::vector<int64_t> trained = lora_unit_numels(c, in.lora_rank, in.lora_targets);
+    int64_t trained_numel = 0;
+    for (int64_t n : trained) trained_numel += n;
+    const int64_t value_head = c.head == models::HeadKind::kValue ? c.hidden_size : 0;
+    plan_trainer(in, trained, trained_numel, numel - value_head, t);
+  } else if (in.work == RoleWork::kTrain) {
+    plan_trainer(in, units, numel, 0, t);
+  } else {
     plan_untrained(in, numel, t);
+  }
   if (in.device_kind == DeviceKind::kCuda) t.nccl = kNcclCommBytes * in.nccl_communicators;
   fill_phases(in, t);
   return t;
@@ -724,6 +792,25 @@ void set_phase_flags(const JobSpec& spec, Role role, const Placement& placement,
 
 }  // namespace
 
+namespace {
+
+// "q_proj, v_proj" -> {"q_proj", "v_proj"} (engine/role_config.cpp reads the key the same way).
+std::vector<std::string> split_targets(const std::string& text) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : text + ",") {
+    if (ch == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (ch != ' ') {
+      cur += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placement& placement,
                                   const models::ModelConfig& model) {
   const std::string r = role_name(role);
@@ -764,6 +851,8 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.adam_offload = spec.get_bool(r + ".adam_offload");
     in.checkpointing = spec.get_bool(r + ".gradient_checkpointing");
     in.micro_batch = spec.get_int("train.micro_batch_size") * pair;
+    in.lora_rank = spec.get_int(r + ".lora.rank");
+    in.lora_targets = split_targets(spec.get_string(r + ".lora.target_modules"));
     if (ppo) in.infer_micro_batch = in.rollout_micro_batch * in.n_samples;
   } else if (role == Role::kRollout) {
     in.work = RoleWork::kGenerate;

@@ -43,6 +43,10 @@ struct RoleMemoryInput {
   int64_t logprob_chunk = 256;  // train.logits_chunk_tokens 0: positions per chunk of the head
   int64_t logits_chunk_tokens = 1024;  // train.logits_chunk_tokens (0: the position chunks)
   bool lm_head_log_probs = true;       // the role computes log-probs through its LM head
+  // Trained roles with <role>.lora.rank > 0: the base is frozen in the compute dtype, whole on
+  // every rank at every stage; only the adapters (and a value head) are ZeRO-sharded states.
+  int64_t lora_rank = 0;
+  std::vector<std::string> lora_targets;  // <role>.lora.target_modules ("all-linear", "q_proj")
   bool shard_weights = false;  // kInfer: ZeRO-3 inference over the group (ref/reward stage 3)
   // Generation only.
   int64_t rollout_micro_batch = 1;  // prompts per KV cache
@@ -145,6 +149,13 @@ std::vector<int64_t> unit_numels(const models::ModelConfig& config);
 // converts at a time): embeddings V x H, a layer's largest projection, the head's lm_head
 // (or its norm when tied, its value head).
 std::vector<int64_t> largest_param_numels(const models::ModelConfig& config);
+
+// Trainable elements of each unit of unit_numels under LoRA rank r on `targets`
+// (models/lora.cpp): per adapted linear [out, in], A [r, in] + B [out, r] = r (in + out);
+// "all-linear" adapts q/k/v/o/gate/up/down. The embeddings hold none; the head holds a
+// value head's H (it stays trained), nothing for an LM head.
+std::vector<int64_t> lora_unit_numels(const models::ModelConfig& config, int64_t r,
+                                      const std::vector<std::string>& targets);
 
 // One rank's terms for one role.
 MemoryTerms plan_role(const RoleMemoryInput& in);

@@ -1,7 +1,8 @@
 // SFT with LoRA adapters (actor.lora.*) through the real `rlhf` binary: the export is a PEFT
 // adapter directory that PEFT itself loads to rlhf's log-probs, the merged export agrees, the
 // base model file is untouched, the checkpoint holds only the adapters' state, ZeRO-3 over
-// two ranks follows one rank, and bad LoRA keys are refused before any worker starts.
+// two ranks follows one rank, `rlhf plan --check` matches both runs' tracked phases, and bad LoRA
+// keys are refused before any worker starts.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -14,6 +15,7 @@
 
 #include "models/safetensors.h"
 #include "test_paths.h"
+#include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
 namespace rlhf::dpo {
@@ -90,6 +92,11 @@ TEST_F(LoraRun, SftExportsAPeftAdapterAndCheckpointsOnlyIt) {
   const auto steps = steps_of(run_dir("sft") / "metrics.jsonl");
   ASSERT_EQ(steps.size(), 4u);
   EXPECT_LT(steps.back()["loss"].get<double>(), steps.front()["loss"].get<double>());
+  // Issue 30.6: the plan counts the frozen base and the adapters' states as the tracker does
+  // (load, score, train, save to the byte; 1% tolerance as every plan check).
+  const auto phases = test::expect_tracked_phases_match(run_dir("sft").string());
+  EXPECT_EQ(phases.count("actor"), 1u);
+  EXPECT_EQ(phases.count("actor") ? phases.at("actor").count("train") : 0u, 1u);
 
   // The export is PEFT's adapter directory, with trained (non-zero) B matrices.
   const fs::path adapter = run_dir("sft") / "export" / "actor";
@@ -186,6 +193,10 @@ TEST_F(LoraRun, Zero3OnTwoRanksMatchesOneRank) {
                   1e-5 * std::max(1.0, std::abs(a[i][key].get<double>())))
           << key << " step " << i + 1;
   EXPECT_EQ(b[0]["memory"]["actor"].size(), 2u);
+  // Issue 30.6: at ZeRO-3 the plan keeps the frozen base whole on each rank and shards the
+  // adapters' states, as the tracker counts them.
+  const auto phases = test::expect_tracked_phases_match(run_dir("two").string());
+  EXPECT_EQ(phases.count("actor") ? phases.at("actor").count("train") : 0u, 1u);
   // Learning happened (the same trajectory in both, so not a frozen pair of runs).
   EXPECT_LT(a.back()["loss"].get<double>(), a.front()["loss"].get<double>());
 }

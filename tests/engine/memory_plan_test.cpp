@@ -325,6 +325,52 @@ class MemoryPlanSpec : public ::testing::Test {
   fs::path dir_;
 };
 
+// Issue 30.6: a LoRA actor (rank 8 on all seven linears of the tiny preset) freezes the base
+// in the compute dtype, whole on every rank, and trains only the adapters: per layer
+// r (in + out) summed over q 64+64, k 64+32, v 64+32, o 64+64, gate/up 64+176, down 176+64
+// = 8 x 1168 = 9344 elements, 18688 in all.
+constexpr int64_t kAdapterLayer = 9344, kAdapters = 2 * kAdapterLayer;
+
+RoleMemoryInput tiny_lora(int stage, int world) {
+  RoleMemoryInput in = tiny_trainer(stage, world, true);
+  in.lora_rank = 8;
+  in.lora_targets = {"all-linear"};
+  return in;
+}
+
+TEST(MemoryPlan, LoraFreezesTheBaseAndTrainsTheAdapters) {
+  const auto units = lora_unit_numels(rt::tiny_config(false), 8, {"all-linear"});
+  EXPECT_EQ(units, (std::vector<int64_t>{0, kAdapterLayer, kAdapterLayer, 0}));
+  EXPECT_EQ(lora_unit_numels(rt::tiny_config(false), 8, {"q_proj", "v_proj"})[1], 8 * (128 + 96));
+  // ZeRO-2, one rank, BF16: the base 2 bytes per element; each adapter element 2 (its BF16
+  // parameter) + 4 master + 8 AdamW + 4 FP32 gradient = 18 bytes.
+  const MemoryTerms two = plan_role(tiny_lora(2, 1));
+  EXPECT_EQ(two.weights, 2 * kParams + 2 * kAdapters);
+  EXPECT_EQ(two.master + two.optimizer + two.grads, 16 * kAdapters);
+  EXPECT_EQ(two.buffers, 4 * (kAdapterLayer + kAdapterLayer)) << "a layer's reduce-scatter";
+  EXPECT_EQ(two.engine_peak, 2 * kParams + 18 * kAdapters + 8 * kAdapterLayer);
+  EXPECT_LT(two.engine_peak, plan_role(tiny_trainer(2, 1, true)).engine_peak / 4);
+  // ZeRO-3 over two ranks: the base stays whole on each rank; the adapters are sharded.
+  const MemoryTerms three = plan_role(tiny_lora(3, 2));
+  EXPECT_EQ(three.weights, 2 * kParams);
+  EXPECT_EQ(three.master + three.optimizer + three.grads, 16 * (kAdapters / 2));
+  EXPECT_EQ(three.gathered + three.buffers, 4 * (kAdapterLayer + kAdapterLayer / 2));
+  EXPECT_EQ(three.engine_phases.at("train"), three.engine_peak);
+  EXPECT_EQ(three.engine_phases.at("load"), 2 * kParams + 16 * (kAdapters / 2));
+}
+
+TEST_F(MemoryPlanSpec, PpoLoraActorIsItsOwnReference) {
+  const auto plain = spec("4");
+  EXPECT_NE(plan_memory(plain, models(plain)).role("ref"), nullptr);
+  const auto s = spec("4", {"actor.lora.rank=8"});
+  const MemoryPlan plan = plan_memory(s, models(s));
+  EXPECT_EQ(plan.role("ref"), nullptr) << "the LoRA actor scores the reference with adapters off";
+  const RolePlan* actor = plan.role("actor");
+  ASSERT_NE(actor, nullptr);
+  EXPECT_EQ(actor->input.lora_rank, 8);
+  EXPECT_EQ(actor->terms.master, 4 * kAdapters);
+}
+
 TEST_F(MemoryPlanSpec, ColocatedRolesShareTheBudget) {
   const auto s = spec("4");
   const MemoryPlan plan = plan_memory(s, models(s));

@@ -1,7 +1,8 @@
 // GRPO with a LoRA actor (issue 30.2) through the real `rlhf` binary: no ref workers start,
 // the reference log-probs come from the actor's own workers with the adapters off (KL exactly
 // 0 at step 1), the rollout generates from the merged weights the actor syncs (its log-probs
-// match the actor's as with full training), and the letters task is learned.
+// match the actor's as with full training), `rlhf plan --check` matches the actor's tracked
+// phases, and the letters task is learned.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <set>
 
 #include "models/safetensors.h"
+#include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
 namespace rlhf::ppo {
@@ -59,6 +61,11 @@ TEST_F(LoraGrpo, LearnsWithTheActorAsItsOwnReference) {
   for (const auto& w : json::parse(test::slurp((runs / "lora" / "workers.json").string())))
     roles.insert(w["role"].get<std::string>());
   EXPECT_EQ(roles, (std::set<std::string>{"actor", "rollout"}));
+  // Issue 30.6: the plan has no ref role either, and counts the frozen base and the adapters'
+  // states as the actor's tracker does in every phase (sync included; 1%, byte-exact on cpu).
+  const auto phases = test::expect_tracked_phases_match((runs / "lora").string());
+  EXPECT_EQ(phases.count("ref"), 0u);
+  EXPECT_EQ(phases.count("actor") ? phases.at("actor").count("sync") : 0u, 1u);
   const auto m = test::read_jsonl((runs / "lora" / "metrics.jsonl").string());
   ASSERT_EQ(m.size(), 30u);
   // Step 1: the adapters' B is zero, so policy and base give the same log-probs from the same
