@@ -697,19 +697,12 @@ void check_lora(Validation& v) {
       v.problem(key, "LoRA with rollout.tensor_parallel_size > 1 is not supported yet");
       continue;
     }
-    std::string names = str(v, p + "target_modules") + ",", cur;
-    for (char ch : names) {
-      if (ch != ',') {
-        if (ch != ' ') cur += ch;
-        continue;
-      }
-      if (!cur.empty() && std::find(known.begin(), known.end(), cur) == known.end())
-        v.problem(p + "target_modules", "\"" + cur +
+    for (const std::string& name : split_names(str(v, p + "target_modules")))
+      if (std::find(known.begin(), known.end(), name) == known.end())
+        v.problem(p + "target_modules", "\"" + name +
                                             "\" is not a linear map of a Llama-family decoder "
                                             "(expected q_proj, k_proj, v_proj, o_proj, gate_proj, "
                                             "up_proj, down_proj or all-linear)");
-      cur.clear();
-    }
     const std::string adapter = str(v, p + "adapter");
     if (!adapter.empty() &&
         !std::filesystem::exists(std::filesystem::path(adapter) / "adapter_config.json"))

@@ -14,6 +14,9 @@ size_t edit_distance(std::string_view a, std::string_view b);
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
 std::vector<std::string> split(std::string_view s, char sep);
+// A comma-separated list of names: "q_proj, v_proj" -> {"q_proj", "v_proj"} (spaces dropped,
+// empty entries skipped).
+std::vector<std::string> split_names(std::string_view s);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
 std::string trim(std::string_view s);
 // Whether `s` ends with `suffix` (std::string::ends_with is C++20).

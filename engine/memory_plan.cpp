@@ -792,25 +792,6 @@ void set_phase_flags(const JobSpec& spec, Role role, const Placement& placement,
 
 }  // namespace
 
-namespace {
-
-// "q_proj, v_proj" -> {"q_proj", "v_proj"} (engine/role_config.cpp reads the key the same way).
-std::vector<std::string> split_targets(const std::string& text) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char ch : text + ",") {
-    if (ch == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else if (ch != ' ') {
-      cur += ch;
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placement& placement,
                                   const models::ModelConfig& model) {
   const std::string r = role_name(role);
@@ -852,7 +833,7 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.checkpointing = spec.get_bool(r + ".gradient_checkpointing");
     in.micro_batch = spec.get_int("train.micro_batch_size") * pair;
     in.lora_rank = spec.get_int(r + ".lora.rank");
-    in.lora_targets = split_targets(spec.get_string(r + ".lora.target_modules"));
+    in.lora_targets = split_names(spec.get_string(r + ".lora.target_modules"));
     if (ppo) in.infer_micro_batch = in.rollout_micro_batch * in.n_samples;
   } else if (role == Role::kRollout) {
     in.work = RoleWork::kGenerate;

@@ -1,6 +1,7 @@
 #include "engine/role_config.h"
 
 #include "core/errors.h"
+#include "core/text.h"
 
 namespace rlhf::engine {
 
@@ -103,21 +104,6 @@ void lora_from_json(const json& j, ModelRoleConfig& c) {
   c.lora.use_rslora = field<bool>(j, "use_rslora");
   c.lora_adapter = field<std::string>(j, "adapter");
   c.lora_export_merged = field<bool>(j, "export_merged");
-}
-
-// "q_proj, v_proj" -> {"q_proj", "v_proj"}.
-std::vector<std::string> split_names(const std::string& text) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char ch : text + ",") {
-    if (ch == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else if (ch != ' ') {
-      cur += ch;
-    }
-  }
-  return out;
 }
 
 }  // namespace

@@ -32,6 +32,14 @@ TEST(Text, LineColAndBytes) {
   EXPECT_EQ(format_bytes(3.0 * (1ull << 30)), "3.00 GiB");
 }
 
+TEST(Text, SplitNamesDropsSpacesAndEmptyEntries) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split_names("q_proj, v_proj"), (V{"q_proj", "v_proj"}));
+  EXPECT_EQ(split_names(" all-linear "), (V{"all-linear"}));
+  EXPECT_EQ(split_names(",a,,b ,"), (V{"a", "b"}));
+  EXPECT_EQ(split_names(""), V{});
+}
+
 TEST(Text, EndsWithTable) {
   struct Case {
     const char* s;

@@ -49,20 +49,14 @@ constexpr int kSeed = 0;
 const std::string kScript = std::string(RLHF_SOURCE_DIR) + "/tests/models/hf_reference.py";
 
 std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
+  return test::shell_quote(s);
 }
 
 // Runs `RLHF_PYTHON hf_reference.py ARGS`; "" on success, else the exit status and the
 // script's output (why the reference could not run).
 std::string run_reference(const std::string& args, const std::string& log) {
-  const std::string cmd = "OMP_NUM_THREADS=1 timeout 300 " + quote(RLHF_PYTHON) + " " +
-                          quote(kScript) + " " + args + " >" + quote(log) + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
-  return "the HF reference failed (" + cmd + ", status " + std::to_string(status) +
-         "); run scripts/setup to install transformers. Output:\n" + test::slurp(log);
+  return test::run_python_reference(kScript, args, log,
+                                    "run scripts/setup to install transformers");
 }
 
 // "transformers X torch Y safetensors Z" of RLHF_PYTHON without importing them (~0.1 s);

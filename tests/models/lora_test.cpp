@@ -44,19 +44,12 @@ constexpr double kFp32Tolerance = 1e-5;
 const std::string kScript = std::string(RLHF_SOURCE_DIR) + "/tests/models/peft_reference.py";
 
 std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
+  return test::shell_quote(s);
 }
 
 // Runs `RLHF_PYTHON peft_reference.py ARGS`; "" on success, else why it failed.
 std::string run_reference(const std::string& args, const std::string& log) {
-  const std::string cmd = "OMP_NUM_THREADS=1 timeout 300 " + quote(RLHF_PYTHON) + " " +
-                          quote(kScript) + " " + args + " >" + quote(log) + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
-  return "the PEFT reference failed (" + cmd + ", status " + std::to_string(status) +
-         "); run scripts/setup to install peft. Output:\n" + test::slurp(log);
+  return test::run_python_reference(kScript, args, log, "run scripts/setup to install peft");
 }
 
 uint64_t fingerprint(const std::string& text) {

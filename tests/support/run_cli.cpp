@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,12 +13,27 @@
 #include "test_paths.h"
 
 namespace rlhf::test {
-namespace {
 
-std::string quote(const std::string& s) {
+std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+std::string run_python_reference(const std::string& script, const std::string& args,
+                                 const std::string& log, const std::string& install_hint) {
+  const std::string cmd = "OMP_NUM_THREADS=1 timeout 300 " + shell_quote(RLHF_PYTHON) + " " +
+                          shell_quote(script) + " " + args + " >" + shell_quote(log) + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return "the reference " + script + " failed (" + cmd + ", status " + std::to_string(status) +
+         "); " + install_hint + ". Output:\n" + slurp(log);
+}
+
+namespace {
+
+std::string quote(const std::string& s) {
+  return shell_quote(s);
 }
 
 std::string temp_dir() {

@@ -32,6 +32,15 @@ std::string write_temp(const std::string& name, const std::string& text);
 // 7). Throws std::runtime_error with init-model's stderr when one cannot be made.
 std::string tiny_models_dir(const std::string& name);
 
+// `s` single-quoted for a POSIX shell.
+std::string shell_quote(const std::string& s);
+
+// Runs `RLHF_PYTHON SCRIPT ARGS` (one torch thread, killed after 300 s) with its output in
+// `log`; "" on success, else the command, its status, `install_hint` and the output (why the
+// reference could not run). `args` go to the shell as they are.
+std::string run_python_reference(const std::string& script, const std::string& args,
+                                 const std::string& log, const std::string& install_hint);
+
 // How often `part` occurs in `text` (overlapping occurrences counted).
 size_t count_of(const std::string& text, const std::string& part);
 
