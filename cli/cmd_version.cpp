@@ -8,6 +8,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "kernels/kernels.h"
 #include "rlhf_version.h"
 #include "transport/nccl_group.h"
 
@@ -44,6 +45,12 @@ int cmd_version(const Argv& argv) {
             << cudnn_version(cuda.versionCuDNN()) << '\n';
   const std::string nccl = transport::nccl_version();
   std::cout << "nccl: " << (nccl.empty() ? "not compiled in" : nccl + " (collective backend)")
+            << '\n';
+  std::cout << "flashinfer: "
+            << (kernels::available()
+                    ? kernels::flashinfer_version() + " (kernels compiled for sm " +
+                          kernels::cuda_architectures() + ")"
+                    : std::string("not compiled in (GPU kernels: torch's operators)"))
             << '\n';
   const int gpus = at::hasCUDA() ? cuda.getNumGPUs() : 0;
   std::cout << "gpus: " << gpus

@@ -162,8 +162,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   auto cos = in.cos.unsqueeze(1), sin = in.sin.unsqueeze(1);         // [B, 1, T, D]
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  if (cache) std::tie(k, v) = cache->append(layer_index, k, v);  // [B, kv, S, D]
-  auto out = attend(q, k, v, in);                                // [B, nh, T, D]
+  torch::Tensor out;
+  if (cache) {  // a paged decode step on a GPU attends in place, without gathering the blocks
+    out = cache->append_and_attend(layer_index, q, k, v,
+                                   1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    if (!out.defined()) std::tie(k, v) = cache->append(layer_index, k, v);  // [B, kv, S, D]
+  }
+  if (!out.defined()) out = attend(q, k, v, in);  // [B, nh, T, D]
   return row_parallel(o_proj, out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}), tp_);
 }
 

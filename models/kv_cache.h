@@ -23,6 +23,16 @@ class KvStore {
   // the keys/values the new queries attend to, each [B, kv_heads, S, head_dim].
   virtual std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k,
                                                          const torch::Tensor& v) = 0;
+  // Decode steps where the store can attend in place (a paged cache on a GPU with kernels/'s
+  // paged decode compiled in): writes k, v as append() does and returns the attention of q
+  // [B, heads, 1, head_dim] over each row's cached positions (softmax scale `scale`), [B,
+  // heads, 1, head_dim]. Otherwise an undefined tensor, changing nothing: the caller then
+  // calls append() and attends to what it returns.
+  virtual torch::Tensor append_and_attend(int64_t layer, const torch::Tensor& q,
+                                          const torch::Tensor& k, const torch::Tensor& v,
+                                          double scale) {
+    return {};
+  }
 };
 
 class KvCache final : public KvStore {

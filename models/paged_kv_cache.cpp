@@ -165,6 +165,7 @@ void PagedKvCache::plan_decode(const std::vector<int64_t>& seqs) {
     std::fill(allowed + b * S + first, allowed + b * S + s.length + 1, true);
   }
   step_ = Step::kDecode;
+  decode_plan_.reset();
   step_batch_ = B;
   step_seqs_ = seqs;
   step_tokens_.assign(B, 1);
@@ -211,6 +212,7 @@ void PagedKvCache::plan_decode_static(const std::vector<int64_t>& seqs, const to
               "for at most B sequences, got ",
               slots.sizes(), ", ", positions.sizes(), ", ", blocks.sizes(), " for ", seqs.size());
   step_ = Step::kStaticDecode;
+  decode_plan_.reset();
   step_batch_ = batch;
   step_seqs_ = seqs;
   step_tokens_.assign(seqs.size(), 1);
@@ -271,8 +273,34 @@ std::pair<torch::Tensor, torch::Tensor> PagedKvCache::append(int64_t layer, cons
   return {gather(keys), gather(values)};
 }
 
+torch::Tensor PagedKvCache::append_and_attend(int64_t layer, const torch::Tensor& q,
+                                              const torch::Tensor& k, const torch::Tensor& v,
+                                              double scale) {
+  const bool decode = step_ == Step::kDecode || step_ == Step::kStaticDecode;
+  if (!decode || !in_place_decode_ || !device_.is_cuda() || sliding_window_ > 0 || layer < 0 ||
+      layer >= static_cast<int64_t>(keys_.size()) || q.size(2) != 1 ||
+      !kernels::paged_decode_supported(keys_[layer].scalar_type(), keys_[layer].size(3), q.size(1),
+                                       keys_[layer].size(2))) {
+    return {};
+  }
+  auto& keys = keys_[layer];
+  auto& values = values_[layer];
+  const int64_t B = k.size(0), kv = keys.size(2), D = keys.size(3);
+  TORCH_CHECK(B == step_batch_ && k.size(2) == 1 && v.sizes() == k.sizes(),
+              "PagedKvCache: a decode step appends one position per row, got ", k.sizes());
+  keys.view({-1, kv, D}).index_copy_(0, write_slots_, k.squeeze(2));
+  values.view({-1, kv, D}).index_copy_(0, write_slots_, v.squeeze(2));
+  if (!decode_plan_) {
+    decode_plan_ =
+        kernels::plan_paged_decode(read_blocks_.view({B, -1}), positions_.view({B}), block_size_);
+  }
+  return kernels::paged_decode_attention(q.squeeze(2), keys, values, *decode_plan_, scale)
+      .unsqueeze(2);
+}
+
 void PagedKvCache::finish_step() {
   TORCH_CHECK(step_ != Step::kNone, "PagedKvCache: no planned step to finish");
+  decode_plan_.reset();
   for (size_t i = 0; i < step_seqs_.size(); ++i) sequence(step_seqs_[i]).length += step_tokens_[i];
   step_ = Step::kNone;
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "models/config.h"
 #include "models/kv_cache.h"
 
@@ -82,6 +83,14 @@ class PagedKvCache final : public KvStore {
   // positions past each sequence's length).
   std::pair<torch::Tensor, torch::Tensor> append(int64_t layer, const torch::Tensor& k,
                                                  const torch::Tensor& v) override;
+  // KvStore: on a GPU, decode steps attend in place with FlashInfer's paged decode
+  // (kernels/), reading each row's blocks where they are instead of gathering them into dense
+  // tensors; undefined where it does not apply (prefill, the CPU, a sliding window, shapes
+  // kernels::paged_decode_supported refuses, or set_in_place_decode(false)).
+  torch::Tensor append_and_attend(int64_t layer, const torch::Tensor& q, const torch::Tensor& k,
+                                  const torch::Tensor& v, double scale) override;
+  // On by default; off makes every decode step gather + SDPA (the reference in tests).
+  void set_in_place_decode(bool on) { in_place_decode_ = on; }
   // After the forward: the planned sequences' lengths include their new tokens.
   void finish_step();
 
@@ -123,6 +132,10 @@ class PagedKvCache final : public KvStore {
   torch::Tensor positions_;           // [B, T] int64
   torch::Tensor prefill_mask_;        // prefill: the caller's [B, T] mask
   std::optional<torch::Tensor> decode_mask_;  // decode: [B, 1, 1, M * block_size] bool
+  bool in_place_decode_ = true;
+  // The step's FlashInfer page table, built by the first layer that attends in place (inside
+  // a graph capture, so replays rebuild it from the static inputs).
+  std::optional<kernels::PagedDecodePlan> decode_plan_;
 };
 
 }  // namespace rlhf::models

@@ -10,11 +10,11 @@ cd "$root"
 command -v "$clang_format" >/dev/null ||
   { echo "check_format: $clang_format not found (scripts/setup installs clang-format)" >&2; exit 1; }
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  mapfile -t files < <(git ls-files --cached --others --exclude-standard -- '*.cpp' '*.h' | \
+  mapfile -t files < <(git ls-files --cached --others --exclude-standard -- '*.cpp' '*.h' '*.cu' | \
     grep -v '^tests/fixtures/' | while read -r f; do [ -f "$f" ] && echo "$f"; done)
 else
   mapfile -t files < <(find . -path ./build -prune -o -path './build-*' -prune -o \
-    -path ./tests/fixtures -prune -o \( -name '*.cpp' -o -name '*.h' \) -print | sed 's|^\./||')
+    -path ./tests/fixtures -prune -o \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \) -print | sed 's|^\./||')
 fi
 ((${#files[@]})) || { echo "check_format: no C++ sources found under $root" >&2; exit 1; }
 

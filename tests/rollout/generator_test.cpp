@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "kernels/kernels.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
 #include "models/paged_kv_cache.h"
@@ -629,6 +630,53 @@ TEST(Generator, CudaGraphDecodeEqualsTheCpu_CUDA) {
         EXPECT_TRUE(torch::equal(gpu->response_lengths, cpu.response_lengths)) << which;
         EXPECT_TRUE(torch::allclose(gpu->log_probs, cpu.log_probs, 0, 1e-4)) << which;
       }
+    }
+  }
+}
+
+// FlashInfer's paged decode (kernels/: the blocks read in place) against the gather + SDPA
+// path, both BF16 on cuda:0, with CUDA graphs and eagerly, greedy and sampled, with a pool
+// small enough to preempt: the same tokens and lengths, log-probs within 0.02 nats (both round
+// to BF16; the kernel sums in another order). The tiny model with head_dim 64 and GQA group 2,
+// shapes the kernel has an instance for.
+TEST(Generator, InPlacePagedDecodeEqualsTheGather_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_TRUE(kernels::paged_decode_supported(torch::kBFloat16, 64, 4, 2))
+      << "FlashInfer's paged decode is not compiled into this build";
+  auto config = models::preset_config("tiny");
+  config.hidden_size = 256;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.head_dim = 64;
+  config.initializer_range = 0.1;
+  auto model = std::make_shared<CausalLM>(config);
+  model->init_weights(17);
+  model->eval();
+  model->to(torch::Device(torch::kCUDA, 0));
+  model->to(torch::kBFloat16);
+  auto [ids, mask] = left_pad(make_prompts({4, 6, 2, 5, 3, 7, 1}));
+  GenerationConfig c;
+  c.max_new_tokens = 40;
+  c.n_samples_per_prompt = 3;
+  c.micro_batch_size = 7;
+  c.kv_block_size = 4;
+  c.kv_cache_bytes = 30 * models::PagedKvCache::block_bytes(config, 4, torch::kBFloat16);
+  c.stop_token_ids = {7, 11, 19, 23};
+  for (auto steps : {DecodeSteps::kAuto, DecodeSteps::kEager}) {
+    for (double temperature : {0.0, 1.0}) {
+      SamplingParams params;
+      params.seed = 31;
+      params.temperature = temperature;
+      c.decode_steps = steps;
+      c.paged_attention_kernels = false;
+      const auto gathered = Generator(model, c).generate(ids, mask, params);
+      c.paged_attention_kernels = true;
+      const auto in_place = Generator(model, c).generate(ids, mask, params);
+      const std::string what = std::string(steps == DecodeSteps::kEager ? "eager" : "graphs") +
+                               " temperature " + std::to_string(temperature);
+      EXPECT_TRUE(torch::equal(in_place.sequences, gathered.sequences)) << what;
+      EXPECT_TRUE(torch::equal(in_place.response_lengths, gathered.response_lengths)) << what;
+      EXPECT_TRUE(torch::allclose(in_place.log_probs, gathered.log_probs, 0, 0.02)) << what;
     }
   }
 }
