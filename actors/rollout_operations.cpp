@@ -148,6 +148,7 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
   config.kv_block_size = a.value("kv_block_size", config.kv_block_size);
   config.max_num_seqs = a.value("max_num_seqs", config.max_num_seqs);
   if (a.value("enforce_eager", false)) config.decode_steps = rollout::DecodeSteps::kEager;
+  config.gpu_kernels = a.value("gpu_kernels", config.gpu_kernels);
   config.pad_token_id = a.value("pad_token_id", config.pad_token_id);
   if (a.contains("stop_token_ids"))
     config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();

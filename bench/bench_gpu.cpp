@@ -14,7 +14,7 @@
 // Usage: bench_gpu --device cuda|cpu [--models 0.5b,1.5b] [--batches 1,32,256]
 //        [--new-tokens 128] [--prompt-len 128] [--train-seq 1024] [--train-batch 8]
 //        [--steps 3] [--zero 1|3] [--peak-tflops F] [--threads N] [--sections decode,train]
-//        [--engines contiguous,paged,graphs] [--out FILE.json]
+//        [--engines contiguous,paged,graphs,flashinfer] [--out FILE.json]
 // On cpu torch runs 1 thread unless --threads says otherwise: the tiny model gains nothing from
 // more, and on a shared 2-core machine a second OpenMP thread waiting for its core made every
 // decode step over 100x slower.
@@ -40,6 +40,7 @@
 #include "bench/proc_memory.h"
 #include "core/timing.h"
 #include "engine/trainer.h"
+#include "kernels/kernels.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
 #include "rollout/generator.h"
@@ -55,7 +56,7 @@ constexpr const char* kUsage =
     "usage: bench_gpu --device cuda|cpu [--models 0.5b,1.5b] [--batches 1,32,256] "
     "[--new-tokens 128] [--prompt-len 128] [--train-seq 1024] [--train-batch 8] [--steps 3] "
     "[--zero 1|3] [--peak-tflops F] [--threads N] [--sections decode,train] "
-    "[--engines contiguous,paged,graphs] [--out FILE.json]";
+    "[--engines contiguous,paged,graphs,flashinfer] [--out FILE.json]";
 
 struct Options {
   torch::Device device = torch::Device(torch::kCUDA, 0);
@@ -71,8 +72,9 @@ struct Options {
   int threads = 0;        // torch CPU threads; 0: 1 on cpu, torch's default on cuda
   // --engines: the decode engines measured: contiguous (one KV cache per batch), paged
   // (rollout.kv_block_size 16, eager steps: rollout.enforce_eager), graphs (paged, padded
-  // steps replayed as CUDA graphs: the GPU default). Default: all three on cuda, the first
-  // two on cpu.
+  // steps replayed as CUDA graphs), all three with torch's operators; flashinfer (graphs with
+  // FlashInfer's kernels, rollout.gpu_kernels: the GPU default). Default: all four on cuda
+  // (flashinfer when compiled in), the first two on cpu.
   std::vector<std::string> engines;
   bool decode = true;  // --sections: which of a. and b. to run
   bool train = true;
@@ -104,8 +106,8 @@ Options parse_options(int argc, char** argv) {
                                 flags.text("--sections"));
   o.engines = flags.list("--engines", {});
   for (const auto& e : o.engines)
-    if (e != "contiguous" && e != "paged" && e != "graphs")
-      throw std::invalid_argument("--engines: contiguous, paged or graphs, got " + e);
+    if (e != "contiguous" && e != "paged" && e != "graphs" && e != "flashinfer")
+      throw std::invalid_argument("--engines: contiguous, paged, graphs or flashinfer, got " + e);
   o.out = flags.text("--out");
   flags.check_all_known();
   if (device != "cuda" && device != "cpu")
@@ -119,9 +121,11 @@ Options parse_options(int argc, char** argv) {
   if (o.train_seq == 0) o.train_seq = cuda ? 1024 : 128;
   if (o.train_batch == 0) o.train_batch = cuda ? 8 : 2;
   if (o.steps == 0) o.steps = cuda ? 3 : 2;
-  if (o.engines.empty())
+  if (o.engines.empty()) {
     o.engines =
         cuda ? bench::split_list("contiguous,paged,graphs") : bench::split_list("contiguous,paged");
+    if (cuda && kernels::available()) o.engines.push_back("flashinfer");
+  }
   if (o.threads == 0 && !cuda) o.threads = 1;
   if (o.zero_stage != 1 && o.zero_stage != 3)
     throw std::invalid_argument("--zero must be 1 or 3, got " + std::to_string(o.zero_stage));
@@ -325,9 +329,13 @@ rollout::GenerationOutput generate(const std::shared_ptr<models::CausalLM>& mode
   rollout::GenerationConfig config;
   if (engine != "contiguous") {
     config.kv_block_size = 16;  // the job spec's default
-    config.decode_steps =
-        engine == "graphs" ? rollout::DecodeSteps::kAuto : rollout::DecodeSteps::kEager;
+    config.decode_steps = engine == "graphs" || engine == "flashinfer"
+                              ? rollout::DecodeSteps::kAuto
+                              : rollout::DecodeSteps::kEager;
   }
+  // FlashInfer's kernels (kernels/) only in the engine named after them: the others are
+  // torch's operators, the reference the ratio is taken against.
+  config.gpu_kernels = engine == "flashinfer";
   config.max_new_tokens = new_tokens;
   config.micro_batch_size = ids.size(0);  // one KV cache for the whole batch
   config.stop_token_ids = {};             // no stop token: every row makes new_tokens tokens

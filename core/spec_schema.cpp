@@ -260,6 +260,11 @@ std::vector<KeySpec> build_table() {
             "a CUDA graph captured on first use (a small model's decode step is bound by "
             "kernel launches, not by the GPU). No effect on CPU nodes or with "
             "rollout.kv_block_size 0, which always run eagerly.");
+  t.boolean("rollout.gpu_kernels", true,
+            "On GPU nodes, generate with the FlashInfer kernels compiled into rlhf (`rlhf "
+            "version` names them) where they have an instance for the model: paged decode "
+            "attention reading the KV blocks in place, one-kernel RMSNorm. false: torch's "
+            "operators (gather + SDPA), the reference path. No effect on CPU nodes.");
   t.integer("rollout.micro_batch_size", 8, 1, kInf,
             "Prompts per generate call on one rollout engine (one worker, or the "
             "rollout.tensor_parallel_size workers of a tensor-parallel engine).");

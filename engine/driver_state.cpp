@@ -27,7 +27,8 @@ bool affects_trajectory(const std::string& key, bool schedule_counts_steps) {
   if (key == "name" || key == "train.max_tokens_per_micro_batch" ||
       key == "rollout.kv_cache_memory_gb" || key == "rollout.kv_block_size" ||
       key == "rollout.max_num_seqs" || key == "rollout.enforce_eager" ||
-      key == "rollout.tensor_parallel_size" || key == "reward.remote_timeout_s")
+      key == "rollout.gpu_kernels" || key == "rollout.tensor_parallel_size" ||
+      key == "reward.remote_timeout_s")
     return false;
   if (key == "train.max_steps" || key == "train.num_episodes") return schedule_counts_steps;
   return true;

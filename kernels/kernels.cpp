@@ -52,10 +52,21 @@ uint32_t u32(int64_t v) {
   return static_cast<uint32_t>(v);
 }
 
+thread_local bool kernels_enabled = false;
+
 }  // namespace
 
 bool available() {
   return detail::compiled_in();
+}
+bool enabled_here() {
+  return kernels_enabled && available();
+}
+EnableInScope::EnableInScope(bool on) : previous_(kernels_enabled) {
+  kernels_enabled = on;
+}
+EnableInScope::~EnableInScope() {
+  kernels_enabled = previous_;
 }
 std::string flashinfer_version() {
   return detail::flashinfer_version();

@@ -20,6 +20,22 @@ std::string flashinfer_version();
 // "8.0;9.0": the architectures the kernels were built for, or "".
 std::string cuda_architectures();
 
+// Whether a model's forward on this thread may use these kernels in place of torch's
+// operators (RMSNorm, SiLU-and-mul): off unless an EnableInScope is alive. The rollout's
+// generate turns it on; trainers and scorers keep torch's operators, so log-probs computed
+// without gradients equal those computed with them.
+bool enabled_here();
+class EnableInScope {
+ public:
+  explicit EnableInScope(bool on = true);
+  ~EnableInScope();
+  EnableInScope(const EnableInScope&) = delete;
+  EnableInScope& operator=(const EnableInScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // x [.., d] (contiguous rows; FP16, BF16 or FP32, CUDA), weight [d] of x's dtype:
 // x / sqrt(mean(x^2) + eps) * weight, as a new tensor (FlashInfer's RMSNorm; it computes in
 // FP32 and rounds once).

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/kernels.h"
 #include "models/kv_cache.h"
 
 namespace rlhf::models {
@@ -130,6 +131,12 @@ RMSNormImpl::RMSNormImpl(int64_t hidden, double eps, Materialize how) : eps_(eps
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  // The rollout on a GPU in 16 bits: FlashInfer's one-kernel RMSNorm (kernels/; FP32 inside,
+  // one rounding at the end where the torch path below rounds twice: within one ulp of it).
+  if (x.is_cuda() && x.scalar_type() != torch::kFloat32 && !torch::GradMode::is_enabled() &&
+      kernels::enabled_here()) {
+    return kernels::rms_norm(x, weight, eps_);
+  }
   auto xf = x.to(torch::kFloat32);
   auto variance = xf.pow(2).mean(-1, /*keepdim=*/true);
   return weight * (xf * torch::rsqrt(variance + eps_)).to(x.scalar_type());

@@ -169,6 +169,7 @@ json PpoJob::rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& wo
                {"kv_block_size", spec_.get_int("rollout.kv_block_size")},
                {"max_num_seqs", spec_.get_int("rollout.max_num_seqs")},
                {"enforce_eager", spec_.get_bool("rollout.enforce_eager")},
+               {"gpu_kernels", spec_.get_bool("rollout.gpu_kernels")},
                {"stop_token_ids", stop},
                {"pad_token_id", pad_id_}};
   if (c_.tensor_parallel_size > 1) {

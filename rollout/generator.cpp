@@ -12,6 +12,7 @@
 
 #include "core/errors.h"
 #include "core/timing.h"
+#include "kernels/kernels.h"
 #include "models/kv_cache.h"
 
 namespace rlhf::rollout {
@@ -72,6 +73,7 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
   TORCH_CHECK(prompt_mask.sizes() == prompt_ids.sizes(),
               "generate: prompt_mask must be [B, P] like prompt_ids, got ", prompt_mask.sizes());
   params.validate();
+  kernels::EnableInScope use_kernels(config_.gpu_kernels);  // the model's forwards, this call
   const auto mask = prompt_mask.to(torch::kCPU, torch::kInt64);
   if ((mask.sum(1) == 0).any().item<bool>())
     throw InputError("generate: a prompt row has no tokens (all padding)");

@@ -47,10 +47,10 @@ struct GenerationConfig {
   int64_t max_num_seqs = 0;
   // How paged decode steps run (see DecodeSteps).
   DecodeSteps decode_steps = DecodeSteps::kAuto;
-  // Paged decode steps on a GPU attend in place with FlashInfer's kernel (kernels/), where it
-  // has an instance for the model's shapes; false: gather each row's blocks and run SDPA (the
-  // reference path, and the CPU's).
-  bool paged_attention_kernels = true;
+  // On a GPU, FlashInfer's kernels (kernels/) where they have an instance for the model's
+  // shapes: paged decode steps attend in place (no gather of the blocks), RMSNorm in one
+  // kernel. false: torch's operators, gather + SDPA (the reference path, and the CPU's).
+  bool gpu_kernels = true;
   std::vector<int64_t> stop_token_ids;  // EOS and rollout.stop_token_ids: a row ends after one
   int64_t pad_token_id = 0;             // fills sequences after a row's end
   // Rows that finished stay in the decode batch (fed a pad token, not sampled) until they

@@ -377,7 +377,7 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   const int64_t blocks_per_row = (P + R + bs - 1) / bs;
   const int64_t num_blocks = pool_blocks(config_, P, std::min(max_seqs, N), per_block);
   models::PagedKvCache cache(mc, num_blocks, bs, model.dtype(), device);
-  cache.set_in_place_decode(config_.paged_attention_kernels);
+  cache.set_in_place_decode(config_.gpu_kernels);
   std::unique_ptr<PagedDecoder> decoder;
   if (padded_steps)
     decoder = std::make_unique<PagedDecoder>(model, cache, std::min(max_seqs, N), blocks_per_row,

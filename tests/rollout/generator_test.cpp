@@ -634,11 +634,11 @@ TEST(Generator, CudaGraphDecodeEqualsTheCpu_CUDA) {
   }
 }
 
-// FlashInfer's paged decode (kernels/: the blocks read in place) against the gather + SDPA
-// path, both BF16 on cuda:0, with CUDA graphs and eagerly, greedy and sampled, with a pool
-// small enough to preempt: the same tokens and lengths, log-probs within 0.02 nats (both round
-// to BF16; the kernel sums in another order). The tiny model with head_dim 64 and GQA group 2,
-// shapes the kernel has an instance for.
+// FlashInfer's kernels in generation (kernels/: paged decode reading the blocks in place,
+// RMSNorm) against torch's operators (gather + SDPA), both BF16 on cuda:0, with CUDA graphs and
+// eagerly, greedy and sampled, with a pool small enough to preempt: the same tokens and lengths,
+// log-probs within 0.02 nats (both round to BF16; the kernel sums in another order). The tiny model
+// with head_dim 64 and GQA group 2, shapes the kernel has an instance for.
 TEST(Generator, InPlacePagedDecodeEqualsTheGather_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ASSERT_TRUE(kernels::paged_decode_supported(torch::kBFloat16, 64, 4, 2))
@@ -668,9 +668,9 @@ TEST(Generator, InPlacePagedDecodeEqualsTheGather_CUDA) {
       params.seed = 31;
       params.temperature = temperature;
       c.decode_steps = steps;
-      c.paged_attention_kernels = false;
+      c.gpu_kernels = false;
       const auto gathered = Generator(model, c).generate(ids, mask, params);
-      c.paged_attention_kernels = true;
+      c.gpu_kernels = true;
       const auto in_place = Generator(model, c).generate(ids, mask, params);
       const std::string what = std::string(steps == DecodeSteps::kEager ? "eager" : "graphs") +
                                " temperature " + std::to_string(temperature);
