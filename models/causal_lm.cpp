@@ -56,23 +56,28 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   static torch::Tensor forward(AutogradContext* ctx, DecoderLayerImpl* layer, LayerHooks* hooks,
                                int64_t index, const torch::Tensor& hidden, const torch::Tensor& cos,
                                const torch::Tensor& sin, const std::optional<torch::Tensor>& mask,
-                               bool causal) {
+                               bool causal, const std::optional<VarlenSegments>& varlen) {
     // Raw pointers travel as integers: the layer and hooks outlive the autograd graph.
     ctx->saved_data["layer"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(layer));
     ctx->saved_data["hooks"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(hooks));
     ctx->saved_data["index"] = index;
     ctx->saved_data["causal"] = causal;
     ctx->save_for_backward({hidden, cos, sin, mask.value_or(torch::Tensor())});
+    if (varlen) {  // index tensors, not differentiated
+      ctx->saved_data["varlen_index"] = varlen->token_index;
+      ctx->saved_data["varlen_cu"] = varlen->cu_seqlens;
+      ctx->saved_data["varlen_max"] = varlen->max_len;
+    }
+    const AttentionInputs in{cos, sin, mask, causal, varlen};
     if (!has_lora_dropout(*layer))
-      return layer->forward(hidden, AttentionInputs{cos, sin, mask, causal}, nullptr,
-                            index);  // grad mode is off here
+      return layer->forward(hidden, in, nullptr, index);  // grad mode is off here
     auto gen = generator_of(hidden.device());
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
       ctx->saved_data["rng"] = gen.get_state();
     }
     LoraDropoutScope dropout;  // grad mode is off, but this forward is a training one
-    return layer->forward(hidden, AttentionInputs{cos, sin, mask, causal}, nullptr, index);
+    return layer->forward(hidden, in, nullptr, index);
   }
 
   // Runs `recompute` with the generator state saved in forward (if any), then puts the
@@ -105,7 +110,12 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     with_saved_rng(ctx, x.device(), [&] {
       torch::AutoGradMode enable(true);
       const auto mask = saved[3].defined() ? std::optional<torch::Tensor>(saved[3]) : std::nullopt;
-      const AttentionInputs in{saved[1], saved[2], mask, ctx->saved_data["causal"].toBool()};
+      AttentionInputs in{saved[1], saved[2], mask, ctx->saved_data["causal"].toBool(), {}};
+      if (ctx->saved_data.count("varlen_index")) {
+        in.varlen = VarlenSegments{ctx->saved_data["varlen_index"].toTensor(),
+                                   ctx->saved_data["varlen_cu"].toTensor(),
+                                   ctx->saved_data["varlen_max"].toInt()};
+      }
       auto out = layer->forward(x, in, nullptr, index);
       torch::autograd::backward({out}, {grads[0]});  // accumulates the layer's .grad
     });
@@ -113,7 +123,7 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
       hooks->after_forward(unit);
       hooks->after_backward(unit);
     }
-    return {torch::Tensor(), torch::Tensor(), torch::Tensor(), x.grad(),
+    return {torch::Tensor(), torch::Tensor(), torch::Tensor(), x.grad(),       torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -187,6 +197,13 @@ void CausalLM::init_weights(uint64_t seed) {
     embed_tokens->weight[config_.pad_token_id].zero_();  // HF: padding_idx row starts at zero
 }
 
+bool CausalLM::uses_varlen_attention(int64_t T) const {
+  const auto dtype = embed_tokens->weight.scalar_type();
+  return varlen_attention_ && embed_tokens->weight.is_cuda() &&
+         (dtype == torch::kBFloat16 || dtype == torch::kHalf) && config_.head_dim % 8 == 0 &&
+         config_.head_dim <= 256 && (config_.sliding_window <= 0 || config_.sliding_window >= T);
+}
+
 torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,
                                   KvStore* cache) {
   auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
@@ -194,7 +211,8 @@ torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const 
       cache == nullptr) {
     // A frozen embedding gives an input without grad; the layer's parameters still need theirs.
     torch::Tensor x = hidden.requires_grad() ? hidden : hidden.detach().requires_grad_(true);
-    return CheckpointedLayer::apply(layer, hooks_, i, x, in.cos, in.sin, in.mask, in.causal);
+    return CheckpointedLayer::apply(layer, hooks_, i, x, in.cos, in.sin, in.mask, in.causal,
+                                    in.varlen);
   }
   return layer->forward(hidden, in, cache, i);
 }
@@ -221,6 +239,13 @@ torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, const torch::Ten
   AttentionInputs in;
   set_attention_mask(in, mask, past, T, config_.sliding_window,
                      /*known_plain=*/!attention_mask.defined());
+  if (in.mask && !cache && uses_varlen_attention(T)) {
+    auto segments = varlen_segments(mask, input_ids.device());
+    if (segments.max_len > 0) {
+      in.varlen = std::move(segments);
+      in.mask = std::nullopt;
+    }
+  }
   auto h = run_stack(input_ids, pos, in, cache);
   if (cache) cache->advance(T);
   return h;

@@ -112,6 +112,10 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
 
   void set_checkpointing(Checkpointing mode) { checkpointing_ = mode; }
   Checkpointing checkpointing() const { return checkpointing_; }
+  // Padded or packed batches without a cache on a GPU in 16 bits attend by flash attention's
+  // variable-length kernel (no dense mask, no work on padding; AttentionInputs::varlen). On by
+  // default; off keeps the mask + SDPA path (the reference in tests).
+  void set_varlen_attention(bool on) { varlen_attention_ = on; }
 
   // Every linear map of the decoder layers by HF module name ("model.layers.3.mlp.up_proj"),
   // layer by layer in the order q, k, v, o, gate, up, down: where LoRA adapters go.
@@ -151,6 +155,8 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
  private:
   torch::Tensor run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,
                           KvStore* cache);
+  // Whether a forward of T positions without a cache takes the varlen path.
+  bool uses_varlen_attention(int64_t T) const;
   // Embedding, rotary tables for `pos`, the layers and the final norm (the mask is in `in`).
   torch::Tensor run_stack(const torch::Tensor& input_ids, const torch::Tensor& pos,
                           AttentionInputs& in, KvStore* cache);
@@ -166,6 +172,7 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   ModelConfig shard_config_;
   ShapeList shapes_;
   Checkpointing checkpointing_ = Checkpointing::kNone;
+  bool varlen_attention_ = true;
   int64_t logits_chunk_tokens_ = kDefaultLogitsChunkTokens;
   LayerHooks* hooks_ = nullptr;
   torch::Tensor inv_freq_;  // RoPE's inverse frequencies on the device of the last forward

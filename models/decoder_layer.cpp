@@ -2,10 +2,12 @@
 // RMSNorm statistics and softmax in FP32, matmuls in the parameters' dtype.
 #include "models/decoder_layer.h"
 
+#include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/linear.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/kernels.h"
 #include "models/kv_cache.h"
@@ -43,8 +45,27 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 // q: [B, nh, T, D], k/v: [B, kv, S, D] -> [B, nh, T, D]. Fused SDPA: grouped-query heads
 // without copying k/v (enable_gqa); with no mask and `causal`, the flash kernels can run.
+// Causal attention within each segment of in.varlen: the real tokens gathered into [N, heads,
+// D], flash attention's varlen kernel (grouped-query heads as they are; autograd has its
+// backward), scattered back to [B, heads, T, D] (zeros at padding).
+torch::Tensor attend_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const VarlenSegments& seg) {
+  const int64_t B = q.size(0), T = q.size(2), D = q.size(3);
+  auto tokens = [&](const torch::Tensor& x) {  // [B, n, T, D] -> [N, n, D]
+    return x.transpose(1, 2).reshape({B * T, x.size(1), D}).index_select(0, seg.token_index);
+  };
+  auto out = std::get<0>(at::_flash_attention_forward(
+      tokens(q), tokens(k), tokens(v), seg.cu_seqlens, seg.cu_seqlens, seg.max_len, seg.max_len,
+      /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false));
+  return torch::zeros({B * T, q.size(1), D}, out.options())
+      .index_copy(0, seg.token_index, out)
+      .view({B, T, q.size(1), D})
+      .transpose(1, 2);
+}
+
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                      const AttentionInputs& in) {
+  if (in.varlen) return attend_varlen(q, k, v, *in.varlen);
   const bool gqa = q.size(1) != k.size(1);
   return at::scaled_dot_product_attention(q, k, v, in.mask, 0.0, in.causal, std::nullopt, gqa);
 }
@@ -102,6 +123,38 @@ torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t
                   .logical_and(same_segment)
                   .logical_or(k_pos == q_pos);  // [B, T, S]
   return mask.unsqueeze(1);                     // [B, 1, T, S]
+}
+
+VarlenSegments varlen_segments(const torch::Tensor& attention_mask, const torch::Device& device) {
+  TORCH_CHECK(attention_mask.dim() == 2, "varlen_segments: attention_mask must be [B, T], got ",
+              attention_mask.sizes());
+  const auto mask = attention_mask.to(torch::kCPU, torch::kInt64).contiguous();
+  const int64_t B = mask.size(0), T = mask.size(1);
+  const int64_t* m = mask.data_ptr<int64_t>();
+  std::vector<int64_t> index;
+  std::vector<int32_t> cu = {0};
+  VarlenSegments seg;
+  for (int64_t b = 0; b < B; ++b) {
+    // A segment is every position of the row with one nonzero id, in order (contiguous or
+    // not, as attention_mask_tensor reads it); segments in the order they start.
+    std::vector<std::pair<int64_t, std::vector<int64_t>>> groups;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t id = m[b * T + t];
+      if (id == 0) continue;
+      auto it =
+          std::find_if(groups.begin(), groups.end(), [id](const auto& g) { return g.first == id; });
+      if (it == groups.end()) it = groups.insert(groups.end(), {id, {}});
+      it->second.push_back(b * T + t);
+    }
+    for (const auto& [id, positions] : groups) {
+      index.insert(index.end(), positions.begin(), positions.end());
+      cu.push_back(static_cast<int32_t>(index.size()));
+      seg.max_len = std::max<int64_t>(seg.max_len, static_cast<int64_t>(positions.size()));
+    }
+  }
+  seg.token_index = torch::tensor(index, torch::kInt64).to(device);
+  seg.cu_seqlens = torch::tensor(cu, torch::kInt32).to(device);
+  return seg;
 }
 
 void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask, int64_t past,

@@ -17,6 +17,22 @@ namespace rlhf::models {
 
 class KvStore;
 
+// The real tokens of a padded or packed [B, T] batch as variable-length sequences (one per
+// packed segment, or per row), for a fused attention kernel that takes them without a mask
+// (flash attention's varlen form): their flat positions in B * T, in order, and the segments'
+// boundaries in that order.
+struct VarlenSegments {
+  torch::Tensor token_index;  // [N] int64: flat positions (b * T + t) of the real tokens
+  torch::Tensor cu_seqlens;   // [segments + 1] int32: segment s is tokens [cu[s], cu[s + 1])
+  int64_t max_len = 0;        // the longest segment
+};
+
+// Splits attention_mask [B, T] (0 = padding; k >= 1 = token of segment k, as
+// attention_mask_tensor reads it) into its segments: the positions of one nonzero value within
+// a row, in order, segments in the order they start. Tensors on `device`. One copy of the mask
+// to the host.
+VarlenSegments varlen_segments(const torch::Tensor& attention_mask, const torch::Device& device);
+
 // What every layer of one forward shares: rotary tables and the attention mask.
 struct AttentionInputs {
   torch::Tensor cos;  // [B, T, head_dim] compute dtype
@@ -26,6 +42,10 @@ struct AttentionInputs {
   // and autograd::Function both take "no mask" only as nullopt.
   std::optional<torch::Tensor> mask;
   bool causal = false;  // without a mask: SDPA's is_causal (T == S)
+  // Set instead of a mask on a GPU for a forward without a cache in 16 bits (training and
+  // scoring of padded or packed batches): causal attention within each segment by flash
+  // attention's variable-length kernel, no [B, 1, T, T] mask and no work on padding.
+  std::optional<VarlenSegments> varlen;
 };
 
 // RoPE's inverse frequencies [head_dim / 2] FP32 on the CPU, following HF's default, linear
