@@ -85,6 +85,18 @@ int64_t shared_forward_bytes(const models::ModelConfig& c, int64_t B, int64_t T,
   return 4 * B * T * T + 2 * B * T * c.head_dim * e;
 }
 
+// On a GPU the layers of a forward without a cache share what selects the attended keys: a
+// bool mask [B, 1, T, T], or, where models::CausalLM takes flash attention's varlen path (a
+// 16-bit compute dtype, head_dim a multiple of 8 up to 256, no sliding window shorter than T:
+// CausalLM::uses_varlen_attention), the real tokens' int64 index [B * T] instead. A forward
+// over a KV cache (the rollout's prefill) always has the mask. (From the code; not yet
+// checked against the allocator on a GPU.)
+int64_t gpu_mask_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e, bool cached) {
+  const bool varlen = !cached && e == 2 && c.head_dim % 8 == 0 && c.head_dim <= 256 &&
+                      (c.sliding_window <= 0 || c.sliding_window >= T);
+  return varlen ? 8 * B * T : B * T * T;
+}
+
 // A forward without autograd: the largest live set is one layer's attention (scores in e,
 // their FP32 copy + mask, softmax FP32, probs in e) and its MLP intermediates. On a GPU,
 // SDPA's fused kernels (flash / memory-efficient) never hold the [B, heads, T, T] scores:
@@ -93,10 +105,11 @@ int64_t shared_forward_bytes(const models::ModelConfig& c, int64_t B, int64_t T,
 // The MLP's gate, up and product [tokens, I] exist for one chunk of at most
 // models::kInferenceMlpChunkTokens tokens at a time (models/decoder_layer.cpp).
 int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e,
-                        DeviceKind kind = DeviceKind::kCpu) {
+                        DeviceKind kind = DeviceKind::kCpu, bool cached = false) {
   const int64_t mlp_tokens = std::min(B * T, models::kInferenceMlpChunkTokens);
   const int64_t hidden = (B * T * 4 * c.hidden_size + mlp_tokens * 3 * c.intermediate_size) * e;
-  if (kind == DeviceKind::kCuda) return B * T * T + 2 * B * T * c.head_dim * e + hidden;
+  if (kind == DeviceKind::kCuda)
+    return gpu_mask_bytes(c, B, T, e, cached) + 2 * B * T * c.head_dim * e + hidden;
   const int64_t attention = B * c.num_attention_heads * T * T * (2 * e + 8);
   return shared_forward_bytes(c, B, T, e) + attention + hidden;
 }
@@ -111,7 +124,7 @@ int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int6
 //
 // On a GPU, SDPA runs the fused kernels (flash, or memory-efficient with a mask): no
 // [heads, T, T] scores are saved or built in backward; each layer saves its FP32 log-sum-exp
-// [B, heads, T] instead, and the layers share a bool mask [B, 1, T, T] and the rotary tables.
+// [B, heads, T] instead, and the layers share the mask (gpu_mask_bytes) and the rotary tables.
 // (Planned from the kernels' definitions; not yet checked against the allocator on a GPU.)
 int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e,
                        bool checkpointing, DeviceKind kind = DeviceKind::kCpu) {
@@ -121,9 +134,9 @@ int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64
                         (fused ? scores * (4 + e) - 4 * B * c.num_attention_heads * T : 0);
   const int64_t in_flight = layer + (fused ? 0 : scores * (8 + 2 * e));
   const int64_t head_norm = B * T * (4 + e) * c.hidden_size;
-  const int64_t shared =
-      (fused ? B * T * T + 2 * B * T * c.head_dim * e : shared_forward_bytes(c, B, T, e)) +
-      head_norm;
+  const int64_t shared = (fused ? gpu_mask_bytes(c, B, T, e, false) + 2 * B * T * c.head_dim * e
+                                : shared_forward_bytes(c, B, T, e)) +
+                         head_norm;
   if (!checkpointing) return c.num_hidden_layers * layer + in_flight + shared;
   return c.num_hidden_layers * B * T * c.hidden_size * e + layer + in_flight + shared;
 }
@@ -494,7 +507,8 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
     // generate call.)
     const int64_t gather = 2 * seqs * per_seq * bs * lc.num_key_value_heads * lc.head_dim * e;
     t.activations = std::max(
-        inference_bytes(lc, in.rollout_micro_batch, in.prompt_len, e, in.device_kind), gather);
+        inference_bytes(lc, in.rollout_micro_batch, in.prompt_len, e, in.device_kind, true),
+        gather);
     t.log_probs = logits_bytes(seqs);
     t.step_peak = t.kv_cache + t.activations + t.log_probs;
     t.kv_sequences = blocks / per_seq;
@@ -518,7 +532,7 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   }
   const int64_t rows = mb * in.n_samples;
   t.kv_cache = per_row * (rows + mb);
-  t.activations = inference_bytes(lc, mb, in.prompt_len, e, in.device_kind);
+  t.activations = inference_bytes(lc, mb, in.prompt_len, e, in.device_kind, /*cached=*/true);
   t.log_probs = logits_bytes(rows);  // decode logits, FP32 softmax and sampling copy
   t.step_peak = t.kv_cache + t.activations + t.log_probs;
   t.kv_sequences = rows;
