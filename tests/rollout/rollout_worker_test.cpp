@@ -38,7 +38,7 @@ std::unique_ptr<transport::CollectiveGroup> actor_sync_group(const std::string& 
 TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   torch::set_num_threads(1);
   SchedulerConfig config = testing::scheduler_config("rollout-workers");
-  config.worker_timeout = 5000ms;
+  config.worker_timeout = 20000ms;  // heartbeats stay late on a loaded 2-core machine
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 2}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
@@ -103,7 +103,7 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
 TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
   torch::set_num_threads(1);
   SchedulerConfig config = testing::scheduler_config("rollout-sleep");
-  config.worker_timeout = 5000ms;
+  config.worker_timeout = 20000ms;  // heartbeats stay late on a loaded 2-core machine
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
@@ -152,7 +152,7 @@ TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
 TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   torch::set_num_threads(1);
   SchedulerConfig config = testing::scheduler_config("rollout-tp");
-  config.worker_timeout = 5000ms;
+  config.worker_timeout = 20000ms;  // heartbeats stay late on a loaded 2-core machine
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 2}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
