@@ -60,6 +60,9 @@ Message sleep(RolloutState& state, const WorkerIdentity& self) {
   const auto start = std::chrono::steady_clock::now();
   int64_t moved = 0;
   if (!state.asleep.offloaded()) {
+    // The KV pool and decode graphs kept between calls: the pool's memory goes back too, and
+    // the graphs read the weights' old addresses (wake_up allocates new ones).
+    state.generator->release_paged_engine();
     std::vector<torch::Tensor> tensors = model.parameters(true);
     for (const auto& b : model.buffers(true)) tensors.push_back(b);
     moved = state.asleep.offload(tensors);

@@ -14,6 +14,7 @@
 #include "core/timing.h"
 #include "kernels/kernels.h"
 #include "models/kv_cache.h"
+#include "rollout/paged_engine.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -62,6 +63,10 @@ Generator::Generator(std::shared_ptr<models::CausalLM> model, GenerationConfig c
   }
   model_->eval();
 }
+
+Generator::~Generator() = default;
+Generator::Generator(Generator&&) noexcept = default;
+Generator& Generator::operator=(Generator&&) noexcept = default;
 
 GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
                                      const torch::Tensor& prompt_mask, const SamplingParams& params,

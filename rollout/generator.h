@@ -100,6 +100,9 @@ class Generator {
   // `model` must have an LM head; it is used in eval mode without gradients and may be
   // updated in place between calls (weight sync), which set_weight_version() records.
   Generator(std::shared_ptr<models::CausalLM> model, GenerationConfig config);
+  ~Generator();
+  Generator(Generator&&) noexcept;
+  Generator& operator=(Generator&&) noexcept;
 
   const GenerationConfig& config() const { return config_; }
   // Samples per prompt of the calls that follow (held-out evaluation draws one greedy sample
@@ -116,6 +119,13 @@ class Generator {
   // bad parameters.
   GenerationOutput generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
                             const SamplingParams& params, int64_t first_prompt = 0);
+
+  // Paged generation with CUDA graphs keeps its KV pool and decode graphs between calls: each
+  // shape is captured once and replayed by every later call, across weight syncs (which copy
+  // into the parameters in place). This drops them (the next call allocates and captures
+  // again): call it when the weights move to new memory (sleep and wake_up) or the model's
+  // modules change, and to give the pool's memory back.
+  void release_paged_engine();
 
   // Prompts of length P per KV cache: micro_batch_size, or fewer under kv_cache_bytes.
   // Throws InputError when the budget holds less than one prompt (naming what it needs).
@@ -147,9 +157,15 @@ class Generator {
   GenerationOutput generate_paged(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
                                   Sampler& sampler, int64_t first_row);
 
+  // The pool and graphs kept between calls (paged_generation.cpp).
+  struct PagedEngine;
+  // The kept engine when it has at least these sizes, else a new one in its place.
+  PagedEngine& paged_engine(int64_t num_blocks, int64_t max_batch, int64_t max_blocks);
+
   std::shared_ptr<models::CausalLM> model_;
   GenerationConfig config_;
   int64_t weight_version_ = 0;
+  std::unique_ptr<PagedEngine> paged_engine_;
 };
 
 // The output of a generation: prompts [b, P] (CPU) repeated n times each, responses from

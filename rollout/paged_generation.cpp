@@ -19,6 +19,7 @@
 #include "models/paged_kv_cache.h"
 #include "rollout/decode_graph.h"
 #include "rollout/generator.h"
+#include "rollout/paged_engine.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -349,6 +350,33 @@ void PagedBatcher::note_peak() {
       timings_.kv_peak_bytes, (cache_.num_blocks() - cache_.free_blocks()) * limits_.block_bytes);
 }
 
+void Generator::release_paged_engine() {
+  paged_engine_.reset();
+}
+
+Generator::PagedEngine& Generator::paged_engine(int64_t num_blocks, int64_t max_batch,
+                                                int64_t max_blocks) {
+  auto& e = paged_engine_;
+  if (e && e->num_blocks >= num_blocks && e->max_batch >= max_batch &&
+      e->max_blocks >= max_blocks && e->cache->free_blocks() == e->cache->num_blocks())
+    return *e;
+  // Larger than both the old engine and this call: a request that grows now and then does
+  // not recapture at every size.
+  auto next = std::make_unique<PagedEngine>();
+  next->num_blocks = std::max(num_blocks, e ? e->num_blocks : 0);
+  next->max_batch = std::max(max_batch, e ? e->max_batch : 0);
+  next->max_blocks = std::max(max_blocks, e ? e->max_blocks : 0);
+  e.reset();  // the old pool's memory first
+  models::CausalLM& model = *model_;
+  next->cache = std::make_unique<models::PagedKvCache>(
+      model.shard_config(), next->num_blocks, config_.kv_block_size, model.dtype(), model.device());
+  next->cache->set_in_place_decode(config_.gpu_kernels);
+  next->decoder = std::make_unique<PagedDecoder>(model, *next->cache, next->max_batch,
+                                                 next->max_blocks, /*capture=*/true);
+  e = std::move(next);
+  return *e;
+}
+
 GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
                                            const torch::Tensor& prompt_mask, Sampler& sampler,
                                            int64_t first_row) {
@@ -375,13 +403,33 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
 
   const int64_t per_block = models::PagedKvCache::block_bytes(mc, bs, model.dtype());
   const int64_t blocks_per_row = (P + R + bs - 1) / bs;
-  const int64_t num_blocks = pool_blocks(config_, P, std::min(max_seqs, N), per_block);
-  models::PagedKvCache cache(mc, num_blocks, bs, model.dtype(), device);
-  cache.set_in_place_decode(config_.gpu_kernels);
-  std::unique_ptr<PagedDecoder> decoder;
-  if (padded_steps)
-    decoder = std::make_unique<PagedDecoder>(model, cache, std::min(max_seqs, N), blocks_per_row,
-                                             device.is_cuda());
+  int64_t num_blocks = pool_blocks(config_, P, std::min(max_seqs, N), per_block);
+  // CUDA graphs: the pool and the graphs stay for the next call (captured once per shape).
+  // Otherwise this call's own pool and padded steps (eager).
+  std::unique_ptr<models::PagedKvCache> own_cache;
+  std::unique_ptr<PagedDecoder> own_decoder;
+  models::PagedKvCache* cache = nullptr;
+  PagedDecoder* decoder = nullptr;
+  const bool kept = padded_steps && device.is_cuda();
+  int64_t graphs_before = 0;
+  double capture_before = 0.0;
+  if (kept) {
+    PagedEngine& engine = paged_engine(num_blocks, max_seqs, blocks_per_row);
+    cache = engine.cache.get();
+    decoder = engine.decoder.get();
+    num_blocks = engine.num_blocks;
+    graphs_before = decoder->graphs();
+    capture_before = decoder->capture_seconds();
+  } else {
+    own_cache = std::make_unique<models::PagedKvCache>(mc, num_blocks, bs, model.dtype(), device);
+    own_cache->set_in_place_decode(config_.gpu_kernels);
+    cache = own_cache.get();
+    if (padded_steps) {
+      own_decoder = std::make_unique<PagedDecoder>(model, *cache, std::min(max_seqs, N),
+                                                   blocks_per_row, /*capture=*/false);
+      decoder = own_decoder.get();
+    }
+  }
 
   const DecodeState d = decode_state(sampler, first_row, N, device);
   PagedBatcher::Limits limits;
@@ -393,7 +441,7 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   limits.watermark = std::max<int64_t>(1, num_blocks / 100);
   limits.block_bytes = per_block;
   limits.pad_token_id = config_.pad_token_id;
-  PagedBatcher batcher(model, cache, sampler, decoder.get(), d, std::move(prompts), limits);
+  PagedBatcher batcher(model, *cache, sampler, decoder, d, std::move(prompts), limits);
 
   auto clock = Clock::now();
   batcher.run(check_every);
@@ -402,9 +450,9 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   timings.kv_pool_bytes = num_blocks * per_block;
   timings.decode_seconds = seconds_since(clock) - timings.prefill_seconds;
   timings.decode_tokens = batcher.decode_tokens().item<int64_t>();
-  if (decoder && device.is_cuda()) {
-    timings.cuda_graphs = decoder->graphs();
-    timings.graph_capture_seconds = decoder->capture_seconds();
+  if (kept) {  // the graphs this call captured (0 when every shape was there already)
+    timings.cuda_graphs = decoder->graphs() - graphs_before;
+    timings.graph_capture_seconds = decoder->capture_seconds() - capture_before;
   }
 
   auto result = assemble_output(prompt_ids, prompt_mask, n, d.tokens, d.log_probs, d.lengths);

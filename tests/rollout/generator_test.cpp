@@ -681,6 +681,45 @@ TEST(Generator, InPlacePagedDecodeEqualsTheGather_CUDA) {
   }
 }
 
+// Graphs once per process (issue 32.3): a second call on the same Generator captures nothing
+// and gives the first call's output; after the weights change in place (as a weight sync
+// copies into the parameters) the replayed graphs follow them: the output equals a fresh
+// Generator's; release_paged_engine() makes the next call capture again.
+TEST(Generator, DecodeGraphsAreCapturedOnceAndFollowWeightsUpdatedInPlace_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto model = tiny_model(21);
+  model->to(torch::Device(torch::kCUDA, 0));
+  auto [ids, mask] = left_pad(make_prompts({4, 6, 2, 5, 3}));
+  GenerationConfig c;
+  c.max_new_tokens = 24;
+  c.n_samples_per_prompt = 2;
+  c.micro_batch_size = 5;
+  c.kv_block_size = 4;
+  c.stop_token_ids = {7, 11};
+  SamplingParams params;
+  params.seed = 3;
+  params.temperature = 1.0;
+  Generator generator(model, c);
+  const auto first = generator.generate(ids, mask, params);
+  const auto second = generator.generate(ids, mask, params);
+  EXPECT_GT(first.timings.cuda_graphs, 0);
+  EXPECT_EQ(second.timings.cuda_graphs, 0);
+  EXPECT_TRUE(torch::equal(first.sequences, second.sequences));
+  EXPECT_TRUE(torch::equal(first.log_probs, second.log_probs));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.mul_(1.5);  // in place, as a weight sync writes
+  }
+  const auto after = generator.generate(ids, mask, params);
+  const auto fresh = Generator(model, c).generate(ids, mask, params);
+  EXPECT_EQ(after.timings.cuda_graphs, 0);
+  EXPECT_FALSE(torch::equal(after.sequences, first.sequences));
+  EXPECT_TRUE(torch::equal(after.sequences, fresh.sequences));
+  EXPECT_TRUE(torch::allclose(after.log_probs, fresh.log_probs, 0, 1e-5));
+  generator.release_paged_engine();
+  EXPECT_GT(generator.generate(ids, mask, params).timings.cuda_graphs, 0);
+}
+
 // What a GPU actor or reference computes: BF16 log-probs on cuda:0 against the FP32 CPU
 // log-probs of the same weights. BF16 keeps 8 significant bits; through 2 layers and a
 // log-softmax over the vocabulary the measured error is printed; the bounds (mean 0.02,
