@@ -322,10 +322,10 @@ double matmul_params(const models::ModelConfig& c) {
 
 // --- a. Decode ---------------------------------------------------------------------------
 
-rollout::GenerationOutput generate(const std::shared_ptr<models::CausalLM>& model,
-                                   const torch::Tensor& ids, int64_t new_tokens,
-                                   const rollout::SamplingParams& params,
-                                   const std::string& engine) {
+// A generator for `batch` prompts and `new_tokens` tokens on `engine`. On a GPU a generator
+// keeps its decode graphs between calls (captured once per shape), as the rollout worker's.
+rollout::Generator make_generator(const std::shared_ptr<models::CausalLM>& model, int64_t batch,
+                                  int64_t new_tokens, const std::string& engine) {
   rollout::GenerationConfig config;
   if (engine != "contiguous") {
     config.kv_block_size = 16;  // the job spec's default
@@ -337,17 +337,17 @@ rollout::GenerationOutput generate(const std::shared_ptr<models::CausalLM>& mode
   // torch's operators, the reference the ratio is taken against.
   config.gpu_kernels = engine == "flashinfer";
   config.max_new_tokens = new_tokens;
-  config.micro_batch_size = ids.size(0);  // one KV cache for the whole batch
-  config.stop_token_ids = {};             // no stop token: every row makes new_tokens tokens
+  config.micro_batch_size = batch;  // one KV cache for the whole batch
+  config.stop_token_ids = {};       // no stop token: every row makes new_tokens tokens
   config.pad_token_id = 0;
-  rollout::Generator generator(model, config);
-  return generator.generate(ids, torch::ones_like(ids), params);
+  return rollout::Generator(model, config);
 }
 
 struct DecodeRow {
   std::string model, sampling, engine;
-  int64_t cuda_graphs = 0;  // shapes captured in the timed generate
-  double capture_s = 0;     // capturing them (inside decode_s)
+  int64_t cuda_graphs = 0;    // shapes captured by the warm-up (the timed runs replay them)
+  double capture_s = 0;       // capturing them (outside decode_s)
+  int64_t graph_kernels = 0;  // kernels in the largest decode step's graph
   int64_t batch = 0;
   double prefill_s = 0;      // synchronised 1-token generate: prefill + first sample
   double decode_s = 0;       // synchronised full generate minus the 1-token one
@@ -369,19 +369,25 @@ DecodeRow measure_decode(const std::shared_ptr<models::CausalLM>& model, const O
   rollout::SamplingParams params;
   params.temperature = greedy ? 0.0 : 1.0;  // temperature 1: no top-k / top-p
   params.seed = 1;
-  // Warm-up at these shapes (kernels, cuBLAS heuristics), per batch, sampling and engine.
-  generate(model, ids, 4, params, engine);
+  const auto mask = torch::ones_like(ids);
+  auto one = make_generator(model, batch, 1, engine);
+  auto full = make_generator(model, batch, R, engine);
+  // Warm-up at these shapes (kernels, cuBLAS heuristics, the graphs of every step shape), per
+  // batch, sampling and engine.
+  const auto warm = full.generate(ids, mask, params);
+  one.generate(ids, mask, params);
 
   DecodeRow row;
   row.engine = engine;
   row.sampling = greedy ? "greedy" : "temperature 1";
   row.batch = batch;
+  row.cuda_graphs = warm.timings.cuda_graphs;
+  row.capture_s = warm.timings.graph_capture_seconds;
+  row.graph_kernels = warm.timings.graph_kernels;
   reset_peak(o.device);
-  row.prefill_s = timed(o.device, [&] { generate(model, ids, 1, params, engine); });
+  row.prefill_s = timed(o.device, [&] { one.generate(ids, mask, params); });
   rollout::GenerationOutput out;
-  const double total = timed(o.device, [&] { out = generate(model, ids, R, params, engine); });
-  row.cuda_graphs = out.timings.cuda_graphs;
-  row.capture_s = out.timings.graph_capture_seconds;
+  const double total = timed(o.device, [&] { out = full.generate(ids, mask, params); });
   row.memory = read_peak(o.device);
   TORCH_CHECK(out.response_lengths.min().item<int64_t>() == R, "decode: a row stopped before ", R,
               " tokens");
@@ -411,22 +417,22 @@ void print_decode_header(const std::string& name, const models::ModelConfig& c, 
       "holds the tail of the prefill)\n"
       "   bound_w = bandwidth / weight bytes x batch (weights only, printed ratio); bound_kv "
       "adds the KV cache at mean length\n");
-  std::printf("%-10s %6s %-13s %9s %9s %8s %10s %10s %10s %6s %10s %6s %10s %10s %9s\n", "engine",
-              "batch", "sampling", "prefill_s", "decode_s", "ms/step", "tok/s", "gen_tok/s",
-              "bound_w", "ratio", "bound_kv", "ratio", "peak_alloc",
-              o.device.is_cuda() ? "peak_resv" : "peak_rss", "graphs/s");
+  std::printf("%-10s %6s %-13s %9s %9s %8s %10s %10s %10s %6s %10s %6s %10s %10s %9s %7s\n",
+              "engine", "batch", "sampling", "prefill_s", "decode_s", "ms/step", "tok/s",
+              "gen_tok/s", "bound_w", "ratio", "bound_kv", "ratio", "peak_alloc",
+              o.device.is_cuda() ? "peak_resv" : "peak_rss", "graphs/s", "kernels");
 }
 
 void print_decode_row(const DecodeRow& r, const Options& o) {
   std::printf(
       "%-10s %6ld %-13s %9.3f %9.3f %8.2f %10.1f %10.1f %10.1f %6.3f %10.1f %6.3f %10s %10s "
-      "%3ld/%.2fs\n",
+      "%3ld/%.2fs %7ld\n",
       r.engine.c_str(), static_cast<long>(r.batch), r.sampling.c_str(), r.prefill_s, r.decode_s,
       1e3 * r.decode_s / double(o.new_tokens - 1), r.tokens_s, r.gen_tokens_s, r.bound_w,
       r.tokens_s / r.bound_w, r.bound_wkv, r.tokens_s / r.bound_wkv,
       gib(r.memory.allocated).c_str(),
       gib(r.memory.reserved >= 0 ? r.memory.reserved : r.memory.host_rss).c_str(),
-      static_cast<long>(r.cuda_graphs), r.capture_s);
+      static_cast<long>(r.cuda_graphs), r.capture_s, static_cast<long>(r.graph_kernels));
   std::fflush(stdout);
 }
 
@@ -435,6 +441,7 @@ json decode_json(const DecodeRow& r, const Options& o) {
             {"engine", r.engine},
             {"cuda_graphs", r.cuda_graphs},
             {"graph_capture_s", r.capture_s},
+            {"graph_kernels", r.graph_kernels},
             {"batch", r.batch},
             {"sampling", r.sampling == "greedy" ? "greedy" : "sample"},
             {"prompt_len", o.prompt_len},

@@ -72,7 +72,8 @@ struct PagedDecoder::Shape {
   torch::Tensor positions;  // [batch, 1]
   torch::Tensor tables;     // [batch * blocks]
   std::unique_ptr<at::cuda::CUDAGraph> graph;
-  torch::Tensor hidden;  // the graph's output [batch, 1, H]
+  torch::Tensor logits;  // the graph's output [batch, 1, V]
+  int64_t kernels = 0;   // kernel nodes in the graph (-1: not known)
 };
 
 PagedDecoder::PagedDecoder(models::CausalLM& model, models::PagedKvCache& cache, int64_t max_batch,
@@ -129,6 +130,32 @@ PagedDecoder::Shape& PagedDecoder::shape(int64_t batch, int64_t blocks) {
   return s;
 }
 
+namespace {
+
+// Kernel nodes of the graph the current stream is capturing into (a decode step's kernel
+// count: launch gaps inside a graph are ~1.3 us each, so this is the step's fixed cost).
+int64_t kernels_in_capture() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  if (cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph) != cudaSuccess ||
+      status != cudaStreamCaptureStatusActive || graph == nullptr)
+    return -1;
+  size_t count = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) return -1;
+  std::vector<cudaGraphNode_t> nodes(count);
+  if (count > 0 && cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) return -1;
+  int64_t kernels = 0;
+  for (auto node : nodes) {
+    cudaGraphNodeType type;
+    if (cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel)
+      ++kernels;
+  }
+  return kernels;
+}
+
+}  // namespace
+
 void PagedDecoder::capture(Shape& s) {
   const auto start = Clock::now();
   // Warm-up and capture run on padding rows only (every row on the scratch block), so the
@@ -152,7 +179,10 @@ void PagedDecoder::capture(Shape& s) {
     // Thread-local: the worker's other threads (sockets, logging) are not capturing.
     s.graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
     cache_.plan_decode_static({}, s.slots, s.positions, s.tables);
-    s.hidden = model_.forward(s.ids, cache_);
+    // The LM head too: the step's logits [batch, 1, V] come out of the graph, so nothing of
+    // the forward runs eagerly between replays.
+    s.logits = model_.logits(model_.forward(s.ids, cache_));
+    s.kernels = kernels_in_capture();
     s.graph->capture_end();
   }
   torch::cuda::synchronize();
@@ -188,15 +218,19 @@ torch::Tensor PagedDecoder::step(const std::vector<int64_t>& seqs, const torch::
   s.ids.narrow(0, 0, C).copy_(next.view({C, 1}));
 
   cache_.plan_decode_static(seqs, s.slots, s.positions, s.tables);
-  torch::Tensor hidden;
   if (s.graph) {
     s.graph->replay();
     cache_.finish_step();
-    hidden = s.hidden;
-  } else {
-    hidden = model_.forward(s.ids, cache_);  // marks the step filled
+    return s.logits.narrow(0, 0, C).squeeze(1);  // [C, V]
   }
+  auto hidden = model_.forward(s.ids, cache_);              // marks the step filled
   return model_.logits(hidden.narrow(0, 0, C)).squeeze(1);  // [C, V]
+}
+
+int64_t PagedDecoder::kernels_per_step() const {
+  int64_t most = 0;
+  for (const auto& [key, s] : shapes_) most = std::max(most, s->kernels);
+  return most;
 }
 
 }  // namespace rlhf::rollout

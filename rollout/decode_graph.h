@@ -71,6 +71,9 @@ class PagedDecoder {
   int64_t block_bucket(int64_t blocks) const;
 
   int64_t graphs() const { return static_cast<int64_t>(shapes_.size()); }  // shapes used
+  // Kernels in the largest captured step's graph (the forward and the LM head): the step's
+  // launch count. 0 before any capture.
+  int64_t kernels_per_step() const;
   double capture_seconds() const { return capture_seconds_; }
 
  private:

@@ -78,6 +78,7 @@ struct GenerationTimings {
   int64_t kv_pool_bytes = 0;           // bytes allocated for the KV cache
   int64_t cuda_graphs = 0;             // paged decode step shapes captured as CUDA graphs
   double graph_capture_seconds = 0.0;  // capturing them (inside decode_seconds)
+  int64_t graph_kernels = 0;           // kernels in the largest decode step's graph
 };
 
 // One generate call's result. Row i * n + s is sample s of prompt i (OpenRLHF's order).

@@ -453,6 +453,7 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   if (kept) {  // the graphs this call captured (0 when every shape was there already)
     timings.cuda_graphs = decoder->graphs() - graphs_before;
     timings.graph_capture_seconds = decoder->capture_seconds() - capture_before;
+    timings.graph_kernels = decoder->kernels_per_step();
   }
 
   auto result = assemble_output(prompt_ids, prompt_mask, n, d.tokens, d.log_probs, d.lengths);

@@ -675,6 +675,11 @@ TEST(Generator, InPlacePagedDecodeEqualsTheGather_CUDA) {
       const std::string what = std::string(steps == DecodeSteps::kEager ? "eager" : "graphs") +
                                " temperature " + std::to_string(temperature);
       EXPECT_TRUE(torch::equal(in_place.sequences, gathered.sequences)) << what;
+      if (steps == DecodeSteps::kAuto) {  // one kernel per layer's attention and norms
+        std::cout << what << ": kernels per decode step " << gathered.timings.graph_kernels
+                  << " (torch) -> " << in_place.timings.graph_kernels << " (FlashInfer)\n";
+        EXPECT_LT(in_place.timings.graph_kernels, gathered.timings.graph_kernels) << what;
+      }
       EXPECT_TRUE(torch::equal(in_place.response_lengths, gathered.response_lengths)) << what;
       EXPECT_TRUE(torch::allclose(in_place.log_probs, gathered.log_probs, 0, 0.02)) << what;
     }
@@ -703,6 +708,7 @@ TEST(Generator, DecodeGraphsAreCapturedOnceAndFollowWeightsUpdatedInPlace_CUDA) 
   const auto first = generator.generate(ids, mask, params);
   const auto second = generator.generate(ids, mask, params);
   EXPECT_GT(first.timings.cuda_graphs, 0);
+  EXPECT_GT(first.timings.graph_kernels, 0);  // the decode step's launches, counted at capture
   EXPECT_EQ(second.timings.cuda_graphs, 0);
   EXPECT_TRUE(torch::equal(first.sequences, second.sequences));
   EXPECT_TRUE(torch::equal(first.log_probs, second.log_probs));
