@@ -216,9 +216,10 @@ TEST(TensorBoard, ResumedRunReplacesTheStepsAfterItsCheckpoint) {
       EXPECT_NEAR(points[i][1].get<double>(), want[i], 1e-6 * want[i]) << "step " << i + 1;
     // The server's reader drops the text tab's samples of step 5 with the step
     // (EventAccumulator purges no text).
-    if (plugin)
+    if (plugin) {
       EXPECT_TRUE(board["texts"].value("samples", nlohmann::json::array()).empty())
           << board["texts"].dump();
+    }
   }
   // Nothing to replace in a directory without events: no file is added.
   fs::remove_all(dir / "empty");
