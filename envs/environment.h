@@ -19,6 +19,10 @@
 #include <utility>
 #include <vector>
 
+namespace rlhf {
+class JobSpec;
+}
+
 namespace rlhf::envs {
 
 // The environment's answer to one model turn.
@@ -55,13 +59,18 @@ class Environment {
 
 // Filled from the job spec's env.* keys.
 struct EnvironmentConfig {
-  std::string builtin;   // env.builtin: "calculator", "guess_number", or "" (not built-in)
-  std::string python;    // env.python: "FILE:FACTORY" ("" when not Python)
-  std::string url;       // env.url: an HTTP environment's endpoint ("" when not HTTP)
-  double timeout_s = 30;                             // env.timeout_s: one step's limit
-  int python_workers = 2;                            // env.python_workers
-  std::string python_interpreter = "python3";        // env.python_interpreter
+  std::string builtin;     // env.builtin: "calculator", "guess_number", or "" (not built-in)
+  std::string python;      // env.python: "FILE:FACTORY" ("" when not Python)
+  std::string url;         // env.url: an HTTP environment's endpoint ("" when not HTTP)
+  double timeout_s = 30;   // env.timeout_s: one step's limit
+  int python_workers = 2;  // env.python_workers
+  std::string python_interpreter = "python3";         // env.python_interpreter
   nlohmann::json options = nlohmann::json::object();  // env.options: passed to the environment
+
+  // Whether the job has an environment (multi-turn rollouts): one of builtin, python, url set.
+  bool enabled() const { return !builtin.empty() || !python.empty() || !url.empty(); }
+  // The env.* keys of a validated job spec.
+  static EnvironmentConfig from_spec(const JobSpec& spec);
 };
 
 // The environment the config names (exactly one of builtin, python, url). Throws InputError
