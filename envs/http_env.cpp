@@ -131,6 +131,15 @@ void HttpEnvironment::enqueue(Call call) {
 }
 
 void HttpEnvironment::start(Call call) {
+  if (in_flight_ >= kMaxConnections) {
+    backlog_.push_back(std::move(call));
+    return;
+  }
+  ++in_flight_;
+  launch(std::move(call));
+}
+
+void HttpEnvironment::launch(Call call) {
   const std::string target = base_path_ + "/" + call.what;
   const auto limit = std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000));
   io_->post([this, call = std::move(call), target, limit](net::io_context& ioc) {
@@ -210,6 +219,12 @@ std::vector<std::pair<int64_t, Observation>> HttpEnvironment::poll(double wait_s
 
 void HttpEnvironment::settle(Outcome outcome) {
   const Call& call = outcome.call;
+  --in_flight_;
+  while (in_flight_ < kMaxConnections && !backlog_.empty()) {
+    ++in_flight_;
+    launch(std::move(backlog_.front()));
+    backlog_.pop_front();
+  }
   const std::string what =
       "POST " + base_path_ + "/" + call.what + " for trajectory " + std::to_string(call.id);
   Trajectory* t = trajectory_of(call);

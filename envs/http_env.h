@@ -6,11 +6,12 @@
 //                                        "tool_calls"?: int, "tool_errors"?: int}
 //   POST {url}/close {"id"} -> anything (the body is ignored)
 // A trajectory's calls are sent in order, one at a time; different trajectories' calls
-// overlap and may be answered in any order. Failures: a call past env.timeout_s (connect,
-// send and receive together) ends its trajectory with an Observation timed_out; a refused
-// connection, an HTTP status other than 200 or a reply that is not the JSON above throws
-// RuntimeError naming the URL, the call and the trajectory from poll(), and the environment
-// refuses later calls.
+// overlap (at most 64 connections at once, the rest wait their turn, FIFO) and may be answered
+// in any order; env.timeout_s counts from when a call's connection starts. Failures: a call past
+// env.timeout_s (connect, send and receive together) ends its trajectory with an Observation
+// timed_out; a refused connection, an HTTP status other than 200 or a reply that is not the JSON
+// above throws RuntimeError naming the URL, the call and the trajectory from poll(), and the
+// environment refuses later calls.
 #pragma once
 
 #include <condition_variable>
@@ -65,7 +66,8 @@ class HttpEnvironment : public Environment {
   class Io;
 
   void enqueue(Call call);
-  void start(Call call);  // on the I/O thread
+  void start(Call call);   // now, or when one of the kMaxConnections is free
+  void launch(Call call);  // hands it to the I/O thread
   // The trajectory `call` belongs to, or nullptr when it was closed or reset since.
   Trajectory* trajectory_of(const Call& call);
   void settle(Outcome outcome);
@@ -76,7 +78,10 @@ class HttpEnvironment : public Environment {
   std::string url_, host_, port_, base_path_;
   double timeout_s_;
   nlohmann::json options_;
+  static constexpr size_t kMaxConnections = 64;  // calls in flight at once, the rest wait
   std::map<int64_t, Lane> lanes_;
+  size_t in_flight_ = 0;
+  std::deque<Call> backlog_;  // started, waiting for a connection
   std::map<int64_t, Trajectory> trajectories_;
   uint64_t next_serial_ = 1;
   std::vector<std::pair<int64_t, Observation>> ready_;

@@ -49,7 +49,10 @@ class Handler(BaseHTTPRequestHandler):
                          "role": "user", "reward": 0.5, "done": action == "stop",
                          "tool_calls": 1, "tool_errors": 0})
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+class Server(ThreadingHTTPServer):
+    request_queue_size = 256  # listen() backlog: rlhf opens up to 64 connections at once
+
+server = Server(("127.0.0.1", 0), Handler)
 server.daemon_threads = True
 print(server.server_address[1], flush=True)
 server.serve_forever()

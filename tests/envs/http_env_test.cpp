@@ -105,6 +105,17 @@ TEST_F(HttpEnvTest, StepsFollowTheProtocolAndAnswerOutOfOrder) {
   EXPECT_TRUE(env.poll(1).empty());
 }
 
+TEST_F(HttpEnvTest, MoreTrajectoriesThanConnections) {
+  HttpEnvironment env(config());
+  constexpr int64_t kTrajectories = 150;  // above the 64 connections at once
+  for (int64_t id = 0; id < kTrajectories; ++id) env.reset(id, {{"label", std::to_string(id)}});
+  for (int64_t id = 0; id < kTrajectories; ++id) env.step(id, "go");
+  std::map<int64_t, std::string> got;
+  for (auto& [id, obs] : wait_for(env, kTrajectories)) got[id] = obs.text;
+  ASSERT_EQ(got.size(), static_cast<size_t>(kTrajectories));
+  for (int64_t id = 0; id < kTrajectories; ++id) EXPECT_EQ(got[id], std::to_string(id) + " go 1");
+}
+
 TEST_F(HttpEnvTest, StepPastTheTimeoutEndsOnlyItsTrajectory) {
   HttpEnvironment env(config(/*timeout_s=*/1));
   env.reset(0, {{"label", "A"}});
