@@ -44,6 +44,10 @@ class Env:
         start = time.time()
         if action == "raise":
             raise ValueError("boom from " + str(self.label))
+        if action == "bad_shape":
+            return "oops"
+        if action == "not_json":
+            return object(), 0.0, False
         if action == "exit":
             os._exit(3)
         if action == "hang":
@@ -175,6 +179,25 @@ TEST_F(PythonEnvTest, RaisingEnvironmentIsNamedAndStopsEveryProcess) {
   for (pid_t pid : pids) EXPECT_FALSE(pid_alive(pid)) << pid;
   EXPECT_NE(message_of<RuntimeError>([&] { env.step(0, "go"); }).find("stopped by an earlier"),
             std::string::npos);
+}
+
+TEST_F(PythonEnvTest, StepResultsOfTheWrongShapeAreNamed) {
+  {
+    PythonEnvironment env(config(1));
+    env.reset(0, {{"label", "A"}});
+    env.step(0, "bad_shape");
+    const std::string m = message_of<RuntimeError>([&] { env.poll(30); });
+    EXPECT_EQ(m, config(1).python +
+                     ": step(action) of trajectory 0 returned \"oops\": not a 3-tuple; expected "
+                     "(observation: str | None, reward: float, done: bool[, info: dict])");
+  }
+  PythonEnvironment env(config(1));
+  env.reset(0, {{"label", "A"}});
+  env.step(0, "not_json");
+  const std::string m = message_of<RuntimeError>([&] { env.poll(30); });
+  EXPECT_EQ(m.rfind(config(1).python + " returned tuple (<object objec", 0), 0u) << m;
+  EXPECT_NE(m.find("which is not JSON"), std::string::npos) << m;
+  EXPECT_NE(m.find("in step of trajectory 0"), std::string::npos) << m;
 }
 
 TEST_F(PythonEnvTest, DyingProcessIsNamedWithItsExitStatus) {
