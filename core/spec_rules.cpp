@@ -712,6 +712,34 @@ void check_lora(Validation& v) {
   }
 }
 
+// The environment of multi-turn rollouts (env.*): at most one kind, a Python file that
+// exists, an http:// URL, and only in ppo jobs (the rollout that runs it).
+void check_env(Validation& v) {
+  const std::vector<std::string> kinds = {"env.builtin", "env.python", "env.url"};
+  std::vector<std::string> set;
+  for (const auto& k : kinds)
+    if (v.ok({k}) && !str(v, k).empty()) set.push_back(k);
+  if (set.size() > 1)
+    v.problem(set[1], "set at most one of env.builtin, env.python, env.url (found " +
+                          join(set, " and ") + ")");
+  if (!set.empty() && str(v, "kind") != "ppo")
+    v.problem(set[0],
+              "environments run in the rollout of ppo jobs, not in a " + str(v, "kind") + " job");
+  const std::string python = v.ok({"env.python"}) ? str(v, "env.python") : "";
+  if (!python.empty()) {
+    const auto colon = python.rfind(':');
+    const std::string file = colon == std::string::npos ? "" : python.substr(0, colon);
+    if (colon == std::string::npos || colon + 1 == python.size() || file.size() < 4 ||
+        file.compare(file.size() - 3, 3, ".py") != 0)
+      v.problem("env.python", "expected \"FILE.py:FACTORY\", found \"" + python + "\"");
+    else if (!std::filesystem::is_regular_file(file))
+      v.problem("env.python", "no such file: " + file);
+  }
+  const std::string url = v.ok({"env.url"}) ? str(v, "env.url") : "";
+  if (!url.empty() && (url.rfind("http://", 0) != 0 || url.size() == 7))
+    v.problem("env.url", "expected http://host[:port][/path], found \"" + url + "\"");
+}
+
 void check_cross_fields(Validation& v) {
   std::vector<NodeInfo> nodes;
   if (v.ok({"cluster.nodes"})) nodes = check_nodes(v);
@@ -734,6 +762,7 @@ void check_cross_fields(Validation& v) {
   check_rollout_engines(v, used, group);
   check_lengths_and_algo(v);
   check_lora(v);
+  check_env(v);
   check_cluster(v);
 }
 

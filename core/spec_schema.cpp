@@ -428,6 +428,31 @@ std::vector<KeySpec> build_table() {
   t.number("reward.overlong_penalty_factor", 1.0, 0, kInf,
            "Largest overlong penalty (at rollout.max_new_tokens tokens).");
 
+  // Environments of multi-turn rollouts (docs/agentic.md): at most one of the first three.
+  t.choice("env.builtin", "", {"", "calculator", "guess_number"},
+           "Built-in environment of multi-turn rollouts: calculator (a tool `calculator` with "
+           "argument `expression`) or guess_number (\"higher\"/\"lower\" feedback). Empty: "
+           "none (single-turn rollouts, unless env.python or env.url is set).");
+  t.file("env.python", "",
+         "A Python environment \"FILE.py:FACTORY\": FACTORY(**env.options) makes one object per "
+         "trajectory with reset(row) -> str | None and step(action) -> (observation, reward, "
+         "done), run in rlhf's pool of Python processes.");
+  t.string("env.url", "",
+           "An HTTP environment: POST {url}/reset, {url}/step and {url}/close with the JSON "
+           "protocol of docs/agentic.md.");
+  t.number("env.timeout_s", 30.0, 0, 86400,
+           "Seconds one environment call may take; past it the trajectory ends (timed out). A "
+           "Python process that does not come back from it stops the job.",
+           true);
+  t.integer("env.python_workers", 2, 1, 256,
+            "Python processes of a Python environment; each trajectory's object lives in one.");
+  t.string("env.python_interpreter", "python3",
+           "Interpreter of the Python environment processes (a venv's python for your packages).");
+  t.add("env.options", KeyType::kObject, json::object(),
+        "Options of the environment: the factory's keyword arguments (Python), \"options\" of "
+        "each reset (HTTP), or the built-in's: tool_format (auto, hermes, llama3) for the "
+        "calculator; low, high, seed, max_guesses for guess_number.");
+
   add_role_placement(t, "ref", "Reference model directory (default: actor.model).");
   t.integer("ref.zero_stage", 0, 0, 3,
             "0: full weights on every ref worker (more workers serve more micro batches at "
@@ -563,6 +588,8 @@ const char* key_type_name(KeyType type) {
       return "nodes";
     case KeyType::kSources:
       return "sources";
+    case KeyType::kObject:
+      return "object";
   }
   return "?";
 }
@@ -596,6 +623,8 @@ std::string KeySpec::expectation() const {
       return "a list of node objects";
     case KeyType::kSources:
       return "a list of reward-source objects";
+    case KeyType::kObject:
+      return "a JSON object";
   }
   return "?";
 }
@@ -649,6 +678,8 @@ std::string KeySpec::check(const json& v) const {
       for (const auto& e : v)
         if (!e.is_object()) return bad();
       return "";
+    case KeyType::kObject:
+      return v.is_object() ? "" : bad();
   }
   return "";
 }

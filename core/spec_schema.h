@@ -23,6 +23,7 @@ enum class KeyType {
   kDevices,    // [0, 1] on the first node, or {"node-name": [0, 1], ...}
   kNodes,      // list of node objects (see cluster.nodes)
   kSources,    // list of reward-source objects (see reward.sources)
+  kObject,     // a JSON object of free-form options (see env.options)
 };
 const char* key_type_name(KeyType type);
 

@@ -19,6 +19,10 @@
 #include <utility>
 #include <vector>
 
+namespace rlhf {
+class JobSpec;
+}
+
 namespace rlhf::envs {
 
 // The environment's answer to one model turn.
@@ -62,6 +66,11 @@ struct EnvironmentConfig {
   int python_workers = 2;  // env.python_workers
   std::string python_interpreter = "python3";         // env.python_interpreter
   nlohmann::json options = nlohmann::json::object();  // env.options: passed to the environment
+
+  // Whether the job has an environment (multi-turn rollouts): one of builtin, python, url set.
+  bool enabled() const { return !builtin.empty() || !python.empty() || !url.empty(); }
+  // The env.* keys of a validated job spec.
+  static EnvironmentConfig from_spec(const JobSpec& spec);
 };
 
 // The environment the config names (exactly one of builtin, python, url). Throws InputError

@@ -187,6 +187,21 @@ const std::vector<BadCase>& bad_cases() {
        "--set rollout.batch_size: expected PATH=VALUE",
        false,
        {"rollout.batch_size"}},
+      {"env_two_kinds", R"({"env": {"builtin": "calculator", "url": "http://127.0.0.1:9/env"}})",
+       "env.url",
+       "set at most one of env.builtin, env.python, env.url (found env.builtin and env.url)"},
+      {"env_unknown_builtin", R"({"env": {"builtin": "chess"}})", "env.builtin",
+       "expected one of \"\", calculator, guess_number, found \"chess\""},
+      {"env_python_without_factory", R"({"env": {"python": "env.py"}})", "env.python",
+       "expected \"FILE.py:FACTORY\", found \"env.py\""},
+      {"env_python_missing_file", R"({"env": {"python": "/nonexistent/rlhf_env.py:make_env"}})",
+       "env.python", "no such file: /nonexistent/rlhf_env.py"},
+      {"env_url_not_http", R"({"env": {"url": "https://example.com/env"}})", "env.url",
+       "expected http://host[:port][/path], found \"https://example.com/env\""},
+      {"env_options_not_object", R"({"env": {"builtin": "calculator", "options": [1]}})",
+       "env.options", "expected a JSON object, found [1]"},
+      {"env_timeout_zero", R"({"env": {"builtin": "calculator", "timeout_s": 0}})", "env.timeout_s",
+       "expected a number in (0, 86400], found 0"},
   };
   return kCases;
 }

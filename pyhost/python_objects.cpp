@@ -1,0 +1,279 @@
+// PythonObjectPool: the object runner script and a poll() loop that writes queued requests
+// and reads reply lines from every worker. No threads: the workers run concurrently as
+// processes; this side only moves bytes.
+#include "pyhost/python_objects.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/errors.h"
+#include "core/text.h"
+#include "pyhost/python_process.h"
+
+namespace rlhf::pyhost {
+namespace {
+
+using nlohmann::json;
+
+// Runs inside each worker as `python -u -c RUNNER FILE FACTORY`. Replies, one JSON line each:
+// {"ok":true,"ready":true} once the factory is found (or {"ok":false,"error","traceback"},
+// then exit), then one per request as python_objects.h says. SIGINT raises KeyboardInterrupt
+// only while a user call runs (`busy`), so a late interrupt cannot kill the loop itself.
+constexpr const char* kObjectRunner = R"PY(
+import importlib.util, json, os, reprlib, signal, sys, traceback
+
+path, name = sys.argv[1], sys.argv[2]
+requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+os.dup2(2, 1)
+sys.stdout = sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
+                               closefd=False)
+busy = False
+
+def on_sigint(signum, frame):
+    if busy:
+        raise KeyboardInterrupt("interrupted by rlhf: the call ran past its time limit")
+
+signal.signal(signal.SIGINT, on_sigint)
+
+class Refusal(Exception):
+    pass
+
+def send(**reply):
+    replies.write(json.dumps(reply, allow_nan=False).encode() + b"\n")
+    replies.flush()
+
+def user_traceback(e):  # without the runner's own frame
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
+
+def load():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    stem = os.path.splitext(os.path.basename(path))[0]
+    module_name = stem if stem not in sys.modules else "rlhf_user_" + stem
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        raise Refusal("does not import", user_traceback(e))
+    if not hasattr(module, name):
+        raise Refusal(f"{os.path.basename(path)} has no attribute {name!r}")
+    factory = getattr(module, name)
+    if not callable(factory):
+        raise Refusal(f"{name} is a {type(factory).__name__}, not a class or function")
+    return factory
+
+def as_json(out):
+    try:
+        return json.loads(json.dumps(out, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise Refusal(f"{type(out).__name__} {reprlib.repr(out)}, which is not JSON ({e})")
+
+def run(factory, objects, req):
+    op, key = req["op"], req["key"]
+    if op == "create":
+        objects[key] = factory(**req.get("kwargs", {}))
+        return None
+    if op == "call":
+        return getattr(objects[key], req["method"])(*req.get("args", []))
+    obj = objects.pop(key, None)
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()
+    return None
+
+def main():
+    global busy
+    try:
+        factory = load()
+    except Refusal as r:
+        return send(ok=False, error=r.args[0], traceback=r.args[1] if len(r.args) > 1 else "")
+    send(ok=True, ready=True)
+    objects = {}
+    for line in requests:
+        req = json.loads(line)
+        try:
+            busy = True
+            out = run(factory, objects, req)
+            busy = False
+        except BaseException as e:
+            busy = False
+            kind = "interrupted" if isinstance(e, KeyboardInterrupt) else "raised"
+            send(ok=False, kind=kind, error=f"{type(e).__name__}: {e}",
+                 traceback=user_traceback(e))
+            continue
+        try:
+            send(ok=True, result=as_json(out))
+        except Refusal as r:
+            send(ok=False, kind="returned", error=r.args[0])
+
+try:
+    main()
+except (BrokenPipeError, ConnectionResetError):  # the pool stopped listening: nothing to tell
+    os._exit(0)
+)PY";
+
+}  // namespace
+
+PythonObjectPool::PythonObjectPool(PythonPoolConfig config, std::string file, std::string factory)
+    : config_(std::move(config)), name_(file + ":" + factory) {
+  if (config_.workers < 1) {
+    throw InputError(name_ + ": pyhost needs at least 1 worker, got " +
+                     std::to_string(config_.workers));
+  }
+  if (!(config_.start_timeout_s > 0)) {
+    throw InputError(name_ + ": pyhost start timeout must be > 0 s, got " +
+                     std::to_string(config_.start_timeout_s));
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) throw InputError(name_ + ": no such file");
+  const std::string interpreter = find_interpreter(config_.interpreter, name_);
+  const Fd log = open_log(config_.log_path);
+  const std::vector<std::string> argv = {interpreter, "-u", "-c", kObjectRunner, file, factory};
+  for (int i = 0; i < config_.workers; ++i) {
+    workers_.push_back(std::make_unique<PythonWorker>(argv, log.get()));
+  }
+  outbox_.assign(workers_.size(), std::string());
+
+  std::vector<bool> ready(workers_.size(), false);
+  size_t waiting = workers_.size();
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(config_.start_timeout_s));
+  while (waiting > 0) {
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      char limit[32];
+      std::snprintf(limit, sizeof limit, "%g", config_.start_timeout_s);
+      fail_and_stop(name_ + ": Python workers did not get ready within " + limit +
+                    " s; every worker was killed");
+    }
+    for (auto& [worker, hello] :
+         receive(left, [](size_t) { return std::string("while starting"); })) {
+      check_ready(hello, name_);
+      if (!ready[worker]) --waiting;
+      ready[worker] = true;
+    }
+  }
+}
+
+PythonObjectPool::~PythonObjectPool() {
+  stop_all(1.0);
+}
+
+std::vector<pid_t> PythonObjectPool::worker_pids() const {
+  std::vector<pid_t> pids;
+  for (const auto& w : workers_) {
+    if (w->pid() > 0) pids.push_back(w->pid());
+  }
+  return pids;
+}
+
+void PythonObjectPool::stop_all(double grace_s) {
+  for (auto& w : workers_) w->close_channel();  // all at once, so they exit in parallel
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(grace_s));
+  for (auto& w : workers_) w->stop(deadline);
+}
+
+void PythonObjectPool::fail_and_stop(const std::string& message) {
+  stopped_because_ = message;
+  stop_all(0);
+  throw RuntimeError(message);
+}
+
+void PythonObjectPool::send(size_t worker, const json& request) {
+  if (!stopped_because_.empty()) {
+    throw RuntimeError(name_ + ": the pool was stopped by an earlier failure: " + stopped_because_);
+  }
+  outbox_.at(worker) += request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+void PythonObjectPool::interrupt(size_t worker) {
+  const pid_t pid = workers_.at(worker)->pid();
+  if (pid > 0 && ::kill(pid, SIGINT) != 0 && errno != ESRCH) throw_errno("kill SIGINT");
+}
+
+std::vector<std::pair<size_t, json>> PythonObjectPool::receive(
+    double wait_s, const std::function<std::string(size_t)>& doing) {
+  if (!stopped_because_.empty()) {
+    throw RuntimeError(name_ + ": the pool was stopped by an earlier failure: " + stopped_because_);
+  }
+  const std::string log_hint =
+      config_.log_path.empty() ? "" : " (its stderr is in " + config_.log_path + ")";
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(std::max(0.0, wait_s)));
+  std::vector<std::pair<size_t, json>> out;
+  auto died = [&](size_t i) {
+    const pid_t pid = workers_[i]->pid();
+    const int status = workers_[i]->stop(Clock::now() + std::chrono::seconds(1));
+    fail_and_stop(name_ + ": Python worker pid " + std::to_string(pid) + " " +
+                  describe_exit(status) + " " + doing(i) + log_hint + "; every worker was killed");
+  };
+  auto take_lines = [&](size_t i) {
+    std::string& inbox = workers_[i]->inbox();
+    for (size_t eol; (eol = inbox.find('\n')) != std::string::npos;) {
+      const std::string line = inbox.substr(0, eol);
+      inbox.erase(0, eol + 1);
+      json reply = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!reply.is_object()) {
+        fail_and_stop(name_ + ": Python worker sent a line that is not a JSON object " + doing(i) +
+                      ": " + preview(line));
+      }
+      out.emplace_back(i, std::move(reply));
+    }
+  };
+  std::vector<pollfd> fds(workers_.size());
+  while (true) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const short write = outbox_[i].empty() ? 0 : POLLOUT;
+      fds[i] = pollfd{workers_[i]->channel(), static_cast<short>(POLLIN | write), 0};
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    const int timeout_ms = out.empty() ? static_cast<int>(std::max<int64_t>(0, left.count())) : 0;
+    const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("poll");
+    }
+    if (ready == 0) break;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents & POLLOUT) {
+        const ssize_t w = ::send(fds[i].fd, outbox_[i].data(), outbox_[i].size(), MSG_NOSIGNAL);
+        if (w >= 0) {
+          outbox_[i].erase(0, static_cast<size_t>(w));
+        } else if (errno == EPIPE || errno == ECONNRESET) {
+          died(i);
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+          throw_errno("send to Python worker");
+        }
+      }
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buffer[1 << 16];
+      const ssize_t r = ::recv(fds[i].fd, buffer, sizeof buffer, 0);
+      if (r == 0 || (r < 0 && errno == ECONNRESET)) {
+        // Its last words first (a refusal to start, then exit): the death shows next time.
+        for (const auto& reply : out)
+          if (reply.first == i) return out;
+        died(i);
+      }
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+        throw_errno("recv from Python worker");
+      }
+      workers_[i]->inbox().append(buffer, static_cast<size_t>(r));
+      take_lines(i);
+    }
+  }
+  return out;
+}
+
+}  // namespace rlhf::pyhost

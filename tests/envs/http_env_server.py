@@ -1,0 +1,58 @@
+"""A test HTTP environment for tests/envs/http_env_test.cpp, speaking docs/agentic.md's
+protocol. Prints its port on the first line of stdout. Step actions: "slow" answers after
+0.5 s, "hang" after 30 s, "bad" with HTTP 500; anything else at once."""
+import json, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+rows = {}
+lock = threading.Lock()
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        key = body["id"]
+        if self.path == "/env/reset":
+            if body["row"].get("label") == "hang_reset":
+                time.sleep(30)
+            with lock:
+                rows[key] = {"label": body["row"].get("label"), "turns": 0,
+                             "options": body.get("options")}
+            return self.reply(200, {"observation": None})
+        if self.path == "/env/close":
+            with lock:
+                rows.pop(key, None)
+            return self.reply(200, {})
+        if self.path != "/env/step":
+            return self.reply(404, {"error": "no such path " + self.path})
+        action = body["action"]
+        if action == "slow":
+            time.sleep(0.5)
+        elif action == "hang":
+            time.sleep(30)
+        elif action == "bad":
+            return self.reply(500, {"error": "bad action"})
+        with lock:
+            state = rows[key]
+            state["turns"] += 1
+        self.reply(200, {"observation": f"{state['label']} {action} {state['turns']}",
+                         "role": "user", "reward": 0.5, "done": action == "stop",
+                         "tool_calls": 1, "tool_errors": 0})
+
+class Server(ThreadingHTTPServer):
+    request_queue_size = 256  # listen() backlog: rlhf opens up to 64 connections at once
+
+server = Server(("127.0.0.1", 0), Handler)
+server.daemon_threads = True
+print(server.server_address[1], flush=True)
+server.serve_forever()
