@@ -745,14 +745,17 @@ void check_cross_fields(Validation& v) {
   if (v.ok({"cluster.nodes"})) nodes = check_nodes(v);
   resolve_dtypes(v);
   // A {"model": DIR} source is the reward role's model.
-  if (v.ok({"reward.sources"}) && str(v, "kind") == "ppo")
-    for (const auto& src : reward_source_list(v.resolved))
-      if (src["kind"] == "model" && str(v, "reward.model").empty())
+  if (v.ok({"reward.sources"}) && str(v, "kind") == "ppo") {
+    for (const auto& src : reward_source_list(v.resolved)) {
+      if (src["kind"] == "model" && str(v, "reward.model").empty()) {
         v.set("reward.model", src["model"]);
-      else if (src["kind"] == "model" && src["model"] != v.at("reward.model"))
+      } else if (src["kind"] == "model" && src["model"] != v.at("reward.model")) {
         v.problem("reward.sources",
                   "the model source " + src["model"].dump() + " differs from reward.model " +
                       v.at("reward.model").dump() + " (the reward group serves one)");
+      }
+    }
+  }
   inherit_models(v);
   std::vector<Role> used = used_roles(v.resolved);
   check_models_and_data(v, used);
