@@ -55,12 +55,12 @@ class Environment {
 
 // Filled from the job spec's env.* keys.
 struct EnvironmentConfig {
-  std::string builtin;   // env.builtin: "calculator", "guess_number", or "" (not built-in)
-  std::string python;    // env.python: "FILE:FACTORY" ("" when not Python)
-  std::string url;       // env.url: an HTTP environment's endpoint ("" when not HTTP)
-  double timeout_s = 30;                             // env.timeout_s: one step's limit
-  int python_workers = 2;                            // env.python_workers
-  std::string python_interpreter = "python3";        // env.python_interpreter
+  std::string builtin;     // env.builtin: "calculator", "guess_number", or "" (not built-in)
+  std::string python;      // env.python: "FILE:FACTORY" ("" when not Python)
+  std::string url;         // env.url: an HTTP environment's endpoint ("" when not HTTP)
+  double timeout_s = 30;   // env.timeout_s: one step's limit
+  int python_workers = 2;  // env.python_workers
+  std::string python_interpreter = "python3";         // env.python_interpreter
   nlohmann::json options = nlohmann::json::object();  // env.options: passed to the environment
 };
 

@@ -57,6 +57,15 @@ class PagedKvCache final : public KvStore {
   // ordinary mask). Decode: one new token per sequence, attending to all its positions.
   void plan_prefill(const std::vector<int64_t>& seqs, const torch::Tensor& mask);
   void plan_decode(const std::vector<int64_t>& seqs);
+  // Extend (a multi-turn rollout's next turn over the cache, issue 31): sequences that hold
+  // positions take new tokens, `mask` [B, T] marking each row's new tokens (1, left-aligned;
+  // right padding 0). New token t of a row sits at position length + t and attends to every
+  // position the sequence holds and to the row's new tokens up to itself: the same keys a
+  // forward of the whole sequence gives it, without recomputing the held prefix.
+  void plan_extend(const std::vector<int64_t>& seqs, const torch::Tensor& mask);
+  // Drops positions `length` and after of `seq` (a row fed padding after its turn ended);
+  // blocks past the new end go back to the pool.
+  void truncate(int64_t seq, int64_t length);
 
   // Decode steps of a fixed shape, for CUDA graphs (rollout/decode_graph.h): `batch` rows,
   // the first seqs.size() of them `seqs` and the rest padding, and M blocks per table.
@@ -112,7 +121,7 @@ class PagedKvCache final : public KvStore {
   std::vector<Sequence> sequences_;
 
   // The planned step.
-  enum class Step { kNone, kPrefill, kDecode, kStaticDecode };
+  enum class Step { kNone, kPrefill, kDecode, kStaticDecode, kExtend };
   Step step_ = Step::kNone;
   int64_t step_batch_ = 0;  // rows of the planned forward (> step_seqs_ with padding)
   std::vector<int64_t> step_seqs_;
@@ -122,7 +131,8 @@ class PagedKvCache final : public KvStore {
   torch::Tensor read_blocks_;         // decode: [B * M] block ids (M >= longest table)
   torch::Tensor positions_;           // [B, T] int64
   torch::Tensor prefill_mask_;        // prefill: the caller's [B, T] mask
-  std::optional<torch::Tensor> decode_mask_;  // decode: [B, 1, 1, M * block_size] bool
+  // decode: [B, 1, 1, M * block_size] bool; extend: [B, 1, T, M * block_size]
+  std::optional<torch::Tensor> decode_mask_;
 };
 
 }  // namespace rlhf::models
