@@ -89,6 +89,7 @@ void PpoJob::read_trajectories(Rollout& r, const Message& reply) const {
   r.tool_calls = reply.tensor("tool_calls").to(torch::kLong).contiguous();
   r.tool_errors = reply.tensor("tool_errors").to(torch::kLong).contiguous();
   r.env_seconds = reply.tensor("env_seconds").to(torch::kFloat32).contiguous();
+  r.env_timed_out = reply.tensor("env_timed_out").to(torch::kLong).contiguous();
   for (const auto& mb : reply.args.value("micro_batches", json::array())) {
     r.env_stall_s += mb.value("env_stall_seconds", 0.0);
     for (const auto& c : mb.value("conversations", json::array())) r.conversations.push_back(c);
@@ -111,7 +112,8 @@ Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
        {std::make_pair(&out.env_rewards, &r.env_rewards), std::make_pair(&out.turns, &r.turns),
         std::make_pair(&out.tool_calls, &r.tool_calls),
         std::make_pair(&out.tool_errors, &r.tool_errors),
-        std::make_pair(&out.env_seconds, &r.env_seconds)})
+        std::make_pair(&out.env_seconds, &r.env_seconds),
+        std::make_pair(&out.env_timed_out, &r.env_timed_out)})
     if (from->defined()) *to = from->index_select(0, index).contiguous();
   out.conversations.clear();
   out.prompts.clear();
@@ -159,7 +161,8 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
                           std::make_tuple(&out.turns, &a.turns, &b.turns),
                           std::make_tuple(&out.tool_calls, &a.tool_calls, &b.tool_calls),
                           std::make_tuple(&out.tool_errors, &a.tool_errors, &b.tool_errors),
-                          std::make_tuple(&out.env_seconds, &a.env_seconds, &b.env_seconds)})
+                          std::make_tuple(&out.env_seconds, &a.env_seconds, &b.env_seconds),
+                          std::make_tuple(&out.env_timed_out, &a.env_timed_out, &b.env_timed_out)})
     if (x->defined()) *to = torch::cat({*x, *y});
   out.conversations.insert(out.conversations.end(), b.conversations.begin(), b.conversations.end());
   out.env_stall_s = a.env_stall_s + b.env_stall_s;

@@ -95,6 +95,7 @@ struct Rollout {
   torch::Tensor env_rewards;                  // [B] FP32 summed, added to the scores
   torch::Tensor turns;                        // [B] int64 model turns
   torch::Tensor tool_calls, tool_errors;      // [B] int64
+  torch::Tensor env_timed_out;                // [B] int64: 1 where env.timeout_s ended it
   torch::Tensor env_seconds;                  // [B] FP32 its turns' waits for the environment
   std::vector<nlohmann::json> conversations;  // [B] [{"role", "content"}] after the prompt
   double env_stall_s = 0;  // summed over engines: time no row decoded (all waited)

@@ -131,6 +131,7 @@ static json trajectory_metrics(const Rollout& r) {
   return {{"turns_mean", r.turns.to(torch::kFloat64).mean().item<double>()},
           {"tool_calls", r.tool_calls.sum().item<int64_t>()},
           {"tool_errors", r.tool_errors.sum().item<int64_t>()},
+          {"env_timeouts", r.env_timed_out.sum().item<int64_t>()},
           {"env_reward_mean", r.env_rewards.to(torch::kFloat64).mean().item<double>()},
           {"env_time_s", r.env_seconds.to(torch::kFloat64).sum().item<double>()},
           {"env_stall_s", r.env_stall_s},
