@@ -278,8 +278,9 @@ std::vector<KeySpec> build_table() {
             "response_length): its model and environment tokens together.");
   t.integer("rollout.max_turns", 1, 1, 1000,
             "Model turns per trajectory (veRL's multi_turn.max_assistant_turns). With an "
-            "environment (env.*), a turn ends at a stop token (the chat template's end of turn "
-            "must be EOS or in rollout.stop_token_ids), the environment answers, its answer is "
+            "environment (env.*), a turn ends at a stop token (EOS, rollout.stop_token_ids and "
+            "the template's end of turn, <|im_end|> or <|eot_id|>), the environment answers, its "
+            "answer is "
             "appended as the template's tool or user turn over the same KV cache (chatml or "
             "llama3 templates; needs rollout.kv_block_size > 0) and the model goes on, up to "
             "this many turns and rollout.max_new_tokens tokens. Environment tokens are outside "

@@ -172,8 +172,13 @@ json PpoJob::rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& wo
                {"stop_token_ids", stop},
                {"pad_token_id", pad_id_}};
   if (!c_.environment.is_null()) {
-    // Multi-turn rollouts: the engine renders the environment's turns with the actor's
-    // tokenizer and the data's chat template (rollout/trajectory.h).
+    // Multi-turn rollouts: a turn ends at the template's end-of-turn token, which is not
+    // always the tokenizer's EOS (Llama-3.0's is <|end_of_text|>).
+    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"})
+      if (const auto id = tokenizer_->token_to_id(end_of_turn)) stop.push_back(*id);
+    args["stop_token_ids"] = stop;
+    // The engine renders the environment's turns with the actor's tokenizer and the data's
+    // chat template (rollout/trajectory.h).
     args["env"] = c_.environment;
     args["max_turns"] = c_.max_turns;
     args["tokenizer"] = spec_.get_string("actor.model");
