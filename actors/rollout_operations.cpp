@@ -11,10 +11,15 @@
 #include "core/errors.h"
 #include "core/timing.h"
 #include "engine/host_offload.h"
+#include "envs/environment.h"
 #include "models/config.h"
 #include "models/pretrained.h"
 #include "rollout/generator.h"
+#include "rollout/trajectory.h"
 #include "rollout/weight_sync.h"
+#include "tokenizer/prompt_format.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer_config.h"
 #include "transport/collective_group.h"
 
 namespace rlhf {
@@ -25,7 +30,54 @@ struct RolloutState {
   std::unique_ptr<rollout::Generator> generator;
   std::unique_ptr<transport::CollectiveGroup> sync_group;
   engine::HostOffload asleep;  // the model's weights while in host memory (sleep)
+  // Multi-turn rollouts (load_model's "env"): the environment (TP rank 0 only), the tokenizer
+  // and chat template that render its turns, and the turns a trajectory may take.
+  bool multi_turn = false;
+  int64_t max_turns = 1;
+  std::unique_ptr<envs::Environment> env;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::unique_ptr<tokenizer::PromptFormatter> formatter;
 };
+
+// load_model's "env" object (the job spec's env.* keys) as make_environment's config.
+envs::EnvironmentConfig environment_config(const nlohmann::json& e) {
+  envs::EnvironmentConfig c;
+  c.builtin = e.value("builtin", c.builtin);
+  c.python = e.value("python", c.python);
+  c.url = e.value("url", c.url);
+  c.timeout_s = e.value("timeout_s", c.timeout_s);
+  c.python_workers = e.value("python_workers", c.python_workers);
+  c.python_interpreter = e.value("python_interpreter", c.python_interpreter);
+  if (e.contains("options")) c.options = e.at("options");
+  return c;
+}
+
+// Args "env" (an object: builtin / python / url, timeout_s, python_workers,
+// python_interpreter, options), "max_turns", "tokenizer" (the model directory whose
+// tokenizer and tokenizer_config.json render the environment's turns) and "chat_template"
+// (data.chat_template). Without "env" the rollout is single-turn.
+void load_environment(RolloutState& state, const nlohmann::json& a,
+                      const models::TensorParallel& tp) {
+  state.multi_turn = a.contains("env") && !a.at("env").is_null();
+  state.max_turns = a.value("max_turns", int64_t{1});
+  state.env.reset();
+  if (!state.multi_turn) {
+    if (state.max_turns > 1)
+      throw InputError("load_model: max_turns " + std::to_string(state.max_turns) +
+                       " needs an environment (\"env\") to answer the turns");
+    return;
+  }
+  const std::string dir = a.at("tokenizer").get<std::string>();
+  state.tokenizer = tokenizer::load_tokenizer(dir);
+  tokenizer::PromptFormatConfig fc;
+  fc.apply_chat_template = true;
+  fc.chat_template = tokenizer::parse_chat_template(a.value("chat_template", std::string("auto")));
+  state.formatter =
+      std::make_unique<tokenizer::PromptFormatter>(fc, tokenizer::read_tokenizer_config(dir));
+  state.formatter->environment_turn("tool", "");  // throws now for a template it cannot render
+  // Rank 0 of a TP engine steps the environment and broadcasts its answers.
+  if (tp.rank == 0) state.env = envs::make_environment(environment_config(a.at("env")));
+}
 
 rollout::Generator& loaded(RolloutState& state, const std::string& op) {
   if (!state.generator)
@@ -157,6 +209,7 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
     config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();
   else if (model->config().eos_token_id >= 0)
     config.stop_token_ids = {model->config().eos_token_id};
+  load_environment(state, a, model->tensor_parallel());
   state.generator = std::make_unique<rollout::Generator>(model, config);
   Message reply;
   reply.args = {{"parameters", model->config().num_parameters()},
@@ -165,12 +218,49 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
   return reply;
 }
 
+// The request's trajectories over the loaded environment: arg "rows" holds every prompt row of
+// the whole request (its JSON: label and columns), indexed by prompt_index.
+std::unique_ptr<rollout::EnvironmentTurns> environment_turns(RolloutState& state,
+                                                             const Message& request,
+                                                             int64_t first_prompt, int64_t n) {
+  const int64_t B = request.tensor("prompt_ids").size(0);
+  const nlohmann::json all = request.args.value("rows", nlohmann::json::array());
+  std::vector<nlohmann::json> rows;
+  for (int64_t i = 0; i < B; ++i) {
+    const auto at = static_cast<size_t>(first_prompt + i);
+    rows.push_back(at < all.size() ? all[at] : nlohmann::json::object());
+  }
+  auto& model = state.generator->model();
+  return std::make_unique<rollout::EnvironmentTurns>(
+      state.env.get(), *state.tokenizer, *state.formatter, model.tensor_parallel().group.get(),
+      model.device(), first_prompt * n, B * n, n, rows);
+}
+
+// Multi-turn figures per row: tensors "env_rewards" [N] FP32 (summed), "turns",
+// "tool_calls", "tool_errors", "env_timed_out" [N] int64, "env_seconds" [N] FP32; args
+// "conversations" ([N] lists of {"role", "content"} after the prompt), "env_stall_seconds",
+// "extend_seconds", "extended_tokens".
+void add_trajectories(Message& reply, const rollout::GenerationOutput& out,
+                      const rollout::TrajectoryStats& stats) {
+  reply.add("env_rewards", torch::tensor(stats.reward, torch::kFloat64).to(torch::kFloat32));
+  reply.add("turns", out.turns);
+  reply.add("tool_calls", torch::tensor(stats.tool_calls, torch::kInt64));
+  reply.add("tool_errors", torch::tensor(stats.tool_errors, torch::kInt64));
+  reply.add("env_timed_out", torch::tensor(stats.timed_out, torch::kInt64));
+  reply.add("env_seconds", torch::tensor(stats.env_seconds, torch::kFloat64).to(torch::kFloat32));
+  reply.args["conversations"] = stats.turns;
+  reply.args["env_stall_seconds"] = out.timings.env_stall_seconds;
+  reply.args["extend_seconds"] = out.timings.extend_seconds;
+  reply.args["extended_tokens"] = out.timings.extended_tokens;
+}
+
 // Tensors "prompt_ids", "prompt_mask" [B, P] int64 and optional "prompt_index" [B] (the
 // prompts' positions in the whole request, consecutive: seeds then follow the prompt, not
 // the micro batch). Args "temperature", "top_k", "top_p", "seed", optional
 // "n_samples_per_prompt" (this call only; default: load_model's). Replies with
 // GenerationOutput's tensors, responses padded to max_new_tokens columns so a scatter's
-// micro batches concatenate, and args "weight_version", "prompt_length".
+// micro batches concatenate, and args "weight_version", "prompt_length". With an environment
+// (load_model's "env"), arg "rows" and the multi-turn figures (add_trajectories).
 Message generate(RolloutState& state, const Message& request) {
   auto& generator = awake(state, "generate");
   rollout::SamplingParams params;
@@ -190,11 +280,14 @@ Message generate(RolloutState& state, const Message& request) {
   }
   // "n_samples_per_prompt" overrides the engine's n for this call only (held-out evaluation).
   const int64_t configured_n = generator.config().n_samples_per_prompt;
-  generator.set_samples_per_prompt(a.value("n_samples_per_prompt", configured_n));
+  const int64_t n = a.value("n_samples_per_prompt", configured_n);
+  generator.set_samples_per_prompt(n);
   rollout::GenerationOutput out;
+  std::unique_ptr<rollout::EnvironmentTurns> turns;
   try {
+    if (state.multi_turn) turns = environment_turns(state, request, first_prompt, n);
     out = generator.generate(request.tensor("prompt_ids"), request.tensor("prompt_mask"), params,
-                             first_prompt);
+                             first_prompt, turns.get(), state.max_turns);
   } catch (...) {
     generator.set_samples_per_prompt(configured_n);
     throw;
@@ -212,6 +305,7 @@ Message generate(RolloutState& state, const Message& request) {
                 {"prompt_length", out.prompt_length},
                 {"preempted", out.timings.preempted},
                 {"kv_peak_bytes", out.timings.kv_peak_bytes}};
+  if (turns) add_trajectories(reply, out, turns->stats());
   return reply;
 }
 

@@ -278,7 +278,19 @@ std::vector<KeySpec> build_table() {
             "on cuda nodes an engine's workers must be on one node. With t > 1 the weight sync "
             "goes over NCCL or Gloo (never CUDA IPC), each rank receiving only its slices.");
   t.integer("rollout.n_samples_per_prompt", 1, 1, 4096, "Responses sampled per prompt.");
-  t.integer("rollout.max_new_tokens", 1024, 1, kInf, "Maximum response length in tokens.");
+  t.integer("rollout.max_new_tokens", 1024, 1, kInf,
+            "Maximum response length in tokens. A multi-turn trajectory's budget (veRL's "
+            "response_length): its model and environment tokens together.");
+  t.integer("rollout.max_turns", 1, 1, 1000,
+            "Model turns per trajectory (veRL's multi_turn.max_assistant_turns). With an "
+            "environment (env.*), a turn ends at a stop token (EOS, rollout.stop_token_ids and "
+            "the template's end of turn, <|im_end|> or <|eot_id|>), the environment answers, its "
+            "answer is "
+            "appended as the template's tool or user turn over the same KV cache (chatml or "
+            "llama3 templates; needs rollout.kv_block_size > 0) and the model goes on, up to "
+            "this many turns and rollout.max_new_tokens tokens. Environment tokens are outside "
+            "the action mask: no loss, KL or entropy on them. 1: one turn (an environment then "
+            "only scores it).");
   t.number("rollout.temperature", 1.0, 0, 100, "Sampling temperature (0: greedy).");
   t.number("rollout.top_p", 1.0, 0, 1, "Nucleus sampling mass.", true);
   t.integer("rollout.top_k", -1, -1, kInf, "Sample among the k most likely tokens (-1: off).");

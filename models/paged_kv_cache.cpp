@@ -58,6 +58,12 @@ void PagedKvCache::drop_block(int64_t block) {
   if (--refs_[block] == 0) free_.push_back(block);
 }
 
+void PagedKvCache::forget_released() {
+  for (const auto& s : sequences_)
+    TORCH_CHECK(!s.alive, "PagedKvCache::forget_released: a sequence is still alive");
+  sequences_.clear();
+}
+
 int64_t PagedKvCache::create() {
   sequences_.push_back(Sequence{{}, 0, true});
   return static_cast<int64_t>(sequences_.size()) - 1;
@@ -177,6 +183,63 @@ void PagedKvCache::plan_decode(const std::vector<int64_t>& seqs) {
   prefill_mask_ = torch::Tensor();
 }
 
+void PagedKvCache::plan_extend(const std::vector<int64_t>& seqs, const torch::Tensor& mask) {
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == static_cast<int64_t>(seqs.size()) && !seqs.empty(),
+              "PagedKvCache::plan_extend: mask must be [", seqs.size(), ", T], got ", mask.sizes());
+  const auto host = mask.to(torch::kCPU, torch::kInt64).contiguous();
+  const int64_t B = host.size(0), T = host.size(1);
+  const int64_t* m = host.data_ptr<int64_t>();
+  step_tokens_.assign(B, 0);
+  int64_t M = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T && m[b * T + t] != 0; ++t) ++step_tokens_[b];
+    TORCH_CHECK(step_tokens_[b] > 0, "PagedKvCache::plan_extend: row ", b, " has no new token");
+    M = std::max(M, blocks_for(sequence(seqs[b]).length + step_tokens_[b]));
+  }
+  const int64_t S = M * block_size_;
+  std::vector<int64_t> rows, slots, positions(B * T), blocks(B * M, scratch_block());
+  auto allowed_mask = torch::zeros({B, 1, T, S}, torch::kBool);
+  auto* allowed = allowed_mask.data_ptr<bool>();
+  for (int64_t b = 0; b < B; ++b) {
+    const Sequence& s = sequence(seqs[b]);
+    const int64_t k = step_tokens_[b];
+    std::copy(s.blocks.begin(), s.blocks.begin() + blocks_for(s.length + k),
+              blocks.begin() + b * M);
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pos = s.length + std::min(t, k - 1);  // padding repeats the last position
+      positions[b * T + t] = pos;
+      if (t < k) {
+        rows.push_back(b * T + t);
+        slots.push_back(slot(s, pos));
+      }
+      // Keys 0..pos (within the sliding window): the whole sequence's causal mask.
+      const int64_t first =
+          sliding_window_ > 0 ? std::max<int64_t>(0, pos + 1 - sliding_window_) : 0;
+      std::fill(allowed + (b * T + t) * S + first, allowed + (b * T + t) * S + pos + 1, true);
+    }
+  }
+  step_ = Step::kExtend;
+  step_batch_ = B;
+  step_seqs_ = seqs;
+  write_rows_ = torch::tensor(rows, torch::kInt64).to(device_);
+  write_slots_ = torch::tensor(slots, torch::kInt64).to(device_);
+  read_blocks_ = torch::tensor(blocks, torch::kInt64).to(device_);
+  positions_ = torch::tensor(positions, torch::kInt64).view({B, T}).to(device_);
+  decode_mask_ = allowed_mask.to(device_);
+  prefill_mask_ = torch::Tensor();
+}
+
+void PagedKvCache::truncate(int64_t seq, int64_t length) {
+  Sequence& s = sequence(seq);
+  TORCH_CHECK(length >= 0 && length <= s.length, "PagedKvCache::truncate: sequence ", seq,
+              " holds ", s.length, " positions, cannot keep ", length);
+  s.length = length;
+  while (static_cast<int64_t>(s.blocks.size()) > blocks_for(length)) {
+    drop_block(s.blocks.back());
+    s.blocks.pop_back();
+  }
+}
+
 void PagedKvCache::fill_decode_inputs(const std::vector<int64_t>& seqs, int64_t batch, int64_t M,
                                       int64_t* out) const {
   const int64_t B = static_cast<int64_t>(seqs.size());
@@ -229,7 +292,7 @@ void PagedKvCache::attention(AttentionInputs& in) const {
   in.causal = false;
   if (step_ == Step::kPrefill) {
     set_attention_mask(in, prefill_mask_, 0, prefill_mask_.size(1), sliding_window_);
-  } else if (step_ == Step::kDecode) {
+  } else if (step_ == Step::kDecode || step_ == Step::kExtend) {
     in.mask = decode_mask_;
   } else {
     // Keys 0..position (the new token included), within the sliding window: on the device.
@@ -263,9 +326,18 @@ std::pair<torch::Tensor, torch::Tensor> PagedKvCache::append(int64_t layer, cons
                             v.transpose(1, 2).reshape({B * T, kv, D}).index_select(0, write_rows_));
     return {k, v};
   }
-  TORCH_CHECK(k.size(2) == 1, "PagedKvCache: a decode step appends one position, got ", k.size(2));
-  flat_keys.index_copy_(0, write_slots_, k.squeeze(2));
-  flat_values.index_copy_(0, write_slots_, v.squeeze(2));
+  if (step_ == Step::kExtend) {  // write the new tokens, then read them with the held ones
+    const int64_t T = k.size(2);
+    flat_keys.index_copy_(0, write_slots_,
+                          k.transpose(1, 2).reshape({B * T, kv, D}).index_select(0, write_rows_));
+    flat_values.index_copy_(0, write_slots_,
+                            v.transpose(1, 2).reshape({B * T, kv, D}).index_select(0, write_rows_));
+  } else {
+    TORCH_CHECK(k.size(2) == 1, "PagedKvCache: a decode step appends one position, got ",
+                k.size(2));
+    flat_keys.index_copy_(0, write_slots_, k.squeeze(2));
+    flat_values.index_copy_(0, write_slots_, v.squeeze(2));
+  }
   const int64_t S = read_blocks_.size(0) / B * block_size_;
   auto gather = [&](const torch::Tensor& pool) {
     return pool.index_select(0, read_blocks_).view({B, S, kv, D}).transpose(1, 2);

@@ -42,6 +42,9 @@ class PagedKvCache final : public KvStore {
   int64_t create();
   int64_t fork(int64_t parent);
   void release(int64_t seq);
+  // Every sequence released: ids start again from 0 (a pool kept across requests does not
+  // grow its table). Throws while a sequence is alive.
+  void forget_released();
   int64_t length(int64_t seq) const;
 
   // Blocks reserve(seq, tokens) would take from the pool: new blocks for positions past
@@ -58,6 +61,15 @@ class PagedKvCache final : public KvStore {
   // ordinary mask). Decode: one new token per sequence, attending to all its positions.
   void plan_prefill(const std::vector<int64_t>& seqs, const torch::Tensor& mask);
   void plan_decode(const std::vector<int64_t>& seqs);
+  // Extend (a multi-turn rollout's next turn over the cache, issue 31): sequences that hold
+  // positions take new tokens, `mask` [B, T] marking each row's new tokens (1, left-aligned;
+  // right padding 0). New token t of a row sits at position length + t and attends to every
+  // position the sequence holds and to the row's new tokens up to itself: the same keys a
+  // forward of the whole sequence gives it, without recomputing the held prefix.
+  void plan_extend(const std::vector<int64_t>& seqs, const torch::Tensor& mask);
+  // Drops positions `length` and after of `seq` (a row fed padding after its turn ended);
+  // blocks past the new end go back to the pool.
+  void truncate(int64_t seq, int64_t length);
 
   // Decode steps of a fixed shape, for CUDA graphs (rollout/decode_graph.h): `batch` rows,
   // the first seqs.size() of them `seqs` and the rest padding, and M blocks per table.
@@ -121,7 +133,7 @@ class PagedKvCache final : public KvStore {
   std::vector<Sequence> sequences_;
 
   // The planned step.
-  enum class Step { kNone, kPrefill, kDecode, kStaticDecode };
+  enum class Step { kNone, kPrefill, kDecode, kStaticDecode, kExtend };
   Step step_ = Step::kNone;
   int64_t step_batch_ = 0;  // rows of the planned forward (> step_seqs_ with padding)
   std::vector<int64_t> step_seqs_;
@@ -131,7 +143,8 @@ class PagedKvCache final : public KvStore {
   torch::Tensor read_blocks_;         // decode: [B * M] block ids (M >= longest table)
   torch::Tensor positions_;           // [B, T] int64
   torch::Tensor prefill_mask_;        // prefill: the caller's [B, T] mask
-  std::optional<torch::Tensor> decode_mask_;  // decode: [B, 1, 1, M * block_size] bool
+  // decode: [B, 1, 1, M * block_size] bool; extend: [B, 1, T, M * block_size]
+  std::optional<torch::Tensor> decode_mask_;
   bool in_place_decode_ = true;
   // The step's FlashInfer page table, built by the first layer that attends in place (inside
   // a graph capture, so replays rebuild it from the static inputs).

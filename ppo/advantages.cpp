@@ -7,29 +7,41 @@ AdvantagesAndReturns gae(const torch::Tensor& values, const torch::Tensor& rewar
   TORCH_CHECK(values.sizes() == rewards.sizes() && rewards.sizes() == action_mask.sizes(),
               "gae: values, rewards and action_mask must have one shape [B, A], got ",
               values.sizes(), ", ", rewards.sizes(), ", ", action_mask.sizes());
+  // veRL's compute_gae_advantage_return (verl/trainer/ppo/core_algos.py), which steps over
+  // tokens outside the mask (a multi-turn trajectory's environment tokens): at model tokens
+  //   delta_t = r_t + gamma V_next - V_t,  A_t = delta_t + gamma lambda A_next,
+  // where V_next and A_next are those of the next model token (0 after the last one); at
+  // other tokens V_next and A_next carry over unchanged. With the mask a prefix (one turn)
+  // this is OpenRLHF's get_advantages_and_returns. A and returns are 0 off the mask.
   torch::Tensor m = action_mask.to(torch::kFloat32);
   torch::Tensor v = values.to(torch::kFloat32) * m;
   torch::Tensor r = rewards.to(torch::kFloat32) * m;
   const int64_t a = r.size(1);
   torch::Tensor adv = torch::zeros_like(r);
   torch::Tensor last = torch::zeros({r.size(0)}, r.options());
+  torch::Tensor next_v = torch::zeros_like(last);
   for (int64_t t = a - 1; t >= 0; --t) {
-    torch::Tensor next_v = t + 1 < a ? v.select(1, t + 1) : torch::zeros_like(last);
-    torch::Tensor delta = r.select(1, t) + gamma * next_v - v.select(1, t);
-    last = delta + gamma * lambd * last;
-    adv.select(1, t).copy_(last);
+    const torch::Tensor mt = m.select(1, t), vt = v.select(1, t);
+    const torch::Tensor delta = r.select(1, t) + gamma * next_v - vt;
+    last = mt * (delta + gamma * lambd * last) + (1 - mt) * last;
+    next_v = mt * vt + (1 - mt) * next_v;
+    adv.select(1, t).copy_(last * mt);
   }
   return {adv, adv + v};
 }
 
 torch::Tensor cumulative_returns(const torch::Tensor& rewards, const torch::Tensor& action_mask,
                                  double gamma) {
-  torch::Tensor r = rewards.to(torch::kFloat32) * action_mask.to(torch::kFloat32);
+  // G_t = r_t + gamma G_next over model tokens; environment tokens (off the mask) between
+  // turns neither add nor discount.
+  const torch::Tensor m = action_mask.to(torch::kFloat32);
+  torch::Tensor r = rewards.to(torch::kFloat32) * m;
   torch::Tensor returns = torch::zeros_like(r);
   torch::Tensor g = torch::zeros({r.size(0)}, r.options());
   for (int64_t t = r.size(1) - 1; t >= 0; --t) {
-    g = r.select(1, t) + gamma * g;
-    returns.select(1, t).copy_(g);
+    const torch::Tensor mt = m.select(1, t);
+    g = mt * (r.select(1, t) + gamma * g) + (1 - mt) * g;
+    returns.select(1, t).copy_(g * mt);
   }
   return returns;
 }

@@ -16,10 +16,14 @@ struct AdvantagesAndReturns {
 // Generalised advantage estimation (Schulman et al. 2016), rewards and values masked:
 //   delta_t = r_t + gamma * V_{t+1} - V_t   (V_A = 0)
 //   A_t = delta_t + gamma * lambda * A_{t+1};   returns = A + V.
+// t + 1 is the next token in the action mask: tokens outside it inside a response (a
+// multi-turn trajectory's environment turns) are skipped, as veRL's
+// compute_gae_advantage_return; A and returns are 0 there.
 AdvantagesAndReturns gae(const torch::Tensor& values, const torch::Tensor& rewards,
                          const torch::Tensor& action_mask, double gamma, double lambd);
 
-// G_t = r_t + gamma * G_{t+1} over masked rewards [B, A].
+// G_t = r_t + gamma * G_{t+1} over masked rewards [B, A], t + 1 the next masked token
+// (environment tokens between turns neither add nor discount); 0 off the mask.
 torch::Tensor cumulative_returns(const torch::Tensor& rewards, const torch::Tensor& action_mask,
                                  double gamma);
 

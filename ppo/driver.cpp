@@ -144,7 +144,7 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec,
     }
     p.ids.assign(ids.begin(), ids.end());
     p.label = row.label;
-    if (rewards_->reads_rows()) p.columns = row.columns;
+    if (rewards_->reads_rows() || !c_.environment.is_null()) p.columns = row.columns;
     out.push_back(std::move(p));
   }
   return out;
@@ -172,6 +172,19 @@ json PpoJob::rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& wo
                {"gpu_kernels", spec_.get_bool("rollout.gpu_kernels")},
                {"stop_token_ids", stop},
                {"pad_token_id", pad_id_}};
+  if (!c_.environment.is_null()) {
+    // Multi-turn rollouts: a turn ends at the template's end-of-turn token, which is not
+    // always the tokenizer's EOS (Llama-3.0's is <|end_of_text|>).
+    for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"})
+      if (const auto id = tokenizer_->token_to_id(end_of_turn)) stop.push_back(*id);
+    args["stop_token_ids"] = stop;
+    // The engine renders the environment's turns with the actor's tokenizer and the data's
+    // chat template (rollout/trajectory.h).
+    args["env"] = c_.environment;
+    args["max_turns"] = c_.max_turns;
+    args["tokenizer"] = spec_.get_string("actor.model");
+    args["chat_template"] = spec_.get_string("data.chat_template");
+  }
   if (c_.tensor_parallel_size > 1) {
     args["tensor_parallel_size"] = c_.tensor_parallel_size;
     args["tp_store_path"] = s.rendezvous("rollout_tp");

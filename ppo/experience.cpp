@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <future>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "ppo/advantages.h"
@@ -43,6 +44,17 @@ Rollout PpoJob::generate_with(Scheduler& s, const PromptBatch& batch, double tem
                {"seed", seed},
                {"n_samples_per_prompt", n}};
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
+  if (!c_.environment.is_null()) {
+    // Each prompt's row for its environment's reset (indexed by prompt_index).
+    json rows = json::array();
+    for (size_t i = 0; i < batch.labels.size(); ++i) {
+      json row = i < batch.columns.size() && batch.columns[i].is_object() ? batch.columns[i]
+                                                                          : json::object();
+      if (!row.contains("label")) row["label"] = batch.labels[i];
+      rows.push_back(std::move(row));
+    }
+    args["rows"] = std::move(rows);
+  }
   Message reply = s.group(Role::kRollout)
                       .scatter("generate",
                                {{"prompt_ids", batch.prompt_ids},
@@ -61,6 +73,7 @@ Rollout PpoJob::generate_with(Scheduler& s, const PromptBatch& batch, double tem
     r.preempted += mb.value("preempted", int64_t{0});
     r.kv_peak_bytes = std::max<int64_t>(r.kv_peak_bytes, mb.value("kv_peak_bytes", int64_t{0}));
   }
+  if (reply.has_tensor("env_rewards")) read_trajectories(r, reply);
   for (int64_t i = 0; i < r.sequences.size(0); ++i) {
     r.prompts.push_back(batch.texts[static_cast<size_t>(i / n)]);
     r.labels.push_back(batch.labels[static_cast<size_t>(i / n)]);
@@ -68,6 +81,22 @@ Rollout PpoJob::generate_with(Scheduler& s, const PromptBatch& batch, double tem
     r.responses.push_back(response_text(r, i));
   }
   return r;
+}
+
+void PpoJob::read_trajectories(Rollout& r, const Message& reply) const {
+  r.env_rewards = reply.tensor("env_rewards").to(torch::kFloat32).contiguous();
+  r.turns = reply.tensor("turns").to(torch::kLong).contiguous();
+  r.tool_calls = reply.tensor("tool_calls").to(torch::kLong).contiguous();
+  r.tool_errors = reply.tensor("tool_errors").to(torch::kLong).contiguous();
+  r.env_seconds = reply.tensor("env_seconds").to(torch::kFloat32).contiguous();
+  r.env_timed_out = reply.tensor("env_timed_out").to(torch::kLong).contiguous();
+  for (const auto& mb : reply.args.value("micro_batches", json::array())) {
+    r.env_stall_s += mb.value("env_stall_seconds", 0.0);
+    for (const auto& c : mb.value("conversations", json::array())) r.conversations.push_back(c);
+  }
+  TORCH_CHECK(static_cast<int64_t>(r.conversations.size()) == r.sequences.size(0),
+              "generate: ", r.conversations.size(), " conversations for ", r.sequences.size(0),
+              " trajectories");
 }
 
 Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
@@ -79,6 +108,14 @@ Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
   if (r.scores.defined()) out.scores = r.scores.index_select(0, index).contiguous();
   if (r.source_scores.defined())
     out.source_scores = r.source_scores.index_select(1, index).contiguous();
+  for (auto [to, from] :
+       {std::make_pair(&out.env_rewards, &r.env_rewards), std::make_pair(&out.turns, &r.turns),
+        std::make_pair(&out.tool_calls, &r.tool_calls),
+        std::make_pair(&out.tool_errors, &r.tool_errors),
+        std::make_pair(&out.env_seconds, &r.env_seconds),
+        std::make_pair(&out.env_timed_out, &r.env_timed_out)})
+    if (from->defined()) *to = from->index_select(0, index).contiguous();
+  out.conversations.clear();
   out.prompts.clear();
   out.responses.clear();
   out.labels.clear();
@@ -89,6 +126,8 @@ Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
     out.responses.push_back(r.responses[static_cast<size_t>(i)]);
     out.labels.push_back(r.labels[static_cast<size_t>(i)]);
     if (!r.columns.empty()) out.columns.push_back(r.columns[static_cast<size_t>(i)]);
+    if (!r.conversations.empty())
+      out.conversations.push_back(r.conversations[static_cast<size_t>(i)]);
   }
   return out;
 }
@@ -118,6 +157,15 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
   if (a.scores.defined()) out.scores = torch::cat({a.scores, b.scores});
   if (a.source_scores.defined())
     out.source_scores = torch::cat({a.source_scores, b.source_scores}, 1);
+  for (auto [to, x, y] : {std::make_tuple(&out.env_rewards, &a.env_rewards, &b.env_rewards),
+                          std::make_tuple(&out.turns, &a.turns, &b.turns),
+                          std::make_tuple(&out.tool_calls, &a.tool_calls, &b.tool_calls),
+                          std::make_tuple(&out.tool_errors, &a.tool_errors, &b.tool_errors),
+                          std::make_tuple(&out.env_seconds, &a.env_seconds, &b.env_seconds),
+                          std::make_tuple(&out.env_timed_out, &a.env_timed_out, &b.env_timed_out)})
+    if (x->defined()) *to = torch::cat({*x, *y});
+  out.conversations.insert(out.conversations.end(), b.conversations.begin(), b.conversations.end());
+  out.env_stall_s = a.env_stall_s + b.env_stall_s;
   for (auto [to, from] :
        {std::make_pair(&out.prompts, &b.prompts), std::make_pair(&out.responses, &b.responses),
         std::make_pair(&out.labels, &b.labels)})
@@ -136,6 +184,8 @@ void PpoJob::score_rewards(Rollout& r, const torch::Tensor& model_scores) const 
   }
   const auto got = rewards_->score(r.prompts, r.responses, r.labels, r.columns, model);
   r.scores = torch::tensor(got.total, torch::kFloat64).to(torch::kFloat32);
+  // A trajectory's environment rewards (its turns' sum) add to the reward sources' score.
+  if (r.env_rewards.defined()) r.scores = r.scores + r.env_rewards;
   std::vector<torch::Tensor> rows;
   for (const auto& s : got.sources)
     rows.push_back(torch::tensor(s.scores, torch::kFloat64).to(torch::kFloat32));
@@ -181,8 +231,13 @@ std::string PpoJob::response_text(const Rollout& r, int64_t row) const {
   const int64_t a = r.action_mask.size(1), t = r.sequences.size(1);
   auto mask = r.action_mask.accessor<int64_t, 2>();
   auto seq = r.sequences.accessor<int64_t, 2>();
+  // The last run of action tokens: the model's last turn (its only one when single-turn).
+  int64_t end = a;
+  while (end > 0 && mask[row][end - 1] == 0) --end;
+  int64_t begin = end;
+  while (begin > 0 && mask[row][begin - 1] != 0) --begin;
   std::vector<tokenizer::TokenId> ids;
-  for (int64_t j = 0; j < a && mask[row][j] != 0; ++j) {
+  for (int64_t j = begin; j < end; ++j) {
     const int64_t id = seq[row][t - a + j];
     if (id == eos_id_) break;
     ids.push_back(static_cast<tokenizer::TokenId>(id));

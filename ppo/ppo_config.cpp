@@ -2,6 +2,8 @@
 
 #include <filesystem>
 
+#include "core/errors.h"
+
 namespace rlhf::ppo {
 
 PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) {
@@ -15,6 +17,20 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.top_p = spec.get_float("rollout.top_p");
   c.top_k = spec.get_int("rollout.top_k");
   c.stop_token_ids = spec.at("rollout.stop_token_ids").get<std::vector<int64_t>>();
+  c.max_turns = spec.get_int("rollout.max_turns");
+  // env.* keys come with the environments (envs/); read from the resolved spec so this
+  // builds and runs without them.
+  const auto& resolved = spec.json();
+  if (resolved.contains("env") && resolved.at("env").is_object()) {
+    const auto& env = resolved.at("env");
+    for (const char* key : {"builtin", "python", "url"})
+      if (env.contains(key) && env.at(key).is_string() && !env.at(key).get<std::string>().empty())
+        c.environment = env;
+  }
+  if (c.max_turns > 1 && c.environment.is_null())
+    throw InputError("rollout.max_turns " + std::to_string(c.max_turns) +
+                     " needs an environment to answer the turns: set env.builtin, env.python "
+                     "or env.url");
   c.prompt_max_len = spec.get_int("data.prompt_max_len");
   c.train_batch_size = spec.get_int("train.batch_size");
   c.train_micro_batch_size = spec.get_int("train.micro_batch_size");

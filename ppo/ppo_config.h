@@ -2,6 +2,7 @@
 // its own role config; see engine/role_config.h).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ struct PpoConfig {
   double top_p = 1.0;
   int64_t top_k = -1;
   std::vector<int64_t> stop_token_ids;
+  int64_t max_turns = 1;  // rollout.max_turns: model turns per trajectory
+  // The spec's env object (env.builtin / env.python / env.url and their settings) when it
+  // names an environment; null otherwise (single-turn, no environment).
+  nlohmann::json environment;
   int64_t prompt_max_len = 1024;
   // Training.
   int64_t train_batch_size = 128;

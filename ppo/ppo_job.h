@@ -79,7 +79,8 @@ auto in_parallel(F&& f) {
 struct Rollout {
   torch::Tensor sequences;            // [B, T] prompt (left-padded) + response (right-padded)
   torch::Tensor attention_mask;       // [B, T]
-  torch::Tensor action_mask;          // [B, A] response tokens up to and including EOS
+  torch::Tensor action_mask;          // [B, A] tokens the model sampled (up to and including
+                                      // EOS; an environment's turns between them are 0)
   torch::Tensor behaviour_log_probs;  // [B, A] FP32 log-probs the rollout sampled from
   std::vector<std::string> prompts, responses, labels;  // [B]
   std::vector<nlohmann::json> columns;  // [B] the rows' other columns for Python rewards
@@ -90,6 +91,14 @@ struct Rollout {
   double compute_s = 0;       // rollout workers' generate time on the critical path
   int64_t preempted = 0;      // sequences the rollout evicted and recomputed (paged KV)
   int64_t kv_peak_bytes = 0;  // most KV cache bytes in use on one rollout worker
+  // Multi-turn rollouts (an environment; undefined / empty without one), per trajectory.
+  torch::Tensor env_rewards;                  // [B] FP32 summed, added to the scores
+  torch::Tensor turns;                        // [B] int64 model turns
+  torch::Tensor tool_calls, tool_errors;      // [B] int64
+  torch::Tensor env_timed_out;                // [B] int64: 1 where env.timeout_s ended it
+  torch::Tensor env_seconds;                  // [B] FP32 its turns' waits for the environment
+  std::vector<nlohmann::json> conversations;  // [B] [{"role", "content"}] after the prompt
+  double env_stall_s = 0;  // summed over engines: time no row decoded (all waited)
 };
 
 // Rollout plus what the scorers returned: OpenRLHF's Experience, grouped by meaning.
@@ -176,7 +185,11 @@ class PpoJob {
   void set_old_log_probs(Experience& e, const Rollout& r, const torch::Tensor& current) const;
   // KL, overlong penalty and advantages, once scores, references and values are in.
   void shape_rewards(Experience& e, const Rollout& r, const torch::Tensor& current);
+  // The model's last turn (the whole response when single-turn), EOS and specials dropped:
+  // what the reward sources score.
   std::string response_text(const Rollout& r, int64_t row) const;
+  // The environment's figures of a generate reply into r (multi-turn rollouts).
+  void read_trajectories(Rollout& r, const Message& reply) const;
 
   // Training (training.cpp): train.max_epochs passes in global batches of
   // train.batch_size; returns the averaged figures, "updates" and "compute_s".

@@ -120,6 +120,25 @@ StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, std::optional<Rollout>&
   return o;
 }
 
+// Multi-turn rollouts: turns per trajectory, tool calls and errors in the step, the
+// environment's rewards and time, and the share of response tokens the environment wrote
+// (outside the action mask: no loss on them).
+static json trajectory_metrics(const Rollout& r) {
+  const int64_t A = r.action_mask.size(1);
+  const double response_tokens =
+      r.attention_mask.narrow(1, r.attention_mask.size(1) - A, A).sum().item<double>();
+  const double model_tokens = r.action_mask.sum().item<double>();
+  return {{"turns_mean", r.turns.to(torch::kFloat64).mean().item<double>()},
+          {"tool_calls", r.tool_calls.sum().item<int64_t>()},
+          {"tool_errors", r.tool_errors.sum().item<int64_t>()},
+          {"env_timeouts", r.env_timed_out.sum().item<int64_t>()},
+          {"env_reward_mean", r.env_rewards.to(torch::kFloat64).mean().item<double>()},
+          {"env_time_s", r.env_seconds.to(torch::kFloat64).sum().item<double>()},
+          {"env_stall_s", r.env_stall_s},
+          {"masked_token_share",
+           response_tokens > 0 ? (response_tokens - model_tokens) / response_tokens : 0.0}};
+}
+
 json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, double kl_coef) {
   const Rollout& r = o.r;
   const Experience& e = o.e;
@@ -164,6 +183,7 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
   if (!r.sampling.is_null()) rec.update(r.sampling);
   if (c_.overlong_buffer_len > 0)
     rec["overlong_penalty"] = e.overlong_penalty.mean().item<double>();
+  if (r.turns.defined()) rec.update(trajectory_metrics(r));
   return rec;
 }
 
@@ -175,9 +195,17 @@ void PpoJob::write_samples(int64_t step, const StepOutcome& o, MetricsSink& metr
   json rows = json::array();
   for (int64_t j = 0; j < k; ++j) {
     const auto i = static_cast<size_t>(j * b / k);
-    rows.push_back({{"prompt", r.prompts[i]},
-                    {"response", r.responses[i]},
-                    {"reward", o.e.scores[static_cast<int64_t>(i)].item<double>()}});
+    json row = {{"prompt", r.prompts[i]},
+                {"response", r.responses[i]},
+                {"reward", o.e.scores[static_cast<int64_t>(i)].item<double>()}};
+    if (!r.conversations.empty()) {
+      // The whole conversation: the formatted prompt, then every turn with its role.
+      json turns = json::array({{{"role", "prompt"}, {"content", r.prompts[i]}}});
+      for (const auto& turn : r.conversations[i]) turns.push_back(turn);
+      row["conversation"] = std::move(turns);
+      row["env_reward"] = r.env_rewards[static_cast<int64_t>(i)].item<double>();
+    }
+    rows.push_back(std::move(row));
   }
   metrics.samples(step, rows);
 }

@@ -70,7 +70,7 @@ Generator& Generator::operator=(Generator&&) noexcept = default;
 
 GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
                                      const torch::Tensor& prompt_mask, const SamplingParams& params,
-                                     int64_t first_prompt) {
+                                     int64_t first_prompt, TurnHandler* turns, int64_t max_turns) {
   TORCH_CHECK(prompt_ids.dim() == 2 && prompt_ids.scalar_type() == torch::kInt64 &&
                   prompt_ids.size(0) > 0 && prompt_ids.size(1) > 0,
               "generate: prompt_ids must be int64 [B, P] with B, P > 0, got ",
@@ -91,8 +91,14 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
   const int64_t B = ids.size(0), n = config_.n_samples_per_prompt;
   TORCH_CHECK(first_prompt >= 0, "generate: first_prompt must be >= 0, got ", first_prompt);
   Sampler sampler(params, B * n, first_prompt * n);
+  if (turns && config_.kv_block_size <= 0)
+    throw InputError(
+        "multi-turn rollouts (rollout.max_turns, env.*) need the paged engine: "
+        "rollout.kv_block_size > 0");
+  if (max_turns < 1)
+    throw InputError("rollout.max_turns must be >= 1, got " + std::to_string(max_turns));
   if (config_.kv_block_size > 0) {
-    auto out = generate_paged(ids, mask, sampler, first_prompt * n);
+    auto out = generate_paged(ids, mask, sampler, first_prompt * n, turns, max_turns);
     out.weight_version = weight_version_;
     return out;
   }
@@ -319,6 +325,11 @@ GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int6
     out.timings.decode_tokens += part.timings.decode_tokens;
     out.timings.kv_pool_bytes = std::max(out.timings.kv_pool_bytes, part.timings.kv_pool_bytes);
     out.timings.kv_peak_bytes = std::max(out.timings.kv_peak_bytes, part.timings.kv_peak_bytes);
+  }
+  if (parts[0].turns.defined()) {
+    std::vector<torch::Tensor> turns;
+    for (const auto& part : parts) turns.push_back(part.turns);
+    out.turns = torch::cat(turns);
   }
   return out;
 }

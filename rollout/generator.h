@@ -17,6 +17,8 @@
 
 namespace rlhf::rollout {
 
+class TurnHandler;
+
 // How paged generation runs its decode steps.
 enum class DecodeSteps {
   kAuto,   // a GPU: padded steps replayed as CUDA graphs (decode_graph.h); the CPU: eager
@@ -79,6 +81,11 @@ struct GenerationTimings {
   int64_t cuda_graphs = 0;             // paged decode step shapes captured as CUDA graphs
   double graph_capture_seconds = 0.0;  // capturing them (inside decode_seconds)
   int64_t graph_kernels = 0;           // kernels in the largest decode step's graph
+  // Multi-turn (a TurnHandler): answers prefilled over the cache, and time nothing ran
+  // because every started row waited for its environment.
+  double extend_seconds = 0.0;     // extend forwards (inside decode_seconds)
+  int64_t extended_tokens = 0;     // positions they prefilled
+  double env_stall_seconds = 0.0;  // polls that blocked with no row decoding
 };
 
 // One generate call's result. Row i * n + s is sample s of prompt i (OpenRLHF's order).
@@ -89,9 +96,12 @@ struct GenerationOutput {
   torch::Tensor action_mask;  // [N, R] bool: response tokens up to and including the stop token
   torch::Tensor log_probs;    // [N, R] FP32: log-prob of each response token under the
                             // distribution it was sampled from (sampling_log_probs); 0 off the mask
-  torch::Tensor response_lengths;  // [N] int64: action_mask.sum(1)
-  int64_t prompt_length = 0;       // P
-  int64_t weight_version = 0;      // the weights that produced it
+  torch::Tensor response_lengths;  // [N] int64: response tokens (the environment's included)
+  // Multi-turn (generate with a TurnHandler): the model's turns per row ([N] int64), and the
+  // action mask is 0 on the tokens the handler appended (the environment's turns).
+  torch::Tensor turns;
+  int64_t prompt_length = 0;   // P
+  int64_t weight_version = 0;  // the weights that produced it
   GenerationTimings timings;
   // R is the longest response in the batch (<= max_new_tokens).
 };
@@ -118,8 +128,11 @@ class Generator {
   // of a request: sample s of prompt i draws from stream (params.seed, i * n + s), so the
   // same request and seed give the same output however it is split. Throws InputError for
   // bad parameters.
+  // With `turns` (multi-turn rollouts, rollout/trajectory.h; needs kv_block_size > 0), each
+  // row is a trajectory of up to max_turns model turns within max_new_tokens tokens.
   GenerationOutput generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
-                            const SamplingParams& params, int64_t first_prompt = 0);
+                            const SamplingParams& params, int64_t first_prompt = 0,
+                            TurnHandler* turns = nullptr, int64_t max_turns = 1);
 
   // Paged generation with CUDA graphs keeps its KV pool and decode graphs between calls: each
   // shape is captured once and replayed by every later call, across weight syncs (which copy
@@ -156,7 +169,8 @@ class Generator {
   // The whole request through one paged KV pool with continuous batching
   // (paged_generation.cpp); rows first_row.. of the request.
   GenerationOutput generate_paged(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
-                                  Sampler& sampler, int64_t first_row);
+                                  Sampler& sampler, int64_t first_row, TurnHandler* turns,
+                                  int64_t max_turns);
 
   // The pool and graphs kept between calls (paged_generation.cpp).
   struct PagedEngine;

@@ -65,7 +65,8 @@ int64_t pool_blocks(const GenerationConfig& config, int64_t P, int64_t rows, int
 
 PagedBatcher::PagedBatcher(models::CausalLM& model, models::PagedKvCache& cache, Sampler& sampler,
                            PagedDecoder* decoder, Generator::DecodeState outputs,
-                           std::vector<std::vector<int64_t>> prompts, Limits limits)
+                           std::vector<std::vector<int64_t>> prompts, Limits limits,
+                           TurnHandler* turns)
     : model_(model),
       cache_(cache),
       sampler_(sampler),
@@ -73,7 +74,12 @@ PagedBatcher::PagedBatcher(models::CausalLM& model, models::PagedKvCache& cache,
       out_(std::move(outputs)),
       prompts_(std::move(prompts)),
       limits_(limits),
-      device_(model.device()) {
+      device_(model.device()),
+      turns_(turns) {
+  if (out_.stop_ids.defined()) {  // (tests of admission alone pass no outputs)
+    const auto stops = out_.stop_ids.to(torch::kCPU).contiguous();
+    stop_ids_.assign(stops.data_ptr<int64_t>(), stops.data_ptr<int64_t>() + stops.numel());
+  }
   const auto B = static_cast<int64_t>(prompts_.size());
   const auto i64 = torch::TensorOptions(torch::kInt64).device(device_);
   rows_.resize(static_cast<size_t>(B * limits_.n_samples));
@@ -84,13 +90,21 @@ PagedBatcher::PagedBatcher(models::CausalLM& model, models::PagedKvCache& cache,
 }
 
 void PagedBatcher::run(int64_t check_every) {
+  // Nothing runs and rows wait for their environment: how long each poll may block.
+  constexpr double kIdleWaitSeconds = 0.05;
   int64_t step = 0;
   admit();
-  while (!running_.empty() || !waiting_.empty()) {
+  while (!running_.empty() || !waiting_.empty() || awaiting_ > 0) {
     finish_full_rows();
     if (running_.empty()) {
       admit();
-      TORCH_CHECK(!running_.empty() || waiting_.empty(),
+      if (running_.empty() && awaiting_ > 0) {
+        const auto clock = Clock::now();
+        serve_answers(kIdleWaitSeconds);
+        timings_.env_stall_seconds += seconds_since(clock);
+        admit();
+      }
+      TORCH_CHECK(!running_.empty() || waiting_.empty() || awaiting_ > 0,
                   "paged generation: nothing runs and nothing can be admitted");
       continue;
     }
@@ -100,6 +114,7 @@ void PagedBatcher::run(int64_t check_every) {
     decode_step();
     if (++step % check_every == 0) {
       release_finished();
+      serve_answers(0.0);
       admit();
     }
   }
@@ -114,7 +129,8 @@ int64_t PagedBatcher::held_tokens(const Waiting& w) const {
 
 std::vector<PagedBatcher::Waiting> PagedBatcher::admissible() const {
   std::vector<Waiting> items;
-  int64_t seqs = static_cast<int64_t>(running_.size()), free = cache_.free_blocks();
+  int64_t seqs = static_cast<int64_t>(running_.size()) + held_awaiting();
+  int64_t free = cache_.free_blocks();
   for (const Waiting& w : waiting_) {
     if (static_cast<int64_t>(items.size()) >= limits_.micro_batch_size) break;
     const int64_t count = w.row >= 0 ? 1 : limits_.n_samples;
@@ -236,7 +252,7 @@ void PagedBatcher::finish_full_rows() {
   std::vector<int64_t> keep;
   for (int64_t i = 0; i < static_cast<int64_t>(running_.size()); ++i) {
     if (rows_[running_[i]].sampled >= limits_.max_new_tokens)
-      finish_row(running_[i]);
+      end_row(running_[i]);
     else
       keep.push_back(i);
   }
@@ -252,7 +268,7 @@ void PagedBatcher::reserve_decode_positions() {
       release_finished();
       released = true;
       i = 0;  // positions moved; reservations already made stay
-    } else {
+    } else if (!evict_awaiting()) {
       TORCH_CHECK(running_.size() > 1, "paged generation: one sequence exceeds the pool");
       preempt_last();
     }
@@ -307,7 +323,7 @@ void PagedBatcher::release_finished() {
     if (alive[i])
       keep.push_back(i);
     else
-      finish_row(running_[i]);
+      end_row(running_[i]);
   }
   keep_running(keep);
 }
@@ -335,6 +351,149 @@ void PagedBatcher::finish_row(int64_t row) {
   rows_[row].done = true;
 }
 
+void PagedBatcher::end_row(int64_t row) {
+  if (!turns_) return finish_row(row);
+  RowState& r = rows_[row];
+  // Its real length: on a GPU a row that stopped is fed padding until the next check.
+  const int64_t length = out_.lengths[row].item<int64_t>();
+  r.sampled = length;
+  const auto turn =
+      out_.tokens[row].narrow(0, r.turn_start, length - r.turn_start).to(torch::kCPU).contiguous();
+  const std::vector<int64_t> tokens(turn.data_ptr<int64_t>(),
+                                    turn.data_ptr<int64_t>() + turn.numel());
+  ++r.turns;
+  const bool stopped = !tokens.empty() && std::find(stop_ids_.begin(), stop_ids_.end(),
+                                                    tokens.back()) != stop_ids_.end();
+  if (!stopped) {  // the budget ended it mid-turn: nothing to step
+    finish_row(row);
+    turns_->finish(row);
+    return;
+  }
+  // An answer needs a token of its own and one the model samples after it.
+  const bool last = r.turns >= limits_.max_turns || length + 2 > limits_.max_new_tokens;
+  if (last) {
+    finish_row(row);  // scored by the environment, nothing appended: the blocks can go
+  } else {
+    // The cache holds the prompt and the turn but its stop token (the next feed), without
+    // the padding fed after it.
+    cache_.truncate(r.seq,
+                    static_cast<int64_t>(prompts_[row / limits_.n_samples].size()) + length - 1);
+  }
+  r.awaiting = true;
+  ++awaiting_;
+  turns_->end_turn(row, tokens, last);
+}
+
+void PagedBatcher::serve_answers(double wait_s) {
+  if (!turns_ || awaiting_ == 0) return;
+  std::vector<int64_t> rows, next;
+  std::vector<std::vector<int64_t>> feed;
+  for (TurnHandler::Answer& a : turns_->poll(wait_s)) {
+    RowState& r = rows_[a.row];
+    TORCH_CHECK(r.awaiting, "paged generation: an answer for row ", a.row,
+                ", which waits for none");
+    r.awaiting = false;
+    --awaiting_;
+    if (r.done) continue;  // its last turn: scored, not appended
+    const auto k = static_cast<int64_t>(a.tokens.size());
+    if (a.done || k == 0 || r.sampled + k >= limits_.max_new_tokens) {
+      if (!a.done) turns_->finish(a.row);  // no room for the answer and a model token
+      if (r.seq >= 0) finish_row(a.row);
+      r.done = true;
+      continue;
+    }
+    // The answer's tokens join the output (log-prob 0, outside the action mask).
+    const auto answer = torch::tensor(a.tokens, torch::kInt64).to(device_);
+    out_.tokens[a.row].narrow(0, r.sampled, k).copy_(answer);
+    out_.log_probs[a.row].narrow(0, r.sampled, k).zero_();
+    out_.lengths[a.row].fill_(r.sampled + k);
+    r.env_spans.emplace_back(r.sampled, k);
+    // The cache takes the turn's stop token and the answer but its last token, which the
+    // next decode step feeds (as after a prefill).
+    std::vector<int64_t> f{out_.tokens[a.row][r.sampled - 1].item<int64_t>()};
+    f.insert(f.end(), a.tokens.begin(), a.tokens.end() - 1);
+    r.sampled += k;
+    r.turn_start = r.sampled;
+    if (r.seq < 0) {  // its blocks were taken while it waited: recompute
+      requeue(a.row);
+      continue;
+    }
+    rows.push_back(a.row);
+    feed.push_back(std::move(f));
+    next.push_back(a.tokens.back());
+  }
+  if (!rows.empty()) extend_rows(rows, feed, next);
+}
+
+void PagedBatcher::extend_rows(const std::vector<int64_t>& rows,
+                               const std::vector<std::vector<int64_t>>& feed,
+                               const std::vector<int64_t>& next) {
+  const auto clock = Clock::now();
+  std::vector<int64_t> seqs, kept, kept_next;
+  std::vector<const std::vector<int64_t>*> kept_feed;
+  int64_t T = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    RowState& r = rows_[rows[i]];
+    if (!cache_.reserve(r.seq, static_cast<int64_t>(feed[i].size()))) {
+      cache_.release(r.seq);  // short of blocks: prefill it whole later, as a preempted row
+      r.seq = -1;
+      requeue(rows[i]);
+      continue;
+    }
+    seqs.push_back(r.seq);
+    kept.push_back(rows[i]);
+    kept_next.push_back(next[i]);
+    kept_feed.push_back(&feed[i]);
+    T = std::max<int64_t>(T, static_cast<int64_t>(feed[i].size()));
+  }
+  if (kept.empty()) return;
+  const int64_t b = static_cast<int64_t>(kept.size());
+  auto ids = torch::full({b, T}, limits_.pad_token_id, torch::kInt64);
+  auto mask = torch::zeros({b, T}, torch::kInt64);
+  for (int64_t i = 0; i < b; ++i) {
+    const auto len = static_cast<int64_t>(kept_feed[i]->size());
+    ids[i].narrow(0, 0, len).copy_(torch::tensor(*kept_feed[i], torch::kInt64));
+    mask[i].narrow(0, 0, len).fill_(1);
+  }
+  note_peak();
+  cache_.plan_extend(seqs, mask);
+  model_.forward(ids.to(device_), cache_);  // keys and values only: the next step samples
+  running_.insert(running_.end(), kept.begin(), kept.end());
+  next_ = torch::cat({next_, torch::tensor(kept_next, torch::kInt64).to(device_)});
+  live_ = torch::cat({live_, torch::ones({b}, torch::TensorOptions(torch::kBool).device(device_))});
+  if (device_.is_cuda()) torch::cuda::synchronize();
+  timings_.extend_seconds += seconds_since(clock);
+  timings_.extended_tokens += mask.sum().item<int64_t>();
+}
+
+void PagedBatcher::requeue(int64_t row) {
+  RowState& r = rows_[row];
+  const auto tokens = out_.tokens[row].narrow(0, 0, r.sampled).to(torch::kCPU).contiguous();
+  r.history.assign(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + r.sampled);
+  auto it =
+      std::find_if(waiting_.begin(), waiting_.end(), [](const Waiting& w) { return w.row < 0; });
+  waiting_.insert(it, Waiting{-1, row});
+}
+
+bool PagedBatcher::evict_awaiting() {
+  for (int64_t row = static_cast<int64_t>(rows_.size()) - 1; row >= 0; --row) {
+    RowState& r = rows_[row];
+    if (!r.awaiting || r.seq < 0) continue;
+    cache_.release(r.seq);
+    r.seq = -1;
+    ++timings_.preempted;
+    return true;
+  }
+  return false;
+}
+
+int64_t PagedBatcher::held_awaiting() const {
+  if (awaiting_ == 0) return 0;
+  int64_t held = 0;
+  for (const RowState& r : rows_) held += r.awaiting && r.seq >= 0 ? 1 : 0;
+  return held;
+}
+
 void PagedBatcher::keep_running(const std::vector<int64_t>& keep) {
   if (static_cast<int64_t>(keep.size()) == static_cast<int64_t>(running_.size())) return;
   std::vector<int64_t> kept;
@@ -358,8 +517,10 @@ Generator::PagedEngine& Generator::paged_engine(int64_t num_blocks, int64_t max_
                                                 int64_t max_blocks) {
   auto& e = paged_engine_;
   if (e && e->num_blocks >= num_blocks && e->max_batch >= max_batch &&
-      e->max_blocks >= max_blocks && e->cache->free_blocks() == e->cache->num_blocks())
+      e->max_blocks >= max_blocks && e->cache->free_blocks() == e->cache->num_blocks()) {
+    e->cache->forget_released();
     return *e;
+  }
   // Larger than both the old engine and this call: a request that grows now and then does
   // not recapture at every size.
   auto next = std::make_unique<PagedEngine>();
@@ -379,7 +540,8 @@ Generator::PagedEngine& Generator::paged_engine(int64_t num_blocks, int64_t max_
 
 GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
                                            const torch::Tensor& prompt_mask, Sampler& sampler,
-                                           int64_t first_row) {
+                                           int64_t first_row, TurnHandler* turns,
+                                           int64_t max_turns) {
   torch::NoGradGuard no_grad;
   models::CausalLM& model = *model_;
   const auto device = model.device();
@@ -441,7 +603,8 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   limits.watermark = std::max<int64_t>(1, num_blocks / 100);
   limits.block_bytes = per_block;
   limits.pad_token_id = config_.pad_token_id;
-  PagedBatcher batcher(model, *cache, sampler, decoder, d, std::move(prompts), limits);
+  limits.max_turns = max_turns;
+  PagedBatcher batcher(model, *cache, sampler, decoder, d, std::move(prompts), limits, turns);
 
   auto clock = Clock::now();
   batcher.run(check_every);
@@ -458,6 +621,15 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
 
   auto result = assemble_output(prompt_ids, prompt_mask, n, d.tokens, d.log_probs, d.lengths);
   result.timings = timings;
+  if (turns) {
+    // The environment's tokens: in the sequence and its attention mask, not in the actions.
+    result.turns = torch::zeros({N}, torch::kInt64);
+    for (int64_t row = 0; row < N; ++row) {
+      result.turns[row] = batcher.turns(row);
+      for (const auto& [start, length] : batcher.env_spans(row))
+        result.action_mask[row].narrow(0, start, length).fill_(false);
+    }
+  }
   return result;
 }
 

@@ -12,7 +12,14 @@
 //   prompt and the tokens it had (its sampled tokens stay; the next one continues its
 //   stream), so preemption changes no output;
 // - finished rows leave at the next check of the device (every step on the CPU, every
-//   sync_interval on a GPU) and new prompts join in their place.
+//   sync_interval on a GPU) and new prompts join in their place;
+// - multi-turn (a TurnHandler, rollout/trajectory.h): a row whose turn ended with a stop token
+//   hands the turn to the handler and waits, keeping its blocks, while the others decode; the
+//   handler is polled between decode steps (and waited on when nothing runs), and an answer's
+//   tokens are written into the row's output (action mask 0) and prefilled over its cache
+//   (PagedKvCache::plan_extend: the new tokens only) before the row decodes again. A waiting
+//   row's blocks may be taken when the pool runs dry; it is then recomputed like a preempted
+//   row. Up to max_turns model turns and max_new_tokens tokens (model and environment) a row.
 //
 // Called a batcher, not a scheduler: scheduler/ is the job's orchestration. Does not size
 // the pool or assemble the output (generate_paged does).
@@ -28,6 +35,7 @@
 #include "models/paged_kv_cache.h"
 #include "rollout/generator.h"
 #include "rollout/sampling.h"
+#include "rollout/trajectory.h"
 
 namespace rlhf::rollout {
 
@@ -43,6 +51,7 @@ class PagedBatcher {
     int64_t watermark = 1;         // blocks left free when admitting while others run
     int64_t block_bytes = 0;       // bytes of one block, for the peak
     int64_t pad_token_id = 0;      // left padding of prefill batches
+    int64_t max_turns = 1;         // model turns a row (with a TurnHandler)
   };
   // A waiting item: a whole prompt (its n rows), or one preempted row.
   struct Waiting {
@@ -53,10 +62,12 @@ class PagedBatcher {
   // prompts: each prompt's tokens, no padding (every prompt waits, in order). The batcher
   // samples with `sampler` and writes the rows' tokens, log-probs and lengths into `outputs`
   // (Generator::DecodeState for the request's rows, on the model's device); `decoder`, when
-  // not null, runs the decode steps padded (CUDA graphs on a GPU). All must outlive it.
+  // not null, runs the decode steps padded (CUDA graphs on a GPU); `turns`, when not null,
+  // makes each row a multi-turn trajectory. All must outlive it.
   PagedBatcher(models::CausalLM& model, models::PagedKvCache& cache, Sampler& sampler,
                PagedDecoder* decoder, Generator::DecodeState outputs,
-               std::vector<std::vector<int64_t>> prompts, Limits limits);
+               std::vector<std::vector<int64_t>> prompts, Limits limits,
+               TurnHandler* turns = nullptr);
 
   // Generates every row to its end: admits, decodes one position per running row per step,
   // and every `check_every` steps reads which rows ended, releases them and admits more.
@@ -77,6 +88,12 @@ class PagedBatcher {
   const GenerationTimings& timings() const { return timings_; }
   // Tokens sampled by live rows in decode steps ([] int64 on the model's device).
   const torch::Tensor& decode_tokens() const { return live_tokens_; }
+  // Multi-turn: row `row`'s model turns, and where the handler's tokens sit in its output
+  // ([start, start + length) positions after the prompt).
+  int64_t turns(int64_t row) const { return rows_[row].turns; }
+  const std::vector<std::pair<int64_t, int64_t>>& env_spans(int64_t row) const {
+    return rows_[row].env_spans;
+  }
 
  private:
   // One output row's place in the schedule.
@@ -85,6 +102,11 @@ class PagedBatcher {
     int64_t sampled = 0;           // tokens sampled so far
     bool done = false;             // ended (stop token or max_new_tokens), blocks released
     std::vector<int64_t> history;  // preempted: the tokens it had sampled (host copy)
+    // Multi-turn.
+    int64_t turns = 0;       // model turns ended
+    int64_t turn_start = 0;  // output position where its current model turn began
+    bool awaiting = false;   // its last turn is with the handler (seq >= 0: blocks kept)
+    std::vector<std::pair<int64_t, int64_t>> env_spans;  // [start, length) of answer tokens
   };
 
   // Tokens the item's sequence holds after its prefill.
@@ -115,6 +137,22 @@ class PagedBatcher {
   // Evicts the latest-admitted running row: its blocks go back, it waits to be recomputed.
   void preempt_last();
   void finish_row(int64_t row);
+  // A row stopped (stop token or budget): without a handler it is finished; with one, a turn
+  // that ended with a stop token goes to the handler and the row waits for its answer.
+  void end_row(int64_t row);
+  // Applies the handler's ready answers (waiting up to wait_s for one).
+  void serve_answers(double wait_s);
+  // Appends answer tokens to rows holding their blocks, in one extend forward; rows short of
+  // blocks are recomputed instead (requeue).
+  void extend_rows(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& feed,
+                   const std::vector<int64_t>& next);
+  // Queues `row` to be prefilled again from its output so far (its blocks already released).
+  void requeue(int64_t row);
+  // Releases the blocks of one row waiting for its answer (recomputed when answered); false
+  // when none holds any.
+  bool evict_awaiting();
+  // Rows waiting for an answer that hold their blocks (they count against max_seqs).
+  int64_t held_awaiting() const;
   // Keeps running positions `keep` (host indices into running_), in order.
   void keep_running(const std::vector<int64_t>& keep);
   void note_peak();
@@ -137,6 +175,9 @@ class PagedBatcher {
   torch::Tensor live_;
   torch::Tensor live_tokens_;  // [] int64
   GenerationTimings timings_;
+  TurnHandler* turns_ = nullptr;
+  std::vector<int64_t> stop_ids_;  // host copy of outputs.stop_ids
+  int64_t awaiting_ = 0;           // rows whose turn is with the handler
 };
 
 }  // namespace rlhf::rollout

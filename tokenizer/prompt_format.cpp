@@ -210,6 +210,29 @@ std::string PromptFormatter::format_messages(const std::vector<ChatMessage>& mes
   throw InputError("prompt: a list of messages needs data.apply_chat_template=true");
 }
 
+std::string PromptFormatter::environment_turn(const std::string& role,
+                                              const std::string& content) const {
+  if (role != "tool" && role != "user")
+    throw InputError("environment turn: role must be \"tool\" or \"user\", got \"" + role + "\"");
+  switch (template_) {
+    case ChatTemplate::kChatML:  // chatml(): the model's "<|im_end|>" is followed by "\n"
+      return "\n<|im_start|>" + role + "\n" + content + "<|im_end|>\n<|im_start|>assistant\n";
+    case ChatTemplate::kLlama3:  // llama3(): the model's turn ends with "<|eot_id|>"
+      return "<|start_header_id|>" + role + "<|end_header_id|>\n\n" + strip(content) +
+             "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    case ChatTemplate::kLlama2:
+    case ChatTemplate::kMistral:
+      throw InputError("multi-turn rollouts: the " + chat_template_name(template_) +
+                       " chat template has no tool role and no end-of-turn token before a user "
+                       "turn; use a chatml or llama3 model (data.chat_template)");
+    case ChatTemplate::kAuto:
+      break;
+  }
+  throw InputError(
+      "multi-turn rollouts need a chat template to render the environment's turns: set "
+      "data.apply_chat_template=true (chatml or llama3)");
+}
+
 // Qwen/Qwen2-7B-Instruct tokenizer_config.json chat_template:
 // {% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}
 // {{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}

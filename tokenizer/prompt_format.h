@@ -48,6 +48,22 @@ class PromptFormatter {
   std::string format(const nlohmann::json& prompt) const;
   std::string format_messages(const std::vector<ChatMessage>& messages) const;
 
+  // Multi-turn rollouts (issue 31): the text that follows a model turn which ended with its
+  // end-of-turn token, up to the next assistant header: the environment's turn (`role`
+  // "tool" or "user") with `content`, as the template renders that message, then the
+  // generation prompt. Appended to a conversation `format_messages` rendered (and the model's
+  // turn with its end-of-turn token), it gives exactly what the template renders for the
+  // whole conversation: the tokens the rollout appends are the environment's, every other
+  // token the model's or the prompt's.
+  //   ChatML (Qwen, SmolLM2): "\n<|im_start|>" role "\n" content
+  //   "<|im_end|>\n<|im_start|>assistant\n" Llama-3: "<|start_header_id|>" role
+  //   "<|end_header_id|>\n\n" content.strip() "<|eot_id|>"
+  //            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+  // Throws InputError for the other templates (Llama-2 and Mistral v0.1 have neither a tool
+  // role nor an end-of-turn token the model writes before a user turn), for plain prompts
+  // (no chat template) and for a role other than "tool" or "user".
+  std::string environment_turn(const std::string& role, const std::string& content) const;
+
   // The template in use (kAuto only when apply_chat_template is false).
   ChatTemplate chat_template() const { return template_; }
 

@@ -232,6 +232,74 @@ TEST(PagedKvCache, PrefillForkAndDecodeEqualWholeForwards) {
   }
 }
 
+// Multi-turn rollouts (issue 31) append an environment's turn to a sequence that holds a
+// prefix: plan_extend prefills only the new tokens over the held blocks. Every new token's
+// hidden state equals a whole forward of the full sequence (FP32, 1e-5 relative: only the
+// summation order differs), for two sequences extended by 5 and 2 tokens in one forward
+// (right padding), one of them a fork sharing a partial block (copy-on-write), with and
+// without a sliding window; truncate drops positions and returns their blocks.
+TEST(PagedKvCache, ExtendOverHeldPositionsEqualsWholeForwards) {
+  torch::set_num_threads(1);
+  torch::NoGradGuard no_grad;
+  for (int64_t window : {0, 4}) {
+    auto config = tiny_config();
+    config.sliding_window = window;
+    auto model = std::make_shared<CausalLM>(config);
+    model->eval();
+    const auto a = random_ids(1, 7, 288, 21);
+    std::vector<int64_t> prefix(a.data_ptr<int64_t>(), a.data_ptr<int64_t>() + 7);
+    PagedKvCache cache(model->config(), 12, 3, torch::kFloat32);
+    const int64_t s0 = cache.create();
+    ASSERT_TRUE(cache.reserve(s0, 7));
+    cache.plan_prefill({s0}, torch::ones({1, 7}, torch::kInt64));
+    model->forward(a, cache);
+    const int64_t s1 = cache.fork(s0);
+    // Truncate s0 to 5 positions: its third block (positions 6, 7) goes back... only when no
+    // fork holds it; the fork does, so the pool keeps it.
+    const int64_t before = cache.free_blocks();
+    cache.truncate(s0, 5);
+    EXPECT_EQ(cache.length(s0), 5);
+    EXPECT_EQ(cache.free_blocks(), before);
+    EXPECT_THROW(cache.truncate(s0, 6), c10::Error);
+    const std::vector<std::vector<int64_t>> added = {{11, 12, 13, 14, 15}, {21, 22}};
+    std::vector<std::vector<int64_t>> whole = {{prefix.begin(), prefix.begin() + 5}, prefix};
+    auto ids = torch::zeros({2, 5}, torch::kInt64), mask = torch::zeros({2, 5}, torch::kInt64);
+    const std::vector<int64_t> seqs = {s0, s1};
+    for (int64_t i = 0; i < 2; ++i) {
+      const auto k = static_cast<int64_t>(added[i].size());
+      ASSERT_TRUE(cache.reserve(seqs[i], k));
+      ids[i].narrow(0, 0, k).copy_(torch::tensor(added[i], torch::kInt64));
+      mask[i].narrow(0, 0, k).fill_(1);
+      whole[i].insert(whole[i].end(), added[i].begin(), added[i].end());
+    }
+    cache.plan_extend(seqs, mask);
+    const auto hidden = model->forward(ids, cache);  // [2, 5, H]
+    for (int64_t i = 0; i < 2; ++i) {
+      const auto L = static_cast<int64_t>(whole[i].size());
+      const auto k = static_cast<int64_t>(added[i].size());
+      EXPECT_EQ(cache.length(seqs[i]), L);
+      const auto whole_ids = torch::tensor(whole[i], torch::kInt64).view({1, L});
+      const auto expected = model->forward(whole_ids, torch::ones_like(whole_ids));
+      EXPECT_LT(relative_error(hidden[i].narrow(0, 0, k), expected[0].narrow(0, L - k, k)), 1e-5)
+          << "window " << window << " sequence " << i;
+    }
+    // A decode step after the extension still sees the whole sequence.
+    ASSERT_TRUE(cache.reserve(s0, 1));
+    cache.plan_decode({s0});
+    const auto step = model->forward(torch::tensor({{31}}, torch::kInt64), cache);
+    whole[0].push_back(31);
+    const auto L = static_cast<int64_t>(whole[0].size());
+    const auto whole_ids = torch::tensor(whole[0], torch::kInt64).view({1, L});
+    EXPECT_LT(relative_error(step[0][0],
+                             model->forward(whole_ids, torch::ones_like(whole_ids))[0][L - 1]),
+              1e-5);
+    // Released, then truncated to nothing: every block comes back.
+    cache.release(s1);
+    cache.truncate(s0, 0);
+    EXPECT_EQ(cache.free_blocks(), 12);
+  }
+}
+
 // Qwen3's per-head q/k RMSNorms on every path that computes attention: the KV-cached and
 // the paged decode equal whole forwards, checkpointed gradients equal plain ones, and the
 // norms' weights (random here, not HF's initial ones) get gradients. head_dim 8 is not

@@ -200,6 +200,93 @@ TEST(GroupBaseline, RandomInputsMatchScalarLoop) {
   }
 }
 
+// Multi-turn trajectories (issue 31): the action mask has 0s between turns (the environment's
+// tokens). A mask with interior gaps, and the tensors compacted to the model's tokens only.
+struct Trajectories {
+  torch::Tensor mask;                // [B, A] with gaps
+  std::vector<torch::Tensor> where;  // per row: indices of its model tokens
+};
+
+Trajectories gapped_trajectories() {
+  Trajectories t;
+  t.mask = t2({{1, 1, 0, 0, 1, 1, 1, 0, 1, 0},
+               {1, 0, 0, 0, 1, 1, 0, 0, 0, 0},
+               {1, 1, 1, 1, 1, 1, 0, 0, 0, 0}});
+  for (int64_t b = 0; b < t.mask.size(0); ++b) t.where.push_back(t.mask[b].nonzero().squeeze(1));
+  return t;
+}
+
+// GAE over a trajectory equals GAE over its model tokens alone (veRL's multi-turn
+// compute_gae_advantage_return skips the environment's tokens), and is 0 at the gaps; the
+// same for discounted returns. FP32; 1e-5.
+TEST(Gae, EnvironmentTokensAreSkippedAsIfAbsent) {
+  const Trajectories t = gapped_trajectories();
+  torch::manual_seed(4);
+  const auto values = torch::randn(t.mask.sizes()), rewards = torch::randn(t.mask.sizes());
+  const auto ar = gae(values, rewards, t.mask, 0.9, 0.8);
+  const auto returns = cumulative_returns(rewards, t.mask, 0.7);
+  for (int64_t b = 0; b < t.mask.size(0); ++b) {
+    const auto idx = t.where[b];
+    const auto ones = torch::ones({1, idx.size(0)});
+    const auto compact = gae(values[b].index_select(0, idx).unsqueeze(0),
+                             rewards[b].index_select(0, idx).unsqueeze(0), ones, 0.9, 0.8);
+    expect_near(ar.advantages[b].index_select(0, idx), compact.advantages[0]);
+    expect_near(ar.returns[b].index_select(0, idx), compact.returns[0]);
+    expect_near(returns[b].index_select(0, idx),
+                cumulative_returns(rewards[b].index_select(0, idx).unsqueeze(0), ones, 0.7)[0]);
+  }
+  expect_near(ar.advantages * (1 - t.mask), torch::zeros(t.mask.sizes()));
+  expect_near(returns * (1 - t.mask), torch::zeros(t.mask.sizes()));
+  // GRPO: every model token of a trajectory carries its group-normalised score.
+  AdvantageConfig c;
+  c.estimator = AdvantageEstimator::kGroupNorm;
+  c.n_samples_per_prompt = 3;
+  const auto scores = torch::tensor({1.0f, 0.0f, 0.5f});
+  const auto out = compute_advantages(c, scores, {}, 0.0, {}, t.mask);
+  const auto normed = (scores - scores.mean()) / (scores.std() + 1e-6);
+  expect_near(out.advantages * t.mask, normed.unsqueeze(1) * t.mask, 1e-4);
+}
+
+// The losses ignore the environment's tokens: changing log-probs, old log-probs, values,
+// returns, advantages and entropies there moves no loss, KL or entropy, and gives them no
+// gradient (token and sequence aggregation, GSPO's sequence ratio).
+TEST(PolicyLoss, EnvironmentTokensMoveNoLoss) {
+  const Trajectories t = gapped_trajectories();
+  torch::manual_seed(5);
+  const auto off = 1 - t.mask;
+  const auto lp = torch::randn(t.mask.sizes()) * 0.1 - 1,
+             old = torch::randn(t.mask.sizes()) * 0.1 - 1;
+  const auto adv = torch::randn(t.mask.sizes()), noise = torch::randn(t.mask.sizes()) * 5;
+  for (PolicyRatio ratio : {PolicyRatio::kToken, PolicyRatio::kSequence}) {
+    for (LossAggregation agg : {LossAggregation::kTokenMean, LossAggregation::kSeqMean}) {
+      PolicyLossConfig c;
+      c.ratio = ratio;
+      c.aggregation = agg;
+      const auto base = policy_loss(c, lp, old, adv, t.mask);
+      auto moved_lp = (lp + noise * off).requires_grad_(true);
+      const auto moved =
+          policy_loss(c, moved_lp, old - 0.5 * noise * off, adv + noise * off, t.mask);
+      EXPECT_NEAR(moved.loss.item<double>(), base.loss.item<double>(), kTol);
+      EXPECT_NEAR(moved.approx_kl.item<double>(), base.approx_kl.item<double>(), kTol);
+      moved.loss.backward();
+      EXPECT_EQ((moved_lp.grad() * off).abs().max().item<double>(), 0.0);
+      EXPECT_GT((moved_lp.grad() * t.mask).abs().max().item<double>(), 0.0);
+    }
+  }
+  const auto v = torch::randn(t.mask.sizes()), ret = torch::randn(t.mask.sizes());
+  EXPECT_NEAR(
+      value_loss(v + noise * off, v, ret + noise * off, t.mask, 0.2, LossAggregation::kTokenMean)
+          .item<double>(),
+      value_loss(v, v, ret, t.mask, 0.2, LossAggregation::kTokenMean).item<double>(), kTol);
+  const auto entropy = torch::rand(t.mask.sizes());
+  EXPECT_NEAR(masked_entropy(entropy + noise.abs() * off, t.mask).item<double>(),
+              masked_entropy(entropy, t.mask).item<double>(), kTol);
+  const auto ref = torch::randn(t.mask.sizes()) * 0.1 - 1;
+  const auto kl = approx_kl(lp, ref, KlEstimator::kK3) * t.mask;
+  const auto kl_moved = approx_kl(lp + noise * off, ref, KlEstimator::kK3) * t.mask;
+  EXPECT_NEAR(sequence_mean_kl(kl_moved, t.mask), sequence_mean_kl(kl, t.mask), kTol);
+}
+
 TEST(ComputeAdvantages, GrpoForcesGammaOneAndSkipsWhitening) {
   AdvantageConfig c;
   c.estimator = AdvantageEstimator::kGroupNorm;

@@ -53,6 +53,41 @@ std::string input_error(const std::function<void()>& f) {
   return "(no error)";
 }
 
+// Multi-turn rollouts (issue 31): the environment's turn after a model turn that ended with
+// its end-of-turn token, up to the next assistant header. Appended to the rendered prompt and
+// the model's turn it gives what the template renders for the whole conversation.
+TEST(PromptFormat, EnvironmentTurnCompletesTheTemplatesConversation) {
+  const auto chatml = chat(ChatTemplate::kAuto, kQwen2Template);
+  EXPECT_EQ(chatml.environment_turn("tool", "5"),
+            "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n");
+  const auto llama3 = chat(ChatTemplate::kLlama3);
+  EXPECT_EQ(llama3.environment_turn("user", " Too low. "),
+            "<|start_header_id|>user<|end_header_id|>\n\nToo low.<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  for (const auto* f : {&chatml, &llama3}) {
+    const std::vector<ChatMessage> prompt = {{"user", "2+3?"}};
+    const std::vector<ChatMessage> whole = {{"user", "2+3?"}, {"assistant", "call"}, {"tool", "5"}};
+    const std::string eot = f == &chatml ? "<|im_end|>" : "<|eot_id|>";
+    EXPECT_EQ(f->format_messages(prompt) + "call" + eot + f->environment_turn("tool", "5"),
+              f->format_messages(whole));
+  }
+  EXPECT_NE(
+      input_error([&] { chatml.environment_turn("system", "x"); }).find("\"tool\" or \"user\""),
+      std::string::npos);
+  EXPECT_NE(input_error([] {
+              chat(ChatTemplate::kLlama2).environment_turn("user", "x");
+            }).find("llama2 chat template has no tool role"),
+            std::string::npos);
+  EXPECT_NE(input_error([] {
+              chat(ChatTemplate::kMistral).environment_turn("tool", "x");
+            }).find("mistral"),
+            std::string::npos);
+  EXPECT_NE(input_error([] {
+              chat(ChatTemplate::kAuto, "", false).environment_turn("tool", "x");
+            }).find("data.apply_chat_template=true"),
+            std::string::npos);
+}
+
 TEST(PromptFormat, ChatMLAsQwen2WithDefaultSystemPrompt) {
   const auto f = chat(ChatTemplate::kAuto, kQwen2Template);
   EXPECT_EQ(f.chat_template(), ChatTemplate::kChatML);
