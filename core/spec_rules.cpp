@@ -302,10 +302,13 @@ void check_models_and_data(Validation& v, const std::vector<Role>& used) {
     std::vector<SpecProblem> problems;
     const json sources = reward_source_list(v.resolved, &problems);
     for (const auto& p : problems) v.problem(p.path, p.message);
-    if (sources.empty() && problems.empty())
+    // An environment (env.*) may be the only source: its rewards are summed per trajectory.
+    const bool environment = !str(v, "env.builtin").empty() || !str(v, "env.python").empty() ||
+                             !str(v, "env.url").empty();
+    if (sources.empty() && problems.empty() && !environment)
       v.problem("reward",
                 "a ppo job needs a reward source: reward.model, reward.rule, reward.python, "
-                "reward.remote_url or reward.sources");
+                "reward.remote_url, reward.sources or an environment (env.*)");
     int models = 0;
     for (const auto& src : sources) {
       if (src["kind"] == "model") ++models;

@@ -243,7 +243,9 @@ TEST(MultiTurn, PreemptionEvictionPaddingAndLateChecksChangeNothing) {
     EXPECT_TRUE(torch::equal(got.out.turns, reference.out.turns)) << v.name;
     EXPECT_LT((got.out.log_probs - reference.out.log_probs).abs().max().item<double>(), 1e-5)
         << v.name;
-    if (v.preempts) EXPECT_GT(got.out.timings.preempted, 0) << v.name;
+    if (v.preempts) {
+      EXPECT_GT(got.out.timings.preempted, 0) << v.name;
+    }
     std::cout << v.name << ": " << got.out.timings.preempted << " preempted, "
               << got.out.timings.recomputed_tokens << " recomputed, "
               << got.out.timings.extended_tokens << " extended\n";
