@@ -510,7 +510,8 @@ Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& 
 // (itself as rank 0, rollout rank r as r + 1) at args.store_path over args.backend (nccl or
 // gloo) and sends the buckets by args.path (gloo, nccl or cuda_ipc; default: the backend)
 // of args.bucket_bytes (default 256 MiB); args.tensor_parallel_size (the rollout's) > 1
-// scatters each rollout rank only its slices.
+// scatters each rollout rank only its slices. A LoRA actor sends its merged weights, or with
+// args.lora_sync "adapters" only its adapters (the rollout merges them into its base).
 Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("push_weights: this worker's role is not trained");
   const std::string backend = req.args.value("backend", std::string("gloo"));
@@ -524,15 +525,20 @@ Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& 
   }
   rollout::TrainerWeights trainer_weights(*role.trainer);
   rollout::MergedLoraWeights merged(*role.trainer, role.config.lora.scale());
-  rollout::WeightSource& source =
-      role.config.uses_lora() ? static_cast<rollout::WeightSource&>(merged) : trainer_weights;
+  rollout::LoraAdapterWeights adapters(*role.trainer, role.config.lora.scale());
+  rollout::WeightSource* source = &trainer_weights;
+  if (role.config.uses_lora())
+    source = rollout::parse_lora_sync(req.args.value("lora_sync", std::string("merged"))) ==
+                     rollout::LoraSync::kAdapters
+                 ? static_cast<rollout::WeightSource*>(&adapters)
+                 : &merged;
   rollout::SyncOptions options;
   options.wire_dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
   options.bucket_bytes = req.args.value("bucket_bytes", options.bucket_bytes);
   options.path = rollout::parse_sync_path(req.args.value("path", backend));
   options.device = role.device;
   options.tensor_parallel_size = req.args.value("tensor_parallel_size", 1);
-  auto stats = rollout::send_weights(source, self.rank == 0 ? role.sync_group.get() : nullptr,
+  auto stats = rollout::send_weights(*source, self.rank == 0 ? role.sync_group.get() : nullptr,
                                      ++role.weight_version, options);
   Message reply;
   reply.args = stats.to_json();

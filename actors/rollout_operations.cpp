@@ -30,6 +30,7 @@ struct RolloutState {
   std::unique_ptr<rollout::Generator> generator;
   std::unique_ptr<transport::CollectiveGroup> sync_group;
   engine::HostOffload asleep;  // the model's weights while in host memory (sleep)
+  rollout::LoraMerge lora;     // the base copies when a LoRA actor sends only its adapters
   // Multi-turn rollouts (load_model's "env"): the environment (TP rank 0 only), the tokenizer
   // and chat template that render its turns, and the turns a trajectory may take.
   bool multi_turn = false;
@@ -314,7 +315,8 @@ Message generate(RolloutState& state, const Message& request) {
 // tensors through the host, or only signals when the buckets come through CUDA IPC),
 // optional "sync_rank" / "sync_size" (default: role rank + 1 of role size + 1; the actor is
 // rank 0). The first call joins the group; every call receives one sync (bucket size and
-// path as the actor's header says) and replies WeightSyncStats::to_json().
+// path as the actor's header says; LoRA adapters are merged into the base this worker
+// loaded, see rollout::LoraMerge) and replies WeightSyncStats::to_json().
 Message sync_weights(RolloutState& state, const Message& request, const WorkerIdentity& self) {
   auto& generator = awake(state, "sync_weights");
   if (!state.sync_group) {
@@ -326,7 +328,7 @@ Message sync_weights(RolloutState& state, const Message& request, const WorkerId
         transport::collective_backend(request.args.value("backend", std::string("gloo")));
     state.sync_group = transport::make_collective_group(config);
   }
-  const auto stats = rollout::receive_weights(generator.model(), *state.sync_group);
+  const auto stats = rollout::receive_weights(generator.model(), *state.sync_group, &state.lora);
   generator.set_weight_version(stats.version);
   Message reply;
   reply.args = stats.to_json();

@@ -707,10 +707,15 @@ void check_lora(Validation& v) {
                 "LoRA on a value-head role (" + role + ") is not supported yet: only on the actor");
       continue;
     }
-    if (kind == "ppo" && num(v, "rollout.tensor_parallel_size") > 1) {
-      v.problem(key, "LoRA with rollout.tensor_parallel_size > 1 is not supported yet");
-      continue;
-    }
+    // The adapters-only sync merges into the rollout's own base: it must be the actor's.
+    if (kind == "ppo" && v.ok({"rollout.lora_sync", "rollout.model", "actor.model"}) &&
+        str(v, "rollout.lora_sync") == "adapters" &&
+        std::filesystem::weakly_canonical(str(v, "rollout.model")) !=
+            std::filesystem::weakly_canonical(str(v, "actor.model")))
+      v.problem("rollout.lora_sync",
+                "adapters needs the rollout to hold the actor's base (rollout.model " +
+                    str(v, "rollout.model") + " is not actor.model " + str(v, "actor.model") +
+                    "); set rollout.lora_sync merged");
     for (const std::string& name : split_names(str(v, p + "target_modules")))
       if (std::find(known.begin(), known.end(), name) == known.end())
         v.problem(p + "target_modules", "\"" + name +

@@ -479,6 +479,13 @@ std::vector<KeySpec> build_table() {
            "CUDA IPC when the rollout shares the actor's GPU, NCCL when both have GPUs of their "
            "own, else Gloo; no rank holds more than one layer and one bucket beyond its model.",
            true);
+  t.choice("rollout.lora_sync", "adapters", {"adapters", "merged"},
+           "How a LoRA actor (actor.lora.rank > 0) syncs the rollout: `adapters` sends only "
+           "the lora_A / lora_B tensors (a few MB) and each rollout worker merges them into "
+           "the base it loaded, W = base + scale B A from a host copy of the base (needs "
+           "rollout.model = actor.model); `merged` sends W + scale B A for the whole model, "
+           "computed one layer at a time on the actor. Both give the rollout the same weights "
+           "bit for bit; bench/RESULTS.md (issue 30.3) has the timings.");
   t.boolean("rollout.offload_while_training", true,
             "With rollout.colocate_with actor on cuda nodes (vLLM's sleep mode, level 1): the "
             "rollout's weights move to pinned host memory after generating and come back "

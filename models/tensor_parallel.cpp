@@ -44,6 +44,14 @@ ModelConfig tensor_parallel_shard_config(const ModelConfig& config, int tp_size)
 }
 
 int tensor_parallel_dim(const std::string& name) {
+  // LoRA adapters (the rollout's adapters-only sync, issue 30.3): W + s B A keeps W's split
+  // when a column-parallel layer splits B's rows (B [out, r]) and a row-parallel layer A's
+  // columns (A [r, in]); the other factor is whole on every rank.
+  if (contains(name, ".lora_B.") || contains(name, ".lora_A.")) {
+    const bool row = contains(name, "o_proj.") || contains(name, "down_proj.");
+    if (contains(name, ".lora_A.")) return row ? 1 : -1;
+    return row ? -1 : 0;
+  }
   if (contains(name, "o_proj.weight") || contains(name, "down_proj.weight")) return 1;
   if (contains(name, "q_proj.") || contains(name, "k_proj.") || contains(name, "v_proj.") ||
       contains(name, "gate_proj.") || contains(name, "up_proj."))

@@ -48,13 +48,15 @@ double PpoJob::sync_weights(Scheduler& s) {
   });
   const auto bucket_bytes = static_cast<int64_t>(spec_.get_float("rollout.sync_bucket_mb") *
                                                  static_cast<double>(1 << 20));
-  auto pushed = s.group(Role::kActor)
-                    .call_all("push_weights", {{"store_path", store},
-                                               {"sync_size", rollout.size() + 1},
-                                               {"backend", sync_route_.backend},
-                                               {"path", sync_route_.path},
-                                               {"bucket_bytes", bucket_bytes},
-                                               {"tensor_parallel_size", c_.tensor_parallel_size}});
+  auto pushed =
+      s.group(Role::kActor)
+          .call_all("push_weights", {{"store_path", store},
+                                     {"sync_size", rollout.size() + 1},
+                                     {"backend", sync_route_.backend},
+                                     {"path", sync_route_.path},
+                                     {"bucket_bytes", bucket_bytes},
+                                     {"tensor_parallel_size", c_.tensor_parallel_size},
+                                     {"lora_sync", spec_.get_string("rollout.lora_sync")}});
   const auto received = receive.get();
   const json& a = pushed.at(0).args;
   const double seconds = a.value("seconds", 0.0);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@ enum HeaderField : int64_t {
   kBucketNumel,     // elements of wire dtype per bucket
   kPath,            // SyncPath
   kTensorParallel,  // the rollout's TP size: each rank receives only its slices
+  kContent,         // SyncContent
+  kLoraScale,       // kLoraAdapters: the scale s as the bits of a double
+  kManifestBytes,   // kLoraAdapters: the layout's JSON, broadcast after the header
   kHeaderSize
 };
 
@@ -69,6 +73,53 @@ bool all_ok(transport::CollectiveGroup& group, bool ok) {
       torch::tensor({static_cast<int64_t>(ok ? 0 : 1)}, torch::kInt64).to(control_device(group));
   group.all_reduce(flag, transport::ReduceOp::kMax);
   return flag.item<int64_t>() == 0;
+}
+
+int64_t double_bits(double x) {
+  int64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
+double bits_double(int64_t bits) {
+  double x = 0;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// An adapter layout as JSON text: [[[name, [d0, d1]], ...] per unit]. The adapters path's
+// receiver builds its buffers from it (the rollout model has no adapters of its own).
+std::string manifest_of(const std::vector<std::vector<TensorSpec>>& layout) {
+  nlohmann::json units = nlohmann::json::array();
+  for (const auto& unit : layout) {
+    nlohmann::json specs = nlohmann::json::array();
+    for (const auto& spec : unit) specs.push_back({spec.name, spec.shape});
+    units.push_back(std::move(specs));
+  }
+  return units.dump();
+}
+
+// Throws nlohmann::json::exception on malformed text.
+std::vector<std::vector<TensorSpec>> parse_manifest(const std::string& text) {
+  std::vector<std::vector<TensorSpec>> layout;
+  for (const auto& unit : nlohmann::json::parse(text)) {
+    std::vector<TensorSpec> specs;
+    for (const auto& spec : unit)
+      specs.push_back({spec.at(0).get<std::string>(), spec.at(1).get<std::vector<int64_t>>()});
+    layout.push_back(std::move(specs));
+  }
+  return layout;
+}
+
+// The root's `text` (n bytes, n known to all from the header) to every rank.
+std::string broadcast_text(transport::CollectiveGroup& group, const std::string& text, int64_t n) {
+  auto bytes = torch::zeros({n}, torch::kUInt8);
+  if (group.rank() == 0) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+  bytes = bytes.to(control_device(group));
+  group.broadcast(bytes, 0);
+  bytes = bytes.to(torch::kCPU);
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()),
+                     static_cast<size_t>(n));
 }
 
 }  // namespace
@@ -181,6 +232,139 @@ NamedTensors MergedLoraWeights::acquire(int64_t unit) {
 void MergedLoraWeights::release(int64_t unit) {
   held_.clear();
   inner_.release(unit);
+}
+
+std::vector<std::vector<TensorSpec>> LoraAdapterWeights::layout() {
+  auto layout = inner_.layout();
+  for (auto& unit : layout)
+    unit.erase(std::remove_if(unit.begin(), unit.end(),
+                              [](const TensorSpec& s) { return !is_adapter(s.name); }),
+               unit.end());
+  return layout;
+}
+
+NamedTensors LoraAdapterWeights::acquire(int64_t unit) {
+  NamedTensors out;
+  for (auto& [name, tensor] : inner_.acquire(unit))
+    if (is_adapter(name)) out.emplace_back(name, tensor);
+  return out;
+}
+
+const char* lora_sync_name(LoraSync mode) {
+  return mode == LoraSync::kAdapters ? "adapters" : "merged";
+}
+
+LoraSync parse_lora_sync(const std::string& name) {
+  if (name == "merged") return LoraSync::kMerged;
+  if (name == "adapters") return LoraSync::kAdapters;
+  throw InputError("rollout.lora_sync \"" + name + "\": expected merged or adapters");
+}
+
+namespace {
+
+// "<module>.lora_A.weight" -> (module, true); B -> (module, false); else ("", false).
+std::pair<std::string, bool> adapter_of(const std::string& name) {
+  for (const bool a : {true, false}) {
+    const std::string tail = a ? ".lora_A.weight" : ".lora_B.weight";
+    if (name.size() > tail.size() &&
+        name.compare(name.size() - tail.size(), tail.size(), tail) == 0)
+      return {name.substr(0, name.size() - tail.size()), a};
+  }
+  return {"", false};
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+std::string LoraMerge::prepare(models::CausalLM& model,
+                               const std::vector<std::vector<TensorSpec>>& layout, double scale) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, std::pair<torch::Tensor, std::vector<int64_t>>> weights;  // full shapes
+  for (const auto& unit : model.param_units())
+    for (size_t i = 0; i < unit.params.size(); ++i)
+      weights[unit.params[i].first] = {unit.params[i].second, unit.shapes.at(i)};
+  const int tp = model.tensor_parallel().size;
+  std::vector<models::ParamUnit> units;
+  std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> adapters;
+  for (const auto& specs : layout) {
+    models::ParamUnit unit;
+    for (const auto& spec : specs) {
+      const auto [module, is_a] = adapter_of(spec.name);
+      auto w = weights.find(module + ".weight");
+      if (module.empty() || w == weights.end())
+        return spec.name + " is not a LoRA adapter of a linear map of this model";
+      const auto& full = w->second.second;  // [out, in]
+      const int64_t r = spec.shape.size() == 2 ? spec.shape[is_a ? 0 : 1] : -1;
+      const std::vector<int64_t> want =
+          is_a ? std::vector<int64_t>{r, full.at(1)} : std::vector<int64_t>{full.at(0), r};
+      if (r <= 0 || spec.shape != want)
+        return spec.name + " has shape " + shape_text(spec.shape) + ", this model's " + module +
+               ".weight " + shape_text(full) + " needs " + shape_text(want);
+      auto& buffer = is_a ? adapters[module].first : adapters[module].second;
+      const auto shape = models::tensor_parallel_shape(spec.name, spec.shape, tp);
+      auto old = adapters_.find(module);  // reuse last sync's buffer
+      const auto& previous = old == adapters_.end() ? torch::Tensor()
+                             : is_a                 ? old->second.first
+                                                    : old->second.second;
+      buffer =
+          previous.defined() && previous.sizes() == c10::IntArrayRef(shape)
+              ? previous
+              : torch::zeros(
+                    shape, torch::TensorOptions(torch::kFloat32).device(w->second.first.device()));
+      unit.params.emplace_back(spec.name, buffer);
+      unit.shapes.push_back(spec.shape);
+    }
+    units.push_back(std::move(unit));
+  }
+  for (const auto& [module, ab] : adapters) {
+    if (!ab.first.defined() || !ab.second.defined())
+      return module + " has only one of lora_A / lora_B";
+    if (base_.count(module)) continue;
+    if (!model_is_base_)
+      return "the rollout's weights were replaced by a full-weights sync, so " + module +
+             ".weight is no longer the base the adapters apply to";
+    const auto& w = weights.at(module + ".weight").first;
+    auto copy = w.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    base_[module] = w.is_cuda() ? copy.pin_memory() : copy;
+  }
+  units_ = std::move(units);
+  adapters_ = std::move(adapters);
+  scale_ = scale;
+  return "";
+}
+
+void LoraMerge::merge(models::CausalLM& model) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& unit : model.param_units())
+    for (const auto& [name, param] : unit.params) weights[name] = param;
+  for (const auto& [module, ab] : adapters_) {
+    auto& w = weights.at(module + ".weight");
+    const auto& [a, b] = ab;
+    // PEFT's merge as MergedLoraWeights computes it: W + (B @ A) * scaling, in FP32, from
+    // the pristine base; then W's dtype.
+    auto merged = base_.at(module).to(w.device(), torch::kFloat32, /*non_blocking=*/true) +
+                  torch::matmul(b, a) * scale_;
+    w.copy_(merged.to(w.scalar_type()));
+  }
+}
+
+void LoraMerge::forget() {
+  model_is_base_ = false;
+  base_.clear();
+  adapters_.clear();
+  units_.clear();
+}
+
+int64_t LoraMerge::base_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [module, t] : base_) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  return bytes;
 }
 
 namespace {
@@ -421,12 +605,17 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
   // At TP > 1 the root fills one bucket per TP rank, bucket_bytes together (plus a scratch
   // bucket its own scatter slot lands in).
   const int64_t capacity = bucket_numel(options.bucket_bytes / tp, options.wire_dtype, total);
+  const bool adapters = source.content() == SyncContent::kLoraAdapters;
+  const std::string manifest = adapters ? manifest_of(layout) : "";
   auto header =
       torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(options.wire_dtype),
-                     capacity, static_cast<int64_t>(options.path), static_cast<int64_t>(tp)},
+                     capacity, static_cast<int64_t>(options.path), static_cast<int64_t>(tp),
+                     static_cast<int64_t>(source.content()), double_bits(source.lora_scale()),
+                     static_cast<int64_t>(manifest.size())},
                     torch::kInt64)
           .to(control_device(*group));
   group->broadcast(header, 0);
+  if (adapters) broadcast_text(*group, manifest, static_cast<int64_t>(manifest.size()));
   // The receivers learn of a refused sync through all_ok: nobody waits for buckets.
   if (!all_ok(*group, tp_ok) || !tp_ok) {
     if (!tp_ok)
@@ -438,7 +627,9 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
                        std::to_string(group->size() - 1) + " ranks, path " +
                        sync_path_name(options.path) + "); nothing was sent");
     throw RuntimeError("weight sync v" + std::to_string(version) +
-                       ": a rollout rank's model layout differs from the actor's (see its log); "
+                       (adapters ? ": a rollout rank cannot take the LoRA adapters (see its log); "
+                                 : ": a rollout rank's model layout differs from the actor's "
+                                   "(see its log); ") +
                        "nothing was sent");
   }
   std::unique_ptr<BucketTransport> transport;
@@ -493,44 +684,14 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
   return stats;
 }
 
-WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGroup& group) {
-  torch::NoGradGuard no_grad;
-  const auto start = Clock::now();
-  TORCH_CHECK(group.rank() > 0, "receive_weights: rank 0 of the sync group is the sender");
-  auto units = model.param_units();
-  const auto layout = layout_of_units(units);
-  const int64_t mine = layout_hash(layout);
-  auto header = torch::zeros({kHeaderSize},
-                             torch::TensorOptions(torch::kInt64).device(control_device(group)));
-  group.broadcast(header, 0);
-  header = header.to(torch::kCPU);
-  const auto* h = header.data_ptr<int64_t>();
-  const bool ok = h[kUnits] == static_cast<int64_t>(units.size()) && h[kLayoutHash] == mine;
-  const auto& tp = model.tensor_parallel();
-  const bool tp_ok =
-      h[kTensorParallel] == tp.size && (group.rank() - 1) % std::max(tp.size, 1) == tp.rank;
-  const std::string sync = "weight sync v" + std::to_string(h[kVersion]) + " on sync rank " +
-                           std::to_string(group.rank());
-  if (!all_ok(group, ok && tp_ok) || !ok || !tp_ok) {
-    if (!tp_ok)
-      throw RuntimeError(
-          sync + ": the actor sends tensor-parallel slices for " +
-          std::to_string(h[kTensorParallel]) +
-          " ranks (sync rank g gets TP rank (g - 1) % that), this model is TP rank " +
-          std::to_string(tp.rank) + " of " + std::to_string(tp.size));
-    throw RuntimeError(sync + ": the actor's layout (" + std::to_string(h[kUnits]) +
-                       " units, hash " + std::to_string(h[kLayoutHash]) +
-                       ") differs from this model's (" + std::to_string(units.size()) +
-                       " units, hash " + std::to_string(mine) +
-                       "), or another rank refused the sync (see the actor's log)");
-  }
-  const auto wire = static_cast<torch::Dtype>(h[kWireDtype]);
-  const int64_t capacity = h[kBucketNumel];
-  WeightSyncStats stats;
-  stats.version = h[kVersion];
-  stats.path = static_cast<SyncPath>(h[kPath]);
-  std::unique_ptr<BucketTransport> transport;
-  if (stats.path == SyncPath::kCudaIpc) {
+namespace {
+
+// The receiver's transport for the header's path (after every rank agreed to take it).
+std::unique_ptr<BucketTransport> receiver_transport(models::CausalLM& model,
+                                                    transport::CollectiveGroup& group,
+                                                    SyncPath path, int64_t capacity,
+                                                    torch::Dtype wire, const std::string& sync) {
+  if (path == SyncPath::kCudaIpc) {
     std::string error;
     if (!model.device().is_cuda()) {
       error = "the model is on " + model.device().str() + ", not on the actor's GPU";
@@ -540,12 +701,17 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
     if (!all_ok(group, error.empty()) || !error.empty())
       throw RuntimeError(sync + ": cannot take the actor's buckets through CUDA IPC: " +
                          (error.empty() ? "another rollout rank cannot (see its log)" : error));
-    transport = std::move(ipc);
-  } else if (tp.enabled()) {
-    transport = std::make_unique<ScatterBuckets>(group, tp.size, capacity, wire, model.device());
-  } else {
-    transport = std::make_unique<BroadcastBuckets>(group, capacity, wire, model.device());
+    return ipc;
   }
+  const auto& tp = model.tensor_parallel();
+  if (tp.enabled())
+    return std::make_unique<ScatterBuckets>(group, tp.size, capacity, wire, model.device());
+  return std::make_unique<BroadcastBuckets>(group, capacity, wire, model.device());
+}
+
+// Fills `units`' tensors in place from the buckets, in the order both sides walk.
+void receive_buckets(std::vector<models::ParamUnit>& units, BucketTransport& transport,
+                     int64_t capacity, WeightSyncStats& stats) {
   // Pieces of the bucket being filled: where each goes in its parameter.
   struct Piece {
     torch::Tensor param_flat;  // [numel] the parameter's storage, flat
@@ -554,12 +720,12 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
   std::vector<Piece> pending;
   BucketCursor cursor(capacity);
   auto apply = [&](int64_t n) {
-    transport->move(n);
-    torch::Tensor bucket = transport->buffer();
+    transport.move(n);
+    torch::Tensor bucket = transport.buffer();
     for (const auto& p : pending)
       p.param_flat.narrow(0, p.from, p.n).copy_(bucket.narrow(0, p.at, p.n));  // converts dtype
     pending.clear();
-    transport->consumed();
+    transport.consumed();
     stats.bytes += n * static_cast<int64_t>(bucket.element_size());
     ++stats.buckets;
   };
@@ -580,7 +746,73 @@ WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGr
     stats.tensors += static_cast<int64_t>(params.size());
   }
   cursor.finish(apply);
-  transport->finish();
+  transport.finish();
+}
+
+}  // namespace
+
+WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGroup& group,
+                                LoraMerge* lora) {
+  torch::NoGradGuard no_grad;
+  const auto start = Clock::now();
+  TORCH_CHECK(group.rank() > 0, "receive_weights: rank 0 of the sync group is the sender");
+  auto header = torch::zeros({kHeaderSize},
+                             torch::TensorOptions(torch::kInt64).device(control_device(group)));
+  group.broadcast(header, 0);
+  header = header.to(torch::kCPU);
+  const auto* h = header.data_ptr<int64_t>();
+  const std::string sync = "weight sync v" + std::to_string(h[kVersion]) + " on sync rank " +
+                           std::to_string(group.rank());
+  // What this rank fills: the model's parameters, or LoRA adapter buffers merged afterwards.
+  const bool adapters = h[kContent] == static_cast<int64_t>(SyncContent::kLoraAdapters);
+  std::string refused;  // why this rank cannot take the adapters
+  std::vector<models::ParamUnit> units;
+  if (adapters) {
+    const std::string manifest = broadcast_text(group, "", h[kManifestBytes]);
+    if (!lora) {
+      refused =
+          "the actor sends LoRA adapters (rollout.lora_sync adapters) and this rollout "
+          "worker does not merge them";
+    } else {
+      try {
+        refused = lora->prepare(model, parse_manifest(manifest), bits_double(h[kLoraScale]));
+      } catch (const nlohmann::json::exception& e) {
+        refused = std::string("the actor's adapter layout is not valid JSON: ") + e.what();
+      }
+    }
+    if (refused.empty()) units = lora->units();
+  } else {
+    if (lora) lora->forget();
+    units = model.param_units();
+  }
+  const int64_t mine = layout_hash(layout_of_units(units));
+  const bool ok =
+      refused.empty() && h[kUnits] == static_cast<int64_t>(units.size()) && h[kLayoutHash] == mine;
+  const auto& tp = model.tensor_parallel();
+  const bool tp_ok =
+      h[kTensorParallel] == tp.size && (group.rank() - 1) % std::max(tp.size, 1) == tp.rank;
+  if (!all_ok(group, ok && tp_ok) || !ok || !tp_ok) {
+    if (!tp_ok)
+      throw RuntimeError(
+          sync + ": the actor sends tensor-parallel slices for " +
+          std::to_string(h[kTensorParallel]) +
+          " ranks (sync rank g gets TP rank (g - 1) % that), this model is TP rank " +
+          std::to_string(tp.rank) + " of " + std::to_string(tp.size));
+    if (!refused.empty()) throw RuntimeError(sync + ": cannot take the LoRA adapters: " + refused);
+    throw RuntimeError(sync + ": the actor's layout (" + std::to_string(h[kUnits]) +
+                       " units, hash " + std::to_string(h[kLayoutHash]) +
+                       ") differs from this model's (" + std::to_string(units.size()) +
+                       " units, hash " + std::to_string(mine) +
+                       "), or another rank refused the sync (see the actor's log)");
+  }
+  const int64_t capacity = h[kBucketNumel];
+  WeightSyncStats stats;
+  stats.version = h[kVersion];
+  stats.path = static_cast<SyncPath>(h[kPath]);
+  auto transport = receiver_transport(model, group, stats.path, capacity,
+                                      static_cast<torch::Dtype>(h[kWireDtype]), sync);
+  receive_buckets(units, *transport, capacity, stats);
+  if (adapters) lora->merge(model);
   stats.seconds = seconds_since(start);
   return stats;
 }

@@ -5,7 +5,9 @@
 // the group (Gloo or NCCL), or through a CUDA IPC buffer when every receiver is on the
 // sender's GPU. For a tensor-parallel rollout the root fills one bucket per TP rank with
 // that rank's slices and scatters them, so each rollout rank receives only what it holds.
-// No rank holds more than one gathered unit and one bucket beyond its model.
+// No rank holds more than one gathered unit and one bucket beyond its model. A LoRA actor
+// sends either the merged weights or only its adapters (LoraAdapterWeights), which the
+// rollout merges into the base it holds (LoraMerge).
 // Receivers unpack into their model's parameters in place. Does not create the group
 // (transport/) or decide when to sync or by which path (the driver does).
 #pragma once
@@ -13,6 +15,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -35,10 +38,16 @@ struct TensorSpec {
   std::vector<int64_t> shape;  // full (unsharded) shape
 };
 
+// What a sync carries: the rollout's weights themselves, or a LoRA actor's adapters, which
+// the rollout merges into the base weights it loaded (LoraMerge).
+enum class SyncContent : int64_t { kWeights = 0, kLoraAdapters = 1 };
+
 // Where the sender's weights come from, one unit at a time.
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
+  virtual SyncContent content() const { return SyncContent::kWeights; }
+  virtual double lora_scale() const { return 0.0; }  // kLoraAdapters: s in W + s B A
   // Per unit, its tensors (any order: both sides sort by name).
   virtual std::vector<std::vector<TensorSpec>> layout() = 0;
   // Unit `unit`'s full tensors by name, valid until release(unit). For a sharded trainer
@@ -90,6 +99,74 @@ class MergedLoraWeights final : public WeightSource {
   NamedTensors held_;  // the merged tensors of the acquired unit
 };
 
+// A LoRA trainer's adapters only (issue 30.3, its second path: rollout.lora_sync adapters):
+// every lora_A / lora_B tensor in the trainer's compute dtype, a few MB where the merged path
+// sends the whole model. The rollout must hold the same base (it loaded the same file) and
+// merges them on receipt (LoraMerge). Units without adapters stay in the layout, empty.
+class LoraAdapterWeights final : public WeightSource {
+ public:
+  LoraAdapterWeights(engine::Trainer& trainer, double scale) : inner_(trainer), scale_(scale) {}
+  std::vector<std::vector<TensorSpec>> layout() override;
+  NamedTensors acquire(int64_t unit) override;
+  void release(int64_t unit) override { inner_.release(unit); }
+  SyncContent content() const override { return SyncContent::kLoraAdapters; }
+  double lora_scale() const override { return scale_; }
+
+ private:
+  TrainerWeights inner_;
+  double scale_;  // alpha / r (or alpha / sqrt r)
+};
+
+// rollout.lora_sync: how a LoRA actor's weights reach the rollout.
+enum class LoraSync {
+  kMerged,    // MergedLoraWeights: W + s B A, the whole model's bytes
+  kAdapters,  // LoraAdapterWeights + LoraMerge on the rollout: the adapters' bytes
+};
+const char* lora_sync_name(LoraSync mode);          // "merged", "adapters"
+LoraSync parse_lora_sync(const std::string& name);  // InputError naming the choices
+
+// The rollout's side of the adapters path. How the rollout applies the adapters: it merges
+// them into its weights on receipt, W = base + s B A computed in FP32 from a pristine copy of
+// each adapted base weight and then cast to W's dtype, the very formula and rounding of the
+// actor's MergedLoraWeights, so the rollout's weights are bit for bit those of the merged
+// path (rollout_logprob_diff as today) and never drift: every sync starts again from the
+// copy, never from the last merged (rounded) W. The alternatives, and why not:
+//  - an unmerged forward (the adapters as generation state, y = W x + s B (A x)): its
+//    weights are not the merged path's, so rollout_logprob_diff would change; every paged,
+//    fused or CUDA-graph decode path would have to carry the adapter term, and on a GPU it
+//    adds four kernels per linear to each decode step (on the CPU it measured no slower:
+//    bench_sync --lora, bench/RESULTS.md issue 30.3);
+//  - merging in place and subtracting s B A again before the next merge: in BF16,
+//    bf16(bf16(W + d) - d) != W, so the weights would drift a little every step.
+// The copy costs host memory, not device memory: it lives on the CPU (pinned when the model
+// is on a GPU) and each sync reads it once, per adapted weight, to the device. Before the
+// first adapters sync the model's adapted weights must still be the base's; a full-weights
+// sync makes them unknown (forget), after which adapters are refused.
+class LoraMerge {
+ public:
+  // Checks an adapter layout (lora_A [r, in] / lora_B [out, r] per adapted linear, full
+  // shapes, by unit) against `model` (a TP shard takes its slices), makes the receive
+  // buffers (FP32, the model's device) and copies the base of any adapted weight not copied
+  // yet. Returns "" or why this rank cannot take the adapters.
+  std::string prepare(models::CausalLM& model, const std::vector<std::vector<TensorSpec>>& layout,
+                      double scale);
+  // The receive buffers, by unit, as prepare's layout (full shapes).
+  std::vector<models::ParamUnit>& units() { return units_; }
+  // W = base + scale B A for every adapter of the last prepare, in place.
+  void merge(models::CausalLM& model);
+  // A full-weights sync replaced the model's weights: the base copies are dropped and no
+  // adapters are taken any more.
+  void forget();
+  int64_t base_bytes() const;  // host bytes of the base copies
+
+ private:
+  std::vector<models::ParamUnit> units_;
+  std::map<std::string, torch::Tensor> base_;  // module -> pristine W (this rank's slice), host
+  std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> adapters_;  // module -> A, B
+  double scale_ = 0.0;
+  bool model_is_base_ = true;  // no full-weights sync has replaced the loaded base
+};
+
 // How the buckets travel from the actor to the rollout ranks.
 enum class SyncPath {
   kGloo,     // Gloo broadcast (CPU tensors; CUDA ones staged through the host)
@@ -133,10 +210,13 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
                              int64_t version, const SyncOptions& options);
 
 // Rollout side (sync group rank > 0): receives one sync into `model`'s parameters in place
-// (the path and bucket size come from the sender's header) and returns its version. Throws
-// RuntimeError when the sender's layout differs from the model's (names, shapes, unit
-// count), naming both hashes, or when this rank cannot take the sender's path.
-WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGroup& group);
+// (the path, bucket size and content come from the sender's header) and returns its
+// version. LoRA adapters go through `lora` (merged on receipt); without one they are
+// refused. Throws RuntimeError when the sender's layout differs from the model's (names,
+// shapes, unit count), naming both hashes, or when this rank cannot take the sender's path
+// or adapters.
+WeightSyncStats receive_weights(models::CausalLM& model, transport::CollectiveGroup& group,
+                                LoraMerge* lora = nullptr);
 
 // Buckets of `bucket_bytes` that `numels` elements of `wire_dtype` fill, packed end to end
 // (what a sync of tensors of those sizes moves): ceil(total bytes / bucket bytes).

@@ -160,6 +160,11 @@ const std::vector<BadCase>& bad_cases() {
        "rollout.tensor_parallel_size",
        "2 does not divide the rollout's 3 workers (rollout.devices): each engine takes 2 "
        "consecutive workers"},
+      {"lora_adapters_sync_to_another_base",
+       R"({"actor": {"lora": {"rank": 8}}, "rollout": {"model": "/elsewhere/other-model"}})",
+       "rollout.lora_sync",
+       "adapters needs the rollout to hold the actor's base (rollout.model "
+       "/elsewhere/other-model is not actor.model"},
       {"tensor_parallel_size_zero", R"({"rollout": {"tensor_parallel_size": 0}})",
        "rollout.tensor_parallel_size", "expected an integer >= 1, found 0"},
       {"tensor_parallel_engine_across_cuda_nodes",

@@ -1,15 +1,20 @@
 // GRPO with a LoRA actor (issue 30.2) through the real `rlhf` binary: no ref workers start,
 // the reference log-probs come from the actor's own workers with the adapters off (KL exactly
-// 0 at step 1), the rollout generates from the merged weights the actor syncs (its log-probs
-// match the actor's as with full training), `rlhf plan --check` matches the actor's tracked
-// phases, and the letters task is learned.
+// 0 at step 1), the rollout generates from the weights the actor syncs, as adapters it
+// merges into its own base (issue 30.3's default) or as merged weights (its log-probs match
+// the actor's as with full training, and a sync moves only the adapters' bytes), also through
+// a tensor-parallel rollout, `rlhf plan --check` matches the actor's tracked phases, and the
+// letters task is learned.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "models/causal_lm.h"
+#include "models/config.h"
 #include "models/safetensors.h"
+#include "models/tensor_parallel.h"
 #include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
@@ -49,6 +54,34 @@ fs::path scaled_head_model(const fs::path& dir) {
   return out;
 }
 
+// Bytes per element on the wire: the actor's compute dtype, which actor.dtype auto resolves
+// to bf16 or fp32 by the CPU's BF16 units (the run prints its choice).
+int64_t wire_element_bytes(const test::CliResult& r) {
+  return (r.out + r.err).find("compute dtype (auto): actor bf16") != std::string::npos ? 2 : 4;
+}
+
+// Bytes one adapters sync moves for the model of `dir` with r-rank adapters on every linear
+// map of the decoder, `element` bytes each: r (in + out) per linear, each of the `tp`
+// rollout ranks getting its share (a column-parallel layer's B and a row-parallel layer's A
+// split tp ways, the other factor whole).
+int64_t adapter_sync_bytes(const fs::path& dir, int64_t r, int tp, int64_t element) {
+  models::CausalLM model(models::model_config_of(dir.string()), models::Materialize::kDeferred);
+  const auto shapes = model.parameter_shapes();
+  const std::map<std::string, std::vector<int64_t>> shape_of(shapes.begin(), shapes.end());
+  int64_t n = 0;
+  for (const auto& [module, linear] : model.decoder_linears()) {
+    const auto& w = shape_of.at(module + ".weight");  // [out, in]
+    for (const auto& [tail, shape] :
+         {std::pair<std::string, std::vector<int64_t>>{".lora_A.weight", {r, w[1]}},
+          {".lora_B.weight", {w[0], r}}}) {
+      int64_t k = 1;
+      for (int64_t d : models::tensor_parallel_shape(module + tail, shape, tp)) k *= d;
+      n += k;
+    }
+  }
+  return element * n * tp;
+}
+
 TEST_F(LoraGrpo, LearnsWithTheActorAsItsOwnReference) {
   const fs::path runs = dir_ / "runs";
   test::CliResult r = test::run_cli(
@@ -77,6 +110,11 @@ TEST_F(LoraGrpo, LearnsWithTheActorAsItsOwnReference) {
   // with full training in ppo_job_test.cpp).
   for (const auto& step : m)
     EXPECT_LT(step["rollout_logprob_diff"]["mean"].get<double>(), 0.01) << step["step"];
+  // rollout.lora_sync adapters (the default): each sync moves the adapters and nothing else.
+  const int64_t adapter_bytes =
+      adapter_sync_bytes(dir_ / "tiny-head10", 16, 1, wire_element_bytes(r));
+  for (const auto& step : m)
+    EXPECT_EQ(step["weight_sync"]["bytes"].get<int64_t>(), adapter_bytes) << step["step"];
   // Learning: the mean reward of the last 5 steps beats the first 5 by more than 0.3 (the
   // noise of such a mean is ~0.006 on this task, see ppo_job_test.cpp expect_learned; the
   // measured gain was 0.14 -> 0.98).
@@ -86,6 +124,52 @@ TEST_F(LoraGrpo, LearnsWithTheActorAsItsOwnReference) {
     last += m[m.size() - 1 - i]["reward_mean"].get<double>() / 5;
   }
   EXPECT_GT(last - first, 0.3) << "first 5 steps " << first << ", last 5 steps " << last;
+}
+
+// A TP-2 rollout engine with a LoRA actor (issue 30.3), with either sync: the job runs, the
+// rollout's log-probs match the actor's (< 0.01 nats as above), each adapters sync moves both
+// ranks' shares of the adapters, and the two syncs give the rollout the same weights bit for
+// bit (weight_sync_test), so the two runs log the same rewards and log-prob
+// differences at every step.
+TEST_F(LoraGrpo, TensorParallelRolloutWithEitherSync) {
+  const fs::path runs = dir_ / "runs", model = scaled_head_model(dir_);
+  std::map<std::string, std::vector<json>> metrics;
+  int64_t element = 0;
+  for (const std::string mode : {"adapters", "merged"}) {
+    test::CliResult r = test::run_cli(
+        {"run",   "examples/grpo_tiny.json",
+         "--set", "actor.model=" + model.string(),
+         "--set", "logger.run_dir=" + runs.string(),
+         "--set", "name=tp_" + mode,
+         "--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":3,"memory_gb":4}])",
+         "--set", "rollout.devices=[1,2]",
+         "--set", "rollout.tensor_parallel_size=2",
+         "--set", "rollout.lora_sync=" + mode,
+         "--set", "actor.lora.rank=16",
+         "--set", "actor.lora.alpha=32",
+         "--set", "actor.adam.lr=3e-3",
+         "--set", "ref.devices=[]",
+         "--set", "train.max_steps=4",
+         "--set", "ckpt.export_hf=false"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("ppo: loading rollout (2 workers: 1 engine of tensor parallel size 2)"),
+              std::string::npos)
+        << r.out;
+    element = wire_element_bytes(r);
+    metrics[mode] = test::read_jsonl((runs / ("tp_" + mode) / "metrics.jsonl").string());
+    ASSERT_EQ(metrics[mode].size(), 4u);
+    for (const auto& step : metrics[mode])
+      EXPECT_LT(step["rollout_logprob_diff"]["mean"].get<double>(), 0.01) << step["step"];
+  }
+  const int64_t adapter_bytes = adapter_sync_bytes(model, 16, 2, element);
+  for (size_t i = 0; i < 4; ++i) {
+    const json &a = metrics["adapters"][i], &m = metrics["merged"][i];
+    EXPECT_EQ(a["weight_sync"]["bytes"].get<int64_t>(), adapter_bytes) << i;
+    // The tiny model (hidden 64) is small beside r 16: its adapters are 40% of its bytes.
+    EXPECT_GT(m["weight_sync"]["bytes"].get<int64_t>(), 2 * adapter_bytes) << i;
+    EXPECT_EQ(a["reward_mean"], m["reward_mean"]) << i;
+    EXPECT_EQ(a["rollout_logprob_diff"], m["rollout_logprob_diff"]) << i;
+  }
 }
 
 }  // namespace

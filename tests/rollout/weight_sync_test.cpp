@@ -326,6 +326,134 @@ TEST(TensorParallel, Zero3ActorSyncsEachTensorParallelRankOnlyItsSlices) {
   fs::remove_all(dir);
 }
 
+// One LoRA run: a ZeRO-3 actor over 2 ranks with adapters (r 4, all-linear) takes two steps
+// and syncs after each, `content` merged or adapters, to `receivers` rollout ranks (TP
+// `tp`, one engine). Returns the actor's digest and each receiver's.
+std::vector<Digest> lora_sync_run(const std::string& name, const std::string& content, int tp,
+                                  int receivers) {
+  const auto dir = fresh_dir(name);
+  const auto sync = dir + "/sync.store", train = dir + "/train.store";
+  const std::string size = std::to_string(receivers + 1);
+  std::vector<std::unique_ptr<ChildProcess>> procs;
+  for (int a = 0; a < 2; ++a)
+    procs.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{kWorker, "--bucket-bytes", "3000", "--tp", std::to_string(tp),
+                                 "--content", content, "lora-sender", sync, "0", size,
+                                 dir + "/a" + std::to_string(a) + ".txt", train, std::to_string(a),
+                                 "2"},
+        dir + "/a" + std::to_string(a) + ".log"));
+  for (int r = 1; r <= receivers; ++r)
+    procs.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{kWorker, "--tp", std::to_string(tp), "lora-receiver", sync,
+                                 std::to_string(r), size, dir + "/r" + std::to_string(r) + ".txt"},
+        dir + "/r" + std::to_string(r) + ".log"));
+  bool ok = true;
+  for (auto& p : procs) ok = p->wait(std::chrono::seconds(120)) == 0 && ok;
+  EXPECT_TRUE(ok) << log_of(dir);
+  std::vector<Digest> out = {read_digest(dir + "/a0.txt")};
+  for (int r = 1; r <= receivers; ++r)
+    out.push_back(read_digest(dir + "/r" + std::to_string(r) + ".txt"));
+  if (ok) fs::remove_all(dir);
+  return out;
+}
+
+// Elements of the tiny model's adapters at r 4 on every linear map of the decoder, each TP
+// rank's share (tp 1: all): r (in + out) per linear, with a column-parallel layer's B and a
+// row-parallel layer's A split tp ways.
+int64_t tiny_adapter_numel(int tp) {
+  models::CausalLM model(models::preset_config("tiny"));
+  const auto shapes = model.parameter_shapes();
+  const std::map<std::string, std::vector<int64_t>> shape_of(shapes.begin(), shapes.end());
+  int64_t n = 0;
+  for (const auto& [module, linear] : model.decoder_linears()) {
+    const auto& w = shape_of.at(module + ".weight");  // [out, in]
+    for (const auto& [tail, shape] :
+         {std::pair<std::string, std::vector<int64_t>>{".lora_A.weight", {4, w[1]}},
+          {".lora_B.weight", {w[0], 4}}}) {
+      int64_t k = 1;
+      for (int64_t d : models::tensor_parallel_shape(module + tail, shape, tp)) k *= d;
+      n += k;
+    }
+  }
+  return n;
+}
+
+// Issue 30.3: the adapters-only sync (the rollout merges W = base + s B A from a copy of
+// its base) leaves every rollout tensor bit for bit where the merged sync does, after two
+// steps and two syncs (no drift from merging over a merged W), while sending only the
+// adapters' bytes (BF16); and the merge changed the weights (B is drawn nonzero).
+TEST(WeightSync, LoraAdaptersMergedOnReceiptEqualTheMergedSyncBitForBit) {
+  const auto merged = lora_sync_run("lora_merged", "merged", 1, 2);
+  const auto adapters = lora_sync_run("lora_adapters", "adapters", 1, 2);
+  ASSERT_EQ(merged.size(), 3u);
+  ASSERT_EQ(adapters.size(), 3u);
+  EXPECT_EQ(merged[0].bytes, 2 * sum(tiny_numels()));  // the whole model, BF16
+  EXPECT_EQ(adapters[0].bytes, 2 * tiny_adapter_numel(1));
+  const std::string q = "model.layers.0.self_attn.q_proj.weight";
+  for (int r = 1; r <= 2; ++r) {
+    EXPECT_EQ(adapters[r].version, 8);
+    EXPECT_EQ(adapters[r].bytes, 2 * tiny_adapter_numel(1));
+    ASSERT_TRUE(adapters[r].tensors.count(q) && adapters[r].tensors.count("base:" + q));
+    EXPECT_NE(adapters[r].tensors.at(q), adapters[r].tensors.at("base:" + q));
+    int compared = 0;
+    for (const auto& [name, digest] : merged[r].tensors) {
+      if (name.rfind("base:", 0) == 0) continue;
+      ASSERT_TRUE(adapters[r].tensors.count(name)) << name;
+      EXPECT_EQ(adapters[r].tensors.at(name), digest) << name;
+      ++compared;
+    }
+    EXPECT_EQ(
+        compared,
+        static_cast<int>(models::CausalLM(models::preset_config("tiny")).state_tensors().size()));
+  }
+}
+
+// A rollout rank that does not merge adapters (receive_weights without a LoraMerge) refuses
+// an adapters sync before any bucket moves: both sides fail with a message naming why.
+TEST(WeightSync, AdaptersToARankThatCannotMergeThemFailOnBothSides) {
+  const auto dir = fresh_dir("lora_refused");
+  const auto sync = dir + "/sync.store", train = dir + "/train.store";
+  ChildProcess actor({kWorker, "--content", "adapters", "lora-sender", sync, "0", "2",
+                      dir + "/a.txt", train, "0", "1"},
+                     dir + "/a.log");
+  ChildProcess rollout({kWorker, "receiver", sync, "1", "2", dir + "/r.txt"}, dir + "/r.log");
+  EXPECT_EQ(actor.wait(std::chrono::seconds(120)), 1) << log_of(dir);
+  EXPECT_EQ(rollout.wait(std::chrono::seconds(120)), 1) << log_of(dir);
+  const std::string logs = log_of(dir);
+  EXPECT_NE(logs.find("weight sync v7: a rollout rank cannot take the LoRA adapters (see its "
+                      "log); nothing was sent"),
+            std::string::npos)
+      << logs;
+  EXPECT_NE(logs.find("weight sync v7 on sync rank 1: cannot take the LoRA adapters: the actor "
+                      "sends LoRA adapters (rollout.lora_sync adapters) and this rollout worker "
+                      "does not merge them"),
+            std::string::npos)
+      << logs;
+  fs::remove_all(dir);
+}
+
+// The same through a TP-2 rollout engine: each rank receives its share of the adapters
+// (a column-parallel layer's B rows, a row-parallel layer's A columns, the other factor
+// whole) and merges its own slice; its tensors equal those the merged sync gives it.
+TEST(TensorParallel, LoraAdaptersMergeIntoEachRanksSlices) {
+  const auto merged = lora_sync_run("lora_tp_merged", "merged", 2, 2);
+  const auto adapters = lora_sync_run("lora_tp_adapters", "adapters", 2, 2);
+  ASSERT_EQ(merged.size(), 3u);
+  ASSERT_EQ(adapters.size(), 3u);
+  EXPECT_EQ(adapters[0].bytes, 2 * 2 * tiny_adapter_numel(2));  // both ranks' shares, BF16
+  for (int r = 1; r <= 2; ++r) {
+    EXPECT_EQ(adapters[r].bytes, 2 * tiny_adapter_numel(2));
+    int compared = 0;
+    for (const auto& [name, digest] : merged[r].tensors) {
+      if (name.rfind("base:", 0) == 0) continue;
+      ASSERT_TRUE(adapters[r].tensors.count(name)) << name;
+      EXPECT_EQ(adapters[r].tensors.at(name), digest) << name;
+      ++compared;
+    }
+    EXPECT_GT(compared, 10);
+  }
+}
+
 // Two TP ranks (processes) load their slices of a checkpoint and compute the whole model's
 // logits: every tensor a rank holds is exactly the checkpoint's slice (digests), the ranks'
 // logits are identical, and they match the whole model's within 1e-5 (FP32; the

@@ -14,6 +14,13 @@
 //     trainer-sender, also writes each TP rank r's slice digests as "name@r"
 //   MODE tp-receiver:    (--tp N) TP rank (SYNC_RANK - 1) % N of a tiny rollout (seed 2,
 //                        FP32) whose TP group meets at SYNC_STORE.tp<engine>; receives
+//   MODE lora-sender:    (--content merged|adapters) as trainer-sender with LoRA adapters
+//                        (r 4, all-linear, B drawn nonzero) on the tiny model: two steps,
+//                        each followed by a sync (v7, v8) of the merged weights or the adapters
+//   MODE lora-receiver:  (--tp N optional) the actor's base (seed 1, BF16; TP rank
+//                        (SYNC_RANK - 1) % N of it, group at SYNC_STORE.tp<engine>) receives
+//                        both syncs through a LoraMerge; also writes "base:NAME" digests of
+//                        its weights before them
 //   MODE tp-logits:      (--model-dir DIR) TP rank SYNC_RANK of SYNC_SIZE (group at
 //                        SYNC_STORE) loads its slices of DIR in FP32, writes their digests
 //                        and "logit I V" lines: the logits of 3 x 7 tokens (seed 3)
@@ -29,6 +36,7 @@
 #include "engine/trainer.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
+#include "models/lora.h"
 #include "models/pretrained.h"
 #include "models/tensor_parallel.h"
 #include "rollout/weight_sync.h"
@@ -43,7 +51,8 @@ constexpr int64_t kVersion = 7;
 struct Flags {
   rollout::SyncOptions sync;
   torch::Device device = torch::kCPU;
-  std::string model_dir;  // tp-logits
+  std::string model_dir;                                   // tp-logits
+  rollout::LoraSync content = rollout::LoraSync::kMerged;  // lora-sender
 };
 
 std::unique_ptr<transport::CollectiveGroup> join(const std::string& store, int rank, int size) {
@@ -76,6 +85,80 @@ void write_stats(std::ofstream& out, const rollout::WeightSyncStats& stats) {
       << '\n';
 }
 
+// The TP shard (or the whole model at tp 1) of `whole`, in `whole`'s dtype, on the CPU;
+// its TP group meets at STORE.tp<engine> as tp-receiver's.
+std::shared_ptr<models::CausalLM> shard_of(const std::shared_ptr<models::CausalLM>& whole,
+                                           const std::string& store, int sync_rank, int tp_size) {
+  if (tp_size == 1) return whole;
+  models::TensorParallel tp;
+  tp.size = tp_size;
+  tp.rank = (sync_rank - 1) % tp_size;
+  tp.group = join(store + ".tp" + std::to_string((sync_rank - 1) / tp_size), tp.rank, tp_size);
+  auto shard =
+      std::make_shared<models::CausalLM>(whole->config(), models::Materialize::kDeferred, tp);
+  models::load_whole(*shard, models::TensorsSource(whole->state_tensors()), whole->dtype(),
+                     torch::kCPU);
+  return shard;
+}
+
+int lora_receiver(const std::string& store, int sync_rank, int sync_size, std::ofstream& out,
+                  const Flags& flags) {
+  auto whole = tiny(1);
+  whole->to(torch::kBFloat16);
+  auto model = shard_of(whole, store, sync_rank, flags.sync.tensor_parallel_size);
+  rollout::NamedTensors base;
+  for (const auto& [name, t] : model->state_tensors()) base.emplace_back("base:" + name, t);
+  write_checksums(out, base);
+  auto group = join(store, sync_rank, sync_size);
+  rollout::LoraMerge lora;
+  rollout::WeightSyncStats stats;
+  for (int i = 0; i < 2; ++i) stats = rollout::receive_weights(*model, *group, &lora);
+  write_stats(out, stats);
+  write_checksums(out, model->state_tensors());
+  return 0;
+}
+
+int lora_sender(char** argv, const std::string& store, int sync_rank, int sync_size,
+                std::ofstream& out, Flags flags) {
+  const int train_rank = std::stoi(argv[7]), train_size = std::stoi(argv[8]);
+  auto model = tiny(1);
+  models::LoraConfig lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  models::apply_lora(*model, lora, 5);
+  {
+    torch::NoGradGuard no_grad;  // B nonzero: the first sync already changes the weights
+    auto gen = at::detail::createCPUGenerator(6);
+    for (auto& [name, linear] : model->decoder_linears()) linear->lora->B.normal_(0.0, 0.05, gen);
+  }
+  auto train_group = join(argv[6], train_rank, train_size);
+  engine::TrainerConfig config;
+  config.zero_stage = engine::ZeroStage::kParameters;
+  config.compute_dtype = torch::kBFloat16;
+  config.lr = 1e-2;
+  config.lr_scheduler = engine::LrScheduler::kConstant;
+  engine::Trainer trainer(config, *model, *train_group);
+  std::unique_ptr<transport::CollectiveGroup> sync;
+  if (train_rank == 0) sync = join(store, sync_rank, sync_size);
+  rollout::MergedLoraWeights merged(trainer, lora.scale());
+  rollout::LoraAdapterWeights adapters(trainer, lora.scale());
+  rollout::WeightSource& source = flags.content == rollout::LoraSync::kAdapters
+                                      ? static_cast<rollout::WeightSource&>(adapters)
+                                      : merged;
+  flags.sync.wire_dtype = torch::kBFloat16;
+  rollout::WeightSyncStats stats;
+  for (int i = 0; i < 2; ++i) {
+    auto ids = torch::arange(1, 13, torch::kInt64).view({2, 6}) * (train_rank + 3 + i);
+    trainer.train_step([&](int64_t) {
+      auto hidden = model->forward(ids, torch::ones_like(ids));
+      return -model->next_token_log_probs(hidden, ids).mean();
+    });
+    stats = rollout::send_weights(source, sync.get(), kVersion + i, flags.sync);
+  }
+  write_stats(out, stats);
+  return 0;
+}
+
 int run(int argc, char** argv, Flags flags) {
   const std::string mode = argv[1], sync_store = argv[2];
   const int sync_rank = std::stoi(argv[3]), sync_size = std::stoi(argv[4]);
@@ -89,6 +172,9 @@ int run(int argc, char** argv, Flags flags) {
     write_checksums(out, model->state_tensors());
     return 0;
   }
+  if (mode == "lora-receiver") return lora_receiver(sync_store, sync_rank, sync_size, out, flags);
+  if (mode == "lora-sender" && argc == 9)
+    return lora_sender(argv, sync_store, sync_rank, sync_size, out, flags);
   if (mode == "tp-receiver") {
     const int tp_size = flags.sync.tensor_parallel_size;
     models::TensorParallel tp;
@@ -196,6 +282,8 @@ int main(int argc, char** argv) {
         flags.device = torch::Device(value);
       else if (flag == "--tp")
         flags.sync.tensor_parallel_size = std::stoi(value);
+      else if (flag == "--content")
+        flags.content = rollout::parse_lora_sync(value);
       else if (flag == "--model-dir")
         flags.model_dir = value;
       else
