@@ -189,7 +189,9 @@ void PpoJob::score_rewards(Rollout& r, const torch::Tensor& model_scores) const 
   std::vector<torch::Tensor> rows;
   for (const auto& s : got.sources)
     rows.push_back(torch::tensor(s.scores, torch::kFloat64).to(torch::kFloat32));
-  r.source_scores = torch::stack(rows);
+  // [0, B] when the environment is the only source.
+  r.source_scores = rows.empty() ? torch::zeros({0, static_cast<int64_t>(r.responses.size())})
+                                 : torch::stack(rows);
 }
 
 // DAPO dynamic sampling (algo.dynamic_sampling): groups whose samples all score the same are

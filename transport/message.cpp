@@ -205,7 +205,9 @@ Frames encode(const Message& message, const EncodeOptions& options) {
     header["tensors"].push_back(std::move(entry));
     ready.push_back(std::move(t));
   }
-  frames.emplace_back(header.dump());
+  // Text a model wrote (a byte-level vocabulary can end a turn mid-character) need not be
+  // UTF-8: invalid bytes go as U+FFFD rather than failing the whole message.
+  frames.emplace_back(header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   for (const auto& t : ready) frames.push_back(t.defined() ? tensor_frame(t) : zmq::message_t());
   return frames;
 }
