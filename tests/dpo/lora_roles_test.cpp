@@ -174,6 +174,17 @@ TEST_F(LoraRoles, RewardModelWithLoraLearnsAndExportsAPeftClassifier) {
             << " (training moved them by up to " << moved << ")" << std::endl;
   EXPECT_LE(error, 1e-5);
   EXPECT_GT(moved, 1e-3);
+
+  // The same adapter on a causal-LM role: its saved value head has nowhere to go, refused by
+  // key and tensor before any worker starts.
+  Result sft = run("examples/sft_tiny.json", "sft-with-rm-adapter",
+                   {"--set", "actor.model=" + (dir_ / "tiny").string(), "--set",
+                    "actor.lora.adapter=" + adapter.string()});
+  EXPECT_NE(sft.exit_code, 0);
+  for (const std::string& part :
+       {std::string("actor.lora.adapter"), std::string("base_model.model.score.weight")})
+    EXPECT_NE(sft.err.find(part), std::string::npos) << part << "\n" << sft.err;
+  EXPECT_FALSE(fs::exists(run_dir("sft-with-rm-adapter") / "workers.json"));
 }
 
 TEST_F(LoraRoles, DpoWithALoraActorIsItsOwnReference) {
