@@ -113,22 +113,6 @@ std::string read_text(const std::string& path) {
   return buf.str();
 }
 
-// Switches a model's LoRA adapters off for one request (`off`), and back on.
-class AdaptersOff {
- public:
-  AdaptersOff(models::CausalLM& model, bool off) : model_(off ? &model : nullptr) {
-    if (model_) model_->set_adapters_enabled(false);
-  }
-  ~AdaptersOff() {
-    if (model_) model_->set_adapters_enabled(true);
-  }
-  AdaptersOff(const AdaptersOff&) = delete;
-  AdaptersOff& operator=(const AdaptersOff&) = delete;
-
- private:
-  models::CausalLM* model_;
-};
-
 // LoRA on a trained role: a PEFT adapter to start from (its config wins), or fresh adapters
 // drawn from the job's seed (the same on every rank). The base is frozen; a value head stays
 // trained (PEFT's modules_to_save for a classifier's score).
@@ -142,14 +126,28 @@ void add_adapters(ModelRole& role) {
   if (role.model->value_head) role.model->value_head->weight.set_requires_grad(true);
 }
 
-// export_hf of a LoRA role: the PEFT adapter directory at `dir` (rank 0 writes) and, with
-// lora.export_merged, the merged model at DIR-merged, streamed from the base checkpoint.
+// What a LoRA role's trainer starts from beside the frozen base: its adapters and, from an
+// adapter directory that saved one, the trained value head (PEFT's modules_to_save).
+std::vector<std::pair<std::string, torch::Tensor>> trainable_start(ModelRole& role) {
+  auto tensors = models::model_adapters(*role.model);
+  if (!role.config.lora_adapter.empty())
+    for (auto& saved : models::adapter_saved_modules(role.config.lora_adapter))
+      tensors.push_back(std::move(saved));
+  return tensors;
+}
+
+// export_hf of a LoRA role: the PEFT adapter directory at `dir` (rank 0 writes; a value-head
+// role's head saved whole beside the adapters) and, with lora.export_merged, the merged model
+// at DIR-merged, streamed from the base checkpoint (with the trained head).
 void export_lora(ModelRole& role, const std::string& dir, const WorkerIdentity& self) {
   auto tensors = role.trainer->gather_trainable();  // collective: every rank
   if (self.rank == 0) {
+    // The adapters and a value-head role's head (saved whole, as PEFT's modules_to_save).
+    const std::string head = role.config.value_head_prefix + ".weight";
     std::vector<std::pair<std::string, torch::Tensor>> adapters;
     for (auto& [name, t] : tensors)
-      if (name.find(".lora_") != std::string::npos) adapters.emplace_back(name, t);
+      if (name.find(".lora_") != std::string::npos || (role.model->value_head && name == head))
+        adapters.emplace_back(name, t);
     const torch::Dtype dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
     models::write_adapter_dir(adapters, role.config.lora, dir, role.config.model_dir, dtype);
     if (role.config.lora_export_merged)
@@ -202,7 +200,7 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
     if (role.config.uses_lora()) {
       // Adapters first (the base frozen), then the trainer reads them with the base weights.
       add_adapters(role);
-      const models::AdapterSource adapters(source, models::model_adapters(*role.model));
+      const models::AdapterSource adapters(source, trainable_start(role));
       role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group, &adapters);
     } else {
       role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group, &source);
@@ -597,7 +595,7 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
           std::vector<torch::Tensor> r = {head.log_probs};
           if (entropy) r.push_back(head.entropy);
           if (reference) {
-            const AdaptersOff base_model(model, true);
+            const models::AdaptersOff base_model(model, true);
             r.push_back(action_log_probs(model, model.forward(mb.sequences, mb.attention_mask),
                                          mb.sequences, b.action_len, temperature,
                                          models::Entropy::kSkip)

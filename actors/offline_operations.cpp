@@ -5,6 +5,7 @@
 
 #include "core/errors.h"
 #include "dpo/losses.h"
+#include "models/lora.h"
 #include "transport/collective_group.h"
 
 namespace rlhf {
@@ -89,9 +90,15 @@ torch::Tensor by_chunks(const RowBatch& b, int64_t chunk, F f) {
   return torch::cat(parts, 0);
 }
 
+// sequence_log_probs: sums over each row's response; args.reference: with the LoRA adapters
+// off (a LoRA actor is its own reference, issue 30.2).
 Message sequence_log_probs(ModelRole& role, const Message& req, const WorkerIdentity& self) {
   torch::NoGradGuard no_grad;
   models::CausalLM& model = role.checked_model(req.op);
+  const bool reference = req.args.value("reference", false);
+  if (reference && !model.has_adapters())
+    throw RuntimeError(req.op + ": reference asked of a model without LoRA adapters");
+  const models::AdaptersOff base_model(model, reference);
   RowBatch b = requested_rows(req, self, true, role.device);
   Message reply;
   reply.add("log_probs", by_chunks(b, req.args.value("chunk", int64_t{0}), [&](const RowBatch& c) {

@@ -100,15 +100,20 @@ void check_model_files(const JobSpec& spec, std::vector<SpecProblem>& problems) 
 }
 
 // A LoRA adapter to start from (<role>.lora.adapter) fits the role's base model: its keys
-// and every lora_A / lora_B shape, named here rather than by a worker later.
+// and every lora_A / lora_B shape (and a saved value head's), named here rather than by a
+// worker later.
 void check_lora_adapters(const JobSpec& spec, std::vector<SpecProblem>& problems) {
   for (Role r : spec.used_roles()) {
     const std::string role = role_name(r), key = role + ".lora.adapter";
     if (!spec.trains(r) || spec.get_string(key).empty()) continue;
     const std::string model = spec.get_string(role + ".model");
     check(problems, key, [&] {
-      models::check_adapter(spec.get_string(key), models::ModelConfig::from_json_file(
-                                                      (fs::path(model) / "config.json").string()));
+      auto base = models::ModelConfig::from_json_file((fs::path(model) / "config.json").string());
+      if (r == Role::kCritic || r == Role::kReward) {  // a saved value head must fit the role's
+        base.head = models::HeadKind::kValue;
+        base.value_head_prefix = spec.get_string(role + ".value_head_prefix");
+      }
+      models::check_adapter(spec.get_string(key), base);
     });
   }
 }

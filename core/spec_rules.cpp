@@ -342,7 +342,7 @@ void check_models_and_data(Validation& v, const std::vector<Role>& used) {
         (str(v, "algo.dpo.loss") == "simpo" || str(v, "algo.dpo.loss") == "orpo"))
       why += " (" + str(v, "algo.dpo.loss") + " needs no reference)";
     if (r == Role::kCritic && kind == "ppo") why += " (only the gae estimator uses a critic)";
-    if (r == Role::kRef && kind == "ppo" &&
+    if (r == Role::kRef && (kind == "ppo" || kind == "dpo") &&
         (num(v, "actor.lora.rank") > 0 || !str(v, "actor.lora.adapter").empty()))
       why += " (the LoRA actor with its adapters off is the reference)";
     v.warnings.push_back(why + "; its devices stay free");
@@ -650,6 +650,15 @@ void check_lengths_and_algo(Validation& v) {
 
 }  // namespace
 
+// A LoRA actor on the reference's model is its own reference (adapters off): no ref group
+// (issue 30.2; ppo and the dpo family alike).
+bool actor_is_reference(const json& r) {
+  auto s = [&](const char* path) { return r.at(pointer(path)).get<std::string>(); };
+  const bool lora =
+      r.at(pointer("actor.lora.rank")).get<int64_t>() > 0 || !s("actor.lora.adapter").empty();
+  return lora && s("ref.model") == s("actor.model");
+}
+
 std::vector<Role> used_roles(const json& r) {
   auto s = [&](const char* path) { return r.at(pointer(path)).get<std::string>(); };
   const std::string kind = s("kind");
@@ -657,6 +666,7 @@ std::vector<Role> used_roles(const json& r) {
   if (kind == "rm") return {Role::kReward};
   if (kind == "dpo") {
     if (s("algo.dpo.loss") == "simpo" || s("algo.dpo.loss") == "orpo") return {Role::kActor};
+    if (actor_is_reference(r)) return {Role::kActor};
     return {Role::kActor, Role::kRef};
   }
   std::vector<Role> roles = {Role::kActor};
@@ -665,11 +675,7 @@ std::vector<Role> used_roles(const json& r) {
   for (const auto& src : reward_source_list(r))
     if (src["kind"] == "model") roles.push_back(Role::kReward);
   double kl = r.at(pointer("algo.kl.init_coef")).get<double>();
-  // A LoRA actor on the reference's model is its own reference (adapters off): no ref group.
-  const bool lora =
-      r.at(pointer("actor.lora.rank")).get<int64_t>() > 0 || !s("actor.lora.adapter").empty();
-  const bool ref_from_actor = lora && s("ref.model") == s("actor.model");
-  if ((kl > 0 || r.at(pointer("algo.kl.use_loss")).get<bool>()) && !ref_from_actor)
+  if ((kl > 0 || r.at(pointer("algo.kl.use_loss")).get<bool>()) && !actor_is_reference(r))
     roles.push_back(Role::kRef);
   roles.push_back(Role::kRollout);
   return roles;
@@ -686,8 +692,9 @@ bool trains(const json& r, Role role) {
   return role == Role::kActor;
 }
 
-// <role>.lora.*: LoRA only where the role is trained and the job supports it (SFT, DPO
-// family); target names PEFT knows; an adapter directory that holds PEFT's config.
+// <role>.lora.*: LoRA only where the role is trained (the actor; a ppo critic; the reward
+// model of an rm job: value-head roles train their head beside the adapters); target names
+// PEFT knows; an adapter directory that holds PEFT's config.
 void check_lora(Validation& v) {
   const std::string kind = str(v, "kind");
   const std::vector<std::string> known = {"q_proj",    "k_proj",  "v_proj",    "o_proj",
@@ -700,11 +707,6 @@ void check_lora(Validation& v) {
     const std::string key = num(v, p + "rank") > 0 ? p + "rank" : p + "adapter";
     if (!trains(v.resolved, r)) {
       v.problem(key, "the " + role + " is not trained in a " + kind + " job: no adapters to train");
-      continue;
-    }
-    if (r != Role::kActor) {
-      v.problem(key,
-                "LoRA on a value-head role (" + role + ") is not supported yet: only on the actor");
       continue;
     }
     // The adapters-only sync merges into the rollout's own base: it must be the actor's.

@@ -30,6 +30,8 @@ nlohmann::json::json_pointer pointer(const std::string& dotted_path);
 
 // Roles whose workers this resolved spec starts.
 std::vector<Role> used_roles(const nlohmann::json& resolved);
+// True when a LoRA actor on the reference's model serves as its own reference (adapters off).
+bool actor_is_reference(const nlohmann::json& resolved);
 bool trains(const nlohmann::json& resolved, Role role);
 
 // The reward sources of a resolved ppo spec as one list, shorthands (reward.rule,

@@ -102,11 +102,18 @@ void add_lora_keys(TableBuilder& t, const std::string& role) {
                               "actor's base weights stay frozen in the compute dtype (no FP32 "
                               "master, gradients or AdamW state) and only the adapters are "
                               "trained, sharded by actor.zero_stage; checkpoints hold only them "
-                              "and the export is a PEFT adapter directory. In ppo jobs the actor "
-                              "with its adapters off is the reference (no ref workers) unless "
-                              "ref.model names another model.")
-                : "LoRA rank r (0: off). Not supported yet on a value-head role: refused when "
-                  "above 0.");
+                              "and the export is a PEFT adapter directory. In ppo and dpo-family "
+                              "jobs the actor with its adapters off is the reference (no ref "
+                              "workers) unless ref.model names another model.")
+                : "LoRA rank r (0: off, the whole model is trained). Above 0 the " + role +
+                      "'s base weights stay frozen in the compute dtype and only the adapters "
+                      "and the value head are trained (FP32 master, gradients and AdamW state, "
+                      "sharded by " +
+                      role +
+                      ".zero_stage); checkpoints hold only them and the export is a PEFT "
+                      "adapter directory with the head saved as PEFT saves a sequence "
+                      "classifier's (modules_to_save, task_type SEQ_CLS). Trained roles only: "
+                      "the critic of a gae ppo job, the reward model of an rm job.");
   t.number(p + "alpha", 16.0, 0, kInf, "LoRA alpha: the adapter's output is scaled by alpha / r.",
            true);
   t.number(p + "dropout", 0.0, 0, 0.99, "Dropout on each adapter's input while training.");

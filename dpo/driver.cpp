@@ -51,6 +51,9 @@ class DpoJob : public OfflineJob {
     config_.simpo_gamma = spec.get_float("algo.dpo.simpo_gamma");
     config_.orpo_lambda = spec.get_float("algo.dpo.orpo_lambda");
     config_.nll_loss_coef = spec.get_float("algo.dpo.nll_loss_coef");
+    // A LoRA actor on the reference's model is its own reference: no ref workers (issue 30.2;
+    // core/spec_rules.cpp used_roles).
+    ref_from_actor_ = needs_reference(config_.type) && !spec.uses(Role::kRef);
   }
 
  protected:
@@ -162,7 +165,8 @@ class DpoJob : public OfflineJob {
     const std::string ref_model = spec().get_string("ref.model");
     RowsKey hasher;
     for (int64_t b = 0; b < pairs; b += kChunkPairs) hasher.add(chunk(b));
-    const std::string key = hasher.hex(model_identity(ref_model, spec().get_string("ref.dtype")));
+    const std::string key = hasher.hex(model_identity(
+        ref_model, spec().get_string(ref_from_actor_ ? "actor.dtype" : "ref.dtype")));
     RefLogProbCache cache((fs::path(run_dir()) / "ref_cache").string());
     const auto t0 = std::chrono::steady_clock::now();
     if (auto hit = cache.find(key, 2 * pairs)) {
@@ -174,16 +178,8 @@ class DpoJob : public OfflineJob {
     std::vector<torch::Tensor> parts;
     for (int64_t b = 0; b < pairs; b += kChunkPairs) {
       RowTensors rows = chunk(b);
-      Message reply =
-          s.group(Role::kRef)
-              .scatter("sequence_log_probs",
-                       {{"sequences", rows.sequences},
-                        {"attention_mask", rows.attention_mask},
-                        {"loss_mask", rows.loss_mask}},
-                       2 * spec().get_int("train.micro_batch_size"), nlohmann::json::object(),
-                       std::nullopt, dispatch_for(spec(), Role::kRef));
-      torch::Tensor lp = reply.tensor("log_probs").to(torch::kFloat32);
-      TORCH_CHECK(lp.dim() == 1 && lp.size(0) == rows.rows(), "dpo: the reference group returned ",
+      torch::Tensor lp = chunk_reference_log_probs(s, rows);
+      TORCH_CHECK(lp.dim() == 1 && lp.size(0) == rows.rows(), "dpo: the reference returned ",
                   lp.sizes(), " log-probs for ", rows.rows(), " rows");
       parts.push_back(lp);
     }
@@ -196,10 +192,27 @@ class DpoJob : public OfflineJob {
          {"dataset",
           spec().get_string(std::string(split) == "train" ? "data.dataset" : "data.eval_dataset")},
          {"ref_model", ref_model}});
-    out << "dpo: reference log-probs of " << pairs << " " << split
-        << " pairs computed on the ref group in " << fixed(seconds, 2) << " s, cached in " << file
-        << std::endl;
+    out << "dpo: reference log-probs of " << pairs << " " << split << " pairs computed on the "
+        << (ref_from_actor_ ? "actor group (LoRA adapters off)" : "ref group") << " in "
+        << fixed(seconds, 2) << " s, cached in " << file << std::endl;
     return lp;
+  }
+
+  // log pi_ref of `rows` [N]: from the ref group, or from the actor's own workers with the
+  // adapters off (each rank its share: the actor may be ZeRO-3).
+  torch::Tensor chunk_reference_log_probs(Scheduler& s, const RowTensors& rows) {
+    if (ref_from_actor_)
+      return gather_rows(s, "sequence_log_probs", rows, "log_probs", {{"reference", true}})
+          .to(torch::kFloat32);
+    Message reply =
+        s.group(Role::kRef)
+            .scatter("sequence_log_probs",
+                     {{"sequences", rows.sequences},
+                      {"attention_mask", rows.attention_mask},
+                      {"loss_mask", rows.loss_mask}},
+                     2 * spec().get_int("train.micro_batch_size"), nlohmann::json::object(),
+                     std::nullopt, dispatch_for(spec(), Role::kRef));
+    return reply.tensor("log_probs").to(torch::kFloat32);
   }
 
   // [P] float 1/0: the labels of `data`'s examples `index` (all when empty).
@@ -213,9 +226,10 @@ class DpoJob : public OfflineJob {
   }
 
   DpoLossConfig config_;
-  KtoLossConfig kto_;        // used when config_.type is kto
-  torch::Tensor ref_train_;  // [2N] log pi_ref summed over each training row's response
-  torch::Tensor ref_eval_;   // [2M] the same for the held-out pairs
+  KtoLossConfig kto_;            // used when config_.type is kto
+  torch::Tensor ref_train_;      // [2N] log pi_ref summed over each training row's response
+  torch::Tensor ref_eval_;       // [2M] the same for the held-out pairs
+  bool ref_from_actor_ = false;  // the LoRA actor with its adapters off is the reference
 };
 
 // SFT: next-token loss on the response tokens (padded or packed rows).

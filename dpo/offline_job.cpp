@@ -175,8 +175,9 @@ RowTensors OfflineJob::rows_of(const std::vector<TokenizedExample>& data,
 }
 
 torch::Tensor OfflineJob::gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
-                                      const std::string& name) {
+                                      const std::string& name, const json& extra) {
   json args = {{"rank_share", true}, {"chunk", 2 * micro_}};
+  args.update(extra);
   auto replies = s.group(trained_).call_all(op, args,
                                             {{"sequences", rows.sequences},
                                              {"attention_mask", rows.attention_mask},

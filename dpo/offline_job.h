@@ -68,9 +68,10 @@ class OfflineJob {
   RowTensors rows_of(const std::vector<TokenizedExample>& data,
                      const std::vector<int64_t>& index = {}) const;
   // Values of a call_all with args.rank_share over `rows`: the ranks' tensors `name`
-  // concatenated in rank order (rows in order). `op` on the trained group.
+  // concatenated in rank order (rows in order). `op` on the trained group, with `extra` args.
   torch::Tensor gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
-                            const std::string& name);
+                            const std::string& name,
+                            const nlohmann::json& extra = nlohmann::json::object());
 
  private:
   void load_data(RowLayout layout);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "core/errors.h"
 #include "core/text.h"
 #include "models/decoder_layer.h"
+#include "models/lora.h"
 #include "models/tensor_parallel.h"
 
 namespace rlhf::engine {
@@ -542,16 +544,32 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
 void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
                         int64_t frozen, int64_t score_gathered, MemoryTerms& t);
 
-// What LoRA adds to a training step's saved activations (models/lora.cpp): per adapted
-// linear the [B T, r] product x A^T in e that B's backward reads, kept for every layer
-// without checkpointing, for the one recomputed layer with it. (With lora.dropout > 0 the
-// dropped input [B T, in] is saved too; not counted.)
+// What LoRA adds to a training step's saved activations (models/linear.cpp): per adapted
+// linear the [B T, r] product x A^T in e that B's backward reads and, with lora.dropout > 0,
+// the dropped input [B T, in] in e that A's backward reads plus what dropout keeps for its
+// own backward (CPU: at::dropout's scaled noise, [B T, in] in e; CUDA: native_dropout's
+// bool mask, 1 byte each). Kept for every layer without checkpointing, for the one
+// recomputed layer with it.
 int64_t lora_activation_bytes(const RoleMemoryInput& in, int64_t e) {
   if (in.lora_rank <= 0) return 0;
-  int64_t linears = 0;
-  for (const char* name : kLoraLinears) linears += lora_adapts(in.lora_targets, name) ? 1 : 0;
-  const int64_t layers = in.checkpointing ? 1 : in.model.num_hidden_layers;
-  return layers * linears * in.micro_batch * in.seq_len * in.lora_rank * e;
+  const models::ModelConfig& c = in.model;
+  const int64_t H = c.hidden_size, q = c.num_attention_heads * c.head_dim;
+  const std::map<std::string, int64_t> input_of = {{"q_proj", H},
+                                                   {"k_proj", H},
+                                                   {"v_proj", H},
+                                                   {"o_proj", q},
+                                                   {"gate_proj", H},
+                                                   {"up_proj", H},
+                                                   {"down_proj", c.intermediate_size}};
+  const int64_t mask_bytes = in.device_kind == DeviceKind::kCuda ? 1 : e;
+  int64_t per_token = 0;  // bytes per token and layer
+  for (const char* name : kLoraLinears) {
+    if (!lora_adapts(in.lora_targets, name)) continue;
+    per_token += in.lora_rank * e;
+    if (in.lora_dropout > 0) per_token += input_of.at(name) * (e + mask_bytes);
+  }
+  const int64_t layers = in.checkpointing ? 1 : c.num_hidden_layers;
+  return layers * in.micro_batch * in.seq_len * per_token;
 }
 
 // Model states, engine transients, activations and the phases of a training step. `units`
@@ -764,6 +782,23 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
 
 namespace {
 
+// LoRA of a trained role: <role>.lora.*, or with <role>.lora.adapter the adapter directory's
+// adapter_config.json (its r, targets and dropout win, as in the trainer: actors/
+// model_operations.cpp add_adapters). Throws InputError naming the file.
+void set_lora_input(const JobSpec& spec, const std::string& r, RoleMemoryInput& in) {
+  const std::string adapter = spec.get_string(r + ".lora.adapter");
+  if (!adapter.empty()) {
+    const models::LoraConfig c = models::read_adapter_config(adapter);
+    in.lora_rank = c.rank;
+    in.lora_targets = c.target_modules;
+    in.lora_dropout = c.dropout;
+    return;
+  }
+  in.lora_rank = spec.get_int(r + ".lora.rank");
+  in.lora_targets = split_names(spec.get_string(r + ".lora.target_modules"));
+  in.lora_dropout = spec.get_float(r + ".lora.dropout");
+}
+
 // The phase flags of RoleMemoryInput, as ppo/driver.cpp decides them at start-up.
 void set_phase_flags(const JobSpec& spec, Role role, const Placement& placement,
                      RoleMemoryInput& in) {
@@ -846,8 +881,7 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.adam_offload = spec.get_bool(r + ".adam_offload");
     in.checkpointing = spec.get_bool(r + ".gradient_checkpointing");
     in.micro_batch = spec.get_int("train.micro_batch_size") * pair;
-    in.lora_rank = spec.get_int(r + ".lora.rank");
-    in.lora_targets = split_names(spec.get_string(r + ".lora.target_modules"));
+    set_lora_input(spec, r, in);
     if (ppo) in.infer_micro_batch = in.rollout_micro_batch * in.n_samples;
   } else if (role == Role::kRollout) {
     in.work = RoleWork::kGenerate;

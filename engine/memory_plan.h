@@ -43,10 +43,12 @@ struct RoleMemoryInput {
   int64_t logprob_chunk = 256;  // train.logits_chunk_tokens 0: positions per chunk of the head
   int64_t logits_chunk_tokens = 1024;  // train.logits_chunk_tokens (0: the position chunks)
   bool lm_head_log_probs = true;       // the role computes log-probs through its LM head
-  // Trained roles with <role>.lora.rank > 0: the base is frozen in the compute dtype, whole on
-  // every rank at every stage; only the adapters (and a value head) are ZeRO-sharded states.
+  // Trained roles with <role>.lora.rank > 0 (or an adapter directory's r): the base is frozen
+  // in the compute dtype, whole on every rank at every stage; only the adapters (and a value
+  // head) are ZeRO-sharded states.
   int64_t lora_rank = 0;
   std::vector<std::string> lora_targets;  // <role>.lora.target_modules ("all-linear", "q_proj")
+  double lora_dropout = 0.0;              // > 0: each adapter saves its dropped input
   bool shard_weights = false;  // kInfer: ZeRO-3 inference over the group (ref/reward stage 3)
   // Generation only.
   int64_t rollout_micro_batch = 1;  // prompts per KV cache

@@ -138,6 +138,22 @@ std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> by_module(
   return out;
 }
 
+// Splits model-named tensors into LoRA pairs (lora_A / lora_B) and saved whole modules
+// (PEFT's modules_to_save: "score.weight").
+std::pair<std::vector<std::pair<std::string, torch::Tensor>>,
+          std::vector<std::pair<std::string, torch::Tensor>>>
+split_saved(const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  std::vector<std::pair<std::string, torch::Tensor>> lora, saved;
+  for (const auto& entry : tensors)
+    (adapter_module(entry.first).first.empty() ? saved : lora).push_back(entry);
+  return {lora, saved};
+}
+
+// The module ("score") of a saved tensor name ("score.weight").
+std::string saved_module(const std::string& name) {
+  return name.substr(0, name.rfind('.'));
+}
+
 // Throws InputError unless A [r, in] and B [out, r] fit a base weight [out, in].
 void check_fits(const std::string& what, const std::string& module, const torch::Tensor& a,
                 const torch::Tensor& b, c10::IntArrayRef weight, int64_t rank) {
@@ -181,7 +197,7 @@ void refuse_unsupported(const json& j, const std::string& path) {
   };
   for (const char* key :
        {"use_dora", "fan_in_fan_out", "lora_bias", "alpha_pattern", "rank_pattern",
-        "layers_to_transform", "modules_to_save", "trainable_token_indices", "target_parameters"})
+        "layers_to_transform", "trainable_token_indices", "target_parameters"})
     if (truthy(key))
       throw InputError(path + ": \"" + key + "\" is set; rlhf's LoRA does not support it");
   if (j.contains("bias") && j["bias"] != "none")
@@ -278,6 +294,8 @@ LoraConfig read_adapter_config(const std::string& dir) {
     if (t.is_string()) c.target_modules.push_back(t.get<std::string>());
     if (t.is_array())
       for (const auto& name : t) c.target_modules.push_back(name.get<std::string>());
+    if (j.contains("modules_to_save") && j["modules_to_save"].is_array())
+      c.modules_to_save = j["modules_to_save"].get<std::vector<std::string>>();
     check_lora_config(c, path + ": lora");
     return c;
   } catch (const json::exception& e) {
@@ -288,19 +306,45 @@ LoraConfig read_adapter_config(const std::string& dir) {
 std::vector<std::pair<std::string, torch::Tensor>> read_adapter_tensors(const std::string& dir) {
   const std::string path = (fs::path(dir) / kAdapterWeightsName).string();
   if (!fs::exists(path)) throw InputError(path + ": not found (PEFT's adapter weights)");
+  const std::vector<std::string> saved = read_adapter_config(dir).modules_to_save;
   SafetensorsFile file(path);
   const std::string prefix = kPeftKeyPrefix;
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const auto& info : file.tensors()) {
     const std::string& key = info.name;
-    if (key.compare(0, prefix.size(), prefix) != 0 || adapter_module(key).first.empty())
+    const std::string name = key.substr(std::min(key.size(), prefix.size()));
+    const bool whole = adapter_module(key).first.empty() &&
+                       std::find(saved.begin(), saved.end(), saved_module(name)) != saved.end();
+    if (key.compare(0, prefix.size(), prefix) != 0 || (adapter_module(key).first.empty() && !whole))
       throw InputError(path + ": tensor " + key + " is not a " + prefix +
-                       "<module>.lora_A.weight / lora_B.weight");
-    out.emplace_back(key.substr(prefix.size()), file.view(key).to(torch::kFloat32).clone());
+                       "<module>.lora_A.weight / lora_B.weight (nor a module of "
+                       "modules_to_save)");
+    out.emplace_back(name, file.view(key).to(torch::kFloat32).clone());
   }
-  by_module(out, path);  // both halves of every pair, at least one pair
+  by_module(split_saved(out).first, path);  // both halves of every pair, at least one pair
   return out;
 }
+
+namespace {
+
+// Throws InputError unless every saved module of an adapter file names a parameter of the
+// base whose shape it has (a value head: "score.weight" [1, H]).
+void check_saved_modules(const std::vector<std::pair<std::string, torch::Tensor>>& saved,
+                         const std::map<std::string, std::vector<int64_t>>& shape_of,
+                         const std::string& path) {
+  for (const auto& [name, t] : saved) {
+    auto it = shape_of.find(name);
+    if (it == shape_of.end())
+      throw InputError(path + ": " + kPeftKeyPrefix + name +
+                       " (modules_to_save) is not a parameter of this model: a value head needs "
+                       "a value-head role");
+    if (t.sizes() != c10::IntArrayRef(it->second))
+      throw InputError(path + ": " + kPeftKeyPrefix + name + " has shape " + shape_text(t.sizes()) +
+                       ", the base model needs " + shape_text(it->second));
+  }
+}
+
+}  // namespace
 
 LoraConfig check_adapter(const std::string& dir, const ModelConfig& base) {
   const LoraConfig config = read_adapter_config(dir);
@@ -308,7 +352,8 @@ LoraConfig check_adapter(const std::string& dir, const ModelConfig& base) {
   const auto shapes = parameter_shapes(base);
   const std::map<std::string, std::vector<int64_t>> shape_of(shapes.begin(), shapes.end());
   const auto& names = lora_module_names();
-  for (const auto& [module, ab] : by_module(read_adapter_tensors(dir), path)) {
+  const auto [lora, saved] = split_saved(read_adapter_tensors(dir));
+  for (const auto& [module, ab] : by_module(lora, path)) {
     auto it = shape_of.find(module + ".weight");
     if (it == shape_of.end() ||
         std::find(names.begin(), names.end(), short_name(module)) == names.end())
@@ -316,17 +361,20 @@ LoraConfig check_adapter(const std::string& dir, const ModelConfig& base) {
                        ".lora_A.weight is not the adapter of a linear map of this model");
     check_fits(path, module, ab.first, ab.second, it->second, config.rank);
   }
+  check_saved_modules(saved, shape_of, path);
   return config;
 }
 
 LoraConfig load_adapter(CausalLM& model, const std::string& dir) {
   LoraConfig config = read_adapter_config(dir);
   const std::string path = (fs::path(dir) / kAdapterWeightsName).string();
-  const auto modules = by_module(read_adapter_tensors(dir), path);
+  const auto [lora, saved] = split_saved(read_adapter_tensors(dir));
+  const auto modules = by_module(lora, path);
   auto linears = model.decoder_linears();
   const std::map<std::string, Linear> by_name(linears.begin(), linears.end());
   const auto& shapes = model.parameter_shapes();
   const std::map<std::string, std::vector<int64_t>> shape_of(shapes.begin(), shapes.end());
+  check_saved_modules(saved, shape_of, path);
   std::vector<std::pair<std::string, Linear>> targets;
   for (const auto& [module, ab] : modules) {
     if (!by_name.count(module))
@@ -341,7 +389,18 @@ LoraConfig load_adapter(CausalLM& model, const std::string& dir) {
     linear->lora->A.copy_(modules.at(module).first);
     linear->lora->B.copy_(modules.at(module).second);
   }
+  // A saved value head replaces the base's where the model holds it (a deferred model's
+  // trainer reads it through an AdapterSource instead: adapter_saved_modules).
+  const auto params = model.named_parameters();
+  for (const auto& [name, t] : saved) {
+    const torch::Tensor* p = params.find(name);
+    if (p && p->numel() == t.numel()) p->copy_(t.reshape(p->sizes()).to(p->options()));
+  }
   return config;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> adapter_saved_modules(const std::string& dir) {
+  return split_saved(read_adapter_tensors(dir)).second;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> model_adapters(CausalLM& model) {
@@ -359,30 +418,33 @@ std::vector<std::pair<std::string, torch::Tensor>> model_adapters(CausalLM& mode
 std::string adapter_config_json(const LoraConfig& c, const std::string& base_model) {
   // The keys PEFT's LoraConfig writes that matter for loading; PEFT fills the rest with its
   // defaults.
-  json j = {{"peft_type", "LORA"},
-            {"task_type", "CAUSAL_LM"},
-            {"base_model_name_or_path", base_model},
-            {"r", c.rank},
-            {"lora_alpha", c.alpha},
-            {"lora_dropout", c.dropout},
-            {"target_modules", c.target_modules},
-            {"use_rslora", c.use_rslora},
-            {"init_lora_weights", c.init == LoraInit::kGaussian ? json("gaussian") : json(true)},
-            {"bias", "none"},
-            {"fan_in_fan_out", false},
-            {"use_dora", false},
-            {"inference_mode", true},
-            {"modules_to_save", nullptr},
-            {"layers_to_transform", nullptr},
-            {"rank_pattern", json::object()},
-            {"alpha_pattern", json::object()}};
+  json j = {
+      {"peft_type", "LORA"},
+      // A value head saved as PEFT saves a sequence classifier's score head.
+      {"task_type", c.modules_to_save.empty() ? "CAUSAL_LM" : "SEQ_CLS"},
+      {"base_model_name_or_path", base_model},
+      {"r", c.rank},
+      {"lora_alpha", c.alpha},
+      {"lora_dropout", c.dropout},
+      {"target_modules", c.target_modules},
+      {"use_rslora", c.use_rslora},
+      {"init_lora_weights", c.init == LoraInit::kGaussian ? json("gaussian") : json(true)},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"use_dora", false},
+      {"inference_mode", true},
+      {"modules_to_save", c.modules_to_save.empty() ? json(nullptr) : json(c.modules_to_save)},
+      {"layers_to_transform", nullptr},
+      {"rank_pattern", json::object()},
+      {"alpha_pattern", json::object()}};
   return j.dump(2) + "\n";
 }
 
 void write_adapter_dir(const std::vector<std::pair<std::string, torch::Tensor>>& adapters,
                        const LoraConfig& config, const std::string& dir,
                        const std::string& base_model, torch::Dtype dtype) {
-  const auto modules = by_module(adapters, dir);
+  const auto [lora, saved] = split_saved(adapters);
+  const auto modules = by_module(lora, dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw RuntimeError(dir + ": cannot create directory: " + ec.message());
@@ -395,8 +457,13 @@ void write_adapter_dir(const std::vector<std::pair<std::string, torch::Tensor>>&
                          ab.second.to(torch::kCPU, dtype).contiguous());
     adapted.insert(short_name(module));
   }
-  save_safetensors((fs::path(dir) / kAdapterWeightsName).string(), tensors);
   LoraConfig written = config;
+  written.modules_to_save.clear();
+  for (const auto& [name, t] : saved) {  // PEFT's key for a saved module: no wrapper names
+    tensors.emplace_back(kPeftKeyPrefix + name, t.to(torch::kCPU, dtype).contiguous());
+    written.modules_to_save.push_back(saved_module(name));
+  }
+  save_safetensors((fs::path(dir) / kAdapterWeightsName).string(), tensors);
   written.target_modules.clear();
   for (const auto& name : lora_module_names())
     if (adapted.count(name)) written.target_modules.push_back(name);
@@ -416,7 +483,9 @@ void save_adapter(CausalLM& model, const LoraConfig& config, const std::string& 
 void write_merged_model(const std::string& base_dir,
                         const std::vector<std::pair<std::string, torch::Tensor>>& adapters,
                         const LoraConfig& config, const std::string& out_dir, torch::Dtype dtype) {
-  const auto modules = by_module(adapters, "adapter");
+  const auto [lora, saved_list] = split_saved(adapters);
+  const auto modules = by_module(lora, "adapter");
+  const std::map<std::string, torch::Tensor> saved(saved_list.begin(), saved_list.end());
   const CheckpointReader base(base_dir);
   for (const auto& [module, ab] : modules) {
     if (!base.contains(module + ".weight"))
@@ -430,13 +499,25 @@ void write_merged_model(const std::string& base_dir,
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw RuntimeError(out_dir + ": cannot create directory: " + ec.message());
+  // A saved module (a trained value head) replaces the base's tensor, or is added to it.
+  std::vector<std::string> names = base.names();
+  for (const auto& [name, t] : saved)
+    if (!base.contains(name)) names.push_back(name);
   std::vector<TensorInfo> layout;
-  for (const auto& name : base.names())
-    layout.push_back({name, dtype, base.info(name).shape, 0, 0});
+  for (const auto& name : names) {
+    const auto it = saved.find(name);
+    const std::vector<int64_t> shape =
+        it != saved.end() ? it->second.sizes().vec() : base.info(name).shape;
+    layout.push_back({name, dtype, shape, 0, 0});
+  }
   SafetensorsWriter writer((fs::path(out_dir) / kSingleFileName).string(), layout);
   const double scale = config.scale();
   torch::NoGradGuard no_grad;
-  for (const auto& name : base.names()) {
+  for (const auto& name : names) {
+    if (auto it = saved.find(name); it != saved.end()) {
+      writer.write(name, it->second.to(dtype).contiguous());
+      continue;
+    }
     auto tensor = base.view(name).to(torch::kFloat32);
     const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : "";
     auto it = modules.find(module);

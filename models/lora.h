@@ -50,7 +50,7 @@ inline constexpr const char* kPeftKeyPrefix = "base_model.model.";
 // DIR/adapter_config.json as a LoraConfig. Throws InputError naming the file and key for a
 // missing file, a peft_type other than LORA, and PEFT features rlhf does not implement
 // (DoRA, fan_in_fan_out, lora bias, bias != "none", alpha_pattern / rank_pattern,
-// layers_to_transform, modules_to_save).
+// layers_to_transform). modules_to_save is read into the config (a value head).
 LoraConfig read_adapter_config(const std::string& dir);
 
 // Checks DIR's adapter against a base model of `base` (without building it): its config,
@@ -58,8 +58,12 @@ LoraConfig read_adapter_config(const std::string& dir);
 // adapter's config; throws InputError naming the file, the key and both shapes.
 LoraConfig check_adapter(const std::string& dir, const ModelConfig& base);
 
+// DIR's saved whole modules only (modules_to_save: a value head), by model name.
+std::vector<std::pair<std::string, torch::Tensor>> adapter_saved_modules(const std::string& dir);
+
 // Puts DIR's adapter on `model` (read_adapter_config, then apply_lora on the modules the
-// file holds, then the tensors, converted to the model's dtype). Every lora_A / lora_B pair
+// file holds, then the tensors, converted to the model's dtype; a saved value head replaces
+// the model's where its weights are materialized). Every lora_A / lora_B pair
 // must belong to a linear map of the model with fitting shapes; errors name the file, the
 // key and both shapes. Throws InputError.
 LoraConfig load_adapter(CausalLM& model, const std::string& dir);
@@ -73,20 +77,25 @@ void save_adapter(CausalLM& model, const LoraConfig& config, const std::string& 
                   const std::string& base_model, torch::Dtype dtype = torch::kFloat32);
 
 // The adapter of DIR as tensors by model name ("model.layers.0.self_attn.q_proj.lora_A.weight",
-// FP32 CPU), with its config. Throws InputError naming the file.
+// FP32 CPU), and the whole modules its config's modules_to_save names ("score.weight": a
+// value head, as PEFT saves a sequence classifier's). Throws InputError naming the file.
 std::vector<std::pair<std::string, torch::Tensor>> read_adapter_tensors(const std::string& dir);
 
 // Streams base_dir's checkpoint into out_dir as one model.safetensors in `dtype`, one tensor
 // at a time, adding scale * B A (FP32) to each adapted linear's weight: the merged model
 // without ever holding the whole model. `adapters` are model-named lora_A/lora_B tensors
-// (read_adapter_tensors, or a trainer's). Writes config.json (torch_dtype = dtype) and copies
-// the base's tokenizer files. Throws InputError when an adapter does not fit the base.
+// (read_adapter_tensors, or a trainer's); other tensors among them (a trained value head)
+// replace the base's tensor of that name or are added. Writes config.json (torch_dtype = dtype) and
+// copies the base's tokenizer files. Throws InputError when an adapter does not fit the base.
 void write_merged_model(const std::string& base_dir,
                         const std::vector<std::pair<std::string, torch::Tensor>>& adapters,
                         const LoraConfig& config, const std::string& out_dir, torch::Dtype dtype);
 
 // Writes adapter_config.json and adapter_model.safetensors to DIR from model-named adapter
 // tensors (a trainer's export): the keys get PEFT's prefix, tensors are written in `dtype`.
+// Tensors that are not lora_A / lora_B (a value head, "score.weight") are saved whole as
+// PEFT saves modules_to_save: key base_model.model.score.weight, "modules_to_save":
+// ["score"], "task_type": "SEQ_CLS" (PeftModelForSequenceClassification loads it).
 void write_adapter_dir(const std::vector<std::pair<std::string, torch::Tensor>>& adapters,
                        const LoraConfig& config, const std::string& dir,
                        const std::string& base_model, torch::Dtype dtype);
@@ -103,6 +112,23 @@ class AdapterSource final : public WeightSource {
  private:
   const WeightSource& base_;
   std::map<std::string, torch::Tensor> adapters_;
+};
+
+// Switches a model's LoRA adapters off for a scope (when `off`), and back on at its end: the
+// base model's forward, a LoRA role's own reference (issue 30.2).
+class AdaptersOff {
+ public:
+  AdaptersOff(CausalLM& model, bool off) : model_(off ? &model : nullptr) {
+    if (model_) model_->set_adapters_enabled(false);
+  }
+  ~AdaptersOff() {
+    if (model_) model_->set_adapters_enabled(true);
+  }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  CausalLM* model_;
 };
 
 // The model's adapters by model name (FP32 copies on the CPU), for an AdapterSource.

@@ -24,6 +24,9 @@ struct LoraConfig {
   std::vector<std::string> target_modules = {"all-linear"};
   LoraInit init = LoraInit::kKaimingUniform;
   bool use_rslora = false;  // scale alpha / sqrt(r) (Kalajdzievski 2023) instead of alpha / r
+  // PEFT's modules_to_save: whole modules trained and saved beside the adapters (a value-head
+  // role's head, "score"); filled from an adapter file or a trainer's export, not the spec.
+  std::vector<std::string> modules_to_save;
   // alpha / r, or alpha / sqrt(r) with rsLoRA (PEFT's LoraLayer.update_layer).
   double scale() const;
 };

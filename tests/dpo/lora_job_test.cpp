@@ -210,8 +210,9 @@ TEST_F(LoraRun, SftStartsFromAnExportedAdapter) {
   Result first = run("first", {});
   ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
   const fs::path adapter = run_dir("first") / "export" / "actor";
-  Result second = run("second", {"--set", "actor.lora.adapter=" + adapter.string(), "--set",
-                                 "train.max_steps=1", "--set", "ckpt.export_hf=false"});
+  Result second = run(
+      "second", {"--set", "actor.lora.adapter=" + adapter.string(), "--set", "actor.lora.rank=0",
+                 "--set", "train.max_steps=1", "--set", "ckpt.export_hf=false"});
   ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
   const auto a = steps_of(run_dir("first") / "metrics.jsonl");
   const auto b = steps_of(run_dir("second") / "metrics.jsonl");
@@ -221,6 +222,11 @@ TEST_F(LoraRun, SftStartsFromAnExportedAdapter) {
             << b[0]["loss"] << std::endl;
   EXPECT_LT(b[0]["loss"].get<double>(), a[0]["loss"].get<double>() - 0.1)
       << "fresh " << a[0]["loss"] << ", from the adapter " << b[0]["loss"];
+  // Issue 30.6 (a): actor.lora.rank is 0 in this spec; the plan takes r and the targets from
+  // the adapter's adapter_config.json, as the trainer does, and matches its tracked phases
+  // (a full-weights plan would count master, AdamW and grads for every parameter).
+  const auto phases = test::expect_tracked_phases_match(run_dir("second").string());
+  EXPECT_EQ(phases.count("actor") ? phases.at("actor").count("train") : 0u, 1u);
 }
 
 TEST_F(LoraRun, BadLoraKeysAreRefusedBeforeAnyWorkerStarts) {

@@ -371,6 +371,54 @@ TEST_F(MemoryPlanSpec, PpoLoraActorIsItsOwnReference) {
   EXPECT_EQ(actor->terms.master, 4 * kAdapters);
 }
 
+// Issue 30.6 (b): with lora.dropout > 0 each adapter keeps its dropped input [B T, in] (e
+// bytes) and dropout's own saved tensor (CPU: the scaled noise, e bytes; CUDA: a bool mask)
+// for backward: per token and checkpointed layer, the inputs of the seven linears
+// (q, k, v, gate, up: H = 64; o: 64; down: I = 176; 560 in all) x (e + e).
+TEST(MemoryPlan, LoraDropoutCountsTheInputsItSaves) {
+  RoleMemoryInput in = tiny_lora(2, 1);
+  const MemoryTerms plain = plan_role(in);
+  in.lora_dropout = 0.1;
+  const MemoryTerms dropped = plan_role(in);
+  const int64_t e = in.compute_bytes, tokens = in.micro_batch * in.seq_len;
+  EXPECT_EQ(dropped.activations - plain.activations, tokens * 560 * (e + e));
+  in.device_kind = rlhf::DeviceKind::kCuda;
+  const MemoryTerms cuda = plan_role(in);
+  in.lora_dropout = 0;
+  EXPECT_EQ(cuda.activations - plan_role(in).activations, tokens * 560 * (e + 1));
+}
+
+// Issue 30.6 (c): a LoRA critic trains the adapters and its value head [1, H] (H = 64): the
+// head's states are the only ones beside the adapters'.
+TEST_F(MemoryPlanSpec, LoraCriticTrainsTheAdaptersAndTheHead) {
+  const auto s = spec("4", {"critic.lora.rank=8"});
+  const MemoryPlan plan = plan_memory(s, models(s));
+  const RolePlan* critic = plan.role("critic");
+  ASSERT_NE(critic, nullptr);
+  EXPECT_EQ(critic->input.lora_rank, 8);
+  EXPECT_EQ(critic->terms.master, 4 * (kAdapters + 64));
+}
+
+// Issue 30.6 (a): with only <role>.lora.adapter the plan takes r, the targets and the dropout
+// from the adapter's adapter_config.json, as the trainer does: r = 4 on q and v is
+// 2 layers x 4 x ((64 + 64) + (64 + 32)) adapter elements, not a full-weights actor.
+TEST_F(MemoryPlanSpec, AnAdapterDirectoryGivesTheLoraTerms) {
+  const fs::path adapter = dir_ / "adapter";
+  fs::create_directories(adapter);
+  std::ofstream(adapter / "adapter_config.json")
+      << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.05,
+            "target_modules": ["q_proj", "v_proj"]})";
+  const auto s = spec("4", {"actor.lora.adapter=" + adapter.string()});
+  const MemoryPlan plan = plan_memory(s, models(s));
+  const RolePlan* actor = plan.role("actor");
+  ASSERT_NE(actor, nullptr);
+  EXPECT_EQ(actor->input.lora_rank, 4);
+  EXPECT_EQ(actor->input.lora_targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(actor->input.lora_dropout, 0.05);
+  EXPECT_EQ(actor->terms.master, 4 * (2 * 4 * (128 + 96)));
+  EXPECT_EQ(plan.role("ref"), nullptr) << "the adapter's actor is its own reference";
+}
+
 TEST_F(MemoryPlanSpec, ColocatedRolesShareTheBudget) {
   const auto s = spec("4");
   const MemoryPlan plan = plan_memory(s, models(s));

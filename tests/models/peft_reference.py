@@ -12,6 +12,11 @@ with the adapter (PEFT's forward, unmerged) and of merge_and_unload()'s merged m
 (a JSON list of token-id lists) as a JSON list of lists: an rlhf adapter or merged model
 checked by PEFT and transformers themselves.
 
+`values --model DIR --adapter DIR --inputs FILE --out FILE` loads a value model as
+AutoModelForSequenceClassification (num_labels 1) with an rlhf-exported adapter whose value head
+PEFT restores from modules_to_save, and writes each sequence's score (the head at its last
+token) as a JSON list: a LoRA reward model or critic checked by PEFT itself.
+
 FP32, eval mode, eager attention; one sequence at a time (no padding), as `rlhf logprobs`.
 """
 
@@ -120,6 +125,20 @@ def score(args):
         json.dump(log_probs(model, sequences), f)
 
 
+@torch.no_grad()
+def values(args):
+    with open(args.inputs) as f:
+        sequences = json.load(f)
+    base = transformers.AutoModelForSequenceClassification.from_pretrained(
+        args.model, num_labels=1, dtype=torch.float32, attn_implementation="eager"
+    )
+    model = peft.PeftModel.from_pretrained(base, args.adapter).eval()
+    assert type(model).__name__ == "PeftModelForSequenceClassification", type(model).__name__
+    scores = [model(input_ids=torch.tensor([seq])).logits[0, 0].item() for seq in sequences]
+    with open(args.out, "w") as f:
+        json.dump(scores, f)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +152,12 @@ def main():
     p.add_argument("--inputs", required=True, help="JSON list of token-id lists")
     p.add_argument("--out", required=True)
     p.set_defaults(run=score)
+    p = sub.add_parser("values", help="scores of a value model and adapter under PEFT (SEQ_CLS)")
+    p.add_argument("--model", required=True)
+    p.add_argument("--adapter", required=True)
+    p.add_argument("--inputs", required=True, help="JSON list of token-id lists")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=values)
     args = parser.parse_args()
     torch.set_num_threads(1)
     transformers.utils.logging.disable_progress_bar()
