@@ -210,7 +210,9 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
                                                               compute, role.device, tied);
     role.model->eval();
   } else {
+    // A scorer that never trains (reference, reward): q/k/v and gate/up as one GEMM each.
     models::load_whole(*role.model, source, compute, role.device);
+    role.model->fuse_projections();
     role.model->eval();
   }
   Message reply;

@@ -165,7 +165,7 @@ models::TensorParallel join_tensor_parallel(const nlohmann::json& a, const Worke
 // "tp_store_path" (see join_tensor_parallel; a TP rank loads only its slices); the
 // generation settings "max_new_tokens", "n_samples_per_prompt", "micro_batch_size",
 // "stop_token_ids", "pad_token_id" (defaults: GenerationConfig's; stop tokens default to the
-// model's EOS).
+// model's EOS); "fused_projections" (default true: CausalLM::fuse_projections).
 Message load_model(RolloutState& state, const Message& request, const WorkerIdentity& self) {
   const auto& a = request.args;
   const torch::Device device = worker_device(self);
@@ -195,6 +195,9 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
   } else {
     throw InputError("load_model: expected arg \"model\" (a directory) or \"preset\"");
   }
+  // q/k/v and gate/up as one GEMM each (issue 32.2); weight syncs, LoRA adapters and exports
+  // still see HF tensors. "fused_projections": false keeps the separate maps.
+  if (a.value("fused_projections", true)) model->fuse_projections();
   rollout::GenerationConfig config;
   config.max_new_tokens = a.value("max_new_tokens", config.max_new_tokens);
   config.n_samples_per_prompt = a.value("n_samples_per_prompt", config.n_samples_per_prompt);

@@ -7,6 +7,7 @@
 #include <ATen/Context.h>
 #include <torch/autograd.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -32,6 +33,57 @@ std::vector<std::pair<std::string, Linear>> layer_linears(DecoderLayerImpl& laye
           {"self_attn.v_proj", a.v_proj}, {"self_attn.o_proj", a.o_proj},
           {"mlp.gate_proj", m.gate_proj}, {"mlp.up_proj", m.up_proj},
           {"mlp.down_proj", m.down_proj}};
+}
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Module-tree parameters `params` (named_parameters() order, names with `prefix`) as HF
+// tensors in HF order: a fused map ("...self_attn.qkv_proj.weight" and its ".bias", which
+// LinearImpl registers right after the weight) becomes its parts' rows, views, each part's
+// weight then bias ("q_proj.weight", "q_proj.bias", "k_proj.weight", ...); any other
+// parameter stays itself. `shard` gives the parts' row counts (the TP shard's config: a
+// rank's fused tensor stacks its own slices).
+void append_hf_tensors(const std::string& prefix,
+                       const torch::OrderedDict<std::string, torch::Tensor>& params,
+                       const ModelConfig& shard, NamedTensors& out) {
+  struct Fusion {
+    const char* fused;
+    std::vector<std::pair<const char*, int64_t>> parts;  // HF module, rows
+  };
+  const int64_t D = shard.head_dim, I = shard.intermediate_size;
+  const Fusion fusions[] = {{"self_attn.qkv_proj.",
+                             {{"self_attn.q_proj.", shard.num_attention_heads * D},
+                              {"self_attn.k_proj.", shard.num_key_value_heads * D},
+                              {"self_attn.v_proj.", shard.num_key_value_heads * D}}},
+                            {"mlp.gate_up_proj.", {{"mlp.gate_proj.", I}, {"mlp.up_proj.", I}}}};
+  const auto& items = params.items();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string name = prefix + items[i].key();
+    const Fusion* fusion = nullptr;
+    size_t at = std::string::npos;
+    for (const auto& f : fusions)
+      if (ends_with(name, std::string(f.fused) + "weight")) {
+        fusion = &f;
+        at = name.size() - std::strlen(f.fused) - 6;
+      }
+    if (!fusion) {
+      out.emplace_back(name, items[i].value());
+      continue;
+    }
+    const std::string head = name.substr(0, at);
+    const torch::Tensor& weight = items[i].value();
+    torch::Tensor bias;
+    if (i + 1 < items.size() && prefix + items[i + 1].key() == head + fusion->fused + "bias")
+      bias = items[++i].value();
+    int64_t row = 0;
+    for (const auto& [part, rows] : fusion->parts) {
+      out.emplace_back(head + part + "weight", weight.narrow(0, row, rows));
+      if (bias.defined()) out.emplace_back(head + part + "bias", bias.narrow(0, row, rows));
+      row += rows;
+    }
+    TORCH_CHECK(row == weight.size(0), "CausalLM: fused ", name, " has ", weight.size(0),
+                " rows, its parts ", row);
+  }
 }
 
 bool has_lora_dropout(DecoderLayerImpl& layer) {
@@ -179,9 +231,8 @@ void CausalLM::init_weights(uint64_t seed) {
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(seed);
   const std::string value_name = config_.value_head_prefix + ".weight";
-  for (auto& p : named_parameters()) {
-    const std::string& name = p.key();
-    torch::Tensor& t = p.value();
+  // In HF order by HF name, so a fused model draws the same values as an unfused one.
+  for (auto& [name, t] : state_tensors()) {
     if (ends_with(name, "norm.weight")) {
       t.fill_(1.0);
     } else if (ends_with(name, ".bias")) {
@@ -372,8 +423,23 @@ void CausalLM::set_adapters_enabled(bool enabled) {
 
 std::vector<std::pair<std::string, torch::Tensor>> CausalLM::state_tensors() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& p : named_parameters()) out.emplace_back(p.key(), p.value());
+  append_hf_tensors("", named_parameters(), shard_config_, out);
   return out;
+}
+
+torch::Tensor CausalLM::hf_tensor(const std::string& name) {
+  for (auto& [hf_name, t] : state_tensors())
+    if (hf_name == name) return t;
+  throw InputError("CausalLM: no parameter named " + name);
+}
+
+void CausalLM::fuse_projections() {
+  for (int64_t i = 0; i < num_layers(); ++i) {
+    auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
+    layer->self_attn->fuse();
+    layer->mlp->fuse();
+  }
+  fused_ = true;
 }
 
 std::vector<ParamUnit> CausalLM::param_units() {
@@ -383,8 +449,7 @@ std::vector<ParamUnit> CausalLM::param_units() {
   for (int64_t i = 0; i < num_layers(); ++i) {
     ParamUnit unit{"layers." + std::to_string(i), {}, {}};
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    for (const auto& p : layers->ptr(i)->named_parameters())
-      unit.params.emplace_back(prefix + p.key(), p.value());
+    append_hf_tensors(prefix, layers->ptr(i)->named_parameters(), shard_config_, unit.params);
     for (auto& [name, linear] : layer_linears(*layers->ptr(i)->as<DecoderLayerImpl>())) {
       if (!linear->lora) continue;
       unit.params.emplace_back(prefix + name + ".lora_A.weight", linear->lora->A);

@@ -125,8 +125,26 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   bool has_adapters();
   void set_adapters_enabled(bool enabled);
 
-  // The tensors a checkpoint holds, by HF name (a tied lm_head is not listed).
+  // The tensors a checkpoint holds, by HF name (a tied lm_head is not listed), in HF order.
+  // On a fused model (fuse_projections) q/k/v_proj and gate/up_proj are views of their rows
+  // of the fused tensors: an in-place write through one (a weight sync, a copy_) lands there.
   std::vector<std::pair<std::string, torch::Tensor>> state_tensors();
+  // The tensor HF parameter `name` lives in, as state_tensors() lists it (a view of its rows
+  // of a fused tensor on a fused model): where a weight received by HF name goes, in place.
+  // Throws InputError naming `name` when the model has no such parameter.
+  torch::Tensor hf_tensor(const std::string& name);
+
+  // Fuses every decoder layer's q/k/v maps into one qkv_proj GEMM and gate/up into one
+  // gate_up_proj (issue 32.2; decoder_layer.h's FusedParts), each TP rank its own slices,
+  // for the models that only run forwards (the rollout, unsharded reference and reward).
+  // HF names stay everywhere outside the module tree: state_tensors(), hf_tensor(),
+  // param_units(), decoder_linears() (so LoRA, save_pretrained and the weight sync see the
+  // unfused model); named_parameters() shows the fused names. Call after loading: throws on
+  // deferred weights. Not for a model a ZeRO trainer or ShardedInference owns (they set
+  // parameters by name with set_data). Peak memory: the model plus one layer's q/k/v or
+  // gate/up. Idempotent.
+  void fuse_projections();
+  bool fused_projections() const { return fused_; }
 
   // ShardableModel. Units: 0 = embeddings, 1..L = decoder layers, L+1 = final norm and head.
   // With tie_word_embeddings the head reads unit 0's embedding matrix (listed in unit 0 only).
@@ -176,6 +194,7 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   int64_t logits_chunk_tokens_ = kDefaultLogitsChunkTokens;
   LayerHooks* hooks_ = nullptr;
   torch::Tensor inv_freq_;  // RoPE's inverse frequencies on the device of the last forward
+  bool fused_ = false;      // fuse_projections() ran
 };
 
 // The parameters CausalLM's constructor registers for `config` (HF names, full shapes), in

@@ -70,14 +70,42 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   return at::scaled_dot_product_attention(q, k, v, in.mask, 0.0, in.causal, std::nullopt, gqa);
 }
 
-// x [B, T, H] -> [B, n, T, D]: `proj` split into n heads of D, each normalised over D by
-// `norm` when there is one (qwen3's q_norm / k_norm, before RoPE as in Qwen3Attention).
-// The one place q and k are made, for every path: dense, KV-cached, paged, tensor-parallel.
-torch::Tensor heads_of(Linear& proj, RMSNormImpl* norm, const torch::Tensor& x, int64_t n,
-                       int64_t D) {
-  auto h = proj->forward(x).view({x.size(0), x.size(1), n, D});  // [B, T, n, D]
+// projected [B, T, n D] (a projection's output, or its slice of a fused one) -> [B, n, T, D]:
+// n heads of D, each normalised over D by `norm` when there is one (qwen3's q_norm / k_norm,
+// before RoPE as in Qwen3Attention). The one place q and k are made, for every path: dense,
+// KV-cached, paged, tensor-parallel, fused or not.
+torch::Tensor heads_of(const torch::Tensor& projected, RMSNormImpl* norm, int64_t n, int64_t D) {
+  auto h = projected.view({projected.size(0), projected.size(1), n, D});  // [B, T, n, D]
   if (norm) h = norm->forward(h);
   return h.transpose(1, 2);
+}
+
+// `parts` (maps of one input, [rows_i, in] each, with biases or without) stacked into one
+// FusedParts. Throws when a weight is still a deferred placeholder.
+FusedParts fuse_parts(const std::vector<Linear>& parts) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> weights, biases;
+  for (const auto& part : parts) {
+    TORCH_CHECK(part->weight.dim() == 2 && part->weight.numel() > 0,
+                "fuse: a weight is not set yet (deferred placeholder of shape ",
+                part->weight.sizes(), "); fuse after loading");
+    weights.push_back(part->weight);
+    if (part->bias.defined()) biases.push_back(part->bias);
+  }
+  TORCH_CHECK(biases.empty() || biases.size() == parts.size(),
+              "fuse: either every part has a bias or none has");
+  auto weight = torch::cat(weights, 0);  // [sum rows, in]
+  FusedParts out;
+  out.fused = Linear(weight.size(1), weight.size(0), !biases.empty(), Materialize::kDeferred);
+  out.fused->weight.set_data(weight);
+  out.fused->weight.set_requires_grad(parts[0]->weight.requires_grad());
+  if (!biases.empty()) {
+    out.fused->bias.set_data(torch::cat(biases, 0));
+    out.fused->bias.set_requires_grad(parts[0]->bias.requires_grad());
+  }
+  out.parts = parts;
+  out.bind();
+  return out;
 }
 
 // A row-parallel linear map: this rank's partial product, summed over the TP group, then
@@ -213,13 +241,37 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, Materialize how, const Tensor
   }
 }
 
+std::vector<torch::Tensor> FusedParts::forward(const torch::Tensor& x) {
+  std::vector<int64_t> rows;
+  for (const auto& part : parts) rows.push_back(part->weight.size(0));
+  auto pieces = at::linear(x, fused->weight, fused->bias).split_with_sizes(rows, -1);
+  for (size_t i = 0; i < parts.size(); ++i) pieces[i] = parts[i]->add_lora(pieces[i], x);
+  return pieces;
+}
+
+void FusedParts::bind() {
+  torch::NoGradGuard no_grad;
+  int64_t at = 0;
+  for (auto& part : parts) {
+    const int64_t rows = part->weight.size(0);
+    part->weight.set_data(fused->weight.narrow(0, at, rows));
+    if (part->bias.defined()) part->bias.set_data(fused->bias.narrow(0, at, rows));
+    at += rows;
+  }
+}
+
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
                                      KvStore* cache, int64_t layer_index) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = heads_of(q_proj, q_norm.get(), x, heads_, head_dim_);     // [B, nh, T, D]
-  auto k = heads_of(k_proj, k_norm.get(), x, kv_heads_, head_dim_);  // [B, kv, T, D]
-  auto v = heads_of(v_proj, nullptr, x, kv_heads_, head_dim_);       // [B, kv, T, D]
-  auto cos = in.cos.unsqueeze(1), sin = in.sin.unsqueeze(1);         // [B, 1, T, D]
+  std::vector<torch::Tensor> qkv;  // [B, T, nh D], [B, T, kv D], [B, T, kv D]
+  if (fused())
+    qkv = qkv_.forward(x);
+  else
+    qkv = {q_proj->forward(x), k_proj->forward(x), v_proj->forward(x)};
+  auto q = heads_of(qkv[0], q_norm.get(), heads_, head_dim_);     // [B, nh, T, D]
+  auto k = heads_of(qkv[1], k_norm.get(), kv_heads_, head_dim_);  // [B, kv, T, D]
+  auto v = heads_of(qkv[2], nullptr, kv_heads_, head_dim_);       // [B, kv, T, D]
+  auto cos = in.cos.unsqueeze(1), sin = in.sin.unsqueeze(1);      // [B, 1, T, D]
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   torch::Tensor out;
@@ -232,6 +284,37 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   return row_parallel(o_proj, out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}), tp_);
 }
 
+void AttentionImpl::fuse() {
+  if (fused()) return;
+  qkv_ = fuse_parts({q_proj, k_proj, v_proj});
+  // Re-registered in HF order, so named_parameters() expands to the unfused order.
+  for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj"}) unregister_module(name);
+  if (q_norm) {
+    unregister_module("q_norm");
+    unregister_module("k_norm");
+  }
+  register_module("qkv_proj", qkv_.fused);
+  register_module("o_proj", o_proj);
+  if (q_norm) {
+    register_module("q_norm", q_norm);
+    register_module("k_norm", k_norm);
+  }
+}
+
+// torch's Module::to moves the registered qkv_proj (set_data); the parts' aliases follow.
+void AttentionImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  if (fused()) qkv_.bind();
+}
+void AttentionImpl::to(torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(dtype, non_blocking);
+  if (fused()) qkv_.bind();
+}
+void AttentionImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  if (fused()) qkv_.bind();
+}
+
 MlpImpl::MlpImpl(const ModelConfig& c, Materialize how, const TensorParallel* tp) : tp_(tp) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   gate_proj = register_module("gate_proj", Linear(H, I, c.mlp_bias, how));
@@ -241,6 +324,10 @@ MlpImpl::MlpImpl(const ModelConfig& c, Materialize how, const TensorParallel* tp
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto mlp = [this](const torch::Tensor& in) {
+    if (fused()) {
+      auto gate_up = gate_up_.forward(in);  // [..., I] each
+      return row_parallel(down_proj, torch::silu(gate_up[0]) * gate_up[1], tp_);
+    }
     return row_parallel(down_proj, torch::silu(gate_proj->forward(in)) * up_proj->forward(in), tp_);
   };
   const int64_t H = x.size(-1), tokens = x.numel() / std::max<int64_t>(1, H);
@@ -253,6 +340,27 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
     out.narrow(0, start, n).copy_(mlp(flat.narrow(0, start, n)));
   }
   return out.view(x.sizes());
+}
+
+void MlpImpl::fuse() {
+  if (fused()) return;
+  gate_up_ = fuse_parts({gate_proj, up_proj});
+  for (const char* name : {"gate_proj", "up_proj", "down_proj"}) unregister_module(name);
+  register_module("gate_up_proj", gate_up_.fused);
+  register_module("down_proj", down_proj);
+}
+
+void MlpImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  if (fused()) gate_up_.bind();
+}
+void MlpImpl::to(torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(dtype, non_blocking);
+  if (fused()) gate_up_.bind();
+}
+void MlpImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  if (fused()) gate_up_.bind();
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, Materialize how,

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "models/config.h"
 #include "models/linear.h"
@@ -90,6 +91,21 @@ class RMSNormImpl : public torch::nn::Module {
 // heads and rows, o_proj and down_proj its columns, and their outputs are summed over the
 // group; the per-head q/k norms (qwen3) act on head_dim, so each rank holds them whole.
 // `tp` must outlive the module.
+// Fused projections (issue 32.2): maps that read the same input run as one GEMM over their
+// weights stacked along dim 0 ([q; k; v], [gate; up], with the biases likewise), registered
+// as one parameter ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"). The part
+// Linears stay, unregistered, as the HF-named homes of their LoRA adapters; their weight and
+// bias are aliases of their rows of the fused tensors (kept so across to()), so a LoRA merge
+// or a write through them lands in the fused tensor. On a tensor-parallel shard each rank
+// stacks its own slices: [q_r; k_r; v_r].
+struct FusedParts {
+  Linear fused{nullptr};
+  std::vector<Linear> parts;  // in stacking order
+  // The fused map's output [..., sum of rows] split per part, each with its part's LoRA term.
+  std::vector<torch::Tensor> forward(const torch::Tensor& x);
+  void bind();  // points each part's weight/bias at its rows of the fused tensors
+};
+
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& config, Materialize how, const TensorParallel* tp = nullptr);
@@ -97,6 +113,14 @@ class AttentionImpl : public torch::nn::Module {
   // `layer_index` and attention runs over everything cached.
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
                         int64_t layer_index);
+  // Replaces q/k/v_proj by one qkv_proj (see FusedParts); parameter order becomes qkv_proj,
+  // o_proj, q_norm, k_norm. Needs set (not deferred) weights; idempotent.
+  void fuse();
+  bool fused() const { return !qkv_.fused.is_empty(); }
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   // config.qk_norm (qwen3): RMSNorm weight [head_dim] on every q / k head before RoPE;
   // null otherwise.
@@ -105,6 +129,7 @@ class AttentionImpl : public torch::nn::Module {
  private:
   int64_t heads_, kv_heads_, head_dim_;
   const TensorParallel* tp_;
+  FusedParts qkv_;  // after fuse(): qkv_proj [(nh + 2 kv) D, H] and its parts q, k, v
 };
 
 // Without autograd (scoring, prefill) the MLP runs over at most this many tokens at a time,
@@ -118,10 +143,19 @@ class MlpImpl : public torch::nn::Module {
   // down(silu(gate(x)) * up(x)), [B, T, H]; in chunks of kInferenceMlpChunkTokens tokens
   // when autograd is off.
   torch::Tensor forward(const torch::Tensor& x);
+  // Replaces gate/up_proj by one gate_up_proj [2 I, H] (see FusedParts); parameter order
+  // becomes gate_up_proj, down_proj. Needs set (not deferred) weights; idempotent.
+  void fuse();
+  bool fused() const { return !gate_up_.fused.is_empty(); }
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
   const TensorParallel* tp_;
+  FusedParts gate_up_;  // after fuse(): gate_up_proj and its parts gate, up
 };
 
 class DecoderLayerImpl : public torch::nn::Module {

@@ -35,7 +35,10 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  auto y = at::linear(x, weight, bias);
+  return add_lora(at::linear(x, weight, bias), x);
+}
+
+torch::Tensor LinearImpl::add_lora(const torch::Tensor& y, const torch::Tensor& x) {
   if (!lora) return y;
   TORCH_CHECK(lora->enabled || !lora->merged,
               "LoRA: adapters merged into the base weights cannot be disabled; unmerge first");

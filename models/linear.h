@@ -58,6 +58,10 @@ class LinearImpl : public torch::nn::Module {
   // The adapter's term alone: scale * B (A (dropout(x))) [..., out] in x's dtype (PEFT's
   // order: the product first, then the scale).
   torch::Tensor lora_delta(const torch::Tensor& x);
+  // y (this map's base output for x, [..., out]) plus the adapter's term while it is enabled
+  // and not merged: forward() is add_lora(W x + b, x). A fused projection (decoder_layer.h)
+  // calls it on its slice of the fused GEMM's output.
+  torch::Tensor add_lora(const torch::Tensor& y, const torch::Tensor& x);
   torch::Tensor weight;               // [out, in]
   torch::Tensor bias;                 // [out], undefined without bias
   std::shared_ptr<LoraAdapter> lora;  // null: no adapter. Its tensors are not registered

@@ -134,6 +134,8 @@ torch::Tensor PretrainedSource::read(const std::string& name, int64_t begin, int
 void load_whole(CausalLM& model, const WeightSource& source, torch::Dtype dtype,
                 torch::Device device) {
   torch::NoGradGuard no_grad;
+  TORCH_CHECK(!model.fused_projections(),
+              "load_whole: the model's projections are fused; load first, then fuse_projections");
   std::map<std::string, torch::Tensor> params;
   for (auto& [name, param] : model.state_tensors()) params[name] = param;
   const TensorParallel& tp = model.tensor_parallel();

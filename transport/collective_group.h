@@ -37,8 +37,14 @@ struct CollectiveConfig {
   int cuda_device = 0;  // kNccl: the device this rank's tensors live on
 };
 
-// Collectives on contiguous tensors of one dtype. Every call blocks until done and throws
-// rlhf::RuntimeError (naming rank and operation) when a peer fails or the timeout passes.
+// Collectives on contiguous tensors of one dtype. A call returns when its result is ready for
+// what comes next: Gloo (CPU tensors) blocks until it is done; NCCL (CUDA tensors) enqueues it
+// on torch's current CUDA stream and returns without waiting for the device, so later work on
+// that stream (or a copy to the host) sees the result. Calls throw rlhf::RuntimeError (naming
+// rank and operation) when a peer fails or the timeout passes: Gloo in that call, NCCL in the
+// first call after its watchdog noticed (a call that returns a result to the host, CPU tensors
+// or barrier, checks after waiting). An asynchronous all-reduce: all_reduce_async in
+// nccl_group.h.
 class CollectiveGroup {
  public:
   virtual ~CollectiveGroup() = default;

@@ -1,60 +1,31 @@
-// CollectiveGroup over NCCL for CUDA tensors: every call is enqueued on the legacy default
-// stream (the one LibTorch uses unless told otherwise) and waited for, so results are ready
-// when the call returns. A wait is bounded: the communicator is polled for asynchronous
-// errors and aborted when a peer fails or the group's timeout passes, so a dead rank stops
-// its peers with an error instead of hanging them (NCCL's own blocking mode would wait
-// forever). Built only with RLHF_HAVE_NCCL; runs only where there is a GPU.
+// CollectiveGroup over c10d's ProcessGroupNCCL from the LibTorch we link (issue 32.4), built
+// on the group's (authenticated) store. Each collective on CUDA tensors is enqueued on
+// torch's current CUDA stream (asyncOp = false: no side stream, no event, no host wait), so
+// whatever runs next on that stream sees the result and a CUDA graph can capture it;
+// all_reduce_async (nccl_group.h) runs on NCCL's own stream and returns a Work handle to wait
+// on later.
+// Failures: ProcessGroupNCCL's watchdog thread watches every collective against the group's
+// timeout and aborts the communicators when one is late or NCCL reports an error (a peer
+// died). It runs here in CleanUpOnly mode (TORCH_NCCL_ASYNC_ERROR_HANDLING=2 unless the
+// environment says otherwise): the process lives and the next call through this group
+// throws RuntimeError naming rank and operation. Calls that hand a result to the host (CPU
+// tensors staged through the GPU, barrier) wait for it and check once more.
+// Built only with RLHF_HAVE_NCCL; runs only where there is a GPU.
 #include "transport/nccl_group.h"
 
-#include <cuda_runtime_api.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <nccl.h>
 
-#include <chrono>
-#include <cstring>
-#include <thread>
+#include <cstdlib>
+#include <functional>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <vector>
 
 #include "core/errors.h"
 
 namespace rlhf::transport {
 namespace {
-
-void check_cuda(cudaError_t status, const char* what, int rank) {
-  if (status != cudaSuccess) {
-    throw RuntimeError(std::string("nccl group: rank ") + std::to_string(rank) + ": " + what +
-                       ": " + cudaGetErrorString(status));
-  }
-}
-
-void check_nccl(ncclResult_t status, const char* what, int rank) {
-  if (status != ncclSuccess) {
-    throw RuntimeError(std::string("nccl group: rank ") + std::to_string(rank) + ": " + what +
-                       ": " + ncclGetErrorString(status));
-  }
-}
-
-ncclDataType_t nccl_dtype(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat:
-      return ncclFloat32;
-    case torch::kDouble:
-      return ncclFloat64;
-    case torch::kHalf:
-      return ncclFloat16;
-    case torch::kBFloat16:
-      return ncclBfloat16;
-    case torch::kInt:
-      return ncclInt32;
-    case torch::kLong:
-      return ncclInt64;
-    case torch::kByte:
-      return ncclUint8;
-    case torch::kChar:
-      return ncclInt8;
-    default:
-      TORCH_CHECK(false, "nccl group: unsupported dtype ", t.scalar_type());
-  }
-}
 
 // CPU tensors (control values, checkpoint bookkeeping) are staged through the GPU, so
 // callers need not know the backend.
@@ -67,31 +38,67 @@ void check_cuda_contiguous(const torch::Tensor& t, const char* what) {
               ": needs a defined, contiguous CUDA tensor");
 }
 
+c10d::ReduceOp reduce_op(ReduceOp op) {
+  return op == ReduceOp::kSum ? c10d::ReduceOp(c10d::ReduceOp::SUM)
+                              : c10d::ReduceOp(c10d::ReduceOp::MAX);
+}
+
+const char* error_name(c10d::ErrorType error) {
+  switch (error) {
+    case c10d::ErrorType::TIMEOUT:
+      return "a collective timed out (a peer is gone or stuck)";
+    case c10d::ErrorType::COMM_ERROR:
+      return "NCCL reported an error (a peer's connection lost)";
+    case c10d::ErrorType::REMOTE_ERROR:
+      return "a peer reported an error";
+    default:
+      return "unknown error";
+  }
+}
+
+class NcclGroup;
+
+// all_reduce_async's handle: the Work of a collective on NCCL's stream.
+class NcclPending final : public PendingCollective {
+ public:
+  NcclPending(NcclGroup& group, c10::intrusive_ptr<c10d::Work> work)
+      : group_(group), work_(std::move(work)) {}
+  void wait() override;
+
+ private:
+  NcclGroup& group_;
+  c10::intrusive_ptr<c10d::Work> work_;
+};
+
 class NcclGroup final : public CollectiveGroup {
  public:
   NcclGroup(const CollectiveConfig& config, const c10::intrusive_ptr<c10d::Store>& store)
-      : rank_(config.rank), size_(config.size), timeout_(config.timeout) {
-    check_cuda(cudaSetDevice(config.cuda_device), "cudaSetDevice", rank_);
-    ncclUniqueId id;
-    const std::string key = "rlhf_nccl_unique_id";
-    if (rank_ == 0) {
-      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", rank_);
-      std::vector<uint8_t> bytes(sizeof(id));
-      std::memcpy(bytes.data(), &id, sizeof(id));
-      store->set(key, bytes);
-    } else {
-      std::vector<uint8_t> bytes = store->get(key);  // waits up to the store's timeout
-      if (bytes.size() != sizeof(id)) {
-        throw RuntimeError("nccl group: rank " + std::to_string(rank_) + ": bad unique id size " +
-                           std::to_string(bytes.size()));
-      }
-      std::memcpy(&id, bytes.data(), sizeof(id));
+      : rank_(config.rank),
+        size_(config.size),
+        device_(torch::kCUDA, static_cast<c10::DeviceIndex>(config.cuda_device)) {
+    // Abort the communicators on a timeout or NCCL error and keep the process (the default,
+    // 3, would end it from the watchdog thread); read by ProcessGroupNCCL's constructor.
+    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = config.timeout;
+    try {
+      c10::cuda::set_device(device_.index());
+      pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank_, size_, options);
+      pg_->setBoundDeviceId(device_);
+      pg_->eagerConnectSingleDevice(device_);  // rendezvous now, not at the first collective
+    } catch (const std::exception& e) {
+      throw RuntimeError(where("join") + e.what());
     }
-    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", rank_);
   }
 
   ~NcclGroup() override {
-    if (comm_ != nullptr) ncclCommDestroy(comm_);  // nothing to do on failure in a destructor
+    try {  // nothing to do on failure in a destructor
+      if (pg_->getError() == c10d::ErrorType::SUCCESS)
+        pg_->shutdown();
+      else
+        pg_->abort();
+    } catch (...) {
+    }
   }
 
   int rank() const override { return rank_; }
@@ -100,155 +107,189 @@ class NcclGroup final : public CollectiveGroup {
 
   void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
     if (on_host(tensor)) {
-      auto staged = tensor.to(torch::kCUDA);
+      auto staged = tensor.to(device_);
       all_reduce(staged, op);
-      tensor.copy_(staged);
+      tensor.copy_(staged);  // waits for the device
+      check("all_reduce");
       return;
     }
     check_cuda_contiguous(tensor, "all_reduce");
-    check_nccl(
-        ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_dtype(tensor),
-                      op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream()),
-        "ncclAllReduce", rank_);
-    wait("ncclAllReduce");
+    run("all_reduce", [&] {
+      std::vector<at::Tensor> tensors{tensor};
+      c10d::AllreduceOptions options;
+      options.reduceOp = reduce_op(op);
+      options.asyncOp = false;
+      return pg_->allreduce(tensors, options);
+    });
+  }
+
+  std::unique_ptr<PendingCollective> all_reduce_async(torch::Tensor& tensor, ReduceOp op) {
+    check_cuda_contiguous(tensor, "all_reduce_async");
+    check("all_reduce_async");
+    try {
+      std::vector<at::Tensor> tensors{tensor};
+      c10d::AllreduceOptions options;
+      options.reduceOp = reduce_op(op);
+      options.asyncOp = true;  // on NCCL's stream, after the current stream's work so far
+      return std::make_unique<NcclPending>(*this, pg_->allreduce(tensors, options));
+    } catch (const std::exception& e) {
+      throw RuntimeError(where("all_reduce_async") + e.what());
+    }
   }
 
   void all_gather(torch::Tensor& output, const torch::Tensor& input) override {
     if (on_host(output) || on_host(input)) {
-      auto out = on_host(output) ? output.to(torch::kCUDA) : output;
-      all_gather(out, on_host(input) ? input.to(torch::kCUDA) : input);
+      auto out = on_host(output) ? output.to(device_) : output;
+      all_gather(out, on_host(input) ? input.to(device_) : input);
       if (on_host(output)) output.copy_(out);
+      check("all_gather");
       return;
     }
     check_cuda_contiguous(output, "all_gather output");
     check_cuda_contiguous(input, "all_gather input");
     TORCH_CHECK(output.numel() == input.numel() * size_ && output.dtype() == input.dtype(),
                 "nccl all_gather: output must hold size x input elements of the same dtype");
-    check_nccl(ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), nccl_dtype(input),
-                             comm_, stream()),
-               "ncclAllGather", rank_);
-    wait("ncclAllGather");
+    run("all_gather", [&] {
+      auto in = input;
+      c10d::AllgatherOptions options;
+      options.asyncOp = false;
+      return pg_->_allgather_base(output, in, options);
+    });
   }
 
   void reduce_scatter(torch::Tensor& output, torch::Tensor& input) override {
     if (on_host(output) || on_host(input)) {
-      auto out = on_host(output) ? output.to(torch::kCUDA) : output;
-      auto in = on_host(input) ? input.to(torch::kCUDA) : input;
+      auto out = on_host(output) ? output.to(device_) : output;
+      auto in = on_host(input) ? input.to(device_) : input;
       reduce_scatter(out, in);
       if (on_host(output)) output.copy_(out);
+      check("reduce_scatter");
       return;
     }
     check_cuda_contiguous(output, "reduce_scatter output");
     check_cuda_contiguous(input, "reduce_scatter input");
     TORCH_CHECK(input.numel() == output.numel() * size_ && output.dtype() == input.dtype(),
                 "nccl reduce_scatter: input must hold size x output elements of the same dtype");
-    check_nccl(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                                 nccl_dtype(input), ncclSum, comm_, stream()),
-               "ncclReduceScatter", rank_);
-    wait("ncclReduceScatter");
+    run("reduce_scatter", [&] {
+      c10d::ReduceScatterOptions options;
+      options.asyncOp = false;
+      return pg_->_reduce_scatter_base(output, input, options);
+    });
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
     if (on_host(tensor)) {
-      auto staged = tensor.to(torch::kCUDA);
+      auto staged = tensor.to(device_);
       broadcast(staged, root);
       if (rank_ != root) tensor.copy_(staged);
+      check("broadcast");
       return;
     }
     check_cuda_contiguous(tensor, "broadcast");
-    check_nccl(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
-                             nccl_dtype(tensor), root, comm_, stream()),
-               "ncclBroadcast", rank_);
-    wait("ncclBroadcast");
+    run("broadcast", [&] {
+      std::vector<at::Tensor> tensors{tensor};
+      c10d::BroadcastOptions options;
+      options.rootRank = root;
+      options.asyncOp = false;
+      return pg_->broadcast(tensors, options);
+    });
   }
 
-  // NCCL has no scatter: root sends each rank its piece (point to point, in one group
-  // call), every rank receives its own.
   void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root) override {
     TORCH_CHECK(rank_ != root || static_cast<int>(inputs.size()) == size_, "nccl scatter: root ",
                 root, " needs ", size_, " inputs, got ", inputs.size());
     if (on_host(output)) {
-      auto out = output.to(torch::kCUDA);
+      auto out = output.to(device_);
       scatter(out, inputs, root);
       output.copy_(out);
+      check("scatter");
       return;
     }
     check_cuda_contiguous(output, "scatter output");
-    std::vector<torch::Tensor> device_inputs;
-    for (const auto& in : inputs) {
-      TORCH_CHECK(in.numel() == output.numel() && in.dtype() == output.dtype(),
-                  "nccl scatter: every input must match the output's numel and dtype");
-      device_inputs.push_back(on_host(in) ? in.to(torch::kCUDA) : in.contiguous());
-    }
-    // Nothing may throw between ncclGroupStart and ncclGroupEnd (an open group would swallow
-    // this thread's later NCCL calls): the first failure is kept and raised after the end.
-    const ncclDataType_t dtype = nccl_dtype(output);
-    ncclResult_t failed = ncclSuccess;
-    const char* failed_call = "ncclGroupEnd";
-    auto keep = [&](ncclResult_t result, const char* call) {
-      if (result != ncclSuccess && failed == ncclSuccess) {
-        failed = result;
-        failed_call = call;
-      }
-    };
-    check_nccl(ncclGroupStart(), "ncclGroupStart", rank_);
+    std::vector<std::vector<at::Tensor>> device_inputs;  // root: one list of size() tensors
     if (rank_ == root) {
-      for (int r = 0; r < size_; ++r)
-        if (r != root)
-          keep(ncclSend(device_inputs[r].data_ptr(), output.numel(), dtype, r, comm_, stream()),
-               "ncclSend");
-    } else {
-      keep(ncclRecv(output.data_ptr(), output.numel(), dtype, root, comm_, stream()), "ncclRecv");
+      device_inputs.emplace_back();
+      for (const auto& in : inputs) {
+        TORCH_CHECK(in.numel() == output.numel() && in.dtype() == output.dtype(),
+                    "nccl scatter: every input must match the output's numel and dtype");
+        device_inputs.back().push_back(on_host(in) ? in.to(device_).view(output.sizes())
+                                                   : in.contiguous().view(output.sizes()));
+      }
     }
-    keep(ncclGroupEnd(), "ncclGroupEnd");
-    check_nccl(failed, failed_call, rank_);
-    if (rank_ == root) output.copy_(device_inputs[root].view(output.sizes()));
-    wait("ncclScatter");
+    run("scatter", [&] {
+      std::vector<at::Tensor> outputs{output};
+      c10d::ScatterOptions options;
+      options.rootRank = root;
+      options.asyncOp = false;
+      return pg_->scatter(outputs, device_inputs, options);
+    });
   }
 
   void barrier() override {
-    // NCCL has no barrier: an all-reduce of one float on the device is one.
-    auto one = torch::zeros({1}, torch::TensorOptions(torch::kFloat).device(torch::kCUDA));
-    all_reduce(one, ReduceOp::kSum);
+    // ProcessGroupNCCL's barrier is an all-reduce of one element; its Work's wait blocks the
+    // host until the device has run it (a barrier must order host actions).
+    run("barrier", [&] {
+      c10d::BarrierOptions options;
+      options.device_ids = {device_.index()};
+      return pg_->barrier(options);
+    });
+    c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
+    check("barrier");
+  }
+
+  // Throws when the watchdog has marked the group failed (timeout, NCCL error).
+  void check(const char* what) {
+    const c10d::ErrorType error = pg_->getError();
+    if (error != c10d::ErrorType::SUCCESS)
+      throw RuntimeError(where(what) + error_name(error) +
+                         "; the communicators were aborted and the group is unusable");
+  }
+
+  std::string where(const char* what) const {
+    return "nccl group: rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": " + what +
+           ": ";
   }
 
  private:
-  static cudaStream_t stream() { return cudaStreamLegacy; }
-  // Polls the stream until the collective is done; on an asynchronous NCCL error (a peer's
-  // connection lost) or after the timeout, aborts the communicator (which also ends the
-  // kernel still waiting for the peer) and throws. The group is unusable afterwards.
-  void wait(const char* what) {
-    const auto start = std::chrono::steady_clock::now();
-    auto pause = std::chrono::microseconds(2);
-    while (true) {
-      const cudaError_t state = cudaStreamQuery(stream());
-      if (state == cudaSuccess) return;
-      if (state != cudaErrorNotReady) check_cuda(state, what, rank_);
-      ncclResult_t async = ncclSuccess;
-      check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError", rank_);
-      const bool late = std::chrono::steady_clock::now() - start > timeout_;
-      if (async != ncclSuccess || late) {
-        ncclCommAbort(comm_);
-        comm_ = nullptr;
-        throw RuntimeError(
-            "nccl group: rank " + std::to_string(rank_) + "/" + std::to_string(size_) + ": " +
-            what + ": " +
-            (late ? "not done after " + std::to_string(timeout_.count() / 1000) +
-                        " s (a peer is gone or stuck); communicator aborted"
-                  : std::string(ncclGetErrorString(async)) + "; communicator aborted"));
-      }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  // Launches one collective and makes the current stream wait for it (with asyncOp false it
+  // already runs there: the wait only registers it). Never blocks the host.
+  void run(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& launch) {
+    check(what);
+    try {
+      launch()->wait();
+    } catch (const std::exception& e) {
+      throw RuntimeError(where(what) + e.what());
     }
   }
 
   int rank_;
   int size_;
-  std::chrono::milliseconds timeout_;
-  ncclComm_t comm_ = nullptr;
+  torch::Device device_;
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+};
+
+void NcclPending::wait() {
+  group_.check("all_reduce_async wait");
+  try {
+    work_->wait();  // the current stream waits for NCCL's; the host does not
+  } catch (const std::exception& e) {
+    throw RuntimeError(group_.where("all_reduce_async wait") + e.what());
+  }
+}
+
+class DonePending final : public PendingCollective {
+ public:
+  void wait() override {}
 };
 
 }  // namespace
+
+std::unique_ptr<PendingCollective> all_reduce_async(CollectiveGroup& group, torch::Tensor& tensor,
+                                                    ReduceOp op) {
+  if (auto* nccl = dynamic_cast<NcclGroup*>(&group)) return nccl->all_reduce_async(tensor, op);
+  group.all_reduce(tensor, op);
+  return std::make_unique<DonePending>();
+}
 
 std::string nccl_version() {
   return std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +

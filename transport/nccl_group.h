@@ -1,6 +1,7 @@
-// The NCCL backend of CollectiveGroup: raw NCCL calls on CUDA tensors' memory, one
-// communicator per group, bootstrapped through the group's store. Compiled only where the
-// CUDA toolkit ships NCCL (RLHF_HAVE_NCCL); it does not handle CPU tensors (GlooGroup does).
+// The NCCL backend of CollectiveGroup: c10d's ProcessGroupNCCL from the linked LibTorch,
+// bootstrapped through the group's store, collectives on torch's current CUDA stream (see
+// nccl_group.cpp). Compiled only where NCCL's headers are found (RLHF_HAVE_NCCL); CPU tensors
+// are staged through the GPU.
 #pragma once
 
 #include <memory>
@@ -16,6 +17,22 @@ namespace rlhf::transport {
 // rendezvous fails.
 std::unique_ptr<CollectiveGroup> make_nccl_group(const CollectiveConfig& config,
                                                  const c10::intrusive_ptr<c10d::Store>& store);
+
+// An all_reduce_async in flight. wait() makes its result visible to what runs next: on a GPU
+// (NCCL) torch's current stream waits for it, the host does not; on the CPU (Gloo) it has
+// already run. Throws rlhf::RuntimeError when the collective failed. Must not outlive its
+// group.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
+// tensor = sum/max over the group, overlapping what the caller enqueues until the handle's
+// wait(): with NCCL on its own stream (c10d's asynchronous Work; `tensor`, a contiguous CUDA
+// tensor, must not be touched until then); any other group runs all_reduce now.
+std::unique_ptr<PendingCollective> all_reduce_async(CollectiveGroup& group, torch::Tensor& tensor,
+                                                    ReduceOp op);
 
 // The NCCL version this build was compiled against ("2.28.9"), or "" without NCCL.
 std::string nccl_version();

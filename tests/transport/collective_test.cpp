@@ -1,10 +1,13 @@
 // Collective groups with real processes: N = 1, 2, 4 Gloo ranks meet through a file store
 // or a TCP store hosted outside the group (as the scheduler does); every collective's result
 // is checked against values computed here. The NCCL test needs a GPU (`*_CUDA`).
+#include <ATen/cuda/Sleep.h>
 #include <arpa/inet.h>
+#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <torch/cuda.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,6 +20,7 @@
 #include "tests/transport/child_process.h"
 #include "transport/collective_group.h"
 #include "transport/job_token.h"
+#include "transport/nccl_group.h"
 #include "transport/store.h"
 
 namespace fs = std::filesystem;
@@ -50,13 +54,16 @@ std::map<std::string, std::vector<double>> read_results(const fs::path& path) {
   return results;
 }
 
-// Runs `n` workers meeting through `store_args`, then checks each rank's results.
-void run_group(int n, const std::vector<std::string>& store_args, const fs::path& dir) {
+// Runs `n` workers meeting through `store_args` (then "nccl": that backend, rank r on GPU r),
+// then checks each rank's results.
+void run_group(int n, const std::vector<std::string>& store_args, const fs::path& dir,
+               bool nccl = false) {
   std::vector<std::unique_ptr<ChildProcess>> workers;
   for (int r = 0; r < n; ++r) {
     std::vector<std::string> argv{kWorker, std::to_string(r), std::to_string(n)};
     argv.insert(argv.end(), store_args.begin(), store_args.end());
     argv.push_back((dir / ("out" + std::to_string(r))).string());
+    if (nccl) argv.push_back("nccl");
     workers.push_back(std::make_unique<ChildProcess>(argv, (dir / "log").string()));
   }
   for (int r = 0; r < n; ++r) {
@@ -83,6 +90,9 @@ void run_group(int n, const std::vector<std::string>& store_args, const fs::path
     EXPECT_EQ(got["scatter"], scatter);
     EXPECT_EQ(got["bcast"], std::vector<double>(4, 100.0 + n - 1));
     EXPECT_EQ(got["scatter_from_root"], (std::vector<double>{double(r), 2.0 * r}));
+    if (nccl) {
+      EXPECT_EQ(got["async"], (std::vector<double>{s, s, 1.0}));
+    }
     EXPECT_EQ(got.count("done"), 1u);
   }
 }
@@ -252,4 +262,51 @@ TEST(CollectiveGroup, NcclOneRankCollectives_CUDA) {
   group->scatter(piece, {t * 2}, 0);
   EXPECT_TRUE(torch::equal(piece.cpu(), torch::arange(4, torch::kFloat) * 2));
   group->barrier();
+}
+
+// Issue 32.4: a collective is enqueued on torch's current stream and returns without waiting
+// for the device. A sleep kernel of ~0.5 s holds the stream: every call returns while it
+// still runs (the stream is busy right after), and the results read afterwards (a copy to
+// the host, in stream order) are right. Only barrier() waits for the device.
+TEST(CollectiveGroup, NcclCollectivesQueueOnTheCurrentStreamWithoutHostSync_CUDA) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device (this LibTorch or machine has none)";
+  const fs::path dir = fresh_dir("nccl_stream");
+  rlhf::transport::CollectiveConfig config;
+  config.backend = rlhf::transport::CollectiveBackend::kNccl;
+  config.store_path = (dir / "store").string();
+  auto group = rlhf::transport::make_collective_group(config);
+  const auto cuda = torch::TensorOptions(torch::kFloat).device(torch::kCUDA);
+  auto t = torch::arange(4, cuda);
+  auto gathered = torch::empty({4}, cuda);
+  auto piece = torch::zeros({4}, cuda);
+  group->barrier();
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  at::cuda::sleep(int64_t{1} << 30);  // ~0.5 s at 2 GHz
+  const auto start = std::chrono::steady_clock::now();
+  group->all_reduce(t, rlhf::transport::ReduceOp::kSum);
+  group->all_gather(gathered, t);
+  group->broadcast(t, 0);
+  group->scatter(piece, {t * 2}, 0);
+  auto pending =
+      rlhf::transport::all_reduce_async(*group, gathered, rlhf::transport::ReduceOp::kMax);
+  pending->wait();
+  const double host_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(stream.query()) << "the collectives waited for the device";
+  EXPECT_LT(host_s, 0.1);
+  EXPECT_TRUE(torch::equal(gathered.cpu(), torch::arange(4, torch::kFloat)));
+  EXPECT_TRUE(torch::equal(piece.cpu(), torch::arange(4, torch::kFloat) * 2));
+  at::cuda::sleep(int64_t{1} << 28);
+  group->barrier();
+  EXPECT_TRUE(stream.query()) << "barrier returned before the device was done";
+}
+
+// Two ranks on two GPUs, every collective (CPU tensors staged) and an all_reduce_async
+// overlapped with a matmul: exact results on both ranks.
+TEST(CollectiveGroup, NcclTwoRanksCollectivesAndAsyncAllReduce_CUDA) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2)
+    GTEST_SKIP() << "needs two CUDA devices (NCCL refuses two ranks on one GPU)";
+  fs::path dir = fresh_dir("nccl2");
+  run_group(2, {"file", (dir / "store").string()}, dir, /*nccl=*/true);
 }

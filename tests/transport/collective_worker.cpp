@@ -1,12 +1,16 @@
 // Test helper process for collective_test: joins a collective group and writes the result
 // of each collective as a line "name v0 v1 ..." to --out. The test checks the values.
-// Usage: rlhf_collective_worker RANK SIZE (file PATH | tcp PORT | tcp0 PORT) OUT
+// Usage: rlhf_collective_worker RANK SIZE (file PATH | tcp PORT | tcp0 PORT) OUT [nccl]
+// With "nccl": the NCCL backend, rank r on GPU r, the same collectives (CPU tensors staged
+// through the GPU) plus "async": an all_reduce_async of CUDA tensors overlapped with other
+// work on the current stream, read after wait().
 #include <torch/types.h>
 
 #include <fstream>
 #include <iostream>
 
 #include "transport/collective_group.h"
+#include "transport/nccl_group.h"
 
 using rlhf::transport::CollectiveConfig;
 using rlhf::transport::ReduceOp;
@@ -23,8 +27,9 @@ void write(std::ofstream& out, const std::string& name, const torch::Tensor& t) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::cerr << "usage: rlhf_collective_worker RANK SIZE (file PATH | tcp PORT) OUT\n";
+  const bool nccl = argc == 7 && std::string(argv[6]) == "nccl";
+  if (argc != 6 && !nccl) {
+    std::cerr << "usage: rlhf_collective_worker RANK SIZE (file PATH | tcp PORT) OUT [nccl]\n";
     return 2;
   }
   try {
@@ -41,6 +46,10 @@ int main(int argc, char** argv) {
       config.port = static_cast<uint16_t>(std::stoi(argv[4]));
     }
     config.timeout = std::chrono::seconds(60);
+    if (nccl) {
+      config.backend = rlhf::transport::CollectiveBackend::kNccl;
+      config.cuda_device = config.rank;
+    }
     auto group = rlhf::transport::make_collective_group(config);
     const int r = group->rank();
     const int n = group->size();
@@ -82,6 +91,17 @@ int main(int argc, char** argv) {
       for (int k = 0; k < n; ++k) pieces.push_back(torch::tensor({k, 2 * k}, torch::kLong));
     group->scatter(piece_of, pieces, n - 1);
     write(out, "scatter_from_root", piece_of);
+    if (nccl) {
+      // rank r contributes r + 1 everywhere; a matmul queued behind it on the current stream
+      // overlaps; after wait() the stream orders the read: every element is sum (r + 1).
+      const auto cuda = torch::TensorOptions(torch::kFloat).device(torch::kCUDA, r);
+      auto t = torch::full({1 << 20}, static_cast<float>(r + 1), cuda);
+      auto pending = rlhf::transport::all_reduce_async(*group, t, ReduceOp::kSum);
+      auto busy = torch::ones({1024, 1024}, cuda);
+      busy = torch::matmul(busy, busy);
+      pending->wait();
+      write(out, "async", torch::stack({t.min(), t.max(), busy[0][0] / 1024}));
+    }
     group->barrier();
     out << "done\n";
     return 0;
