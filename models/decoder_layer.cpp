@@ -249,6 +249,12 @@ std::vector<torch::Tensor> FusedParts::forward(const torch::Tensor& x) {
   return pieces;
 }
 
+bool FusedParts::plain() const {
+  for (const auto& part : parts)
+    if (part->lora) return false;
+  return true;
+}
+
 void FusedParts::bind() {
   torch::NoGradGuard no_grad;
   int64_t at = 0;
@@ -324,6 +330,14 @@ MlpImpl::MlpImpl(const ModelConfig& c, Materialize how, const TensorParallel* tp
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto mlp = [this](const torch::Tensor& in) {
+    // The rollout on a GPU in 16 bits: the fused [gate | up] output straight into FlashInfer's
+    // SiLU-and-mul (one kernel for silu, the product and the split).
+    if (fused() && gate_up_.plain() && in.is_cuda() && in.scalar_type() != torch::kFloat32 &&
+        !torch::GradMode::is_enabled() && kernels::enabled_here()) {
+      const auto& f = gate_up_.fused;
+      return row_parallel(down_proj, kernels::silu_and_mul(at::linear(in, f->weight, f->bias)),
+                          tp_);
+    }
     if (fused()) {
       auto gate_up = gate_up_.forward(in);  // [..., I] each
       return row_parallel(down_proj, torch::silu(gate_up[0]) * gate_up[1], tp_);

@@ -103,6 +103,8 @@ struct FusedParts {
   std::vector<Linear> parts;  // in stacking order
   // The fused map's output [..., sum of rows] split per part, each with its part's LoRA term.
   std::vector<torch::Tensor> forward(const torch::Tensor& x);
+  // No part carries a LoRA adapter: the fused output alone is the parts' outputs side by side.
+  bool plain() const;
   void bind();  // points each part's weight/bias at its rows of the fused tensors
 };
 
