@@ -1,0 +1,225 @@
+// Multi-turn jobs end to end (issue 31): examples/grpo_tools_tiny.json through real worker
+// processes with the built-in guess_number environment, a Python environment and an HTTP one
+// (a real http.server), and environments that fail: each stops the job with a one-line message
+// naming it, and no process of the job is left.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_paths.h"
+#include "tests/support/run_cli.h"
+
+namespace rlhf::ppo {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A Python environment: a right answer contains "1"; every process writes its pid to
+// pids.txt. MODE "raise" raises in step, "hang" sleeps in step (SIGINT interrupts it),
+// "deaf" sleeps with SIGINT ignored.
+constexpr const char* kEnvPy = R"(import os, signal, time
+MODE = os.environ.get("RLHF_TEST_ENV_MODE", "")
+
+class Game:
+    def __init__(self, pids):
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        if MODE == "deaf":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.turns = 0
+
+    def reset(self, row):
+        self.turns = 0
+        return None
+
+    def step(self, action):
+        if MODE == "raise":
+            raise ValueError("boom in step")
+        if MODE in ("hang", "deaf"):
+            time.sleep(600)
+        self.turns += 1
+        right = "1" in action
+        return ("right" if right else "try again", 1.0 if right else 0.0,
+                right or self.turns >= 2)
+
+def make_env(pids=""):
+    return Game(pids)
+)";
+
+class MultiTurnJob : public testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::tiny_models_dir("multi_turn"); }
+  test::CliResult run(const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"run",   "examples/grpo_tools_tiny.json",
+                                     "--set", "actor.model=" + (dir_ / "tiny").string(),
+                                     "--set", "logger.run_dir=" + (dir_ / "runs").string(),
+                                     "--set", "name=" + name,
+                                     "--set", "ckpt.export_hf=false"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return test::run_cli(args);
+  }
+  std::vector<json> metrics(const std::string& name) const {
+    return test::read_jsonl((dir_ / "runs" / name / "metrics.jsonl").string());
+  }
+  // The Python environment's file and the --set options that select it in MODE.
+  std::vector<std::string> python_env(const std::string& mode) {
+    std::ofstream(dir_ / "env.py") << kEnvPy;
+    setenv("RLHF_TEST_ENV_MODE", mode.c_str(), 1);
+    fs::remove(dir_ / "pids.txt");
+    return {"--set", "env.builtin=",
+            "--set", "env.python=" + (dir_ / "env.py").string() + ":make_env",
+            "--set", "env.python_interpreter=" + std::string(RLHF_PYTHON),
+            "--set", "env.python_workers=2",
+            "--set", "env.options={\"pids\": \"" + (dir_ / "pids.txt").string() + "\"}"};
+  }
+  // Every pid the Python environment wrote is gone (its processes were stopped and reaped).
+  void expect_python_processes_gone() const {
+    std::ifstream in(dir_ / "pids.txt");
+    int pid = 0, seen = 0;
+    while (in >> pid) {
+      ++seen;
+      bool gone = false;
+      for (int i = 0; i < 50 && !gone; ++i) {  // up to 5 s for the kernel to reap
+        gone = kill(pid, 0) != 0 && errno == ESRCH;
+        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      EXPECT_TRUE(gone) << "Python environment process " << pid << " is still running";
+    }
+    EXPECT_GT(seen, 0) << "the environment wrote no pid";
+  }
+  fs::path dir_;
+};
+
+double mean(const std::vector<json>& m, const char* key, size_t from, size_t to) {
+  double sum = 0;
+  for (size_t i = from; i < to; ++i) sum += m[i][key].get<double>();
+  return sum / static_cast<double>(to - from);
+}
+
+// The example as it is: 30 steps of guess-the-number (1..3) in up to 3 turns. The metrics
+// show several turns per game and the environment's tokens masked; the reward (the
+// environment's alone) rises; samples.jsonl shows whole conversations with the user turns.
+TEST_F(MultiTurnJob, GuessTheNumberLearnsOverTheGamesTurns) {
+  test::CliResult r = run("guess", {});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = metrics("guess");
+  ASSERT_EQ(m.size(), 30u);
+  double most_turns = 0, most_masked = 0;
+  for (const auto& step : m) {
+    most_turns = std::max(most_turns, step["turns_mean"].get<double>());
+    most_masked = std::max(most_masked, step["masked_token_share"].get<double>());
+    EXPECT_EQ(step["reward_mean"].get<double>(), step["env_reward_mean"].get<double>());
+  }
+  EXPECT_GT(most_turns, 1.1);
+  EXPECT_GT(most_masked, 0.02);
+  const double first = mean(m, "reward_mean", 0, 10), last = mean(m, "reward_mean", 20, 30);
+  EXPECT_GT(last, first + 0.03) << "steps 1-10 " << first << ", 21-30 " << last;
+  const auto samples = test::read_jsonl((dir_ / "runs" / "guess" / "samples.jsonl").string());
+  ASSERT_FALSE(samples.empty());
+  bool user_turn = false;
+  for (const auto& s : samples)
+    for (const auto& turn : s.value("conversation", json::array()))
+      user_turn = user_turn || turn.value("role", "") == "user";
+  EXPECT_TRUE(user_turn) << samples.back().dump();
+}
+
+// The same job with a Python environment (4 steps): it runs, its rewards and turns are in
+// the metrics, and its processes are gone afterwards.
+TEST_F(MultiTurnJob, PythonEnvironmentRunsTheJob) {
+  auto extra = python_env("");
+  extra.insert(extra.end(), {"--set", "train.max_steps=4"});
+  test::CliResult r = run("python", extra);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = metrics("python");
+  ASSERT_EQ(m.size(), 4u);
+  for (const auto& step : m) EXPECT_GE(step["turns_mean"].get<double>(), 1.0);
+  expect_python_processes_gone();
+}
+
+// A hung step (SIGINT brings the process back) times out its trajectory only: the job ends
+// normally and counts the timeouts.
+TEST_F(MultiTurnJob, HungPythonStepTimesOutItsTrajectory) {
+  auto extra = python_env("hang");
+  extra.insert(extra.end(), {"--set", "train.max_steps=1", "--set", "env.timeout_s=1", "--set",
+                             "rollout.batch_size=2", "--set", "rollout.micro_batch_size=2", "--set",
+                             "train.batch_size=16"});
+  test::CliResult r = run("hang", extra);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = metrics("hang");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_GT(m[0]["env_timeouts"].get<double>(), 0) << m[0].dump();
+  expect_python_processes_gone();
+}
+
+// Environments that fail stop the job (exit 1) with one line naming them.
+TEST_F(MultiTurnJob, FailingEnvironmentsStopTheJobNamingThem) {
+  const std::string env_py = (dir_ / "env.py").string() + ":make_env";
+  {
+    test::CliResult r = run("raise", python_env("raise"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find(env_py + " raised ValueError: boom in step"), std::string::npos) << r.err;
+    expect_python_processes_gone();
+  }
+  {
+    auto extra = python_env("deaf");
+    extra.insert(extra.end(), {"--set", "env.timeout_s=1"});
+    test::CliResult r = run("deaf", extra);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find(env_py + ": step of trajectory"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("did not come back"), std::string::npos) << r.err;
+    expect_python_processes_gone();
+  }
+  {
+    test::CliResult r =
+        run("refused", {"--set", "env.builtin=", "--set", "env.url=http://127.0.0.1:9/env"});
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("HTTP environment http://127.0.0.1:9/env"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("Connection refused"), std::string::npos) << r.err;
+  }
+}
+
+// An HTTP environment (tests/envs/http_env_server.py, a real server on a free port) runs the
+// job: every turn the server answered (it counts one tool call each) earned 0.5, summed per
+// trajectory (a turn the token budget cut off is never sent).
+TEST_F(MultiTurnJob, HttpEnvironmentRunsTheJob) {
+  const std::string server = std::string(RLHF_SOURCE_DIR) + "/tests/envs/http_env_server.py";
+  const std::string cmd = std::string(RLHF_PYTHON) + " " + test::shell_quote(server) + " > " +
+                          (dir_ / "port.txt").string() + " 2>/dev/null & echo $!";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  int pid = 0;
+  ASSERT_EQ(fscanf(p, "%d", &pid), 1);
+  pclose(p);
+  int port = 0;
+  for (int i = 0; i < 100 && port == 0; ++i) {
+    std::ifstream(dir_ / "port.txt") >> port;
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GT(port, 0) << "the test server printed no port";
+  test::CliResult r = run("http", {"--set", "env.builtin=", "--set",
+                                   "env.url=http://127.0.0.1:" + std::to_string(port) + "/env",
+                                   "--set", "train.max_steps=2"});
+  kill(pid, SIGTERM);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = metrics("http");
+  ASSERT_EQ(m.size(), 2u);
+  for (const auto& step : m) {
+    const double samples = 8 * 8;  // rollout.batch_size x n_samples_per_prompt
+    EXPECT_GT(step["tool_calls"].get<double>(), 0) << step.dump();
+    EXPECT_NEAR(step["env_reward_mean"].get<double>() * samples,
+                0.5 * step["tool_calls"].get<double>(), 1e-6)
+        << step.dump();
+  }
+}
+
+}  // namespace
+}  // namespace rlhf::ppo
