@@ -21,21 +21,14 @@ namespace {
 
 using nlohmann::json;
 
-// Runs inside each worker as `python -u -c RUNNER FILE FACTORY`. Replies, one JSON line each:
+// Runs inside each worker after python_runner's prelude, as `python -u -c RUNNER FILE FACTORY`.
+// Replies, one JSON line each:
 // {"ok":true,"ready":true} once the factory is found (or {"ok":false,"error","traceback"},
 // then exit), then one per request as python_objects.h says. SIGINT raises KeyboardInterrupt
 // only while a user call runs (`busy`), so a late interrupt cannot kill the loop itself.
 constexpr const char* kObjectRunner = R"PY(
-import importlib.util, json, os, reprlib, signal, sys, traceback
+import signal
 
-path, name = sys.argv[1], sys.argv[2]
-requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
-os.dup2(2, 1)
-sys.stdout = sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
-                               closefd=False)
 busy = False
 
 def on_sigint(signum, frame):
@@ -44,33 +37,8 @@ def on_sigint(signum, frame):
 
 signal.signal(signal.SIGINT, on_sigint)
 
-class Refusal(Exception):
-    pass
-
-def send(**reply):
-    replies.write(json.dumps(reply, allow_nan=False).encode() + b"\n")
-    replies.flush()
-
-def user_traceback(e):  # without the runner's own frame
-    return "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
-
 def load():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    stem = os.path.splitext(os.path.basename(path))[0]
-    module_name = stem if stem not in sys.modules else "rlhf_user_" + stem
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as e:
-        raise Refusal("does not import", user_traceback(e))
-    if not hasattr(module, name):
-        raise Refusal(f"{os.path.basename(path)} has no attribute {name!r}")
-    factory = getattr(module, name)
-    if not callable(factory):
-        raise Refusal(f"{name} is a {type(factory).__name__}, not a class or function")
-    return factory
+    return load_attribute("class or function")
 
 def as_json(out):
     try:
@@ -138,7 +106,8 @@ PythonObjectPool::PythonObjectPool(PythonPoolConfig config, std::string file, st
   if (!std::filesystem::is_regular_file(file, ec)) throw InputError(name_ + ": no such file");
   const std::string interpreter = find_interpreter(config_.interpreter, name_);
   const Fd log = open_log(config_.log_path);
-  const std::vector<std::string> argv = {interpreter, "-u", "-c", kObjectRunner, file, factory};
+  const std::vector<std::string> argv = {interpreter, "-u",   "-c", python_runner(kObjectRunner),
+                                         file,        factory};
   for (int i = 0; i < config_.workers; ++i) {
     workers_.push_back(std::make_unique<PythonWorker>(argv, log.get()));
   }

@@ -26,50 +26,16 @@ namespace {
 
 using nlohmann::json;
 
-// Runs inside each worker as `python -u -c RUNNER FILE FUNCTION`. Replies, one JSON line each:
+// Runs inside each worker after python_runner's prelude, as `python -u -c RUNNER FILE FUNCTION`.
+// Replies, one JSON line each:
 // {"ok":true,"ready":true} once the function is loaded (or {"ok":false,"error","traceback"},
 // then exit), then per request {"ok":true,"rewards":[float|null]} or
 // {"ok":false,"kind":"raised"|"returned","error":...,"traceback":...}.
 constexpr const char* kRunner = R"PY(
-import importlib.util, inspect, json, math, numbers, os, reprlib, sys, traceback
-
-path, name = sys.argv[1], sys.argv[2]
-# The protocol owns the real stdin/stdout; the user's prints (even a C library's) go to stderr.
-requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
-os.dup2(2, 1)
-# Whole lines, one write each: workers sharing a log then do not interleave mid-line.
-sys.stdout = sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
-                               closefd=False)
-
-class Refusal(Exception):
-    pass
-
-def send(**reply):
-    replies.write(json.dumps(reply, allow_nan=False).encode() + b"\n")
-    replies.flush()
-
-def user_traceback(e):  # without the runner's own frame
-    return "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
+import inspect, math, numbers
 
 def load():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    stem = os.path.splitext(os.path.basename(path))[0]
-    module_name = stem if stem not in sys.modules else "rlhf_user_" + stem
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException as e:
-        raise Refusal("does not import", user_traceback(e))
-    if not hasattr(module, name):
-        raise Refusal(f"{os.path.basename(path)} has no attribute {name!r}")
-    fn = getattr(module, name)
-    if not callable(fn):
-        raise Refusal(f"{name} is a {type(fn).__name__}, not a function")
+    fn = load_attribute("function")
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as e:
@@ -143,7 +109,8 @@ PythonFunctionPool::PythonFunctionPool(PythonPoolConfig config, std::string file
   const std::string interpreter = find_interpreter(config_.interpreter, name_);
 
   const Fd log = open_log(config_.log_path);
-  const std::vector<std::string> argv = {interpreter, "-u", "-c", kRunner, file_, function_};
+  const std::vector<std::string> argv = {interpreter, "-u",     "-c", python_runner(kRunner),
+                                         file_,       function_};
   for (int i = 0; i < config_.workers; ++i) {
     workers_.push_back(std::make_unique<PythonWorker>(argv, log.get()));
   }

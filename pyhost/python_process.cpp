@@ -30,6 +30,57 @@ using nlohmann::json;
 }
 
 // "exited with status 3", "was killed by signal 11 (Segmentation fault)".
+namespace {
+
+constexpr const char* kRunnerPrelude = R"PY(
+import importlib.util, json, os, reprlib, sys, traceback
+
+path, name = sys.argv[1], sys.argv[2]
+# The protocol owns the real stdin/stdout; the user's prints (even a C library's) go to stderr.
+requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+os.dup2(2, 1)
+# Whole lines, one write each: workers sharing a log then do not interleave mid-line.
+sys.stdout = sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
+                               closefd=False)
+
+class Refusal(Exception):
+    pass
+
+def send(**reply):
+    replies.write(json.dumps(reply, allow_nan=False).encode() + b"\n")
+    replies.flush()
+
+def user_traceback(e):  # without the runner's own frame
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next))
+
+def load_attribute(what):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    stem = os.path.splitext(os.path.basename(path))[0]
+    module_name = stem if stem not in sys.modules else "rlhf_user_" + stem
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        raise Refusal("does not import", user_traceback(e))
+    if not hasattr(module, name):
+        raise Refusal(f"{os.path.basename(path)} has no attribute {name!r}")
+    attribute = getattr(module, name)
+    if not callable(attribute):
+        raise Refusal(f"{name} is a {type(attribute).__name__}, not a {what}")
+    return attribute
+)PY";
+
+}  // namespace
+
+std::string python_runner(const char* body) {
+  return std::string(kRunnerPrelude) + body;
+}
+
 std::string describe_exit(int status) {
   if (status < 0) return "exited (status unknown: reaped elsewhere)";
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));

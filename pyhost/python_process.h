@@ -53,6 +53,14 @@ class Fd {
 
 // "exited with status 3", "was killed by signal 11 (Segmentation fault)".
 std::string describe_exit(int status);
+
+// The source of a worker's runner, `python -u -c SOURCE FILE NAME`: a prelude every runner
+// shares, then `body`. The prelude sets `path, name` from argv; keeps the protocol's
+// stdin/stdout as `requests`/`replies` (binary) and sends the user's prints to stderr; and
+// defines Refusal, send(**reply), user_traceback(e) and load_attribute(what), which imports
+// FILE and returns its callable NAME or raises Refusal naming what is wrong (`what`: the kind
+// of callable expected, for the message).
+std::string python_runner(const char* body);
 // `name` itself when it has a '/', else its first executable match on PATH. Throws InputError
 // naming `pool_name` when there is none.
 std::string find_interpreter(const std::string& name, const std::string& pool_name);
