@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "test_paths.h"
+#include "tests/support/process_checks.h"
 #include "tests/support/run_cli.h"
 
 namespace rlhf::ppo {
@@ -89,7 +90,7 @@ class MultiTurnJob : public testing::Test {
       ++seen;
       bool gone = false;
       for (int i = 0; i < 50 && !gone; ++i) {  // up to 5 s for the kernel to reap
-        gone = kill(pid, 0) != 0 && errno == ESRCH;
+        gone = !test::pid_alive(pid);
         if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       EXPECT_TRUE(gone) << "Python environment process " << pid << " is still running";

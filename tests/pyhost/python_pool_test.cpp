@@ -20,6 +20,7 @@
 
 #include "core/errors.h"
 #include "core/text.h"
+#include "tests/support/process_checks.h"
 
 namespace rlhf::pyhost {
 namespace {
@@ -28,38 +29,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Processes whose parent is this one, zombies included (an unreaped child still counts).
-std::set<pid_t> children_of_this_process() {
-  std::set<pid_t> children;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = read_file(entry.path() / "stat");  // pid (comm) state ppid ...
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 1));
-    std::string state;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == ::getpid()) children.insert(static_cast<pid_t>(std::stoi(name)));
-  }
-  return children;
-}
-
-// True while `pid` runs (a zombie runs nothing and counts as gone).
-bool pid_alive(pid_t pid) {
-  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
-  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-  const size_t close = stat.rfind(')');
-  return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
-}
+using test::children_of_this_process;
+using test::pid_alive;
+using test::read_text;
 
 // Polls every 10 ms until `done` holds or `limit` passes; returns whether it held.
 template <class F>
@@ -140,13 +112,13 @@ def score(prompts, completions, labels, **columns):
   // 10 rows over 3 workers: contiguous chunks of 4, 3, 3, one per worker.
   std::multiset<int> chunk_rows;
   std::set<pid_t> chunk_pids;
-  for (const auto& line : split(read_file(dir_ / "workers.log"), '\n')) {
+  for (const auto& line : split(read_text(dir_ / "workers.log"), '\n')) {
     int pid = 0, rows = 0;
     if (std::sscanf(line.c_str(), "chunk pid=%d rows=%d", &pid, &rows) != 2) continue;
     chunk_rows.insert(rows);
     chunk_pids.insert(pid);
   }
-  EXPECT_EQ(chunk_rows, (std::multiset<int>{3, 3, 4})) << read_file(dir_ / "workers.log");
+  EXPECT_EQ(chunk_rows, (std::multiset<int>{3, 3, 4})) << read_text(dir_ / "workers.log");
   const auto pids = pool.worker_pids();
   EXPECT_EQ(chunk_pids, std::set<pid_t>(pids.begin(), pids.end()));
 
@@ -376,7 +348,7 @@ def score(prompts, completions, labels, **columns):
 
   // The function's own child was in the worker's process group: killed with it. (Reparented
   // away from us, so it is reaped elsewhere: give that a moment.)
-  const std::string grandchild = read_file(pid_file);
+  const std::string grandchild = read_text(pid_file);
   ASSERT_FALSE(grandchild.empty());
   EXPECT_TRUE(poll_until([&] { return !pid_alive(std::stoi(grandchild)); },
                          std::chrono::milliseconds(2000)));
