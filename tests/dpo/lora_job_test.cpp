@@ -15,6 +15,7 @@
 
 #include "models/safetensors.h"
 #include "test_paths.h"
+#include "tests/support/checkpoint_counts.h"
 #include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
@@ -159,17 +160,9 @@ TEST_F(LoraRun, SftExportsAPeftAdapterAndCheckpointsOnlyIt) {
   for (const auto& f : fs::recursive_directory_iterator(run_dir("sft")))
     if (f.path().filename() == "rank_00000.safetensors") shard = f.path();
   ASSERT_FALSE(shard.empty()) << "no checkpoint written";
-  models::SafetensorsFile ckpt(shard.string());
-  int64_t master = 0, total = 0;
-  for (const auto& info : ckpt.tensors()) {
-    if (info.dtype != torch::kFloat32) continue;  // the RNG state
-    int64_t n = 1;
-    for (int64_t d : info.shape) n *= d;
-    total += n;
-    if (info.name.find(".master") != std::string::npos) master += n;
-  }
-  EXPECT_EQ(master, adapter_numel);
-  EXPECT_EQ(total, 3 * adapter_numel);
+  const auto counts = test::fp32_elements(shard.string());
+  EXPECT_EQ(counts.master, adapter_numel);
+  EXPECT_EQ(counts.total, 3 * adapter_numel);
 }
 
 TEST_F(LoraRun, Zero3OnTwoRanksMatchesOneRank) {

@@ -19,6 +19,7 @@
 #include "models/pretrained.h"
 #include "models/safetensors.h"
 #include "test_paths.h"
+#include "tests/support/checkpoint_counts.h"
 #include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
@@ -133,15 +134,9 @@ TEST_F(LoraRoles, RewardModelWithLoraLearnsAndExportsAPeftClassifier) {
   for (const auto& f : fs::recursive_directory_iterator(run_dir("rm")))
     if (f.path().filename() == "rank_00000.safetensors") shard = f.path();
   ASSERT_FALSE(shard.empty()) << "no checkpoint written";
-  models::SafetensorsFile ckpt(shard.string());
-  int64_t master = 0, total = 0;
-  for (const auto& info : ckpt.tensors()) {
-    if (info.dtype != torch::kFloat32) continue;  // the RNG state
-    total += numel(info.shape);
-    if (info.name.find(".master") != std::string::npos) master += numel(info.shape);
-  }
-  EXPECT_EQ(master, exported);
-  EXPECT_EQ(total, 3 * exported);
+  const auto counts = test::fp32_elements(shard.string());
+  EXPECT_EQ(counts.master, exported);
+  EXPECT_EQ(counts.total, 3 * exported);
 
   // PEFT loads the export on AutoModelForSequenceClassification and scores as rlhf does
   // (FP32 both; 1e-5 as the causal-LM adapter checks in lora_test.cpp).

@@ -16,6 +16,7 @@
 #include "models/config.h"
 #include "models/safetensors.h"
 #include "models/tensor_parallel.h"
+#include "tests/support/checkpoint_counts.h"
 #include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
 
@@ -210,17 +211,9 @@ TEST_F(LoraGrpo, PpoWithALoraCriticLearnsTheValues) {
         f.path().parent_path().parent_path().filename() == "critic")  // ckpt/critic/TAG/
       shard = f.path();
   ASSERT_FALSE(shard.empty()) << "no critic checkpoint written";
-  models::SafetensorsFile ckpt(shard.string());
-  int64_t master = 0, total = 0;
-  for (const auto& info : ckpt.tensors()) {
-    if (info.dtype != torch::kFloat32) continue;  // the RNG state
-    int64_t n = 1;
-    for (int64_t d : info.shape) n *= d;
-    total += n;
-    if (info.name.find(".master") != std::string::npos) master += n;
-  }
-  EXPECT_EQ(master, 2 * 9344 + 64);
-  EXPECT_EQ(total, 3 * master);
+  const auto counts = test::fp32_elements(shard.string());
+  EXPECT_EQ(counts.master, 2 * 9344 + 64);
+  EXPECT_EQ(counts.total, 3 * counts.master);
 }
 
 }  // namespace
