@@ -5,30 +5,16 @@
 #include <cstring>
 #include <utility>
 
+#include "core/bits.h"
 #include "core/errors.h"
+#include "core/timing.h"
 #include "transport/collective_group.h"
 
 namespace rlhf::rollout {
 namespace {
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // Fields of one answer on the wire (int64 each), before its tokens.
 enum Field : int64_t { kRow, kDone, kCount, kCalls, kErrors, kTimedOut, kReward, kFields };
-
-int64_t double_bits(double v) {
-  int64_t bits = 0;
-  std::memcpy(&bits, &v, sizeof bits);
-  return bits;
-}
-
-double bits_double(int64_t bits) {
-  double v = 0;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
 
 }  // namespace
 
@@ -79,7 +65,7 @@ void EnvironmentTurns::end_turn(int64_t row, const std::vector<int64_t>& tokens,
   TORCH_CHECK(!p.waiting, "EnvironmentTurns: row ", row, " already waits for its environment");
   p.waiting = true;
   p.last = last;
-  p.since = now_seconds();
+  p.since = std::chrono::steady_clock::now();
   // The turn as the model wrote it, its end-of-turn token stripped; special tokens kept (a
   // tool call may be written with them, "<tool_call>" in Qwen's vocabulary).
   std::vector<tokenizer::TokenId> ids(tokens.begin(), tokens.end() - (tokens.empty() ? 0 : 1));
@@ -101,7 +87,7 @@ std::vector<TurnHandler::Answer> EnvironmentTurns::poll_environment(double wait_
                 ", which has no step in flight");
     Pending& p = pending_[row];
     p.waiting = false;
-    stats_.env_seconds[row] += now_seconds() - p.since;
+    stats_.env_seconds[row] += seconds_since(p.since);
     stats_.reward[row] += obs.reward;
     stats_.tool_calls[row] += obs.tool_calls;
     stats_.tool_errors[row] += obs.tool_errors;

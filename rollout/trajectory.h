@@ -10,6 +10,7 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -80,8 +81,8 @@ class EnvironmentTurns final : public TurnHandler {
   struct Pending {
     bool waiting = false;  // a step is in flight
     bool last = false;
-    bool open = false;  // reset and not closed
-    double since = 0;   // steady clock seconds when the step began
+    bool open = false;                            // reset and not closed
+    std::chrono::steady_clock::time_point since;  // when the step began
   };
   // Rank 0: the environment's ready observations as answers (stats recorded).
   std::vector<Answer> poll_environment(double wait_s);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "core/bits.h"
 #include "core/errors.h"
 #include "core/timing.h"
 #include "engine/trainer.h"
@@ -73,18 +74,6 @@ bool all_ok(transport::CollectiveGroup& group, bool ok) {
       torch::tensor({static_cast<int64_t>(ok ? 0 : 1)}, torch::kInt64).to(control_device(group));
   group.all_reduce(flag, transport::ReduceOp::kMax);
   return flag.item<int64_t>() == 0;
-}
-
-int64_t double_bits(double x) {
-  int64_t bits = 0;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-}
-
-double bits_double(int64_t bits) {
-  double x = 0;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
 }
 
 // An adapter layout as JSON text: [[[name, [d0, d1]], ...] per unit]. The adapters path's
