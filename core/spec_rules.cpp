@@ -597,6 +597,15 @@ void check_lengths_and_algo(Validation& v) {
                                          " leaves no room for a response within data.max_len (" +
                                          std::to_string(max_len) + ")");
   }
+  if (v.ok({"data.multiturn", "data.apply_chat_template"}) && v.at("data.multiturn").get<bool>()) {
+    if (kind != "sft")
+      v.problem("data.multiturn",
+                "trains on whole conversations in sft jobs only (kind is " + kind + ")");
+    else if (!v.at("data.apply_chat_template").get<bool>())
+      v.problem("data.multiturn",
+                "conversations are rendered with the chat template: set "
+                "data.apply_chat_template=true (chatml or llama3)");
+  }
   if (v.ok({"ref.zero_stage"}) && num(v, "ref.zero_stage") != 0 && num(v, "ref.zero_stage") != 3)
     v.problem("ref.zero_stage",
               "expected 0 (full weights on every ref worker) or 3 (weights sharded over the "

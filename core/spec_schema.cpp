@@ -201,7 +201,7 @@ std::vector<KeySpec> build_table() {
   // Data.
   t.file("data.prompt_dataset", "",
          "Prompt dataset for ppo: a JSONL or Parquet file, or synthetic:NAME for a built-in one "
-         "(synthetic:letters, synthetic:arith).");
+         "(synthetic:letters, synthetic:arith, synthetic:calc).");
   t.file("data.dataset", "",
          "Training dataset for dpo, sft and rm: a JSONL file, or synthetic:NAME.");
   t.file("data.eval_dataset", "",
@@ -220,6 +220,12 @@ std::vector<KeySpec> build_table() {
   t.string("data.chosen_key", "chosen", "JSON key of the preferred response.");
   t.string("data.rejected_key", "rejected", "JSON key of the dispreferred response.");
   t.string("data.output_key", "output", "JSON key of the target response in SFT data.");
+  t.boolean("data.multiturn", false,
+            "SFT on whole conversations (OpenRLHF's --multiturn): data.prompt_key holds a list "
+            "of {role, content} messages (system, user, assistant, tool) and the loss covers "
+            "the assistant turns and their end-of-turn tokens, the other turns being context, "
+            "rendered as a multi-turn rollout renders them. Needs data.apply_chat_template "
+            "(chatml or llama3).");
   t.string("data.margin_key", "",
            "JSON key of a per-pair reward margin for rm: -log sigmoid(r_c - r_r - margin) (empty: "
            "none).");

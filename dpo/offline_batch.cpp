@@ -18,6 +18,18 @@ struct Row {
     is_response.insert(is_response.end(), part.size(), response ? 1 : 0);
     segment.insert(segment.end(), part.size(), segment_id);
   }
+  // An example's prompt and response; a conversation's response trains only where its
+  // response_mask says the model wrote the token.
+  void append(const TokenizedExample& e, int64_t segment_id = 1) {
+    append(e.prompt, false, segment_id);
+    const size_t start = ids.size();
+    append(e.response, true, segment_id);
+    if (!e.response_mask.empty()) {
+      TORCH_CHECK(e.response_mask.size() == e.response.size(), "response_mask has ",
+                  e.response_mask.size(), " entries for ", e.response.size(), " tokens");
+      std::copy(e.response_mask.begin(), e.response_mask.end(), is_response.begin() + start);
+    }
+  }
   int64_t segments() const { return segment.empty() ? 0 : segment.back(); }
 };
 
@@ -53,8 +65,7 @@ int64_t RowTensors::tokens() const {
 RowTensors single_rows(const std::vector<const TokenizedExample*>& examples, int64_t pad_id) {
   std::vector<Row> rows(examples.size());
   for (size_t i = 0; i < examples.size(); ++i) {
-    rows[i].append(examples[i]->prompt, false);
-    rows[i].append(examples[i]->response, true);
+    rows[i].append(*examples[i]);
   }
   return to_tensors(rows, pad_id);
 }
@@ -108,8 +119,7 @@ RowTensors packed_rows(const std::vector<const TokenizedExample*>& examples, int
     row = Row{};
     int64_t segment = 0;
     for (const TokenizedExample* e : bins[static_cast<size_t>(b)]) {
-      row.append(e->prompt, false, ++segment);
-      row.append(e->response, true, segment);
+      row.append(*e, ++segment);
     }
   }
   return to_tensors(rows, pad_id);

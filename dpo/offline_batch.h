@@ -19,6 +19,10 @@ struct TokenizedExample {
   std::vector<int64_t> rejected;  // pairs only
   double margin = 0.0;            // pairs: reward-model margin (data.margin_key)
   bool desirable = true;          // kto: the row's label (its `rejected` is a KL row's response)
+  // sft conversations (data.multiturn): 1 where a response token is the model's (an assistant
+  // turn and its end-of-turn token), 0 where a tool or user turn wrote it (context, no loss),
+  // as the rollout's action mask. Empty: every response token is trained.
+  std::vector<uint8_t> response_mask;
 };
 
 struct RowTensors {
@@ -38,10 +42,10 @@ RowTensors pair_rows(const std::vector<const TokenizedExample*>& examples, int64
 // row count is rounded up to a multiple of `row_multiple` by splitting the fullest rows
 // (every row holds an example while there are enough), else with empty rows (all padding,
 // no loss) spread evenly between the real ones.
-// The loss mask covers each example's response tokens only. The attention mask numbers
-// the examples of a row 1, 2, ... so the model keeps them apart: each attends only to
-// itself and its positions restart at 0 (a block-diagonal causal mask), which gives every
-// example the same loss as on a row of its own.
+// The loss mask covers each example's response tokens only (its response_mask's ones). The
+// attention mask numbers the examples of a row 1, 2, ... so the model keeps them apart: each
+// attends only to itself and its positions restart at 0 (a block-diagonal causal mask), which gives
+// every example the same loss as on a row of its own.
 RowTensors packed_rows(const std::vector<const TokenizedExample*>& examples, int64_t max_len,
                        int64_t row_multiple, int64_t pad_id);
 

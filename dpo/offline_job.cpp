@@ -18,6 +18,7 @@
 #include "engine/driver_state.h"
 #include "engine/memory_check.h"
 #include "engine/role_config.h"
+#include "models/pretrained.h"
 #include "report/metrics.h"
 #include "scheduler/peak_memory.h"
 #include "scheduler/role_group.h"
@@ -124,6 +125,30 @@ TokenizedExample OfflineJob::tokenize(const std::string& prompt, const std::stri
   return e;
 }
 
+TokenizedExample OfflineJob::tokenize_conversation(const json& messages) {
+  TokenizedExample e;
+  const auto pieces = formatter_->conversation(messages);
+  // The chat template writes BOS in the prompt; every piece is encoded on its own, as the
+  // rollout encodes each environment turn it appends, so the token boundaries match.
+  e.prompt = to_int64(tokenizer_->encode(pieces.front().text, tokenizer::AddSpecial::kNo));
+  for (size_t i = 1; i < pieces.size(); ++i) {
+    std::vector<int64_t> ids =
+        to_int64(tokenizer_->encode(pieces[i].text, tokenizer::AddSpecial::kNo));
+    // The model ends its turn with the end-of-turn token it samples (EOS: <|im_end|> in
+    // ChatML instruct models, <|eot_id|> in Llama 3's), which the rollout stops on.
+    if (pieces[i].model && eos_id_ >= 0) ids.push_back(eos_id_);
+    e.response.insert(e.response.end(), ids.begin(), ids.end());
+    e.response_mask.insert(e.response_mask.end(), ids.size(), pieces[i].model ? 1 : 0);
+  }
+  const bool cut = truncate_pair(e.prompt, e.response, spec_.get_int("data.prompt_max_len"),
+                                 spec_.get_int("data.max_len"), eos_id_);
+  // A cut response ends in EOS (truncate_pair), which is trained as the model's.
+  e.response_mask.resize(e.response.size());
+  if (cut && !e.response_mask.empty()) e.response_mask.back() = 1;
+  truncated_ += cut ? 1 : 0;
+  return e;
+}
+
 void OfflineJob::load_data(RowLayout layout) {
   OfflineDataConfig train_config = OfflineDataConfig::from_spec(spec_, false);
   OfflineDataConfig eval_config = OfflineDataConfig::from_spec(spec_, true);
@@ -158,7 +183,18 @@ void OfflineJob::load_data(RowLayout layout) {
     } else {
       auto data = load_sft(c);
       skipped_lines_ += data.stats.skipped;
-      for (const auto& r : data.rows) out.push_back(tokenize(r.prompt, r.output, "", false));
+      for (const auto& r : data.rows) {
+        if (r.messages.is_null()) {
+          out.push_back(tokenize(r.prompt, r.output, "", false));
+          continue;
+        }
+        try {
+          out.push_back(tokenize_conversation(r.messages));
+        } catch (const InputError& e) {
+          throw InputError(c.source + (r.line > 0 ? ":" + std::to_string(r.line) : "") + ": " +
+                           e.what());
+        }
+      }
     }
   };
   fill(train_config, train_);
@@ -299,13 +335,9 @@ void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
   s.progress().begin(std::string("exporting the ") + role_name(trained_));
   s.group(trained_).call_all("export_hf", {{"dir", dir}});
   s.progress().end();
-  // The export is a complete model directory: the tokenizer comes along.
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                           "special_tokens_map.json", "generation_config.json"}) {
-    const fs::path from = fs::path(model_dir_) / name;
-    if (fs::exists(from))
-      fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
-  }
+  // The chat template comes along too (chat_template.jinja): a conversation-trained export
+  // is the next job's model.
+  models::copy_tokenizer_files(model_dir_, dir);
   out << kind() << ": trained " << role_name(trained_) << " exported to " << dir << std::endl;
 }
 

@@ -77,6 +77,9 @@ class OfflineJob {
   void load_data(RowLayout layout);
   TokenizedExample tokenize(const std::string& prompt, const std::string& response,
                             const std::string& rejected, bool pair);
+  // An SFT conversation (SftRow::messages): the prompt, then every later turn as the response,
+  // trained where the model wrote it (TokenizedExample::response_mask).
+  TokenizedExample tokenize_conversation(const nlohmann::json& messages);
   void init_roles(Scheduler& s, std::ostream& out);
   std::vector<int64_t> step_index(int64_t step) const;
   nlohmann::json train_step(Scheduler& s, int64_t step);

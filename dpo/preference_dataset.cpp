@@ -3,6 +3,7 @@
 #include <random>
 
 #include "core/errors.h"
+#include "data/synthetic_calc.h"
 
 namespace rlhf::dpo {
 
@@ -18,6 +19,7 @@ OfflineDataConfig OfflineDataConfig::from_spec(const JobSpec& spec, bool eval) {
   c.margin_key = spec.get_string("data.margin_key");
   const std::string label_key = spec.get_string("data.label_key");
   if (!label_key.empty()) c.label_key = label_key;
+  c.multiturn = spec.get_bool("data.multiturn");
   c.max_samples = spec.get_int("data.max_samples");
   c.bad_lines = parse_bad_line_policy(spec.get_string("data.bad_lines"));
   c.seed = static_cast<uint64_t>(spec.get_int("train.seed")) + (eval ? 1 : 0);
@@ -79,9 +81,17 @@ std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_
 }
 
 std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64_t seed) {
+  if (name == "calc_sft") {
+    std::vector<SftRow> rows;
+    std::mt19937_64 rng(seed ^ 0xca1cull);
+    std::bernoulli_distribution use_tool(0.5);
+    for (const auto& p : data::calc_problems(count, seed, false))
+      rows.push_back({"", "", 0, data::calc_conversation(p, use_tool(rng))});
+    return rows;
+  }
   if (name != "letters_sft" && name != "noisy_sft")
     throw InputError("data.dataset: unknown synthetic SFT dataset \"synthetic:" + name +
-                     "\" (known: synthetic:letters_sft, synthetic:noisy_sft)");
+                     "\" (known: synthetic:letters_sft, synthetic:noisy_sft, synthetic:calc_sft)");
   std::mt19937_64 rng(seed);
   std::bernoulli_distribution noisy(0.5);
   std::uniform_int_distribution<size_t> pick(0, kNoisy.size() - 1);
@@ -92,7 +102,7 @@ std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64
     if (name == "noisy_sft")
       for (char& c : output)
         if (noisy(rng)) c = kNoisy[pick(rng)];
-    rows.push_back({word + ":", output, 0});
+    rows.push_back({word + ":", output, 0, nullptr});
   }
   return rows;
 }
@@ -113,7 +123,15 @@ OfflineDataset<PreferenceRow> load_preferences(const OfflineDataConfig& c) {
 
 OfflineDataset<SftRow> load_sft(const OfflineDataConfig& c) {
   return load<SftRow>(c, synthetic_sft, [&](const json& row, int64_t line) {
-    return SftRow{string_field(row, c.prompt_key), string_field(row, c.output_key), line};
+    if (!c.multiturn)
+      return SftRow{string_field(row, c.prompt_key), string_field(row, c.output_key), line,
+                    nullptr};
+    // A conversation; its roles and order are checked where the chat template renders it.
+    auto it = row.find(c.prompt_key);
+    if (it == row.end() || !it->is_array())
+      throw InputError("expected a list of {\"role\", \"content\"} messages at key \"" +
+                       c.prompt_key + "\" (data.prompt_key, with data.multiturn)");
+    return SftRow{"", "", line, *it};
   });
 }
 

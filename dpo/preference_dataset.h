@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct OfflineDataConfig {
   std::string output_key = "output";
   std::string margin_key;           // empty: no per-pair margin
   std::string label_key = "label";  // unpaired rows: the desirable flag
+  bool multiturn = false;           // data.multiturn: sft rows hold a conversation at prompt_key
   int64_t max_samples = 0;
   BadLinePolicy bad_lines = BadLinePolicy::kFatal;
   uint64_t seed = 42;
@@ -39,6 +41,9 @@ struct PreferenceRow {
 struct SftRow {
   std::string prompt, output;
   int64_t line = 0;
+  // A whole conversation (data.multiturn, or a synthetic conversation set): the list of
+  // {role, content} messages whose assistant turns are trained; null for prompt/output rows.
+  nlohmann::json messages;
 };
 
 struct UnpairedRow {
@@ -66,6 +71,8 @@ OfflineDataset<UnpairedRow> load_unpaired(const OfflineDataConfig& config);
 //   letters_sft: prompt "word:", output = the word again.
 //   noisy_sft:   the same, each output character replaced with probability 0.5 by a digit
 //                or capital (a policy that a lowercase-preferring reward model can improve).
+//   calc_sft:    conversations for synthetic:calc's problems (data/synthetic_calc.h): half
+//                call the calculator tool and answer with its result, half answer at once.
 std::vector<PreferenceRow> synthetic_preferences(const std::string& name, int64_t count,
                                                  uint64_t seed);
 std::vector<SftRow> synthetic_sft(const std::string& name, int64_t count, uint64_t seed);

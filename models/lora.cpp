@@ -16,6 +16,7 @@
 
 #include "core/errors.h"
 #include "core/text.h"
+#include "models/pretrained.h"
 #include "models/safetensors.h"
 
 namespace rlhf::models {
@@ -164,16 +165,6 @@ void check_fits(const std::string& what, const std::string& module, const torch:
       throw InputError(what + ": " + kPeftKeyPrefix + key + " has shape " + shape_text(t.sizes()) +
                        ", the base model (" + module + ".weight " + shape_text(weight) +
                        ", r = " + std::to_string(rank) + ") needs " + shape_text(want));
-}
-
-void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir) {
-  for (const char* name :
-       {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-        "generation_config.json", "chat_template.jinja"}) {
-    const fs::path from = fs::path(from_dir) / name;
-    if (fs::exists(from))
-      fs::copy_file(from, fs::path(to_dir) / name, fs::copy_options::overwrite_existing);
-  }
 }
 
 json read_json_file(const std::string& path) {

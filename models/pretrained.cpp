@@ -193,4 +193,15 @@ void save_pretrained(CausalLM& model, const std::string& dir, uint64_t max_shard
   if (!out) throw RuntimeError(path + ": write failed");
 }
 
+void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir) {
+  for (const char* name :
+       {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+        "generation_config.json", "chat_template.jinja"}) {
+    const std::filesystem::path from = std::filesystem::path(from_dir) / name;
+    if (std::filesystem::exists(from))
+      std::filesystem::copy_file(from, std::filesystem::path(to_dir) / name,
+                                 std::filesystem::copy_options::overwrite_existing);
+  }
+}
+
 }  // namespace rlhf::models

@@ -96,4 +96,9 @@ void load_weights(CausalLM& model, const CheckpointReader& checkpoint,
 void save_pretrained(CausalLM& model, const std::string& dir,
                      uint64_t max_shard_bytes = 4ull << 30);
 
+// An export is a complete model directory: copies the tokenizer and chat-template files
+// (tokenizer.json, tokenizer.model, tokenizer_config.json, special_tokens_map.json,
+// generation_config.json, chat_template.jinja) that `from_dir` has into `to_dir`.
+void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir);
+
 }  // namespace rlhf::models

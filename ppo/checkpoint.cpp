@@ -7,6 +7,7 @@
 
 #include "core/errors.h"
 #include "engine/driver_state.h"
+#include "models/pretrained.h"
 #include "ppo/ppo_job.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
@@ -60,14 +61,7 @@ void PpoJob::export_actor(Scheduler& s, std::ostream& out) {
   s.progress().begin("exporting the actor");
   s.group(Role::kActor).call_all("export_hf", {{"dir", dir}});
   s.progress().end();
-  // The export is a complete model directory: the tokenizer comes along.
-  for (const char* name :
-       {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-        "generation_config.json", "chat_template.jinja"}) {
-    const fs::path from = fs::path(spec_.get_string("actor.model")) / name;
-    if (fs::exists(from))
-      fs::copy_file(from, fs::path(dir) / name, fs::copy_options::overwrite_existing);
-  }
+  models::copy_tokenizer_files(spec_.get_string("actor.model"), dir);  // a complete model dir
   out << "ppo: trained actor exported to " << dir << std::endl;
 }
 

@@ -67,6 +67,11 @@ void PpoJob::evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ost
       {"reward", greedy.scores.mean().item<double>()},
       {"sources", source_means(greedy.source_scores, names)},
       {"response_length", greedy.action_mask.sum(1).to(torch::kFloat64).mean().item<double>()}};
+  if (greedy.turns.defined()) {  // multi-turn: how the held-out trajectories used the tools
+    rec["turns_mean"] = greedy.turns.to(torch::kFloat64).mean().item<double>();
+    rec["tool_call_rate"] = (greedy.tool_calls > 0).to(torch::kFloat64).mean().item<double>();
+    rec["tool_errors"] = greedy.tool_errors.sum().item<int64_t>();
+  }
   if (eval_samples_ > 0) {
     const Rollout sampled = eval_rollout(s, batch, c_.temperature, eval_samples_);
     const auto ok = correct(sampled).to(torch::kFloat64).reshape({count, eval_samples_});
@@ -89,6 +94,7 @@ void PpoJob::evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ost
       << (eval_samples_ > 0 ? " | sampled " + fmt(rec["accuracy_sampled"]) + ", pass@" +
                                   std::to_string(eval_samples_) + " " + fmt(rec["pass_at_n"])
                             : std::string())
+      << (rec.contains("tool_call_rate") ? " | tool calls " + fmt(rec["tool_call_rate"]) : "")
       << " | reward " << fmt(rec["reward"]) << " | len " << fmt(rec["response_length"], 1) << " | "
       << fmt(rec["time_s"], 1) << " s" << std::endl;
 }

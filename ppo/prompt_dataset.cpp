@@ -7,6 +7,7 @@
 #include "core/errors.h"
 #include "core/text.h"
 #include "data/parquet_reader.h"
+#include "data/synthetic_calc.h"
 
 namespace rlhf::ppo {
 
@@ -176,12 +177,19 @@ std::vector<PromptRow> arith_rows(int64_t count, uint64_t seed, bool test) {
 }  // namespace
 
 const std::vector<std::string>& synthetic_prompt_datasets() {
-  static const std::vector<std::string> kNames = {"letters", "arith", "arith_test"};
+  static const std::vector<std::string> kNames = {"letters", "arith", "arith_test", "calc",
+                                                  "calc_test"};
   return kNames;
 }
 
 std::vector<PromptRow> synthetic_prompts(const std::string& name, int64_t count, uint64_t seed) {
   if (name == "arith" || name == "arith_test") return arith_rows(count, seed, name == "arith_test");
+  if (name == "calc" || name == "calc_test") {
+    std::vector<PromptRow> rows;
+    for (const auto& p : data::calc_problems(count, seed, name == "calc_test"))
+      rows.push_back({data::calc_prompt(p), std::to_string(p.answer), 0});
+    return rows;
+  }
   if (name != "letters")
     throw InputError("data.prompt_dataset: unknown synthetic dataset \"synthetic:" + name +
                      "\" (known: synthetic:" + join(synthetic_prompt_datasets(), ", synthetic:") +

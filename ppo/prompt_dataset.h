@@ -54,6 +54,9 @@ PromptDataset load_prompts(const PromptDataConfig& config);
 //               templates, integer answers as labels); pairs with the `math` rule.
 //   arith_test: the held-out split of arith: the same distribution, disjoint problems (a
 //               problem's split follows a hash of its text), the same rows whatever the seed.
+//   calc, calc_test: "What is 347 * 29?" after a system message describing the calculator
+//               tool (data/synthetic_calc.h), the answer as label; train and held-out splits
+//               as arith's. Pairs with env.builtin calculator and the `math` rule.
 std::vector<PromptRow> synthetic_prompts(const std::string& name, int64_t count, uint64_t seed);
 const std::vector<std::string>& synthetic_prompt_datasets();
 

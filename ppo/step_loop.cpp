@@ -130,6 +130,7 @@ static json trajectory_metrics(const Rollout& r) {
   const double model_tokens = r.action_mask.sum().item<double>();
   return {{"turns_mean", r.turns.to(torch::kFloat64).mean().item<double>()},
           {"tool_calls", r.tool_calls.sum().item<int64_t>()},
+          {"tool_call_rate", (r.tool_calls > 0).to(torch::kFloat64).mean().item<double>()},
           {"tool_errors", r.tool_errors.sum().item<int64_t>()},
           {"env_timeouts", r.env_timed_out.sum().item<int64_t>()},
           {"env_reward_mean", r.env_rewards.to(torch::kFloat64).mean().item<double>()},

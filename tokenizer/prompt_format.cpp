@@ -233,6 +233,41 @@ std::string PromptFormatter::environment_turn(const std::string& role,
       "data.apply_chat_template=true (chatml or llama3)");
 }
 
+std::vector<PromptFormatter::Piece> PromptFormatter::conversation(
+    const nlohmann::json& messages) const {
+  if (!messages.is_array())
+    throw InputError("conversation: expected a list of {\"role\", \"content\"} messages, got " +
+                     messages.dump().substr(0, 80));
+  const std::vector<ChatMessage> all = parse_messages(messages);
+  size_t first = 0;
+  while (first < all.size() && all[first].role != "assistant") ++first;
+  auto bad = [](size_t i, const std::string& what) {
+    return InputError("conversation: message " + std::to_string(i) + ": " + what);
+  };
+  if (first == all.size()) throw bad(all.size() - 1, "expected an assistant turn to train on");
+  if (first == 0) throw bad(0, "expected a user (or system) turn before the first assistant turn");
+  if (all.back().role != "assistant")
+    throw bad(all.size() - 1,
+              "expected the conversation to end with an assistant turn, found " + all.back().role);
+  std::vector<Piece> out;
+  out.push_back({format_messages({all.begin(), all.begin() + static_cast<long>(first)}), false});
+  for (size_t i = first; i < all.size(); ++i) {
+    const ChatMessage& m = all[i];
+    if (m.role == "assistant") {
+      if (i > first && all[i - 1].role == "assistant")
+        throw bad(i, "two assistant turns in a row (a tool or user turn goes between them)");
+      // llama3() writes every message's content stripped; ChatML writes it as it is.
+      out.push_back({template_ == ChatTemplate::kLlama3 ? strip(m.content) : m.content, true});
+    } else if (m.role == "tool" || m.role == "user") {
+      out.push_back({environment_turn(m.role, m.content), false});
+    } else {
+      throw bad(i, "expected role user, assistant or tool after the first assistant turn, found " +
+                       m.role);
+    }
+  }
+  return out;
+}
+
 // Qwen/Qwen2-7B-Instruct tokenizer_config.json chat_template:
 // {% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}
 // {{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}

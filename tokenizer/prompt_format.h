@@ -64,6 +64,21 @@ class PromptFormatter {
   // (no chat template) and for a role other than "tool" or "user".
   std::string environment_turn(const std::string& role, const std::string& content) const;
 
+  // A whole conversation for SFT on trajectories (issue 31: warm-starting tool use): the
+  // texts the rollout would see, in order, each marked with whether the model wrote it. The
+  // first is the prompt (the messages before the first assistant turn, with the generation
+  // prompt); then each assistant turn's content (the model's: the caller appends its
+  // end-of-turn token, as the model samples it) and each tool or user turn as
+  // environment_turn renders it (not the model's). Joined, with the end-of-turn tokens, they
+  // are exactly the template's rendering of the whole conversation, cut where the rollout
+  // cuts it. Throws InputError naming the message for: no assistant turn, an assistant turn
+  // first, a system turn after the first, two assistant turns in a row, a last turn that is
+  // not the assistant's, another role, or a template environment_turn cannot render.
+  struct Piece {
+    std::string text;
+    bool model = false;
+  };
+  std::vector<Piece> conversation(const nlohmann::json& messages) const;
   // The template in use (kAuto only when apply_chat_template is false).
   ChatTemplate chat_template() const { return template_; }
 

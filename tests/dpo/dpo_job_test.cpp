@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -431,6 +432,69 @@ TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
   EXPECT_LT(p.steps[0]["rows"].get<int>(), 16);
   EXPECT_EQ(p.steps[0]["rows"].get<int>() % 2, 0);
   EXPECT_TRUE(std::isfinite(p.steps[0]["loss"].get<double>()));
+}
+
+// SFT on whole conversations (data.multiturn, issue 31): the loss covers the assistant turns
+// only. Each conversation's tool turn is 32 random letters (ln 26 = 3.3 nats a letter, which
+// no model can learn); both assistant turns are fixed words. Trained on the assistant turns
+// alone the held-out loss falls near 0; were the tool's letters in the loss, they would hold
+// it above 32 * 3.3 / (32 + 13) = 2.3 nats per token, so < 1.0 tells the two apart.
+TEST_F(OfflineRun, SftOnConversationsTrainsOnlyTheAssistantTurns) {
+  auto write = [&](const fs::path& file, int rows, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::ofstream out(file);
+    for (int i = 0; i < rows; ++i) {
+      std::string noise;
+      for (int k = 0; k < 32; ++k) noise += static_cast<char>('a' + rng() % 26);
+      out << json{{"messages",
+                   {{{"role", "user"}, {"content", "look up " + noise.substr(0, 4)}},
+                    {{"role", "assistant"}, {"content", "lookup"}},
+                    {{"role", "tool"}, {"content", noise}},
+                    {{"role", "assistant"}, {"content", "done"}}}}}
+                 .dump()
+          << "\n";
+    }
+  };
+  write(dir_ / "convs.jsonl", 128, 1);
+  write(dir_ / "convs_eval.jsonl", 32, 2);
+  const std::vector<std::string> conversation_keys = {
+      "--set", "data.dataset=" + (dir_ / "convs.jsonl").string(),
+      "--set", "data.eval_dataset=" + (dir_ / "convs_eval.jsonl").string(),
+      "--set", "data.multiturn=true",
+      "--set", "data.prompt_key=messages",
+      "--set", "data.apply_chat_template=true",
+      "--set", "data.chat_template=chatml",
+      "--set", "data.prompt_max_len=64",
+      "--set", "data.max_len=160",
+      "--set", "train.max_epochs=3",
+      "--set", "ckpt.export_hf=false"};
+  Result r = run("examples/sft_tiny.json", "convs", conversation_keys);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  Metrics m = read_metrics(run_dir("convs") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 24u);  // 128 conversations, batch 16, 3 epochs
+  ASSERT_EQ(m.evals.size(), 2u);
+  EXPECT_NEAR(m.evals[0]["eval_loss"].get<double>(), std::log(288.0), 0.5);
+  EXPECT_LT(m.evals[1]["eval_loss"].get<double>(), 1.0) << m.evals[1].dump();
+
+  // A conversation that does not end with the model's turn is named, file and line, before
+  // any worker starts.
+  std::ofstream(dir_ / "convs.jsonl", std::ios::app)
+      << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},)"
+      << R"( {"role": "tool", "content": "c"}]})"
+      << "\n";
+  Result bad = run("examples/sft_tiny.json", "badconv", conversation_keys);
+  EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find("convs.jsonl:129: conversation: message 2: expected the conversation "
+                         "to end with an assistant turn"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_FALSE(fs::exists(run_dir("badconv") / "workers.json"));
+  // Conversations are rendered with the chat template: without it the spec is refused.
+  Result plain = run("examples/sft_tiny.json", "plainconv",
+                     {"--set", "data.multiturn=true", "--set", "data.prompt_key=messages"});
+  EXPECT_EQ(plain.exit_code, 2) << plain.out << plain.err;
+  EXPECT_NE(plain.err.find("data.multiturn"), std::string::npos) << plain.err;
+  EXPECT_NE(plain.err.find("data.apply_chat_template=true"), std::string::npos) << plain.err;
 }
 
 TEST_F(OfflineRun, RewardModelLearnsAndServesPpo) {

@@ -40,6 +40,24 @@ TEST(OfflineBatch, PairRowsInterleaveAndMaskOnlyResponseTokens) {
   EXPECT_EQ(r.tokens(), 5 + 3 + 2 + 5);
 }
 
+// SFT conversations (data.multiturn): only the model's tokens of the response carry loss, in
+// single rows and packed rows alike; the tool's turn (5, 6) is context.
+TEST(OfflineBatch, ConversationResponseMaskKeepsTheLossOnTheModelsTokens) {
+  TokenizedExample conv{{1, 2}, {3, 4, 5, 6, 7, 8}, {}};
+  conv.response_mask = {1, 1, 0, 0, 1, 1};
+  TokenizedExample plain{{9}, {10, 11}, {}};
+  RowTensors r = single_rows({&conv, &plain}, /*pad_id=*/0);
+  EXPECT_EQ(row(r.loss_mask, 0), (std::vector<int64_t>{0, 1, 1, 0, 0, 1, 1}));
+  EXPECT_EQ(row(r.loss_mask, 1), (std::vector<int64_t>{1, 1, 0, 0, 0, 0, 0}));
+  r = packed_rows({&plain, &conv}, 16, 1, /*pad_id=*/0);
+  ASSERT_EQ(r.rows(), 1);
+  EXPECT_EQ(row(r.sequences, 0), (std::vector<int64_t>{9, 10, 11, 1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(row(r.loss_mask, 0), (std::vector<int64_t>{1, 1, 0, 0, 1, 1, 0, 0, 1, 1}));
+  TokenizedExample bad{{1}, {2, 3}, {}};
+  bad.response_mask = {1};
+  EXPECT_THROW(single_rows({&bad}, 0), c10::Error);
+}
+
 TEST(OfflineBatch, PackedRowsFitExamplesAndPadTheRowCount) {
   TokenizedExample a{{1, 2}, {3, 4}, {}}, b{{5}, {6, 7}, {}}, c{{8, 9, 10}, {11}, {}};
   // max_len 7: a (4) + b (3) share a row, c (4) starts the next; 2 rows are a multiple of 2.

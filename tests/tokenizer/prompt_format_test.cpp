@@ -88,6 +88,73 @@ TEST(PromptFormat, EnvironmentTurnCompletesTheTemplatesConversation) {
             std::string::npos);
 }
 
+// SFT on whole conversations (data.multiturn, issue 31): the pieces, the model's joined with
+// its end-of-turn token, are the template's rendering of the whole conversation (up to the
+// generation prompt it adds at the end), and exactly the assistant turns are the model's.
+TEST(PromptFormat, ConversationPiecesRenderTheWholeConversation) {
+  const json messages = json::parse(R"([
+      {"role": "system", "content": "Use the calculator."},
+      {"role": "user", "content": "What is 347 * 29?"},
+      {"role": "assistant", "content": "<tool_call>{\"name\": \"calculator\"}</tool_call>"},
+      {"role": "tool", "content": "10063"},
+      {"role": "assistant", "content": " The answer is 10063. "},
+      {"role": "user", "content": "Thanks. And 2 + 2?"},
+      {"role": "assistant", "content": "4"}])");
+  const auto chatml = chat(ChatTemplate::kAuto, kQwen2Template);
+  const auto llama3 = chat(ChatTemplate::kLlama3);
+  for (const auto* f : {&chatml, &llama3}) {
+    const bool is_chatml = f == &chatml;
+    const std::string eot = is_chatml ? "<|im_end|>" : "<|eot_id|>";
+    const auto pieces = f->conversation(messages);
+    ASSERT_EQ(pieces.size(), 6u);
+    std::string joined;
+    std::vector<bool> model;
+    for (const auto& p : pieces) {
+      joined += p.text + (p.model ? eot : "");
+      model.push_back(p.model);
+    }
+    EXPECT_EQ(model, (std::vector<bool>{false, true, false, true, false, true}));
+    EXPECT_EQ(pieces[0].text, f->format(json::array({messages[0], messages[1]})));
+    // format_messages ends with the next generation prompt; the conversation ends with the
+    // model's last end-of-turn token.
+    const std::string whole = f->format(messages);
+    const std::string next = is_chatml ? "\n<|im_start|>assistant\n"
+                                       : "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    ASSERT_GT(whole.size(), next.size());
+    EXPECT_EQ(joined + next, whole);
+    // Llama 3 writes contents stripped; ChatML as they are.
+    EXPECT_EQ(pieces[3].text, is_chatml ? " The answer is 10063. " : "The answer is 10063.");
+  }
+  auto error = [&](const char* conversation) {
+    return input_error([&] { chatml.conversation(json::parse(conversation)); });
+  };
+  EXPECT_NE(error(R"([{"role": "user", "content": "a"}])").find("expected an assistant turn"),
+            std::string::npos);
+  EXPECT_NE(error(R"([{"role": "assistant", "content": "a"}])")
+                .find("message 0: expected a user (or system) turn before"),
+            std::string::npos);
+  EXPECT_NE(error(R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "tool", "content": "c"}])")
+                .find("message 2: expected the conversation to end with an assistant turn"),
+            std::string::npos);
+  EXPECT_NE(error(R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "assistant", "content": "c"}])")
+                .find("message 2: two assistant turns in a row"),
+            std::string::npos);
+  EXPECT_NE(error(R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "system", "content": "c"}, {"role": "assistant", "content": "d"}])")
+                .find("message 2: expected role user, assistant or tool"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"role": "user"})").find("expected a list"), std::string::npos);
+  EXPECT_NE(
+      input_error([&] {
+        chat(ChatTemplate::kLlama2).conversation(json::parse(R"([{"role": "user", "content": "a"},
+                      {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
+                      {"role": "assistant", "content": "d"}])"));
+      }).find("llama2"),
+      std::string::npos);
+}
+
 TEST(PromptFormat, ChatMLAsQwen2WithDefaultSystemPrompt) {
   const auto f = chat(ChatTemplate::kAuto, kQwen2Template);
   EXPECT_EQ(f.chat_template(), ChatTemplate::kChatML);
