@@ -176,6 +176,13 @@ TEST_F(MultiTurnJob, SftOnToolTracesThenGrpoWithTheCalculator) {
               << "\n";
     }
   }
+  // The chat template comes with the model as chat_template.jinja (as transformers saves it;
+  // ChatML without a default system message), detected (data.chat_template auto) by both
+  // jobs: the GRPO job reads it from the SFT export, which must carry it.
+  std::ofstream(dir_ / "tiny" / "chat_template.jinja")
+      << "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+         "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
+         "%}{{ '<|im_start|>assistant\\n' }}{% endif %}";
   test::CliResult sft =
       test::run_cli({"run",   "examples/sft_tiny.json",
                      "--set", "actor.model=" + (dir_ / "tiny").string(),
@@ -185,7 +192,7 @@ TEST_F(MultiTurnJob, SftOnToolTracesThenGrpoWithTheCalculator) {
                      "--set", "data.multiturn=true",
                      "--set", "data.prompt_key=messages",
                      "--set", "data.apply_chat_template=true",
-                     "--set", "data.chat_template=chatml",
+                     "--set", "data.chat_template=auto",
                      "--set", "data.prompt_max_len=64",
                      "--set", "data.max_len=256",
                      "--set", "train.batch_size=32",
@@ -194,6 +201,7 @@ TEST_F(MultiTurnJob, SftOnToolTracesThenGrpoWithTheCalculator) {
                      "--set", "logger.logging_steps=50"});
   ASSERT_EQ(sft.exit_code, 0) << sft.out << sft.err;
   const fs::path model = dir_ / "runs" / "calc_sft" / "export" / "actor";
+  EXPECT_TRUE(fs::exists(model / "chat_template.jinja"));
   test::CliResult r =
       test::run_cli({"run",   "examples/grpo_tools_tiny.json",
                      "--set", "actor.model=" + model.string(),
@@ -202,6 +210,7 @@ TEST_F(MultiTurnJob, SftOnToolTracesThenGrpoWithTheCalculator) {
                      "--set", "ckpt.export_hf=false",
                      "--set", "env.builtin=calculator",
                      "--set", "env.options={}",
+                     "--set", "data.chat_template=auto",
                      "--set", "rollout.max_turns=2",
                      "--set", "rollout.temperature=0.7",
                      "--set", "rollout.max_new_tokens=192",
