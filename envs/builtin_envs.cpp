@@ -3,6 +3,7 @@
 // hands it back.
 #include "envs/builtin_envs.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -138,7 +139,14 @@ class Arithmetic {
 class ImmediateEnvironment : public Environment {
  public:
   explicit ImmediateEnvironment(std::string name) : name_(std::move(name)) {}
-  void reset(int64_t id, const json& row) override { rows_[id] = start(id, row); }
+  void reset(int64_t id, const json& row) override {
+    close(id);  // an id may be reset again: its earlier trajectory is over
+    rows_[id] = start(id, row);
+    resets_.emplace_back(id, std::string());  // no initial observation
+  }
+  std::vector<std::pair<int64_t, std::string>> poll_resets(double) override {
+    return std::exchange(resets_, {});
+  }
   void step(int64_t id, const std::string& action) override {
     auto it = rows_.find(id);
     if (it == rows_.end()) {
@@ -150,7 +158,12 @@ class ImmediateEnvironment : public Environment {
   std::vector<std::pair<int64_t, Observation>> poll(double) override {
     return std::exchange(ready_, {});
   }
-  void close(int64_t id) override { rows_.erase(id); }
+  void close(int64_t id) override {
+    rows_.erase(id);
+    resets_.erase(std::remove_if(resets_.begin(), resets_.end(),
+                                 [id](const auto& r) { return r.first == id; }),
+                  resets_.end());
+  }
   const std::string& name() const override { return name_; }
 
  protected:
@@ -166,6 +179,7 @@ class ImmediateEnvironment : public Environment {
   std::string name_;
   std::map<int64_t, State> rows_;
   std::vector<std::pair<int64_t, Observation>> ready_;
+  std::vector<std::pair<int64_t, std::string>> resets_;
 };
 
 class Calculator : public ImmediateEnvironment {

@@ -41,9 +41,18 @@ class Environment {
   virtual ~Environment() = default;
 
   // Begins trajectory `id` for its dataset row (the prompt row's JSON: its label and other
-  // columns). Ids are unique within a rollout request.
+  // columns). Ids are unique within a rollout request. Returns at once; poll_resets() hands
+  // back its initial observation.
   virtual void reset(int64_t id, const nlohmann::json& row) = 0;
+  // Initial observations: one (id, text) for every reset() once its call returned, in no
+  // particular order; text is "" when the environment gave none (the built-ins never do; a
+  // reset past env.timeout_s also gives "", and the trajectory's first step then times out).
+  // Waits up to `wait_s` for one while a reset is unanswered; returns {} at once when none is.
+  // Throws as poll().
+  virtual std::vector<std::pair<int64_t, std::string>> poll_resets(double wait_s) = 0;
   // Hands the model's turn to the environment; returns at once. One step in flight per id.
+  // Python and HTTP environments also hand on the turn's tool calls (envs/tool_calls.h, in
+  // env.options.tool_format) as tool_calls_json() writes them.
   virtual void step(int64_t id, const std::string& action) = 0;
   // Observations that are ready, each with its trajectory id, in no particular order. Waits
   // up to `wait_s` for at least one when a step is in flight; returns {} at once when none is.

@@ -3,6 +3,7 @@
 // Boost.Asio thread, which hands finished calls back through a mutex-guarded queue.
 #include "envs/http_env.h"
 
+#include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -82,7 +83,10 @@ class HttpEnvironment::Io {
 };
 
 HttpEnvironment::HttpEnvironment(const EnvironmentConfig& config)
-    : url_(config.url), timeout_s_(config.timeout_s), options_(config.options) {
+    : url_(config.url),
+      timeout_s_(config.timeout_s),
+      options_(config.options),
+      tool_format_(ToolCallFormat::kAuto) {
   const std::string scheme = "http://";
   if (url_.rfind(scheme, 0) != 0) {
     throw InputError("env.url: expected http://host[:port][/path], found \"" + url_ + "\"");
@@ -99,6 +103,8 @@ HttpEnvironment::HttpEnvironment(const EnvironmentConfig& config)
     throw InputError("env.url: no host or port in \"" + url_ + "\"");
   }
   if (!(timeout_s_ > 0)) throw InputError("env.timeout_s: expected a number > 0");
+  if (!options_.is_object()) throw InputError("env.options: expected an object");
+  tool_format_ = parse_tool_call_format(options_.value("tool_format", std::string("auto")));
   io_ = std::make_unique<Io>();
 }
 
@@ -164,7 +170,7 @@ void HttpEnvironment::launch(Call call) {
 void HttpEnvironment::reset(int64_t id, const json& row) {
   check_usable();
   const uint64_t serial = next_serial_++;
-  trajectories_[id] = Trajectory{serial, false, false};
+  trajectories_[id] = Trajectory{serial, false, false, true};
   const json body = {{"id", id}, {"row", row}, {"options", options_}};
   enqueue(Call{id, serial, "reset", body.dump(-1, ' ', false, json::error_handler_t::replace)});
 }
@@ -183,7 +189,9 @@ void HttpEnvironment::step(int64_t id, const std::string& action) {
     return;
   }
   it->second.step_pending = true;
-  const json body = {{"id", id}, {"action", action}};
+  const json body = {{"id", id},
+                     {"action", action},
+                     {"tool_calls", tool_calls_json(parse_tool_calls(action, tool_format_))}};
   enqueue(Call{id, it->second.serial, "step",
                body.dump(-1, ' ', false, json::error_handler_t::replace)});
 }
@@ -193,10 +201,14 @@ void HttpEnvironment::close(int64_t id) {
   if (!failed_.empty() || it == trajectories_.end()) return;
   const uint64_t serial = it->second.serial;
   trajectories_.erase(it);
+  resets_ready_.erase(std::remove_if(resets_ready_.begin(), resets_ready_.end(),
+                                     [id](const auto& r) { return r.first == id; }),
+                      resets_ready_.end());
   enqueue(Call{id, serial, "close", json{{"id", id}}.dump()});
 }
 
-std::vector<std::pair<int64_t, Observation>> HttpEnvironment::poll(double wait_s) {
+template <typename Done>
+void HttpEnvironment::settle_until(double wait_s, Done done) {
   check_usable();
   const auto end = std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -208,13 +220,28 @@ std::vector<std::pair<int64_t, Observation>> HttpEnvironment::poll(double wait_s
       arrived.swap(outcomes_);
     }
     for (auto& outcome : arrived) settle(std::move(outcome));
-    bool waiting = false;
-    for (const auto& t : trajectories_) waiting = waiting || t.second.step_pending;
-    if (!ready_.empty() || !waiting) break;
+    if (done()) break;
     std::unique_lock<std::mutex> lock(mutex_);
     if (!arrived_.wait_until(lock, end, [this] { return !outcomes_.empty(); })) break;
   }
+}
+
+std::vector<std::pair<int64_t, Observation>> HttpEnvironment::poll(double wait_s) {
+  settle_until(wait_s, [this] {
+    bool waiting = false;
+    for (const auto& t : trajectories_) waiting = waiting || t.second.step_pending;
+    return !ready_.empty() || !waiting;
+  });
   return std::exchange(ready_, {});
+}
+
+std::vector<std::pair<int64_t, std::string>> HttpEnvironment::poll_resets(double wait_s) {
+  settle_until(wait_s, [this] {
+    bool waiting = false;
+    for (const auto& t : trajectories_) waiting = waiting || t.second.reset_pending;
+    return !resets_ready_.empty() || !waiting;
+  });
+  return std::exchange(resets_ready_, {});
 }
 
 void HttpEnvironment::settle(Outcome outcome) {
@@ -230,6 +257,10 @@ void HttpEnvironment::settle(Outcome outcome) {
   Trajectory* t = trajectory_of(call);
   if (outcome.timed_out && t) {  // the trajectory ends; so does a step waiting behind its reset
     t->timed_out = true;
+    if (t->reset_pending) {
+      t->reset_pending = false;
+      resets_ready_.emplace_back(call.id, std::string());
+    }
     if (t->step_pending) {
       t->step_pending = false;
       Observation obs;
@@ -257,9 +288,26 @@ void HttpEnvironment::settle(Outcome outcome) {
     fail("HTTP environment " + url_ + ": " + what + " answered HTTP " +
          std::to_string(outcome.status) + ": " + outcome.body.substr(0, 200));
   }
+  if (call.what == "reset" && t && t->reset_pending) {
+    t->reset_pending = false;
+    resets_ready_.emplace_back(call.id, read_reset(outcome));
+  }
   if (call.what != "step" || !t || !t->step_pending) return;
   t->step_pending = false;
   ready_.emplace_back(call.id, read_step(outcome));
+}
+
+std::string HttpEnvironment::read_reset(const Outcome& outcome) {
+  // Replies written for the older protocol (any body) still work: no observation.
+  const json reply = json::parse(outcome.body, nullptr, /*allow_exceptions=*/false);
+  if (!reply.is_object() || !reply.contains("observation") || reply["observation"].is_null())
+    return "";
+  if (!reply["observation"].is_string()) {
+    fail("HTTP environment " + url_ + ": reset for trajectory " + std::to_string(outcome.call.id) +
+         " answered " + outcome.body.substr(0, 200) +
+         ": \"observation\" is not a string; expected {\"observation\": str | null}");
+  }
+  return reply["observation"].get<std::string>();
 }
 
 Observation HttpEnvironment::read_step(const Outcome& outcome) {

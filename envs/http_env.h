@@ -1,7 +1,9 @@
 // HTTP environments (env.url): the JSON protocol of docs/agentic.md, each call a POST on its
 // own connection, several in flight at once (one per trajectory) on a Boost.Asio thread:
-//   POST {url}/reset {"id", "row", "options"} -> {"observation"?: str}   (the body is ignored)
-//   POST {url}/step  {"id", "action"} -> {"observation": str | null, "role"?: "tool" | "user",
+//   POST {url}/reset {"id", "row", "options"} -> {"observation"?: str | null} (the initial
+//                                        observation; an empty or non-object reply: none)
+//   POST {url}/step  {"id", "action", "tool_calls"} -> {"observation": str | null,
+//                                        "role"?: "tool" | "user",
 //                                        "reward"?: number (0), "done": bool,
 //                                        "tool_calls"?: int, "tool_errors"?: int}
 //   POST {url}/close {"id"} -> anything (the body is ignored)
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "envs/environment.h"
+#include "envs/tool_calls.h"
 
 namespace rlhf::envs {
 
@@ -35,6 +38,7 @@ class HttpEnvironment : public Environment {
   ~HttpEnvironment() override;  // stops the I/O thread; calls in flight are abandoned
 
   void reset(int64_t id, const nlohmann::json& row) override;
+  std::vector<std::pair<int64_t, std::string>> poll_resets(double wait_s) override;
   void step(int64_t id, const std::string& action) override;
   std::vector<std::pair<int64_t, Observation>> poll(double wait_s) override;
   void close(int64_t id) override;
@@ -62,6 +66,7 @@ class HttpEnvironment : public Environment {
     uint64_t serial = 0;
     bool step_pending = false;
     bool timed_out = false;
+    bool reset_pending = true;  // its reset's observation is not in resets_ready_ yet
   };
   class Io;
 
@@ -72,6 +77,10 @@ class HttpEnvironment : public Environment {
   Trajectory* trajectory_of(const Call& call);
   void settle(Outcome outcome);
   Observation read_step(const Outcome& outcome);
+  std::string read_reset(const Outcome& outcome);
+  // Settles arrived calls until `done()` or `wait_s` passed.
+  template <typename Done>
+  void settle_until(double wait_s, Done done);
   [[noreturn]] void fail(const std::string& message);
   void check_usable() const;
 
@@ -85,6 +94,8 @@ class HttpEnvironment : public Environment {
   std::map<int64_t, Trajectory> trajectories_;
   uint64_t next_serial_ = 1;
   std::vector<std::pair<int64_t, Observation>> ready_;
+  std::vector<std::pair<int64_t, std::string>> resets_ready_;
+  ToolCallFormat tool_format_;  // env.options.tool_format, for step's tool_calls
   std::string failed_;
 
   std::mutex mutex_;  // guards outcomes_

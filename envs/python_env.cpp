@@ -34,13 +34,15 @@ PythonEnvironment::PythonEnvironment(const EnvironmentConfig& config)
     : name_(config.python),
       timeout_s_(config.timeout_s),
       grace_s_(std::min(config.timeout_s, 5.0)),
-      options_(config.options) {
+      options_(config.options),
+      tool_format_(ToolCallFormat::kAuto) {
   const auto colon = config.python.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == config.python.size()) {
     throw InputError("env.python: expected \"FILE.py:FACTORY\", found \"" + config.python + "\"");
   }
   if (!(timeout_s_ > 0)) throw InputError("env.timeout_s: expected a number > 0");
   if (!options_.is_object()) throw InputError("env.options: expected an object");
+  tool_format_ = parse_tool_call_format(options_.value("tool_format", std::string("auto")));
   pyhost::PythonPoolConfig pc;
   pc.interpreter = config.python_interpreter;
   pc.workers = config.python_workers;
@@ -90,7 +92,7 @@ void PythonEnvironment::reset(int64_t id, const json& row) {
   }
   ++workers_[worker].trajectories;
   const uint64_t serial = next_serial_++;
-  trajectories_[id] = Trajectory{worker, serial, false, false};
+  trajectories_[id] = Trajectory{worker, serial, false, false, true};
   enqueue(worker, id, serial, "create", {{"op", "create"}, {"kwargs", options_}});
   enqueue(worker, id, serial, "reset",
           {{"op", "call"}, {"method", "reset"}, {"args", json::array({row})}});
@@ -111,9 +113,11 @@ void PythonEnvironment::step(int64_t id, const std::string& action) {
     return;
   }
   it->second.step_pending = true;
+  // tool_calls only for a step(self, action, tool_calls=None) (the runner reads its signature).
   const json args = json::array({json(action)});
+  const json calls = {{"tool_calls", tool_calls_json(parse_tool_calls(action, tool_format_))}};
   enqueue(it->second.worker, id, it->second.serial, "step",
-          {{"op", "call"}, {"method", "step"}, {"args", args}});
+          {{"op", "call"}, {"method", "step"}, {"args", args}, {"optional_kwargs", calls}});
   pump();
 }
 
@@ -124,6 +128,9 @@ void PythonEnvironment::close(int64_t id) {
   const uint64_t serial = it->second.serial;
   --workers_[worker].trajectories;
   trajectories_.erase(it);  // a step still in flight is answered into the void
+  resets_ready_.erase(std::remove_if(resets_ready_.begin(), resets_ready_.end(),
+                                     [id](const auto& r) { return r.first == id; }),
+                      resets_ready_.end());
   enqueue(worker, id, serial, "close", {{"op", "drop"}});
   pump();
 }
@@ -151,12 +158,18 @@ bool PythonEnvironment::waiting_for_step() const {
                      [](const auto& t) { return t.second.step_pending; });
 }
 
-std::vector<std::pair<int64_t, Observation>> PythonEnvironment::poll(double wait_s) {
+bool PythonEnvironment::waiting_for_reset() const {
+  return std::any_of(trajectories_.begin(), trajectories_.end(),
+                     [](const auto& t) { return t.second.reset_pending; });
+}
+
+template <typename Done>
+void PythonEnvironment::receive_until(double wait_s, Done done) {
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(std::max(0.0, wait_s)));
   check_usable();
   receive(0);
-  while (ready_.empty() && waiting_for_step()) {
+  while (!done()) {
     auto until = end;
     for (const Worker& w : workers_) {
       if (w.current) until = std::min(until, w.deadline);
@@ -165,7 +178,16 @@ std::vector<std::pair<int64_t, Observation>> PythonEnvironment::poll(double wait
     receive(std::max(0.0, wait));
     if (Clock::now() >= end) break;
   }
+}
+
+std::vector<std::pair<int64_t, Observation>> PythonEnvironment::poll(double wait_s) {
+  receive_until(wait_s, [this] { return !ready_.empty() || !waiting_for_step(); });
   return std::exchange(ready_, {});
+}
+
+std::vector<std::pair<int64_t, std::string>> PythonEnvironment::poll_resets(double wait_s) {
+  receive_until(wait_s, [this] { return !resets_ready_.empty() || !waiting_for_reset(); });
+  return std::exchange(resets_ready_, {});
 }
 
 void PythonEnvironment::receive(double wait_s) {
@@ -209,6 +231,10 @@ void PythonEnvironment::check_deadlines() {
     Trajectory* t = trajectory_of(request);
     if (!t) continue;
     t->timed_out = true;
+    if (t->reset_pending) {  // a timed-out create or reset: no observation
+      t->reset_pending = false;
+      resets_ready_.emplace_back(request.id, std::string());
+    }
     if (t->step_pending) {
       t->step_pending = false;
       Observation obs;
@@ -235,9 +261,17 @@ void PythonEnvironment::handle(size_t w, const json& reply) {
     fail(message);
   }
   const json& result = reply.contains("result") ? reply["result"] : json();
-  if (request.what == "reset" && !result.is_null() && !result.is_string()) {
-    fail(name_ + ": reset(row) returned " + result.dump() + " in " + what +
-         ", expected a string or None");
+  if (request.what == "reset") {
+    if (!result.is_null() && !result.is_string()) {
+      fail(name_ + ": reset(row) returned " + result.dump() + " in " + what +
+           ", expected a string or None");
+    }
+    Trajectory* t = trajectory_of(request);
+    if (t && t->reset_pending) {
+      t->reset_pending = false;
+      resets_ready_.emplace_back(request.id, result.is_string() ? result.get<std::string>() : "");
+    }
+    return;
   }
   if (request.what != "step") return;
   Observation obs = read_step(request, result);

@@ -1,5 +1,7 @@
 // Python environments (env.python: "FILE.py:FACTORY"): FACTORY(**env.options) makes one object
-// per trajectory with reset(row) -> str | None and step(action) -> (observation, reward, done).
+// per trajectory with reset(row) -> str | None (its initial observation) and step(action) ->
+// (observation, reward, done); a step(action, tool_calls=None) also gets the turn's parsed
+// tool calls as a keyword (tool_calls_json, in env.options.tool_format).
 // The objects live in pyhost's supervised processes (PythonObjectPool), env.python_workers of
 // them; a trajectory is pinned at reset to the process with the fewest, which holds its object
 // until close(). A process runs one call at a time; the calls of different processes run
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "envs/environment.h"
+#include "envs/tool_calls.h"
 
 namespace rlhf::pyhost {
 class PythonObjectPool;
@@ -43,6 +46,7 @@ class PythonEnvironment : public Environment {
   ~PythonEnvironment() override;
 
   void reset(int64_t id, const nlohmann::json& row) override;
+  std::vector<std::pair<int64_t, std::string>> poll_resets(double wait_s) override;
   void step(int64_t id, const std::string& action) override;
   std::vector<std::pair<int64_t, Observation>> poll(double wait_s) override;
   void close(int64_t id) override;
@@ -69,7 +73,8 @@ class PythonEnvironment : public Environment {
     size_t worker = 0;
     uint64_t serial = 0;
     bool step_pending = false;
-    bool timed_out = false;  // a call ran past env.timeout_s: every later step times out
+    bool timed_out = false;     // a call ran past env.timeout_s: every later step times out
+    bool reset_pending = true;  // its reset's observation is not in resets_ready_ yet
   };
 
   void enqueue(size_t worker, int64_t id, uint64_t serial, const std::string& what,
@@ -81,6 +86,10 @@ class PythonEnvironment : public Environment {
   void handle(size_t worker, const nlohmann::json& reply);
   void check_deadlines();
   bool waiting_for_step() const;
+  bool waiting_for_reset() const;
+  // Receives replies until `done()` or `wait_s` passed, waking for the calls' deadlines.
+  template <typename Done>
+  void receive_until(double wait_s, Done done);
   Observation read_step(const Request& request, const nlohmann::json& result);
   [[noreturn]] void fail(const std::string& message);
   void check_usable() const;
@@ -94,7 +103,9 @@ class PythonEnvironment : public Environment {
   std::map<int64_t, Trajectory> trajectories_;
   uint64_t next_serial_ = 1;
   std::vector<std::pair<int64_t, Observation>> ready_;
-  std::string failed_;  // set by fail(): later calls throw it
+  std::vector<std::pair<int64_t, std::string>> resets_ready_;
+  ToolCallFormat tool_format_;  // env.options.tool_format, for step's tool_calls
+  std::string failed_;          // set by fail(): later calls throw it
 };
 
 }  // namespace rlhf::envs

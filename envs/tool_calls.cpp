@@ -146,4 +146,12 @@ ParsedToolCalls parse_tool_calls(const std::string& turn, ToolCallFormat format)
   return out;
 }
 
+nlohmann::json tool_calls_json(const ParsedToolCalls& parsed) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const ToolCall& c : parsed.calls)
+    out.push_back({{"name", c.name}, {"arguments", c.arguments}});
+  for (const std::string& e : parsed.errors) out.push_back({{"error", e}});
+  return out;
+}
+
 }  // namespace rlhf::envs

@@ -38,4 +38,9 @@ struct ParsedToolCalls {
 // The tool calls in `turn` (the model's text, end-of-turn token stripped).
 ParsedToolCalls parse_tool_calls(const std::string& turn, ToolCallFormat format);
 
+// The calls as Python and HTTP environments receive them (docs/agentic.md): the well-formed
+// calls in the order written, [{"name": N, "arguments": {...}}, ...], then one
+// {"error": "error: tool call K ..."} per malformed call; [] when the turn makes none.
+nlohmann::json tool_calls_json(const ParsedToolCalls& parsed);
+
 }  // namespace rlhf::envs

@@ -27,7 +27,7 @@ using nlohmann::json;
 // then exit), then one per request as python_objects.h says. SIGINT raises KeyboardInterrupt
 // only while a user call runs (`busy`), so a late interrupt cannot kill the loop itself.
 constexpr const char* kObjectRunner = R"PY(
-import signal
+import inspect, signal
 
 busy = False
 
@@ -46,13 +46,37 @@ def as_json(out):
     except (TypeError, ValueError) as e:
         raise Refusal(f"{type(out).__name__} {reprlib.repr(out)}, which is not JSON ({e})")
 
+accepted_cache = {}
+
+def accepted(obj, name, method):
+    """The keyword names method accepts (None: any, it takes **kwargs), per class."""
+    cache_key = (type(obj), name)
+    if cache_key not in accepted_cache:
+        try:
+            params = inspect.signature(method).parameters.values()
+        except (TypeError, ValueError):  # no signature (a builtin): pass nothing optional
+            params = []
+        if any(p.kind == p.VAR_KEYWORD for p in params):
+            accepted_cache[cache_key] = None
+        else:
+            accepted_cache[cache_key] = {p.name for p in params
+                                         if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return accepted_cache[cache_key]
+
 def run(factory, objects, req):
     op, key = req["op"], req["key"]
     if op == "create":
         objects[key] = factory(**req.get("kwargs", {}))
         return None
     if op == "call":
-        return getattr(objects[key], req["method"])(*req.get("args", []))
+        obj = objects[key]
+        method = getattr(obj, req["method"])
+        kwargs = {}
+        optional = req.get("optional_kwargs")
+        if optional:
+            names = accepted(obj, req["method"], method)
+            kwargs = {k: v for k, v in optional.items() if names is None or k in names}
+        return method(*req.get("args", []), **kwargs)
     obj = objects.pop(key, None)
     close = getattr(obj, "close", None)
     if callable(close):

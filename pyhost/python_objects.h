@@ -39,7 +39,9 @@ class PythonObjectPool {
 
   // Queues `request` for `worker`. Requests, and the reply each gets:
   //   {"op": "create", "key": K, "kwargs": {...}}  object K = FACTORY(**kwargs)
-  //   {"op": "call", "key": K, "method": M, "args": [...]}  K.M(*args)
+  //   {"op": "call", "key": K, "method": M, "args": [...], "optional_kwargs"?: {...}}
+  //      K.M(*args, **those optional kwargs M's signature accepts (by name, or all of them
+  //      with **kwargs); read once per class and method with inspect.signature)
   //   {"op": "drop", "key": K}  forgets K, calling K.close() first when it has one
   // -> {"ok": true, "result": <the call's return value as JSON, tuples as lists; null for
   //    create and drop>} or {"ok": false, "kind": "raised" | "interrupted" | "returned",

@@ -13,6 +13,8 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "core/errors.h"
 #include "core/timing.h"
@@ -39,6 +41,62 @@ std::vector<std::vector<int64_t>> unpadded_prompts(const torch::Tensor& prompt_i
     for (int64_t j = 0; j < P; ++j)
       if (m[i * P + j] != 0) prompts[i].push_back(id[i * P + j]);
   return prompts;
+}
+
+// Multi-turn rows that start from openings (TurnHandler::openings: [N] token lists, row
+// p * n + s of prompt p): each prompt becomes the tokens its rows' openings share (at most P,
+// so the [B, P] prompt columns still hold it), and each row's preamble the rest of its
+// opening. Returns the new prompt_ids and prompt_mask [B, P] (left-padded with pad_id).
+std::pair<torch::Tensor, torch::Tensor> split_openings(
+    const std::vector<std::vector<int64_t>>& openings, int64_t n, int64_t P, int64_t pad_id,
+    std::vector<std::vector<int64_t>>& prompts, std::vector<std::vector<int64_t>>& preambles) {
+  const auto B = static_cast<int64_t>(prompts.size());
+  TORCH_CHECK(static_cast<int64_t>(openings.size()) == B * n, "paged generation: ", openings.size(),
+              " openings for ", B * n, " rows");
+  auto ids = torch::full({B, P}, pad_id, torch::kInt64), mask = torch::zeros({B, P}, torch::kInt64);
+  preambles.assign(static_cast<size_t>(B * n), {});
+  for (int64_t p = 0; p < B; ++p) {
+    size_t shared = std::min<size_t>(openings[p * n].size(), static_cast<size_t>(P));
+    for (int64_t s = 1; s < n; ++s) {
+      const auto& o = openings[p * n + s];
+      shared = static_cast<size_t>(
+          std::mismatch(o.begin(), o.begin() + std::min(shared, o.size()), openings[p * n].begin())
+              .first -
+          o.begin());
+    }
+    TORCH_CHECK(shared > 0, "paged generation: the openings of prompt ", p,
+                " share no first token");
+    prompts[p].assign(openings[p * n].begin(), openings[p * n].begin() + shared);
+    for (int64_t s = 0; s < n; ++s)
+      preambles[p * n + s].assign(openings[p * n + s].begin() + shared, openings[p * n + s].end());
+    const auto len = static_cast<int64_t>(shared);
+    ids[p].narrow(0, P - len, len).copy_(torch::tensor(prompts[p], torch::kInt64));
+    mask[p].narrow(0, P - len, len).fill_(1);
+  }
+  return {ids, mask};
+}
+
+// What a multi-turn request's rows start from: the prompt columns the output shows ([B, P],
+// the request's own when no row has an opening), each row's preamble, and the seconds the
+// handler's openings took (it waits for the environment's resets).
+struct Openings {
+  torch::Tensor prompt_ids, prompt_mask;
+  std::vector<std::vector<int64_t>> preambles;  // [N] or empty
+  double wait_seconds = 0.0;
+};
+
+Openings open_rows(TurnHandler* turns, int64_t n, const torch::Tensor& prompt_ids,
+                   const torch::Tensor& prompt_mask, int64_t pad_id,
+                   std::vector<std::vector<int64_t>>& prompts) {
+  Openings o{prompt_ids, prompt_mask, {}, 0.0};
+  if (!turns) return o;
+  const auto clock = Clock::now();
+  const auto openings = turns->openings(prompts, n);
+  o.wait_seconds = seconds_since(clock);
+  if (!openings.empty())
+    std::tie(o.prompt_ids, o.prompt_mask) =
+        split_openings(openings, n, prompt_ids.size(1), pad_id, prompts, o.preambles);
+  return o;
 }
 
 // The pool's blocks for prompts of P tokens: the budget's (config.kv_cache_bytes), or what
@@ -195,6 +253,32 @@ void PagedBatcher::prefill(const std::vector<Waiting>& items) {
   start_rows(items, seqs, logits);
   if (device_.is_cuda()) torch::cuda::synchronize();
   timings_.prefill_seconds += seconds_since(clock);
+  start_preambles();
+}
+
+void PagedBatcher::start_preambles() {
+  std::vector<int64_t> rows, next;
+  std::vector<std::vector<int64_t>> feed;
+  for (int64_t row : std::exchange(preamble_rows_, {})) {
+    RowState& r = rows_[row];
+    const std::vector<int64_t>& q = preambles_[row];
+    const auto k = static_cast<int64_t>(q.size());
+    if (k + 1 > limits_.max_new_tokens) {  // no room for a model token: no turn at all
+      finish_row(row);
+      if (turns_) turns_->finish(row);
+      continue;
+    }
+    // As an answer's tokens: in the output, log-prob 0, outside the action mask.
+    out_.tokens[row].narrow(0, 0, k).copy_(torch::tensor(q, torch::kInt64).to(device_));
+    out_.log_probs[row].narrow(0, 0, k).zero_();
+    out_.lengths[row].fill_(k);
+    r.env_spans.emplace_back(0, k);
+    r.sampled = r.turn_start = k;
+    rows.push_back(row);
+    feed.emplace_back(q.begin(), q.end() - 1);  // the last one is the next decode step's feed
+    next.push_back(q.back());
+  }
+  if (!rows.empty()) extend_rows(rows, feed, next);
 }
 
 void PagedBatcher::start_rows(const std::vector<Waiting>& items, const std::vector<int64_t>& seqs,
@@ -215,6 +299,10 @@ void PagedBatcher::start_rows(const std::vector<Waiting>& items, const std::vect
     for (int64_t s = 0; s < n; ++s) {
       const int64_t row = items[i].prompt * n + s;
       rows_[row].seq = s == 0 ? seqs[i] : cache_.fork(seqs[i]);
+      if (!preambles_.empty() && !preambles_[row].empty()) {
+        preamble_rows_.push_back(row);  // its first token follows its preamble
+        continue;
+      }
       first_rows.push_back(row);
       from.push_back(i);
     }
@@ -432,8 +520,14 @@ void PagedBatcher::extend_rows(const std::vector<int64_t>& rows,
   std::vector<int64_t> seqs, kept, kept_next;
   std::vector<const std::vector<int64_t>*> kept_feed;
   int64_t T = 0;
+  std::vector<int64_t> fed_nothing, fed_nothing_next;  // a one-token preamble: nothing to extend
   for (size_t i = 0; i < rows.size(); ++i) {
     RowState& r = rows_[rows[i]];
+    if (feed[i].empty()) {
+      fed_nothing.push_back(rows[i]);
+      fed_nothing_next.push_back(next[i]);
+      continue;
+    }
     if (!cache_.reserve(r.seq, static_cast<int64_t>(feed[i].size()))) {
       cache_.release(r.seq);  // short of blocks: prefill it whole later, as a preempted row
       r.seq = -1;
@@ -445,6 +539,12 @@ void PagedBatcher::extend_rows(const std::vector<int64_t>& rows,
     kept_next.push_back(next[i]);
     kept_feed.push_back(&feed[i]);
     T = std::max<int64_t>(T, static_cast<int64_t>(feed[i].size()));
+  }
+  if (!fed_nothing.empty()) {
+    running_.insert(running_.end(), fed_nothing.begin(), fed_nothing.end());
+    next_ = torch::cat({next_, torch::tensor(fed_nothing_next, torch::kInt64).to(device_)});
+    live_ = torch::cat({live_, torch::ones({static_cast<int64_t>(fed_nothing.size())},
+                                           torch::TensorOptions(torch::kBool).device(device_))});
   }
   if (kept.empty()) return;
   const int64_t b = static_cast<int64_t>(kept.size());
@@ -562,6 +662,8 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
                              !model.tensor_parallel().enabled());
   DecodeStream on_decode_stream(padded_steps ? device : torch::Device(torch::kCPU));
   std::vector<std::vector<int64_t>> prompts = unpadded_prompts(prompt_ids, prompt_mask);
+  // Multi-turn: rows may start from their environment's initial observation (openings).
+  Openings opened = open_rows(turns, n, prompt_ids, prompt_mask, config_.pad_token_id, prompts);
 
   const int64_t per_block = models::PagedKvCache::block_bytes(mc, bs, model.dtype());
   const int64_t blocks_per_row = (P + R + bs - 1) / bs;
@@ -605,11 +707,13 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   limits.pad_token_id = config_.pad_token_id;
   limits.max_turns = max_turns;
   PagedBatcher batcher(model, *cache, sampler, decoder, d, std::move(prompts), limits, turns);
+  batcher.set_preambles(std::move(opened.preambles));
 
   auto clock = Clock::now();
   batcher.run(check_every);
   if (device.is_cuda()) torch::cuda::synchronize();
   GenerationTimings timings = batcher.timings();
+  timings.env_stall_seconds += opened.wait_seconds;  // nothing ran until the resets answered
   timings.kv_pool_bytes = num_blocks * per_block;
   timings.decode_seconds = seconds_since(clock) - timings.prefill_seconds;
   timings.decode_tokens = batcher.decode_tokens().item<int64_t>();
@@ -619,7 +723,8 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
     timings.graph_kernels = decoder->kernels_per_step();
   }
 
-  auto result = assemble_output(prompt_ids, prompt_mask, n, d.tokens, d.log_probs, d.lengths);
+  auto result =
+      assemble_output(opened.prompt_ids, opened.prompt_mask, n, d.tokens, d.log_probs, d.lengths);
   result.timings = timings;
   if (turns) {
     // The environment's tokens: in the sequence and its attention mask, not in the actions.

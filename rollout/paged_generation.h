@@ -19,7 +19,11 @@
 //   tokens are written into the row's output (action mask 0) and prefilled over its cache
 //   (PagedKvCache::plan_extend: the new tokens only) before the row decodes again. A waiting
 //   row's blocks may be taken when the pool runs dry; it is then recomputed like a preempted
-//   row. Up to max_turns model turns and max_new_tokens tokens (model and environment) a row.
+//   row. Up to max_turns model turns and max_new_tokens tokens (model and environment) a row;
+// - a row may start from an opening (its prompt with its environment's initial observation,
+//   TurnHandler::openings): a prompt's rows share the tokens their openings share as their
+//   prompt (at most the P prompt columns), and each row's own rest (set_preambles) opens its
+//   output like an answer, prefilled over the forked cache before its first model token.
 //
 // Called a batcher, not a scheduler: scheduler/ is the job's orchestration. Does not size
 // the pool or assemble the output (generate_paged does).
@@ -68,6 +72,14 @@ class PagedBatcher {
                PagedDecoder* decoder, Generator::DecodeState outputs,
                std::vector<std::vector<int64_t>> prompts, Limits limits,
                TurnHandler* turns = nullptr);
+
+  // Multi-turn: tokens each row writes into its output before its first model token ([N]
+  // lists, "" for none), outside the action mask and within max_new_tokens: the rest of a
+  // row's opening (TurnHandler::openings) past its prompt's shared tokens. A row whose
+  // preamble leaves no room for a model token ends at once, without a turn (empty output).
+  void set_preambles(std::vector<std::vector<int64_t>> preambles) {
+    preambles_ = std::move(preambles);
+  }
 
   // Generates every row to its end: admits, decodes one position per running row per step,
   // and every `check_every` steps reads which rows ended, releases them and admits more.
@@ -122,6 +134,9 @@ class PagedBatcher {
   // prompts fork to their n rows and sample their first tokens; preempted rows resume.
   void start_rows(const std::vector<Waiting>& items, const std::vector<int64_t>& seqs,
                   const torch::Tensor& logits);
+  // Rows with a preamble (queued by start_rows): it joins their output, is prefilled over
+  // their cache, and they decode after it.
+  void start_preambles();
   // First tokens of `first_rows` from logits rows `from`; the rows join running_.
   void sample_first_tokens(const std::vector<int64_t>& first_rows, const std::vector<int64_t>& from,
                            const torch::Tensor& logits);
@@ -176,8 +191,10 @@ class PagedBatcher {
   torch::Tensor live_tokens_;  // [] int64
   GenerationTimings timings_;
   TurnHandler* turns_ = nullptr;
-  std::vector<int64_t> stop_ids_;  // host copy of outputs.stop_ids
-  int64_t awaiting_ = 0;           // rows whose turn is with the handler
+  std::vector<int64_t> stop_ids_;                // host copy of outputs.stop_ids
+  int64_t awaiting_ = 0;                         // rows whose turn is with the handler
+  std::vector<std::vector<int64_t>> preambles_;  // per row (set_preambles), or empty
+  std::vector<int64_t> preamble_rows_;           // prefilled, their preamble not yet started
 };
 
 }  // namespace rlhf::rollout

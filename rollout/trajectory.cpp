@@ -1,6 +1,7 @@
 // EnvironmentTurns: the environment's answers to the batcher's turns. See trajectory.h.
 #include "rollout/trajectory.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -37,6 +38,7 @@ EnvironmentTurns::EnvironmentTurns(envs::Environment* env, const tokenizer::Toke
   stats_.env_seconds.assign(N, 0.0);
   stats_.turns.assign(N, nlohmann::json::array());
   if (!env_) return;
+  reset_at_ = std::chrono::steady_clock::now();
   for (int64_t r = 0; r < N; ++r) {
     const size_t prompt = static_cast<size_t>(r / n);
     env_->reset(first_row_ + r, prompt < rows_json.size() ? rows_json[prompt] : nlohmann::json());
@@ -58,6 +60,100 @@ void EnvironmentTurns::close(int64_t row) {
   if (!env_ || !pending_[row].open) return;
   pending_[row].open = false;
   env_->close(first_row_ + row);
+}
+
+std::vector<std::string> EnvironmentTurns::reset_observations() {
+  constexpr double kWaitSeconds = 0.05;  // one poll's wait; the environment times resets out
+  const auto N = static_cast<int64_t>(pending_.size());
+  std::vector<std::string> texts(static_cast<size_t>(N));
+  std::vector<bool> answered(static_cast<size_t>(N), false);
+  for (int64_t left = N; left > 0;) {
+    for (auto& [id, text] : env_->poll_resets(kWaitSeconds)) {
+      const int64_t row = id - first_row_;
+      TORCH_CHECK(row >= 0 && row < N && !answered[row], "environment ", env_->name(),
+                  " answered a reset of trajectory ", id, " it was not waiting for");
+      answered[row] = true;
+      --left;
+      stats_.env_seconds[row] += seconds_since(reset_at_);
+      if (!text.empty()) stats_.turns[row].push_back({{"role", "observation"}, {"content", text}});
+      texts[row] = std::move(text);
+    }
+  }
+  return texts;
+}
+
+std::vector<std::vector<int64_t>> EnvironmentTurns::openings(
+    const std::vector<std::vector<int64_t>>& prompts, int64_t n) {
+  std::vector<std::vector<int64_t>> lists;
+  bool failed = false;
+  std::string error;
+  if (env_) {
+    try {
+      const std::vector<std::string> texts = reset_observations();
+      const bool any =
+          std::any_of(texts.begin(), texts.end(), [](const std::string& t) { return !t.empty(); });
+      for (size_t r = 0; any && r < texts.size(); ++r) {
+        const std::vector<int64_t>& prompt = prompts.at(r / static_cast<size_t>(n));
+        if (texts[r].empty()) {
+          lists.push_back(prompt);
+          continue;
+        }
+        // The prompt's text is what the chat template rendered (rlhf formats and encodes it
+        // the same way): decoded with its special tokens, it takes the observation as
+        // format_messages would, and is encoded again.
+        const std::vector<tokenizer::TokenId> ids(prompt.begin(), prompt.end());
+        const std::string text = formatter_.append_to_last_message(
+            tokenizer_.decode(ids, tokenizer::SkipSpecial::kNo), texts[r]);
+        const auto encoded = tokenizer_.encode(text, tokenizer::AddSpecial::kNo);
+        lists.emplace_back(encoded.begin(), encoded.end());
+      }
+    } catch (const std::exception& e) {
+      if (!group_) throw;
+      failed = true;  // the other ranks must hear of it before rank 0 throws
+      error = e.what();
+    }
+  }
+  if (!group_) return lists;
+  return broadcast_lists(std::move(lists), failed, error);
+}
+
+std::vector<std::vector<int64_t>> EnvironmentTurns::broadcast_lists(
+    std::vector<std::vector<int64_t>> lists, bool failed, const std::string& error) {
+  const auto i64 = torch::TensorOptions(torch::kInt64);
+  const bool root = group_->rank() == 0;
+  // The wire: the count, each list's length, then every list's tokens.
+  std::vector<int64_t> wire;
+  if (root && !lists.empty()) {
+    wire.push_back(static_cast<int64_t>(lists.size()));
+    for (const auto& l : lists) wire.push_back(static_cast<int64_t>(l.size()));
+    for (const auto& l : lists) wire.insert(wire.end(), l.begin(), l.end());
+  }
+  auto size = torch::full({1}, failed ? -1 : static_cast<int64_t>(wire.size()), i64).to(device_);
+  group_->broadcast(size, 0);
+  const int64_t count = size.to(torch::kCPU).item<int64_t>();
+  if (count < 0) {
+    if (root) throw RuntimeError(error);
+    throw RuntimeError("rollout tensor parallel rank " + std::to_string(group_->rank()) +
+                       ": rank 0's environment failed (its error stops the request)");
+  }
+  if (count == 0 || root) {
+    if (count > 0) {
+      auto payload = torch::tensor(wire, i64).to(device_);
+      group_->broadcast(payload, 0);
+    }
+    return lists;
+  }
+  auto payload = torch::empty({count}, i64.device(device_));
+  group_->broadcast(payload, 0);
+  const auto host = payload.to(torch::kCPU).contiguous();
+  const int64_t* w = host.data_ptr<int64_t>();
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(w[0]));
+  const int64_t* tokens = w + 1 + w[0];
+  for (int64_t i = 0; i < w[0]; ++i) {
+    out[i].assign(tokens, tokens + w[1 + i]);
+    tokens += w[1 + i];
+  }
+  return out;
 }
 
 void EnvironmentTurns::end_turn(int64_t row, const std::vector<int64_t>& tokens, bool last) {

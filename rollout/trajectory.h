@@ -36,6 +36,13 @@ class TurnHandler {
   };
 
   virtual ~TurnHandler() = default;
+  // Before any row is prefilled: the tokens each of the request's rows starts from (row
+  // p * n + s is sample s of prompt p; `prompts` are the prompts' tokens without padding), or
+  // {} when every row starts from its prompt as is. The same on every TP rank.
+  virtual std::vector<std::vector<int64_t>> openings(
+      const std::vector<std::vector<int64_t>>& /*prompts*/, int64_t /*n*/) {
+    return {};
+  }
   // Row `row`'s model turn ended with a stop token; `tokens` are the turn's tokens, the stop
   // token last. `last`: the trajectory ends whatever the answer (rollout.max_turns, or no
   // room left in rollout.max_new_tokens): the environment still scores the turn, but its
@@ -54,13 +61,18 @@ struct TrajectoryStats {
   std::vector<double> reward;       // summed environment rewards
   std::vector<int64_t> tool_calls;  // tool calls its turns made
   std::vector<int64_t> tool_errors;
-  std::vector<int64_t> timed_out;     // 1: env.timeout_s ended it
-  std::vector<double> env_seconds;    // from each turn's end to its answer, summed
-  std::vector<nlohmann::json> turns;  // [{"role", "content"}] after the prompt, in order
+  std::vector<int64_t> timed_out;   // 1: env.timeout_s ended it
+  std::vector<double> env_seconds;  // reset to its answer, each turn's end to its answer
+  // [{"role", "content"}] after the prompt, in order; first {"role": "observation"} when the
+  // reset's initial observation was appended to the prompt's last message.
+  std::vector<nlohmann::json> turns;
 };
 
 // The TurnHandler over an environment. Rows [first_row, first_row + N) of a request are
-// trajectories first_row.. of the environment; row r is reset with rows_json[r / n].
+// trajectories first_row.. of the environment; row r is reset with rows_json[r / n] (every
+// reset in flight at once). openings() waits for the resets' answers: a row whose reset gave
+// an initial observation starts from its prompt with the observation appended to the last
+// message (PromptFormatter::append_to_last_message), re-tokenized.
 class EnvironmentTurns final : public TurnHandler {
  public:
   // `env`: null on TP ranks other than 0 (they receive every answer from rank 0 over
@@ -71,6 +83,8 @@ class EnvironmentTurns final : public TurnHandler {
                    const std::vector<nlohmann::json>& rows_json);
   ~EnvironmentTurns() override;
 
+  std::vector<std::vector<int64_t>> openings(const std::vector<std::vector<int64_t>>& prompts,
+                                             int64_t n) override;
   void end_turn(int64_t row, const std::vector<int64_t>& tokens, bool last) override;
   void finish(int64_t row) override;
   std::vector<Answer> poll(double wait_s) override;
@@ -86,6 +100,11 @@ class EnvironmentTurns final : public TurnHandler {
   };
   // Rank 0: the environment's ready observations as answers (stats recorded).
   std::vector<Answer> poll_environment(double wait_s);
+  // Rank 0: every row's reset observation ("" for none), recorded in the stats.
+  std::vector<std::string> reset_observations();
+  // Rank 0's token lists to every rank (failed: rank 0 threw `error`; every rank throws).
+  std::vector<std::vector<int64_t>> broadcast_lists(std::vector<std::vector<int64_t>> lists,
+                                                    bool failed, const std::string& error);
   // Every answer from rank 0 to every rank (rewards and counts too).
   std::vector<Answer> broadcast(std::vector<Answer> answers, bool failed);
   void close(int64_t row);
@@ -96,6 +115,7 @@ class EnvironmentTurns final : public TurnHandler {
   transport::CollectiveGroup* group_;
   torch::Device device_;
   int64_t first_row_;
+  std::chrono::steady_clock::time_point reset_at_;  // when the resets were sent
   std::vector<Pending> pending_;
   TrajectoryStats stats_;
 };

@@ -268,6 +268,27 @@ std::vector<PromptFormatter::Piece> PromptFormatter::conversation(
   return out;
 }
 
+std::string PromptFormatter::append_to_last_message(const std::string& rendered,
+                                                    const std::string& content) const {
+  environment_turn("user", "");  // the same templates as the environment's turns
+  const bool chatml = template_ == ChatTemplate::kChatML;
+  // The last message's end, then the generation prompt (chatml() and llama3() below).
+  const std::string tail = chatml ? "<|im_end|>\n<|im_start|>assistant\n"
+                                  : "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+  if (rendered.size() < tail.size() ||
+      rendered.compare(rendered.size() - tail.size(), tail.size(), tail) != 0) {
+    throw InputError("initial observation: the prompt does not end with the " +
+                     chat_template_name(template_) + " template's end of message and assistant " +
+                     "header, so the observation cannot be appended to its last message");
+  }
+  std::string added = content;
+  if (!chatml) {  // the template's trim: only the right end can change (see the header)
+    const size_t end = added.find_last_not_of(" \t\n\r\f\v");
+    added.resize(end == std::string::npos ? 0 : end + 1);
+  }
+  return rendered.substr(0, rendered.size() - tail.size()) + added + tail;
+}
+
 // Qwen/Qwen2-7B-Instruct tokenizer_config.json chat_template:
 // {% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}
 // {{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}

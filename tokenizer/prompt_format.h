@@ -79,6 +79,18 @@ class PromptFormatter {
     bool model = false;
   };
   std::vector<Piece> conversation(const nlohmann::json& messages) const;
+
+  // Multi-turn rollouts: an environment's initial observation (its reset's answer) joins the
+  // prompt as TRL's environment_factory does, appended to the last message's content.
+  // `rendered` is a conversation format_messages rendered (ending with the generation prompt);
+  // the result is format_messages of the same messages with `content` appended to the last
+  // one's content, e.g. ChatML "...<|im_start|>user\nQ" + content + "<|im_end|>\n<|im_start|>
+  // assistant\n". (Llama-3 strips a message's content: the result holds content's right-strip,
+  // which is the template's rendering when the last message does not end in whitespace.)
+  // Throws InputError when `rendered` does not end as this template ends a message and begins
+  // the assistant's, or for a template environment_turn refuses.
+  std::string append_to_last_message(const std::string& rendered, const std::string& content) const;
+
   // The template in use (kAuto only when apply_chat_template is false).
   ChatTemplate chat_template() const { return template_; }
 

@@ -68,6 +68,9 @@ TEST(Calculator, AnswersToolCallsAndEndsOnAnAnswer) {
   EXPECT_EQ(env->name(), "builtin:calculator");
   env->reset(7, {{"prompt", "What is (2+3)*4?"}});
   EXPECT_TRUE(env->poll(0).empty());  // nothing in flight: returns at once
+  // The reset is answered at once, without an initial observation, and only once.
+  EXPECT_EQ(env->poll_resets(0), (std::vector<std::pair<int64_t, std::string>>{{7, ""}}));
+  EXPECT_TRUE(env->poll_resets(0).empty());
 
   Observation o = step_once(*env, 7,
                             "<tool_call>{\"name\": \"calculator\", \"arguments\": "

@@ -1,6 +1,8 @@
 """A test HTTP environment for tests/envs/http_env_test.cpp, speaking docs/agentic.md's
 protocol. Prints its port on the first line of stdout. Step actions: "slow" answers after
-0.5 s, "hang" after 30 s, "bad" with HTTP 500; anything else at once."""
+0.5 s, "hang" after 30 s, "bad" with HTTP 500; anything else at once. A row with "secret"
+gets the initial observation "The secret is <secret>.", a turn containing it reward 1; a row
+labelled "tools" is answered with its step's tool_calls as JSON."""
 import json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -25,10 +27,12 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/env/reset":
             if body["row"].get("label") == "hang_reset":
                 time.sleep(30)
+            secret = body["row"].get("secret")
+            observation = None if secret is None else f"The secret is {secret}."
             with lock:
                 rows[key] = {"label": body["row"].get("label"), "turns": 0,
-                             "options": body.get("options")}
-            return self.reply(200, {"observation": None})
+                             "options": body.get("options"), "observation": observation}
+            return self.reply(200, {"observation": observation})
         if self.path == "/env/close":
             with lock:
                 rows.pop(key, None)
@@ -45,9 +49,14 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             state = rows[key]
             state["turns"] += 1
-        self.reply(200, {"observation": f"{state['label']} {action} {state['turns']}",
-                         "role": "user", "reward": 0.5, "done": action == "stop",
-                         "tool_calls": 1, "tool_errors": 0})
+        if state["observation"] is not None:
+            return self.reply(200, {"observation": "ok", "done": True,
+                                    "reward": 1.0 if state["observation"] in action else 0.0})
+        text = f"{state['label']} {action} {state['turns']}"
+        if state["label"] == "tools":
+            text = json.dumps(body["tool_calls"])
+        self.reply(200, {"observation": text, "role": "user", "reward": 0.5,
+                         "done": action == "stop", "tool_calls": 1, "tool_errors": 0})
 
 class Server(ThreadingHTTPServer):
     request_queue_size = 256  # listen() backlog: rlhf opens up to 64 connections at once

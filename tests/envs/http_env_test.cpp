@@ -105,6 +105,32 @@ TEST_F(HttpEnvTest, StepsFollowTheProtocolAndAnswerOutOfOrder) {
   EXPECT_TRUE(env.poll(1).empty());
 }
 
+// /reset's {"observation": str} comes back from poll_resets ("" for null); /step's body
+// carries the turn's tool calls parsed in env.options.tool_format (the server echoes them).
+TEST_F(HttpEnvTest, ResetObservationsAndParsedToolCalls) {
+  EnvironmentConfig c = config();
+  c.options = {{"tool_format", "llama3"}};
+  HttpEnvironment env(c);
+  env.reset(0, {{"secret", 7}});
+  env.reset(1, {{"label", "tools"}});
+  std::map<int64_t, std::string> resets;
+  for (int i = 0; i < 600 && resets.size() < 2; ++i)
+    for (auto& [id, text] : env.poll_resets(0.1)) resets[id] = text;
+  EXPECT_EQ(resets, (std::map<int64_t, std::string>{{0, "The secret is 7."}, {1, ""}}));
+  EXPECT_TRUE(env.poll_resets(1).empty());
+  env.step(0, "I read: The secret is 7.");
+  env.step(1, R"({"name": "calculator", "parameters": {"expression": "1+1"}})");
+  std::map<int64_t, Observation> got;
+  for (auto& [id, obs] : wait_for(env, 2)) got[id] = obs;
+  EXPECT_EQ(got[0].reward, 1.0);
+  const json calls = json::parse(got[1].text);
+  ASSERT_EQ(calls.size(), 1u) << got[1].text;
+  EXPECT_EQ(calls[0]["name"], "calculator");
+  EXPECT_EQ(calls[0]["arguments"], json({{"expression", "1+1"}}));
+  env.close(0);
+  env.close(1);
+}
+
 TEST_F(HttpEnvTest, MoreTrajectoriesThanConnections) {
   HttpEnvironment env(config());
   constexpr int64_t kTrajectories = 150;  // above the 64 connections at once

@@ -67,6 +67,34 @@ def make_env(**options):
     return Env(**options)
 )PY";
 
+// Initial observations and parsed tool calls: "new" returns reset's observation and echoes
+// the tool_calls keyword it receives; "old" has the older step(self, action); "kw" takes
+// **extra and echoes its keywords' names.
+constexpr const char* kToolsPy = R"PY(
+import json
+
+class New:
+    def reset(self, row):
+        return f"The secret is {row['secret']}." if "secret" in row else None
+    def step(self, action, tool_calls=None):
+        return json.dumps(tool_calls), 1.0 if "The secret is 7." in action else 0.0, False
+
+class Old:
+    def reset(self, row):
+        return ""
+    def step(self, action):
+        return "old: " + action, 0.0, False
+
+class Kw:
+    def reset(self, row):
+        return None
+    def step(self, action, **extra):
+        return json.dumps(sorted(extra)), 0.0, False
+
+def make_env(kind="new", tool_format="auto"):
+    return {"new": New, "old": Old, "kw": Kw}[kind]()
+)PY";
+
 class PythonEnvTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -76,6 +104,7 @@ class PythonEnvTest : public ::testing::Test {
             std::to_string(::getpid()));
     fs::create_directories(dir_);
     std::ofstream(dir_ / "env.py") << kEnvPy;
+    std::ofstream(dir_ / "tools.py") << kToolsPy;
     children_before_ = children_of_this_process();
   }
   void TearDown() override {
@@ -112,6 +141,61 @@ class PythonEnvTest : public ::testing::Test {
   fs::path dir_;
   std::set<pid_t> children_before_;
 };
+
+// Each reset's observation comes back once from poll_resets ("" for None and ""), and a step
+// that takes tool_calls receives the turn's calls parsed in env.options.tool_format: the
+// well-formed ones with name and arguments, then an {"error"} per malformed one; [] for none.
+// An old step(self, action) is called as before; a step(**extra) gets the keyword.
+TEST_F(PythonEnvTest, ResetObservationsAndParsedToolCalls) {
+  EnvironmentConfig c = config(2);
+  c.python = (dir_ / "tools.py").string() + ":make_env";
+  c.options = {{"kind", "new"}, {"tool_format", "hermes"}};
+  PythonEnvironment env(c);
+  env.reset(0, {{"secret", 7}});
+  env.reset(1, json::object());
+  std::map<int64_t, std::string> resets;
+  for (int i = 0; i < 600 && resets.size() < 2; ++i)
+    for (auto& [id, text] : env.poll_resets(0.1)) {
+      EXPECT_FALSE(resets.count(id)) << "reset " << id << " answered twice";
+      resets[id] = text;
+    }
+  EXPECT_EQ(resets, (std::map<int64_t, std::string>{{0, "The secret is 7."}, {1, ""}}));
+  EXPECT_TRUE(env.poll_resets(1).empty());  // none in flight: returns at once
+  env.step(0, R"(<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>)"
+              R"(<tool_call>{"name": }</tool_call>)");
+  env.step(1, "The secret is 7.");
+  auto got = collect(env, 2);
+  const json calls = json::parse(got[0].text);
+  ASSERT_EQ(calls.size(), 2u) << got[0].text;
+  EXPECT_EQ(calls[0]["name"], "calculator");
+  EXPECT_EQ(calls[0]["arguments"], json({{"expression", "2+3"}}));
+  EXPECT_EQ(calls[1]["error"].get<std::string>().rfind("error: tool call 2 is not valid JSON", 0),
+            0u)
+      << got[0].text;
+  EXPECT_EQ(got[0].reward, 0.0);
+  EXPECT_EQ(json::parse(got[1].text), json::array());  // no call in the turn
+  EXPECT_EQ(got[1].reward, 1.0);                       // the turn repeats the observation
+  env.close(0);
+  env.close(1);
+
+  c.options = {{"kind", "old"}};
+  PythonEnvironment old_env(c);
+  old_env.reset(0, json::object());
+  old_env.step(0, R"(<tool_call>{"name": "x", "arguments": {}}</tool_call>)");
+  EXPECT_EQ(collect(old_env, 1)[0].text,
+            R"(old: <tool_call>{"name": "x", "arguments": {}}</tool_call>)");
+  const auto old_resets = old_env.poll_resets(0);
+  ASSERT_EQ(old_resets.size(), 1u);
+  EXPECT_EQ(old_resets[0], std::make_pair(int64_t{0}, std::string()));
+  old_env.close(0);
+
+  c.options = {{"kind", "kw"}};
+  PythonEnvironment kw_env(c);
+  kw_env.reset(0, json::object());
+  kw_env.step(0, "no call");
+  EXPECT_EQ(collect(kw_env, 1)[0].text, R"(["tool_calls"])");
+  kw_env.close(0);
+}
 
 TEST_F(PythonEnvTest, EightTrajectoriesConcurrentlyEachPinnedToOneProcess) {
   EnvironmentConfig c = config(4);

@@ -26,9 +26,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// A Python environment: a right answer contains "1"; every process writes its pid to
-// pids.txt. MODE "raise" raises in step, "hang" sleeps in step (SIGINT interrupts it),
-// "deaf" sleeps with SIGINT ignored.
+// A Python environment: reset's initial observation "Guess a digit." joins the prompt; a
+// right answer contains "1"; step takes the parsed tool_calls (a list, [] without a call);
+// every process writes its pid to pids.txt. MODE "raise" raises in step, "hang" sleeps in step
+// (SIGINT interrupts it), "deaf" sleeps with SIGINT ignored.
 constexpr const char* kEnvPy = R"(import os, signal, time
 MODE = os.environ.get("RLHF_TEST_ENV_MODE", "")
 
@@ -42,9 +43,11 @@ class Game:
 
     def reset(self, row):
         self.turns = 0
-        return None
+        return " Guess a digit."
 
-    def step(self, action):
+    def step(self, action, tool_calls=None):
+        if not isinstance(tool_calls, list):
+            raise TypeError(f"tool_calls: expected a list, got {tool_calls!r}")
         if MODE == "raise":
             raise ValueError("boom in step")
         if MODE in ("hang", "deaf"):
@@ -253,7 +256,8 @@ TEST_F(MultiTurnJob, SftOnToolTracesThenGrpoWithTheCalculator) {
 }
 
 // The same job with a Python environment (4 steps): it runs, its rewards and turns are in
-// the metrics, and its processes are gone afterwards.
+// the metrics (the resets' time in env_time_s), samples.jsonl's conversations begin with the
+// reset's observation, and its processes are gone afterwards.
 TEST_F(MultiTurnJob, PythonEnvironmentRunsTheJob) {
   auto extra = python_env("");
   extra.insert(extra.end(), {"--set", "train.max_steps=4"});
@@ -261,7 +265,19 @@ TEST_F(MultiTurnJob, PythonEnvironmentRunsTheJob) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto m = metrics("python");
   ASSERT_EQ(m.size(), 4u);
-  for (const auto& step : m) EXPECT_GE(step["turns_mean"].get<double>(), 1.0);
+  for (const auto& step : m) {
+    EXPECT_GE(step["turns_mean"].get<double>(), 1.0);
+    EXPECT_GT(step["env_time_s"].get<double>(), 0.0);
+  }
+  const auto samples = test::read_jsonl((dir_ / "runs" / "python" / "samples.jsonl").string());
+  ASSERT_FALSE(samples.empty());
+  for (const auto& s : samples) {
+    const json& c = s.at("conversation");
+    // The prompt, the observation, then the turns (a turn the token budget cut is not stepped,
+    // so not listed: the untrained model rarely writes its end-of-turn token).
+    ASSERT_GE(c.size(), 2u) << s.dump();
+    EXPECT_EQ(c[1], (json{{"role", "observation"}, {"content", " Guess a digit."}})) << s.dump();
+  }
   expect_python_processes_gone();
 }
 

@@ -7,16 +7,21 @@
 // (Qwen) and Llama-3 the prompt, the model's turns and the environment's tokens concatenate
 // to exactly the template's rendering of the whole conversation.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/errors.h"
@@ -63,16 +68,39 @@ std::pair<torch::Tensor, torch::Tensor> left_padded(const std::vector<int64_t>& 
 // A token-level environment: row r's turn t is answered with {200 + t, 201, 210 + r % 5}
 // after a few polls (so other rows decode meanwhile; how many depends on the row, never on
 // the schedule's outcome), and its third turn with "done". It records what it appended.
+// With `openings`, rows start from openings as a reset's observation makes them: prompt p's
+// rows share `prompt + {250, 251}` when p is even; when p is odd each row s has its own,
+// `prompt[:-1] + {250 + s, 251} + prompt[-1]`, but row 1 of prompt 3 has 40 tokens after the
+// prompt (no room for a model token in max_new_tokens 40: it ends without a turn).
 class ScriptedTurns final : public TurnHandler {
  public:
-  explicit ScriptedTurns(int64_t N) : turns_(N, 0) {}
+  explicit ScriptedTurns(int64_t N, bool openings = false)
+      : with_openings_(openings), turns_(N, 0) {}
+  std::vector<std::vector<int64_t>> openings(const std::vector<std::vector<int64_t>>& prompts,
+                                             int64_t n) override {
+    if (!with_openings_) return {};
+    openings_.clear();
+    for (int64_t row = 0; row < static_cast<int64_t>(turns_.size()); ++row) {
+      const int64_t p = row / n, s = row % n;
+      std::vector<int64_t> o = prompts[p];
+      if (p % 2 == 0) {
+        o.insert(o.end(), {250, 251});
+      } else if (p == 3 && s == 1) {
+        for (int64_t k = 0; k < 40; ++k) o.push_back(300 + k);
+      } else {
+        o.insert(o.end() - 1, {250 + s, 251});
+      }
+      openings_.push_back(o);
+    }
+    return openings_;
+  }
   void end_turn(int64_t row, const std::vector<int64_t>& tokens, bool last) override {
     EXPECT_FALSE(tokens.empty());
     EXPECT_NE(std::find(kStops.begin(), kStops.end(), tokens.back()), kStops.end());
     ++turns_[row];
     pending_.push_back({row, 1 + row % 3, last});
   }
-  void finish(int64_t) override {}
+  void finish(int64_t row) override { finished_.push_back(row); }
   std::vector<Answer> poll(double) override {
     std::vector<Answer> out;
     for (auto it = pending_.begin(); it != pending_.end();) {
@@ -98,6 +126,8 @@ class ScriptedTurns final : public TurnHandler {
       if (a.row == row && !a.done) out.push_back(a.tokens);
     return out;
   }
+  const std::vector<std::vector<int64_t>>& given_openings() const { return openings_; }
+  const std::vector<int64_t>& finished() const { return finished_; }
 
  private:
   struct Pending {
@@ -105,9 +135,12 @@ class ScriptedTurns final : public TurnHandler {
     int64_t polls;
     bool last;
   };
+  bool with_openings_;
   std::deque<Pending> pending_;
   std::vector<Answer> answers_;
   std::vector<int64_t> turns_;
+  std::vector<std::vector<int64_t>> openings_;
+  std::vector<int64_t> finished_;
 };
 
 GenerationConfig multi_turn_config() {
@@ -127,11 +160,11 @@ struct Trajectories {
 
 Trajectories run_trajectories(const std::shared_ptr<models::CausalLM>& model,
                               const GenerationConfig& config, const torch::Tensor& ids,
-                              const torch::Tensor& mask) {
+                              const torch::Tensor& mask, bool openings = false) {
   SamplingParams params;  // temperature 1: the model's own distribution
   params.seed = 5;
   Trajectories r;
-  r.turns = std::make_unique<ScriptedTurns>(ids.size(0) * config.n_samples_per_prompt);
+  r.turns = std::make_unique<ScriptedTurns>(ids.size(0) * config.n_samples_per_prompt, openings);
   r.out = Generator(model, config).generate(ids, mask, params, 0, r.turns.get(), 3);
   return r;
 }
@@ -156,13 +189,34 @@ torch::Tensor fresh_log_probs(models::CausalLM& model, const GenerationOutput& o
 
 // Row i's response: its answer tokens are where the mask is 0 (within its length), exactly
 // the answers the handler gave in order, each right after a stop token; its model turns are
-// the runs of 1s.
+// the runs of 1s. With openings: the row's tokens (attention mask 1) begin with its opening,
+// whose part past the prompt columns is outside the action mask before the first answer.
 void expect_mask_covers_the_answers(const Trajectories& r) {
   const auto& out = r.out;
   const int64_t N = out.sequences.size(0), T = out.sequences.size(1), R = out.action_mask.size(1);
   int64_t multi = 0;
   for (int64_t i = 0; i < N; ++i) {
     const int64_t len = out.response_lengths[i].item<int64_t>();
+    std::vector<int64_t> expected;  // the environment's tokens in the response, in order
+    if (!r.turns->given_openings().empty()) {
+      const auto keep = out.attention_mask[i].nonzero().squeeze(1);
+      const auto row = out.sequences[i].index_select(0, keep).contiguous();
+      const std::vector<int64_t> tokens(row.data_ptr<int64_t>(),
+                                        row.data_ptr<int64_t>() + row.numel());
+      const std::vector<int64_t>& opening = r.turns->given_openings()[i];
+      const auto in_prompt = static_cast<int64_t>(tokens.size()) - len;
+      if (len == 0) {  // no room for a model token after it: no turn, nothing in the output
+        EXPECT_EQ(out.turns[i].item<int64_t>(), 0) << "row " << i;
+        EXPECT_NE(std::find(r.turns->finished().begin(), r.turns->finished().end(), i),
+                  r.turns->finished().end());
+        EXPECT_EQ(std::vector<int64_t>(opening.begin(), opening.begin() + in_prompt), tokens);
+        continue;
+      }
+      ASSERT_GE(tokens.size(), opening.size()) << "row " << i;
+      EXPECT_EQ(std::vector<int64_t>(tokens.begin(), tokens.begin() + opening.size()), opening)
+          << "row " << i;
+      expected.assign(opening.begin() + in_prompt, opening.end());
+    }
     std::vector<int64_t> env_tokens, runs_of_model;
     bool in_model = false;
     int64_t runs = 0;
@@ -184,7 +238,6 @@ void expect_mask_covers_the_answers(const Trajectories& r) {
       }
       in_model = action;
     }
-    std::vector<int64_t> expected;
     for (const auto& a : r.turns->answers_for(i)) {
       if (static_cast<int64_t>(expected.size() + a.size()) >
           static_cast<int64_t>(env_tokens.size()))
@@ -206,6 +259,30 @@ TEST(MultiTurn, ContinuedOverTheCacheEqualsAFreshForwardOfTheWholeConversation) 
   expect_mask_covers_the_answers(r);
   EXPECT_GT(r.out.timings.extended_tokens, 0);
   // FP32 both ways; only the summation order differs (cached blocks vs one forward).
+  const auto expected = fresh_log_probs(*model, r.out);
+  const auto diff = (r.out.log_probs - expected).abs().masked_select(r.out.action_mask);
+  EXPECT_LT(diff.max().item<double>(), 1e-5);
+}
+
+// Rows that start from openings (a reset's initial observation re-rendered into the prompt):
+// the shared part sits in the prompt columns, each row's own rest in its response outside the
+// action mask, and the model's tokens are conditioned on it: their log-probs equal a fresh
+// forward of the row's whole sequence. A row whose opening leaves no room ends without a turn.
+TEST(MultiTurn, RowsStartFromTheirOpenings) {
+  auto model = tiny_model(9);
+  torch::manual_seed(1);
+  auto [ids, mask] = left_padded({4, 6, 2, 5});
+  const Trajectories r = run_trajectories(model, multi_turn_config(), ids, mask, true);
+  ASSERT_EQ(r.turns->given_openings().size(), 8u);
+  expect_mask_covers_the_answers(r);
+  EXPECT_EQ(r.out.response_lengths[7].item<int64_t>(), 0);  // prompt 3's row 1: no room
+  // Prompt 0's rows share their whole opening: it is the prompt (4 + 2 tokens in the 6
+  // columns), and their responses begin with a model token. Prompt 1's rows differ after 5
+  // tokens: those are the prompt, each row's other 3 begin its response.
+  EXPECT_EQ(r.out.attention_mask[0].narrow(0, 0, 6).sum().item<int64_t>(), 6);
+  EXPECT_TRUE(r.out.action_mask[0][0].item<bool>());
+  EXPECT_EQ(r.out.attention_mask[2].narrow(0, 0, 6).sum().item<int64_t>(), 5);
+  EXPECT_FALSE(r.out.action_mask[2][0].item<bool>());
   const auto expected = fresh_log_probs(*model, r.out);
   const auto diff = (r.out.log_probs - expected).abs().masked_select(r.out.action_mask);
   EXPECT_LT(diff.max().item<double>(), 1e-5);
@@ -236,7 +313,12 @@ TEST(MultiTurn, PreemptionEvictionPaddingAndLateChecksChangeNothing) {
   GenerationConfig few = config;
   few.max_num_seqs = 2;
   variants.push_back({"two rows at once", few, false});
+  const Trajectories reference_openings = run_trajectories(model, config, ids, mask, true);
   for (const auto& v : variants) {
+    const Trajectories opened = run_trajectories(model, v.config, ids, mask, true);
+    EXPECT_TRUE(torch::equal(opened.out.sequences, reference_openings.out.sequences)) << v.name;
+    EXPECT_TRUE(torch::equal(opened.out.action_mask, reference_openings.out.action_mask))
+        << v.name << " (openings)";
     const Trajectories got = run_trajectories(model, v.config, ids, mask);
     EXPECT_TRUE(torch::equal(got.out.sequences, reference.out.sequences)) << v.name;
     EXPECT_TRUE(torch::equal(got.out.action_mask, reference.out.action_mask)) << v.name;
@@ -267,10 +349,15 @@ TEST(MultiTurn, NeedsThePagedEngine) {
 const char* const kCall =
     R"(<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>)";
 
+// A row's "observation" is its reset's initial observation.
 class AddEnvironment final : public envs::Environment {
  public:
   void reset(int64_t id, const nlohmann::json& row) override {
     labels_[id] = row.value("label", "");
+    resets_.emplace_back(id, row.value("observation", ""));
+  }
+  std::vector<std::pair<int64_t, std::string>> poll_resets(double) override {
+    return std::exchange(resets_, {});
   }
   void step(int64_t id, const std::string& action) override { steps_.emplace_back(id, action); }
   std::vector<std::pair<int64_t, envs::Observation>> poll(double) override {
@@ -296,6 +383,7 @@ class AddEnvironment final : public envs::Environment {
 
  private:
   std::string name_ = "test:add";
+  std::vector<std::pair<int64_t, std::string>> resets_;
   std::map<int64_t, std::string> labels_;
   std::vector<std::pair<int64_t, std::string>> steps_;
 };
@@ -359,10 +447,150 @@ TEST(MultiTurn, EnvironmentTokensAreExactlyTheTemplatesToolTurn) {
   }
 }
 
+// The observation test's Python environment: reset gives "The secret is 7." for a row with
+// "secret" (None otherwise); a turn that repeats it earns 1 and ends the trajectory.
+constexpr const char* kSecretPy = R"PY(
+class Secret:
+    def reset(self, row):
+        self.observation = f"The secret is {row['secret']}." if "secret" in row else None
+        return self.observation
+    def step(self, action):
+        right = self.observation is not None and self.observation in action
+        return "ok", 1.0 if right else 0.0, True
+)PY";
+
+// A reset's initial observation reaches the model: for each template, row 0 (whose reset
+// answered "The secret is 7.") starts from exactly the tokens of the template applied to its
+// prompt with the observation appended to the user message (TRL's environment_factory), row
+// 1 (none) from its prompt; the conversation records the observation first, the reset's time
+// counts in env_seconds, and a turn repeating the secret earns the environment's reward 1.
+struct Template {  // a tokenizer family's tokenizer and chat template, loaded once
+  std::string family;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::unique_ptr<tokenizer::PromptFormatter> formatter;
+};
+
+Template load_template(const std::string& family) {
+  const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers" / family;
+  tokenizer::PromptFormatConfig fc;
+  fc.apply_chat_template = true;
+  return {family, tokenizer::load_tokenizer(dir.string()),
+          std::make_unique<tokenizer::PromptFormatter>(
+              fc, tokenizer::read_tokenizer_config(dir.string()))};
+}
+
+void expect_opening_with_the_observation(envs::Environment& env, const Template& t,
+                                         const std::vector<nlohmann::json>& rows) {
+  const std::string& family = t.family;
+  const auto& tok = t.tok;
+  const tokenizer::PromptFormatter& formatter = *t.formatter;
+  auto encode = [&](const std::string& text) {
+    const auto ids = tok->encode(text, tokenizer::AddSpecial::kNo);
+    return std::vector<int64_t>(ids.begin(), ids.end());
+  };
+  const std::vector<tokenizer::ChatMessage> asked = {{"user", "What is the secret?"}};
+  const std::vector<tokenizer::ChatMessage> other = {{"user", "Say hi."}};
+  const std::vector<std::vector<int64_t>> prompts = {encode(formatter.format_messages(asked)),
+                                                     encode(formatter.format_messages(other))};
+  EnvironmentTurns turns(&env, *tok, formatter, nullptr, torch::kCPU, 0, 2, 1, rows);
+  const auto openings = turns.openings(prompts, 1);
+  ASSERT_EQ(openings.size(), 2u) << family << " " << env.name();
+  auto told = asked;
+  told[0].content += "The secret is 7.";
+  EXPECT_EQ(openings[0], encode(formatter.format_messages(told))) << family << " " << env.name();
+  EXPECT_EQ(openings[1], prompts[1]) << family;
+  const auto& stats = turns.stats();
+  ASSERT_EQ(stats.turns[0].size(), 1u);
+  EXPECT_EQ(stats.turns[0][0],
+            (nlohmann::json{{"role", "observation"}, {"content", "The secret is 7."}}));
+  EXPECT_TRUE(stats.turns[1].empty());
+  EXPECT_GT(stats.env_seconds[0], 0.0);
+  std::vector<int64_t> turn = encode("The secret is 7.");
+  turn.push_back(tok->token_to_id(family == "qwen2" ? "<|im_end|>" : "<|eot_id|>").value());
+  turns.end_turn(0, turn, true);
+  std::vector<TurnHandler::Answer> answers;
+  for (int i = 0; i < 600 && answers.empty(); ++i) answers = turns.poll(0.1);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_TRUE(answers[0].done);
+  EXPECT_DOUBLE_EQ(stats.reward[0], 1.0) << family << " " << env.name();
+  turns.finish(1);
+}
+
+TEST(MultiTurn, ResetObservationIsAppendedToThePromptAsTheTemplateRendersIt) {
+  for (const std::string family : {"qwen2", "llama3"}) {
+    const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers" / family;
+    if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " missing (scripts/setup makes it)";
+    const Template t = load_template(family);
+    AddEnvironment env;
+    expect_opening_with_the_observation(
+        env, t,
+        {nlohmann::json{{"label", "7"}, {"observation", "The secret is 7."}},
+         nlohmann::json{{"label", "x"}}});
+    // No reset gave an observation: every row starts from its prompt (no openings).
+    AddEnvironment plain;
+    EnvironmentTurns turns(&plain, *t.tok, *t.formatter, nullptr, torch::kCPU, 0, 1, 1,
+                           {nlohmann::json{{"label", "x"}}});
+    EXPECT_TRUE(turns.openings({{1, 2, 3}}, 1).empty());
+    EXPECT_GT(turns.stats().env_seconds[0], 0.0);
+  }
+}
+
+// The same through a real Python environment (pyhost's processes) and a real HTTP one
+// (tests/envs/http_env_server.py).
+TEST(MultiTurn, ResetObservationFromPythonAndHttpEnvironments) {
+  const auto qwen = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/qwen2";
+  if (!std::filesystem::exists(qwen)) GTEST_SKIP() << qwen << " missing (scripts/setup makes it)";
+  const Template t = load_template("qwen2");
+  const std::vector<nlohmann::json> rows = {nlohmann::json{{"secret", 7}},
+                                            nlohmann::json{{"label", "x"}}};
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("rlhf_multi_turn_secret_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "secret.py") << kSecretPy;
+  {
+    envs::EnvironmentConfig c;
+    c.python = (dir / "secret.py").string() + ":Secret";
+    c.python_interpreter = RLHF_PYTHON;
+    auto env = envs::make_environment(c);
+    expect_opening_with_the_observation(*env, t, rows);
+  }
+  // The server prints its port first; killed and reaped at the end.
+  const std::string server = std::string(RLHF_SOURCE_DIR) + "/tests/envs/http_env_server.py";
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::close(out[0]);
+    ::execl(RLHF_PYTHON, RLHF_PYTHON, "-u", server.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  FILE* from_server = ::fdopen(out[0], "r");
+  int port = 0;
+  const bool started = std::fscanf(from_server, "%d", &port) == 1;
+  std::fclose(from_server);
+  if (started) {
+    envs::EnvironmentConfig c;
+    c.url = "http://127.0.0.1:" + std::to_string(port) + "/env";
+    auto env = envs::make_environment(c);
+    expect_opening_with_the_observation(*env, t, rows);
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(started) << "the test HTTP server did not start";
+}
+
 // An environment that fails as a whole (a Python environment that raised).
 class FailingEnvironment final : public envs::Environment {
  public:
   void reset(int64_t, const nlohmann::json&) override {}
+  std::vector<std::pair<int64_t, std::string>> poll_resets(double) override {
+    throw RuntimeError("environment test:failing raised ValueError in reset");
+  }
   void step(int64_t, const std::string&) override {}
   std::vector<std::pair<int64_t, envs::Observation>> poll(double) override {
     throw RuntimeError("environment test:failing raised ValueError");
@@ -374,9 +602,10 @@ class FailingEnvironment final : public envs::Environment {
   std::string name_ = "test:failing";
 };
 
-// Under tensor parallelism rank 0 steps the environment and broadcasts its answers: two
-// ranks (threads, a real Gloo group) see the same answer tokens and counts, and when rank
-// 0's environment fails, rank 0 throws its error and rank 1 a message naming rank 0.
+// Under tensor parallelism rank 0 resets and steps the environment and broadcasts its
+// answers: two ranks (threads, a real Gloo group) see the same opening (the prompt with the
+// reset's observation), answer tokens and counts, and when rank 0's environment fails, rank 0
+// throws its error and rank 1 a message naming rank 0 (at the resets and at a step).
 TEST(MultiTurn, TensorParallelRanksSeeRankZerosAnswers) {
   const auto dir = std::filesystem::path(RLHF_SOURCE_DIR) / ".cache/tokenizers/qwen2";
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << dir << " missing (scripts/setup makes it)";
@@ -391,9 +620,13 @@ TEST(MultiTurn, TensorParallelRanksSeeRankZerosAnswers) {
       std::filesystem::temp_directory_path() / ("rlhf_multi_turn_tp_" + std::to_string(::getpid()));
   std::filesystem::remove_all(store);
   std::filesystem::create_directories(store);
-  std::vector<std::vector<int64_t>> tokens(2);
+  const auto prompt_ids = tok->encode(formatter.format_messages({{"user", "What is 2 + 3?"}}),
+                                      tokenizer::AddSpecial::kNo);
+  const std::vector<std::vector<int64_t>> prompts = {
+      std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end())};
+  std::vector<std::vector<int64_t>> tokens(2), opened(2);
   std::vector<int64_t> calls(2);
-  std::vector<std::string> errors(2);
+  std::vector<std::string> errors(2), reset_errors(2);
   auto rank = [&](int r) {
     transport::CollectiveConfig cc;
     cc.rank = r;
@@ -401,9 +634,12 @@ TEST(MultiTurn, TensorParallelRanksSeeRankZerosAnswers) {
     cc.store_path = (store / "store").string();
     auto group = transport::make_collective_group(cc);
     AddEnvironment env;
-    const std::vector<nlohmann::json> rows = {nlohmann::json{{"label", "5"}}};
+    const std::vector<nlohmann::json> rows = {
+        nlohmann::json{{"label", "5"}, {"observation", " Use the add tool."}}};
     EnvironmentTurns turns(r == 0 ? &env : nullptr, *tok, formatter, group.get(), torch::kCPU, 0, 1,
                            1, rows);
+    const auto openings = turns.openings(prompts, 1);
+    if (openings.size() == 1) opened[r] = openings[0];
     turns.end_turn(0, turn, false);
     const auto answers = turns.poll(0);
     if (answers.size() == 1) tokens[r] = answers[0].tokens;
@@ -411,6 +647,11 @@ TEST(MultiTurn, TensorParallelRanksSeeRankZerosAnswers) {
     FailingEnvironment failing;
     EnvironmentTurns broken(r == 0 ? &failing : nullptr, *tok, formatter, group.get(), torch::kCPU,
                             0, 1, 1, rows);
+    try {
+      broken.openings(prompts, 1);
+    } catch (const RuntimeError& e) {
+      reset_errors[r] = e.what();
+    }
     broken.end_turn(0, turn, false);
     try {
       broken.poll(0);
@@ -424,6 +665,15 @@ TEST(MultiTurn, TensorParallelRanksSeeRankZerosAnswers) {
   std::filesystem::remove_all(store);
   ASSERT_FALSE(tokens[0].empty());
   EXPECT_EQ(tokens[1], tokens[0]);
+  const auto told =
+      tok->encode(formatter.format_messages({{"user", "What is 2 + 3? Use the add tool."}}),
+                  tokenizer::AddSpecial::kNo);
+  EXPECT_EQ(opened[0], std::vector<int64_t>(told.begin(), told.end()));
+  EXPECT_EQ(opened[1], opened[0]);
+  EXPECT_NE(reset_errors[0].find("raised ValueError in reset"), std::string::npos)
+      << reset_errors[0];
+  EXPECT_NE(reset_errors[1].find("rank 0's environment failed"), std::string::npos)
+      << reset_errors[1];
   EXPECT_EQ(calls, (std::vector<int64_t>{1, 1}));
   EXPECT_NE(errors[0].find("test:failing raised ValueError"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("rank 0's environment failed"), std::string::npos) << errors[1];
