@@ -88,6 +88,12 @@ const std::vector<ChartDef>& chart_defs() {
       {"chart-length", "Response length (tokens)", "tokens", {"response_length"}, {}},
       {"chart-entropy", "Entropy (nats)", "nats", {"entropy"}, {}},
       {"chart-throughput", "Throughput", "samples/s", {"samples_per_s"}, {}},
+      // Multi-turn rollouts (issue 31): how the trajectories use their tools.
+      {"chart-tools",
+       "Tool use (share of trajectories / tokens)",
+       "",
+       {"tool_call_rate", "masked_token_share"},
+       {"tool_call_rate"}},
   };
   return kDefs;
 }
@@ -218,6 +224,8 @@ std::string summary(const RunRecords& run) {
       {"accuracy", ""},
       {"margin", ""},
       {"response_length", "tokens"},
+      {"tool_call_rate", ""},
+      {"turns_mean", "turns"},
       {"entropy", "nats"},
       {"samples_per_s", "samples/s"},
       {"tokens_per_s", "tokens/s"},
@@ -264,6 +272,20 @@ std::string clip(const std::string& s, size_t n) {
   return s.substr(0, cut) + "...";
 }
 
+// A multi-turn sample's turns after the prompt, one block each with its role: the model's
+// turns, the environment's answers (tool or user) and an initial observation.
+std::string conversation_cell(const json& turns) {
+  std::ostringstream o;
+  for (const auto& t : turns) {
+    const std::string role = t.value("role", std::string());
+    if (role == "prompt" || !t.contains("content") || !t["content"].is_string()) continue;
+    o << "<div class=\"turn " << escape(role) << "\"><b>" << escape(role) << "</b>"
+      << (t.value("truncated", false) ? " (cut by the token budget)" : "") << ": "
+      << escape(clip(t["content"].get<std::string>(), 400)) << "</div>";
+  }
+  return o.str();
+}
+
 std::string samples_table(const RunRecords& run) {
   if (run.samples.empty()) return "";
   std::ostringstream o;
@@ -275,8 +297,9 @@ std::string samples_table(const RunRecords& run) {
                            : std::string();
     };
     o << "<tr><td>" << escape(clip(str("prompt"), 400)) << "</td><td>"
-      << escape(clip(str("response"), 400)) << "</td><td>"
-      << escape(format_value(number(s, "reward"), "")) << "</td></tr>";
+      << (s.contains("conversation") ? conversation_cell(s["conversation"])
+                                     : escape(clip(str("response"), 400)))
+      << "</td><td>" << escape(format_value(number(s, "reward"), "")) << "</td></tr>";
   }
   o << "</table>";
   return o.str();
@@ -290,6 +313,7 @@ const char* kStyle =
     "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;"
     "text-align:left;vertical-align:top}td.value{text-align:right;font-variant-numeric:"
     "tabular-nums}#samples td{max-width:500px;white-space:pre-wrap}"
+    ".turn{margin:2px 0}.turn.tool,.turn.user,.turn.observation{background:#f3f3f3}"
     ".warning{color:#b35900}#live-status{color:#2e7d32}";
 
 }  // namespace

@@ -265,7 +265,7 @@ void PagedBatcher::start_preambles() {
     const auto k = static_cast<int64_t>(q.size());
     if (k + 1 > limits_.max_new_tokens) {  // no room for a model token: no turn at all
       finish_row(row);
-      if (turns_) turns_->finish(row);
+      if (turns_) turns_->finish(row, {});
       continue;
     }
     // As an answer's tokens: in the output, log-prob 0, outside the action mask.
@@ -454,7 +454,7 @@ void PagedBatcher::end_row(int64_t row) {
                                                     tokens.back()) != stop_ids_.end();
   if (!stopped) {  // the budget ended it mid-turn: nothing to step
     finish_row(row);
-    turns_->finish(row);
+    turns_->finish(row, tokens);
     return;
   }
   // An answer needs a token of its own and one the model samples after it.
@@ -485,7 +485,7 @@ void PagedBatcher::serve_answers(double wait_s) {
     if (r.done) continue;  // its last turn: scored, not appended
     const auto k = static_cast<int64_t>(a.tokens.size());
     if (a.done || k == 0 || r.sampled + k >= limits_.max_new_tokens) {
-      if (!a.done) turns_->finish(a.row);  // no room for the answer and a model token
+      if (!a.done) turns_->finish(a.row, {});  // no room for the answer and a model token
       if (r.seq >= 0) finish_row(a.row);
       r.done = true;
       continue;

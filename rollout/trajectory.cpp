@@ -170,7 +170,15 @@ void EnvironmentTurns::end_turn(int64_t row, const std::vector<int64_t>& tokens,
   if (env_) env_->step(first_row_ + row, text);
 }
 
-void EnvironmentTurns::finish(int64_t row) {
+void EnvironmentTurns::finish(int64_t row, const std::vector<int64_t>& cut_turn) {
+  // The conversation shows what the model wrote before the budget ended it (its reward is
+  // scored on it as the last model turn), marked so.
+  if (!cut_turn.empty()) {
+    const std::vector<tokenizer::TokenId> ids(cut_turn.begin(), cut_turn.end());
+    stats_.turns[row].push_back({{"role", "assistant"},
+                                 {"content", tokenizer_.decode(ids, tokenizer::SkipSpecial::kNo)},
+                                 {"truncated", true}});
+  }
   close(row);
 }
 

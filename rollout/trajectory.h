@@ -49,8 +49,9 @@ class TurnHandler {
   // answer is not appended (poll returns it with done).
   virtual void end_turn(int64_t row, const std::vector<int64_t>& tokens, bool last) = 0;
   // Row `row` ended without a turn to step (its budget ran out mid-turn, or an answer did
-  // not fit): its trajectory is over.
-  virtual void finish(int64_t row) = 0;
+  // not fit): its trajectory is over. `cut_turn`: the tokens of the model turn the budget
+  // cut off (no stop token), recorded in the conversation; empty when there is none.
+  virtual void finish(int64_t row, const std::vector<int64_t>& cut_turn) = 0;
   // Answers that are ready, in an order every TP rank shares. Waits up to `wait_s` for one
   // when turns are pending. Throws RuntimeError naming the environment when it fails.
   virtual std::vector<Answer> poll(double wait_s) = 0;
@@ -86,7 +87,7 @@ class EnvironmentTurns final : public TurnHandler {
   std::vector<std::vector<int64_t>> openings(const std::vector<std::vector<int64_t>>& prompts,
                                              int64_t n) override;
   void end_turn(int64_t row, const std::vector<int64_t>& tokens, bool last) override;
-  void finish(int64_t row) override;
+  void finish(int64_t row, const std::vector<int64_t>& cut_turn) override;
   std::vector<Answer> poll(double wait_s) override;
 
   const TrajectoryStats& stats() const { return stats_; }

@@ -276,6 +276,44 @@ TEST_F(RunReport, ReportFileHasEveryChartAndTheRunsValues) {
   expect_drawn(b);
 }
 
+// Multi-turn runs (issue 31): the samples table shows whole conversations, each turn with
+// its role (the environment's escaped like the model's), and the tool-use chart is drawn.
+TEST_F(RunReport, MultiTurnSamplesShowTheWholeConversation) {
+  const fs::path run = dir_ / "tools";
+  fs::create_directories(run);
+  {
+    std::ofstream m(run / "metrics.jsonl");
+    m << R"({"step": 1, "reward_mean": 0.5, "tool_call_rate": 0.25, "turns_mean": 1.5,)"
+      << R"( "masked_token_share": 0.2, "time_s": 1.0})" << '\n'
+      << R"({"step": 2, "reward_mean": 0.75, "tool_call_rate": 0.75, "turns_mean": 1.75,)"
+      << R"( "masked_token_share": 0.3, "time_s": 1.0})" << '\n';
+    std::ofstream s(run / "samples.jsonl");
+    s << json{{"step", 2},
+              {"prompt", "What is 2 * 3?"},
+              {"response", "The answer is 6."},
+              {"reward", 1.0},
+              {"conversation",
+               {{{"role", "prompt"}, {"content", "What is 2 * 3?"}},
+                {{"role", "assistant"}, {"content", "<tool_call>{\"expression\": \"2*3\"}"}},
+                {{"role", "tool"}, {"content", "6 <b>"}},
+                {{"role", "assistant"}, {"content", "The answer"}, {"truncated", true}}}}}
+             .dump()
+      << '\n';
+  }
+  CliResult ok = run_cli({"report", run.string(), "--out", (dir_ / "t.html").string()});
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  const std::string html = slurp((dir_ / "t.html").string());
+  EXPECT_TRUE(contains(html,
+                       "<div class=\"turn assistant\"><b>assistant</b>: "
+                       "&lt;tool_call&gt;{&quot;expression&quot;: &quot;2*3&quot;}</div>"))
+      << html;
+  EXPECT_TRUE(contains(html, "<div class=\"turn tool\"><b>tool</b>: 6 &lt;b&gt;</div>"));
+  EXPECT_TRUE(contains(html, "<b>assistant</b> (cut by the token budget): The answer</div>"));
+  EXPECT_FALSE(contains(html, "<b>prompt</b>")) << "the prompt has its own column";
+  EXPECT_TRUE(contains(html, "id=\"chart-tools\"")) << "the tool-use chart";
+  EXPECT_TRUE(contains(html, ">tool_call_rate: 0.75 at step 2 (first 0.25)</text>"));
+}
+
 TEST_F(RunReport, BadRunDirectoriesAreNamedAndTextIsEscaped) {
   // A run directory written by hand: a name and texts with markup in them.
   const fs::path run = dir_ / "x<b>&y";
