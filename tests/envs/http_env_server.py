@@ -2,12 +2,28 @@
 protocol. Prints its port on the first line of stdout. Step actions: "slow" answers after
 0.5 s, "hang" after 30 s, "bad" with HTTP 500; anything else at once. A row with "secret"
 gets the initial observation "The secret is <secret>.", a turn containing it reward 1; a row
-labelled "tools" is answered with its step's tool_calls as JSON."""
+labelled "tools" is answered with its step's tool_calls as JSON. With env.options
+{"calculator": true} it is a calculator: each parsed call "A*B" is answered with the product
+(a tool turn), a turn without a call ends the trajectory."""
 import json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 rows = {}
 lock = threading.Lock()
+
+def calculate(calls):
+    if not calls:
+        return {"observation": None, "done": True}
+    lines, errors = [], 0
+    for call in calls:
+        try:
+            a, b = call["arguments"]["expression"].split("*")
+            lines.append(str(int(a) * int(b)))
+        except (KeyError, ValueError) as e:
+            lines.append(call.get("error") or f"error: {e}")
+            errors += 1
+    return {"observation": "\n".join(lines), "role": "tool", "done": False,
+            "tool_calls": len(calls), "tool_errors": errors}
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
@@ -49,6 +65,8 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             state = rows[key]
             state["turns"] += 1
+        if (state["options"] or {}).get("calculator"):
+            return self.reply(200, calculate(body["tool_calls"]))
         if state["observation"] is not None:
             return self.reply(200, {"observation": "ok", "done": True,
                                     "reward": 1.0 if state["observation"] in action else 0.0})

@@ -61,6 +61,34 @@ def make_env(pids=""):
     return Game(pids)
 )";
 
+// A Python calculator: it reads the parsed calls (step's tool_calls keyword) and answers
+// each "A*B" with its product, as a tool turn; a turn without a call ends the trajectory.
+constexpr const char* kCalculatorPy = R"(class Calculator:
+    def reset(self, row):
+        return None
+
+    def step(self, action, tool_calls=None):
+        if not tool_calls:
+            return None, 0.0, True
+        lines, errors = [], 0
+        for call in tool_calls:
+            if "error" in call:
+                lines.append(call["error"])
+                errors += 1
+                continue
+            try:
+                a, b = call["arguments"]["expression"].split("*")
+                lines.append(str(int(a) * int(b)))
+            except (KeyError, ValueError) as e:
+                lines.append(f"error: {e}")
+                errors += 1
+        return "\n".join(lines), 0.0, False, {"role": "tool", "tool_calls": len(tool_calls),
+                                              "tool_errors": errors}
+
+def make_env(**options):
+    return Calculator()
+)";
+
 class MultiTurnJob : public testing::Test {
  protected:
   void SetUp() override { dir_ = test::tiny_models_dir("multi_turn"); }
@@ -101,6 +129,25 @@ class MultiTurnJob : public testing::Test {
       EXPECT_TRUE(gone) << "Python environment process " << pid << " is still running";
     }
     EXPECT_GT(seen, 0) << "the environment wrote no pid";
+  }
+  // tests/envs/http_env_server.py on a free port: {its pid, the port it printed} (port 0 when
+  // it printed none within 10 s).
+  std::pair<int, int> start_http_env_server() {
+    const std::string server = std::string(RLHF_SOURCE_DIR) + "/tests/envs/http_env_server.py";
+    const fs::path port_file = dir_ / "port.txt";
+    fs::remove(port_file);
+    const std::string cmd = std::string(RLHF_PYTHON) + " " + test::shell_quote(server) + " > " +
+                            port_file.string() + " 2>/dev/null & echo $!";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return {0, 0};
+    int pid = 0, port = 0;
+    if (fscanf(p, "%d", &pid) != 1) pid = 0;
+    pclose(p);
+    for (int i = 0; i < 100 && pid > 0 && port == 0; ++i) {
+      std::ifstream(port_file) >> port;
+      if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return {pid, port};
   }
   fs::path dir_;
 };
@@ -205,54 +252,81 @@ TEST_F(MultiTurnJob, SftOnToolTracesThenGrpoWithTheCalculator) {
   ASSERT_EQ(sft.exit_code, 0) << sft.out << sft.err;
   const fs::path model = dir_ / "runs" / "calc_sft" / "export" / "actor";
   EXPECT_TRUE(fs::exists(model / "chat_template.jinja"));
-  test::CliResult r =
-      test::run_cli({"run",   "examples/grpo_tools_tiny.json",
-                     "--set", "actor.model=" + model.string(),
-                     "--set", "logger.run_dir=" + (dir_ / "runs").string(),
-                     "--set", "name=calc",
-                     "--set", "ckpt.export_hf=false",
-                     "--set", "env.builtin=calculator",
-                     "--set", "env.options={}",
-                     "--set", "data.chat_template=auto",
-                     "--set", "rollout.max_turns=2",
-                     "--set", "rollout.temperature=0.7",
-                     "--set", "rollout.max_new_tokens=192",
-                     "--set", "data.prompt_max_len=64",
-                     "--set", "data.max_len=256",
-                     "--set", "data.prompt_dataset=" + (dir_ / "calc_prompts.jsonl").string(),
-                     "--set", "data.input_key=prompt",
-                     "--set", "data.label_key=label",
-                     "--set", "reward.sources=[{\"rule\": \"math\", \"name\": \"correct\"}]",
-                     "--set", "train.max_steps=6",
-                     "--set", "logger.samples_per_step=16"});
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const auto m = metrics("calc");
-  ASSERT_EQ(m.size(), 6u);
-  for (const auto& step : m) {
-    EXPECT_GE(step["tool_call_rate"].get<double>(), 0.3) << step.dump();
-    EXPECT_LE(step["tool_errors"].get<double>(), 0.25 * step["tool_calls"].get<double>())
-        << step.dump();
-    EXPECT_GT(step["masked_token_share"].get<double>(), 0.1) << step.dump();
-  }
-  // Each tool turn holds the product of the expression in the call before it.
-  const std::regex expression(R"re("expression": "(\d+)\*(\d+)")re");
-  int answered = 0, continued = 0;
-  for (const auto& s : test::read_jsonl((dir_ / "runs" / "calc" / "samples.jsonl").string())) {
-    const json& turns = s.at("conversation");
-    for (size_t i = 2; i < turns.size(); ++i) {
-      if (turns[i]["role"] != "tool") continue;
-      std::smatch match;
-      const std::string previous = turns[i - 1]["content"];
-      if (!std::regex_search(previous, match, expression)) continue;
-      EXPECT_EQ(turns[i]["content"],
-                std::to_string(std::stoi(match[1].str()) * std::stoi(match[2].str())))
-          << previous;
-      ++answered;
-      continued += i + 1 < turns.size() && turns[i + 1]["role"] == "assistant" ? 1 : 0;
+  // GRPO from the SFT export; `env` selects the environment.
+  auto grpo = [&](const std::string& name, int steps, std::vector<std::string> env) {
+    std::vector<std::string> args = {
+        "run",   "examples/grpo_tools_tiny.json",
+        "--set", "actor.model=" + model.string(),
+        "--set", "logger.run_dir=" + (dir_ / "runs").string(),
+        "--set", "name=" + name,
+        "--set", "ckpt.export_hf=false",
+        "--set", "env.builtin=",
+        "--set", "env.options={}",
+        "--set", "data.chat_template=auto",
+        "--set", "rollout.max_turns=2",
+        "--set", "rollout.temperature=0.7",
+        "--set", "rollout.max_new_tokens=192",
+        "--set", "data.prompt_max_len=64",
+        "--set", "data.max_len=256",
+        "--set", "data.prompt_dataset=" + (dir_ / "calc_prompts.jsonl").string(),
+        "--set", "data.input_key=prompt",
+        "--set", "data.label_key=label",
+        "--set", "reward.sources=[{\"rule\": \"math\", \"name\": \"correct\"}]",
+        "--set", "train.max_steps=" + std::to_string(steps),
+        "--set", "logger.samples_per_step=16"};
+    args.insert(args.end(), env.begin(), env.end());
+    return test::run_cli(args);
+  };
+  // The calls are well formed, each tool turn holds the product of the expression in the
+  // call before it, and some trajectories go on to the answer turn.
+  auto check = [&](const std::string& name, size_t steps, int min_answered) {
+    const auto m = metrics(name);
+    ASSERT_EQ(m.size(), steps) << name;
+    for (const auto& step : m) {
+      EXPECT_GE(step["tool_call_rate"].get<double>(), 0.3) << name << " " << step.dump();
+      EXPECT_LE(step["tool_errors"].get<double>(), 0.25 * step["tool_calls"].get<double>())
+          << name << " " << step.dump();
+      EXPECT_GT(step["masked_token_share"].get<double>(), 0.1) << name << " " << step.dump();
     }
-  }
-  EXPECT_GT(answered, 20);  // of 96 logged trajectories, at 0.3 or more calling
-  EXPECT_GT(continued, 0);
+    const std::regex expression(R"re("expression": "(\d+)\*(\d+)")re");
+    int answered = 0, continued = 0;
+    for (const auto& s : test::read_jsonl((dir_ / "runs" / name / "samples.jsonl").string())) {
+      const json& turns = s.at("conversation");
+      for (size_t i = 2; i < turns.size(); ++i) {
+        if (turns[i]["role"] != "tool") continue;
+        std::smatch match;
+        const std::string previous = turns[i - 1]["content"];
+        if (!std::regex_search(previous, match, expression)) continue;
+        EXPECT_EQ(turns[i]["content"],
+                  std::to_string(std::stoi(match[1].str()) * std::stoi(match[2].str())))
+            << name << ": " << previous;
+        ++answered;
+        continued += i + 1 < turns.size() && turns[i + 1]["role"] == "assistant" ? 1 : 0;
+      }
+    }
+    EXPECT_GT(answered, min_answered) << name;  // of 16 logged trajectories a step
+    EXPECT_GT(continued, 0) << name;
+  };
+  test::CliResult r = grpo("calc", 6, {"--set", "env.builtin=calculator"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  check("calc", 6, 20);
+
+  // The same job with a Python calculator (reading the parsed calls it is handed) and an HTTP
+  // one (tests/envs/http_env_server.py with env.options calculator), 2 steps each.
+  std::ofstream(dir_ / "calc_env.py") << kCalculatorPy;
+  r = grpo("calc_python", 2,
+           {"--set", "env.python=" + (dir_ / "calc_env.py").string() + ":make_env", "--set",
+            "env.python_interpreter=" + std::string(RLHF_PYTHON)});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  check("calc_python", 2, 6);
+  const auto [server, port] = start_http_env_server();
+  ASSERT_GT(port, 0) << "the test server printed no port";
+  r = grpo("calc_http", 2,
+           {"--set", "env.url=http://127.0.0.1:" + std::to_string(port) + "/env", "--set",
+            "env.options={\"calculator\": true}"});
+  kill(server, SIGTERM);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  check("calc_http", 2, 6);
 }
 
 // The same job with a Python environment (4 steps): it runs, its rewards and turns are in
@@ -335,19 +409,7 @@ TEST_F(MultiTurnJob, FailingEnvironmentsStopTheJobNamingThem) {
 // job: every turn the server answered (it counts one tool call each) earned 0.5, summed per
 // trajectory (a turn the token budget cut off is never sent).
 TEST_F(MultiTurnJob, HttpEnvironmentRunsTheJob) {
-  const std::string server = std::string(RLHF_SOURCE_DIR) + "/tests/envs/http_env_server.py";
-  const std::string cmd = std::string(RLHF_PYTHON) + " " + test::shell_quote(server) + " > " +
-                          (dir_ / "port.txt").string() + " 2>/dev/null & echo $!";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  int pid = 0;
-  ASSERT_EQ(fscanf(p, "%d", &pid), 1);
-  pclose(p);
-  int port = 0;
-  for (int i = 0; i < 100 && port == 0; ++i) {
-    std::ifstream(dir_ / "port.txt") >> port;
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const auto [pid, port] = start_http_env_server();
   ASSERT_GT(port, 0) << "the test server printed no port";
   test::CliResult r = run("http", {"--set", "env.builtin=", "--set",
                                    "env.url=http://127.0.0.1:" + std::to_string(port) + "/env",
