@@ -638,6 +638,36 @@ Generator::PagedEngine& Generator::paged_engine(int64_t num_blocks, int64_t max_
   return *e;
 }
 
+namespace {
+
+PagedBatcher::Limits batcher_limits(const GenerationConfig& config, int64_t max_seqs,
+                                    int64_t num_blocks, int64_t block_bytes, int64_t max_turns) {
+  PagedBatcher::Limits limits;
+  limits.n_samples = config.n_samples_per_prompt;
+  limits.max_new_tokens = config.max_new_tokens;
+  limits.max_seqs = max_seqs;
+  limits.micro_batch_size = config.micro_batch_size;
+  // Blocks kept free when admitting while others run, so a decode step rarely preempts.
+  limits.watermark = std::max<int64_t>(1, num_blocks / 100);
+  limits.block_bytes = block_bytes;
+  limits.pad_token_id = config.pad_token_id;
+  limits.max_turns = max_turns;
+  return limits;
+}
+
+// Multi-turn: each row's model turns, and the environment's tokens taken out of the action
+// mask (they stay in the sequence and its attention mask).
+void mark_environment_tokens(const PagedBatcher& batcher, int64_t N, GenerationOutput& result) {
+  result.turns = torch::zeros({N}, torch::kInt64);
+  for (int64_t row = 0; row < N; ++row) {
+    result.turns[row] = batcher.turns(row);
+    for (const auto& [start, length] : batcher.env_spans(row))
+      result.action_mask[row].narrow(0, start, length).fill_(false);
+  }
+}
+
+}  // namespace
+
 GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
                                            const torch::Tensor& prompt_mask, Sampler& sampler,
                                            int64_t first_row, TurnHandler* turns,
@@ -696,16 +726,8 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   }
 
   const DecodeState d = decode_state(sampler, first_row, N, device);
-  PagedBatcher::Limits limits;
-  limits.n_samples = n;
-  limits.max_new_tokens = R;
-  limits.max_seqs = max_seqs;
-  limits.micro_batch_size = config_.micro_batch_size;
-  // Blocks kept free when admitting while others run, so a decode step rarely preempts.
-  limits.watermark = std::max<int64_t>(1, num_blocks / 100);
-  limits.block_bytes = per_block;
-  limits.pad_token_id = config_.pad_token_id;
-  limits.max_turns = max_turns;
+  const PagedBatcher::Limits limits =
+      batcher_limits(config_, max_seqs, num_blocks, per_block, max_turns);
   PagedBatcher batcher(model, *cache, sampler, decoder, d, std::move(prompts), limits, turns);
   batcher.set_preambles(std::move(opened.preambles));
 
@@ -726,15 +748,7 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   auto result =
       assemble_output(opened.prompt_ids, opened.prompt_mask, n, d.tokens, d.log_probs, d.lengths);
   result.timings = timings;
-  if (turns) {
-    // The environment's tokens: in the sequence and its attention mask, not in the actions.
-    result.turns = torch::zeros({N}, torch::kInt64);
-    for (int64_t row = 0; row < N; ++row) {
-      result.turns[row] = batcher.turns(row);
-      for (const auto& [start, length] : batcher.env_spans(row))
-        result.action_mask[row].narrow(0, start, length).fill_(false);
-    }
-  }
+  if (turns) mark_environment_tokens(batcher, N, result);
   return result;
 }
 
