@@ -10,7 +10,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 
 #include "core/errors.h"
 #include "core/text.h"
@@ -118,23 +117,11 @@ except (BrokenPipeError, ConnectionResetError):  # the pool stopped listening: n
 
 PythonObjectPool::PythonObjectPool(PythonPoolConfig config, std::string file, std::string factory)
     : config_(std::move(config)), name_(file + ":" + factory) {
-  if (config_.workers < 1) {
-    throw InputError(name_ + ": pyhost needs at least 1 worker, got " +
-                     std::to_string(config_.workers));
-  }
   if (!(config_.start_timeout_s > 0)) {
     throw InputError(name_ + ": pyhost start timeout must be > 0 s, got " +
                      std::to_string(config_.start_timeout_s));
   }
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(file, ec)) throw InputError(name_ + ": no such file");
-  const std::string interpreter = find_interpreter(config_.interpreter, name_);
-  const Fd log = open_log(config_.log_path);
-  const std::vector<std::string> argv = {interpreter, "-u",   "-c", python_runner(kObjectRunner),
-                                         file,        factory};
-  for (int i = 0; i < config_.workers; ++i) {
-    workers_.push_back(std::make_unique<PythonWorker>(argv, log.get()));
-  }
+  workers_ = start_workers(config_, name_, kObjectRunner, file, factory);
   outbox_.assign(workers_.size(), std::string());
 
   std::vector<bool> ready(workers_.size(), false);
@@ -159,27 +146,16 @@ PythonObjectPool::PythonObjectPool(PythonPoolConfig config, std::string file, st
 }
 
 PythonObjectPool::~PythonObjectPool() {
-  stop_all(1.0);
+  stop_workers(workers_, 1.0);
 }
 
 std::vector<pid_t> PythonObjectPool::worker_pids() const {
-  std::vector<pid_t> pids;
-  for (const auto& w : workers_) {
-    if (w->pid() > 0) pids.push_back(w->pid());
-  }
-  return pids;
-}
-
-void PythonObjectPool::stop_all(double grace_s) {
-  for (auto& w : workers_) w->close_channel();  // all at once, so they exit in parallel
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(grace_s));
-  for (auto& w : workers_) w->stop(deadline);
+  return live_pids(workers_);
 }
 
 void PythonObjectPool::fail_and_stop(const std::string& message) {
   stopped_because_ = message;
-  stop_all(0);
+  stop_workers(workers_, 0);
   throw RuntimeError(message);
 }
 

@@ -68,8 +68,6 @@ class PythonObjectPool {
   std::vector<pid_t> worker_pids() const;            // live workers' pids (for supervision)
 
  private:
-  void stop_all(double grace_s);
-
   PythonPoolConfig config_;
   std::string name_;
   std::vector<std::unique_ptr<PythonWorker>> workers_;

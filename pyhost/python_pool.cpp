@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <functional>
 #include <optional>
 #include <utility>
@@ -95,25 +94,12 @@ PythonFunctionPool::PythonFunctionPool(PythonPoolConfig config, std::string file
       file_(std::move(file)),
       function_(std::move(function)),
       name_(file_ + ":" + function_) {
-  if (config_.workers < 1) {
-    throw InputError(name_ + ": pyhost needs at least 1 worker, got " +
-                     std::to_string(config_.workers));
-  }
   if (!(config_.timeout_s > 0) || !(config_.start_timeout_s > 0)) {
     throw InputError(name_ + ": pyhost timeouts must be > 0 s, got " +
                      std::to_string(config_.timeout_s) + " and " +
                      std::to_string(config_.start_timeout_s));
   }
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(file_, ec)) throw InputError(name_ + ": no such file");
-  const std::string interpreter = find_interpreter(config_.interpreter, name_);
-
-  const Fd log = open_log(config_.log_path);
-  const std::vector<std::string> argv = {interpreter, "-u",     "-c", python_runner(kRunner),
-                                         file_,       function_};
-  for (int i = 0; i < config_.workers; ++i) {
-    workers_.push_back(std::make_unique<PythonWorker>(argv, log.get()));
-  }
+  workers_ = start_workers(config_, name_, kRunner, file_, function_);
 
   const auto hellos = exchange(std::vector<std::string>(workers_.size()), config_.start_timeout_s,
                                [](size_t) { return std::string("while starting"); });
@@ -121,27 +107,16 @@ PythonFunctionPool::PythonFunctionPool(PythonPoolConfig config, std::string file
 }
 
 PythonFunctionPool::~PythonFunctionPool() {
-  stop_all(1.0);
+  stop_workers(workers_, 1.0);
 }
 
 std::vector<pid_t> PythonFunctionPool::worker_pids() const {
-  std::vector<pid_t> pids;
-  for (const auto& w : workers_) {
-    if (w->pid() > 0) pids.push_back(w->pid());
-  }
-  return pids;
-}
-
-void PythonFunctionPool::stop_all(double grace_s) {
-  for (auto& w : workers_) w->close_channel();  // all at once, so they exit in parallel
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(grace_s));
-  for (auto& w : workers_) w->stop(deadline);
+  return live_pids(workers_);
 }
 
 void PythonFunctionPool::fail_and_stop(const std::string& message) {
   stopped_because_ = message;
-  stop_all(0);
+  stop_workers(workers_, 0);
   throw RuntimeError(message);
 }
 

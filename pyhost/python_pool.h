@@ -72,7 +72,6 @@ class PythonFunctionPool {
   std::vector<nlohmann::json> exchange(const std::vector<std::string>& requests, double timeout_s,
                                        const std::function<std::string(size_t)>& doing);
   [[noreturn]] void fail_and_stop(const std::string& message);
-  void stop_all(double grace_s);
 
   PythonPoolConfig config_;
   std::string file_;

@@ -243,4 +243,37 @@ int PythonWorker::stop(Clock::time_point deadline) {
   return status_;
 }
 
+Workers start_workers(const PythonPoolConfig& config, const std::string& pool_name,
+                      const char* runner, const std::string& file, const std::string& attribute) {
+  if (config.workers < 1) {
+    throw InputError(pool_name + ": pyhost needs at least 1 worker, got " +
+                     std::to_string(config.workers));
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) throw InputError(pool_name + ": no such file");
+  const std::string interpreter = find_interpreter(config.interpreter, pool_name);
+  const Fd log = open_log(config.log_path);
+  const std::vector<std::string> argv = {interpreter,           "-u", "-c",
+                                         python_runner(runner), file, attribute};
+  Workers workers;
+  for (int i = 0; i < config.workers; ++i)
+    workers.push_back(std::make_unique<PythonWorker>(argv, log.get()));
+  return workers;
+}
+
+std::vector<pid_t> live_pids(const Workers& workers) {
+  std::vector<pid_t> pids;
+  for (const auto& w : workers) {
+    if (w->pid() > 0) pids.push_back(w->pid());
+  }
+  return pids;
+}
+
+void stop_workers(Workers& workers, double grace_s) {
+  for (auto& w : workers) w->close_channel();  // all at once, so they exit in parallel
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(grace_s));
+  for (auto& w : workers) w->stop(deadline);
+}
+
 }  // namespace rlhf::pyhost

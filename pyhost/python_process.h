@@ -10,10 +10,13 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "pyhost/python_pool.h"
 
 namespace rlhf::pyhost {
 
@@ -100,5 +103,22 @@ class PythonWorker {
   Fd channel_;
   std::string inbox_;
 };
+
+// A pool's workers (PythonFunctionPool, PythonObjectPool).
+using Workers = std::vector<std::unique_ptr<PythonWorker>>;
+
+// config.workers interpreters running python_runner(runner) on `file` and `attribute` (the
+// user's function or factory), stderr to config.log_path. Throws InputError naming
+// `pool_name` when config.workers < 1, `file` does not exist or the interpreter is not found;
+// RuntimeError when fork or exec fails.
+Workers start_workers(const PythonPoolConfig& config, const std::string& pool_name,
+                      const char* runner, const std::string& file, const std::string& attribute);
+
+// The live workers' pids (for supervision).
+std::vector<pid_t> live_pids(const Workers& workers);
+
+// Closes every worker's input at once (so they exit in parallel), waits up to `grace_s` for
+// them, then kills and reaps what is left.
+void stop_workers(Workers& workers, double grace_s);
 
 }  // namespace rlhf::pyhost
