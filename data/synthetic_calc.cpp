@@ -1,9 +1,8 @@
 #include "data/synthetic_calc.h"
 
 #include <random>
-#include <set>
 
-#include "core/errors.h"
+#include "data/synthetic_split.h"
 
 namespace rlhf::data {
 namespace {
@@ -35,13 +34,6 @@ CalcProblem draw(std::mt19937_64& rng) {
   }
 }
 
-// FNV-1a of the expression: one in five problems is held out.
-bool held_out(const std::string& expression) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : expression) h = (h ^ c) * 1099511628211ull;
-  return h % 5 == 0;
-}
-
 std::string answer_text(const CalcProblem& p) {
   return "The answer is " + std::to_string(p.answer) + ".";
 }
@@ -50,17 +42,8 @@ std::string answer_text(const CalcProblem& p) {
 
 std::vector<CalcProblem> calc_problems(int64_t count, uint64_t seed, bool test) {
   std::mt19937_64 rng(test ? 0xca1c7e57ull : seed);
-  std::vector<CalcProblem> out;
-  std::set<std::string> seen;
-  for (int64_t tries = 0; static_cast<int64_t>(out.size()) < count; ++tries) {
-    if (tries > 1000 * count + 100000)
-      throw InputError("synthetic:calc: cannot draw " + std::to_string(count) +
-                       " distinct problems");
-    CalcProblem p = draw(rng);
-    if (held_out(p.expression) != test || !seen.insert(p.expression).second) continue;
-    out.push_back(std::move(p));
-  }
-  return out;
+  return draw_split(
+      count, rng, test, draw, [](const CalcProblem& p) { return p.expression; }, "synthetic:calc");
 }
 
 const std::string& calc_system_prompt() {

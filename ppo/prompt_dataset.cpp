@@ -2,12 +2,12 @@
 
 #include <filesystem>
 #include <random>
-#include <set>
 
 #include "core/errors.h"
 #include "core/text.h"
 #include "data/parquet_reader.h"
 #include "data/synthetic_calc.h"
+#include "data/synthetic_split.h"
 
 namespace rlhf::ppo {
 
@@ -150,27 +150,15 @@ ArithProblem arith_problem(std::mt19937_64& rng) {
 
 const char* const kArithInstruction = "End your reply with the answer as a number.";
 
-// FNV-1a: the split of a problem. One in five problems is held out.
-bool held_out(const std::string& question) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : question) h = (h ^ c) * 1099511628211ull;
-  return h % 5 == 0;
-}
-
 std::vector<PromptRow> arith_rows(int64_t count, uint64_t seed, bool test) {
   // The held-out split draws from a fixed stream: the same rows whatever train.seed is.
   std::mt19937_64 rng(test ? 0x5eed7e57ull : seed);
   std::vector<PromptRow> rows;
-  std::set<std::string> seen;
-  for (int64_t tries = 0; static_cast<int64_t>(rows.size()) < count; ++tries) {
-    if (tries > 1000 * count + 100000)
-      throw InputError("synthetic:arith: cannot draw " + std::to_string(count) +
-                       " distinct problems");
-    ArithProblem p = arith_problem(rng);
-    if (held_out(p.question) != test || !seen.insert(p.question).second) continue;
+  for (const ArithProblem& p : data::draw_split(
+           count, rng, test, arith_problem, [](const ArithProblem& a) { return a.question; },
+           "synthetic:arith"))
     // The instruction a verifier-trained prompt carries: where the answer goes.
     rows.push_back({json(p.question + " " + kArithInstruction), std::to_string(p.answer), 0});
-  }
   return rows;
 }
 
