@@ -18,6 +18,7 @@
 #include "core/errors.h"
 #include "test_paths.h"
 #include "tests/envs/process_checks.h"
+#include "tests/support/http_env_server.h"
 
 namespace rlhf::envs {
 namespace {
@@ -31,30 +32,12 @@ class HttpEnvTest : public ::testing::Test {
  protected:
   void SetUp() override {
     children_before_ = children_of_this_process();
-    int out[2];
-    ASSERT_EQ(::pipe(out), 0);
-    const std::string script = std::string(RLHF_SOURCE_DIR) + "/tests/envs/http_env_server.py";
-    pid_ = ::fork();
-    ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      ::dup2(out[1], 1);
-      ::close(out[0]);
-      ::execl(RLHF_PYTHON, RLHF_PYTHON, "-u", script.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    FILE* from_server = ::fdopen(out[0], "r");
-    int port = 0;
-    ASSERT_EQ(std::fscanf(from_server, "%d", &port), 1) << "the test server did not start";
-    std::fclose(from_server);
-    url_ = "http://127.0.0.1:" + std::to_string(port) + "/env";
+    server_ = std::make_unique<test::HttpEnvServer>();
+    ASSERT_GT(server_->port(), 0) << "the test server did not start";
+    url_ = server_->url();
   }
   void TearDown() override {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-    }
+    server_.reset();  // killed and reaped
     EXPECT_EQ(children_of_this_process(), children_before_);
   }
   EnvironmentConfig config(double timeout_s = 30) const {
@@ -72,7 +55,7 @@ class HttpEnvTest : public ::testing::Test {
     return got;
   }
 
-  pid_t pid_ = -1;
+  std::unique_ptr<test::HttpEnvServer> server_;
   std::string url_;
   std::set<pid_t> children_before_;
 };

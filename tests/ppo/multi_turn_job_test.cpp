@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "test_paths.h"
+#include "tests/support/http_env_server.h"
 #include "tests/support/process_checks.h"
 #include "tests/support/run_cli.h"
 
@@ -129,25 +130,6 @@ class MultiTurnJob : public testing::Test {
       EXPECT_TRUE(gone) << "Python environment process " << pid << " is still running";
     }
     EXPECT_GT(seen, 0) << "the environment wrote no pid";
-  }
-  // tests/envs/http_env_server.py on a free port: {its pid, the port it printed} (port 0 when
-  // it printed none within 10 s).
-  std::pair<int, int> start_http_env_server() {
-    const std::string server = std::string(RLHF_SOURCE_DIR) + "/tests/envs/http_env_server.py";
-    const fs::path port_file = dir_ / "port.txt";
-    fs::remove(port_file);
-    const std::string cmd = std::string(RLHF_PYTHON) + " " + test::shell_quote(server) + " > " +
-                            port_file.string() + " 2>/dev/null & echo $!";
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return {0, 0};
-    int pid = 0, port = 0;
-    if (fscanf(p, "%d", &pid) != 1) pid = 0;
-    pclose(p);
-    for (int i = 0; i < 100 && pid > 0 && port == 0; ++i) {
-      std::ifstream(port_file) >> port;
-      if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return {pid, port};
   }
   fs::path dir_;
 };
@@ -319,12 +301,12 @@ TEST_F(MultiTurnJob, SftOnToolTracesThenGrpoWithTheCalculator) {
             "env.python_interpreter=" + std::string(RLHF_PYTHON)});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   check("calc_python", 2, 6);
-  const auto [server, port] = start_http_env_server();
-  ASSERT_GT(port, 0) << "the test server printed no port";
-  r = grpo("calc_http", 2,
-           {"--set", "env.url=http://127.0.0.1:" + std::to_string(port) + "/env", "--set",
-            "env.options={\"calculator\": true}"});
-  kill(server, SIGTERM);
+  {
+    test::HttpEnvServer server;
+    ASSERT_GT(server.port(), 0) << "the test server printed no port";
+    r = grpo("calc_http", 2,
+             {"--set", "env.url=" + server.url(), "--set", "env.options={\"calculator\": true}"});
+  }
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   check("calc_http", 2, 6);
 }
@@ -409,12 +391,13 @@ TEST_F(MultiTurnJob, FailingEnvironmentsStopTheJobNamingThem) {
 // job: every turn the server answered (it counts one tool call each) earned 0.5, summed per
 // trajectory (a turn the token budget cut off is never sent).
 TEST_F(MultiTurnJob, HttpEnvironmentRunsTheJob) {
-  const auto [pid, port] = start_http_env_server();
-  ASSERT_GT(port, 0) << "the test server printed no port";
-  test::CliResult r = run("http", {"--set", "env.builtin=", "--set",
-                                   "env.url=http://127.0.0.1:" + std::to_string(port) + "/env",
-                                   "--set", "train.max_steps=2"});
-  kill(pid, SIGTERM);
+  test::CliResult r;
+  {
+    test::HttpEnvServer server;
+    ASSERT_GT(server.port(), 0) << "the test server printed no port";
+    r = run("http", {"--set", "env.builtin=", "--set", "env.url=" + server.url(), "--set",
+                     "train.max_steps=2"});
+  }
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto m = metrics("http");
   ASSERT_EQ(m.size(), 2u);

@@ -20,6 +20,7 @@
 
 #include "core/errors.h"
 #include "core/text.h"
+#include "tests/support/message_of.h"
 #include "tests/support/process_checks.h"
 
 namespace rlhf::pyhost {
@@ -44,17 +45,7 @@ bool poll_until(F done, std::chrono::milliseconds limit) {
   return true;
 }
 
-// The what() of the E that `f` throws; a test failure (and "") if it throws nothing.
-template <class E, class F>
-std::string message_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+using test::message_of;
 
 class PythonPoolTest : public ::testing::Test {
  protected:

@@ -32,6 +32,7 @@
 #include "rollout/generator.h"
 #include "rollout/trajectory.h"
 #include "test_paths.h"
+#include "tests/support/http_env_server.h"
 #include "tokenizer/prompt_format.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_config.h"
@@ -193,6 +194,14 @@ torch::Tensor fresh_log_probs(models::CausalLM& model, const GenerationOutput& o
   return lp;
 }
 
+// The model tokens' log-probs equal a fresh forward of each row's whole sequence: FP32 both
+// ways, only the summation order differs (cached blocks vs one forward), so within 1e-5.
+void expect_fresh_forward_log_probs(models::CausalLM& model, const GenerationOutput& out) {
+  const auto expected = fresh_log_probs(model, out);
+  const auto diff = (out.log_probs - expected).abs().masked_select(out.action_mask);
+  EXPECT_LT(diff.max().item<double>(), 1e-5);
+}
+
 // Row i's response: its answer tokens are where the mask is 0 (within its length), exactly
 // the answers the handler gave in order, each right after a stop token; its model turns are
 // the runs of 1s. With openings: the row's tokens (attention mask 1) begin with its opening,
@@ -284,10 +293,7 @@ TEST(MultiTurn, ContinuedOverTheCacheEqualsAFreshForwardOfTheWholeConversation) 
   // cut-turn hand-over untested).
   EXPECT_GT(expect_mask_covers_the_answers(r), 0);
   EXPECT_GT(r.out.timings.extended_tokens, 0);
-  // FP32 both ways; only the summation order differs (cached blocks vs one forward).
-  const auto expected = fresh_log_probs(*model, r.out);
-  const auto diff = (r.out.log_probs - expected).abs().masked_select(r.out.action_mask);
-  EXPECT_LT(diff.max().item<double>(), 1e-5);
+  expect_fresh_forward_log_probs(*model, r.out);
 }
 
 // Rows that start from openings (a reset's initial observation re-rendered into the prompt):
@@ -309,9 +315,7 @@ TEST(MultiTurn, RowsStartFromTheirOpenings) {
   EXPECT_TRUE(r.out.action_mask[0][0].item<bool>());
   EXPECT_EQ(r.out.attention_mask[2].narrow(0, 0, 6).sum().item<int64_t>(), 5);
   EXPECT_FALSE(r.out.action_mask[2][0].item<bool>());
-  const auto expected = fresh_log_probs(*model, r.out);
-  const auto diff = (r.out.log_probs - expected).abs().masked_select(r.out.action_mask);
-  EXPECT_LT(diff.max().item<double>(), 1e-5);
+  expect_fresh_forward_log_probs(*model, r.out);
 }
 
 TEST(MultiTurn, PreemptionEvictionPaddingAndLateChecksChangeNothing) {
@@ -580,32 +584,17 @@ TEST(MultiTurn, ResetObservationFromPythonAndHttpEnvironments) {
     auto env = envs::make_environment(c);
     expect_opening_with_the_observation(*env, t, rows);
   }
-  // The server prints its port first; killed and reaped at the end.
-  const std::string server = std::string(RLHF_SOURCE_DIR) + "/tests/envs/http_env_server.py";
-  int out[2];
-  ASSERT_EQ(::pipe(out), 0);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::close(out[0]);
-    ::execl(RLHF_PYTHON, RLHF_PYTHON, "-u", server.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
+  bool started = false;
+  {
+    test::HttpEnvServer server;  // killed and reaped at the end of the block
+    if (server.port() > 0) {
+      envs::EnvironmentConfig c;
+      c.url = server.url();
+      auto env = envs::make_environment(c);
+      expect_opening_with_the_observation(*env, t, rows);
+    }
+    started = server.port() > 0;
   }
-  ::close(out[1]);
-  FILE* from_server = ::fdopen(out[0], "r");
-  int port = 0;
-  const bool started = std::fscanf(from_server, "%d", &port) == 1;
-  std::fclose(from_server);
-  if (started) {
-    envs::EnvironmentConfig c;
-    c.url = "http://127.0.0.1:" + std::to_string(port) + "/env";
-    auto env = envs::make_environment(c);
-    expect_opening_with_the_observation(*env, t, rows);
-  }
-  ::kill(pid, SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(started) << "the test HTTP server did not start";
 }
