@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
+#include <cuda_runtime_api.h>
 
 #include <unordered_set>
 
@@ -17,23 +18,58 @@ torch::Tensor bytes_of(const c10::Storage& storage, int64_t nbytes) {
       .set_(storage, 0, {nbytes}, {1});
 }
 
+constexpr int64_t kAlign = 256;  // each copy starts on a 256-byte boundary of the arena
+
+int64_t aligned(int64_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+// [nbytes] uint8 host memory: pinned with cudaHostAlloc (exactly nbytes, freed with the
+// tensor) when `pinned`, else pageable.
+torch::Tensor host_bytes(int64_t nbytes, bool pinned) {
+  if (!pinned) return torch::empty({nbytes}, torch::kUInt8);
+  void* ptr = nullptr;
+  const cudaError_t error = cudaHostAlloc(&ptr, static_cast<size_t>(nbytes), cudaHostAllocDefault);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw RuntimeError("HostOffload: pinning " + std::to_string(nbytes) +
+                       " bytes of host memory failed: " + cudaGetErrorString(error));
+  }
+  return torch::from_blob(
+      ptr, {nbytes}, [](void* p) { (void)cudaFreeHost(p); }, torch::TensorOptions(torch::kUInt8));
+}
+
 }  // namespace
 
 int64_t HostOffload::offload(const std::vector<torch::Tensor>& tensors) {
   if (offloaded()) throw RuntimeError("HostOffload: already offloaded; restore() first");
   std::unordered_set<const c10::StorageImpl*> seen;
-  int64_t moved = 0;
+  std::vector<std::pair<c10::StorageImpl*, int64_t>> storages;  // distinct, with their bytes
+  int64_t arena = 0;
+  bool cuda = false;
   for (const auto& t : tensors) {
     if (!t.defined() || !t.has_storage()) continue;
     c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
     const auto nbytes = static_cast<int64_t>(impl->nbytes());
     if (nbytes == 0 || !seen.insert(impl).second) continue;
+    storages.emplace_back(impl, nbytes);
+    arena += aligned(nbytes);
+    cuda = cuda || impl->device().is_cuda();
+  }
+  if (arena_bytes() < arena || arena_pinned_ != cuda) {
+    arena_ = torch::Tensor();  // the old arena first
+    arena_ = host_bytes(arena, cuda);
+    arena_pinned_ = cuda;
+  }
+  int64_t moved = 0, offset = 0;
+  for (const auto& [impl, nbytes] : storages) {
     Saved s;
     s.storage = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
     s.device = impl->device();
-    s.host = torch::empty({nbytes},
-                          torch::TensorOptions(torch::kUInt8).pinned_memory(s.device.is_cuda()));
-    s.host.copy_(bytes_of(t.storage(), nbytes));  // blocking: the bytes are here before the free
+    s.host = arena_.narrow(0, offset, nbytes);
+    offset += aligned(nbytes);
+    // Blocking: the bytes are here before the free.
+    s.host.copy_(bytes_of(c10::Storage(s.storage), nbytes));
     moved += nbytes;
     saved_.push_back(std::move(s));
   }
@@ -56,7 +92,7 @@ int64_t HostOffload::restore() {
     bytes_of(c10::Storage(s.storage), nbytes).copy_(s.host);
     moved += nbytes;
   }
-  saved_.clear();  // the host copies go (pinned memory back to the CUDA host allocator)
+  saved_.clear();  // the arena stays for the next offload
   return moved;
 }
 

@@ -17,14 +17,19 @@ namespace rlhf::engine {
 class HostOffload {
  public:
   // Copies each distinct storage under `tensors` (undefined and empty ones skipped) into host
-  // memory (pinned when the storage is on a CUDA device) and frees it on its device. Returns
-  // the bytes moved. Throws RuntimeError when already offloaded.
+  // memory (pinned when a storage is on a CUDA device) and frees it on its device. Returns
+  // the bytes moved. Throws RuntimeError when already offloaded, or when pinning fails.
+  // The host copies are slices of one arena of exactly their bytes (each rounded up to 256),
+  // pinned with cudaHostAlloc outside torch's caching host allocator, which rounds every
+  // block up to a power of two (up to twice the bytes moved) and keeps freed blocks pinned;
+  // the arena is kept for the next offload, so a step's sleep does not pin memory again.
   int64_t offload(const std::vector<torch::Tensor>& tensors);
   // Allocates each storage again on its device (its own allocator) and copies the bytes back;
-  // the host copies are freed. Returns the bytes moved; 0 when nothing is offloaded.
+  // the arena stays for the next offload. Returns the bytes moved; 0 when nothing is offloaded.
   int64_t restore();
   bool offloaded() const { return !saved_.empty(); }
   int64_t bytes() const;  // bytes held on the host now
+  int64_t arena_bytes() const { return arena_.defined() ? arena_.numel() : 0; }
 
  private:
   struct Saved {
@@ -33,6 +38,8 @@ class HostOffload {
     c10::Device device = c10::kCPU;
   };
   std::vector<Saved> saved_;
+  torch::Tensor arena_;  // [bytes] uint8 host memory the copies are slices of (pinned on CUDA)
+  bool arena_pinned_ = false;
 };
 
 }  // namespace rlhf::engine

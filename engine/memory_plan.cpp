@@ -512,6 +512,9 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
         inference_bytes(lc, in.rollout_micro_batch, in.prompt_len, e, in.device_kind, true),
         gather);
     t.log_probs = logits_bytes(seqs);
+    // With CUDA graphs every captured shape writes its logits into one [seqs, 1, V] buffer in
+    // the compute dtype, held for the engine's life (rollout/decode_graph.h: PagedDecoder).
+    if (in.decode_graphs) t.log_probs += seqs * c.vocab_size * e;
     t.step_peak = t.kv_cache + t.activations + t.log_probs;
     t.kv_sequences = blocks / per_seq;
     t.sync = sync_receive_bytes(in, numel);
@@ -873,6 +876,8 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
   set_phase_flags(spec, role, placement, in);
   in.kv_block_size = spec.get_int("rollout.kv_block_size");
   in.max_num_seqs = spec.get_int("rollout.max_num_seqs");
+  in.decode_graphs = in.device_kind == DeviceKind::kCuda && in.kv_block_size > 0 &&
+                     !spec.get_bool("rollout.enforce_eager");
   // DPO and RM batches hold chosen and rejected together.
   const int64_t pair = spec.kind() == JobKind::kDpo || spec.kind() == JobKind::kRm ? 2 : 1;
   if (spec.trains(role)) {

@@ -60,6 +60,10 @@ struct RoleMemoryInput {
   double gpu_memory_utilization = 0.9;  // rollout.gpu_memory_utilization (kv_auto)
   int64_t kv_block_size = 0;            // rollout.kv_block_size (0: contiguous cache)
   int64_t max_num_seqs = 0;             // rollout.max_num_seqs (0: micro batch x n)
+  // Paged decode steps replayed as CUDA graphs (on cuda, unless rollout.enforce_eager): the
+  // graphs' one shared [max_num_seqs, V] logits buffer (rollout/decode_graph.h) lives as long
+  // as the engine.
+  bool decode_graphs = false;
   // rollout.tensor_parallel_size: the ranks of one engine, each holding heads / t, KV heads / t
   // and intermediate / t of every layer and V / t rows of the embedding and head
   // (models/tensor_parallel.h); every rank gathers the whole [rows, V] logits to sample.

@@ -1,8 +1,10 @@
 // PagedDecoder: padded decode steps, captured as CUDA graphs on a GPU. See decode_graph.h.
 #include "rollout/decode_graph.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/cuda.h>
@@ -72,7 +74,7 @@ struct PagedDecoder::Shape {
   torch::Tensor positions;  // [batch, 1]
   torch::Tensor tables;     // [batch * blocks]
   std::unique_ptr<at::cuda::CUDAGraph> graph;
-  torch::Tensor logits;  // the graph's output [batch, 1, V]
+  torch::Tensor logits;  // the graph's output [batch, 1, V]: rows of PagedDecoder::logits_
   int64_t kernels = 0;   // kernel nodes in the graph (-1: not known)
 };
 
@@ -114,20 +116,21 @@ int64_t PagedDecoder::block_bucket(int64_t blocks) const {
 }
 
 PagedDecoder::Shape& PagedDecoder::shape(int64_t batch, int64_t blocks) {
-  auto& slot = shapes_[{batch, blocks}];
-  if (slot) return *slot;
-  slot = std::make_unique<Shape>();
-  Shape& s = *slot;
-  s.batch = batch;
-  s.blocks = blocks;
-  s.inputs =
+  const std::pair<int64_t, int64_t> key{batch, blocks};
+  if (auto it = shapes_.find(key); it != shapes_.end()) return *it->second;
+  auto s = std::make_unique<Shape>();
+  s->batch = batch;
+  s->blocks = blocks;
+  s->inputs =
       torch::zeros({batch * (3 + blocks)}, torch::TensorOptions(torch::kInt64).device(device_));
-  s.ids = s.inputs.narrow(0, 0, batch).view({batch, 1});
-  s.slots = s.inputs.narrow(0, batch, batch);
-  s.positions = s.inputs.narrow(0, 2 * batch, batch).view({batch, 1});
-  s.tables = s.inputs.narrow(0, 3 * batch, batch * blocks);
-  if (capture_) capture(s);
-  return s;
+  s->ids = s->inputs.narrow(0, 0, batch).view({batch, 1});
+  s->slots = s->inputs.narrow(0, batch, batch);
+  s->positions = s->inputs.narrow(0, 2 * batch, batch).view({batch, 1});
+  s->tables = s->inputs.narrow(0, 3 * batch, batch * blocks);
+  // Registered only once captured: a capture that throws leaves no shape behind, so a later
+  // step of that shape captures again instead of replaying a graph never captured.
+  if (capture_) capture(*s);
+  return *shapes_.emplace(key, std::move(s)).first->second;
 }
 
 namespace {
@@ -156,6 +159,67 @@ int64_t kernels_in_capture() {
 
 }  // namespace
 
+namespace {
+
+// Ends a capture that threw half way (an out-of-memory error, a kernel that may not be
+// captured), so that the stream, the allocators and the random generator work again. torch
+// 2.11's CUDAGraph::capture_end ends the stream's capture before it stops routing allocations
+// into the graphs' pool, and only a capture that ended gives its reference to the pool back
+// or takes the default CUDA generator out of capture mode; when the capture itself failed
+// none of that happens, and the next capture_begin on the pool would fail ("already
+// recording to mempool_id"), the pool would never be freed, and an eager random op would
+// throw. Each step is tried alone; `graph` is the failed capture's.
+void abandon_capture(at::cuda::CUDAGraph& graph, c10::DeviceIndex device,
+                     const std::pair<unsigned long long, unsigned long long>& pool) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess &&
+      status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t partial = nullptr;
+    (void)cudaStreamEndCapture(stream, &partial);  // an invalidated capture gives no graph
+    if (partial != nullptr) (void)cudaGraphDestroy(partial);
+  }
+  (void)cudaGetLastError();  // the failed capture's error, not a later call's
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+  } catch (const c10::Error&) {  // capture_end had already ended it
+  }
+  try {
+    at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool);
+  } catch (const c10::Error&) {
+  }
+  bool ended = true;
+  try {
+    (void)graph.pool();  // throws unless capture_end got to its end
+  } catch (const c10::Error&) {
+    ended = false;
+  }
+  if (!ended) {  // the capture's reference to the shared pool, which reset() will not give back
+    try {
+      c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+    } catch (const c10::Error&) {
+    }
+    try {
+      at::getHostAllocator(at::kCUDA)->release_pool(pool);
+    } catch (const c10::Error&) {
+    }
+  }
+  // A capture of nothing but an in-place no-op on a scratch value ends normally, which takes
+  // the default generator out of capture mode.
+  try {
+    auto scratch =
+        torch::zeros({1}, torch::TensorOptions(torch::kInt64).device(torch::kCUDA, device));
+    at::cuda::CUDAGraph reset;
+    reset.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    scratch.add_(0);
+    reset.capture_end();
+  } catch (const c10::Error&) {
+    (void)cudaGetLastError();
+  }
+}
+
+}  // namespace
+
 void PagedDecoder::capture(Shape& s) {
   const auto start = Clock::now();
   // Warm-up and capture run on padding rows only (every row on the scratch block), so the
@@ -170,21 +234,38 @@ void PagedDecoder::capture(Shape& s) {
   TORCH_CHECK(c10::cuda::getCurrentCUDAStream(device_.index()) !=
                   c10::cuda::getDefaultCUDAStream(device_.index()),
               "PagedDecoder: capturing needs a non-default stream (run under DecodeStream)");
-  {
-    // Lazy initialisation (cuBLAS handles and workspaces, the rotary table) happens here,
-    // outside the capture.
-    cache_.plan_decode_static({}, s.slots, s.positions, s.tables);
-    model_.forward(s.ids, cache_);
-    s.graph = std::make_unique<at::cuda::CUDAGraph>();
-    // Thread-local: the worker's other threads (sockets, logging) are not capturing.
-    s.graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+  // Lazy initialisation (cuBLAS handles and workspaces, the rotary table) happens here,
+  // outside the capture; so does the logits buffer every graph writes into.
+  cache_.plan_decode_static({}, s.slots, s.positions, s.tables);
+  const auto warm = model_.logits(model_.forward(s.ids, cache_));  // [batch, 1, V]
+  if (!logits_.defined()) logits_ = torch::empty({max_batch_, 1, warm.size(2)}, warm.options());
+  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  // Thread-local: the worker's other threads (sockets, logging) are not capturing.
+  graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+  try {
     cache_.plan_decode_static({}, s.slots, s.positions, s.tables);
     // The LM head too: the step's logits [batch, 1, V] come out of the graph, so nothing of
-    // the forward runs eagerly between replays.
-    s.logits = model_.logits(model_.forward(s.ids, cache_));
+    // the forward runs eagerly between replays. They land in the rows of the one buffer all
+    // shapes share (the head's own output is freed inside the capture, so its pool block is
+    // reused by the next shape's capture): a buffer per shape held ~78 MB each at V = 151,936
+    // and 256 rows in BF16, for the rollout's life, across 10-25 shapes (issue 39.1.5).
+    s.logits = logits_.narrow(0, 0, s.batch);
+    s.logits.copy_(model_.logits(model_.forward(s.ids, cache_)));
     s.kernels = kernels_in_capture();
-    s.graph->capture_end();
+    graph->capture_end();
+  } catch (const c10::OutOfMemoryError& e) {
+    s.logits = torch::Tensor();
+    abandon_capture(*graph, device_.index(), pool_);
+    // An out-of-memory error like any other (the worker names role, device and phase), with
+    // the shape whose graph did not fit.
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "capturing the CUDA graph of a decode step of ",
+                     s.batch, " rows x ", s.blocks, " KV blocks: ", e.what_without_backtrace());
+  } catch (...) {
+    s.logits = torch::Tensor();
+    abandon_capture(*graph, device_.index(), pool_);
+    throw;
   }
+  s.graph = std::move(graph);
   torch::cuda::synchronize();
   capture_seconds_ += seconds_since(start);
 }

@@ -88,6 +88,9 @@ class PagedDecoder {
   bool capture_;
   torch::Device device_;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Shape>> shapes_;
+  // [max_batch, 1, V] in the model's compute dtype: every captured shape's logits are its
+  // first rows (allocated at the first capture, outside the graphs' pool).
+  torch::Tensor logits_;
   std::pair<unsigned long long, unsigned long long> pool_{
       0, 0};  // the graphs' shared memory pool (CUDA)
   double capture_seconds_ = 0.0;

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "core/errors.h"
+#include "transport/c10d_work.h"
 #include "transport/store.h"
 
 namespace rlhf::transport {
@@ -55,7 +56,7 @@ GlooGroup::~GlooGroup() = default;
 template <typename StartWork>
 void GlooGroup::run(const char* operation, StartWork&& start) {
   try {
-    start()->wait();
+    wait_if_any(start());
   } catch (const std::exception& e) {
     throw RuntimeError(std::string("gloo ") + operation + ": rank " + std::to_string(rank_) + "/" +
                        std::to_string(size_) + ": " + message_of(e));

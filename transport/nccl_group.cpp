@@ -8,6 +8,7 @@
 // timeout and aborts the communicators when one is late or NCCL reports an error (a peer
 // died). It runs here in CleanUpOnly mode (TORCH_NCCL_ASYNC_ERROR_HANDLING=2 unless the
 // environment says otherwise): the process lives and the next call through this group
+// aborts it (check(): else torch's heartbeat monitor ends the process minutes later) and
 // throws RuntimeError naming rank and operation. Calls that hand a result to the host (CPU
 // tensors staged through the GPU, barrier) wait for it and check once more.
 // Built only with RLHF_HAVE_NCCL; runs only where there is a GPU.
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "transport/c10d_work.h"
 
 namespace rlhf::transport {
 namespace {
@@ -95,7 +97,7 @@ class NcclGroup final : public CollectiveGroup {
     try {  // nothing to do on failure in a destructor
       if (pg_->getError() == c10d::ErrorType::SUCCESS)
         pg_->shutdown();
-      else
+      else if (!aborted_)
         pg_->abort();
     } catch (...) {
     }
@@ -237,12 +239,22 @@ class NcclGroup final : public CollectiveGroup {
     check("barrier");
   }
 
-  // Throws when the watchdog has marked the group failed (timeout, NCCL error).
+  // Throws when the watchdog has marked the group failed (timeout, NCCL error). The first time,
+  // it aborts the group itself: in torch 2.11 the watchdog first waits for a debug dump
+  // (about a minute, during which a host wait hangs) and its heartbeat monitor then ends the
+  // process after TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (480 s) unless the group was aborted.
   void check(const char* what) {
     const c10d::ErrorType error = pg_->getError();
-    if (error != c10d::ErrorType::SUCCESS)
-      throw RuntimeError(where(what) + error_name(error) +
-                         "; the communicators were aborted and the group is unusable");
+    if (error == c10d::ErrorType::SUCCESS) return;
+    if (!aborted_) {
+      aborted_ = true;
+      try {
+        pg_->abort();
+      } catch (...) {  // already aborted by the watchdog
+      }
+    }
+    throw RuntimeError(where(what) + error_name(error) +
+                       "; the communicators were aborted and the group is unusable");
   }
 
   std::string where(const char* what) const {
@@ -251,12 +263,13 @@ class NcclGroup final : public CollectiveGroup {
   }
 
  private:
-  // Launches one collective and makes the current stream wait for it (with asyncOp false it
-  // already runs there: the wait only registers it). Never blocks the host.
+  // Launches one collective on the current stream. With asyncOp false torch 2.11 returns no
+  // Work (the collective is already queued there); a handle, where one comes back (barrier),
+  // is waited on, which only makes the current stream wait. Never blocks the host.
   void run(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& launch) {
     check(what);
     try {
-      launch()->wait();
+      wait_if_any(launch());
     } catch (const std::exception& e) {
       throw RuntimeError(where(what) + e.what());
     }
@@ -266,12 +279,13 @@ class NcclGroup final : public CollectiveGroup {
   int size_;
   torch::Device device_;
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+  bool aborted_ = false;  // check() aborted the group after a failure
 };
 
 void NcclPending::wait() {
   group_.check("all_reduce_async wait");
   try {
-    work_->wait();  // the current stream waits for NCCL's; the host does not
+    wait_if_any(work_);  // the current stream waits for NCCL's; the host does not
   } catch (const std::exception& e) {
     throw RuntimeError(group_.where("all_reduce_async wait") + e.what());
   }

@@ -171,6 +171,15 @@ TEST(HostOffload, RoundTripIsBitExactAndKeepsViewsAndAliases) {
   weight[2][3] = 42.0f;
   EXPECT_EQ(row[3].item<float>(), 42.0f);
   EXPECT_EQ(tied[2][3].item<float>(), 42.0f);
+  // The host copies were slices of one arena of exactly their bytes, each rounded up to 256
+  // (80 -> 256, 14 -> 256), kept for the next offload: a second round trip allocates nothing
+  // new and is bit-exact again.
+  EXPECT_EQ(offload.arena_bytes(), 256 + 256);
+  EXPECT_EQ(offload.offload({half, weight}), 4 * 5 * 4 + 7 * 2);
+  EXPECT_EQ(offload.arena_bytes(), 256 + 256);
+  offload.restore();
+  EXPECT_TRUE(torch::equal(half, half_before));
+  EXPECT_EQ(weight[2][3].item<float>(), 42.0f);
 }
 
 // The optimizer state to host and back between steps (and offloaded across a checkpoint

@@ -232,6 +232,23 @@ TEST(MemoryPlan, TensorParallelRolloutRankHoldsItsSlices) {
   }
 }
 
+// Issue 39.1.5: paged decode replayed as CUDA graphs writes every captured shape's logits into
+// one [max_num_seqs, 1, V] buffer in the compute dtype, held for the engine's life
+// (rollout/decode_graph.h); the plan counts it once, whatever the number of shapes: 32 rows x
+// 288 x 2 bytes for the tiny rollout. Eager steps (rollout.enforce_eager, the CPU) have none.
+TEST(MemoryPlan, DecodeGraphsShareOneLogitsBuffer) {
+  RoleMemoryInput in = tiny_rollout();
+  in.kv_block_size = 4;
+  in.device_kind = rlhf::DeviceKind::kCuda;
+  const MemoryTerms eager = plan_role(in);
+  in.decode_graphs = true;
+  const MemoryTerms graphs = plan_role(in);
+  EXPECT_EQ(graphs.log_probs - eager.log_probs, 32 * 288 * 2);
+  EXPECT_EQ(graphs.step_peak - eager.step_peak, 32 * 288 * 2);
+  in.max_num_seqs = 64;
+  EXPECT_EQ(plan_role(in).log_probs - eager.log_probs, 64 * 288 * (4 * 3 + 2) - 32 * 288 * 4 * 3);
+}
+
 // The planner against a real one-rank Trainer (BF16, 4 micro batches of 2 x 16): the
 // tracker's peak over a step must equal the planned engine peak to the byte, since both
 // count the same tensors (a mismatch means the planner's replay of ShardedUnit is wrong);

@@ -30,6 +30,89 @@ using nlohmann::json;
 constexpr const char* kOneGpu =
     R"([{"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 80}])";
 
+// The jobs the _CUDA tests below run: an example and the --set overrides that put it on one
+// GPU (the models and run folder are added by PpoGpuJob::run). One table, so that the CPU test
+// EveryGpuJobSpecValidatesOnOneGpu checks in CI what the GPU machine will be handed: a spec
+// that cannot run on one GPU fails there, not in a lease (issue 39.1.2).
+struct GpuJob {
+  std::string name;
+  std::string example;
+  std::vector<std::string> sets;  // PATH=VALUE, each after a --set
+};
+
+std::vector<std::string> every_role_on_gpu0() {
+  return {std::string("cluster.nodes=") + kOneGpu,
+          "actor.devices=[0]",
+          "ref.devices=[0]",
+          "ref.colocate_with=actor",
+          "rollout.devices=[0]",
+          "rollout.colocate_with=actor"};
+}
+
+std::vector<std::string> plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+const std::vector<GpuJob>& gpu_jobs() {
+  static const std::vector<GpuJob> jobs = {
+      {"ppo1gpu", "examples/ppo_1gpu.json", {}},
+      {"grpo1gpu", "examples/grpo_tiny.json", every_role_on_gpu0()},
+      {"mixed",
+       "examples/ppo_tiny.json",
+       {R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 4, "memory_gb": 4},
+                         {"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 80}])",
+        R"(rollout.devices={"gpu": [0]})"}},
+      {"sleep", "examples/grpo_tiny.json",
+       plus(every_role_on_gpu0(),
+            {"rollout.sync_bucket_mb=0.05", "actor.offload_optimizer_while_generating=true",
+             "train.max_steps=6"})},
+      {"oom",
+       "examples/ppo_1gpu.json",
+       {R"(cluster.nodes=[{"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 0.001}])"}},
+      // Issue 28's phase check: the 100m preset as the actor (PpoGpuJob::run_phases).
+      {"phases", "examples/grpo_tiny.json", plus(every_role_on_gpu0(), {"train.max_steps=2"})},
+  };
+  return jobs;
+}
+
+const GpuJob& gpu_job(const std::string& name) {
+  for (const auto& job : gpu_jobs())
+    if (job.name == name) return job;
+  throw std::invalid_argument("no GPU job " + name);
+}
+
+// The arguments after `rlhf run|validate`: the example, its models, run folder and name, then
+// the job's overrides. Critic-free examples get no critic.
+std::vector<std::string> job_args(const GpuJob& job, const fs::path& actor, const fs::path& critic,
+                                  const fs::path& run_dir) {
+  std::vector<std::string> args = {job.example,
+                                   "--set",
+                                   "actor.model=" + actor.string(),
+                                   "--set",
+                                   "logger.run_dir=" + run_dir.string(),
+                                   "--set",
+                                   "name=" + job.name};
+  if (job.example != "examples/grpo_tiny.json")
+    args.insert(args.end(), {"--set", "critic.model=" + critic.string()});
+  for (const auto& set : job.sets) args.insert(args.end(), {"--set", set});
+  return args;
+}
+
+// Runs in CI (no GPU needed): every job above passes `rlhf validate --no-files` as the GPU
+// test will hand it to `rlhf run` (the spec's own rules: devices that exist in its cluster,
+// colocation, batch sizes). Before issue 39 the phase check kept grpo_tiny's ref on device 1
+// and rollout on device 2 of a one-GPU cluster, so it could never start.
+TEST(PpoGpuJobSpecs, EveryGpuJobSpecValidatesOnOneGpu) {
+  for (const auto& job : gpu_jobs()) {
+    auto args = job_args(job, "/models/tiny", "/models/tiny-value", "/runs");
+    args.insert(args.begin(), "validate");
+    args.push_back("--no-files");
+    auto r = test::run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << job.name << ": " << r.out << r.err;
+  }
+}
+
 class PpoGpuJob : public testing::Test {
  protected:
   void SetUp() override {
@@ -46,15 +129,12 @@ class PpoGpuJob : public testing::Test {
       ASSERT_EQ(r.exit_code, 0) << r.err;
     }
   }
-  test::CliResult run(const std::string& example, const std::string& name,
-                      std::vector<std::string> extra) {
-    std::vector<std::string> args = {"run",   example,
-                                     "--set", "actor.model=" + (dir_ / "tiny").string(),
-                                     "--set", "logger.run_dir=" + (dir_ / "runs").string(),
-                                     "--set", "name=" + name};
-    if (example != "examples/grpo_tiny.json")
-      args.insert(args.end(), {"--set", "critic.model=" + (dir_ / "tiny-value").string()});
-    args.insert(args.end(), extra.begin(), extra.end());
+  // `rlhf run` of the named job of gpu_jobs(), with `actor` as the actor's model (default: the
+  // tiny one).
+  test::CliResult run(const std::string& name, const fs::path& actor = {}) {
+    auto args = job_args(gpu_job(name), actor.empty() ? dir_ / "tiny" : actor, dir_ / "tiny-value",
+                         dir_ / "runs");
+    args.insert(args.begin(), "run");
     return test::run_cli(args);
   }
   std::vector<json> metrics(const std::string& name) const {
@@ -84,7 +164,7 @@ void expect_gpu_memory(const json& step, const std::set<std::string>& gpu_roles)
 }
 
 TEST_F(PpoGpuJob, PpoWithEveryRoleOnOneGpuLearns_CUDA) {
-  auto r = run("examples/ppo_1gpu.json", "ppo1gpu", {});
+  auto r = run("ppo1gpu");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = metrics("ppo1gpu");
   ASSERT_EQ(m.size(), 30u);
@@ -107,10 +187,7 @@ TEST_F(PpoGpuJob, PpoWithEveryRoleOnOneGpuLearns_CUDA) {
 }
 
 TEST_F(PpoGpuJob, GrpoWithEveryRoleOnOneGpuLearns_CUDA) {
-  auto r = run("examples/grpo_tiny.json", "grpo1gpu",
-               {"--set", std::string("cluster.nodes=") + kOneGpu, "--set", "actor.devices=[0]",
-                "--set", "ref.devices=[0]", "--set", "ref.colocate_with=actor", "--set",
-                "rollout.devices=[0]", "--set", "rollout.colocate_with=actor"});
+  auto r = run("grpo1gpu");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = metrics("grpo1gpu");
   ASSERT_EQ(m.size(), 30u);
@@ -119,11 +196,7 @@ TEST_F(PpoGpuJob, GrpoWithEveryRoleOnOneGpuLearns_CUDA) {
 }
 
 TEST_F(PpoGpuJob, RolloutOnTheGpuOthersOnCpuLearns_CUDA) {
-  auto r = run("examples/ppo_tiny.json", "mixed",
-               {"--set",
-                R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 4, "memory_gb": 4},
-                         {"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 80}])",
-                "--set", R"(rollout.devices={"gpu": [0]})"});
+  auto r = run("mixed");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = metrics("mixed");
   ASSERT_EQ(m.size(), 30u);
@@ -132,12 +205,7 @@ TEST_F(PpoGpuJob, RolloutOnTheGpuOthersOnCpuLearns_CUDA) {
 }
 
 TEST_F(PpoGpuJob, ColocatedRolloutSyncsThroughCudaIpcAndSleepsWhileTheActorTrains_CUDA) {
-  auto r =
-      run("examples/grpo_tiny.json", "sleep",
-          {"--set", std::string("cluster.nodes=") + kOneGpu, "--set", "actor.devices=[0]", "--set",
-           "ref.devices=[0]", "--set", "ref.colocate_with=actor", "--set", "rollout.devices=[0]",
-           "--set", "rollout.colocate_with=actor", "--set", "rollout.sync_bucket_mb=0.05", "--set",
-           "actor.offload_optimizer_while_generating=true", "--set", "train.max_steps=6"});
+  auto r = run("sleep");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = metrics("sleep");
   ASSERT_EQ(m.size(), 6u);
@@ -192,9 +260,7 @@ TEST_F(PpoGpuJob, ColocatedRolloutSyncsThroughCudaIpcAndSleepsWhileTheActorTrain
 TEST_F(PpoGpuJob, OutOfMemoryStopsTheJobNamingRoleDevicePhaseAndBytes_CUDA) {
   // 1 MiB per worker: the first model load on the GPU does not fit.
   const auto start = std::chrono::steady_clock::now();
-  auto r = run("examples/ppo_1gpu.json", "oom",
-               {"--set", R"(cluster.nodes=[{"name": "gpu", "kind": "cuda", "devices": 1,
-                                            "memory_gb": 0.001}])"});
+  auto r = run("oom");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
@@ -222,12 +288,7 @@ TEST_F(PpoGpuJob, PlannedPhasesMatchTheAllocator_CUDA) {
   const fs::path model = dir_ / "m100";
   ASSERT_EQ(test::run_cli({"init-model", "--preset", "100m", "--out", model.string()}).exit_code,
             0);
-  auto r =
-      test::run_cli({"run", "examples/grpo_tiny.json", "--set", "actor.model=" + model.string(),
-                     "--set", "logger.run_dir=" + (dir_ / "runs").string(), "--set", "name=phases",
-                     "--set", std::string("cluster.nodes=") + kOneGpu, "--set", "actor.devices=[0]",
-                     "--set", "ref.colocate_with=actor", "--set", "rollout.colocate_with=actor",
-                     "--set", "train.max_steps=2"});
+  auto r = run("phases", model);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto check = test::run_cli({"plan", "--check", (dir_ / "runs" / "phases").string(), "--json"});
   ASSERT_EQ(check.exit_code, 0) << check.err;

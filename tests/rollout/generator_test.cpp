@@ -5,6 +5,8 @@
 #include "rollout/generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -19,6 +21,7 @@
 #include "kernels/kernels.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
+#include "models/layer_hooks.h"
 #include "models/paged_kv_cache.h"
 #include "rollout/decode_graph.h"
 
@@ -181,12 +184,15 @@ TEST(Generator, NSamplesShareOnePrefillAndGreedySamplesAreIdentical) {
   }
 }
 
-// Log-probs of every next token recomputed by one full forward over the output: [N, R].
+// Log-probs of every next token recomputed by one full forward over the output, on the
+// model's device: [N, R] FP32 on the CPU.
 torch::Tensor recomputed_log_probs(CausalLM& model, const GenerationOutput& out) {
   torch::NoGradGuard no_grad;
-  auto hidden = model.forward(out.sequences, out.attention_mask);
-  auto lp = model.next_token_log_probs(hidden, out.sequences);  // [N, P + R - 1]
-  return lp.narrow(1, out.prompt_length - 1, out.action_mask.size(1));
+  const auto sequences = out.sequences.to(model.device());
+  auto hidden = model.forward(sequences, out.attention_mask.to(model.device()));
+  auto lp = model.next_token_log_probs(hidden, sequences);  // [N, P + R - 1]
+  return lp.narrow(1, out.prompt_length - 1, out.action_mask.size(1))
+      .to(torch::kCPU, torch::kFloat32);
 }
 
 TEST(Generator, SampledLogProbsEqualTheModelsRecomputedLogProbs) {
@@ -636,9 +642,13 @@ TEST(Generator, CudaGraphDecodeEqualsTheCpu_CUDA) {
 
 // FlashInfer's kernels in generation (kernels/: paged decode reading the blocks in place,
 // RMSNorm) against torch's operators (gather + SDPA), both BF16 on cuda:0, with CUDA graphs and
-// eagerly, greedy and sampled, with a pool small enough to preempt: the same tokens and lengths,
-// log-probs within 0.02 nats (both round to BF16; the kernel sums in another order). The tiny model
-// with head_dim 64 and GQA group 2, shapes the kernel has an instance for.
+// eagerly, greedy and sampled, with a pool small enough to preempt. Each path's log-probs of the
+// tokens it sampled must equal a teacher-forced forward over those tokens within BF16 rounding
+// (the bounds of Bf16SampledLogProbsMatchTheRecomputationWithinBf16Rounding: mean 0.02, max
+// 0.1 nats; a wrong page, position or head gives several nats). The two paths' tokens are not
+// compared: they round differently, and one near-tie of 21 rows x 40 tokens would part them
+// (issue 39.1.3). The tiny model with head_dim 64 and GQA group 2, shapes the kernel has an
+// instance for.
 TEST(Generator, InPlacePagedDecodeEqualsTheGather_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   ASSERT_TRUE(kernels::paged_decode_supported(torch::kBFloat16, 64, 4, 2))
@@ -674,14 +684,28 @@ TEST(Generator, InPlacePagedDecodeEqualsTheGather_CUDA) {
       const auto in_place = Generator(model, c).generate(ids, mask, params);
       const std::string what = std::string(steps == DecodeSteps::kEager ? "eager" : "graphs") +
                                " temperature " + std::to_string(temperature);
-      EXPECT_TRUE(torch::equal(in_place.sequences, gathered.sequences)) << what;
       if (steps == DecodeSteps::kAuto) {  // one kernel per layer's attention and norms
         std::cout << what << ": kernels per decode step " << gathered.timings.graph_kernels
                   << " (torch) -> " << in_place.timings.graph_kernels << " (FlashInfer)\n";
         EXPECT_LT(in_place.timings.graph_kernels, gathered.timings.graph_kernels) << what;
       }
-      EXPECT_TRUE(torch::equal(in_place.response_lengths, gathered.response_lengths)) << what;
-      EXPECT_TRUE(torch::allclose(in_place.log_probs, gathered.log_probs, 0, 0.02)) << what;
+      for (const auto* out : {&gathered, &in_place}) {
+        const std::string which = what + (out == &in_place ? " in place" : " gathered");
+        expect_consistent(*out);
+        const auto diff = (out->log_probs - recomputed_log_probs(*model, *out))
+                              .abs()
+                              .masked_select(out->action_mask);
+        ASSERT_GT(diff.numel(), 0) << which;
+        std::cout << which << ": |log-prob - teacher-forced| mean " << diff.mean().item<double>()
+                  << ", max " << diff.max().item<double>() << " over " << diff.numel()
+                  << " tokens\n";
+        EXPECT_LT(diff.mean().item<double>(), 0.02) << which;
+        EXPECT_LT(diff.max().item<double>(), 0.1) << which;
+      }
+      const double same =
+          in_place.sequences.eq(gathered.sequences).all(1).to(torch::kFloat).mean().item<double>();
+      std::cout << what << ": rows identical in both paths " << same
+                << " (printed, not asserted)\n";
     }
   }
 }
@@ -700,7 +724,11 @@ TEST(Generator, DecodeGraphsAreCapturedOnceAndFollowWeightsUpdatedInPlace_CUDA) 
   c.n_samples_per_prompt = 2;
   c.micro_batch_size = 5;
   c.kv_block_size = 4;
-  c.stop_token_ids = {7, 11};
+  // No stop tokens: every row runs all 24 steps, so the padded shapes (rows, blocks) of every
+  // step are the same whatever the weights sample. With stop tokens, the scaled weights end
+  // rows at other steps and can reach a batch bucket the first call never captured, which a
+  // correct engine must capture (issue 39.1.3).
+  c.stop_token_ids = {};
   SamplingParams params;
   params.seed = 3;
   params.temperature = 1.0;
@@ -724,6 +752,71 @@ TEST(Generator, DecodeGraphsAreCapturedOnceAndFollowWeightsUpdatedInPlace_CUDA) 
   EXPECT_TRUE(torch::allclose(after.log_probs, fresh.log_probs, 0, 1e-5));
   generator.release_paged_engine();
   EXPECT_GT(generator.generate(ids, mask, params).timings.cuda_graphs, 0);
+}
+
+// Raises a CUDA out-of-memory error in the LM head the first time it runs inside a CUDA graph
+// capture (as an allocation of the head's logits would where the graphs' pool cannot grow).
+class OutOfMemoryInCapture : public models::LayerHooks {
+ public:
+  explicit OutOfMemoryInCapture(int head_unit) : head_unit_(head_unit) {}
+  void before_forward(int unit) override {
+    if (unit != head_unit_ || !armed) return;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream().stream(), &status) != cudaSuccess ||
+        status != cudaStreamCaptureStatusActive)
+      return;
+    armed = false;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (raised by the test)");
+  }
+  bool armed = true;
+
+ private:
+  int head_unit_;
+};
+
+// Issue 39.1.4: a capture that throws half way leaves nothing behind. The error is the
+// worker's out-of-memory error (c10::OutOfMemoryError, so the worker names role, device and
+// phase) naming the decode shape; no stream stays capturing and eager random ops work; the
+// Generator then captures and replays its graphs and generates what eager steps do (FP32: same
+// tokens, log-probs within 1e-4). Before the fix the failed shape stayed registered with a graph
+// never captured and the stream was left capturing.
+TEST(Generator, AFailedGraphCaptureLeavesTheEngineUsable_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto model = tiny_model(21);
+  model->to(torch::Device(torch::kCUDA, 0));
+  auto [ids, mask] = left_pad(make_prompts({4, 6, 2}));
+  GenerationConfig c;
+  c.max_new_tokens = 8;
+  c.n_samples_per_prompt = 2;
+  c.micro_batch_size = 3;
+  c.kv_block_size = 4;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  OutOfMemoryInCapture hook(static_cast<int>(model->config().num_hidden_layers) + 1);
+  model->set_layer_hooks(&hook);
+  Generator generator(model, c);
+  try {
+    generator.generate(ids, mask, greedy);
+    ADD_FAILURE() << "the out-of-memory error inside the capture was lost";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("capturing the CUDA graph of a decode step of "),
+              std::string::npos)
+        << e.what();
+  }
+  model->set_layer_hooks(nullptr);
+  EXPECT_FALSE(hook.armed) << "no capture reached the LM head";
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ASSERT_EQ(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream().stream(), &status),
+            cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+  // The default CUDA generator left capture mode: an eager random op works.
+  EXPECT_NO_THROW(
+      torch::rand({4}, torch::TensorOptions().device(torch::kCUDA)).sum().item<float>());
+  const auto again = generator.generate(ids, mask, greedy);
+  EXPECT_GT(again.timings.cuda_graphs, 0);
+  c.decode_steps = DecodeSteps::kEager;
+  const auto eager = Generator(model, c).generate(ids, mask, greedy);
+  expect_same_generation(again, eager, 1e-4, "graphs after a failed capture");
 }
 
 // What a GPU actor or reference computes: BF16 log-probs on cuda:0 against the FP32 CPU
