@@ -162,10 +162,9 @@ models::TensorParallel join_tensor_parallel(const nlohmann::json& a, const Worke
 }
 
 // args: "model" (HF directory) or "preset" + "seed"; "dtype"; "tensor_parallel_size" and
-// "tp_store_path" (see join_tensor_parallel; a TP rank loads only its slices); the
-// generation settings "max_new_tokens", "n_samples_per_prompt", "micro_batch_size",
-// "stop_token_ids", "pad_token_id" (defaults: GenerationConfig's; stop tokens default to the
-// model's EOS); "fused_projections" (default true: CausalLM::fuse_projections).
+// "tp_store_path" (see join_tensor_parallel; a TP rank loads only its slices); "generation",
+// the engine's settings whole (rollout::to_json of a GenerationConfig, every field required);
+// "fused_projections" (default true: CausalLM::fuse_projections).
 Message load_model(RolloutState& state, const Message& request, const WorkerIdentity& self) {
   const auto& a = request.args;
   const torch::Device device = worker_device(self);
@@ -198,21 +197,12 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
   // q/k/v and gate/up as one GEMM each (issue 32.2); weight syncs, LoRA adapters and exports
   // still see HF tensors. "fused_projections": false keeps the separate maps.
   if (a.value("fused_projections", true)) model->fuse_projections();
-  rollout::GenerationConfig config;
-  config.max_new_tokens = a.value("max_new_tokens", config.max_new_tokens);
-  config.n_samples_per_prompt = a.value("n_samples_per_prompt", config.n_samples_per_prompt);
-  config.micro_batch_size = a.value("micro_batch_size", config.micro_batch_size);
-  config.kv_cache_bytes =
-      static_cast<int64_t>(a.value("kv_cache_memory_gb", 0.0) * static_cast<double>(1ll << 30));
-  config.kv_block_size = a.value("kv_block_size", config.kv_block_size);
-  config.max_num_seqs = a.value("max_num_seqs", config.max_num_seqs);
-  if (a.value("enforce_eager", false)) config.decode_steps = rollout::DecodeSteps::kEager;
-  config.gpu_kernels = a.value("gpu_kernels", config.gpu_kernels);
-  config.pad_token_id = a.value("pad_token_id", config.pad_token_id);
-  if (a.contains("stop_token_ids"))
-    config.stop_token_ids = a.at("stop_token_ids").get<std::vector<int64_t>>();
-  else if (model->config().eos_token_id >= 0)
-    config.stop_token_ids = {model->config().eos_token_id};
+  // The engine travels whole (rollout/generation_config.h): a field missing or unknown is an
+  // error naming it, never a default of this side's.
+  if (!a.contains("generation"))
+    throw RuntimeError("load_model: missing field \"generation\" (the engine's settings)");
+  const rollout::GenerationConfig config =
+      rollout::generation_config_from_json(a.at("generation"), "load_model \"generation\"");
   load_environment(state, a, model->tensor_parallel());
   state.generator = std::make_unique<rollout::Generator>(model, config);
   Message reply;

@@ -12,9 +12,13 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/spec_args.h"
 #include "core/errors.h"
+#include "core/spec.h"
+#include "core/spec_schema.h"
 #include "models/lora.h"
 #include "models/pretrained.h"
+#include "rollout/generation_config.h"
 #include "rollout/generator.h"
 #include "tokenizer/prompt_format.h"
 #include "tokenizer/tokenizer.h"
@@ -88,6 +92,11 @@ int cmd_generate(const Argv& argv) {
        "auto|chatml|llama3|llama2|mistral (default auto: from the model's tokenizer files)",
        "NAME"},
       {"--dtype", true, "compute dtype: fp32 or bf16 (default: the model's torch_dtype)", "DTYPE"},
+      {"--spec", true,
+       "a job spec: generate with its rollout section's engine and sampling settings (what its "
+       "rollout workers run); the options above override them",
+       "FILE"},
+      set_option(),
       {"--help", false, "show this help"}};
   Args args(argv, options);
   if (args.flag("--help")) {
@@ -96,9 +105,10 @@ int cmd_generate(const Argv& argv) {
            "[--n N] "
            "[--temperature T]\n"
            "                     [--top-p P] [--top-k K] [--max-new-tokens M] [--seed S] [--output "
-           "FILE]\n\n"
-           "Samples responses with the rollout engine (KV cache, batched) and the model's "
-           "tokenizer.\n"
+           "FILE]\n"
+           "                     [--spec JOB.json [--set PATH=VALUE ...]]\n\n"
+           "Samples responses with the engine a job's rollout runs (paged KV cache, batched; "
+           "with --spec, that\njob's rollout settings) and the model's tokenizer.\n"
            "JSON lines carry prompt, sample, response, response_ids, finish_reason (stop|length),\n"
            "log_prob (sum over the response under the sampling distribution).\n\n"
         << format_options(options);
@@ -108,16 +118,27 @@ int cmd_generate(const Argv& argv) {
   if (!model_dir || (args.value("--prompt").has_value() == args.value("--input").has_value()))
     throw InputError(
         "generate needs --model DIR and one of --prompt TEXT or --input FILE (see --help)");
-  rollout::SamplingParams sampling;
-  sampling.temperature = number_option(args, "--temperature", 1.0);
-  sampling.top_p = number_option(args, "--top-p", 1.0);
-  sampling.top_k = args.integer("--top-k", -1, -1);
+  // The engine a job's rollout runs (rollout/generation_config.h): the --spec's rollout
+  // section, else the key table's defaults; the options override it. Without --spec, one
+  // sample of at most 128 tokens per prompt.
+  const auto spec_path = args.value("--spec");
+  if (!spec_path && !args.values("--set").empty())
+    throw InputError("generate: --set needs --spec FILE");
+  const nlohmann::json section =
+      spec_path ? JobSpec::load(*spec_path, args.values("--set")).json().at("rollout")
+                : default_spec_json().at("rollout");
+  rollout::GenerationConfig config = rollout::generation_config_from_rollout_section(section);
+  rollout::SamplingParams sampling = rollout::sampling_from_rollout_section(section);
+  sampling.temperature = number_option(args, "--temperature", sampling.temperature);
+  sampling.top_p = number_option(args, "--top-p", sampling.top_p);
+  sampling.top_k = args.integer("--top-k", sampling.top_k, -1);
   sampling.seed = static_cast<uint64_t>(args.integer("--seed", 0, 0));
   sampling.validate();
-  rollout::GenerationConfig config;
-  config.n_samples_per_prompt = args.integer("--n", 1, 1);
-  config.max_new_tokens = args.integer("--max-new-tokens", 128, 1);
-  config.micro_batch_size = args.integer("--batch-size", 8, 1);
+  config.n_samples_per_prompt = args.integer("--n", spec_path ? config.n_samples_per_prompt : 1, 1);
+  config.max_new_tokens =
+      args.integer("--max-new-tokens", spec_path ? config.max_new_tokens : 128, 1);
+  config.micro_batch_size =
+      args.integer("--batch-size", spec_path ? config.micro_batch_size : 8, 1);
   const auto prompts = read_prompts(args);
 
   models::LoadOptions load;
@@ -130,6 +151,8 @@ int cmd_generate(const Argv& argv) {
     models::merge_adapters(*model);
     models::remove_adapters(*model);
   }
+  // As a rollout worker runs it (actors/rollout_operations.cpp): q/k/v and gate/up fused.
+  model->fuse_projections();
   auto tok = tokenizer::load_tokenizer(*model_dir);
   const auto& special = tok->special_ids();
   for (int64_t id : {special.eos ? int64_t{*special.eos} : -1, model->config().eos_token_id}) {
@@ -168,6 +191,16 @@ int cmd_generate(const Argv& argv) {
     mask.narrow(1, off, static_cast<int64_t>(e.size()))[b].fill_(1);
   }
   rollout::Generator generator(model, config);
+  std::cerr << "generate: " << B << " prompt" << (B == 1 ? "" : "s") << " x "
+            << config.n_samples_per_prompt << " sample"
+            << (config.n_samples_per_prompt == 1 ? "" : "s") << ", at most "
+            << config.max_new_tokens << " new tokens; "
+            << (config.kv_block_size > 0 ? "paged KV cache, blocks of " +
+                                               std::to_string(config.kv_block_size) + " tokens"
+                                         : std::string("contiguous KV cache"))
+            << (spec_path ? " (the rollout section of " + *spec_path + ")"
+                          : std::string(" (the job spec's defaults)"))
+            << '\n';
   const auto out = generator.generate(ids, mask, sampling);
 
   std::ofstream file;

@@ -89,8 +89,8 @@ void add_role_placement(TableBuilder& t, const std::string& role, const std::str
   t.choice(role + ".dtype", "auto", {"auto", "bf16", "fp32"},
            "Compute dtype of the " + role +
                " model (master weights stay FP32 when trained). auto: bf16 on GPUs and on CPUs "
-               "with BF16 units (AVX512-BF16 or AMX), fp32 on other CPUs, where BF16 matmuls are "
-               "emulated and several times slower.");
+               "with AMX-BF16 units, fp32 on other CPUs, where BF16 is slower than FP32 (emulated "
+               "without BF16 units; about 0.6x FP32 with AVX512-BF16 alone).");
 }
 
 // LoRA adapters on a trained role (PEFT's LoraConfig names and defaults, alpha as OpenRLHF).

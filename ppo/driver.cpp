@@ -20,6 +20,7 @@
 #include "ppo/ppo_job.h"
 #include "report/metrics.h"
 #include "rewards/reward_sources.h"
+#include "rollout/generation_config.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
 #include "tokenizer/prompt_format.h"
@@ -160,24 +161,20 @@ json PpoJob::rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& wo
   if (c_.tensor_parallel_size > 1)
     workers += ": " + std::to_string(g.replicas()) + " engine" + (g.replicas() == 1 ? "" : "s") +
                " of tensor parallel size " + std::to_string(c_.tensor_parallel_size);
+  // The engine of the spec's rollout section (the same function `rlhf generate` builds its
+  // engine with), with the tokenizer's stop and pad tokens and the pool the plan sized.
+  rollout::GenerationConfig generation =
+      rollout::generation_config_from_rollout_section(spec_.json().at("rollout"));
+  generation.kv_cache_bytes =
+      static_cast<int64_t>(kv_cache_gb * static_cast<double>(int64_t{1} << 30));
+  generation.pad_token_id = pad_id_;
   json args = {{"model", spec_.get_string("rollout.model")},
-               {"dtype", spec_.get_string("rollout.dtype")},
-               {"max_new_tokens", c_.max_new_tokens},
-               {"n_samples_per_prompt", c_.n_samples_per_prompt},
-               {"micro_batch_size", c_.rollout_micro_batch_size},
-               {"kv_cache_memory_gb", kv_cache_gb},
-               {"kv_block_size", spec_.get_int("rollout.kv_block_size")},
-               {"max_num_seqs", spec_.get_int("rollout.max_num_seqs")},
-               {"enforce_eager", spec_.get_bool("rollout.enforce_eager")},
-               {"gpu_kernels", spec_.get_bool("rollout.gpu_kernels")},
-               {"stop_token_ids", stop},
-               {"pad_token_id", pad_id_}};
+               {"dtype", spec_.get_string("rollout.dtype")}};
   if (!c_.environment.is_null()) {
     // Multi-turn rollouts: a turn ends at the template's end-of-turn token, which is not
     // always the tokenizer's EOS (Llama-3.0's is <|end_of_text|>).
     for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"})
       if (const auto id = tokenizer_->token_to_id(end_of_turn)) stop.push_back(*id);
-    args["stop_token_ids"] = stop;
     // The engine renders the environment's turns with the actor's tokenizer and the data's
     // chat template (rollout/trajectory.h).
     args["env"] = c_.environment;
@@ -185,6 +182,8 @@ json PpoJob::rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& wo
     args["tokenizer"] = spec_.get_string("actor.model");
     args["chat_template"] = spec_.get_string("data.chat_template");
   }
+  generation.stop_token_ids = stop;
+  args["generation"] = rollout::to_json(generation);
   if (c_.tensor_parallel_size > 1) {
     args["tensor_parallel_size"] = c_.tensor_parallel_size;
     args["tp_store_path"] = s.rendezvous("rollout_tp");

@@ -23,32 +23,6 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-void GenerationConfig::validate() const {
-  if (max_new_tokens < 1)
-    throw InputError("rollout.max_new_tokens must be >= 1, got " + std::to_string(max_new_tokens));
-  if (n_samples_per_prompt < 1)
-    throw InputError("rollout.n_samples_per_prompt must be >= 1, got " +
-                     std::to_string(n_samples_per_prompt));
-  if (micro_batch_size < 1)
-    throw InputError("rollout.micro_batch_size must be >= 1, got " +
-                     std::to_string(micro_batch_size));
-  if (kv_cache_bytes < 0)
-    throw InputError("rollout.kv_cache_memory_gb must be >= 0, got " +
-                     std::to_string(kv_cache_bytes) + " bytes");
-  if (kv_block_size < 0)
-    throw InputError("rollout.kv_block_size must be >= 0, got " + std::to_string(kv_block_size));
-  if (max_num_seqs < 0 || (max_num_seqs > 0 && max_num_seqs < n_samples_per_prompt))
-    throw InputError("rollout.max_num_seqs must be 0 or >= rollout.n_samples_per_prompt (" +
-                     std::to_string(n_samples_per_prompt) + "), got " +
-                     std::to_string(max_num_seqs));
-  if (sync_interval < 0)
-    throw InputError("generation: sync_interval must be >= 0, got " +
-                     std::to_string(sync_interval));
-  if (!(compact_fraction >= 0.0 && compact_fraction < 1.0))
-    throw InputError("generation: compact_fraction must be in [0, 1), got " +
-                     std::to_string(compact_fraction));
-}
-
 Generator::Generator(std::shared_ptr<models::CausalLM> model, GenerationConfig config)
     : model_(std::move(model)), config_(std::move(config)) {
   TORCH_CHECK(model_ != nullptr, "Generator: no model");

@@ -87,6 +87,33 @@ TEST_F(GenerateCli, GreedyEqualsTheLibraryAndSeedsReproduce) {
   EXPECT_EQ(greedy[0]["response_ids"].get<std::vector<int64_t>>(), expected);
 }
 
+// Issue 40.2: `rlhf generate` runs the engine a job runs. Without --spec: the spec's defaults
+// (the paged KV cache in blocks of rollout.kv_block_size's 16 tokens; before, the contiguous
+// cache no job runs); with --spec: that job's rollout section (grpo_tiny's 8 samples per
+// prompt, here blocks of 32 and 3 new tokens by --set), the options overriding it.
+TEST_F(GenerateCli, RunsTheEngineAJobRuns) {
+  auto r = run_cli({"generate", "--model", *dir_, "--prompt", "hello", "--max-new-tokens", "4"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("paged KV cache, blocks of 16 tokens (the job spec's defaults)"),
+            std::string::npos)
+      << r.err;
+  const std::string out = test::write_temp("gen-spec.jsonl", "");
+  r = run_cli({"generate", "--model", *dir_, "--prompt", "hello", "--spec",
+               "examples/grpo_tiny.json", "--set", "rollout.kv_block_size=32", "--set",
+               "rollout.max_new_tokens=3", "--output", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("1 prompt x 8 samples, at most 3 new tokens; paged KV cache, blocks of 32 "
+                       "tokens (the rollout section of examples/grpo_tiny.json)"),
+            std::string::npos)
+      << r.err;
+  const auto lines = lines_of(slurp(out));
+  ASSERT_EQ(lines.size(), 8u);
+  for (const auto& j : lines) EXPECT_LE(j["response_ids"].size(), 3u);
+  r = run_cli({"generate", "--model", *dir_, "--prompt", "hi", "--set", "rollout.top_k=3"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--set needs --spec"), std::string::npos) << r.err;
+}
+
 TEST_F(GenerateCli, TextOutputForOnePromptAndInputErrors) {
   auto r = run_cli(
       {"generate", "--model", *dir_, "--prompt", "hi", "--n", "2", "--max-new-tokens", "3"});

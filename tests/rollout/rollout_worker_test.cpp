@@ -35,6 +35,19 @@ std::unique_ptr<transport::CollectiveGroup> actor_sync_group(const std::string& 
   return test::join_group(store, 0, rollout_ranks + 1, 60s);
 }
 
+// load_model's "generation": the engine's settings whole, as the PPO driver sends them.
+nlohmann::json generation(int64_t max_new, int64_t n, int64_t micro_batch,
+                          std::vector<int64_t> stop = {}, int64_t block = 0, int64_t kv_bytes = 0) {
+  rollout::GenerationConfig c;
+  c.max_new_tokens = max_new;
+  c.n_samples_per_prompt = n;
+  c.micro_batch_size = micro_batch;
+  c.stop_token_ids = std::move(stop);
+  c.kv_block_size = block;
+  c.kv_cache_bytes = kv_bytes;
+  return rollout::to_json(c);
+}
+
 TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   torch::set_num_threads(1);
   SchedulerConfig config = testing::scheduler_config("rollout-workers");
@@ -44,9 +57,8 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   auto& rollout = scheduler.group(Role::kRollout);
 
   const int64_t max_new = 6, n = 2;
-  const nlohmann::json load = {{"preset", "tiny"},          {"seed", 2},
-                               {"max_new_tokens", max_new}, {"n_samples_per_prompt", n},
-                               {"micro_batch_size", 2},     {"stop_token_ids", {7, 19}}};
+  const nlohmann::json load = {
+      {"preset", "tiny"}, {"seed", 2}, {"generation", generation(max_new, n, 2, {7, 19})}};
   for (const auto& reply : rollout.call_all("load_model", load))
     EXPECT_EQ(reply.args.at("weight_version"), 0);
 
@@ -100,6 +112,49 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   scheduler.shutdown();
 }
 
+// Issue 40.1: the engine's settings travel whole. A load_model whose "generation" lacks a
+// field, or carries one this build does not know, fails naming it (before, the worker filled
+// a default of its own: rollout.kv_block_size 0 where the spec's is 16); nothing is loaded.
+TEST(RolloutWorker, LoadModelWithoutAGenerationFieldFailsNamingIt) {
+  torch::set_num_threads(1);
+  SchedulerConfig config = testing::scheduler_config("rollout-fields");
+  config.worker_timeout = 20000ms;  // heartbeats stay late on a loaded 2-core machine
+  Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
+  scheduler.start();
+  auto& rollout = scheduler.group(Role::kRollout);
+  const auto refused = [&](const nlohmann::json& gen) -> std::string {
+    try {
+      rollout.call_all("load_model", {{"preset", "tiny"}, {"generation", gen}});
+    } catch (const RuntimeError& e) {
+      return e.what();
+    }
+    return "(loaded)";
+  };
+  nlohmann::json gen = generation(8, 2, 4);
+  gen.erase("kv_block_size");
+  EXPECT_NE(refused(gen).find("load_model \"generation\": missing field \"kv_block_size\""),
+            std::string::npos)
+      << refused(gen);
+  gen = generation(8, 2, 4);
+  gen["kv_block_sizes"] = 16;
+  EXPECT_NE(refused(gen).find("unknown field \"kv_block_sizes\""), std::string::npos)
+      << refused(gen);
+  try {
+    rollout.call_all("load_model", {{"preset", "tiny"}});
+    FAIL() << "load_model without \"generation\" loaded";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing field \"generation\""), std::string::npos)
+        << e.what();
+  }
+  // The worker is still there and takes a whole request.
+  EXPECT_EQ(
+      rollout.call_all("load_model", {{"preset", "tiny"}, {"generation", generation(8, 2, 4)}})
+          .at(0)
+          .args.at("weight_version"),
+      0);
+  scheduler.shutdown();
+}
+
 TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
   torch::set_num_threads(1);
   SchedulerConfig config = testing::scheduler_config("rollout-sleep");
@@ -107,11 +162,8 @@ TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
-  rollout.call_all("load_model", {{"preset", "tiny"},
-                                  {"seed", 3},
-                                  {"max_new_tokens", 8},
-                                  {"n_samples_per_prompt", 2},
-                                  {"micro_batch_size", 4}});
+  rollout.call_all("load_model",
+                   {{"preset", "tiny"}, {"seed", 3}, {"generation", generation(8, 2, 4)}});
   const auto ids = torch::randint(1, 250, {3, 5}, torch::kInt64);
   const auto mask = torch::ones({3, 5}, torch::kInt64);
   const nlohmann::json sampling = {{"temperature", 1.0}, {"seed", 5}};
@@ -164,17 +216,14 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   const double kv_gb = 3.0 * 4 *
                        models::PagedKvCache::block_bytes(whole_config, block, torch::kFloat32) /
                        static_cast<double>(1ll << 30);
-  const nlohmann::json load = {{"preset", "small"},
-                               {"seed", 2},
-                               {"dtype", "fp32"},
-                               {"max_new_tokens", max_new},
-                               {"n_samples_per_prompt", n},
-                               {"micro_batch_size", 4},
-                               {"kv_block_size", block},
-                               {"kv_cache_memory_gb", kv_gb},
-                               {"stop_token_ids", {7}},
-                               {"tensor_parallel_size", 2},
-                               {"tp_store_path", config.run_dir + "/tp.store"}};
+  const nlohmann::json load = {
+      {"preset", "small"},
+      {"seed", 2},
+      {"dtype", "fp32"},
+      {"generation",
+       generation(max_new, n, 4, {7}, block, static_cast<int64_t>(kv_gb * (1ll << 30)))},
+      {"tensor_parallel_size", 2},
+      {"tp_store_path", config.run_dir + "/tp.store"}};
   for (const auto& reply : rollout.call_all("load_model", load))
     EXPECT_EQ(reply.args.at("tensor_parallel_size"), 2);
 

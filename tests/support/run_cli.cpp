@@ -62,10 +62,11 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   return out;
 }
 
-CliResult run_cli(const std::vector<std::string>& args) {
+CliResult run_cli(const std::vector<std::string>& args, int timeout_s) {
   static int counter = 0;
   std::string base = temp_dir() + "/run" + std::to_string(counter++);
-  std::string cmd = "cd " + quote(RLHF_SOURCE_DIR) + " && timeout 300 " + quote(RLHF_CLI_PATH);
+  std::string cmd = "cd " + quote(RLHF_SOURCE_DIR) + " && timeout " + std::to_string(timeout_s) +
+                    " " + quote(RLHF_CLI_PATH);
   for (const auto& a : args) cmd += " " + quote(a);
   cmd += " >" + quote(base + ".out") + " 2>" + quote(base + ".err");
   int status = std::system(cmd.c_str());

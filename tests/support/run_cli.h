@@ -15,9 +15,10 @@ struct CliResult {
 };
 
 // Runs `rlhf ARGS` from the source directory (examples/ paths work); `args` are passed
-// through a shell, each single-quoted. A run past 300 s is killed (exit code 124), so a
-// hanging job fails its test instead of stalling the suite.
-CliResult run_cli(const std::vector<std::string>& args);
+// through a shell, each single-quoted. A run past `timeout_s` (300 s unless a long job says
+// otherwise, under ctest's 600 s per test) is killed (exit code 124), so a hanging job fails
+// its test instead of stalling the suite.
+CliResult run_cli(const std::vector<std::string>& args, int timeout_s = 300);
 
 // The whole file ("" when it cannot be read).
 std::string slurp(const std::string& path);
