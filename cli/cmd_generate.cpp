@@ -67,6 +67,117 @@ std::vector<nlohmann::json> read_prompts(const Args& args) {
   return prompts;
 }
 
+// The engine and sampling a job's rollout runs (rollout/generation_config.h): the --spec's
+// rollout section, else the key table's defaults; the options override it. Without --spec,
+// one sample of at most 128 tokens per prompt.
+struct Settings {
+  rollout::GenerationConfig config;
+  rollout::SamplingParams sampling;
+  std::string source;  // where they came from, for the console
+};
+
+Settings generation_settings(const Args& args) {
+  const auto spec_path = args.value("--spec");
+  if (!spec_path && !args.values("--set").empty())
+    throw InputError("generate: --set needs --spec FILE");
+  const nlohmann::json section =
+      spec_path ? JobSpec::load(*spec_path, args.values("--set")).json().at("rollout")
+                : default_spec_json().at("rollout");
+  Settings s;
+  s.source = spec_path ? "the rollout section of " + *spec_path : "the job spec's defaults";
+  s.config = rollout::generation_config_from_rollout_section(section);
+  s.sampling = rollout::sampling_from_rollout_section(section);
+  s.sampling.temperature = number_option(args, "--temperature", s.sampling.temperature);
+  s.sampling.top_p = number_option(args, "--top-p", s.sampling.top_p);
+  s.sampling.top_k = args.integer("--top-k", s.sampling.top_k, -1);
+  s.sampling.seed = static_cast<uint64_t>(args.integer("--seed", 0, 0));
+  s.sampling.validate();
+  auto& c = s.config;
+  c.n_samples_per_prompt = args.integer("--n", spec_path ? c.n_samples_per_prompt : 1, 1);
+  c.max_new_tokens = args.integer("--max-new-tokens", spec_path ? c.max_new_tokens : 128, 1);
+  c.micro_batch_size = args.integer("--batch-size", spec_path ? c.micro_batch_size : 8, 1);
+  return s;
+}
+
+// "generate: 2 prompts x 4 samples, at most 128 new tokens; paged KV cache, blocks of 16
+// tokens (the job spec's defaults)".
+std::string engine_line(const Settings& s, int64_t prompts) {
+  const auto& c = s.config;
+  return "generate: " + std::to_string(prompts) + " prompt" + (prompts == 1 ? "" : "s") + " x " +
+         std::to_string(c.n_samples_per_prompt) + " sample" +
+         (c.n_samples_per_prompt == 1 ? "" : "s") + ", at most " +
+         std::to_string(c.max_new_tokens) + " new tokens; " +
+         (c.kv_block_size > 0
+              ? "paged KV cache, blocks of " + std::to_string(c.kv_block_size) + " tokens"
+              : std::string("contiguous KV cache")) +
+         " (" + s.source + ")";
+}
+
+// The prompts formatted (--apply-chat-template) and encoded, left-padded into one batch:
+// ids and mask [B, P] int64.
+std::pair<torch::Tensor, torch::Tensor> prompt_batch(const Args& args, const std::string& model_dir,
+                                                     const tokenizer::Tokenizer& tok,
+                                                     const std::vector<nlohmann::json>& prompts,
+                                                     int64_t pad_token_id) {
+  std::vector<std::vector<tokenizer::TokenId>> encoded;
+  size_t P = 0;
+  tokenizer::PromptFormatConfig format_config;
+  format_config.apply_chat_template = args.flag("--apply-chat-template");
+  format_config.chat_template =
+      tokenizer::parse_chat_template(args.value("--chat-template").value_or("auto"));
+  const tokenizer::PromptFormatter formatter(format_config,
+                                             tokenizer::read_tokenizer_config(model_dir));
+  for (const auto& p : prompts) {
+    // A chat template writes BOS itself (as a job's prompts): no special tokens added then.
+    encoded.push_back(tok.encode(formatter.format(p), format_config.apply_chat_template
+                                                          ? tokenizer::AddSpecial::kNo
+                                                          : tokenizer::AddSpecial::kYes));
+    if (encoded.back().empty()) throw InputError("generate: a prompt encodes to no tokens");
+    P = std::max(P, encoded.back().size());
+  }
+  const auto B = static_cast<int64_t>(prompts.size());
+  auto ids = torch::full({B, static_cast<int64_t>(P)}, pad_token_id, torch::kInt64);
+  auto mask = torch::zeros({B, static_cast<int64_t>(P)}, torch::kInt64);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& e = encoded[static_cast<size_t>(b)];
+    const int64_t off = static_cast<int64_t>(P - e.size());
+    for (size_t i = 0; i < e.size(); ++i) ids[b][off + static_cast<int64_t>(i)] = int64_t{e[i]};
+    mask.narrow(1, off, static_cast<int64_t>(e.size()))[b].fill_(1);
+  }
+  return {ids, mask};
+}
+
+// Each sample as text (`text`: one prompt on stdout) or as a JSON line.
+void write_samples(std::ostream& sink, bool text, const rollout::GenerationOutput& out,
+                   const rollout::GenerationConfig& config, const tokenizer::Tokenizer& tok,
+                   const std::vector<nlohmann::json>& prompts) {
+  const int64_t n = config.n_samples_per_prompt;
+  for (int64_t row = 0; row < out.sequences.size(0); ++row) {
+    const int64_t len = out.response_lengths[row].item<int64_t>();
+    std::vector<tokenizer::TokenId> response;
+    for (int64_t t = 0; t < len; ++t)
+      response.push_back(static_cast<tokenizer::TokenId>(
+          out.sequences[row][out.prompt_length + t].item<int64_t>()));
+    const bool stopped =
+        len > 0 && std::find(config.stop_token_ids.begin(), config.stop_token_ids.end(),
+                             int64_t{response.back()}) != config.stop_token_ids.end();
+    const std::string reply = tok.decode(response, tokenizer::SkipSpecial::kYes);
+    if (text) {
+      sink << "--- sample " << row % n << (stopped ? " (stop)" : " (length)") << " ---\n"
+           << reply << '\n';
+      continue;
+    }
+    nlohmann::json j = {{"prompt", prompts[static_cast<size_t>(row / n)]},
+                        {"sample", row % n},
+                        {"response", reply},
+                        {"response_ids", response},
+                        {"finish_reason", stopped ? "stop" : "length"},
+                        {"log_prob", out.log_probs[row].sum().item<double>()}};
+    sink << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+         << '\n';  // random models emit broken UTF-8
+  }
+}
+
 }  // namespace
 
 int cmd_generate(const Argv& argv) {
@@ -118,27 +229,8 @@ int cmd_generate(const Argv& argv) {
   if (!model_dir || (args.value("--prompt").has_value() == args.value("--input").has_value()))
     throw InputError(
         "generate needs --model DIR and one of --prompt TEXT or --input FILE (see --help)");
-  // The engine a job's rollout runs (rollout/generation_config.h): the --spec's rollout
-  // section, else the key table's defaults; the options override it. Without --spec, one
-  // sample of at most 128 tokens per prompt.
-  const auto spec_path = args.value("--spec");
-  if (!spec_path && !args.values("--set").empty())
-    throw InputError("generate: --set needs --spec FILE");
-  const nlohmann::json section =
-      spec_path ? JobSpec::load(*spec_path, args.values("--set")).json().at("rollout")
-                : default_spec_json().at("rollout");
-  rollout::GenerationConfig config = rollout::generation_config_from_rollout_section(section);
-  rollout::SamplingParams sampling = rollout::sampling_from_rollout_section(section);
-  sampling.temperature = number_option(args, "--temperature", sampling.temperature);
-  sampling.top_p = number_option(args, "--top-p", sampling.top_p);
-  sampling.top_k = args.integer("--top-k", sampling.top_k, -1);
-  sampling.seed = static_cast<uint64_t>(args.integer("--seed", 0, 0));
-  sampling.validate();
-  config.n_samples_per_prompt = args.integer("--n", spec_path ? config.n_samples_per_prompt : 1, 1);
-  config.max_new_tokens =
-      args.integer("--max-new-tokens", spec_path ? config.max_new_tokens : 128, 1);
-  config.micro_batch_size =
-      args.integer("--batch-size", spec_path ? config.micro_batch_size : 8, 1);
+  Settings settings = generation_settings(args);
+  rollout::GenerationConfig& config = settings.config;
   const auto prompts = read_prompts(args);
 
   models::LoadOptions load;
@@ -161,47 +253,11 @@ int cmd_generate(const Argv& argv) {
       config.stop_token_ids.push_back(id);
   }
   config.pad_token_id = special.pad ? *special.pad : (special.eos ? *special.eos : 0);
+  const auto [ids, mask] = prompt_batch(args, *model_dir, *tok, prompts, config.pad_token_id);
 
-  // Left-pad the encoded prompts into one batch; the generator micro-batches it.
-  std::vector<std::vector<tokenizer::TokenId>> encoded;
-  size_t P = 0;
-  tokenizer::PromptFormatConfig format_config;
-  format_config.apply_chat_template = args.flag("--apply-chat-template");
-  format_config.chat_template =
-      tokenizer::parse_chat_template(args.value("--chat-template").value_or("auto"));
-  const tokenizer::PromptFormatter formatter(format_config,
-                                             tokenizer::read_tokenizer_config(*model_dir));
-  std::vector<std::string> texts;
-  for (const auto& p : prompts) {
-    // A chat template writes BOS itself (as a job's prompts): no special tokens added then.
-    texts.push_back(formatter.format(p));
-    encoded.push_back(tok->encode(texts.back(), format_config.apply_chat_template
-                                                    ? tokenizer::AddSpecial::kNo
-                                                    : tokenizer::AddSpecial::kYes));
-    if (encoded.back().empty()) throw InputError("generate: a prompt encodes to no tokens");
-    P = std::max(P, encoded.back().size());
-  }
-  const auto B = static_cast<int64_t>(prompts.size());
-  auto ids = torch::full({B, static_cast<int64_t>(P)}, config.pad_token_id, torch::kInt64);
-  auto mask = torch::zeros({B, static_cast<int64_t>(P)}, torch::kInt64);
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& e = encoded[static_cast<size_t>(b)];
-    const int64_t off = static_cast<int64_t>(P - e.size());
-    for (size_t i = 0; i < e.size(); ++i) ids[b][off + static_cast<int64_t>(i)] = int64_t{e[i]};
-    mask.narrow(1, off, static_cast<int64_t>(e.size()))[b].fill_(1);
-  }
   rollout::Generator generator(model, config);
-  std::cerr << "generate: " << B << " prompt" << (B == 1 ? "" : "s") << " x "
-            << config.n_samples_per_prompt << " sample"
-            << (config.n_samples_per_prompt == 1 ? "" : "s") << ", at most "
-            << config.max_new_tokens << " new tokens; "
-            << (config.kv_block_size > 0 ? "paged KV cache, blocks of " +
-                                               std::to_string(config.kv_block_size) + " tokens"
-                                         : std::string("contiguous KV cache"))
-            << (spec_path ? " (the rollout section of " + *spec_path + ")"
-                          : std::string(" (the job spec's defaults)"))
-            << '\n';
-  const auto out = generator.generate(ids, mask, sampling);
+  std::cerr << engine_line(settings, ids.size(0)) << '\n';
+  const auto out = generator.generate(ids, mask, settings.sampling);
 
   std::ofstream file;
   if (auto o = args.value("--output")) {
@@ -209,32 +265,7 @@ int cmd_generate(const Argv& argv) {
     if (!file) throw RuntimeError(*o + ": cannot create");
   }
   const bool text = !file.is_open() && args.value("--prompt").has_value();
-  std::ostream& sink = file.is_open() ? file : std::cout;
-  const int64_t n = config.n_samples_per_prompt;
-  for (int64_t row = 0; row < out.sequences.size(0); ++row) {
-    const int64_t len = out.response_lengths[row].item<int64_t>();
-    std::vector<tokenizer::TokenId> response;
-    for (int64_t t = 0; t < len; ++t)
-      response.push_back(static_cast<tokenizer::TokenId>(
-          out.sequences[row][out.prompt_length + t].item<int64_t>()));
-    const bool stopped =
-        len > 0 && std::find(config.stop_token_ids.begin(), config.stop_token_ids.end(),
-                             int64_t{response.back()}) != config.stop_token_ids.end();
-    const std::string reply = tok->decode(response, tokenizer::SkipSpecial::kYes);
-    if (text) {
-      sink << "--- sample " << row % n << (stopped ? " (stop)" : " (length)") << " ---\n"
-           << reply << '\n';
-      continue;
-    }
-    nlohmann::json j = {{"prompt", prompts[static_cast<size_t>(row / n)]},
-                        {"sample", row % n},
-                        {"response", reply},
-                        {"response_ids", response},
-                        {"finish_reason", stopped ? "stop" : "length"},
-                        {"log_prob", out.log_probs[row].sum().item<double>()}};
-    sink << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-         << '\n';  // random models emit broken UTF-8
-  }
+  write_samples(file.is_open() ? file : std::cout, text, out, config, *tok, prompts);
   if (file.is_open() && !file.flush())
     throw RuntimeError(*args.value("--output") + ": write failed");
   return 0;
