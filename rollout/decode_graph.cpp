@@ -157,10 +157,6 @@ int64_t kernels_in_capture() {
   return kernels;
 }
 
-}  // namespace
-
-namespace {
-
 // Ends a capture that threw half way (an out-of-memory error, a kernel that may not be
 // captured), so that the stream, the allocators and the random generator work again. torch
 // 2.11's CUDAGraph::capture_end ends the stream's capture before it stops routing allocations

@@ -174,12 +174,14 @@ TEST_F(PpoJob, ResumedRunEvaluatesEachStepOnce) {
 TEST_F(PpoJob, RolloutColocatedWithTheActor) {
   // Asked for, the rollout group shares the actor's device instead of its own slot. The
   // sleep-mode keys are accepted on cpu nodes and move nothing (host memory is the same
-  // memory); the weights travel in 0.05 MiB buckets.
+  // memory); the weights travel in 0.05 MiB buckets. BF16 named, not left to dtype auto, whose
+  // choice depends on the CPU (the byte counts below are BF16's).
   Result r =
       run("coloc",
           {"--set", "train.max_steps=2", "--set", "rollout.devices=[]", "--set",
            "rollout.colocate_with=actor", "--set", "actor.offload_optimizer_while_generating=true",
-           "--set", "rollout.offload_while_training=true", "--set", "rollout.sync_bucket_mb=0.05"});
+           "--set", "rollout.offload_while_training=true", "--set", "rollout.sync_bucket_mb=0.05",
+           "--set", "actor.dtype=bf16", "--set", "rollout.dtype=bf16"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto workers = json::parse(slurp(run_dir("coloc") / "workers.json"));
   std::map<std::string, std::string> device;
