@@ -8,14 +8,13 @@
 #include <thread>
 
 #include "actors/device.h"
+#include "transport/worker_ops.h"
 
 namespace rlhf {
 namespace {
 
-Message ping(const Message&, const WorkerIdentity& self) {
-  Message reply;
-  reply.args = {{"role", self.role}, {"rank", self.rank}};
-  return reply;
+Message ping(const ops::Ping&, const Message&, const WorkerIdentity& self) {
+  return reply_message(ops::PingReply{self.role, self.rank});
 }
 
 // Returns the request's tensors and args, plus the rank that served it and how many echo
@@ -37,28 +36,28 @@ Message echo(const Message& request, const WorkerIdentity& self) {
   return reply;
 }
 
-Message info(const Message&, const WorkerIdentity& self) {
+Message info(const ops::Info&, const Message&, const WorkerIdentity& self) {
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) != 0) throw RuntimeError("getrusage failed");
-  Message reply;
-  reply.args = {{"pid", static_cast<int64_t>(getpid())},
-                {"role", self.role},
-                {"rank", self.rank},
-                {"world_size", self.world_size},
-                {"device", self.device},
-                {"node", self.node},
-                {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024}};
+  ops::InfoReply r;
+  r.pid = static_cast<int64_t>(getpid());
+  r.role = self.role;
+  r.rank = self.rank;
+  r.world_size = self.world_size;
+  r.device = self.device;
+  r.node = self.node;
+  r.peak_rss_bytes = static_cast<int64_t>(usage.ru_maxrss) * 1024;
   // GPU workers: the CUDA caching allocator's peaks, overall and per operation.
-  if (auto cuda = device_memory_log().to_json(); !cuda.is_null()) reply.args["cuda"] = cuda;
-  return reply;
+  r.cuda = device_memory_log().to_json();
+  return reply_message(r);
 }
 
 }  // namespace
 
 void add_builtin_operations(OperationRegistry& registry) {
-  registry.add("ping", ping);
-  registry.add("echo", echo);
-  registry.add("info", info);
+  registry.add<ops::Ping>(ping);
+  registry.add("echo", echo);  // free args by design: it returns what it was sent
+  registry.add<ops::Info>(info);
 }
 
 }  // namespace rlhf

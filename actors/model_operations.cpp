@@ -17,7 +17,9 @@
 #include "models/pretrained.h"
 #include "ppo/kl.h"
 #include "ppo/losses.h"
+#include "ppo/worker_ops.h"
 #include "rollout/weight_sync.h"
+#include "rollout/worker_ops.h"
 
 namespace rlhf {
 
@@ -36,33 +38,31 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
-json memory_json(const ModelRole& role) {
-  json j = {{"peak_rss_bytes", peak_rss_bytes()}};
-  if (auto cuda = device_memory_log().to_json(); !cuda.is_null()) j["cuda"] = cuda;
+ops::MemoryReply memory_reply(const ModelRole& role) {
+  ops::MemoryReply r;
+  r.peak_rss_bytes = peak_rss_bytes();
+  r.cuda = device_memory_log().to_json();
   if (role.trainer) {
     auto m = role.trainer->memory_report();
-    j["params"] = m.params;
-    j["master"] = m.master;
-    j["optimizer"] = m.optimizer;
-    j["grads"] = m.grads;
-    j["gathered"] = m.gathered;
-    j["peak_tensor_bytes"] = m.peak;
+    r.params = m.params;
+    r.master = m.master;
+    r.optimizer = m.optimizer;
+    r.grads = m.grads;
+    r.gathered = m.gathered;
+    r.peak_tensor_bytes = m.peak;
   } else if (role.sharded) {
     auto m = role.sharded->memory_report();
-    j["params"] = m.params;
-    j["gathered"] = m.gathered;
-    j["peak_tensor_bytes"] = m.peak;
+    r.params = m.params;
+    r.gathered = m.gathered;
+    r.peak_tensor_bytes = m.peak;
   } else if (role.model) {
     int64_t bytes = 0;
     for (const auto& p : role.model->parameters()) bytes += p.numel() * p.element_size();
-    j["params"] = bytes;
-    j["peak_tensor_bytes"] = bytes;
+    r.params = bytes;
+    r.peak_tensor_bytes = bytes;
   }
-  // As the GPU's cuda.phases: per operation, {"peak_tensor_bytes": N}.
-  json phases = json::object();
-  for (const auto& [op, bytes] : role.tensor_phases) phases[op] = {{"peak_tensor_bytes", bytes}};
-  j["tensor_phases"] = phases;
-  return j;
+  r.tensor_phases = role.tensor_phases;
+  return r;
 }
 
 // Starts a tracked-tensor window on the role's tracker (none before init).
@@ -157,13 +157,12 @@ void export_lora(ModelRole& role, const std::string& dir, const WorkerIdentity& 
   role.group->barrier();  // the export is complete on disk when any rank returns
 }
 
-// init: {"config": ModelRoleConfig, "store_path": rendezvous file of the role's group}.
-// Every role builds its model without weights (Materialize::kDeferred) and fills it from the
-// checkpoint as it will hold it: a trainer reads each rank's FP32 shard, a ZeRO-3
-// reference or reward each rank's compute-dtype shard, an unsharded one the whole model in
+// init (engine/worker_ops.h). Every role builds its model without weights (Materialize::kDeferred)
+// and fills it from the checkpoint as it will hold it: a trainer reads each rank's FP32 shard, a
+// ZeRO-3 reference or reward each rank's compute-dtype shard, an unsharded one the whole model in
 // the compute dtype. No role builds the whole model in FP32 or draws random weights.
-Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
-  role.config = engine::ModelRoleConfig::from_json(req.args.at("config"));
+Message init(ModelRole& role, const ops::Init& req, const WorkerIdentity& self) {
+  role.config = req.config;
   role.device = worker_device(self);
   const bool trained = role.config.trainer.has_value();
   const torch::Dtype compute = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
@@ -182,7 +181,7 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
     transport::CollectiveConfig cc;
     cc.rank = self.rank;
     cc.size = self.world_size;
-    cc.store_path = req.args.at("store_path").get<std::string>();
+    cc.store_path = req.store_path;
     // NCCL between the GPUs of a role (one GPU per rank); Gloo on cpu nodes.
     cc.backend =
         on_cuda(self) ? transport::CollectiveBackend::kNccl : transport::CollectiveBackend::kGloo;
@@ -215,10 +214,7 @@ Message init(ModelRole& role, const Message& req, const WorkerIdentity& self) {
     role.model->fuse_projections();
     role.model->eval();
   }
-  Message reply;
-  reply.args = {{"parameters", role.model->config().num_parameters()},
-                {"memory", memory_json(role)}};
-  return reply;
+  return reply_message(ops::InitReply{role.model->config().num_parameters(), memory_reply(role)});
 }
 
 struct Batch {
@@ -227,12 +223,12 @@ struct Batch {
   int64_t action_len = 0;        // A: the last A positions are the response
 };
 
-// The request's batch on `device` (the worker's).
-Batch read_batch(const Message& req, torch::Device device) {
+// The request's batch on `device` (the worker's), its last action_len positions the responses.
+Batch read_batch(const Message& req, int64_t action_len, torch::Device device) {
   Batch b;
   b.sequences = req.tensor("sequences").to(device, torch::kLong);
   b.attention_mask = req.tensor("attention_mask").to(device, torch::kLong);
-  b.action_len = req.args.at("action_len").get<int64_t>();
+  b.action_len = action_len;
   TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.sizes() == b.attention_mask.sizes(), req.op,
               ": expected sequences and attention_mask [B, T], got ", b.sequences.sizes(), " and ",
               b.attention_mask.sizes());
@@ -255,12 +251,11 @@ Batch slice(const Batch& b, int64_t begin, int64_t end) {
 // Hidden states [B, T, H] whose head outputs are the logits / temperature: the LM head is a
 // linear map without bias (Llama, Qwen2), so (h / T) W^T = (h W^T) / T. Log-probs and
 // entropy for the PPO ratio and KL are taken at the sampling temperature, as OpenRLHF
-// (logits.div_(temperature) in Actor.forward) and veRL do. args.temperature: absent, 1 or 0
-// (greedy sampling) leave the logits as they are.
-double request_temperature(const Message& req) {
-  const double t = req.args.value("temperature", 1.0);
+// (logits.div_(temperature) in Actor.forward) and veRL do. A request's temperature 1 or 0
+// (greedy sampling) leaves the logits as they are.
+double request_temperature(double t, const char* op) {
   if (!(t >= 0.0))
-    throw InputError(req.op + ": temperature must be >= 0, got " + std::to_string(t));
+    throw InputError(std::string(op) + ": temperature must be >= 0, got " + std::to_string(t));
   return t == 0.0 ? 1.0 : t;
 }
 torch::Tensor at_temperature(const torch::Tensor& hidden, double temperature) {
@@ -302,16 +297,15 @@ bool forwards_gather(const ModelRole& role) {
          (role.trainer && role.trainer->config().zero_stage == engine::ZeroStage::kParameters);
 }
 
-// f(rows [b0, b1)) -> tensors with rows first, for the request's token budget (args
-// max_tokens, max_rows), concatenated along rows. An empty range (a ZeRO-3 rank with
-// fewer rows) runs f on row 0 and drops the result: the forward's gathers must happen.
+// f(rows [b0, b1)) -> tensors with rows first, for the request's token budget,
+// concatenated along rows. An empty range (a ZeRO-3 rank with fewer rows) runs f on row 0
+// and drops the result: the forward's gathers must happen.
 template <typename F>
-std::vector<torch::Tensor> by_budget(const ModelRole& role, const Message& req, int64_t rows,
-                                     int64_t t, F f) {
-  const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
-  const int64_t at_least = forwards_gather(role) ? req.args.value("max_rows", rows) : rows;
+std::vector<torch::Tensor> by_budget(const ModelRole& role, const ops::ForwardBudget& budget,
+                                     int64_t rows, int64_t t, F f) {
+  const int64_t at_least = forwards_gather(role) && budget.max_rows > 0 ? budget.max_rows : rows;
   std::vector<std::vector<torch::Tensor>> parts;
-  for (auto [b0, b1] : engine::budget_ranges(rows, t, max_tokens, at_least)) {
+  for (auto [b0, b1] : engine::budget_ranges(rows, t, budget.max_tokens, at_least)) {
     if (b0 == b1) {
       f(0, std::min<int64_t>(1, rows));
       continue;
@@ -327,15 +321,16 @@ std::vector<torch::Tensor> by_budget(const ModelRole& role, const Message& req, 
   return out;
 }
 
-// The parts of training micro batch rows [b0, b1) under the request's token budget (args
-// max_tokens, packing): rows of at most max_tokens (rows x padded length), or with packing
+// The parts of training micro batch rows [b0, b1) under the request's token budget
+// (max_tokens, packing): rows of at most max_tokens (rows x padded length), or with packing
 // consecutive rows whose tokens fit the budget (forwarded packed into one row). Packed
 // parts depend on the data, so at ZeRO 2/3 (a reduce-scatter in every backward) every rank
 // pads to the group's largest count with empty parts (run with weight 0).
-std::vector<engine::RowRange> training_parts(const ModelRole& role, const Message& req,
-                                             const Batch& all, int64_t b0, int64_t b1) {
-  const int64_t max_tokens = req.args.value("max_tokens", int64_t{0});
-  if (!(req.args.value("packing", false) && max_tokens > 0))
+std::vector<engine::RowRange> training_parts(const ModelRole& role,
+                                             const ops::TrainBatching& batching, const Batch& all,
+                                             int64_t b0, int64_t b1) {
+  const int64_t max_tokens = batching.max_tokens;
+  if (!(batching.packing && max_tokens > 0))
     return engine::budget_ranges(b1 - b0, all.sequences.size(1), max_tokens, 0);
   auto parts = engine::token_groups(all.attention_mask.slice(0, b0, b1), max_tokens);
   if (role.group && role.group->size() > 1 &&
@@ -373,19 +368,20 @@ struct TrainPart {
   double row_share = 1.0;
 };
 
-// One optimizer step over this rank's rows [begin, end): micro batches of args
-// micro_batch_size, each in training_parts, trainer.backward(loss_fn(part)) for each.
+// One optimizer step over this rank's rows [begin, end): micro batches of
+// batching.micro_batch_size, each in training_parts, trainer.backward(loss_fn(part)) for each.
 template <typename F>
-engine::StepMetrics train_in_parts(ModelRole& role, const Message& req, const Batch& all,
+engine::StepMetrics train_in_parts(ModelRole& role, const Message& req,
+                                   const ops::TrainBatching& batching, const Batch& all,
                                    int64_t begin, int64_t end, F loss_fn) {
-  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
+  const int64_t micro = batching.micro_batch_size;
   auto& trainer = *role.trainer;
   for (int64_t i = 0; i < trainer.config().grad_accum_steps; ++i) {
     const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
     TORCH_CHECK(b0 < b1, req.op, ": micro batch ", i, " is empty: the batch holds ", end - begin,
                 " rows for this rank, fewer than grad_accum_steps x micro_batch_size");
     const torch::Tensor mask = rows(req, "action_mask", b0, b1, all.sequences.device());
-    const auto parts = training_parts(role, req, all, b0, b1);
+    const auto parts = training_parts(role, batching, all, b0, b1);
     const double tokens = parts.size() == 1 ? 0.0 : mask.sum().item<double>();
     for (size_t k = 0; k < parts.size(); ++k) {
       const bool empty = parts[k].first == parts[k].second;
@@ -408,119 +404,94 @@ engine::StepMetrics train_in_parts(ModelRole& role, const Message& req, const Ba
   return trainer.step();
 }
 
-// train_actor: one optimizer step of the PPO policy loss (plus the KL loss term when asked)
-// over this rank's share of the global batch, in micro batches of args.micro_batch_size.
-Message train_actor(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+// train_actor (ppo/worker_ops.h): one optimizer step of the PPO policy loss (plus the KL
+// loss term when asked) over this rank's share of the global batch.
+Message train_actor(ModelRole& role, const ops::TrainActor& op, const Message& req,
+                    const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("train_actor: this worker's role is not trained");
-  Batch all = read_batch(req, role.device);
+  Batch all = read_batch(req, op.batching.action_len, role.device);
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
-  ppo::PolicyLossConfig pc;
-  pc.clip_low = req.args.at("clip_low").get<double>();
-  pc.clip_high = req.args.at("clip_high").get<double>();
-  pc.dual_clip = req.args.at("dual_clip").get<double>();
-  pc.ratio = ppo::parse_policy_ratio(req.args.value("policy_loss", std::string("ppo")));
-  pc.aggregation = ppo::parse_loss_aggregation(req.args.at("loss_agg").get<std::string>());
-  pc.norm_len = req.args.value("loss_norm_len", int64_t{0});
-  pc.correction.mode =
-      ppo::parse_rollout_correction(req.args.value("rollout_correction", std::string("none")));
-  pc.correction.cap = req.args.value("rollout_correction_cap", 2.0);
+  const ppo::PolicyLossConfig& pc = op.policy;
   const bool corrected = pc.correction.mode != ppo::RolloutCorrection::kNone;
-  const double kl_coef = req.args.value("kl_loss_coef", 0.0);
+  const double kl_coef = op.kl_loss_coef;
   const bool kl_loss = kl_coef > 0 && req.has_tensor("log_probs_ref");
-  const auto kl_estimator =
-      ppo::parse_kl_estimator(req.args.value("kl_estimator", std::string("k1")));
-  const bool packed =
-      req.args.value("packing", false) && req.args.value("max_tokens", int64_t{0}) > 0;
-  const double temperature = request_temperature(req);
+  const bool packed = op.batching.packing && op.batching.max_tokens > 0;
+  const double temperature = request_temperature(op.temperature, op.kName);
   double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
-  auto metrics = train_in_parts(role, req, all, begin, end, [&](const TrainPart& part) {
-    // Each part's loss is its share of the micro batch's: tokens for token means, rows for
-    // sequence means and token_sum_norm (a sum over rows x a constant); the KL term and the
-    // metrics are token means.
-    const double share =
-        pc.aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
-    const torch::Tensor& m = part.action_mask;
-    torch::Tensor lp = per_action(*role.model, part.batch, m, packed,
-                                  [&](const torch::Tensor& hidden, const torch::Tensor& ids) {
-                                    return role.model->next_token_log_probs(
-                                        at_temperature(hidden, temperature), ids);
-                                  });
-    auto r = ppo::policy_loss(
-        pc, lp, rows(req, "log_probs_old", part.begin, part.end, role.device),
-        rows(req, "advantages", part.begin, part.end, role.device), m,
-        corrected ? rows(req, "log_probs_behaviour", part.begin, part.end, role.device)
-                  : torch::Tensor());
-    torch::Tensor loss = share == 1.0 ? r.loss : r.loss * share;
-    if (kl_loss) {
-      // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
-      torch::Tensor kl = ppo::approx_kl(
-          lp, rows(req, "log_probs_ref", part.begin, part.end, role.device), kl_estimator);
-      torch::Tensor mf = m.to(torch::kFloat32);
-      torch::Tensor kl_mean = (kl * mf).sum() / mf.sum().clamp_min(1);
-      loss = loss + kl_coef * part.token_share * kl_mean;
-      kl_sum += part.token_share * kl_mean.item<double>();
-    }
-    clip_sum += part.token_share * r.clip_frac.item<double>();
-    ppo_kl_sum += part.token_share * r.approx_kl.item<double>();
-    return loss;
-  });
-  Message reply;
+  auto metrics =
+      train_in_parts(role, req, op.batching, all, begin, end, [&](const TrainPart& part) {
+        // Each part's loss is its share of the micro batch's: tokens for token means, rows for
+        // sequence means and token_sum_norm (a sum over rows x a constant); the KL term and the
+        // metrics are token means.
+        const double share =
+            pc.aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
+        const torch::Tensor& m = part.action_mask;
+        torch::Tensor lp = per_action(*role.model, part.batch, m, packed,
+                                      [&](const torch::Tensor& hidden, const torch::Tensor& ids) {
+                                        return role.model->next_token_log_probs(
+                                            at_temperature(hidden, temperature), ids);
+                                      });
+        auto r = ppo::policy_loss(
+            pc, lp, rows(req, "log_probs_old", part.begin, part.end, role.device),
+            rows(req, "advantages", part.begin, part.end, role.device), m,
+            corrected ? rows(req, "log_probs_behaviour", part.begin, part.end, role.device)
+                      : torch::Tensor());
+        torch::Tensor loss = share == 1.0 ? r.loss : r.loss * share;
+        if (kl_loss) {
+          // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
+          torch::Tensor kl = ppo::approx_kl(
+              lp, rows(req, "log_probs_ref", part.begin, part.end, role.device), op.kl_estimator);
+          torch::Tensor mf = m.to(torch::kFloat32);
+          torch::Tensor kl_mean = (kl * mf).sum() / mf.sum().clamp_min(1);
+          loss = loss + kl_coef * part.token_share * kl_mean;
+          kl_sum += part.token_share * kl_mean.item<double>();
+        }
+        clip_sum += part.token_share * r.clip_frac.item<double>();
+        ppo_kl_sum += part.token_share * r.approx_kl.item<double>();
+        return loss;
+      });
   const double n = static_cast<double>(role.trainer->config().grad_accum_steps);
-  reply.args = step_metrics_json(metrics);
-  reply.args["clip_frac"] = clip_sum / n;
-  reply.args["approx_kl"] = ppo_kl_sum / n;
-  reply.args["kl_loss"] = kl_sum / n;
-  return reply;
+  return reply_message(
+      ops::TrainActorReply{ops::step_figures(metrics), clip_sum / n, ppo_kl_sum / n, kl_sum / n});
 }
 
 // train_critic: one optimizer step of the clipped value loss on this rank's rows.
-Message train_critic(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+Message train_critic(ModelRole& role, const ops::TrainCritic& op, const Message& req,
+                     const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("train_critic: this worker's role is not trained");
-  Batch all = read_batch(req, role.device);
+  Batch all = read_batch(req, op.batching.action_len, role.device);
   auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
-  const double value_clip = req.args.at("value_clip").get<double>();
-  // The policy loss's aggregation (OpenRLHF's ValueLoss follows token_level_loss too).
-  const auto aggregation =
-      ppo::parse_loss_aggregation(req.args.value("loss_agg", std::string("token_mean")));
-  const int64_t norm_len = req.args.value("loss_norm_len", int64_t{0});
-  const bool packed =
-      req.args.value("packing", false) && req.args.value("max_tokens", int64_t{0}) > 0;
-  auto metrics = train_in_parts(role, req, all, begin, end, [&](const TrainPart& part) {
-    torch::Tensor v = per_action(*role.model, part.batch, part.action_mask, packed,
-                                 [&](const torch::Tensor& hidden, const torch::Tensor&) {
-                                   torch::Tensor values = role.model->values(hidden);  // [B, T]
-                                   return values.narrow(1, 0, values.size(1) - 1);
-                                 });
-    torch::Tensor loss =
-        ppo::value_loss(v, rows(req, "values_old", part.begin, part.end, role.device),
-                        rows(req, "returns", part.begin, part.end, role.device), part.action_mask,
-                        value_clip, aggregation, norm_len);
-    // The part's share of the micro batch: of its tokens for a token mean, else of its rows.
-    const double share =
-        aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
-    return share == 1.0 ? loss : loss * share;
-  });
-  Message reply;
-  reply.args = step_metrics_json(metrics);
-  return reply;
+  const bool packed = op.batching.packing && op.batching.max_tokens > 0;
+  auto metrics =
+      train_in_parts(role, req, op.batching, all, begin, end, [&](const TrainPart& part) {
+        torch::Tensor v = per_action(*role.model, part.batch, part.action_mask, packed,
+                                     [&](const torch::Tensor& hidden, const torch::Tensor&) {
+                                       torch::Tensor values = role.model->values(hidden);  // [B, T]
+                                       return values.narrow(1, 0, values.size(1) - 1);
+                                     });
+        torch::Tensor loss =
+            ppo::value_loss(v, rows(req, "values_old", part.begin, part.end, role.device),
+                            rows(req, "returns", part.begin, part.end, role.device),
+                            part.action_mask, op.value_clip, op.aggregation, op.norm_len);
+        // The part's share of the micro batch: of its tokens for a token mean, else of its rows.
+        const double share =
+            op.aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
+        return share == 1.0 ? loss : loss * share;
+      });
+  return reply_message(ops::TrainCriticReply{ops::step_figures(metrics)});
 }
 
-// push_weights: every actor rank calls it (ZeRO-3 gathers one unit at a time over the
-// trainer's group); actor rank 0 also joins, once, the sync group of args.sync_size ranks
-// (itself as rank 0, rollout rank r as r + 1) at args.store_path over args.backend (nccl or
-// gloo) and sends the buckets by args.path (gloo, nccl or cuda_ipc; default: the backend)
-// of args.bucket_bytes (default 256 MiB); args.tensor_parallel_size (the rollout's) > 1
-// scatters each rollout rank only its slices. A LoRA actor sends its merged weights, or with
-// args.lora_sync "adapters" only its adapters (the rollout merges them into its base).
-Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+// push_weights (rollout/worker_ops.h): the actor's side of the weight sync; rollout rank r
+// is rank r + 1 of the sync group, actor rank 0 its rank 0 (the rollout merges a LoRA
+// actor's adapters into its base).
+Message push_weights(ModelRole& role, const ops::PushWeights& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("push_weights: this worker's role is not trained");
-  const std::string backend = req.args.value("backend", std::string("gloo"));
   if (self.rank == 0 && !role.sync_group) {
     transport::CollectiveConfig cc;
     cc.rank = 0;
-    cc.size = req.args.at("sync_size").get<int>();
-    cc.store_path = req.args.at("store_path").get<std::string>();
-    cc.backend = transport::collective_backend(backend);
+    cc.size = req.sync_size;
+    cc.store_path = req.store_path;
+    cc.backend = transport::collective_backend(req.backend);
     role.sync_group = transport::make_collective_group(cc);
   }
   rollout::TrainerWeights trainer_weights(*role.trainer);
@@ -528,23 +499,23 @@ Message push_weights(ModelRole& role, const Message& req, const WorkerIdentity& 
   rollout::LoraAdapterWeights adapters(*role.trainer, role.config.lora.scale());
   rollout::WeightSource* source = &trainer_weights;
   if (role.config.uses_lora())
-    source = rollout::parse_lora_sync(req.args.value("lora_sync", std::string("merged"))) ==
-                     rollout::LoraSync::kAdapters
+    source = rollout::parse_lora_sync(req.lora_sync) == rollout::LoraSync::kAdapters
                  ? static_cast<rollout::WeightSource*>(&adapters)
                  : &merged;
   rollout::SyncOptions options;
   options.wire_dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
-  options.bucket_bytes = req.args.value("bucket_bytes", options.bucket_bytes);
-  options.path = rollout::parse_sync_path(req.args.value("path", backend));
+  options.bucket_bytes = req.bucket_bytes;
+  options.path = rollout::parse_sync_path(req.path);
   options.device = role.device;
-  options.tensor_parallel_size = req.args.value("tensor_parallel_size", 1);
+  options.tensor_parallel_size = req.tensor_parallel_size;
   auto stats = rollout::send_weights(*source, self.rank == 0 ? role.sync_group.get() : nullptr,
                                      ++role.weight_version, options);
-  Message reply;
-  reply.args = stats.to_json();
-  return reply;
+  return reply_message(ops::sync_reply(stats));
 }
 
+// The optimizer state to host memory (or back): the bytes moved, the time, and the device
+// allocator after it.
+template <typename Reply>
 Message move_optimizer_state(ModelRole& role, const std::string& op, const WorkerIdentity& self,
                              bool offload) {
   if (!role.trainer) throw RuntimeError(op + ": this worker's role is not trained");
@@ -552,51 +523,30 @@ Message move_optimizer_state(ModelRole& role, const std::string& op, const Worke
   const int64_t moved =
       offload ? role.trainer->offload_optimizer_state() : role.trainer->restore_optimizer_state();
   release_cached_device_memory(self);
-  Message reply;
-  reply.args = {{offload ? "offloaded_bytes" : "restored_bytes", moved},
-                {"seconds", seconds_since(start)}};
-  if (on_cuda(self)) {
-    const CudaMemory m = cuda_memory();
-    reply.args["cuda_allocated_bytes"] = m.allocated;
-    reply.args["cuda_reserved_bytes"] = m.reserved;
-  }
-  return reply;
+  const CudaMemory m = on_cuda(self) ? cuda_memory() : CudaMemory{};
+  return reply_message(Reply{moved, seconds_since(start), m.allocated, m.reserved});
 }
 
-}  // namespace
-
-json step_metrics_json(const engine::StepMetrics& m) {
-  return {{"step", m.step}, {"loss", m.loss},       {"grad_norm", m.grad_norm},
-          {"lr", m.lr},     {"skipped", m.skipped}, {"peak_tensor_bytes", m.memory.peak}};
-}
-
-std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
-  auto role = std::make_shared<ModelRole>();
-  const std::vector<std::string> before = registry.names();
-  registry.add("init", [role](const Message& req, const WorkerIdentity& self) {
-    return init(*role, req, self);
-  });
-  registry.add("log_probs", [role](const Message& req, const WorkerIdentity&) {
-    // args.entropy: also the policy's per-token entropy (for the metrics); args.reference: also
-    // "ref_log_probs", the base model's (LoRA adapters off: a LoRA actor is its own
-    // reference, issue 30.2); args.temperature: all at that sampling temperature.
+// log_probs, values, score (engine/worker_ops.h): the scoring forwards, under the
+// request's token budget.
+void add_forward_operations(OperationRegistry& registry, const std::shared_ptr<ModelRole>& role) {
+  registry.add<ops::LogProbs>([role](const ops::LogProbs& op, const Message& req,
+                                     const WorkerIdentity&) {
     torch::NoGradGuard no_grad;
     models::CausalLM& model = role->checked_model(req.op);
-    Batch b = read_batch(req, role->device);
-    const bool entropy = req.args.value("entropy", false);
-    const bool reference = req.args.value("reference", false);
-    if (reference && !model.has_adapters())
+    Batch b = read_batch(req, op.action_len, role->device);
+    if (op.reference && !model.has_adapters())
       throw RuntimeError("log_probs: reference asked of a model without LoRA adapters");
-    const double temperature = request_temperature(req);
+    const double temperature = request_temperature(op.temperature, op.kName);
     auto out = by_budget(
-        *role, req, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
+        *role, op.budget, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
           Batch mb = slice(b, b0, b1);
           auto head = action_log_probs(
               model, model.forward(mb.sequences, mb.attention_mask), mb.sequences, b.action_len,
-              temperature, entropy ? models::Entropy::kCompute : models::Entropy::kSkip);
+              temperature, op.entropy ? models::Entropy::kCompute : models::Entropy::kSkip);
           std::vector<torch::Tensor> r = {head.log_probs};
-          if (entropy) r.push_back(head.entropy);
-          if (reference) {
+          if (op.entropy) r.push_back(head.entropy);
+          if (op.reference) {
             const models::AdaptersOff base_model(model, true);
             r.push_back(action_log_probs(model, model.forward(mb.sequences, mb.attention_mask),
                                          mb.sequences, b.action_len, temperature,
@@ -605,87 +555,102 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
           }
           return r;
         });
-    Message reply;
+    Message reply = reply_message(ops::LogProbsReply{});
     reply.add("log_probs", out[0].contiguous());
-    if (entropy) reply.add("entropy", out[1].contiguous());
-    if (reference) reply.add("ref_log_probs", out.back().contiguous());
+    if (op.entropy) reply.add("entropy", out[1].contiguous());
+    if (op.reference) reply.add("ref_log_probs", out.back().contiguous());
     return reply;
   });
-  registry.add("values", [role](const Message& req, const WorkerIdentity&) {
+  registry.add<ops::Values>([role](const ops::Values& op, const Message& req,
+                                   const WorkerIdentity&) {
     torch::NoGradGuard no_grad;
     models::CausalLM& model = role->checked_model(req.op);
-    Batch b = read_batch(req, role->device);
+    Batch b = read_batch(req, op.action_len, role->device);
     auto out = by_budget(
-        *role, req, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
+        *role, op.budget, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
           return std::vector<torch::Tensor>{action_values(model, slice(b, b0, b1))};
         });
-    Message reply;
+    Message reply = reply_message(ops::ValuesReply{});
     reply.add("values", out[0].contiguous());
     return reply;
   });
-  registry.add("score", [role](const Message& req, const WorkerIdentity&) {
+  registry.add<ops::Score>([role](const ops::Score& op, const Message& req, const WorkerIdentity&) {
     torch::NoGradGuard no_grad;
     models::CausalLM& model = role->checked_model(req.op);
     torch::Tensor seq = req.tensor("sequences").to(role->device, torch::kLong);
     torch::Tensor mask = req.tensor("attention_mask").to(role->device, torch::kLong);
-    auto out = by_budget(*role, req, seq.size(0), seq.size(1), [&](int64_t b0, int64_t b1) {
+    auto out = by_budget(*role, op.budget, seq.size(0), seq.size(1), [&](int64_t b0, int64_t b1) {
       auto s = seq.slice(0, b0, b1), m = mask.slice(0, b0, b1);
       return std::vector<torch::Tensor>{
           models::last_token_values(model.values(model.forward(s, m)), m)};
     });
-    torch::Tensor scores = out[0];
-    Message reply;
-    reply.add("scores", scores.to(torch::kFloat32).contiguous());
+    Message reply = reply_message(ops::ScoreReply{});
+    reply.add("scores", out[0].to(torch::kFloat32).contiguous());
     return reply;
   });
-  registry.add("train_actor", [role](const Message& req, const WorkerIdentity& self) {
-    return train_actor(*role, req, self);
-  });
-  registry.add("train_critic", [role](const Message& req, const WorkerIdentity& self) {
-    return train_critic(*role, req, self);
-  });
-  registry.add("save", [role](const Message& req, const WorkerIdentity&) {
+}
+
+// save, load, export_hf (engine/worker_ops.h): the trainer's checkpoint and export.
+void add_checkpoint_operations(OperationRegistry& registry,
+                               const std::shared_ptr<ModelRole>& role) {
+  registry.add<ops::Save>([role](const ops::Save& op, const Message&, const WorkerIdentity&) {
     if (!role->trainer) throw RuntimeError("save: this worker's role is not trained");
     engine::CheckpointOptions opts;
-    opts.save_only_model = req.args.value("save_only_model", false);
-    opts.max_num = req.args.value("max_num", 3);
-    role->trainer->save_checkpoint(req.args.at("dir").get<std::string>(), opts);
-    return Message{};
+    opts.save_only_model = op.save_only_model;
+    opts.max_num = op.max_num;
+    role->trainer->save_checkpoint(op.dir, opts);
+    return reply_message(ops::SaveReply{});
   });
-  registry.add("load", [role](const Message& req, const WorkerIdentity&) {
+  registry.add<ops::Load>([role](const ops::Load& op, const Message&, const WorkerIdentity&) {
     if (!role->trainer) throw RuntimeError("load: this worker's role is not trained");
-    role->trainer->load_checkpoint(req.args.at("dir").get<std::string>());
-    Message reply;
-    reply.args = {{"step", role->trainer->steps_done()}};
-    return reply;
+    role->trainer->load_checkpoint(op.dir);
+    return reply_message(ops::LoadReply{role->trainer->steps_done()});
   });
-  registry.add("export_hf", [role](const Message& req, const WorkerIdentity& self) {
+  registry.add<ops::ExportHf>([role](const ops::ExportHf& op, const Message&,
+                                     const WorkerIdentity& self) {
     if (!role->trainer) throw RuntimeError("export_hf: this worker's role is not trained");
     if (role->config.uses_lora()) {
-      export_lora(*role, req.args.at("dir").get<std::string>(), self);
-      return Message{};
+      export_lora(*role, op.dir, self);
+    } else {
+      role->trainer->export_hf(op.dir, role->config_json,
+                               role->config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
     }
-    role->trainer->export_hf(req.args.at("dir").get<std::string>(), role->config_json,
-                             role->config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
-    return Message{};
+    return reply_message(ops::ExportHfReply{});
   });
-  registry.add("push_weights", [role](const Message& req, const WorkerIdentity& self) {
-    return push_weights(*role, req, self);
+}
+
+}  // namespace
+
+std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
+  auto role = std::make_shared<ModelRole>();
+  const std::vector<std::string> before = registry.names();
+  registry.add<ops::Init>([role](const ops::Init& req, const Message&, const WorkerIdentity& self) {
+    return init(*role, req, self);
   });
-  // offload_optimizer / restore_optimizer: the trainer's optimizer state to host memory while
-  // a colocated rollout generates, and back (Trainer::offload_optimizer_state). Reply
-  // "offloaded_bytes" / "restored_bytes", "seconds" and, on a GPU, the allocator's
-  // "cuda_allocated_bytes" / "cuda_reserved_bytes" after it. Every rank of the role calls it.
-  registry.add("offload_optimizer", [role](const Message& req, const WorkerIdentity& self) {
-    return move_optimizer_state(*role, req.op, self, true);
-  });
-  registry.add("restore_optimizer", [role](const Message& req, const WorkerIdentity& self) {
-    return move_optimizer_state(*role, req.op, self, false);
-  });
-  registry.add("memory", [role](const Message&, const WorkerIdentity&) {
-    Message reply;
-    reply.args = memory_json(*role);
-    return reply;
+  add_forward_operations(registry, role);
+  registry.add<ops::TrainActor>(
+      [role](const ops::TrainActor& op, const Message& req, const WorkerIdentity& self) {
+        return train_actor(*role, op, req, self);
+      });
+  registry.add<ops::TrainCritic>(
+      [role](const ops::TrainCritic& op, const Message& req, const WorkerIdentity& self) {
+        return train_critic(*role, op, req, self);
+      });
+  add_checkpoint_operations(registry, role);
+  registry.add<ops::PushWeights>(
+      [role](const ops::PushWeights& op, const Message&, const WorkerIdentity& self) {
+        return push_weights(*role, op, self);
+      });
+  registry.add<ops::OffloadOptimizer>(
+      [role](const ops::OffloadOptimizer& op, const Message&, const WorkerIdentity& self) {
+        return move_optimizer_state<ops::OffloadReply>(*role, op.kName, self, true);
+      });
+  registry.add<ops::RestoreOptimizer>(
+      [role](const ops::RestoreOptimizer& op, const Message&, const WorkerIdentity& self) {
+        return move_optimizer_state<ops::RestoreReply>(*role, op.kName, self, false);
+      });
+  registry.add<ops::Memory>([role](const ops::Memory&, const Message&, const WorkerIdentity&) {
+    return reply_message(memory_reply(*role));
   });
   add_offline_operations(registry, role);  // dpo, sft, rm
   record_tensor_phases(registry, before, role);

@@ -1,10 +1,10 @@
-// The operations of a worker that holds one role's model (actor, critic, reward, ref):
-// `init` (load the model and, for trained roles, join the role's collective group and build
-// the sharded trainer), `log_probs`, `values`, `score`, `train_actor` (PPO policy loss),
-// `train_critic` (value loss), `save`, `load`, `export_hf`, `memory`, `push_weights`
-// (the actor's side of the weight sync to the rollout group, in buckets) and
-// `offload_optimizer` / `restore_optimizer` (the trainer's optimizer state to host memory
-// while a colocated rollout generates, and back). Generation lives with the rollout role.
+// The operations of a worker that holds one role's model (actor, critic, reward, ref; their
+// requests and replies: engine/, ppo/, rollout/ and dpo/worker_ops.h): `init` (load the model and,
+// for trained roles, join the role's collective group and build the sharded trainer), `log_probs`,
+// `values`, `score`, `train_actor` (PPO policy loss), `train_critic` (value loss), `save`, `load`,
+// `export_hf`, `memory`, `push_weights` (the actor's side of the weight sync to the rollout group,
+// in buckets) and `offload_optimizer` / `restore_optimizer` (the trainer's optimizer state to host
+// memory while a colocated rollout generates, and back). Generation lives with the rollout role.
 //
 // Alignment (as OpenRLHF): for sequences [B, T] whose last A positions are the response,
 // action t is token T-A+t; its log-prob and the critic's value both come from position
@@ -43,10 +43,6 @@ struct ModelRole {
   // Throws RuntimeError when `init` has not run yet.
   models::CausalLM& checked_model(const std::string& op) const;
 };
-
-// A train op's reply args from the trainer's step: step, loss, grad_norm, lr, skipped,
-// peak_tensor_bytes.
-nlohmann::json step_metrics_json(const engine::StepMetrics& m);
 
 // Registers the model operations on a shared ModelRole (created empty; `init` fills it),
 // each wrapped to record its tracked-tensor peak in ModelRole::tensor_phases.

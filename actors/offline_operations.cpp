@@ -5,6 +5,7 @@
 
 #include "core/errors.h"
 #include "dpo/losses.h"
+#include "dpo/worker_ops.h"
 #include "models/lora.h"
 #include "transport/collective_group.h"
 
@@ -71,16 +72,16 @@ torch::Tensor row_scores(models::CausalLM& model, const RowBatch& b) {
 }
 
 // The rows this call works on: all of them (a scatter'd micro batch), or this rank's
-// share (args.rank_share, for call_all on a trained, possibly ZeRO-3, group).
-RowBatch requested_rows(const Message& req, const WorkerIdentity& self, bool need_loss_mask,
-                        torch::Device device) {
+// share (rank_share, for call_all on a trained, possibly ZeRO-3, group).
+RowBatch requested_rows(const Message& req, const ops::RowSelection& selection,
+                        const WorkerIdentity& self, bool need_loss_mask, torch::Device device) {
   RowBatch all = read_rows(req, need_loss_mask, device);
-  if (!req.args.value("rank_share", false)) return all;
+  if (!selection.rank_share) return all;
   auto [begin, end] = share(all.rows(), 1, self, req.op);
   return all.slice(begin, end);
 }
 
-// f(chunk) for chunks of args.chunk rows (all at once without it), concatenated.
+// f(chunk) for chunks of `chunk` rows (0: all at once), concatenated.
 template <typename F>
 torch::Tensor by_chunks(const RowBatch& b, int64_t chunk, F f) {
   if (chunk <= 0) chunk = std::max<int64_t>(1, b.rows());
@@ -92,28 +93,29 @@ torch::Tensor by_chunks(const RowBatch& b, int64_t chunk, F f) {
 
 // sequence_log_probs: sums over each row's response; args.reference: with the LoRA adapters
 // off (a LoRA actor is its own reference, issue 30.2).
-Message sequence_log_probs(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+Message sequence_log_probs(ModelRole& role, const ops::SequenceLogProbs& op, const Message& req,
+                           const WorkerIdentity& self) {
   torch::NoGradGuard no_grad;
   models::CausalLM& model = role.checked_model(req.op);
-  const bool reference = req.args.value("reference", false);
-  if (reference && !model.has_adapters())
+  if (op.reference && !model.has_adapters())
     throw RuntimeError(req.op + ": reference asked of a model without LoRA adapters");
-  const models::AdaptersOff base_model(model, reference);
-  RowBatch b = requested_rows(req, self, true, role.device);
-  Message reply;
-  reply.add("log_probs", by_chunks(b, req.args.value("chunk", int64_t{0}), [&](const RowBatch& c) {
+  const models::AdaptersOff base_model(model, op.reference);
+  RowBatch b = requested_rows(req, op.rows, self, true, role.device);
+  Message reply = reply_message(ops::SequenceLogProbsReply{});
+  reply.add("log_probs", by_chunks(b, op.rows.chunk, [&](const RowBatch& c) {
                            return response_log_prob_sums(model, c);
                          }).contiguous());
   reply.add("tokens", b.loss_mask.sum(1).contiguous());
   return reply;
 }
 
-Message sequence_scores(ModelRole& role, const Message& req, const WorkerIdentity& self) {
+Message sequence_scores(ModelRole& role, const ops::SequenceScores& op, const Message& req,
+                        const WorkerIdentity& self) {
   torch::NoGradGuard no_grad;
   models::CausalLM& model = role.checked_model(req.op);
-  RowBatch b = requested_rows(req, self, false, role.device);
-  Message reply;
-  reply.add("scores", by_chunks(b, req.args.value("chunk", int64_t{0}), [&](const RowBatch& c) {
+  RowBatch b = requested_rows(req, op.rows, self, false, role.device);
+  Message reply = reply_message(ops::SequenceScoresReply{});
+  reply.add("scores", by_chunks(b, op.rows.chunk, [&](const RowBatch& c) {
                         return row_scores(model, c);
                       }).contiguous());
   return reply;
@@ -126,8 +128,10 @@ class MicroMeans {
     sums_[key] += v;
     counts_[key] += 1;
   }
-  void write(json& out) const {
+  std::map<std::string, double> means() const {
+    std::map<std::string, double> out;
     for (const auto& [k, s] : sums_) out[k] = s / static_cast<double>(counts_.at(k));
+    return out;
   }
 
  private:
@@ -136,14 +140,14 @@ class MicroMeans {
 };
 
 // Runs one optimizer step over this rank's share of the global batch, in micro batches of
-// args.micro_batch_size units (pairs for pair jobs: 2 rows each), loss_fn(rows, begin).
+// micro_batch_size units (pairs for pair jobs: 2 rows each), loss_fn(rows, begin).
 template <typename LossFn>
-Message train_units(ModelRole& role, const Message& req, const WorkerIdentity& self, int64_t unit,
-                    bool need_loss_mask, LossFn loss_fn) {
+Message train_units(ModelRole& role, const Message& req, int64_t micro_batch_size,
+                    const WorkerIdentity& self, int64_t unit, bool need_loss_mask, LossFn loss_fn) {
   if (!role.trainer) throw RuntimeError(req.op + ": this worker's role is not trained");
   RowBatch all = read_rows(req, need_loss_mask, role.device);
   auto [begin, end] = share(all.rows(), unit, self, req.op);
-  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>() * unit;
+  const int64_t micro = micro_batch_size * unit;
   MicroMeans means;
   auto metrics = role.trainer->train_step([&](int64_t i) {
     const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
@@ -151,57 +155,45 @@ Message train_units(ModelRole& role, const Message& req, const WorkerIdentity& s
                 " rows, fewer than grad_accum_steps x micro_batch_size");
     return loss_fn(all.slice(b0, b1), b0, means);
   });
-  Message reply;
-  reply.args = step_metrics_json(metrics);
-  means.write(reply.args);
-  reply.args["rows"] = end - begin;
-  return reply;
-}
-
-dpo::DpoLossConfig dpo_config(const json& args) {
-  dpo::DpoLossConfig c;
-  c.type = dpo::parse_dpo_loss(args.at("loss").get<std::string>());
-  c.beta = args.at("beta").get<double>();
-  c.label_smoothing = args.value("label_smoothing", 0.0);
-  c.simpo_gamma = args.value("simpo_gamma", 0.5);
-  c.orpo_lambda = args.value("orpo_lambda", 0.1);
-  c.nll_loss_coef = args.value("nll_loss_coef", 0.0);
-  return c;
+  return reply_message(
+      ops::OfflineStepReply{ops::step_figures(metrics), end - begin, means.means()});
 }
 
 // train_dpo: rows interleaved chosen/rejected; tensors ref_log_probs [N] (sums over the
 // response, absent for simpo and orpo). SimPO and ORPO compare length-normalised averages
 // (SimPO eq. 4; ORPO eq. 4).
-Message train_dpo(ModelRole& role, const Message& req, const WorkerIdentity& self) {
-  const dpo::DpoLossConfig config = dpo_config(req.args);
+Message train_dpo(ModelRole& role, const ops::TrainDpo& op, const Message& req,
+                  const WorkerIdentity& self) {
+  const dpo::DpoLossConfig& config = op.loss;
   const bool ref = dpo::needs_reference(config.type);
   TORCH_CHECK(!ref || req.has_tensor("ref_log_probs"), "train_dpo: the ",
-              req.args.at("loss").get<std::string>(), " loss needs ref_log_probs [N]");
-  return train_units(
-      role, req, self, 2, true, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
-        torch::Tensor sums = response_log_prob_sums(*role.model, mb);  // [2P]
-        torch::Tensor tokens = mb.loss_mask.sum(1).clamp_min(1);       // [2P]
-        torch::Tensor logps = dpo::uses_mean_log_probs(config.type) ? sums / tokens : sums;
-        dpo::PairLogProbs lp;
-        lp.chosen = logps.slice(0, 0, logps.size(0), 2);
-        lp.rejected = logps.slice(0, 1, logps.size(0), 2);
-        lp.chosen_tokens = tokens.slice(0, 0, tokens.size(0), 2);
-        if (ref) {
-          torch::Tensor r = req.tensor("ref_log_probs")
-                                .slice(0, b0, b0 + mb.rows())
-                                .to(role.device, torch::kFloat32);
-          lp.ref_chosen = r.slice(0, 0, r.size(0), 2);
-          lp.ref_rejected = r.slice(0, 1, r.size(0), 2);
-        }
-        dpo::DpoLossResult out = dpo::dpo_loss(config, lp);
-        means.add("accuracy", out.accuracy.item<double>());
-        means.add("chosen_reward", out.chosen_rewards.mean().item<double>());
-        means.add("rejected_reward", out.rejected_rewards.mean().item<double>());
-        means.add("margin", out.margin.item<double>());
-        means.add("chosen_log_prob", lp.chosen.detach().mean().item<double>());
-        means.add("rejected_log_prob", lp.rejected.detach().mean().item<double>());
-        return out.loss;
-      });
+              dpo::dpo_loss_name(config.type), " loss needs ref_log_probs [N]");
+  return train_units(role, req, op.micro_batch_size, self, 2, true,
+                     [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
+                       torch::Tensor sums = response_log_prob_sums(*role.model, mb);  // [2P]
+                       torch::Tensor tokens = mb.loss_mask.sum(1).clamp_min(1);       // [2P]
+                       torch::Tensor logps =
+                           dpo::uses_mean_log_probs(config.type) ? sums / tokens : sums;
+                       dpo::PairLogProbs lp;
+                       lp.chosen = logps.slice(0, 0, logps.size(0), 2);
+                       lp.rejected = logps.slice(0, 1, logps.size(0), 2);
+                       lp.chosen_tokens = tokens.slice(0, 0, tokens.size(0), 2);
+                       if (ref) {
+                         torch::Tensor r = req.tensor("ref_log_probs")
+                                               .slice(0, b0, b0 + mb.rows())
+                                               .to(role.device, torch::kFloat32);
+                         lp.ref_chosen = r.slice(0, 0, r.size(0), 2);
+                         lp.ref_rejected = r.slice(0, 1, r.size(0), 2);
+                       }
+                       dpo::DpoLossResult out = dpo::dpo_loss(config, lp);
+                       means.add("accuracy", out.accuracy.item<double>());
+                       means.add("chosen_reward", out.chosen_rewards.mean().item<double>());
+                       means.add("rejected_reward", out.rejected_rewards.mean().item<double>());
+                       means.add("margin", out.margin.item<double>());
+                       means.add("chosen_log_prob", lp.chosen.detach().mean().item<double>());
+                       means.add("rejected_log_prob", lp.rejected.detach().mean().item<double>());
+                       return out.loss;
+                     });
 }
 
 // Rows first, first + 2, ... of `b`: one side of interleaved rows.
@@ -218,14 +210,14 @@ RowBatch alternate_rows(const RowBatch& b, int64_t first) {
 // micro batches before the step changes any weight, so it is what the training pass would
 // compute. Collective over the trained group.
 torch::Tensor kto_global_reference_point(ModelRole& role, const Message& req,
-                                         const WorkerIdentity& self) {
+                                         int64_t micro_batch_size, const WorkerIdentity& self) {
   if (!role.trainer || !role.group)
     throw RuntimeError(req.op + ": this worker's role is not trained");
   torch::NoGradGuard no_grad;
   RowBatch all = read_rows(req, true, role.device);
   auto [begin, end] = share(all.rows(), 2, self, req.op);
   RowBatch kl_rows = alternate_rows(all.slice(begin, end), 1);
-  const int64_t micro = req.args.at("micro_batch_size").get<int64_t>();
+  const int64_t micro = micro_batch_size;
   // [P] each: the policy's and the reference's log-probs of this rank's KL rows.
   torch::Tensor policy_kl = by_chunks(
       kl_rows, micro, [&](const RowBatch& c) { return response_log_prob_sums(*role.model, c); });
@@ -242,16 +234,15 @@ torch::Tensor kto_global_reference_point(ModelRole& role, const Message& req,
 // (sums over the response, same order) and desirable [N/2] (1 desirable, 0 undesirable).
 // z0 is the global batch's (kto_global_reference_point); the micro batches then train on
 // their labelled rows, the only ones with a gradient (z0 is detached).
-Message train_kto(ModelRole& role, const Message& req, const WorkerIdentity& self) {
-  dpo::KtoLossConfig config;
-  config.beta = req.args.at("beta").get<double>();
-  config.desirable_weight = req.args.value("desirable_weight", 1.0);
-  config.undesirable_weight = req.args.value("undesirable_weight", 1.0);
+Message train_kto(ModelRole& role, const ops::TrainKto& op, const Message& req,
+                  const WorkerIdentity& self) {
+  const dpo::KtoLossConfig& config = op.loss;
   TORCH_CHECK(req.has_tensor("ref_log_probs") && req.has_tensor("desirable"),
               "train_kto: needs ref_log_probs [N] and desirable [N/2]");
-  const torch::Tensor z0 = kto_global_reference_point(role, req, self);
+  const torch::Tensor z0 = kto_global_reference_point(role, req, op.micro_batch_size, self);
   return train_units(
-      role, req, self, 2, true, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
+      role, req, op.micro_batch_size, self, 2, true,
+      [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
         dpo::KtoLogProbs lp;
         lp.policy = response_log_prob_sums(*role.model, alternate_rows(mb, 0));  // [P]
         const int64_t p = lp.policy.size(0);
@@ -271,20 +262,25 @@ Message train_kto(ModelRole& role, const Message& req, const WorkerIdentity& sel
 }
 
 // train_sft: the mean NLL of the response tokens of each micro batch (dpo::sft_loss).
-Message train_sft(ModelRole& role, const Message& req, const WorkerIdentity& self) {
-  return train_units(role, req, self, 1, true, [&](const RowBatch& mb, int64_t, MicroMeans& means) {
-    torch::Tensor hidden = role.model->forward(mb.sequences, mb.attention_mask);
-    torch::Tensor lp = role.model->next_token_log_probs(hidden, mb.sequences);  // [B, T-1]
-    means.add("tokens", mb.loss_mask.sum().item<double>());
-    return dpo::sft_loss(lp, mb.loss_mask);
-  });
+Message train_sft(ModelRole& role, const ops::TrainSft& op, const Message& req,
+                  const WorkerIdentity& self) {
+  return train_units(role, req, op.micro_batch_size, self, 1, true,
+                     [&](const RowBatch& mb, int64_t, MicroMeans& means) {
+                       torch::Tensor hidden = role.model->forward(mb.sequences, mb.attention_mask);
+                       torch::Tensor lp =
+                           role.model->next_token_log_probs(hidden, mb.sequences);  // [B, T-1]
+                       means.add("tokens", mb.loss_mask.sum().item<double>());
+                       return dpo::sft_loss(lp, mb.loss_mask);
+                     });
 }
 
 // train_rm: rows interleaved chosen/rejected; optional tensor margin [N/2] per pair.
-Message train_rm(ModelRole& role, const Message& req, const WorkerIdentity& self) {
-  const dpo::RmLossType type = dpo::parse_rm_loss(req.args.at("loss").get<std::string>());
+Message train_rm(ModelRole& role, const ops::TrainRm& op, const Message& req,
+                 const WorkerIdentity& self) {
+  const dpo::RmLossType type = op.loss;
   return train_units(
-      role, req, self, 2, false, [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
+      role, req, op.micro_batch_size, self, 2, false,
+      [&](const RowBatch& mb, int64_t b0, MicroMeans& means) {
         torch::Tensor scores = row_scores(*role.model, mb);  // [2P]
         torch::Tensor chosen = scores.slice(0, 0, scores.size(0), 2);
         torch::Tensor rejected = scores.slice(0, 1, scores.size(0), 2);
@@ -299,27 +295,23 @@ Message train_rm(ModelRole& role, const Message& req, const WorkerIdentity& self
       });
 }
 
+// Registers operation Op whose handler is f(role, op, request, self).
+template <typename Op, typename F>
+void add_role_operation(OperationRegistry& registry, const std::shared_ptr<ModelRole>& role, F f) {
+  registry.add<Op>([role, f](const Op& op, const Message& req, const WorkerIdentity& self) {
+    return f(*role, op, req, self);
+  });
+}
+
 }  // namespace
 
 void add_offline_operations(OperationRegistry& registry, std::shared_ptr<ModelRole> role) {
-  registry.add("sequence_log_probs", [role](const Message& req, const WorkerIdentity& self) {
-    return sequence_log_probs(*role, req, self);
-  });
-  registry.add("sequence_scores", [role](const Message& req, const WorkerIdentity& self) {
-    return sequence_scores(*role, req, self);
-  });
-  registry.add("train_dpo", [role](const Message& req, const WorkerIdentity& self) {
-    return train_dpo(*role, req, self);
-  });
-  registry.add("train_kto", [role](const Message& req, const WorkerIdentity& self) {
-    return train_kto(*role, req, self);
-  });
-  registry.add("train_sft", [role](const Message& req, const WorkerIdentity& self) {
-    return train_sft(*role, req, self);
-  });
-  registry.add("train_rm", [role](const Message& req, const WorkerIdentity& self) {
-    return train_rm(*role, req, self);
-  });
+  add_role_operation<ops::SequenceLogProbs>(registry, role, sequence_log_probs);
+  add_role_operation<ops::SequenceScores>(registry, role, sequence_scores);
+  add_role_operation<ops::TrainDpo>(registry, role, train_dpo);
+  add_role_operation<ops::TrainKto>(registry, role, train_kto);
+  add_role_operation<ops::TrainSft>(registry, role, train_sft);
+  add_role_operation<ops::TrainRm>(registry, role, train_rm);
 }
 
 }  // namespace rlhf

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "transport/message.h"
+#include "transport/operation.h"
 
 namespace rlhf {
 
@@ -29,6 +30,20 @@ class OperationRegistry {
  public:
   // Throws std::logic_error when `name` is already registered.
   void add(const std::string& name, Operation operation);
+  // The typed form (transport/operation.h): handler(const Request&, const Message& request,
+  // const WorkerIdentity&) gets the args read strictly as a Request (a field missing or
+  // unknown is an error reply naming the operation and the field; the handler reads the
+  // request's tensors from `request`) and returns reply_message(Reply{...}) plus tensors,
+  // whose args are checked to be a Request::Reply before they leave.
+  template <typename Request, typename Handler>
+  void add(Handler handler) {
+    add(Request::kName, [handler](const Message& message, const WorkerIdentity& self) {
+      const Request request = message.args.template get<Request>();
+      Message reply = handler(request, message, self);
+      reply_of<Request>(reply);
+      return reply;
+    });
+  }
   // nullptr when no operation has that name.
   const Operation* find(const std::string& name) const;
   // Replaces `name`'s handler with wrapper(handler) (measurements around an operation).

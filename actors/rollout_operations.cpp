@@ -17,6 +17,7 @@
 #include "rollout/generator.h"
 #include "rollout/trajectory.h"
 #include "rollout/weight_sync.h"
+#include "rollout/worker_ops.h"
 #include "tokenizer/prompt_format.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_config.h"
@@ -40,27 +41,13 @@ struct RolloutState {
   std::unique_ptr<tokenizer::PromptFormatter> formatter;
 };
 
-// load_model's "env" object (the job spec's env.* keys) as make_environment's config.
-envs::EnvironmentConfig environment_config(const nlohmann::json& e) {
-  envs::EnvironmentConfig c;
-  c.builtin = e.value("builtin", c.builtin);
-  c.python = e.value("python", c.python);
-  c.url = e.value("url", c.url);
-  c.timeout_s = e.value("timeout_s", c.timeout_s);
-  c.python_workers = e.value("python_workers", c.python_workers);
-  c.python_interpreter = e.value("python_interpreter", c.python_interpreter);
-  if (e.contains("options")) c.options = e.at("options");
-  return c;
-}
-
-// Args "env" (an object: builtin / python / url, timeout_s, python_workers,
-// python_interpreter, options), "max_turns", "tokenizer" (the model directory whose
-// tokenizer and tokenizer_config.json render the environment's turns) and "chat_template"
-// (data.chat_template). Without "env" the rollout is single-turn.
-void load_environment(RolloutState& state, const nlohmann::json& a,
+// load_model's env, max_turns, tokenizer (the model directory whose tokenizer and
+// tokenizer_config.json render the environment's turns) and chat_template. Without an
+// environment (env.enabled() false) the rollout is single-turn.
+void load_environment(RolloutState& state, const ops::LoadModel& a,
                       const models::TensorParallel& tp) {
-  state.multi_turn = a.contains("env") && !a.at("env").is_null();
-  state.max_turns = a.value("max_turns", int64_t{1});
+  state.multi_turn = a.env.enabled();
+  state.max_turns = a.max_turns;
   state.env.reset();
   if (!state.multi_turn) {
     if (state.max_turns > 1)
@@ -68,16 +55,16 @@ void load_environment(RolloutState& state, const nlohmann::json& a,
                        " needs an environment (\"env\") to answer the turns");
     return;
   }
-  const std::string dir = a.at("tokenizer").get<std::string>();
+  const std::string& dir = a.tokenizer;
   state.tokenizer = tokenizer::load_tokenizer(dir);
   tokenizer::PromptFormatConfig fc;
   fc.apply_chat_template = true;
-  fc.chat_template = tokenizer::parse_chat_template(a.value("chat_template", std::string("auto")));
+  fc.chat_template = tokenizer::parse_chat_template(a.chat_template);
   state.formatter =
       std::make_unique<tokenizer::PromptFormatter>(fc, tokenizer::read_tokenizer_config(dir));
   state.formatter->environment_turn("tool", "");  // throws now for a template it cannot render
   // Rank 0 of a TP engine steps the environment and broadcasts its answers.
-  if (tp.rank == 0) state.env = envs::make_environment(environment_config(a.at("env")));
+  if (tp.rank == 0) state.env = envs::make_environment(a.env);
 }
 
 rollout::Generator& loaded(RolloutState& state, const std::string& op) {
@@ -96,18 +83,14 @@ rollout::Generator& awake(RolloutState& state, const std::string& op) {
   return generator;
 }
 
-// The allocator's bytes now, beside an offload's figures (cpu workers: none).
-void add_device_bytes(nlohmann::json& args, const WorkerIdentity& self) {
-  if (!on_cuda(self)) return;
-  const CudaMemory m = cuda_memory();
-  args["cuda_allocated_bytes"] = m.allocated;
-  args["cuda_reserved_bytes"] = m.reserved;
+// The allocator's bytes now, beside an offload's figures (cpu workers: 0).
+CudaMemory device_bytes(const WorkerIdentity& self) {
+  return on_cuda(self) ? cuda_memory() : CudaMemory{};
 }
 
 // sleep (vLLM's sleep mode, level 1): the model's parameters and buffers go to host memory
 // (pinned on a GPU) and the allocator's cached blocks back to the driver, so a colocated
-// trainer has the GPU. Replies "offloaded_bytes", "seconds" and, on a GPU, the allocator's
-// "cuda_allocated_bytes" / "cuda_reserved_bytes" after it. Asleep already: nothing moves.
+// trainer has the GPU. Asleep already: nothing moves.
 Message sleep(RolloutState& state, const WorkerIdentity& self) {
   auto& model = loaded(state, "sleep").model();
   const auto start = std::chrono::steady_clock::now();
@@ -121,30 +104,25 @@ Message sleep(RolloutState& state, const WorkerIdentity& self) {
     moved = state.asleep.offload(tensors);
   }
   release_cached_device_memory(self);
-  Message reply;
-  reply.args = {{"offloaded_bytes", moved}, {"seconds", seconds_since(start)}};
-  add_device_bytes(reply.args, self);
-  return reply;
+  const CudaMemory m = device_bytes(self);
+  return reply_message(ops::OffloadReply{moved, seconds_since(start), m.allocated, m.reserved});
 }
 
-// wake_up: the weights back where they were, bit for bit. Replies "restored_bytes",
-// "seconds" and the allocator's bytes after it.
+// wake_up: the weights back where they were, bit for bit.
 Message wake_up(RolloutState& state, const WorkerIdentity& self) {
   loaded(state, "wake_up");
   const auto start = std::chrono::steady_clock::now();
   const int64_t moved = state.asleep.restore();
-  Message reply;
-  reply.args = {{"restored_bytes", moved}, {"seconds", seconds_since(start)}};
-  add_device_bytes(reply.args, self);
-  return reply;
+  const CudaMemory m = device_bytes(self);
+  return reply_message(ops::RestoreReply{moved, seconds_since(start), m.allocated, m.reserved});
 }
 
-// Tensor parallelism (args "tensor_parallel_size" t > 1, "tp_store_path"): rollout rank k is
-// TP rank k % t of engine k / t, whose group meets at tp_store_path + "_engine<k / t>" (NCCL
-// between GPUs, Gloo on cpu nodes).
-models::TensorParallel join_tensor_parallel(const nlohmann::json& a, const WorkerIdentity& self) {
+// Tensor parallelism (tensor_parallel_size t > 1, tp_store_path): rollout rank k is TP rank
+// k % t of engine k / t, whose group meets at tp_store_path + "_engine<k / t>" (NCCL between
+// GPUs, Gloo on cpu nodes).
+models::TensorParallel join_tensor_parallel(const ops::LoadModel& a, const WorkerIdentity& self) {
   models::TensorParallel tp;
-  tp.size = a.value("tensor_parallel_size", 1);
+  tp.size = a.tensor_parallel_size;
   if (tp.size < 1 || self.world_size % tp.size != 0)
     throw InputError("load_model: tensor_parallel_size " + std::to_string(tp.size) +
                      " must divide the rollout's " + std::to_string(self.world_size) + " workers");
@@ -153,35 +131,30 @@ models::TensorParallel join_tensor_parallel(const nlohmann::json& a, const Worke
   transport::CollectiveConfig cc;
   cc.rank = tp.rank;
   cc.size = tp.size;
-  cc.store_path =
-      a.at("tp_store_path").get<std::string>() + "_engine" + std::to_string(self.rank / tp.size);
+  cc.store_path = a.tp_store_path + "_engine" + std::to_string(self.rank / tp.size);
   cc.backend =
       on_cuda(self) ? transport::CollectiveBackend::kNccl : transport::CollectiveBackend::kGloo;
   tp.group = transport::make_collective_group(cc);
   return tp;
 }
 
-// args: "model" (HF directory) or "preset" + "seed"; "dtype"; "tensor_parallel_size" and
-// "tp_store_path" (see join_tensor_parallel; a TP rank loads only its slices); "generation",
-// the engine's settings whole (rollout::to_json of a GenerationConfig, every field required);
-// "fused_projections" (default true: CausalLM::fuse_projections).
-Message load_model(RolloutState& state, const Message& request, const WorkerIdentity& self) {
-  const auto& a = request.args;
+// load_model (rollout/worker_ops.h): a TP rank loads only its slices; the engine's settings
+// come whole (a field missing or unknown is an error naming it, never a default of this side's).
+Message load_model(RolloutState& state, const ops::LoadModel& a, const WorkerIdentity& self) {
   const torch::Device device = worker_device(self);
   models::TensorParallel tp = join_tensor_parallel(a, self);
   std::shared_ptr<models::CausalLM> model;
-  if (a.contains("model")) {
+  if (!a.model.empty()) {
     models::LoadOptions load;
     load.device = device;
-    if (a.contains("dtype")) load.dtype = models::dtype_from_name(a.at("dtype").get<std::string>());
+    if (!a.dtype.empty()) load.dtype = models::dtype_from_name(a.dtype);
     load.head = models::HeadKind::kLanguageModel;
-    model = models::load_pretrained(a.at("model").get<std::string>(), load, tp);
-  } else if (a.contains("preset")) {
+    model = models::load_pretrained(a.model, load, tp);
+  } else if (!a.preset.empty()) {
     // Presets are small test models: built whole, then (TP) each rank keeps its slices.
-    model = std::make_shared<models::CausalLM>(
-        models::preset_config(a.at("preset").get<std::string>()));
-    model->init_weights(a.value("seed", uint64_t{0}));
-    if (a.contains("dtype")) model->to(models::dtype_from_name(a.at("dtype").get<std::string>()));
+    model = std::make_shared<models::CausalLM>(models::preset_config(a.preset));
+    model->init_weights(a.seed);
+    if (!a.dtype.empty()) model->to(models::dtype_from_name(a.dtype));
     if (tp.enabled()) {
       auto whole = model;
       model =
@@ -192,33 +165,23 @@ Message load_model(RolloutState& state, const Message& request, const WorkerIden
       model->to(device);
     }
   } else {
-    throw InputError("load_model: expected arg \"model\" (a directory) or \"preset\"");
+    throw InputError("load_model: expected \"model\" (a directory) or \"preset\"");
   }
   // q/k/v and gate/up as one GEMM each (issue 32.2); weight syncs, LoRA adapters and exports
-  // still see HF tensors. "fused_projections": false keeps the separate maps.
-  if (a.value("fused_projections", true)) model->fuse_projections();
-  // The engine travels whole (rollout/generation_config.h): a field missing or unknown is an
-  // error naming it, never a default of this side's.
-  if (!a.contains("generation"))
-    throw RuntimeError("load_model: missing field \"generation\" (the engine's settings)");
-  const rollout::GenerationConfig config =
-      rollout::generation_config_from_json(a.at("generation"), "load_model \"generation\"");
+  // still see HF tensors. fused_projections false keeps the separate maps.
+  if (a.fused_projections) model->fuse_projections();
   load_environment(state, a, model->tensor_parallel());
-  state.generator = std::make_unique<rollout::Generator>(model, config);
-  Message reply;
-  reply.args = {{"parameters", model->config().num_parameters()},
-                {"weight_version", 0},
-                {"tensor_parallel_size", tp.size}};
-  return reply;
+  state.generator = std::make_unique<rollout::Generator>(model, a.generation);
+  return reply_message(ops::LoadModelReply{model->config().num_parameters(), 0, tp.size});
 }
 
-// The request's trajectories over the loaded environment: arg "rows" holds every prompt row of
+// The request's trajectories over the loaded environment: `rows` holds every prompt row of
 // the whole request (its JSON: label and columns), indexed by prompt_index.
 std::unique_ptr<rollout::EnvironmentTurns> environment_turns(RolloutState& state,
                                                              const Message& request,
+                                                             const nlohmann::json& all,
                                                              int64_t first_prompt, int64_t n) {
   const int64_t B = request.tensor("prompt_ids").size(0);
-  const nlohmann::json all = request.args.value("rows", nlohmann::json::array());
   std::vector<nlohmann::json> rows;
   for (int64_t i = 0; i < B; ++i) {
     const auto at = static_cast<size_t>(first_prompt + i);
@@ -234,35 +197,25 @@ std::unique_ptr<rollout::EnvironmentTurns> environment_turns(RolloutState& state
 // "tool_calls", "tool_errors", "env_timed_out" [N] int64, "env_seconds" [N] FP32; args
 // "conversations" ([N] lists of {"role", "content"} after the prompt), "env_stall_seconds",
 // "extend_seconds", "extended_tokens".
-void add_trajectories(Message& reply, const rollout::GenerationOutput& out,
-                      const rollout::TrajectoryStats& stats) {
+void add_trajectories(Message& reply, ops::GenerateReply& figures,
+                      const rollout::GenerationOutput& out, const rollout::TrajectoryStats& stats) {
   reply.add("env_rewards", torch::tensor(stats.reward, torch::kFloat64).to(torch::kFloat32));
   reply.add("turns", out.turns);
   reply.add("tool_calls", torch::tensor(stats.tool_calls, torch::kInt64));
   reply.add("tool_errors", torch::tensor(stats.tool_errors, torch::kInt64));
   reply.add("env_timed_out", torch::tensor(stats.timed_out, torch::kInt64));
   reply.add("env_seconds", torch::tensor(stats.env_seconds, torch::kFloat64).to(torch::kFloat32));
-  reply.args["conversations"] = stats.turns;
-  reply.args["env_stall_seconds"] = out.timings.env_stall_seconds;
-  reply.args["extend_seconds"] = out.timings.extend_seconds;
-  reply.args["extended_tokens"] = out.timings.extended_tokens;
+  figures.conversations = stats.turns;
+  figures.env_stall_seconds = out.timings.env_stall_seconds;
+  figures.extend_seconds = out.timings.extend_seconds;
+  figures.extended_tokens = out.timings.extended_tokens;
 }
 
-// Tensors "prompt_ids", "prompt_mask" [B, P] int64 and optional "prompt_index" [B] (the
-// prompts' positions in the whole request, consecutive: seeds then follow the prompt, not
-// the micro batch). Args "temperature", "top_k", "top_p", "seed", optional
-// "n_samples_per_prompt" (this call only; default: load_model's). Replies with
-// GenerationOutput's tensors, responses padded to max_new_tokens columns so a scatter's
-// micro batches concatenate, and args "weight_version", "prompt_length". With an environment
-// (load_model's "env"), arg "rows" and the multi-turn figures (add_trajectories).
-Message generate(RolloutState& state, const Message& request) {
+// generate (rollout/worker_ops.h). "prompt_index" is optional here (tests send one micro
+// batch without it). n_samples_per_prompt is this call's (held-out evaluation samples its own).
+Message generate(RolloutState& state, const ops::Generate& a, const Message& request) {
   auto& generator = awake(state, "generate");
-  rollout::SamplingParams params;
-  const auto& a = request.args;
-  params.temperature = a.value("temperature", params.temperature);
-  params.top_k = a.value("top_k", params.top_k);
-  params.top_p = a.value("top_p", params.top_p);
-  params.seed = a.value("seed", params.seed);
+  const rollout::SamplingParams& params = a.sampling;
   int64_t first_prompt = 0;
   if (request.has_tensor("prompt_index")) {
     const auto index = request.tensor("prompt_index").to(torch::kInt64);
@@ -272,14 +225,13 @@ Message generate(RolloutState& state, const Message& request) {
       throw InputError("generate: prompt_index must be [B] consecutive prompt positions");
     first_prompt = index[0].item<int64_t>();
   }
-  // "n_samples_per_prompt" overrides the engine's n for this call only (held-out evaluation).
   const int64_t configured_n = generator.config().n_samples_per_prompt;
-  const int64_t n = a.value("n_samples_per_prompt", configured_n);
+  const int64_t n = a.n_samples_per_prompt;
   generator.set_samples_per_prompt(n);
   rollout::GenerationOutput out;
   std::unique_ptr<rollout::EnvironmentTurns> turns;
   try {
-    if (state.multi_turn) turns = environment_turns(state, request, first_prompt, n);
+    if (state.multi_turn) turns = environment_turns(state, request, a.rows, first_prompt, n);
     out = generator.generate(request.tensor("prompt_ids"), request.tensor("prompt_mask"), params,
                              first_prompt, turns.get(), state.max_turns);
   } catch (...) {
@@ -289,69 +241,71 @@ Message generate(RolloutState& state, const Message& request) {
   generator.set_samples_per_prompt(configured_n);
   const auto padded = rollout::concat_outputs({out}, generator.config().max_new_tokens,
                                               generator.config().pad_token_id);
+  ops::GenerateReply figures;
+  figures.weight_version = out.weight_version;
+  figures.prompt_length = out.prompt_length;
+  figures.preempted = out.timings.preempted;
+  figures.kv_peak_bytes = out.timings.kv_peak_bytes;
   Message reply;
   reply.add("sequences", padded.sequences);
   reply.add("attention_mask", padded.attention_mask);
   reply.add("action_mask", padded.action_mask);
   reply.add("log_probs", padded.log_probs);
   reply.add("response_lengths", padded.response_lengths);
-  reply.args = {{"weight_version", out.weight_version},
-                {"prompt_length", out.prompt_length},
-                {"preempted", out.timings.preempted},
-                {"kv_peak_bytes", out.timings.kv_peak_bytes}};
-  if (turns) add_trajectories(reply, out, turns->stats());
+  if (turns) add_trajectories(reply, figures, out, turns->stats());
+  reply.args = nlohmann::json(figures);
   return reply;
 }
 
-// Args "store_path" (the group's FileStore rendezvous), "backend" ("nccl" when the actor's
-// rank 0 and every rollout rank have a GPU of their own, else "gloo", which stages CUDA
-// tensors through the host, or only signals when the buckets come through CUDA IPC),
-// optional "sync_rank" / "sync_size" (default: role rank + 1 of role size + 1; the actor is
-// rank 0). The first call joins the group; every call receives one sync (bucket size and
-// path as the actor's header says; LoRA adapters are merged into the base this worker
-// loaded, see rollout::LoraMerge) and replies WeightSyncStats::to_json().
-Message sync_weights(RolloutState& state, const Message& request, const WorkerIdentity& self) {
+// sync_weights (rollout/worker_ops.h): the first call joins the group; every call receives
+// one sync (bucket size and path as the actor's header says; LoRA adapters are merged into
+// the base this worker loaded, see rollout::LoraMerge). Gloo stages CUDA tensors through
+// the host, or only signals when the buckets come through CUDA IPC.
+Message sync_weights(RolloutState& state, const ops::SyncWeights& request,
+                     const WorkerIdentity& self) {
   auto& generator = awake(state, "sync_weights");
   if (!state.sync_group) {
     transport::CollectiveConfig config;
-    config.store_path = request.args.at("store_path").get<std::string>();
-    config.rank = request.args.value("sync_rank", self.rank + 1);
-    config.size = request.args.value("sync_size", self.world_size + 1);
-    config.backend =
-        transport::collective_backend(request.args.value("backend", std::string("gloo")));
+    config.store_path = request.store_path;
+    config.rank = self.rank + 1;
+    config.size = self.world_size + 1;
+    config.backend = transport::collective_backend(request.backend);
     state.sync_group = transport::make_collective_group(config);
   }
   const auto stats = rollout::receive_weights(generator.model(), *state.sync_group, &state.lora);
   generator.set_weight_version(stats.version);
-  Message reply;
-  reply.args = stats.to_json();
-  return reply;
+  return reply_message(ops::sync_reply(stats));
 }
 
 }  // namespace
 
 void add_rollout_operations(OperationRegistry& registry) {
   auto state = std::make_shared<RolloutState>();
-  registry.add("load_model", [state](const Message& request, const WorkerIdentity& self) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    return load_model(*state, request, self);
-  });
-  registry.add("generate", [state](const Message& request, const WorkerIdentity&) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    return generate(*state, request);
-  });
-  registry.add("sync_weights", [state](const Message& request, const WorkerIdentity& self) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    return sync_weights(*state, request, self);
-  });
-  registry.add("sleep", [state](const Message&, const WorkerIdentity& self) {
+  // One operation at a time touches the model.
+  registry.add<ops::LoadModel>(
+      [state](const ops::LoadModel& request, const Message&, const WorkerIdentity& self) {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        return load_model(*state, request, self);
+      });
+  registry.add<ops::Generate>(
+      [state](const ops::Generate& request, const Message& message, const WorkerIdentity&) {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        return generate(*state, request, message);
+      });
+  registry.add<ops::SyncWeights>(
+      [state](const ops::SyncWeights& request, const Message&, const WorkerIdentity& self) {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        return sync_weights(*state, request, self);
+      });
+  registry.add<ops::Sleep>([state](const ops::Sleep&, const Message&, const WorkerIdentity& self) {
     std::lock_guard<std::mutex> lock(state->mutex);
     return sleep(*state, self);
   });
-  registry.add("wake_up", [state](const Message&, const WorkerIdentity& self) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    return wake_up(*state, self);
-  });
+  registry.add<ops::WakeUp>(
+      [state](const ops::WakeUp&, const Message&, const WorkerIdentity& self) {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        return wake_up(*state, self);
+      });
 }
 
 }  // namespace rlhf

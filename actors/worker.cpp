@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "actors/device.h"
+#include "actors/wire_version.h"
 #include "core/errors.h"
 #include "core/host.h"
 #include "core/placement.h"
@@ -186,7 +187,8 @@ int Worker::run() {
                 {"rank", self.rank},
                 {"pid", static_cast<int64_t>(getpid())},
                 {"host", host_name().value_or("?")},
-                {"device", self.device}};
+                {"device", self.device},
+                {"wire", wire_version()}};
   if (config_.on_assigned) hello.args["join"] = true;  // any free place, or the one asked for
   if (config_.on_assigned && self.role.empty()) hello.args.erase("rank");
   if (config_.on_assigned && !self.node.empty()) hello.args["node"] = self.node;

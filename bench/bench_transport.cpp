@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/wire_version.h"
 #include "bench/rank_processes.h"
 #include "core/timing.h"
 #include "scheduler/role_group.h"
@@ -156,6 +157,7 @@ void scheduler_overhead(const std::string& rlhf_path, double raw_ipc_round_trip)
   SchedulerConfig c;
   c.run_dir = "/tmp/rlhf-bench-transport";
   c.worker_program = rlhf_path;
+  c.wire_version = wire_version();
   Scheduler s(c, p);
   s.start();
   RoleGroup& g = s.group(Role::kRollout);

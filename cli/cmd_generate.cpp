@@ -106,11 +106,8 @@ std::string engine_line(const Settings& s, int64_t prompts) {
   return "generate: " + std::to_string(prompts) + " prompt" + (prompts == 1 ? "" : "s") + " x " +
          std::to_string(c.n_samples_per_prompt) + " sample" +
          (c.n_samples_per_prompt == 1 ? "" : "s") + ", at most " +
-         std::to_string(c.max_new_tokens) + " new tokens; " +
-         (c.kv_block_size > 0
-              ? "paged KV cache, blocks of " + std::to_string(c.kv_block_size) + " tokens"
-              : std::string("contiguous KV cache")) +
-         " (" + s.source + ")";
+         std::to_string(c.max_new_tokens) + " new tokens; " + "paged KV cache, blocks of " +
+         std::to_string(c.kv_block_size) + " tokens (" + s.source + ")";
 }
 
 // The prompts formatted (--apply-chat-template) and encoded, left-padded into one batch:

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <memory>
 
+#include "actors/wire_version.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/preflight.h"
@@ -134,7 +135,9 @@ int cmd_run(const Argv& argv) {
     }
   }
   const Placement placement = place(spec);
-  Scheduler scheduler(SchedulerConfig::from_spec(spec, self_executable()), placement);
+  SchedulerConfig scheduler_config = SchedulerConfig::from_spec(spec, self_executable());
+  scheduler_config.wire_version = wire_version();  // this binary's workers speak it
+  Scheduler scheduler(std::move(scheduler_config), placement);
   // The live dashboard reads the run directory from a thread of this process until the job
   // ends (logger.dashboard_port: -1 any free port, 0 none).
   std::unique_ptr<report::Dashboard> dashboard;

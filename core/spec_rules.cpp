@@ -629,12 +629,7 @@ void check_lengths_and_algo(Validation& v) {
   if (v.ok({"reward.clip_range"}) && clip[0].get<double>() >= clip[1].get<double>())
     v.problem("reward.clip_range", "expected [low, high] with low < high, found " + clip.dump());
   if (kind != "ppo") return;
-  if (v.ok({"rollout.max_turns", "rollout.kv_block_size", "data.apply_chat_template"}) &&
-      num(v, "rollout.max_turns") > 1) {
-    if (num(v, "rollout.kv_block_size") == 0)
-      v.problem("rollout.max_turns",
-                "multi-turn rollouts continue each trajectory over the paged "
-                "KV cache: set rollout.kv_block_size > 0");
+  if (v.ok({"rollout.max_turns", "data.apply_chat_template"}) && num(v, "rollout.max_turns") > 1) {
     if (!v.at("data.apply_chat_template").get<bool>())
       v.problem("rollout.max_turns",
                 "the environment's turns are rendered with the chat template: set "

@@ -249,21 +249,19 @@ std::vector<KeySpec> build_table() {
       "generate phase after every other term the plan counts there (weights, the roles "
       "colocated with the rollout, activations, logits, the CUDA context), minus the headroom "
       "rollout.gpu_memory_utilization leaves (vLLM's meaning); `rlhf plan` shows the size "
-      "and how many full-length sequences it holds; on cpu nodes auto is 0. Paged "
-      "(rollout.kv_block_size > 0): the pool's size (never more than max_num_seqs full-length "
-      "sequences); sequences join as others finish and are preempted and recomputed when "
-      "blocks run out. Contiguous: each micro batch generates in waves of as many prompts "
-      "(with their n samples) as fit. Outputs are the same either way.");
+      "and how many full-length sequences it holds; on cpu nodes auto is 0. The paged pool's size "
+      "(never more than max_num_seqs full-length sequences): sequences join as others finish "
+      "and are preempted and recomputed when blocks run out; outputs do not depend on it.");
   t.number("rollout.gpu_memory_utilization", 0.9, 0, 1,
            "With rollout.kv_cache_memory_gb auto: the share of each rollout GPU's memory "
            "(cluster.nodes[].memory_gb) the plan may fill in the generate phase, all roles "
            "on the device counted (vLLM's gpu_memory_utilization); the rest is headroom for "
            "the allocator's fragmentation and what no term counts.",
            true);
-  t.integer("rollout.kv_block_size", 16, 0, 4096,
+  t.integer("rollout.kv_block_size", 16, 1, 4096,
             "Tokens per KV cache block (vLLM's block_size): a sequence holds only the blocks "
             "it fills, a prompt's samples share its blocks, and new prompts join the decode "
-            "batch as others finish. 0: one contiguous cache per micro batch.");
+            "batch as others finish.");
   t.integer("rollout.max_num_seqs", 0, 0, kInf,
             "Sequences decoding at once with a paged KV cache (vLLM's max_num_seqs); 0: "
             "rollout.micro_batch_size x rollout.n_samples_per_prompt.");
@@ -271,8 +269,8 @@ std::vector<KeySpec> build_table() {
             "Run paged decode steps eagerly at their own shapes (vLLM's enforce_eager). By "
             "default a GPU rollout pads each decode step to a bucketed shape and replays it as "
             "a CUDA graph captured on first use (a small model's decode step is bound by "
-            "kernel launches, not by the GPU). No effect on CPU nodes or with "
-            "rollout.kv_block_size 0, which always run eagerly.");
+            "kernel launches, not by the GPU). No effect on CPU nodes, which always run "
+            "eagerly.");
   t.boolean("rollout.gpu_kernels", true,
             "On GPU nodes, generate with the FlashInfer kernels compiled into rlhf (`rlhf "
             "version` names them) where they have an instance for the model: paged decode "
@@ -300,7 +298,7 @@ std::vector<KeySpec> build_table() {
             "the template's end of turn, <|im_end|> or <|eot_id|>), the environment answers, its "
             "answer is "
             "appended as the template's tool or user turn over the same KV cache (chatml or "
-            "llama3 templates; needs rollout.kv_block_size > 0) and the model goes on, up to "
+            "llama3 templates) and the model goes on, up to "
             "this many turns and rollout.max_new_tokens tokens. Environment tokens are outside "
             "the action mask: no loss, KL or entropy on them. 1: one turn (an environment then "
             "only scores it).");

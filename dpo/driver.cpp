@@ -66,18 +66,11 @@ class DpoJob : public OfflineJob {
   }
 
   bool kto() const { return config_.type == DpoLossType::kKto; }
-  std::string train_op() const override { return kto() ? "train_kto" : "train_dpo"; }
-  json train_args() const override {
-    json a;
-    a["loss"] = spec().get_string("algo.dpo.loss");
-    a["beta"] = config_.beta;
-    a["label_smoothing"] = config_.label_smoothing;
-    a["simpo_gamma"] = config_.simpo_gamma;
-    a["orpo_lambda"] = config_.orpo_lambda;
-    a["nll_loss_coef"] = config_.nll_loss_coef;
-    a["desirable_weight"] = kto_.desirable_weight;
-    a["undesirable_weight"] = kto_.undesirable_weight;
-    return a;
+  std::vector<Answered<ops::OfflineStepReply>> train_call(
+      RoleGroup& group, int64_t micro_batch_size,
+      const std::vector<NamedTensor>& tensors) const override {
+    if (kto()) return group.call_all(ops::TrainKto{micro_batch_size, kto_}, tensors);
+    return group.call_all(ops::TrainDpo{micro_batch_size, config_}, tensors);
   }
 
   void add_step_tensors(const std::vector<int64_t>& index,
@@ -93,7 +86,7 @@ class DpoJob : public OfflineJob {
   // Held-out KTO: z0 over all held-out KL rows; rewards beta * log-ratio by label.
   json evaluate_kto(Scheduler& s) {
     RowTensors rows = rows_of(eval_data());
-    auto [policy, policy_kl] = split_pairs(gather_rows(s, "sequence_log_probs", rows, "log_probs"));
+    auto [policy, policy_kl] = split_pairs(gather_log_probs(s, rows));
     KtoLogProbs lp;
     lp.policy = policy;
     lp.policy_kl = policy_kl;
@@ -115,7 +108,7 @@ class DpoJob : public OfflineJob {
   json evaluate(Scheduler& s) override {
     if (kto()) return evaluate_kto(s);
     RowTensors rows = rows_of(eval_data());
-    torch::Tensor sums = gather_rows(s, "sequence_log_probs", rows, "log_probs");
+    torch::Tensor sums = gather_log_probs(s, rows);
     torch::Tensor tokens = rows.loss_mask.sum(1).clamp_min(1);
     PairLogProbs lp;
     std::tie(lp.chosen, lp.rejected) =
@@ -201,17 +194,14 @@ class DpoJob : public OfflineJob {
   // log pi_ref of `rows` [N]: from the ref group, or from the actor's own workers with the
   // adapters off (each rank its share: the actor may be ZeRO-3).
   torch::Tensor chunk_reference_log_probs(Scheduler& s, const RowTensors& rows) {
-    if (ref_from_actor_)
-      return gather_rows(s, "sequence_log_probs", rows, "log_probs", {{"reference", true}})
-          .to(torch::kFloat32);
-    Message reply =
-        s.group(Role::kRef)
-            .scatter("sequence_log_probs",
-                     {{"sequences", rows.sequences},
-                      {"attention_mask", rows.attention_mask},
-                      {"loss_mask", rows.loss_mask}},
-                     2 * spec().get_int("train.micro_batch_size"), nlohmann::json::object(),
-                     std::nullopt, dispatch_for(spec(), Role::kRef));
+    if (ref_from_actor_) return gather_log_probs(s, rows, true).to(torch::kFloat32);
+    Message reply = s.group(Role::kRef)
+                        .scatter(ops::SequenceLogProbs{},
+                                 {{"sequences", rows.sequences},
+                                  {"attention_mask", rows.attention_mask},
+                                  {"loss_mask", rows.loss_mask}},
+                                 2 * spec().get_int("train.micro_batch_size"),
+                                 dispatch_for(spec(), Role::kRef));
     return reply.tensor("log_probs").to(torch::kFloat32);
   }
 
@@ -240,13 +230,16 @@ class SftJob : public OfflineJob {
 
  protected:
   const char* kind() const override { return "sft"; }
-  std::string train_op() const override { return "train_sft"; }
-  json train_args() const override { return json::object(); }
+  std::vector<Answered<ops::OfflineStepReply>> train_call(
+      RoleGroup& group, int64_t micro_batch_size,
+      const std::vector<NamedTensor>& tensors) const override {
+    return group.call_all(ops::TrainSft{micro_batch_size}, tensors);
+  }
 
   // Mean NLL per response token on the held-out examples, and its perplexity.
   json evaluate(Scheduler& s) override {
     RowTensors rows = rows_of(eval_data());
-    torch::Tensor sums = gather_rows(s, "sequence_log_probs", rows, "log_probs");
+    torch::Tensor sums = gather_log_probs(s, rows);
     const double loss = -(sums.sum() / rows.loss_mask.sum().clamp_min(1)).item<double>();
     return {{"eval_loss", loss}, {"eval_perplexity", std::exp(loss)}};
   }
@@ -270,8 +263,11 @@ class RmJob : public OfflineJob {
 
  protected:
   const char* kind() const override { return "rm"; }
-  std::string train_op() const override { return "train_rm"; }
-  json train_args() const override { return {{"loss", spec().get_string("algo.rm.loss")}}; }
+  std::vector<Answered<ops::OfflineStepReply>> train_call(
+      RoleGroup& group, int64_t micro_batch_size,
+      const std::vector<NamedTensor>& tensors) const override {
+    return group.call_all(ops::TrainRm{micro_batch_size, type_}, tensors);
+  }
 
   void add_step_tensors(const std::vector<int64_t>& index,
                         std::vector<NamedTensor>& tensors) const override {
@@ -283,8 +279,7 @@ class RmJob : public OfflineJob {
   }
 
   json evaluate(Scheduler& s) override {
-    auto [chosen, rejected] =
-        split_pairs(gather_rows(s, "sequence_scores", rows_of(eval_data()), "scores"));
+    auto [chosen, rejected] = split_pairs(gather_scores(s, rows_of(eval_data())));
     torch::Tensor margin;
     if (use_margin_) {
       std::vector<float> m;

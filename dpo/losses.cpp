@@ -34,6 +34,24 @@ DpoLossType parse_dpo_loss(const std::string& name) {
                    name + "\"");
 }
 
+const char* dpo_loss_name(DpoLossType type) {
+  switch (type) {
+    case DpoLossType::kSigmoid:
+      return "sigmoid";
+    case DpoLossType::kIpo:
+      return "ipo";
+    case DpoLossType::kHinge:
+      return "hinge";
+    case DpoLossType::kSimpo:
+      return "simpo";
+    case DpoLossType::kOrpo:
+      return "orpo";
+    case DpoLossType::kKto:
+      return "kto";
+  }
+  return "?";
+}
+
 bool needs_reference(DpoLossType type) {
   return type != DpoLossType::kSimpo && type != DpoLossType::kOrpo;
 }
@@ -136,6 +154,10 @@ RmLossType parse_rm_loss(const std::string& name) {
   if (name == "sigmoid") return RmLossType::kSigmoid;
   if (name == "logexp") return RmLossType::kLogExp;
   throw InputError("algo.rm.loss: expected sigmoid or logexp, found \"" + name + "\"");
+}
+
+const char* rm_loss_name(RmLossType type) {
+  return type == RmLossType::kLogExp ? "logexp" : "sigmoid";
 }
 
 torch::Tensor rm_loss(RmLossType type, const torch::Tensor& chosen_scores,

@@ -13,7 +13,8 @@ namespace rlhf::dpo {
 enum class DpoLossType { kSigmoid, kIpo, kHinge, kSimpo, kOrpo, kKto };
 // "sigmoid" | "ipo" | "hinge" | "simpo" | "orpo" | "kto"; throws InputError otherwise.
 DpoLossType parse_dpo_loss(const std::string& name);
-bool needs_reference(DpoLossType type);  // false for simpo and orpo
+const char* dpo_loss_name(DpoLossType type);  // the inverse
+bool needs_reference(DpoLossType type);       // false for simpo and orpo
 // True for the losses that compare length-normalised mean token log-probs (simpo, orpo).
 bool uses_mean_log_probs(DpoLossType type);
 
@@ -98,6 +99,7 @@ torch::Tensor kto_reference_point(const torch::Tensor& mean_kl);
 
 enum class RmLossType { kSigmoid, kLogExp };
 RmLossType parse_rm_loss(const std::string& name);
+const char* rm_loss_name(RmLossType type);  // the inverse
 
 // Pairwise reward-model loss over scores [P]:
 //   sigmoid: mean(-logsigmoid(r_chosen - r_rejected - margin))   (margin [P] or undefined)

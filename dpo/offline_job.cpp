@@ -43,15 +43,23 @@ std::vector<int64_t> to_int64(const std::vector<tokenizer::TokenId>& ids) {
 // grad norm and lr agree across ranks already; accuracy and rewards are per rank). A key
 // only some ranks report (KTO's rejected_reward when a rank's share holds no undesirable
 // row) is the mean over the ranks that report it.
-json mean_over_ranks(const std::vector<Message>& replies) {
+// The step's figures averaged over the ranks: the trainer's loss, grad_norm, lr and
+// peak_tensor_bytes, and the loss's own means (accuracy, margins, ...).
+json mean_over_ranks(const std::vector<Answered<ops::OfflineStepReply>>& replies) {
   std::map<std::string, std::pair<double, int>> sums;
-  for (const auto& r : replies)
-    for (const auto& [key, v] : r.args.items()) {
-      if (!v.is_number() || key == "step" || key == "rows" || key == "compute_s") continue;
-      auto& [sum, n] = sums[key];
-      sum += v.get<double>();
-      ++n;
-    }
+  auto add = [&sums](const std::string& key, double v) {
+    auto& [sum, n] = sums[key];
+    sum += v;
+    ++n;
+  };
+  for (const auto& answered : replies) {
+    const ops::OfflineStepReply& r = answered.reply;
+    add("loss", r.metrics.loss);
+    add("grad_norm", r.metrics.grad_norm);
+    add("lr", r.metrics.lr);
+    add("peak_tensor_bytes", static_cast<double>(r.metrics.peak_tensor_bytes));
+    for (const auto& [key, v] : r.means) add(key, v);
+  }
   json out = json::object();
   for (const auto& [key, s] : sums) out[key] = s.first / static_cast<double>(s.second);
   return out;
@@ -210,17 +218,29 @@ RowTensors OfflineJob::rows_of(const std::vector<TokenizedExample>& data,
   return layout_ != RowLayout::kSingle ? pair_rows(picked, pad_id_) : single_rows(picked, pad_id_);
 }
 
-torch::Tensor OfflineJob::gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
-                                      const std::string& name, const json& extra) {
-  json args = {{"rank_share", true}, {"chunk", 2 * micro_}};
-  args.update(extra);
-  auto replies = s.group(trained_).call_all(op, args,
-                                            {{"sequences", rows.sequences},
-                                             {"attention_mask", rows.attention_mask},
-                                             {"loss_mask", rows.loss_mask}});
+namespace {
+
+// `request` on every rank of `group` with `rows`; the ranks' tensors `name` concatenated.
+template <typename Request>
+torch::Tensor gather(RoleGroup& group, const Request& request, const RowTensors& rows,
+                     const char* name) {
+  auto replies = group.call_all(request, {{"sequences", rows.sequences},
+                                          {"attention_mask", rows.attention_mask},
+                                          {"loss_mask", rows.loss_mask}});
   std::vector<torch::Tensor> parts;
-  for (const auto& r : replies) parts.push_back(r.tensor(name));
+  for (const auto& r : replies) parts.push_back(r.tensors.tensor(name));
   return torch::cat(parts, 0);
+}
+
+}  // namespace
+
+torch::Tensor OfflineJob::gather_log_probs(Scheduler& s, const RowTensors& rows, bool reference) {
+  return gather(s.group(trained_), ops::SequenceLogProbs{{true, 2 * micro_}, reference}, rows,
+                "log_probs");
+}
+
+torch::Tensor OfflineJob::gather_scores(Scheduler& s, const RowTensors& rows) {
+  return gather(s.group(trained_), ops::SequenceScores{{true, 2 * micro_}}, rows, "scores");
 }
 
 void OfflineJob::init_roles(Scheduler& s, std::ostream& out) {
@@ -230,11 +250,11 @@ void OfflineJob::init_roles(Scheduler& s, std::ostream& out) {
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
     auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_, accum_);
-    json args = {{"config", config.to_json()}, {"store_path", s.rendezvous(role_name(role))}};
+    const ops::Init request{config, s.rendezvous(role_name(role))};
     out << kind() << ": loading " << role_name(role) << " (" << g.size() << " worker"
         << (g.size() == 1 ? "" : "s") << ")" << std::endl;
-    calls.push_back(std::async(std::launch::async, [this, &g, &out, &out_mutex, t0, args] {
-      g.call_all("init", args);
+    calls.push_back(std::async(std::launch::async, [this, &g, &out, &out_mutex, t0, request] {
+      g.call_all(request);
       std::lock_guard<std::mutex> lock(out_mutex);
       out << kind() << ": " << role_name(g.role()) << " ready after " << fixed(seconds_since(t0), 1)
           << " s" << std::endl;
@@ -267,9 +287,7 @@ json OfflineJob::train_step(Scheduler& s, int64_t step) {
                                       {"attention_mask", rows.attention_mask},
                                       {"loss_mask", rows.loss_mask}};
   add_step_tensors(index, tensors);
-  json args = train_args();
-  args["micro_batch_size"] = units / (group_size_ * accum_);
-  auto replies = s.group(trained_).call_all(train_op(), args, tensors);
+  auto replies = train_call(s.group(trained_), units / (group_size_ * accum_), tensors);
   const double t_step = seconds_since(t0);
   json rec = {
       {"step", step}, {"total_steps", total_steps_}, {"epoch", (step - 1) / steps_per_epoch_ + 1}};
@@ -277,8 +295,7 @@ json OfflineJob::train_step(Scheduler& s, int64_t step) {
   rec["time_s"] = t_step;
   // Worker compute (slowest rank's train op) against the step's wall time: the rest is
   // batch building, transport and waiting (bench/dpo_offline.sh).
-  double compute = 0;
-  for (const auto& r : replies) compute = std::max(compute, r.args.value("compute_s", 0.0));
+  const double compute = slowest_compute(replies);
   rec["worker_compute_s"] = compute;
   rec["overhead_share"] = std::max(0.0, 1.0 - compute / t_step);
   rec["tokens_per_s"] = static_cast<double>(rows.tokens()) / t_step;
@@ -292,10 +309,9 @@ void OfflineJob::save(Scheduler& s, int64_t step, std::ostream& out) {
   const auto t0 = Clock::now();
   out << kind() << ": saving the checkpoint of step " << step << " to " << ckpt_path_ << std::endl;
   s.progress().begin("saving the checkpoint of step " + std::to_string(step));
-  json args = {{"save_only_model", spec_.get_bool("ckpt.save_only_model")},
-               {"max_num", spec_.get_int("ckpt.max_num")},
-               {"dir", (fs::path(ckpt_path_) / role_name(trained_) / tag).string()}};
-  s.group(trained_).call_all("save", args);
+  s.group(trained_).call_all(ops::Save{(fs::path(ckpt_path_) / role_name(trained_) / tag).string(),
+                                       spec_.get_bool("ckpt.save_only_model"),
+                                       static_cast<int>(spec_.get_int("ckpt.max_num"))});
   // The driver's state last: its presence marks the step's checkpoint complete.
   const std::string file = engine::write_driver_state(ckpt_path_, step, {{"kind", kind()}}, spec_,
                                                       spec_.get_int("ckpt.max_num"));
@@ -308,7 +324,7 @@ int64_t OfflineJob::resume(Scheduler& s) {
   const auto state = engine::latest_driver_state(ckpt_path_, trained_);
   if (!state) throw InputError("--resume: no complete checkpoint under " + ckpt_path_);
   s.group(trained_).call_all(
-      "load", {{"dir", (fs::path(ckpt_path_) / role_name(trained_) / state->tag).string()}});
+      ops::Load{(fs::path(ckpt_path_) / role_name(trained_) / state->tag).string()});
   return state->step;
 }
 
@@ -333,7 +349,7 @@ void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
   const std::string dir = (fs::path(run_dir_) / "export" / role_name(trained_)).string();
   out << kind() << ": exporting the trained " << role_name(trained_) << " to " << dir << std::endl;
   s.progress().begin(std::string("exporting the ") + role_name(trained_));
-  s.group(trained_).call_all("export_hf", {{"dir", dir}});
+  s.group(trained_).call_all(ops::ExportHf{dir});
   s.progress().end();
   // The chat template comes along too (chat_template.jinja): a conversation-trained export
   // is the next job's model.

@@ -15,9 +15,11 @@
 #include "core/spec.h"
 #include "dpo/driver.h"
 #include "dpo/offline_batch.h"
+#include "dpo/worker_ops.h"
 #include "transport/message.h"
 
 namespace rlhf {
+class RoleGroup;
 class Scheduler;
 namespace report {
 class MetricsSink;
@@ -44,8 +46,11 @@ class OfflineJob {
   virtual const char* kind() const = 0;
   // After every role's init (and a resume's load), before the first step.
   virtual void prepare(Scheduler&, std::ostream&) {}
-  virtual std::string train_op() const = 0;
-  virtual nlohmann::json train_args() const = 0;
+  // One optimizer step on the trained group: this job's train request (dpo/worker_ops.h)
+  // with micro_batch_size units, over `tensors`.
+  virtual std::vector<Answered<ops::OfflineStepReply>> train_call(
+      RoleGroup& group, int64_t micro_batch_size,
+      const std::vector<NamedTensor>& tensors) const = 0;
   // Tensors a step needs beyond the rows of its examples `index` (into train_data()).
   virtual void add_step_tensors(const std::vector<int64_t>& /*index*/,
                                 std::vector<NamedTensor>& /*tensors*/) const {}
@@ -67,11 +72,11 @@ class OfflineJob {
   // Rows of `data`'s examples `index` (all when empty) in this job's layout, unpacked.
   RowTensors rows_of(const std::vector<TokenizedExample>& data,
                      const std::vector<int64_t>& index = {}) const;
-  // Values of a call_all with args.rank_share over `rows`: the ranks' tensors `name`
-  // concatenated in rank order (rows in order). `op` on the trained group, with `extra` args.
-  torch::Tensor gather_rows(Scheduler& s, const std::string& op, const RowTensors& rows,
-                            const std::string& name,
-                            const nlohmann::json& extra = nlohmann::json::object());
+  // The trained group's sequence log-probs (with `reference`, its adapters off) or scores of
+  // `rows`: each rank takes its share (a call_all: the group may be ZeRO-3), the ranks'
+  // values concatenated in rank order (rows in order).
+  torch::Tensor gather_log_probs(Scheduler& s, const RowTensors& rows, bool reference = false);
+  torch::Tensor gather_scores(Scheduler& s, const RowTensors& rows);
 
  private:
   void load_data(RowLayout layout);

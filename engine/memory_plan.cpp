@@ -404,8 +404,7 @@ int64_t sync_receive_bytes(const RoleMemoryInput& in, int64_t held_numel) {
   return (tp + 1 > 2 ? tp + 1 : 1) * std::min(in.sync_bucket_bytes / tp, e * held_numel);
 }
 
-// The smallest KV budget a rollout rank can generate with: one full-length sequence's blocks
-// (paged), or one prompt's prefilled row and its n sample rows (contiguous).
+// The smallest KV budget a rollout rank can generate with: one full-length sequence's blocks.
 int64_t one_sequence_kv_bytes(const RoleMemoryInput& in) {
   const int tp = in.tensor_parallel;
   const models::ModelConfig lc =
@@ -413,9 +412,7 @@ int64_t one_sequence_kv_bytes(const RoleMemoryInput& in) {
   const int64_t capacity = in.prompt_len + in.max_new_tokens;
   const int64_t per_token =
       2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * in.compute_bytes;
-  if (in.kv_block_size > 0)
-    return per_token * in.kv_block_size * div_up(capacity, in.kv_block_size);
-  return per_token * capacity * (in.n_samples + 1);
+  return per_token * in.kv_block_size * div_up(capacity, in.kv_block_size);
 }
 
 void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t);
@@ -479,68 +476,41 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
     return bytes;
   };
   const int64_t capacity = in.prompt_len + in.max_new_tokens;
-  const int64_t per_row =
-      2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * capacity * e;
   auto gib = [](int64_t b) { return std::to_string(static_cast<double>(b) / (1ll << 30)); };
-  if (in.kv_block_size > 0) {
-    // Paged (rollout/paged_generation.cpp): one pool of blocks, the budget's or what
-    // max_num_seqs full-length sequences fill; a prefill forward of at most mb prompts;
-    // decode logits for max_num_seqs rows.
-    const int64_t bs = in.kv_block_size;
-    const int64_t block = 2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * bs * e;
-    const int64_t per_seq = div_up(capacity, bs);
-    const int64_t seqs =
-        in.max_num_seqs > 0 ? in.max_num_seqs : in.rollout_micro_batch * in.n_samples;
-    int64_t blocks = seqs * per_seq;
-    if (in.kv_cache_budget > 0) {
-      blocks = std::min(blocks, in.kv_cache_budget / block);
-      if (blocks < per_seq)
-        throw InputError("rollout.kv_cache_memory_gb: " + gib(in.kv_cache_budget) +
-                         " GiB holds less than one sequence: " + std::to_string(in.prompt_len) +
-                         " prompt + " + std::to_string(in.max_new_tokens) +
-                         " new tokens in blocks of " + std::to_string(bs) + " need " +
-                         gib(per_seq * block) + " GiB");
-    }
-    t.kv_cache = blocks * block;
-    // A decode step gathers one layer's keys and values of every running sequence from
-    // their blocks ([seqs, kv_heads, S, head_dim] each, S up to the padded capacity) before
-    // attending; prefill and decode run one after the other, so the larger of the two is
-    // the transient. (With CUDA graphs the gather lives in the graphs' pool for the whole
-    // generate call.)
-    const int64_t gather = 2 * seqs * per_seq * bs * lc.num_key_value_heads * lc.head_dim * e;
-    t.activations = std::max(
-        inference_bytes(lc, in.rollout_micro_batch, in.prompt_len, e, in.device_kind, true),
-        gather);
-    t.log_probs = logits_bytes(seqs);
-    // With CUDA graphs every captured shape writes its logits into one [seqs, 1, V] buffer in
-    // the compute dtype, held for the engine's life (rollout/decode_graph.h: PagedDecoder).
-    if (in.decode_graphs) t.log_probs += seqs * c.vocab_size * e;
-    t.step_peak = t.kv_cache + t.activations + t.log_probs;
-    t.kv_sequences = blocks / per_seq;
-    t.sync = sync_receive_bytes(in, numel);
-    return;
-  }
-  // Contiguous (rollout/generator.cpp): a cache of mb prompts is prefilled, then copied to
-  // mb x n rows (both alive during the copy); capacity P + R per row, K and V per layer.
-  // A KV budget lowers mb to the prompts that fit (Generator::prompts_per_cache).
-  int64_t mb = in.rollout_micro_batch;
+  // Paged (rollout/paged_generation.cpp): one pool of blocks, the budget's or what
+  // max_num_seqs full-length sequences fill; a prefill forward of at most mb prompts;
+  // decode logits for max_num_seqs rows.
+  const int64_t bs = in.kv_block_size;
+  if (bs < 1) throw InputError("rollout.kv_block_size must be >= 1, got " + std::to_string(bs));
+  const int64_t block = 2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * bs * e;
+  const int64_t per_seq = div_up(capacity, bs);
+  const int64_t seqs =
+      in.max_num_seqs > 0 ? in.max_num_seqs : in.rollout_micro_batch * in.n_samples;
+  int64_t blocks = seqs * per_seq;
   if (in.kv_cache_budget > 0) {
-    const int64_t per_prompt = per_row * (in.n_samples + 1);
-    if (in.kv_cache_budget < per_prompt) {
+    blocks = std::min(blocks, in.kv_cache_budget / block);
+    if (blocks < per_seq)
       throw InputError("rollout.kv_cache_memory_gb: " + gib(in.kv_cache_budget) +
-                       " GiB holds less than one prompt: " + std::to_string(in.prompt_len) +
-                       " prompt tokens with " + std::to_string(in.n_samples) + " samples of " +
-                       std::to_string(in.max_new_tokens) + " new tokens need " + gib(per_prompt) +
-                       " GiB");
-    }
-    mb = std::min(mb, in.kv_cache_budget / per_prompt);
+                       " GiB holds less than one sequence: " + std::to_string(in.prompt_len) +
+                       " prompt + " + std::to_string(in.max_new_tokens) +
+                       " new tokens in blocks of " + std::to_string(bs) + " need " +
+                       gib(per_seq * block) + " GiB");
   }
-  const int64_t rows = mb * in.n_samples;
-  t.kv_cache = per_row * (rows + mb);
-  t.activations = inference_bytes(lc, mb, in.prompt_len, e, in.device_kind, /*cached=*/true);
-  t.log_probs = logits_bytes(rows);  // decode logits, FP32 softmax and sampling copy
+  t.kv_cache = blocks * block;
+  // A decode step gathers one layer's keys and values of every running sequence from
+  // their blocks ([seqs, kv_heads, S, head_dim] each, S up to the padded capacity) before
+  // attending; prefill and decode run one after the other, so the larger of the two is
+  // the transient. (With CUDA graphs the gather lives in the graphs' pool for the whole
+  // generate call.)
+  const int64_t gather = 2 * seqs * per_seq * bs * lc.num_key_value_heads * lc.head_dim * e;
+  t.activations = std::max(
+      inference_bytes(lc, in.rollout_micro_batch, in.prompt_len, e, in.device_kind, true), gather);
+  t.log_probs = logits_bytes(seqs);
+  // With CUDA graphs every captured shape writes its logits into one [seqs, 1, V] buffer in
+  // the compute dtype, held for the engine's life (rollout/decode_graph.h: PagedDecoder).
+  if (in.decode_graphs) t.log_probs += seqs * c.vocab_size * e;
   t.step_peak = t.kv_cache + t.activations + t.log_probs;
-  t.kv_sequences = rows;
+  t.kv_sequences = blocks / per_seq;
   t.sync = sync_receive_bytes(in, numel);
 }
 
@@ -876,8 +846,7 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
   set_phase_flags(spec, role, placement, in);
   in.kv_block_size = spec.get_int("rollout.kv_block_size");
   in.max_num_seqs = spec.get_int("rollout.max_num_seqs");
-  in.decode_graphs = in.device_kind == DeviceKind::kCuda && in.kv_block_size > 0 &&
-                     !spec.get_bool("rollout.enforce_eager");
+  in.decode_graphs = in.device_kind == DeviceKind::kCuda && !spec.get_bool("rollout.enforce_eager");
   // DPO and RM batches hold chosen and rejected together.
   const int64_t pair = spec.kind() == JobKind::kDpo || spec.kind() == JobKind::kRm ? 2 : 1;
   if (spec.trains(role)) {

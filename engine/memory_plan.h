@@ -58,7 +58,7 @@ struct RoleMemoryInput {
   int64_t kv_cache_budget = 0;      // rollout.kv_cache_memory_gb in bytes (0: unbounded)
   bool kv_auto = false;  // kv_cache_memory_gb "auto" on cuda: plan_memory sets kv_cache_budget
   double gpu_memory_utilization = 0.9;  // rollout.gpu_memory_utilization (kv_auto)
-  int64_t kv_block_size = 0;            // rollout.kv_block_size (0: contiguous cache)
+  int64_t kv_block_size = 16;           // rollout.kv_block_size (the spec's default)
   int64_t max_num_seqs = 0;             // rollout.max_num_seqs (0: micro batch x n)
   // Paged decode steps replayed as CUDA graphs (on cuda, unless rollout.enforce_eager): the
   // graphs' one shared [max_num_seqs, V] logits buffer (rollout/decode_graph.h) lives as long

@@ -1,6 +1,7 @@
 #include "engine/role_config.h"
 
 #include "core/errors.h"
+#include "core/json_fields.h"
 #include "core/text.h"
 
 namespace rlhf::engine {
@@ -32,17 +33,6 @@ LrScheduler parse_scheduler(const std::string& s) {
   throw InputError("lr_scheduler: unknown schedule \"" + s + "\"");
 }
 
-template <typename T>
-T field(const json& j, const char* key) {
-  if (!j.contains(key)) throw InputError(std::string("role config: missing key \"") + key + "\"");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    throw InputError(std::string("role config: key \"") + key +
-                     "\" has the wrong type: " + j.at(key).dump());
-  }
-}
-
 json trainer_json(const TrainerConfig& t) {
   return {{"zero_stage", zero_name(t.zero_stage)},
           {"lr", t.lr},
@@ -59,28 +49,30 @@ json trainer_json(const TrainerConfig& t) {
           {"adam_offload", t.optimizer_placement == OptimizerPlacement::kHost}};
 }
 
-TrainerConfig trainer_from_json(const json& j) {
+TrainerConfig trainer_from_json(const json& j, const std::string& where) {
+  JsonFields f(j, where);
   TrainerConfig t;
-  std::string stage = field<std::string>(j, "zero_stage");
+  std::string stage = f.get<std::string>("zero_stage");
   if (stage != "1" && stage != "2" && stage != "3")
     throw InputError("role config: zero_stage must be 1, 2 or 3 for a trained role, found " +
                      stage);
   t.zero_stage = stage == "1"   ? ZeroStage::kOptimizer
                  : stage == "2" ? ZeroStage::kGradients
                                 : ZeroStage::kParameters;
-  t.lr = field<double>(j, "lr");
-  t.beta1 = field<double>(j, "beta1");
-  t.beta2 = field<double>(j, "beta2");
-  t.eps = field<double>(j, "eps");
-  t.weight_decay = field<double>(j, "weight_decay");
-  t.max_norm = field<double>(j, "max_norm");
-  t.lr_scheduler = parse_scheduler(field<std::string>(j, "lr_scheduler"));
-  t.warmup_ratio = field<double>(j, "warmup_ratio");
-  t.min_lr_ratio = field<double>(j, "min_lr_ratio");
-  t.total_steps = field<int64_t>(j, "total_steps");
-  t.grad_accum_steps = field<int64_t>(j, "grad_accum_steps");
+  t.lr = f.get<double>("lr");
+  t.beta1 = f.get<double>("beta1");
+  t.beta2 = f.get<double>("beta2");
+  t.eps = f.get<double>("eps");
+  t.weight_decay = f.get<double>("weight_decay");
+  t.max_norm = f.get<double>("max_norm");
+  t.lr_scheduler = parse_scheduler(f.get<std::string>("lr_scheduler"));
+  t.warmup_ratio = f.get<double>("warmup_ratio");
+  t.min_lr_ratio = f.get<double>("min_lr_ratio");
+  t.total_steps = f.get<int64_t>("total_steps");
+  t.grad_accum_steps = f.get<int64_t>("grad_accum_steps");
   t.optimizer_placement =
-      field<bool>(j, "adam_offload") ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
+      f.get<bool>("adam_offload") ? OptimizerPlacement::kHost : OptimizerPlacement::kDevice;
+  f.finish();
   return t;
 }
 
@@ -95,15 +87,17 @@ json lora_json(const ModelRoleConfig& c) {
           {"export_merged", c.lora_export_merged}};
 }
 
-void lora_from_json(const json& j, ModelRoleConfig& c) {
-  c.lora.rank = field<int64_t>(j, "rank");
-  c.lora.alpha = field<double>(j, "alpha");
-  c.lora.dropout = field<double>(j, "dropout");
-  c.lora.target_modules = field<std::vector<std::string>>(j, "target_modules");
-  c.lora.init = models::lora_init_from_name(field<std::string>(j, "init"));
-  c.lora.use_rslora = field<bool>(j, "use_rslora");
-  c.lora_adapter = field<std::string>(j, "adapter");
-  c.lora_export_merged = field<bool>(j, "export_merged");
+void lora_from_json(const json& j, const std::string& where, ModelRoleConfig& c) {
+  JsonFields f(j, where);
+  c.lora.rank = f.get<int64_t>("rank");
+  c.lora.alpha = f.get<double>("alpha");
+  c.lora.dropout = f.get<double>("dropout");
+  c.lora.target_modules = f.get<std::vector<std::string>>("target_modules");
+  c.lora.init = models::lora_init_from_name(f.get<std::string>("init"));
+  c.lora.use_rslora = f.get<bool>("use_rslora");
+  c.lora_adapter = f.get<std::string>("adapter");
+  c.lora_export_merged = f.get<bool>("export_merged");
+  f.finish();
 }
 
 }  // namespace
@@ -123,25 +117,27 @@ json ModelRoleConfig::to_json() const {
   return j;
 }
 
-ModelRoleConfig ModelRoleConfig::from_json(const json& j) {
-  if (!j.is_object()) throw InputError("role config: expected a JSON object");
+ModelRoleConfig ModelRoleConfig::from_json(const json& j, const std::string& where) {
+  JsonFields f(j, where);
   ModelRoleConfig c;
-  c.role = field<std::string>(j, "role");
-  c.model_dir = field<std::string>(j, "model_dir");
-  c.dtype = field<std::string>(j, "dtype");
+  c.role = f.get<std::string>("role");
+  c.model_dir = f.get<std::string>("model_dir");
+  c.dtype = f.get<std::string>("dtype");
   if (c.dtype != "bf16" && c.dtype != "fp32")
     throw InputError("role config: dtype must be bf16 or fp32, found " + c.dtype);
-  std::string head = field<std::string>(j, "head");
+  std::string head = f.get<std::string>("head");
   if (head != "lm" && head != "value") throw InputError("role config: head must be lm or value");
   c.head = head == "value" ? models::HeadKind::kValue : models::HeadKind::kLanguageModel;
-  c.value_head_prefix = field<std::string>(j, "value_head_prefix");
-  c.gradient_checkpointing = field<bool>(j, "gradient_checkpointing");
-  c.logits_chunk_tokens = field<int64_t>(j, "logits_chunk_tokens");
+  c.value_head_prefix = f.get<std::string>("value_head_prefix");
+  c.gradient_checkpointing = f.get<bool>("gradient_checkpointing");
+  c.logits_chunk_tokens = f.get<int64_t>("logits_chunk_tokens");
   if (c.logits_chunk_tokens < 0) throw InputError("role config: logits_chunk_tokens must be >= 0");
-  c.seed = field<uint64_t>(j, "seed");
-  c.shard_weights = j.value("shard_weights", false);
-  if (j.contains("trainer") && !j["trainer"].is_null()) c.trainer = trainer_from_json(j["trainer"]);
-  if (j.contains("lora")) lora_from_json(j["lora"], c);
+  c.seed = f.get<uint64_t>("seed");
+  c.shard_weights = f.get<bool>("shard_weights");
+  if (const json& trainer = f.take("trainer"); !trainer.is_null())
+    c.trainer = trainer_from_json(trainer, f.nested("trainer"));
+  lora_from_json(f.take("lora"), f.nested("lora"), c);
+  f.finish();
   return c;
 }
 

@@ -38,13 +38,23 @@ struct ModelRoleConfig {
   bool uses_lora() const { return lora.rank > 0 || !lora_adapter.empty(); }
 
   nlohmann::json to_json() const;
-  // Throws InputError naming the missing or malformed key.
-  static ModelRoleConfig from_json(const nlohmann::json& j);
+  // Every field required (null trainer: untrained). Throws RuntimeError naming `where` and
+  // a field that is missing, unknown or of the wrong type, InputError for a bad value.
+  static ModelRoleConfig from_json(const nlohmann::json& j,
+                                   const std::string& where = "role config");
 
   // `total_steps`: optimizer steps the LR schedule spans; `grad_accum_steps`: micro batches
   // per optimizer step on each rank.
   static ModelRoleConfig from_spec(const JobSpec& spec, Role role, int64_t total_steps,
                                    int64_t grad_accum_steps);
 };
+
+// nlohmann's hooks, so a ModelRoleConfig travels inside typed requests (engine/worker_ops.h).
+inline void to_json(nlohmann::json& j, const ModelRoleConfig& c) {
+  j = c.to_json();
+}
+inline void from_json(const nlohmann::json& j, ModelRoleConfig& c) {
+  c = ModelRoleConfig::from_json(j);
+}
 
 }  // namespace rlhf::engine

@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/json_fields.h"
+
 namespace rlhf {
 class JobSpec;
 }
@@ -81,6 +83,9 @@ struct EnvironmentConfig {
   // The env.* keys of a validated job spec.
   static EnvironmentConfig from_spec(const JobSpec& spec);
 };
+// How it travels to a rollout worker (load_model's "env"): every field, strictly.
+RLHF_WIRE_STRUCT(EnvironmentConfig, "env", builtin, python, url, timeout_s, python_workers,
+                 python_interpreter, options)
 
 // The environment the config names (exactly one of builtin, python, url). Throws InputError
 // naming the key when none or several are set, the built-in is unknown, or the Python file

@@ -22,13 +22,12 @@ void PpoJob::save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ost
   const auto t0 = Clock::now();
   out << "ppo: saving the checkpoint of step " << step << " to " << c_.ckpt_path << std::endl;
   s.progress().begin("saving the checkpoint of step " + std::to_string(step));
-  json args = {{"save_only_model", c_.save_only_model}, {"max_num", c_.max_ckpt}};
   std::vector<std::future<void>> calls;
   for (Role role : {Role::kActor, Role::kCritic}) {
     if (role == Role::kCritic && !has_critic_) continue;
-    json a = args;
-    a["dir"] = (fs::path(c_.ckpt_path) / role_name(role) / tag).string();
-    calls.push_back(in_parallel([&s, role, a] { s.group(role).call_all("save", a); }));
+    const ops::Save request{(fs::path(c_.ckpt_path) / role_name(role) / tag).string(),
+                            c_.save_only_model, static_cast<int>(c_.max_ckpt)};
+    calls.push_back(in_parallel([&s, role, request] { s.group(role).call_all(request); }));
   }
   for (auto& c : calls) c.get();
   // The driver's own state last: its presence marks the whole step's checkpoint complete.
@@ -46,8 +45,8 @@ int64_t PpoJob::resume(Scheduler& s) {
   std::vector<std::future<void>> calls;
   for (Role role : {Role::kActor, Role::kCritic}) {
     if (role == Role::kCritic && !has_critic_) continue;
-    json a = {{"dir", (fs::path(c_.ckpt_path) / role_name(role) / state->tag).string()}};
-    calls.push_back(in_parallel([&s, role, a] { s.group(role).call_all("load", a); }));
+    const ops::Load request{(fs::path(c_.ckpt_path) / role_name(role) / state->tag).string()};
+    calls.push_back(in_parallel([&s, role, request] { s.group(role).call_all(request); }));
   }
   for (auto& c : calls) c.get();
   stream_->seek(state->data.at("prompts_consumed").get<int64_t>());
@@ -59,7 +58,7 @@ void PpoJob::export_actor(Scheduler& s, std::ostream& out) {
   std::string dir = (fs::path(run_dir_) / "export" / "actor").string();
   out << "ppo: exporting the trained actor to " << dir << std::endl;
   s.progress().begin("exporting the actor");
-  s.group(Role::kActor).call_all("export_hf", {{"dir", dir}});
+  s.group(Role::kActor).call_all(ops::ExportHf{dir});
   s.progress().end();
   models::copy_tokenizer_files(spec_.get_string("actor.model"), dir);  // a complete model dir
   out << "ppo: trained actor exported to " << dir << std::endl;

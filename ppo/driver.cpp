@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
@@ -46,12 +47,6 @@ double scatter_compute(const Message& reply, int ranks) {
     sum += mb.value("compute_s", 0.0);
   return sum / std::max(1, ranks);
 }
-double call_all_compute(const std::vector<Message>& replies) {
-  double most = 0;
-  for (const auto& r : replies) most = std::max(most, r.args.value("compute_s", 0.0));
-  return most;
-}
-
 std::string seconds_text(double seconds) {
   std::ostringstream o;
   o << std::fixed << std::setprecision(1) << seconds;
@@ -151,7 +146,8 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec,
   return out;
 }
 
-json PpoJob::rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& workers) {
+ops::LoadModel PpoJob::rollout_load_request(Scheduler& s, double kv_cache_gb,
+                                            std::string& workers) {
   RoleGroup& g = s.group(Role::kRollout);
   std::vector<int64_t> stop = c_.stop_token_ids;
   stop.push_back(eos_id_);
@@ -168,8 +164,9 @@ json PpoJob::rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& wo
   generation.kv_cache_bytes =
       static_cast<int64_t>(kv_cache_gb * static_cast<double>(int64_t{1} << 30));
   generation.pad_token_id = pad_id_;
-  json args = {{"model", spec_.get_string("rollout.model")},
-               {"dtype", spec_.get_string("rollout.dtype")}};
+  ops::LoadModel request;
+  request.model = spec_.get_string("rollout.model");
+  request.dtype = spec_.get_string("rollout.dtype");
   if (!c_.environment.is_null()) {
     // Multi-turn rollouts: a turn ends at the template's end-of-turn token, which is not
     // always the tokenizer's EOS (Llama-3.0's is <|end_of_text|>).
@@ -177,18 +174,16 @@ json PpoJob::rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& wo
       if (const auto id = tokenizer_->token_to_id(end_of_turn)) stop.push_back(*id);
     // The engine renders the environment's turns with the actor's tokenizer and the data's
     // chat template (rollout/trajectory.h).
-    args["env"] = c_.environment;
-    args["max_turns"] = c_.max_turns;
-    args["tokenizer"] = spec_.get_string("actor.model");
-    args["chat_template"] = spec_.get_string("data.chat_template");
+    request.env = envs::EnvironmentConfig::from_spec(spec_);
+    request.max_turns = c_.max_turns;
+    request.tokenizer = spec_.get_string("actor.model");
+    request.chat_template = spec_.get_string("data.chat_template");
   }
   generation.stop_token_ids = stop;
-  args["generation"] = rollout::to_json(generation);
-  if (c_.tensor_parallel_size > 1) {
-    args["tensor_parallel_size"] = c_.tensor_parallel_size;
-    args["tp_store_path"] = s.rendezvous("rollout_tp");
-  }
-  return args;
+  request.generation = generation;
+  request.tensor_parallel_size = static_cast<int>(c_.tensor_parallel_size);
+  if (c_.tensor_parallel_size > 1) request.tp_store_path = s.rendezvous("rollout_tp");
+  return request;
 }
 
 void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
@@ -205,39 +200,39 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
   std::vector<std::future<void>> calls;
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
-    json args;
-    std::string op = "init";
     std::string workers = std::to_string(g.size()) + " worker" + (g.size() == 1 ? "" : "s");
+    std::function<void()> load;
     if (role == Role::kRollout) {
-      op = "load_model";
-      args = rollout_load_args(s, kv_cache_gb, workers);
+      load = [&g, request = rollout_load_request(s, kv_cache_gb, workers)] { g.call_all(request); };
     } else {
       int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
-      auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum);
-      args = {{"config", config.to_json()}, {"store_path", s.rendezvous(role_name(role))}};
+      ops::Init request{
+          engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum),
+          s.rendezvous(role_name(role))};
+      load = [&g, request] { g.call_all(request); };
     }
     out << "ppo: loading " << role_name(role) << " (" << workers << ")" << std::endl;
-    calls.push_back(in_parallel([&g, &out, &out_mutex, t0, op, args] {
-      g.call_all(op, args);
+    calls.push_back(in_parallel([&g, &out, &out_mutex, t0, load] {
+      load();
       std::lock_guard<std::mutex> lock(out_mutex);
       out << "ppo: " << role_name(g.role()) << " ready after " << seconds_text(seconds_since(t0))
           << " s" << std::endl;
     }));
   }
   for (auto& c : calls) c.get();
-  const auto actor = s.group(Role::kActor).call_all("info");
-  const auto rollout = s.group(Role::kRollout).call_all("info");
+  const auto actor = s.group(Role::kActor).call_all(ops::Info{});
+  const auto rollout = s.group(Role::kRollout).call_all(ops::Info{});
   sync_route_ = sync_route(actor, rollout, c_.tensor_parallel_size);
   choose_sleep_mode(rollout, out);
 }
 
-void PpoJob::choose_sleep_mode(const std::vector<Message>& rollout, std::ostream& out) {
+void PpoJob::choose_sleep_mode(const std::vector<Answered<ops::InfoReply>>& rollout,
+                               std::ostream& out) {
   // Sleep mode only where the rollout shares the actor's GPU and the two take turns: on cpu
   // nodes host memory is the same memory, and with async_steps they run at once.
-  const bool colocated_gpu =
-      spec_.get_string("rollout.colocate_with") == "actor" &&
-      rollout.at(0).args.value("device", std::string()).rfind("cuda", 0) == 0 &&
-      c_.async_steps == 0;
+  const bool colocated_gpu = spec_.get_string("rollout.colocate_with") == "actor" &&
+                             rollout.at(0).reply.device.rfind("cuda", 0) == 0 &&
+                             c_.async_steps == 0;
   sleep_rollout_ = colocated_gpu && spec_.get_bool("rollout.offload_while_training");
   offload_optimizer_ = colocated_gpu &&
                        spec_.get_bool("actor.offload_optimizer_while_generating") &&

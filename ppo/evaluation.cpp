@@ -21,12 +21,12 @@ Rollout PpoJob::eval_rollout(Scheduler& s, const PromptBatch& batch, double temp
   Rollout r = generate_with(s, batch, temperature, n, c_.seed * 7919 + 104729);
   torch::Tensor model_scores;
   if (has_reward_model_)
-    model_scores = s.group(Role::kReward)
-                       .scatter("score", sequence_tensors(r), c_.rollout_micro_batch_size * n,
-                                {{"max_tokens", c_.max_tokens_per_micro_batch},
-                                 {"max_rows", c_.rollout_micro_batch_size * n}},
-                                std::nullopt, dispatch_for(spec_, Role::kReward))
-                       .tensor("scores");
+    model_scores =
+        s.group(Role::kReward)
+            .scatter(ops::Score{{c_.max_tokens_per_micro_batch, c_.rollout_micro_batch_size * n}},
+                     sequence_tensors(r), c_.rollout_micro_batch_size * n,
+                     dispatch_for(spec_, Role::kReward))
+            .tensor("scores");
   score_rewards(r, model_scores);
   return r;
 }

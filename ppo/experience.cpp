@@ -38,11 +38,12 @@ Rollout PpoJob::generate_with(Scheduler& s, const PromptBatch& batch, double tem
                               uint64_t seed) {
   // Each micro batch goes to one engine: with tensor parallelism, the same request to each of
   // its ranks at once (RoleGroup replicas). n overrides the engine's samples per prompt.
-  json args = {{"temperature", temperature},
-               {"top_p", c_.top_p},
-               {"top_k", c_.top_k},
-               {"seed", seed},
-               {"n_samples_per_prompt", n}};
+  ops::Generate request;
+  request.sampling.temperature = temperature;
+  request.sampling.top_p = c_.top_p;
+  request.sampling.top_k = c_.top_k;
+  request.sampling.seed = seed;
+  request.n_samples_per_prompt = n;
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   if (!c_.environment.is_null()) {
     // Each prompt's row for its environment's reset (indexed by prompt_index).
@@ -53,14 +54,14 @@ Rollout PpoJob::generate_with(Scheduler& s, const PromptBatch& batch, double tem
       if (!row.contains("label")) row["label"] = batch.labels[i];
       rows.push_back(std::move(row));
     }
-    args["rows"] = std::move(rows);
+    request.rows = std::move(rows);
   }
   Message reply = s.group(Role::kRollout)
-                      .scatter("generate",
+                      .scatter(request,
                                {{"prompt_ids", batch.prompt_ids},
                                 {"prompt_mask", batch.prompt_mask},
                                 {"prompt_index", index}},
-                               c_.rollout_micro_batch_size, args);
+                               c_.rollout_micro_batch_size);
   Rollout r;
   // Micro batches spread over the engines (an engine's TP ranks compute each one together).
   r.compute_s = scatter_compute(reply, s.group(Role::kRollout).replicas());
@@ -68,10 +69,10 @@ Rollout PpoJob::generate_with(Scheduler& s, const PromptBatch& batch, double tem
   r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
   r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
   r.behaviour_log_probs = reply.tensor("log_probs").to(torch::kFloat32).contiguous();
-  for (const auto& mb : reply.args.value("micro_batches", json::array())) {
-    r.weight_version = std::max<int64_t>(r.weight_version, mb.value("weight_version", int64_t{0}));
-    r.preempted += mb.value("preempted", int64_t{0});
-    r.kv_peak_bytes = std::max<int64_t>(r.kv_peak_bytes, mb.value("kv_peak_bytes", int64_t{0}));
+  for (const ops::GenerateReply& mb : micro_batch_replies<ops::Generate>(reply)) {
+    r.weight_version = std::max(r.weight_version, mb.weight_version);
+    r.preempted += mb.preempted;
+    r.kv_peak_bytes = std::max(r.kv_peak_bytes, mb.kv_peak_bytes);
   }
   if (reply.has_tensor("env_rewards")) read_trajectories(r, reply);
   for (int64_t i = 0; i < r.sequences.size(0); ++i) {
@@ -90,9 +91,10 @@ void PpoJob::read_trajectories(Rollout& r, const Message& reply) const {
   r.tool_errors = reply.tensor("tool_errors").to(torch::kLong).contiguous();
   r.env_seconds = reply.tensor("env_seconds").to(torch::kFloat32).contiguous();
   r.env_timed_out = reply.tensor("env_timed_out").to(torch::kLong).contiguous();
-  for (const auto& mb : reply.args.value("micro_batches", json::array())) {
-    r.env_stall_s += mb.value("env_stall_seconds", 0.0);
-    for (const auto& c : mb.value("conversations", json::array())) r.conversations.push_back(c);
+  for (const ops::GenerateReply& mb : micro_batch_replies<ops::Generate>(reply)) {
+    r.env_stall_s += mb.env_stall_seconds;
+    if (mb.conversations.is_array())
+      for (const auto& c : mb.conversations) r.conversations.push_back(c);
   }
   TORCH_CHECK(static_cast<int64_t>(r.conversations.size()) == r.sequences.size(0),
               "generate: ", r.conversations.size(), " conversations for ", r.sequences.size(0),
@@ -253,30 +255,25 @@ Experience PpoJob::score(Scheduler& s, Rollout& r) {
   // ranks that gather weights in each forward (ZeRO-3) agree on the number of forwards.
   // Actor and reference log-probs at the sampling temperature (logits / T), so the ratio and
   // the KL compare the distributions the samples were drawn from (OpenRLHF, veRL).
-  const json args = {{"action_len", r.action_mask.size(1)},
-                     {"max_tokens", c_.max_tokens_per_micro_batch},
-                     {"max_rows", micro},
-                     {"temperature", c_.temperature}};
+  const ops::ForwardBudget budget{c_.max_tokens_per_micro_batch, micro};
+  const int64_t action_len = r.action_mask.size(1);
   auto seq = sequence_tensors(r);
   // Each future yields the group's reply and its ranks (for the compute accounting).
   using Scored = std::pair<Message, int>;
-  auto call = [&](Role role, const char* op, json a) {
+  auto call = [&](Role role, auto request) {
     const Dispatch dispatch = dispatch_for(spec_, role);
-    return in_parallel([&s, &seq, role, op, a, micro, dispatch]() -> Scored {
+    return in_parallel([&s, &seq, role, request, micro, dispatch]() -> Scored {
       RoleGroup& g = s.group(role);
-      return {g.scatter(op, seq, micro, a, std::nullopt, dispatch), g.size()};
+      return {g.scatter(request, seq, micro, dispatch), g.size()};
     });
   };
-  json actor_args = args;
-  actor_args["entropy"] = true;
-  actor_args["reference"] = ref_from_actor_;
-  auto old = call(Role::kActor, "log_probs", actor_args);
+  auto old =
+      call(Role::kActor, ops::LogProbs{action_len, budget, c_.temperature, true, ref_from_actor_});
   std::future<Scored> ref, values, model_scores;
-  if (has_ref_ && !ref_from_actor_) ref = call(Role::kRef, "log_probs", args);
-  if (has_critic_) values = call(Role::kCritic, "values", args);
-  if (has_reward_model_)
-    model_scores = call(Role::kReward, "score",
-                        {{"max_tokens", c_.max_tokens_per_micro_batch}, {"max_rows", micro}});
+  if (has_ref_ && !ref_from_actor_)
+    ref = call(Role::kRef, ops::LogProbs{action_len, budget, c_.temperature, false, false});
+  if (has_critic_) values = call(Role::kCritic, ops::Values{action_len, budget});
+  if (has_reward_model_) model_scores = call(Role::kReward, ops::Score{budget});
   Experience e;
   // Rule, Python and remote sources on the driver while the groups compute.
   if (!has_reward_model_) score_rewards(r);

@@ -14,6 +14,18 @@ KlEstimator parse_kl_estimator(const std::string& name) {
   throw InputError("algo.kl.estimator: expected k1, k2 or k3, found \"" + name + "\"");
 }
 
+const char* kl_estimator_name(KlEstimator estimator) {
+  switch (estimator) {
+    case KlEstimator::kK1:
+      return "k1";
+    case KlEstimator::kK2:
+      return "k2";
+    case KlEstimator::kK3:
+      return "k3";
+  }
+  return "?";
+}
+
 torch::Tensor approx_kl(const torch::Tensor& log_probs, const torch::Tensor& log_probs_ref,
                         KlEstimator estimator) {
   TORCH_CHECK(log_probs.sizes() == log_probs_ref.sizes(), "approx_kl: shapes differ, got ",

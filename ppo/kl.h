@@ -11,6 +11,7 @@ namespace rlhf::ppo {
 enum class KlEstimator { kK1, kK2, kK3 };
 // "k1" | "k2" | "k3"; throws InputError otherwise.
 KlEstimator parse_kl_estimator(const std::string& name);
+const char* kl_estimator_name(KlEstimator estimator);  // the inverse
 
 // Per-token KL estimate from log_probs [B, A] (policy) and log_probs_ref [B, A], computed
 // in FP32 and clamped to [-10, 10]. Estimators (http://joschu.net/blog/kl-approx.html), with

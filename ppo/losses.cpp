@@ -16,6 +16,22 @@ LossAggregation parse_loss_aggregation(const std::string& name) {
       "\"");
 }
 
+const char* loss_aggregation_name(LossAggregation aggregation) {
+  switch (aggregation) {
+    case LossAggregation::kTokenMean:
+      return "token_mean";
+    case LossAggregation::kSeqMean:
+      return "seq_mean";
+    case LossAggregation::kTokenSumNorm:
+      return "token_sum_norm";
+  }
+  return "?";
+}
+
+const char* policy_ratio_name(PolicyRatio ratio) {
+  return ratio == PolicyRatio::kSequence ? "gspo" : "ppo";
+}
+
 std::string resolve_loss_aggregation(const std::string& name, const std::string& estimator) {
   if (name != "auto") return name;
   return estimator == "dr_grpo" ? "token_sum_norm" : "token_mean";

@@ -17,6 +17,7 @@ enum class LossAggregation {
 };
 // "token_mean" | "seq_mean" | "token_sum_norm"; throws InputError otherwise.
 LossAggregation parse_loss_aggregation(const std::string& name);
+const char* loss_aggregation_name(LossAggregation aggregation);  // the inverse
 // actor.loss_agg's "auto": token_sum_norm for dr_grpo (the estimator's normalisation), else
 // token_mean; any other name is returned unchanged.
 std::string resolve_loss_aggregation(const std::string& name, const std::string& estimator);
@@ -37,6 +38,7 @@ enum class PolicyRatio {
 };
 // "ppo" | "gspo" (actor.policy_loss); throws InputError otherwise.
 PolicyRatio parse_policy_ratio(const std::string& name);
+const char* policy_ratio_name(PolicyRatio ratio);  // the inverse
 
 struct PolicyLossConfig {
   PolicyRatio ratio = PolicyRatio::kToken;

@@ -58,14 +58,11 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.policy.clip_low = low > 0 ? low : eps;
   c.policy.clip_high = high > 0 ? high : eps;
   c.policy.dual_clip = spec.get_float("actor.dual_clip");
-  c.policy_loss = spec.get_string("actor.policy_loss");
-  c.policy.ratio = parse_policy_ratio(c.policy_loss);
-  c.loss_agg = resolve_loss_aggregation(spec.get_string("actor.loss_agg"),
-                                        spec.get_string("algo.advantage.estimator"));
-  c.policy.aggregation = parse_loss_aggregation(c.loss_agg);
+  c.policy.ratio = parse_policy_ratio(spec.get_string("actor.policy_loss"));
+  c.policy.aggregation = parse_loss_aggregation(resolve_loss_aggregation(
+      spec.get_string("actor.loss_agg"), spec.get_string("algo.advantage.estimator")));
   c.policy.norm_len = c.max_new_tokens;
-  c.rollout_correction = spec.get_string("algo.rollout_correction");
-  c.policy.correction.mode = parse_rollout_correction(c.rollout_correction);
+  c.policy.correction.mode = parse_rollout_correction(spec.get_string("algo.rollout_correction"));
   c.policy.correction.cap = spec.get_float("algo.rollout_correction_cap");
   c.value_clip = spec.get_float("critic.value_clip");
   c.overlong_buffer_len = spec.get_int("reward.overlong_buffer_len");

@@ -45,10 +45,9 @@ struct PpoConfig {
   double kl_target = 0.0;
   int64_t kl_horizon = 10000;
   bool kl_use_loss = false;
+  // actor.policy_loss, eps_clip*, dual_clip, loss_agg (resolved: never "auto"; the critic's
+  // loss follows it), algo.rollout_correction and its cap.
   PolicyLossConfig policy;
-  std::string policy_loss = "ppo";          // actor.policy_loss: ppo | gspo
-  std::string loss_agg = "token_mean";      // resolved (never "auto"); the critic's loss follows it
-  std::string rollout_correction = "none";  // algo.rollout_correction: none | tis | decoupled
   double value_clip = 0.5;
   // DAPO.
   int64_t overlong_buffer_len = 0;  // soft length penalty over the last N tokens (0: off)

@@ -34,7 +34,10 @@
 #include "ppo/prompt_batches.h"
 #include "ppo/prompt_dataset.h"
 #include "ppo/rollout_correction.h"
+#include "ppo/worker_ops.h"
+#include "rollout/worker_ops.h"
 #include "transport/message.h"
+#include "transport/worker_ops.h"
 
 namespace rlhf {
 class Scheduler;
@@ -60,7 +63,10 @@ double number(const nlohmann::json& args, const char* key);
 // Worker compute of one role-group call on its critical path: a scatter's micro batches
 // spread over the group's ranks (sum / ranks); call_all's ranks run together (max).
 double scatter_compute(const Message& reply, int ranks);
-double call_all_compute(const std::vector<Message>& replies);
+template <typename Reply>
+double call_all_compute(const std::vector<Answered<Reply>>& replies) {
+  return slowest_compute(replies);
+}
 // "1.2": seconds for console lines (without touching the stream's number format).
 std::string seconds_text(double seconds);
 // `v` with `precision` decimals, for console lines.
@@ -137,7 +143,8 @@ struct SyncRoute {
   std::string path = "gloo";
 };
 // How the weight sync travels, from the actor's and rollout's "info" replies (syncing.cpp).
-SyncRoute sync_route(const std::vector<Message>& actor, const std::vector<Message>& rollout,
+SyncRoute sync_route(const std::vector<Answered<ops::InfoReply>>& actor,
+                     const std::vector<Answered<ops::InfoReply>>& rollout,
                      int tensor_parallel_size);
 
 // One step's samples, experience and figures, for its metrics record and console line.
@@ -165,9 +172,9 @@ class PpoJob {
   std::vector<TokenizedPrompt> tokenize_prompts(const JobSpec& spec, const PromptDataConfig& data);
   void init_roles(Scheduler& s, std::ostream& out);
   // The rollout group's load_model arguments; adds the engines to `workers` under TP.
-  nlohmann::json rollout_load_args(Scheduler& s, double kv_cache_gb, std::string& workers);
+  ops::LoadModel rollout_load_request(Scheduler& s, double kv_cache_gb, std::string& workers);
   // Sleep mode from the rollout's "info" replies (see sleep_rollout_).
-  void choose_sleep_mode(const std::vector<Message>& rollout, std::ostream& out);
+  void choose_sleep_mode(const std::vector<Answered<ops::InfoReply>>& rollout, std::ostream& out);
 
   // Making experience (experience.cpp).
   Rollout generate(Scheduler& s, const PromptBatch& batch, int64_t step, int64_t refill = 0);
@@ -197,10 +204,10 @@ class PpoJob {
   // One global batch (rows `idx`) to the actor and the critic at once; adds their figures
   // to `sums` and returns the update's worker compute on the critical path.
   double train_update(Scheduler& s, const Rollout& r, const Experience& e, const torch::Tensor& idx,
-                      const nlohmann::json& actor_args, const nlohmann::json& critic_args,
+                      const ops::TrainActor& actor_request, const ops::TrainCritic& critic_request,
                       nlohmann::json& sums);
-  nlohmann::json actor_train_args(const Rollout& r) const;
-  nlohmann::json critic_train_args(const Rollout& r) const;
+  ops::TrainActor actor_train_request(const Rollout& r) const;
+  ops::TrainCritic critic_train_request(const Rollout& r) const;
 
   // Syncing (syncing.cpp).
   double sync_weights(Scheduler& s);  // returns worker compute on the critical path

@@ -30,6 +30,18 @@ RolloutCorrection parse_rollout_correction(const std::string& name) {
                    "\"");
 }
 
+const char* rollout_correction_name(RolloutCorrection mode) {
+  switch (mode) {
+    case RolloutCorrection::kNone:
+      return "none";
+    case RolloutCorrection::kTis:
+      return "tis";
+    case RolloutCorrection::kDecoupled:
+      return "decoupled";
+  }
+  return "?";
+}
+
 torch::Tensor rollout_correction_weights(const RolloutCorrectionConfig& config,
                                          const torch::Tensor& log_probs_old,
                                          const torch::Tensor& log_probs_behaviour,

@@ -17,6 +17,7 @@ enum class RolloutCorrection {
 };
 // "none" | "tis" | "decoupled" (algo.rollout_correction); throws InputError otherwise.
 RolloutCorrection parse_rollout_correction(const std::string& name);
+const char* rollout_correction_name(RolloutCorrection mode);  // the inverse
 
 struct RolloutCorrectionConfig {
   RolloutCorrection mode = RolloutCorrection::kNone;

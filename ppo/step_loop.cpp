@@ -70,7 +70,7 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, MetricsSink& metrics, std::os
       save(s, step, o.consumed, out);
       // The save brought the optimizer state back to the device; the rollout generates next.
       if (offload_optimizer_ && step < total_steps_)
-        s.group(Role::kActor).call_all("offload_optimizer");
+        s.group(Role::kActor).call_all(ops::OffloadOptimizer{});
     }
   }
 }

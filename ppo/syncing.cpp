@@ -18,11 +18,11 @@ using nlohmann::json;
 // actor rank 0 and every rollout rank have a GPU and none shares the actor's (NCCL refuses
 // two ranks of one communicator on one device); else Gloo, which stages CUDA tensors through
 // the host.
-SyncRoute sync_route(const std::vector<Message>& actor, const std::vector<Message>& rollout,
+SyncRoute sync_route(const std::vector<Answered<ops::InfoReply>>& actor,
+                     const std::vector<Answered<ops::InfoReply>>& rollout,
                      int tensor_parallel_size) {
-  auto where = [](const Message& m) {
-    return std::make_pair(m.args.value("node", std::string()),
-                          m.args.value("device", std::string()));
+  auto where = [](const Answered<ops::InfoReply>& m) {
+    return std::make_pair(m.reply.node, m.reply.device);
   };
   auto on_cuda = [](const std::pair<std::string, std::string>& w) {
     return w.second.rfind("cuda", 0) == 0;
@@ -43,29 +43,25 @@ double PpoJob::sync_weights(Scheduler& s) {
   const std::string store = s.rendezvous("weight_sync");
   RoleGroup& rollout = s.group(Role::kRollout);
   auto receive = in_parallel([&] {
-    return rollout.call_all("sync_weights",
-                            {{"store_path", store}, {"backend", sync_route_.backend}});
+    return rollout.call_all(ops::SyncWeights{store, sync_route_.backend});
   });
-  const auto bucket_bytes = static_cast<int64_t>(spec_.get_float("rollout.sync_bucket_mb") *
-                                                 static_cast<double>(1 << 20));
-  auto pushed =
-      s.group(Role::kActor)
-          .call_all("push_weights", {{"store_path", store},
-                                     {"sync_size", rollout.size() + 1},
-                                     {"backend", sync_route_.backend},
-                                     {"path", sync_route_.path},
-                                     {"bucket_bytes", bucket_bytes},
-                                     {"tensor_parallel_size", c_.tensor_parallel_size},
-                                     {"lora_sync", spec_.get_string("rollout.lora_sync")}});
+  ops::PushWeights push;
+  push.store_path = store;
+  push.sync_size = rollout.size() + 1;
+  push.backend = sync_route_.backend;
+  push.path = sync_route_.path;
+  push.bucket_bytes = static_cast<int64_t>(spec_.get_float("rollout.sync_bucket_mb") *
+                                           static_cast<double>(1 << 20));
+  push.tensor_parallel_size = static_cast<int>(c_.tensor_parallel_size);
+  push.lora_sync = spec_.get_string("rollout.lora_sync");
+  auto pushed = s.group(Role::kActor).call_all(push);
   const auto received = receive.get();
-  const json& a = pushed.at(0).args;
-  const double seconds = a.value("seconds", 0.0);
-  const auto bytes = a.value("bytes", int64_t{0});
-  last_sync_ = {{"path", a.value("path", sync_route_.path)},
-                {"bytes", bytes},
-                {"buckets", a.value("buckets", int64_t{0})},
-                {"seconds", seconds},
-                {"gb_per_s", seconds > 0 ? static_cast<double>(bytes) / 1e9 / seconds : 0.0}};
+  const ops::SyncReply& a = pushed.at(0).reply;
+  last_sync_ = {{"path", a.path},
+                {"bytes", a.bytes},
+                {"buckets", a.buckets},
+                {"seconds", a.seconds},
+                {"gb_per_s", a.seconds > 0 ? static_cast<double>(a.bytes) / 1e9 / a.seconds : 0.0}};
   return std::max(call_all_compute(pushed), call_all_compute(received));
 }
 
@@ -73,17 +69,17 @@ double PpoJob::before_training(Scheduler& s) {
   offload_ = json::object();
   double compute = 0;
   if (sleep_rollout_) {
-    const auto replies = s.group(Role::kRollout).call_all("sleep");
-    const json& r = replies.at(0).args;
-    offload_["rollout_bytes"] = r.value("offloaded_bytes", int64_t{0});
-    offload_["rollout_sleep_s"] = r.value("seconds", 0.0);
-    offload_["rollout_cuda_allocated_bytes_asleep"] = r.value("cuda_allocated_bytes", int64_t{0});
-    offload_["rollout_cuda_reserved_bytes_asleep"] = r.value("cuda_reserved_bytes", int64_t{0});
+    const auto replies = s.group(Role::kRollout).call_all(ops::Sleep{});
+    const ops::OffloadReply& r = replies.at(0).reply;
+    offload_["rollout_bytes"] = r.offloaded_bytes;
+    offload_["rollout_sleep_s"] = r.seconds;
+    offload_["rollout_cuda_allocated_bytes_asleep"] = r.cuda_allocated_bytes;
+    offload_["rollout_cuda_reserved_bytes_asleep"] = r.cuda_reserved_bytes;
     compute += call_all_compute(replies);
   }
   if (offload_optimizer_) {
-    const auto replies = s.group(Role::kActor).call_all("restore_optimizer");
-    offload_["actor_optimizer_restore_s"] = replies.at(0).args.value("seconds", 0.0);
+    const auto replies = s.group(Role::kActor).call_all(ops::RestoreOptimizer{});
+    offload_["actor_optimizer_restore_s"] = replies.at(0).reply.seconds;
     compute += call_all_compute(replies);
   }
   return compute;
@@ -92,19 +88,19 @@ double PpoJob::before_training(Scheduler& s) {
 double PpoJob::before_generating(Scheduler& s) {
   double compute = 0;
   if (offload_optimizer_) {
-    const auto replies = s.group(Role::kActor).call_all("offload_optimizer");
-    const json& r = replies.at(0).args;
-    offload_["actor_optimizer_bytes"] = r.value("offloaded_bytes", int64_t{0});
-    offload_["actor_optimizer_offload_s"] = r.value("seconds", 0.0);
-    offload_["actor_cuda_allocated_bytes_offloaded"] = r.value("cuda_allocated_bytes", int64_t{0});
+    const auto replies = s.group(Role::kActor).call_all(ops::OffloadOptimizer{});
+    const ops::OffloadReply& r = replies.at(0).reply;
+    offload_["actor_optimizer_bytes"] = r.offloaded_bytes;
+    offload_["actor_optimizer_offload_s"] = r.seconds;
+    offload_["actor_cuda_allocated_bytes_offloaded"] = r.cuda_allocated_bytes;
     compute += call_all_compute(replies);
   }
   if (sleep_rollout_) {
-    const auto replies = s.group(Role::kRollout).call_all("wake_up");
-    const json& r = replies.at(0).args;
-    offload_["rollout_wake_s"] = r.value("seconds", 0.0);
-    offload_["rollout_cuda_allocated_bytes_awake"] = r.value("cuda_allocated_bytes", int64_t{0});
-    offload_["rollout_cuda_reserved_bytes_awake"] = r.value("cuda_reserved_bytes", int64_t{0});
+    const auto replies = s.group(Role::kRollout).call_all(ops::WakeUp{});
+    const ops::RestoreReply& r = replies.at(0).reply;
+    offload_["rollout_wake_s"] = r.seconds;
+    offload_["rollout_cuda_allocated_bytes_awake"] = r.cuda_allocated_bytes;
+    offload_["rollout_cuda_reserved_bytes_awake"] = r.cuda_reserved_bytes;
     compute += call_all_compute(replies);
   }
   return compute;

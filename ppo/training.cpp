@@ -15,38 +15,35 @@ namespace rlhf::ppo::job {
 
 using nlohmann::json;
 
-json PpoJob::actor_train_args(const Rollout& r) const {
-  return {{"action_len", r.action_mask.size(1)},
-          {"micro_batch_size", c_.train_micro_batch_size},
-          {"max_tokens", c_.max_tokens_per_micro_batch},
-          {"packing", c_.packing_samples},
-          {"clip_low", c_.policy.clip_low},
-          {"clip_high", c_.policy.clip_high},
-          {"dual_clip", c_.policy.dual_clip},
-          {"policy_loss", c_.policy_loss},
-          {"loss_agg", c_.loss_agg},
-          {"loss_norm_len", c_.policy.norm_len},
-          {"rollout_correction", c_.rollout_correction},
-          {"rollout_correction_cap", c_.policy.correction.cap},
-          {"kl_loss_coef", c_.kl_use_loss && has_ref_ ? kl_.value() : 0.0},
-          {"kl_estimator", spec_.get_string("algo.kl.estimator")},
-          {"temperature", c_.temperature}};
+namespace {
+
+ops::TrainBatching batching(const PpoConfig& c, const Rollout& r) {
+  return {r.action_mask.size(1), c.train_micro_batch_size, c.max_tokens_per_micro_batch,
+          c.packing_samples};
 }
 
-json PpoJob::critic_train_args(const Rollout& r) const {
-  return {{"action_len", r.action_mask.size(1)},
-          {"micro_batch_size", c_.train_micro_batch_size},
-          {"max_tokens", c_.max_tokens_per_micro_batch},
-          {"packing", c_.packing_samples},
-          {"value_clip", c_.value_clip},
-          {"loss_agg", c_.loss_agg},
-          {"loss_norm_len", c_.policy.norm_len}};
+}  // namespace
+
+ops::TrainActor PpoJob::actor_train_request(const Rollout& r) const {
+  ops::TrainActor request;
+  request.batching = batching(c_, r);
+  request.policy = c_.policy;
+  request.kl_loss_coef = c_.kl_use_loss && has_ref_ ? kl_.value() : 0.0;
+  request.kl_estimator = c_.kl_estimator;
+  request.temperature = c_.temperature;
+  return request;
+}
+
+// The value loss aggregates as the policy loss does (OpenRLHF's ValueLoss follows
+// token_level_loss too).
+ops::TrainCritic PpoJob::critic_train_request(const Rollout& r) const {
+  return {batching(c_, r), c_.value_clip, c_.policy.aggregation, c_.policy.norm_len};
 }
 
 json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step) {
   const int64_t b = r.sequences.size(0);
-  const json actor_args = actor_train_args(r);
-  const json critic_args = critic_train_args(r);
+  const ops::TrainActor actor_request = actor_train_request(r);
+  const ops::TrainCritic critic_request = critic_train_request(r);
   // Critic-less runs log no critic figures (rather than zeros for what does not exist).
   std::vector<const char*> averaged = {"policy_loss", "clip_frac", "approx_kl", "grad_norm"};
   if (has_critic_) averaged.insert(averaged.end(), {"value_loss", "critic_grad_norm"});
@@ -62,7 +59,7 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
     torch::Tensor order = torch::randperm(b, gen, torch::kLong);
     for (int64_t start = 0; start + c_.train_batch_size <= b; start += c_.train_batch_size) {
       torch::Tensor idx = order.slice(0, start, start + c_.train_batch_size);
-      compute += train_update(s, r, e, idx, actor_args, critic_args, sums);
+      compute += train_update(s, r, e, idx, actor_request, critic_request, sums);
       ++updates;
     }
   }
@@ -74,8 +71,8 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
 }
 
 double PpoJob::train_update(Scheduler& s, const Rollout& r, const Experience& e,
-                            const torch::Tensor& idx, const json& actor_args,
-                            const json& critic_args, json& sums) {
+                            const torch::Tensor& idx, const ops::TrainActor& actor_request,
+                            const ops::TrainCritic& critic_request, json& sums) {
   auto pick = [&](const torch::Tensor& t) { return t.index_select(0, idx).contiguous(); };
   std::vector<NamedTensor> common = {{"sequences", pick(r.sequences)},
                                      {"attention_mask", pick(r.attention_mask)},
@@ -86,29 +83,29 @@ double PpoJob::train_update(Scheduler& s, const Rollout& r, const Experience& e,
   if (c_.policy.correction.mode != RolloutCorrection::kNone)
     actor_tensors.push_back({"log_probs_behaviour", pick(e.log_probs_behaviour)});
   if (c_.kl_use_loss && has_ref_) actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
-  std::future<std::vector<Message>> critic;
+  std::future<std::vector<Answered<ops::TrainCriticReply>>> critic;
   if (has_critic_) {
     auto critic_tensors = common;
     critic_tensors.push_back({"values_old", pick(e.values)});
     critic_tensors.push_back({"returns", pick(e.adv.returns)});
     critic = in_parallel([&, critic_tensors] {
-      return s.group(Role::kCritic).call_all("train_critic", critic_args, critic_tensors);
+      return s.group(Role::kCritic).call_all(critic_request, critic_tensors);
     });
   }
-  auto actor = s.group(Role::kActor).call_all("train_actor", actor_args, actor_tensors);
+  auto actor = s.group(Role::kActor).call_all(actor_request, actor_tensors);
   double update_compute = call_all_compute(actor);
-  const json& a = actor.front().args;
-  sums["policy_loss"] = sums["policy_loss"].get<double>() + number(a, "loss");
-  sums["clip_frac"] = sums["clip_frac"].get<double>() + number(a, "clip_frac");
-  sums["approx_kl"] = sums["approx_kl"].get<double>() + number(a, "approx_kl");
-  sums["grad_norm"] = sums["grad_norm"].get<double>() + number(a, "grad_norm");
-  sums["lr"] = number(a, "lr");
+  const ops::TrainActorReply& a = actor.front().reply;
+  sums["policy_loss"] = sums["policy_loss"].get<double>() + a.metrics.loss;
+  sums["clip_frac"] = sums["clip_frac"].get<double>() + a.clip_frac;
+  sums["approx_kl"] = sums["approx_kl"].get<double>() + a.approx_kl;
+  sums["grad_norm"] = sums["grad_norm"].get<double>() + a.metrics.grad_norm;
+  sums["lr"] = a.metrics.lr;
   if (has_critic_) {
-    const std::vector<Message> critic_replies = critic.get();
+    const auto critic_replies = critic.get();
     update_compute = std::max(update_compute, call_all_compute(critic_replies));
-    const json& cr = critic_replies.front().args;
-    sums["value_loss"] = sums["value_loss"].get<double>() + number(cr, "loss");
-    sums["critic_grad_norm"] = sums["critic_grad_norm"].get<double>() + number(cr, "grad_norm");
+    const ops::StepFigures& cr = critic_replies.front().reply.metrics;
+    sums["value_loss"] = sums["value_loss"].get<double>() + cr.loss;
+    sums["critic_grad_norm"] = sums["critic_grad_norm"].get<double>() + cr.grad_norm;
   }
   return update_compute;
 }

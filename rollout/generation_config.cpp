@@ -2,9 +2,9 @@
 #include "rollout/generation_config.h"
 
 #include <map>
-#include <set>
 
 #include "core/errors.h"
+#include "core/json_fields.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -31,35 +31,6 @@ T section_value(const json& rollout, const char* key) {
   }
 }
 
-// Reads the config's fields out of a wire object, each exactly once.
-class FieldReader {
- public:
-  FieldReader(const json& j, const std::string& where) : j_(j), where_(where) {
-    if (!j.is_object()) throw RuntimeError(where + ": expected a JSON object, got " + j.dump());
-  }
-  template <typename T>
-  void read(const char* name, T& out) {
-    seen_.insert(name);
-    if (!j_.contains(name)) throw RuntimeError(where_ + ": missing field \"" + name + "\"");
-    try {
-      out = j_.at(name).get<T>();
-    } catch (const json::exception&) {
-      throw RuntimeError(where_ + ": field \"" + name +
-                         "\" has the wrong type: " + j_.at(name).dump());
-    }
-  }
-  // Every field of the object was read: another build's field is not silently dropped.
-  void finish() const {
-    for (const auto& [name, value] : j_.items())
-      if (!seen_.count(name)) throw RuntimeError(where_ + ": unknown field \"" + name + "\"");
-  }
-
- private:
-  const json& j_;
-  const std::string& where_;
-  std::set<std::string> seen_;
-};
-
 }  // namespace
 
 void GenerationConfig::validate() const {
@@ -74,8 +45,8 @@ void GenerationConfig::validate() const {
   if (kv_cache_bytes < 0)
     throw InputError("rollout.kv_cache_memory_gb must be >= 0, got " +
                      std::to_string(kv_cache_bytes) + " bytes");
-  if (kv_block_size < 0)
-    throw InputError("rollout.kv_block_size must be >= 0, got " + std::to_string(kv_block_size));
+  if (kv_block_size < 1)
+    throw InputError("rollout.kv_block_size must be >= 1, got " + std::to_string(kv_block_size));
   if (max_num_seqs < 0 || (max_num_seqs > 0 && max_num_seqs < n_samples_per_prompt))
     throw InputError("rollout.max_num_seqs must be 0 or >= rollout.n_samples_per_prompt (" +
                      std::to_string(n_samples_per_prompt) + "), got " +
@@ -83,9 +54,6 @@ void GenerationConfig::validate() const {
   if (sync_interval < 0)
     throw InputError("generation: sync_interval must be >= 0, got " +
                      std::to_string(sync_interval));
-  if (!(compact_fraction >= 0.0 && compact_fraction < 1.0))
-    throw InputError("generation: compact_fraction must be in [0, 1), got " +
-                     std::to_string(compact_fraction));
 }
 
 GenerationConfig generation_config_from_rollout_section(const json& rollout) {
@@ -126,13 +94,12 @@ json to_json(const GenerationConfig& c) {
           {"gpu_kernels", c.gpu_kernels},
           {"stop_token_ids", c.stop_token_ids},
           {"pad_token_id", c.pad_token_id},
-          {"compact_fraction", c.compact_fraction},
           {"sync_interval", c.sync_interval}};
 }
 
 GenerationConfig generation_config_from_json(const json& j, const std::string& where) {
   GenerationConfig c;
-  FieldReader r(j, where);
+  JsonFields r(j, where);
   r.read("max_new_tokens", c.max_new_tokens);
   r.read("n_samples_per_prompt", c.n_samples_per_prompt);
   r.read("micro_batch_size", c.micro_batch_size);
@@ -150,7 +117,6 @@ GenerationConfig generation_config_from_json(const json& j, const std::string& w
   r.read("gpu_kernels", c.gpu_kernels);
   r.read("stop_token_ids", c.stop_token_ids);
   r.read("pad_token_id", c.pad_token_id);
-  r.read("compact_fraction", c.compact_fraction);
   r.read("sync_interval", c.sync_interval);
   r.finish();
   c.validate();

@@ -23,25 +23,21 @@ enum class DecodeSteps {
 // The job spec's rollout.* generation keys. A job's rollout workers and `rlhf generate` both
 // build it with generation_config_from_rollout_section (the spec's defaults included), and it
 // travels to a worker whole (to_json / generation_config_from_json). The defaults below are
-// a bare engine's, for code and tests that build one by hand: kv_block_size 0 here is the
-// contiguous cache, which no job or command runs any more (the spec's default is 16).
+// the spec's (a test holds them to the key table), for code and tests that build one by
+// hand.
 struct GenerationConfig {
   int64_t max_new_tokens = 1024;     // rollout.max_new_tokens
   int64_t n_samples_per_prompt = 1;  // rollout.n_samples_per_prompt
   int64_t micro_batch_size = 8;      // prompts per KV cache (rollout.micro_batch_size)
-  // Bytes the KV cache may hold (rollout.kv_cache_memory_gb; 0: unbounded): a micro batch
-  // runs in waves of as many prompts as fit (each prompt holds its prefilled row and its n
-  // sample rows of P + max_new_tokens positions while the samples are copied). Outputs do
-  // not depend on the waves (per-prompt sampling streams).
+  // Bytes the KV pool may hold (rollout.kv_cache_memory_gb; 0: as many blocks as
+  // max_num_seqs full-length sequences need).
   int64_t kv_cache_bytes = 0;
-  // Tokens per KV block (rollout.kv_block_size). 0: one contiguous cache per micro batch
-  // (waves under kv_cache_bytes). > 0: paged generation (paged_generation.cpp): the whole
-  // request shares one pool of blocks (kv_cache_bytes of them, or as many as max_num_seqs
-  // full-length sequences need); a prompt's samples share its blocks; new prompts join the
-  // decode batch as others finish (continuous batching), and when the pool runs out the
-  // latest-admitted sequence is preempted and later recomputed. Outputs do not depend on
-  // the schedule (per-row sampling streams).
-  int64_t kv_block_size = 0;
+  // Tokens per KV block (rollout.kv_block_size, >= 1): the whole request shares one pool of
+  // blocks; a prompt's samples share its blocks; new prompts join the decode batch as others
+  // finish (continuous batching), and when the pool runs out the latest-admitted sequence is
+  // preempted and later recomputed. Outputs do not depend on the schedule (per-row sampling
+  // streams).
+  int64_t kv_block_size = 16;
   // Sequences decoding at once in paged generation (rollout.max_num_seqs, vLLM's
   // max_num_seqs); 0: micro_batch_size x n_samples_per_prompt.
   int64_t max_num_seqs = 0;
@@ -53,11 +49,6 @@ struct GenerationConfig {
   bool gpu_kernels = true;
   std::vector<int64_t> stop_token_ids;  // EOS and rollout.stop_token_ids: a row ends after one
   int64_t pad_token_id = 0;             // fills sequences after a row's end
-  // Rows that finished stay in the decode batch (fed a pad token, not sampled) until they
-  // are more than this fraction of it; then the KV cache is compacted to the live rows.
-  // 0 compacts at every finish; the default bounds wasted compute at 25% and the copies to
-  // a few cache sizes per micro batch.
-  double compact_fraction = 0.25;
   // Decode steps between the host's reads of the live-row count (to stop and compact); 0:
   // every step on the CPU, every 8 on a GPU (so decoding never waits for each token; at
   // most 7 steps run after the last row finished, on padding).
@@ -82,5 +73,13 @@ nlohmann::json to_json(const GenerationConfig& config);
 // or of the wrong type (a request from another build, or a driver's bug), and InputError when
 // the values are out of range (validate()).
 GenerationConfig generation_config_from_json(const nlohmann::json& j, const std::string& where);
+
+// nlohmann's hooks, so the config travels inside typed requests (rollout/worker_ops.h).
+inline void to_json(nlohmann::json& j, const GenerationConfig& c) {
+  j = to_json(c);
+}
+inline void from_json(const nlohmann::json& j, GenerationConfig& c) {
+  c = generation_config_from_json(j, "generation");
+}
 
 }  // namespace rlhf::rollout

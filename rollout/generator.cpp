@@ -1,5 +1,5 @@
-// Generator: prefill, copy the prompt's cache to its samples, decode with compaction of
-// finished rows. See generator.h.
+// Generator: checks a request and runs it through the paged engine (paged_generation.cpp);
+// the output's assembly. See generator.h.
 #include "rollout/generator.h"
 
 #include <ATen/ATen.h>
@@ -13,7 +13,6 @@
 #include "core/errors.h"
 #include "core/timing.h"
 #include "kernels/kernels.h"
-#include "models/kv_cache.h"
 #include "rollout/paged_engine.h"
 
 namespace rlhf::rollout {
@@ -65,28 +64,9 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
   const int64_t B = ids.size(0), n = config_.n_samples_per_prompt;
   TORCH_CHECK(first_prompt >= 0, "generate: first_prompt must be >= 0, got ", first_prompt);
   Sampler sampler(params, B * n, first_prompt * n);
-  if (turns && config_.kv_block_size <= 0)
-    throw InputError(
-        "multi-turn rollouts (rollout.max_turns, env.*) need the paged engine: "
-        "rollout.kv_block_size > 0");
   if (max_turns < 1)
     throw InputError("rollout.max_turns must be >= 1, got " + std::to_string(max_turns));
-  if (config_.kv_block_size > 0) {
-    auto out = generate_paged(ids, mask, sampler, first_prompt * n, turns, max_turns);
-    out.weight_version = weight_version_;
-    return out;
-  }
-  const int64_t mb = prompts_per_cache(ids.size(1));
-  std::vector<GenerationOutput> parts;
-  int64_t longest = 0;
-  for (int64_t begin = 0; begin < B; begin += mb) {
-    const int64_t b = std::min(mb, B - begin);
-    parts.push_back(generate_micro_batch(ids.narrow(0, begin, b), mask.narrow(0, begin, b), sampler,
-                                         (first_prompt + begin) * n));
-    longest = std::max(longest, parts.back().action_mask.size(1));
-  }
-  auto out = parts.size() == 1 ? std::move(parts[0])
-                               : concat_outputs(parts, longest, config_.pad_token_id);
+  auto out = generate_paged(ids, mask, sampler, first_prompt * n, turns, max_turns);
   out.weight_version = weight_version_;
   return out;
 }
@@ -98,28 +78,6 @@ void Generator::set_samples_per_prompt(int64_t n) {
     throw InputError("generate: n_samples_per_prompt " + std::to_string(n) +
                      " exceeds rollout.max_num_seqs " + std::to_string(config_.max_num_seqs));
   config_.n_samples_per_prompt = n;
-}
-
-int64_t Generator::prompts_per_cache(int64_t P) const {
-  if (config_.kv_cache_bytes <= 0) return config_.micro_batch_size;
-  const auto& c = model_->shard_config();  // a TP rank caches its kv heads only
-  const int64_t element = c10::elementSize(model_->dtype());
-  // K and V per layer for P + R positions (models::KvCache), for the prefilled row and its
-  // n sample rows, which live together while the samples are copied.
-  const int64_t per_prompt = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
-                             (P + config_.max_new_tokens) * element *
-                             (config_.n_samples_per_prompt + 1);
-  const int64_t fit = config_.kv_cache_bytes / per_prompt;
-  if (fit < 1) {
-    const double gib = static_cast<double>(per_prompt) / (1ll << 30);
-    throw InputError("rollout.kv_cache_memory_gb (" +
-                     std::to_string(static_cast<double>(config_.kv_cache_bytes) / (1ll << 30)) +
-                     " GiB) holds less than one prompt: a prompt of " + std::to_string(P) +
-                     " tokens with " + std::to_string(config_.n_samples_per_prompt) +
-                     " samples of up to " + std::to_string(config_.max_new_tokens) +
-                     " tokens needs " + std::to_string(gib) + " GiB");
-  }
-  return std::min(config_.micro_batch_size, fit);
 }
 
 Generator::DecodeState Generator::decode_state(Sampler& sampler, int64_t first_row, int64_t N,
@@ -135,114 +93,6 @@ Generator::DecodeState Generator::decode_state(Sampler& sampler, int64_t first_r
   d.lengths = torch::zeros({N}, i64);
   d.pad = torch::full({}, config_.pad_token_id, i64);
   return d;
-}
-
-GenerationOutput Generator::generate_micro_batch(const torch::Tensor& prompt_ids,
-                                                 const torch::Tensor& prompt_mask, Sampler& sampler,
-                                                 int64_t first_row) {
-  torch::NoGradGuard no_grad;
-  models::CausalLM& model = *model_;
-  const auto device = model.device();
-  const int64_t b = prompt_ids.size(0), P = prompt_ids.size(1), n = config_.n_samples_per_prompt;
-  const int64_t N = b * n, R = config_.max_new_tokens;
-  // How often the host reads the live-row count (to stop, and to compact): every step on
-  // the CPU, where reading costs nothing; every few steps on a GPU, so the host queues
-  // decode steps ahead of the device instead of waiting for each token.
-  const int64_t check_every =
-      config_.sync_interval > 0 ? config_.sync_interval : (device.is_cpu() ? 1 : 8);
-
-  // Prefill each prompt once, then copy its cache rows to its n samples.
-  GenerationTimings timings;
-  auto clock = Clock::now();
-  models::KvCache cache(model.shard_config(), b, P + R, model.dtype(), device);
-  const auto mask_dev = prompt_mask.to(device);
-  auto hidden = model.forward(prompt_ids.to(device), mask_dev, {}, &cache);  // [b, P, H]
-  auto logits = model.logits(hidden.narrow(1, P - 1, 1)).squeeze(1);         // [b, V]
-  hidden = torch::Tensor();
-  const auto expand = torch::arange(b, torch::kInt64).repeat_interleave(n);  // [N]
-  const auto expand_dev = expand.to(device);
-  if (n > 1) {
-    cache.select_rows(expand);
-    logits = logits.index_select(0, expand_dev);
-  }
-  // Without left padding every key of every decode step is a plain token: the forward then
-  // needs no mask (and no check of one).
-  const bool padded = (prompt_mask == 0).any().item<bool>();
-  auto attention = torch::Tensor();
-  if (padded) {
-    attention = torch::zeros({N, P + R}, torch::TensorOptions(torch::kInt64).device(device));
-    attention.narrow(1, 0, P).copy_(mask_dev.index_select(0, expand_dev));
-  }
-  const auto prompt_len = prompt_mask.sum(1).index_select(0, expand).to(device);  // [N]
-  if (device.is_cuda()) torch::cuda::synchronize();  // the prefill's kernels, in its time
-  timings.prefill_seconds = seconds_since(clock);
-  clock = Clock::now();
-
-  // Everything the loop touches lives on the device. Cache row c holds micro-batch row
-  // rows[c]; live[c] says it is still generating. Sample s of a row draws column t of its
-  // uniforms for its t-th token: the same draws the row's stream gives one token at a time.
-  const auto i64 = torch::TensorOptions(torch::kInt64).device(device);
-  DecodeState d = decode_state(sampler, first_row, N, device);
-  const auto& uniforms_dev = d.uniforms;
-  const auto& stop_ids = d.stop_ids;
-  const auto& pad = d.pad;
-  auto& out_tokens = d.tokens;
-  auto& out_log_probs = d.log_probs;
-  auto& lengths = d.lengths;
-  auto rows = torch::arange(N, i64);
-  auto live = torch::ones({N}, torch::TensorOptions(torch::kBool).device(device));
-  auto live_tokens = torch::zeros({}, i64);  // decode-step tokens sampled for live rows
-  int64_t n_live = N;
-  for (int64_t t = 0; t < R; ++t) {
-    // Every row in the batch is sampled; a finished row's token and log-prob are dropped.
-    const auto u =
-        uniforms_dev.defined() ? uniforms_dev.index_select(0, rows).select(1, t) : torch::Tensor();
-    const auto sampled = sampler.sample_uniform(logits, u);
-    const auto tokens = torch::where(live, sampled.tokens, pad);
-    out_tokens.select(1, t).index_copy_(0, rows, tokens);
-    out_log_probs.select(1, t).index_copy_(
-        0, rows, torch::where(live, sampled.log_probs, torch::zeros_like(sampled.log_probs)));
-    lengths.index_copy_(
-        0, rows, torch::where(live, torch::full_like(rows, t + 1), lengths.index_select(0, rows)));
-    if (t > 0) live_tokens += live.sum();
-    live = live & torch::isin(sampled.tokens, stop_ids).logical_not();
-    if (t == R - 1) break;
-
-    auto next = torch::where(live, sampled.tokens, pad);
-    if ((t + 1) % check_every == 0) {
-      n_live = live.sum().item<int64_t>();  // the loop's only wait for the device
-      if (n_live == 0) break;
-      const int64_t C = rows.size(0);
-      if (C - n_live > 0 &&
-          static_cast<double>(C - n_live) > config_.compact_fraction * static_cast<double>(C)) {
-        const auto keep = live.nonzero().squeeze(1);
-        cache.select_rows(keep);
-        if (attention.defined()) attention = attention.index_select(0, keep);
-        rows = rows.index_select(0, keep);
-        next = next.index_select(0, keep);
-        live = torch::ones({n_live}, torch::TensorOptions(torch::kBool).device(device));
-      }
-    }
-    // Decode one position: the token just sampled (pad for finished rows still in the
-    // batch) at position prompt_len + t.
-    const int64_t C = rows.size(0);
-    torch::Tensor step_mask;
-    if (attention.defined()) {
-      attention.select(1, P + t).fill_(1);
-      step_mask = attention.narrow(1, 0, P + t + 1);
-    }
-    const auto positions = prompt_len.index_select(0, rows) + t;
-    hidden = model.forward(next.view({C, 1}), step_mask, positions.view({C, 1}), &cache);
-    logits = model.logits(hidden).squeeze(1);  // [C, V]
-    ++timings.decode_steps;
-  }
-  timings.decode_tokens = live_tokens.item<int64_t>();
-  timings.decode_seconds = seconds_since(clock);
-  timings.kv_pool_bytes = timings.kv_peak_bytes =
-      models::KvCache::bytes(model.shard_config(), b + (n > 1 ? N : 0), P + R, model.dtype());
-  auto result = assemble_output(prompt_ids, prompt_mask, n, out_tokens, out_log_probs, lengths);
-  result.timings = timings;
-  return result;
 }
 
 GenerationOutput assemble_output(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,

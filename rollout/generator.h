@@ -1,9 +1,10 @@
-// Batched autoregressive generation with a preallocated KV cache: left-padded prompts,
-// prefill once per prompt (copied to its n samples), then one decode step per token until
-// every row hit a stop token or max_new_tokens; finished rows leave the decode batch.
-// Sampling, stop detection and the outputs stay on the model's device: the host reads one
-// number every sync_interval steps, never a token. Does
-// not tokenize, schedule requests or receive weights (weight_sync.h does that).
+// Batched autoregressive generation over one paged KV pool (paged_generation.cpp, the one
+// engine jobs, evaluation, `rlhf generate` and the benches run): left-padded prompts, a
+// prompt's samples sharing its prefilled blocks, continuous batching, preemption and
+// recompute when the pool runs out; one decode step per token until every row hit a stop
+// token or max_new_tokens. Sampling, stop detection and the outputs stay on the model's
+// device: the host reads one number every sync_interval steps, never a token. Does not
+// tokenize, schedule requests or receive weights (weight_sync.h does that).
 #pragma once
 
 #include <torch/types.h>
@@ -80,7 +81,7 @@ class Generator {
   // of a request: sample s of prompt i draws from stream (params.seed, i * n + s), so the
   // same request and seed give the same output however it is split. Throws InputError for
   // bad parameters.
-  // With `turns` (multi-turn rollouts, rollout/trajectory.h; needs kv_block_size > 0), each
+  // With `turns` (multi-turn rollouts, rollout/trajectory.h), each
   // row is a trajectory of up to max_turns model turns within max_new_tokens tokens.
   GenerationOutput generate(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
                             const SamplingParams& params, int64_t first_prompt = 0,
@@ -93,11 +94,7 @@ class Generator {
   // modules change, and to give the pool's memory back.
   void release_paged_engine();
 
-  // Prompts of length P per KV cache: micro_batch_size, or fewer under kv_cache_bytes.
-  // Throws InputError when the budget holds less than one prompt (naming what it needs).
-  int64_t prompts_per_cache(int64_t P) const;
-
-  // What both decode loops write on the model's device for rows [first_row, first_row + N)
+  // What the decode loop writes on the model's device for rows [first_row, first_row + N)
   // of the request: their uniforms (undefined when greedy), the stop ids, and outputs [N, R]
   // (tokens padded, log-probs 0) and lengths [N] to fill.
   struct DecodeState {
@@ -110,11 +107,6 @@ class Generator {
   };
 
  private:
-  // One micro batch: prompts [b, P], first_row = its first output row in the request.
-  GenerationOutput generate_micro_batch(const torch::Tensor& prompt_ids,
-                                        const torch::Tensor& prompt_mask, Sampler& sampler,
-                                        int64_t first_row);
-
   DecodeState decode_state(Sampler& sampler, int64_t first_row, int64_t N,
                            torch::Device device) const;
 

@@ -541,11 +541,6 @@ SyncPath parse_sync_path(const std::string& name) {
   throw InputError("weight sync path \"" + name + "\": expected gloo, nccl or cuda_ipc");
 }
 
-nlohmann::json WeightSyncStats::to_json() const {
-  return {{"weight_version", version}, {"bytes", bytes},     {"buckets", buckets},
-          {"tensors", tensors},        {"seconds", seconds}, {"path", sync_path_name(path)}};
-}
-
 int64_t bucket_count(const std::vector<int64_t>& numels, torch::Dtype wire_dtype,
                      int64_t bucket_bytes) {
   int64_t total = 0;

@@ -195,9 +195,6 @@ struct WeightSyncStats {
   int64_t buckets = 0;   // buckets moved
   double seconds = 0.0;  // wall time of the whole sync on this rank
   SyncPath path = SyncPath::kGloo;
-
-  // {"weight_version", "bytes", "buckets", "tensors", "seconds", "path"}: a sync op's reply.
-  nlohmann::json to_json() const;
 };
 
 // Actor side. Every actor rank calls it (the gathers are collective over the trainer's

@@ -2,6 +2,7 @@
 
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
+#include "transport/worker_ops.h"
 
 namespace rlhf {
 
@@ -9,27 +10,31 @@ nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_r
   nlohmann::json out = nlohmann::json::object();
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
-    const auto infos = g.call_all("info");
-    std::vector<Message> tensors;
-    if (role != Role::kRollout) tensors = g.call_all("memory");  // model roles only
+    const auto infos = g.call_all(ops::Info{});
+    std::vector<Answered<ops::MemoryReply>> tensors;
+    if (role != Role::kRollout) tensors = g.call_all(ops::Memory{});  // model roles only
     nlohmann::json ranks = nlohmann::json::array();
     for (int rank = 0; rank < g.size(); ++rank) {
-      nlohmann::json m = {{"rank", rank},
-                          {"device", infos[rank].args.value("device", std::string())},
-                          {"peak_rss_bytes", infos[rank].args.value("peak_rss_bytes", int64_t{0})}};
+      const ops::InfoReply& info = infos[rank].reply;
+      nlohmann::json m = {
+          {"rank", rank}, {"device", info.device}, {"peak_rss_bytes", info.peak_rss_bytes}};
       if (!tensors.empty()) {
-        m["peak_tensor_bytes"] = tensors[rank].args.value("peak_tensor_bytes", int64_t{0});
+        const ops::MemoryReply& memory = tensors[rank].reply;
+        m["peak_tensor_bytes"] = memory.peak_tensor_bytes;
         // Weights this rank keeps between operations: whole, or its ZeRO shard.
-        m["weight_bytes"] = tensors[rank].args.value("params", int64_t{0});
+        m["weight_bytes"] = memory.params;
         // Per operation, the tracked-tensor peak (CPU and GPU workers alike).
-        m["tensor_phases"] = tensors[rank].args.value("tensor_phases", nlohmann::json::object());
+        nlohmann::json phases = nlohmann::json::object();
+        for (const auto& [op, bytes] : memory.tensor_phases)
+          phases[op] = {{"peak_tensor_bytes", bytes}};
+        m["tensor_phases"] = phases;
       }
       // GPU workers: the CUDA caching allocator's peaks (tensors, and what it reserved from
       // the driver), overall and per phase (operation).
-      if (const auto& cuda = infos[rank].args; cuda.contains("cuda") && cuda["cuda"].is_object()) {
-        m["cuda_peak_allocated_bytes"] = cuda["cuda"].value("peak_allocated_bytes", int64_t{0});
-        m["cuda_peak_reserved_bytes"] = cuda["cuda"].value("peak_reserved_bytes", int64_t{0});
-        m["cuda_phases"] = cuda["cuda"].value("phases", nlohmann::json::object());
+      if (const auto& cuda = info.cuda; cuda.is_object()) {
+        m["cuda_peak_allocated_bytes"] = cuda.value("peak_allocated_bytes", int64_t{0});
+        m["cuda_peak_reserved_bytes"] = cuda.value("peak_reserved_bytes", int64_t{0});
+        m["cuda_phases"] = cuda.value("phases", nlohmann::json::object());
       }
       if (planned_roles.is_object() && planned_roles.contains(role_name(role))) {
         const auto& plan = planned_roles[role_name(role)];

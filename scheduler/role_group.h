@@ -1,7 +1,8 @@
 // A driver's handle on one role group: call an operation on every rank, or scatter a batch
 // across the ranks in micro batches and gather the results back in batch order, with at
 // most `max_inflight` requests per rank (back-pressure) and a deadline per call.
-// Algorithm-agnostic: operations are named strings served by the workers' registries.
+// Algorithm-agnostic: drivers send typed requests (transport/operation.h); the untyped
+// forms by operation name remain for the transport's own tests (echo).
 #pragma once
 
 #include <chrono>
@@ -11,6 +12,7 @@
 
 #include "core/spec.h"
 #include "transport/message.h"
+#include "transport/operation.h"
 
 namespace rlhf {
 
@@ -61,6 +63,23 @@ class RoleGroup {
                                 const nlohmann::json& args = nlohmann::json::object(),
                                 const std::vector<NamedTensor>& tensors = {},
                                 Timeout timeout = std::nullopt);
+  // The typed form drivers use (transport/operation.h): `request`'s operation on every rank,
+  // each reply read strictly as Request::Reply (a field missing or unknown throws
+  // RuntimeError naming the operation and the field), in rank order.
+  template <typename Request, typename Reply = typename Request::Reply>
+  std::vector<Answered<Reply>> call_all(const Request& request,
+                                        const std::vector<NamedTensor>& tensors = {},
+                                        Timeout timeout = std::nullopt) {
+    std::vector<Answered<Reply>> out;
+    for (Message& m :
+         call_all(std::string(Request::kName), request_args(request), tensors, timeout)) {
+      Answered<Reply> a{reply_of<Request>(m), m.args.value(kComputeSecondsField, 0.0), {}};
+      a.tensors.op = m.op;
+      a.tensors.tensors = std::move(m.tensors);
+      out.push_back(std::move(a));
+    }
+    return out;
+  }
   // One request to one rank.
   Message call(int rank, Message request, Timeout timeout = std::nullopt);
 
@@ -76,6 +95,17 @@ class RoleGroup {
   Message scatter(const std::string& op, const std::vector<NamedTensor>& batch,
                   int64_t micro_batch_size, const nlohmann::json& args = nlohmann::json::object(),
                   Timeout timeout = std::nullopt, Dispatch dispatch = Dispatch::kLeastLoaded);
+  // The typed form: every micro batch's reply is checked to be a Request::Reply
+  // (micro_batch_replies<Request> reads them back).
+  template <typename Request, typename Reply = typename Request::Reply>
+  Message scatter(const Request& request, const std::vector<NamedTensor>& batch,
+                  int64_t micro_batch_size, Dispatch dispatch = Dispatch::kLeastLoaded,
+                  Timeout timeout = std::nullopt) {
+    Message gathered = scatter(std::string(Request::kName), batch, micro_batch_size,
+                               request_args(request), timeout, dispatch);
+    micro_batch_replies<Request>(gathered);
+    return gathered;
+  }
 
  private:
   std::chrono::steady_clock::time_point deadline(Timeout timeout) const;

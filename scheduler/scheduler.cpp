@@ -150,6 +150,8 @@ void Scheduler::start() {
   namespace fs = std::filesystem;
   if (config_.worker_program.empty())
     throw std::logic_error("SchedulerConfig.worker_program is empty");
+  if (config_.wire_version.empty())
+    throw std::logic_error("SchedulerConfig.wire_version is empty (actors/wire_version.h)");
   const fs::path logs = fs::path(config_.run_dir) / "logs";
   std::error_code ec;
   fs::create_directories(logs, ec);
@@ -434,6 +436,12 @@ void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) 
     return refuse("wrong or missing job token");
   const std::string role = m.args.value("role", std::string());
   const int rank = m.args.value("rank", -1);
+  if (const std::string wire = m.args.value("wire", std::string()); wire != config_.wire_version)
+    return refuse(
+        (role.empty() ? std::string("a worker") : role + " rank " + std::to_string(rank)) + " on " +
+        m.args.value("host", std::string("?")) + " speaks wire version " +
+        (wire.empty() ? "(none)" : wire) + ", this driver " + config_.wire_version +
+        ": a worker from another build of rlhf");
   const int64_t pid = m.args.value("pid", int64_t{-1});
   const std::string node = m.args.value("node", std::string());
   const std::string host = m.args.value("host", std::string("?"));

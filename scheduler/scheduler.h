@@ -40,6 +40,9 @@ struct SchedulerConfig {
   std::string token;  // the job token; "" makes a fresh one (RLHF_TOKEN for hand-joined jobs)
   std::string run_dir = "runs/job";  // logs go to <run_dir>/logs/<role>-<rank>.log
   std::string worker_program;        // the rlhf binary
+  // The wire version workers must state at registration (actors/wire_version.h; the
+  // driver's own): a worker of another build is refused by name.
+  std::string wire_version;
   std::vector<std::string> worker_args = {"worker"};
   std::chrono::milliseconds heartbeat_interval{1000};  // scheduler.heartbeat_interval_s
   std::chrono::milliseconds worker_timeout{5000};      // scheduler.worker_timeout_s (0: none)

@@ -8,6 +8,7 @@
 
 #include "scheduler/role_group.h"
 #include "scheduler/worker_process.h"
+#include "transport/worker_ops.h"
 
 namespace rlhf {
 namespace {
@@ -43,13 +44,13 @@ void smoke(Scheduler& scheduler, std::ostream& out, int rounds) {
   for (Role role : scheduler.roles()) {
     RoleGroup& group = scheduler.group(role);
     auto t0 = Clock::now();
-    group.call_all("ping");
+    group.call_all(ops::Ping{});
     const double ping_ms = ms_since(t0);
-    for (const auto& info : group.call_all("info")) {
-      out << "  " << std::left << std::setw(10) << role_name(role) << " rank "
-          << info.args.value("rank", -1) << "  pid " << info.args.value("pid", int64_t{0})
-          << "  device " << info.args.value("device", "") << "  peak RSS "
-          << info.args.value("peak_rss_bytes", int64_t{0}) / (1 << 20) << " MiB\n";
+    for (const auto& answered : group.call_all(ops::Info{})) {
+      const ops::InfoReply& info = answered.reply;
+      out << "  " << std::left << std::setw(10) << role_name(role) << " rank " << info.rank
+          << "  pid " << info.pid << "  device " << info.device << "  peak RSS "
+          << info.peak_rss_bytes / (1 << 20) << " MiB\n";
     }
     const auto batch = smoke_batch(4 * group.size() + 1);
     t0 = Clock::now();

@@ -7,9 +7,12 @@
 #include <torch/torch.h>
 
 #include "actors/operation_registry.h"
+#include "actors/wire_version.h"
 #include "engine/role_config.h"
 #include "models/pretrained.h"
+#include "ppo/worker_ops.h"
 #include "test_paths.h"
+#include "transport/worker_ops.h"
 
 namespace rlhf {
 namespace {
@@ -22,6 +25,24 @@ Message call(const OperationRegistry& registry, Message request, const WorkerIde
   return (*op)(request, self);
 }
 
+// A typed request as the wire carries it, with `tensors`.
+template <typename Request>
+Message message(const Request& request, std::vector<NamedTensor> tensors = {}) {
+  Message m;
+  m.op = Request::kName;
+  m.args = request_args(request);
+  m.tensors = std::move(tensors);
+  return m;
+}
+
+engine::ModelRoleConfig fixture_config(const std::string& role) {
+  engine::ModelRoleConfig config;
+  config.role = role;
+  config.model_dir = kModel;
+  config.dtype = "fp32";
+  return config;
+}
+
 // train.logits_chunk_tokens as the role config carries it: the default (one chunk here), 3
 // (the 8 action tokens in chunks of 3, 3, 2 that span rows) and 0 (the path before chunks of
 // tokens) all give the same log-probs and entropy.
@@ -32,26 +53,17 @@ TEST_P(ModelOperationsChunks, LogProbsAndEntropyAtTheSamplingTemperature) {
   OperationRegistry registry;
   add_model_operations(registry);
   const WorkerIdentity self{"ref", 0, 1, "cpu:0", "local"};
-  engine::ModelRoleConfig config;
-  config.role = "ref";
-  config.model_dir = kModel;
-  config.dtype = "fp32";
+  engine::ModelRoleConfig config = fixture_config("ref");
   if (GetParam() >= 0) config.logits_chunk_tokens = GetParam();
-  Message init;
-  init.op = "init";
-  init.args = {{"config", config.to_json()}, {"store_path", ""}};
-  call(registry, init, self);
+  call(registry, message(ops::Init{config, ""}), self);
 
   torch::manual_seed(0);
   const int64_t b = 2, t = 7, a = 4;
   torch::Tensor seq = torch::randint(0, 64, {b, t}, torch::kLong);
   torch::Tensor mask = torch::ones({b, t}, torch::kLong);
   auto log_probs = [&](double temperature) {
-    Message req;
-    req.op = "log_probs";
-    req.args = {{"action_len", a}, {"entropy", true}, {"temperature", temperature}};
-    req.add("sequences", seq).add("attention_mask", mask);
-    return call(registry, req, self);
+    const ops::LogProbs request{a, {}, temperature, true, false};
+    return call(registry, message(request, {{"sequences", seq}, {"attention_mask", mask}}), self);
   };
 
   // Independently: the whole model's FP32 logits [B, T, V] divided by T, a plain log_softmax,
@@ -89,6 +101,69 @@ INSTANTIATE_TEST_SUITE_P(ChunkTokens, ModelOperationsChunks, ::testing::Values(-
                            return info.param < 0 ? std::string("Default")
                                                  : "Chunk" + std::to_string(info.param);
                          });
+
+// Issue 40.1: a worker given a request without a field, or with one it does not know, fails
+// naming the operation and the field, before it runs anything; a whole request runs.
+TEST(ModelOperations, ARequestWithoutAFieldFailsNamingIt) {
+  torch::set_num_threads(1);
+  OperationRegistry registry;
+  add_model_operations(registry);
+  const WorkerIdentity self{"ref", 0, 1, "cpu:0", "local"};
+  auto refusal = [&](const std::string& op, const nlohmann::json& args) -> std::string {
+    Message m;
+    m.op = op;
+    m.args = args;
+    try {
+      call(registry, m, self);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "(served)";
+  };
+  nlohmann::json init = request_args(ops::Init{fixture_config("ref"), ""});
+  init.erase("store_path");
+  EXPECT_EQ(refusal("init", init), "init: missing field \"store_path\"");
+  init = request_args(ops::Init{fixture_config("ref"), ""});
+  init["config"].erase("dtype");
+  EXPECT_EQ(refusal("init", init), "init: role config: missing field \"dtype\"");
+
+  // The PPO train step: its loss settings travel whole (before, a missing
+  // rollout_correction_cap became 2.0 on the worker, whatever the spec said).
+  ops::TrainActor train;
+  train.batching = {4, 2, 0, false};
+  nlohmann::json args = request_args(train);
+  args["policy"].erase("correction_cap");
+  EXPECT_EQ(refusal("train_actor", args),
+            "train_actor: policy loss: missing field \"correction_cap\"");
+  args = request_args(train);
+  args.erase("kl_estimator");
+  EXPECT_EQ(refusal("train_actor", args), "train_actor: missing field \"kl_estimator\"");
+  args = request_args(train);
+  args["batching"]["max_token"] = 64;
+  EXPECT_EQ(refusal("train_actor", args), "train_actor: batching: unknown field \"max_token\"");
+  args = request_args(train);
+  args["kl_estimator"] = "k4";
+  EXPECT_NE(refusal("train_actor", args).find("expected k1, k2 or k3, found \"k4\""),
+            std::string::npos);
+
+  // The worker is unharmed: a whole init runs, and the request's value is what it uses.
+  EXPECT_EQ(reply_of<ops::Init>(call(registry, message(ops::Init{fixture_config("ref"), ""}), self))
+                .parameters,
+            models::load_pretrained(kModel, {})->config().num_parameters());
+}
+
+// The wire version is the hand-kept kWireVersion and a fingerprint of every operation's
+// fields: a field added to any request changes it.
+TEST(WireVersion, NamesEveryOperationAndItsFields) {
+  const std::string layout = "\n" + wire_layout();
+  for (const char* op :
+       {"init ", "log_probs ", "train_actor ", "train_critic ", "push_weights ", "load_model ",
+        "generate ", "sync_weights ", "train_dpo ", "train_rm ", "memory ", "info ", "ping "})
+    EXPECT_NE(layout.find(std::string("\n") + op), std::string::npos) << op << "\n" << layout;
+  EXPECT_NE(layout.find("correction_cap:number"), std::string::npos) << layout;
+  EXPECT_EQ(wire_version().rfind(std::to_string(kWireVersion) + "-", 0), 0u) << wire_version();
+  EXPECT_EQ(wire_version().size(), std::to_string(kWireVersion).size() + 17);
+}
 
 }  // namespace
 }  // namespace rlhf

@@ -186,10 +186,9 @@ const std::vector<BadCase>& bad_cases() {
        "--set rollout.n_samples_per_prompt=four: expected an integer",
        false,
        {"rollout.n_samples_per_prompt=four"}},
-      {"multi_turn_without_paged_cache",
-       R"({"rollout": {"max_turns": 2, "kv_block_size": 0},
-           "data": {"apply_chat_template": true}})",
-       "rollout.max_turns", "set rollout.kv_block_size > 0"},
+      // One generation engine: the paged one (issue 40.2); 0 was the contiguous cache.
+      {"contiguous_kv_cache", R"({"rollout": {"kv_block_size": 0}})", "rollout.kv_block_size",
+       "expected an integer in [1, 4096], found 0"},
       {"multi_turn_without_chat_template", R"({"rollout": {"max_turns": 2}})", "rollout.max_turns",
        "set data.apply_chat_template=true (chatml or llama3)"},
       {"set_without_equals",

@@ -179,13 +179,15 @@ RoleMemoryInput tiny_rollout() {
 TEST(MemoryPlan, RolloutKvCacheHoldsMicroBatchTimesSamples) {
   RoleMemoryInput in = tiny_rollout();
   const MemoryTerms t = plan_role(in);
-  // Per row: K and V x 2 layers x 2 KV heads x 16 dims x 32 positions x 2 bytes = 8192;
-  // 32 sample rows + the 8 prefilled rows they are copied from.
-  EXPECT_EQ(t.kv_cache, 8192 * 40);
+  // The paged pool (blocks of 16): per sequence K and V x 2 layers x 2 KV heads x 16 dims x
+  // 32 positions (2 blocks) x 2 bytes = 8192, for the 32 sequences (8 prompts x 4 samples)
+  // that decode at once; a prompt's samples share its blocks, so no prefilled rows beside.
+  EXPECT_EQ(t.kv_cache, 8192 * 32);
   EXPECT_EQ(t.weights, 2 * kParams);
   EXPECT_EQ(t.master + t.optimizer + t.grads, 0);
   in.n_samples = 8;
-  EXPECT_EQ(plan_role(in).kv_cache, 8192 * 72);
+  EXPECT_EQ(plan_role(in).kv_cache, 8192 * 64);
+  EXPECT_EQ(plan_role(in).kv_sequences, 64);
 }
 
 // A tensor-parallel rollout rank (rollout.tensor_parallel_size 2), by hand on the tiny preset:
@@ -207,10 +209,8 @@ TEST(MemoryPlan, TensorParallelRolloutRankHoldsItsSlices) {
   EXPECT_EQ(whole.weights, 2 * kParams);
   EXPECT_EQ(half.weights, 2 * kRankParams);
   EXPECT_EQ(half.engine_peak, half.weights);
-  // Contiguous cache (kv_block_size 0): 40 rows of K and V x 2 layers x 1 KV head x 16 dims
-  // x 32 positions x 2 bytes.
-  EXPECT_EQ(whole.kv_cache, 8192 * 40);
-  EXPECT_EQ(half.kv_cache, 4096 * 40);
+  // Decode logits of 32 rows, FP32 with softmax and sampling copies; with TP also the rank's
+  // [rows, V / 2] and the all-gather's [rows, V] in BF16.
   EXPECT_EQ(whole.log_probs, 32 * 288 * 4 * 3);
   EXPECT_EQ(half.log_probs, 32 * 288 * 4 * 3 + 32 * (144 + 288) * 2);
   // Paged, blocks of 4 tokens: 32 sequences x 8 blocks, each K and V x 2 layers x 1 KV head
@@ -515,11 +515,13 @@ TEST(MemoryPlan, RolloutKvBudgetBoundsTheCache) {
   in.n_samples = 2;
   in.prompt_len = 16;
   in.max_new_tokens = 16;
-  const int64_t per_row = 2 * 2 * 2 * 16 * 32 * 2;  // K+V x layers x kv heads x D x (P+R) x bf16
-  EXPECT_EQ(plan_role(in).kv_cache, per_row * (8 + 4));
-  in.kv_cache_budget = per_row * 3 * 5 / 2;
-  EXPECT_EQ(plan_role(in).kv_cache, per_row * (4 + 2));
-  in.kv_cache_budget = per_row * 3 - 1;  // less than one prompt's 3 rows: refused up front
+  // One sequence: K+V x layers x kv heads x D x (P+R, two blocks of 16) x bf16.
+  const int64_t per_seq = 2 * 2 * 2 * 16 * 32 * 2;
+  EXPECT_EQ(plan_role(in).kv_cache, per_seq * 8);  // 4 prompts x 2 samples
+  in.kv_cache_budget = per_seq * 5 / 2;            // whole blocks: five
+  EXPECT_EQ(plan_role(in).kv_cache, per_seq * 5 / 2);
+  EXPECT_EQ(plan_role(in).kv_sequences, 2);
+  in.kv_cache_budget = per_seq - 1;  // less than one full-length sequence: refused up front
   EXPECT_THROW(plan_role(in), rlhf::InputError);
 }
 

@@ -24,6 +24,7 @@
 #include "models/layer_hooks.h"
 #include "models/paged_kv_cache.h"
 #include "rollout/decode_graph.h"
+#include "tests/rollout/contiguous_reference.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -120,7 +121,6 @@ void expect_same_generation(const GenerationOutput& got, const GenerationOutput&
 struct GreedyCase {
   int64_t batch;
   int64_t micro_batch;
-  double compact_fraction;
 };
 
 class GreedyCacheVsRecompute : public ::testing::TestWithParam<GreedyCase> {};
@@ -140,7 +140,6 @@ TEST_P(GreedyCacheVsRecompute, TokenForToken) {
   GenerationConfig config;
   config.max_new_tokens = max_new;
   config.micro_batch_size = c.micro_batch;
-  config.compact_fraction = c.compact_fraction;
   config.stop_token_ids = stops;
   config.pad_token_id = kPad;
   Generator generator(model, config);
@@ -161,9 +160,8 @@ TEST_P(GreedyCacheVsRecompute, TokenForToken) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Rollout, GreedyCacheVsRecompute,
-                         ::testing::Values(GreedyCase{1, 8, 0.25}, GreedyCase{3, 8, 0.25},
-                                           GreedyCase{5, 8, 0.25}, GreedyCase{5, 2, 0.0},
-                                           GreedyCase{5, 8, 0.0}));
+                         ::testing::Values(GreedyCase{1, 8}, GreedyCase{3, 8}, GreedyCase{5, 8},
+                                           GreedyCase{5, 2}, GreedyCase{5, 1}));
 
 TEST(Generator, NSamplesShareOnePrefillAndGreedySamplesAreIdentical) {
   auto model = tiny_model(2);
@@ -318,7 +316,6 @@ TEST(Generator, ReadingTheLiveCountEveryFewStepsChangesNoOutput) {
     config.max_new_tokens = 12;
     config.n_samples_per_prompt = 2;
     config.micro_batch_size = 4;
-    config.compact_fraction = 0.0;
     SamplingParams params;
     params.seed = 99;
     params.top_k = 20;
@@ -355,53 +352,12 @@ TEST(Generator, ReadingTheLiveCountEveryFewStepsChangesNoOutput) {
   }
 }
 
-// A KV budget for a quarter of the micro batch (2 of 8 prompts with their 2 samples) runs
-// it in 4 waves and generates exactly what the unbounded cache does, greedy and seeded:
-// sampling streams follow the prompt, not the cache. The budget's bytes are the planner's
-// formula: K and V per layer, (n + 1) rows of P + R positions per prompt. A budget below one
-// prompt is a one-line InputError saying what a prompt needs.
-TEST(Generator, KvBudgetForAQuarterOfTheBatchGivesTheSameOutputs) {
-  auto model = tiny_model(8);
-  auto [ids, mask] = left_pad(make_prompts({4, 6, 2, 5, 3, 7, 1, 4}));
-  GenerationConfig config;
-  config.max_new_tokens = 10;
-  config.n_samples_per_prompt = 2;
-  config.micro_batch_size = 8;
-  const auto& c = model->config();
-  const int64_t per_prompt = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
-                             (ids.size(1) + 10) * 4 * (2 + 1);  // FP32 model
-  GenerationConfig bounded = config;
-  bounded.kv_cache_bytes = 2 * per_prompt + per_prompt / 2;
-  EXPECT_EQ(Generator(model, bounded).prompts_per_cache(ids.size(1)), 2);
-  EXPECT_EQ(Generator(model, config).prompts_per_cache(ids.size(1)), 8);
-  for (double temperature : {0.0, 1.0}) {
-    SamplingParams params;
-    params.seed = 5;
-    params.temperature = temperature;
-    const auto whole = Generator(model, config).generate(ids, mask, params);
-    const auto waves = Generator(model, bounded).generate(ids, mask, params);
-    expect_same_generation(waves, whole, 1e-6, "temperature " + std::to_string(temperature));
-  }
-  GenerationConfig tiny_budget = config;
-  tiny_budget.kv_cache_bytes = per_prompt - 1;
-  EXPECT_THROW(
-      {
-        try {
-          Generator(model, tiny_budget).prompts_per_cache(ids.size(1));
-        } catch (const InputError& e) {
-          EXPECT_NE(std::string(e.what()).find("holds less than one prompt"), std::string::npos)
-              << e.what();
-          throw;
-        }
-      },
-      InputError);
-}
-
 // Paged generation (blocks of 1, 4 and 16 positions, sequences of up to 7 + 12) generates
-// exactly what the contiguous cache does, greedy and sampled with top-p and stop tokens
-// (per-row streams), log-probs within FP32 rounding (1e-5: keys gathered from blocks and
-// masked instead of left-padded). Its peak KV is at most the contiguous engine's: a
-// prompt's 4 samples share the prompt's blocks and a row holds only the blocks it filled.
+// exactly what the contiguous cache does (the reference, contiguous_reference.h), greedy and
+// sampled with top-p and stop tokens (per-row streams), log-probs within FP32 rounding (1e-5:
+// keys gathered from blocks and masked instead of left-padded). Its peak KV is at most the
+// contiguous cache's: a prompt's 4 samples share the prompt's blocks and a row holds only
+// the blocks it filled.
 TEST(Generator, PagedGenerationEqualsTheContiguousCache) {
   auto model = tiny_model(8);
   auto [ids, mask] = left_pad(make_prompts({4, 6, 2, 5, 3, 7}));
@@ -415,7 +371,7 @@ TEST(Generator, PagedGenerationEqualsTheContiguousCache) {
     params.seed = 5;
     params.temperature = temperature;
     params.top_p = 0.95;
-    const auto contiguous = Generator(model, config).generate(ids, mask, params, 3);
+    const auto contiguous = test::contiguous_reference(model, config, ids, mask, params, 3);
     for (int64_t block : {1, 4, 16}) {
       GenerationConfig paged_config = config;
       paged_config.kv_block_size = block;
@@ -435,7 +391,7 @@ TEST(Generator, PagedGenerationEqualsTheContiguousCache) {
 // A pool too small for every sequence at once: 8 prompts x 4 samples of up to 7 + 24
 // positions in blocks of 4 need 256 blocks at full length; the budget holds 24 (three full
 // sequences). Sequences are preempted and recomputed, and still every output equals the
-// unbounded contiguous engine's (greedy and sampled); the peak stays within the budget.
+// contiguous reference's (greedy and sampled); the peak stays within the budget.
 // With max_num_seqs 8 (two prompts' samples), a new prompt joins the decode batch as soon
 // as 4 rows finished: fewer decode steps than waves of two prompts, each waiting for its
 // longest sample. A budget below one full sequence is a one-line InputError.
@@ -455,7 +411,7 @@ TEST(Generator, PagedPoolPreemptsAndRecomputesWithoutChangingOutputs) {
     SamplingParams params;
     params.seed = 11;
     params.temperature = temperature;
-    const auto whole = Generator(model, config).generate(ids, mask, params);
+    const auto whole = test::contiguous_reference(model, config, ids, mask, params);
     const auto bounded = Generator(model, paged).generate(ids, mask, params);
     expect_same_generation(bounded, whole, 1e-5, "temperature " + std::to_string(temperature));
     EXPECT_GT(bounded.timings.preempted, 0) << "temperature " << temperature;
@@ -474,7 +430,7 @@ TEST(Generator, PagedPoolPreemptsAndRecomputesWithoutChangingOutputs) {
   GenerationConfig joining = paged;
   joining.kv_cache_bytes = 0;
   joining.max_num_seqs = 8;
-  const auto waves = Generator(model, one_prompt).generate(ids, mask, params);
+  const auto waves = test::contiguous_reference(model, one_prompt, ids, mask, params);
   const auto continuous = Generator(model, joining).generate(ids, mask, params);
   EXPECT_TRUE(torch::equal(continuous.sequences, waves.sequences));
   EXPECT_LT(continuous.timings.decode_steps, waves.timings.decode_steps);
@@ -495,7 +451,7 @@ TEST(Generator, PagedPoolPreemptsAndRecomputesWithoutChangingOutputs) {
 // Padded decode steps (what a GPU replays as CUDA graphs, decode_graph.h), run eagerly on
 // the CPU: running rows padded to a batch bucket and block tables to a power of two, the
 // padding on the cache's scratch block. Outputs equal unpadded steps' and the contiguous
-// engine's (greedy and sampled, stop tokens, blocks of 1, 4 and 16, a pool that preempts,
+// reference's (greedy and sampled, stop tokens, blocks of 1, 4 and 16, a pool that preempts,
 // and a sliding window), so the padding neither leaks into real rows nor shifts a stream.
 TEST(Generator, PaddedDecodeStepsEqualUnpaddedOnes) {
   auto [ids, mask] = left_pad(make_prompts({4, 6, 2, 5, 3, 7, 1}));
@@ -510,7 +466,7 @@ TEST(Generator, PaddedDecodeStepsEqualUnpaddedOnes) {
     SamplingParams params;
     params.seed = 17;
     params.temperature = temperature;
-    const auto contiguous = Generator(model, config).generate(ids, mask, params);
+    const auto contiguous = test::contiguous_reference(model, config, ids, mask, params);
     for (int64_t block : {1, 4, 16}) {
       for (int64_t budget : {int64_t{0}, 12 * block4}) {
         if (budget > 0 && block != 4) continue;

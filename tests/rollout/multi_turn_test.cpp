@@ -364,6 +364,8 @@ TEST(MultiTurn, PreemptionEvictionPaddingAndLateChecksChangeNothing) {
   }
 }
 
+// The one engine is paged: a block size of 0 (the contiguous cache before issue 40.2) is
+// refused when the engine is built.
 TEST(MultiTurn, NeedsThePagedEngine) {
   auto model = tiny_model(9);
   auto [ids, mask] = left_padded({3});

@@ -16,6 +16,7 @@
 #include "models/tensor_parallel.h"
 #include "rollout/generator.h"
 #include "rollout/weight_sync.h"
+#include "rollout/worker_ops.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
 #include "tests/support/collective.h"
@@ -36,8 +37,9 @@ std::unique_ptr<transport::CollectiveGroup> actor_sync_group(const std::string& 
 }
 
 // load_model's "generation": the engine's settings whole, as the PPO driver sends them.
-nlohmann::json generation(int64_t max_new, int64_t n, int64_t micro_batch,
-                          std::vector<int64_t> stop = {}, int64_t block = 0, int64_t kv_bytes = 0) {
+rollout::GenerationConfig generation(int64_t max_new, int64_t n, int64_t micro_batch,
+                                     std::vector<int64_t> stop = {}, int64_t block = 16,
+                                     int64_t kv_bytes = 0) {
   rollout::GenerationConfig c;
   c.max_new_tokens = max_new;
   c.n_samples_per_prompt = n;
@@ -45,7 +47,27 @@ nlohmann::json generation(int64_t max_new, int64_t n, int64_t micro_batch,
   c.stop_token_ids = std::move(stop);
   c.kv_block_size = block;
   c.kv_cache_bytes = kv_bytes;
-  return rollout::to_json(c);
+  return c;
+}
+
+// load_model of a preset test model drawn from `seed`.
+ops::LoadModel load_preset(const std::string& preset, uint64_t seed,
+                           const rollout::GenerationConfig& generation) {
+  ops::LoadModel request;
+  request.preset = preset;
+  request.seed = seed;
+  request.generation = generation;
+  return request;
+}
+
+// generate at `temperature` (top_p 1 unless given) with `seed`, n samples per prompt.
+ops::Generate sampling(double temperature, uint64_t seed, int64_t n, double top_p = 1.0) {
+  ops::Generate request;
+  request.sampling.temperature = temperature;
+  request.sampling.top_p = top_p;
+  request.sampling.seed = seed;
+  request.n_samples_per_prompt = n;
+  return request;
 }
 
 TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
@@ -57,26 +79,24 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   auto& rollout = scheduler.group(Role::kRollout);
 
   const int64_t max_new = 6, n = 2;
-  const nlohmann::json load = {
-      {"preset", "tiny"}, {"seed", 2}, {"generation", generation(max_new, n, 2, {7, 19})}};
-  for (const auto& reply : rollout.call_all("load_model", load))
-    EXPECT_EQ(reply.args.at("weight_version"), 0);
+  for (const auto& a : rollout.call_all(load_preset("tiny", 2, generation(max_new, n, 2, {7, 19}))))
+    EXPECT_EQ(a.reply.weight_version, 0);
 
   // The actor: a different initialisation (seed 1), sent as version 5.
   auto actor = std::make_shared<models::CausalLM>(models::preset_config("tiny"));
   actor->init_weights(1);
   const std::string store = config.run_dir + "/weight-sync.store";
   auto receiving = std::async(std::launch::async, [&] {
-    return rollout.call_all("sync_weights", {{"store_path", store}});
+    return rollout.call_all(ops::SyncWeights{store, "gloo"});
   });
   auto group = actor_sync_group(store, rollout.size());
   rollout::ModelWeights source(*actor);
   rollout::SyncOptions sync;
   sync.wire_dtype = torch::kFloat32;
   const auto sent = rollout::send_weights(source, group.get(), 5, sync);
-  for (const auto& reply : receiving.get()) {
-    EXPECT_EQ(reply.args.at("weight_version"), 5);
-    EXPECT_EQ(reply.args.at("bytes"), sent.bytes);
+  for (const auto& a : receiving.get()) {
+    EXPECT_EQ(a.reply.weight_version, 5);
+    EXPECT_EQ(a.reply.bytes, sent.bytes);
   }
 
   // 5 prompts of mixed lengths, left-padded; micro batches of 2 prompts over 2 ranks.
@@ -85,14 +105,13 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   auto mask = torch::ones({B, P}, torch::kInt64);
   for (int64_t b = 0; b < B; ++b) mask[b].narrow(0, 0, b).fill_(0);  // row b has P - b tokens
   ids.masked_fill_(mask == 0, 0);
-  const nlohmann::json sampling = {{"temperature", 1.0}, {"top_p", 0.95}, {"seed", 11}};
-  auto out = rollout.scatter("generate",
+  auto out = rollout.scatter(sampling(1.0, 11, n, 0.95),
                              {{"prompt_ids", ids},
                               {"prompt_mask", mask},
                               {"prompt_index", torch::arange(B, torch::kInt64)}},
-                             2, sampling);
+                             2);
   ASSERT_EQ(out.tensor("sequences").sizes(), (std::vector<int64_t>{B * n, P + max_new}));
-  for (const auto& mb : out.args.at("micro_batches")) EXPECT_EQ(mb.at("weight_version"), 5);
+  for (const auto& mb : micro_batch_replies<ops::Generate>(out)) EXPECT_EQ(mb.weight_version, 5);
 
   rollout::GenerationConfig local_config;
   local_config.max_new_tokens = max_new;
@@ -112,9 +131,10 @@ TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   scheduler.shutdown();
 }
 
-// Issue 40.1: the engine's settings travel whole. A load_model whose "generation" lacks a
-// field, or carries one this build does not know, fails naming it (before, the worker filled
-// a default of its own: rollout.kv_block_size 0 where the spec's is 16); nothing is loaded.
+// Issue 40.1: every request travels whole. A load_model whose "generation" lacks a field, or
+// carries one this build does not know, fails naming the operation and the field (before,
+// the worker filled a default of its own: rollout.kv_block_size 0 where the spec's is 16);
+// nothing is loaded. The same for a field of the request itself, and for a train request.
 TEST(RolloutWorker, LoadModelWithoutAGenerationFieldFailsNamingIt) {
   torch::set_num_threads(1);
   SchedulerConfig config = testing::scheduler_config("rollout-fields");
@@ -122,36 +142,50 @@ TEST(RolloutWorker, LoadModelWithoutAGenerationFieldFailsNamingIt) {
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
-  const auto refused = [&](const nlohmann::json& gen) -> std::string {
+  // The request as the wire carries it, edited the way another build's would differ.
+  const nlohmann::json whole = request_args(load_preset("tiny", 0, generation(8, 2, 4)));
+  const auto refused = [&](const std::string& op, const nlohmann::json& args) -> std::string {
     try {
-      rollout.call_all("load_model", {{"preset", "tiny"}, {"generation", gen}});
+      rollout.call_all(op, args);
     } catch (const RuntimeError& e) {
       return e.what();
     }
-    return "(loaded)";
+    return "(served)";
   };
-  nlohmann::json gen = generation(8, 2, 4);
-  gen.erase("kv_block_size");
-  EXPECT_NE(refused(gen).find("load_model \"generation\": missing field \"kv_block_size\""),
+  nlohmann::json args = whole;
+  args["generation"].erase("kv_block_size");
+  EXPECT_NE(
+      refused("load_model", args).find("load_model: generation: missing field \"kv_block_size\""),
+      std::string::npos)
+      << refused("load_model", args);
+  args = whole;
+  args["generation"]["kv_block_sizes"] = 16;
+  EXPECT_NE(refused("load_model", args).find("unknown field \"kv_block_sizes\""), std::string::npos)
+      << refused("load_model", args);
+  args = whole;
+  args.erase("generation");
+  EXPECT_NE(refused("load_model", args).find("load_model: missing field \"generation\""),
             std::string::npos)
-      << refused(gen);
-  gen = generation(8, 2, 4);
-  gen["kv_block_sizes"] = 16;
-  EXPECT_NE(refused(gen).find("unknown field \"kv_block_sizes\""), std::string::npos)
-      << refused(gen);
-  try {
-    rollout.call_all("load_model", {{"preset", "tiny"}});
-    FAIL() << "load_model without \"generation\" loaded";
-  } catch (const RuntimeError& e) {
-    EXPECT_NE(std::string(e.what()).find("missing field \"generation\""), std::string::npos)
-        << e.what();
-  }
+      << refused("load_model", args);
+  args = whole;
+  args["max_turn"] = 2;  // a misspelt field
+  EXPECT_NE(refused("load_model", args).find("load_model: unknown field \"max_turn\""),
+            std::string::npos)
+      << refused("load_model", args);
+  args = whole;
+  args["seed"] = "two";
+  EXPECT_NE(refused("load_model", args).find("load_model: field \"seed\" has the wrong type"),
+            std::string::npos)
+      << refused("load_model", args);
   // The worker is still there and takes a whole request.
   EXPECT_EQ(
-      rollout.call_all("load_model", {{"preset", "tiny"}, {"generation", generation(8, 2, 4)}})
-          .at(0)
-          .args.at("weight_version"),
-      0);
+      rollout.call_all(load_preset("tiny", 0, generation(8, 2, 4))).at(0).reply.weight_version, 0);
+  // A generate that lacks its sampling seed is refused before anything is generated.
+  nlohmann::json gen = request_args(sampling(1.0, 5, 2));
+  gen["sampling"].erase("seed");
+  EXPECT_NE(refused("generate", gen).find("generate: sampling: missing field \"seed\""),
+            std::string::npos)
+      << refused("generate", gen);
   scheduler.shutdown();
 }
 
@@ -162,13 +196,11 @@ TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
   Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
   scheduler.start();
   auto& rollout = scheduler.group(Role::kRollout);
-  rollout.call_all("load_model",
-                   {{"preset", "tiny"}, {"seed", 3}, {"generation", generation(8, 2, 4)}});
+  rollout.call_all(load_preset("tiny", 3, generation(8, 2, 4)));
   const auto ids = torch::randint(1, 250, {3, 5}, torch::kInt64);
   const auto mask = torch::ones({3, 5}, torch::kInt64);
-  const nlohmann::json sampling = {{"temperature", 1.0}, {"seed", 5}};
   auto generate = [&] {
-    return rollout.scatter("generate", {{"prompt_ids", ids}, {"prompt_mask", mask}}, 4, sampling);
+    return rollout.scatter(sampling(1.0, 5, 2), {{"prompt_ids", ids}, {"prompt_mask", mask}}, 4);
   };
   const Message before = generate();
 
@@ -176,19 +208,19 @@ TEST(RolloutWorker, SleepOffloadsTheWeightsAndWakeUpRestoresThemBitExactly) {
   models::CausalLM reference(models::preset_config("tiny"));
   int64_t weight_bytes = 0;
   for (const auto& p : reference.parameters()) weight_bytes += p.numel() * 4;
-  const auto slept = rollout.call_all("sleep").at(0).args;
-  EXPECT_GE(slept.at("offloaded_bytes").get<int64_t>(), weight_bytes);
-  EXPECT_LT(slept.at("offloaded_bytes").get<int64_t>(), weight_bytes * 11 / 10);
-  EXPECT_FALSE(slept.contains("cuda_reserved_bytes"));  // a cpu worker
+  const ops::OffloadReply slept = rollout.call_all(ops::Sleep{}).at(0).reply;
+  EXPECT_GE(slept.offloaded_bytes, weight_bytes);
+  EXPECT_LT(slept.offloaded_bytes, weight_bytes * 11 / 10);
+  EXPECT_EQ(slept.cuda_reserved_bytes, 0);  // a cpu worker
   try {
     generate();
     FAIL() << "generate on a sleeping rollout must fail";
   } catch (const RuntimeError& e) {
     EXPECT_NE(std::string(e.what()).find("call wake_up first"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(rollout.call_all("sleep").at(0).args.at("offloaded_bytes"), 0);  // asleep already
-  const auto woke = rollout.call_all("wake_up").at(0).args;
-  EXPECT_EQ(woke.at("restored_bytes"), slept.at("offloaded_bytes"));
+  EXPECT_EQ(rollout.call_all(ops::Sleep{}).at(0).reply.offloaded_bytes, 0);  // asleep already
+  const ops::RestoreReply woke = rollout.call_all(ops::WakeUp{}).at(0).reply;
+  EXPECT_EQ(woke.restored_bytes, slept.offloaded_bytes);
   const Message after = generate();
   for (const char* name : {"sequences", "action_mask", "log_probs"})
     EXPECT_TRUE(torch::equal(before.tensor(name), after.tensor(name))) << name;
@@ -216,16 +248,12 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   const double kv_gb = 3.0 * 4 *
                        models::PagedKvCache::block_bytes(whole_config, block, torch::kFloat32) /
                        static_cast<double>(1ll << 30);
-  const nlohmann::json load = {
-      {"preset", "small"},
-      {"seed", 2},
-      {"dtype", "fp32"},
-      {"generation",
-       generation(max_new, n, 4, {7}, block, static_cast<int64_t>(kv_gb * (1ll << 30)))},
-      {"tensor_parallel_size", 2},
-      {"tp_store_path", config.run_dir + "/tp.store"}};
-  for (const auto& reply : rollout.call_all("load_model", load))
-    EXPECT_EQ(reply.args.at("tensor_parallel_size"), 2);
+  ops::LoadModel load = load_preset(
+      "small", 2, generation(max_new, n, 4, {7}, block, static_cast<int64_t>(kv_gb * (1ll << 30))));
+  load.dtype = "fp32";
+  load.tensor_parallel_size = 2;
+  load.tp_store_path = config.run_dir + "/tp.store";
+  for (const auto& a : rollout.call_all(load)) EXPECT_EQ(a.reply.tensor_parallel_size, 2);
 
   const int64_t B = 4, P = 6;
   auto ids = torch::randint(1, 250, {B, P}, torch::kInt64);
@@ -233,10 +261,10 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   for (int64_t b = 0; b < B; ++b) mask[b].narrow(0, 0, b).fill_(0);
   ids.masked_fill_(mask == 0, 0);
   // Both TP ranks get the same request at once; they must answer alike.
-  auto generate = [&](const nlohmann::json& sampling) {
+  auto generate = [&](const ops::Generate& sampled) {
     Message request;
-    request.op = "generate";
-    request.args = sampling;
+    request.op = ops::Generate::kName;
+    request.args = request_args(sampled);
     request.add("prompt_ids", ids);
     request.add("prompt_mask", mask);
     auto other = std::async(std::launch::async, [&] { return rollout.call(1, request); });
@@ -267,10 +295,10 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
 
   auto preset = std::make_shared<models::CausalLM>(whole_config);
   preset->init_weights(2);
-  const nlohmann::json greedy = {{"temperature", 0.0}, {"seed", 11}};
-  const nlohmann::json sampled = {{"temperature", 1.0}, {"seed", 11}};
+  const ops::Generate greedy = sampling(0.0, 11, n);
+  const ops::Generate sampled = sampling(1.0, 11, n);
   const Message g = generate(greedy);
-  EXPECT_GT(g.args.at("preempted").get<int64_t>(), 0);  // the small KV budget bit
+  EXPECT_GT(reply_of<ops::Generate>(g).preempted, 0);  // the small KV budget bit
   expect_same(g, local_generate(preset, 0.0), "greedy, preset weights");
   expect_same(generate(sampled), local_generate(preset, 1.0), "sampled, preset weights");
 
@@ -279,7 +307,7 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   actor->init_weights(1);
   const std::string store = config.run_dir + "/weight-sync.store";
   auto receiving = std::async(std::launch::async, [&] {
-    return rollout.call_all("sync_weights", {{"store_path", store}});
+    return rollout.call_all(ops::SyncWeights{store, "gloo"});
   });
   auto group = actor_sync_group(store, rollout.size());
   rollout::ModelWeights source(*actor);
@@ -296,10 +324,10 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
     if (models::tensor_parallel_dim(name) < 0) replicated_bytes += numel * 4;
   }
   EXPECT_EQ(sent.bytes, whole_bytes + replicated_bytes);  // the two ranks' slices
-  for (const auto& reply : receiving.get()) {
-    EXPECT_EQ(reply.args.at("weight_version"), 3);
+  for (const auto& a : receiving.get()) {
+    EXPECT_EQ(a.reply.weight_version, 3);
     // Half of every split tensor plus the norms: what this rank holds, nothing more.
-    EXPECT_EQ(reply.args.at("bytes").get<int64_t>(), (whole_bytes + replicated_bytes) / 2);
+    EXPECT_EQ(a.reply.bytes, (whole_bytes + replicated_bytes) / 2);
   }
   expect_same(generate(greedy), local_generate(actor, 0.0), "greedy, synced weights");
   expect_same(generate(sampled), local_generate(actor, 1.0), "sampled, synced weights");
@@ -308,7 +336,7 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   auto receive_error = [&] {
     return std::async(std::launch::async, [&] {
       try {
-        rollout.call_all("sync_weights", {{"store_path", store}});
+        rollout.call_all(ops::SyncWeights{store, "gloo"});
         return std::string("no error");
       } catch (const std::exception& e) {
         return std::string(e.what());

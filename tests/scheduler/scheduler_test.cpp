@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "actors/wire_version.h"
 #include "scheduler/role_group.h"
 #include "scheduler/worker_process.h"
 #include "tests/support/processes.h"
@@ -364,10 +365,11 @@ TEST(Scheduler, AStallOfTheWholeMachineIsNotReportedAsSilentWorkers) {
   expect_all_gone(pids);
 }
 
-Message registration(const std::string& token, const std::string& role, int rank, int64_t pid) {
+Message registration(const std::string& token, const std::string& role, int rank, int64_t pid,
+                     const std::string& wire = wire_version()) {
   Message m;
   m.kind = MessageKind::kRegister;
-  m.args = {{"token", token}, {"role", role}, {"rank", rank}, {"pid", pid}};
+  m.args = {{"token", token}, {"role", role}, {"rank", rank}, {"pid", pid}, {"wire", wire}};
   return m;
 }
 
@@ -397,7 +399,15 @@ TEST(Scheduler, ProcessWithoutTheTokenIsRefused) {
   EXPECT_NE(
       refusal(stray, registration(s.token(), "critic", 0, getpid())).find("no worker critic[0]"),
       std::string::npos);
-  EXPECT_EQ(s.refused_registrations(), 4);
+  // A worker of another build (another wire version, or none) is refused by name.
+  EXPECT_NE(refusal(stray, registration(s.token(), "actor", 0, getpid(), "1-00000000deadbeef"))
+                .find("actor rank 0 on ? speaks wire version 1-00000000deadbeef, this driver " +
+                      wire_version() + ": a worker from another build of rlhf"),
+            std::string::npos);
+  Message unversioned = registration(s.token(), "actor", 0, getpid());
+  unversioned.args.erase("wire");
+  EXPECT_NE(refusal(stray, unversioned).find("speaks wire version (none)"), std::string::npos);
+  EXPECT_EQ(s.refused_registrations(), 6);
 
   // A real worker process started with a wrong token is refused and exits 1.
   auto placement = testing::local_placement({{Role::kActor, 1}}).workers[0];
@@ -412,8 +422,31 @@ TEST(Scheduler, ProcessWithoutTheTokenIsRefused) {
                 .find("refused registration: registration refused: wrong"),
             std::string::npos)
       << testing::read_file(impostor.log_path());
-  EXPECT_EQ(s.refused_registrations(), 5);
+  EXPECT_EQ(s.refused_registrations(), 7);
   EXPECT_EQ(s.group(Role::kActor).call_all("ping").size(), 1u);  // the job is unaffected
+}
+
+// A driver whose contract differs from its workers' (here: the scheduler expects another
+// wire version than the `rlhf` binary states) never gets a worker that would misread its
+// requests: the real worker is refused at registration, exits 1, and says why in its log.
+TEST(Scheduler, AWorkerOfAnotherWireVersionIsRefusedByName) {
+  auto config = scheduler_config("wire-version");
+  config.wire_version = std::to_string(kWireVersion) + "-0123456789abcdef";
+  config.register_timeout = 30s;
+  Scheduler s(config, testing::local_placement({{Role::kActor, 1}}));
+  try {
+    s.start();
+    FAIL() << "a worker of another wire version registered";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("actor"), std::string::npos) << e.what();
+  }
+  const std::string log = testing::read_file(config.run_dir + "/logs/actor-0.log");
+  EXPECT_NE(log.find("registration refused: actor rank 0 on "), std::string::npos) << log;
+  EXPECT_NE(log.find("speaks wire version " + wire_version() + ", this driver " +
+                     config.wire_version + ": a worker from another build of rlhf"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(s.refused_registrations(), 1);
 }
 
 }  // namespace

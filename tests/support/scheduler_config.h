@@ -6,6 +6,7 @@
 #include <chrono>
 #include <string>
 
+#include "actors/wire_version.h"
 #include "scheduler/scheduler.h"
 #include "tests/support/processes.h"
 
@@ -16,6 +17,7 @@ inline SchedulerConfig scheduler_config(const std::string& name) {
   SchedulerConfig c;
   c.run_dir = fresh_run_dir(name);
   c.worker_program = RLHF_CLI_PATH;
+  c.wire_version = wire_version();  // the rlhf binary's: built from the same sources
   c.heartbeat_interval = 200ms;
   c.worker_timeout = 2000ms;
   c.register_timeout = 60s;  // a torch-linked process can take seconds to start
