@@ -6,9 +6,12 @@
 // list (nlohmann's ADL hooks, so `json j = request;` and `j.get<Reply>()` work).
 #pragma once
 
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <type_traits>
 
 #include "core/errors.h"
 
@@ -26,6 +29,20 @@ class JsonFields {
   void read(const char* name, T& out) {
     const nlohmann::json& value = take(name);
     try {
+      // JSON has no NaN or infinity: a non-finite number (a skipped step's grad norm, a loss
+      // that diverged) is written as null and reads back as NaN.
+      if constexpr (std::is_floating_point_v<T>) {
+        if (value.is_null()) {
+          out = std::numeric_limits<T>::quiet_NaN();
+          return;
+        }
+      } else if constexpr (std::is_same_v<T, std::map<std::string, double>>) {
+        out.clear();
+        for (const auto& [key, v] : value.template get<std::map<std::string, nlohmann::json>>())
+          out[key] =
+              v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.template get<double>();
+        return;
+      }
       out = value.template get<T>();
     } catch (const nlohmann::json::exception&) {
       throw wrong_type(name, value);

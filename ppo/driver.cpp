@@ -34,13 +34,6 @@ namespace job {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-double number(const json& args, const char* key) {
-  auto it = args.find(key);
-  if (it == args.end())
-    throw RuntimeError(std::string("reply without \"") + key + "\": " + args.dump());
-  return it->is_number() ? it->get<double>() : std::nan("");
-}
-
 double scatter_compute(const Message& reply, int ranks) {
   double sum = 0;
   for (const auto& mb : reply.args.value("micro_batches", json::array()))

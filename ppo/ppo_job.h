@@ -57,16 +57,10 @@ namespace rlhf::ppo::job {
 
 using Clock = std::chrono::steady_clock;
 
-// A number from a reply's args; JSON has no NaN, so a NaN arrives as null and reads as NaN.
-// Throws RuntimeError when the key is missing.
-double number(const nlohmann::json& args, const char* key);
 // Worker compute of one role-group call on its critical path: a scatter's micro batches
 // spread over the group's ranks (sum / ranks); call_all's ranks run together (max).
 double scatter_compute(const Message& reply, int ranks);
-template <typename Reply>
-double call_all_compute(const std::vector<Answered<Reply>>& replies) {
-  return slowest_compute(replies);
-}
+// (A call_all's: slowest_compute, transport/operation.h.)
 // "1.2": seconds for console lines (without touching the stream's number format).
 std::string seconds_text(double seconds);
 // `v` with `precision` decimals, for console lines.

@@ -62,7 +62,7 @@ double PpoJob::sync_weights(Scheduler& s) {
                 {"buckets", a.buckets},
                 {"seconds", a.seconds},
                 {"gb_per_s", a.seconds > 0 ? static_cast<double>(a.bytes) / 1e9 / a.seconds : 0.0}};
-  return std::max(call_all_compute(pushed), call_all_compute(received));
+  return std::max(slowest_compute(pushed), slowest_compute(received));
 }
 
 double PpoJob::before_training(Scheduler& s) {
@@ -75,12 +75,12 @@ double PpoJob::before_training(Scheduler& s) {
     offload_["rollout_sleep_s"] = r.seconds;
     offload_["rollout_cuda_allocated_bytes_asleep"] = r.cuda_allocated_bytes;
     offload_["rollout_cuda_reserved_bytes_asleep"] = r.cuda_reserved_bytes;
-    compute += call_all_compute(replies);
+    compute += slowest_compute(replies);
   }
   if (offload_optimizer_) {
     const auto replies = s.group(Role::kActor).call_all(ops::RestoreOptimizer{});
     offload_["actor_optimizer_restore_s"] = replies.at(0).reply.seconds;
-    compute += call_all_compute(replies);
+    compute += slowest_compute(replies);
   }
   return compute;
 }
@@ -93,7 +93,7 @@ double PpoJob::before_generating(Scheduler& s) {
     offload_["actor_optimizer_bytes"] = r.offloaded_bytes;
     offload_["actor_optimizer_offload_s"] = r.seconds;
     offload_["actor_cuda_allocated_bytes_offloaded"] = r.cuda_allocated_bytes;
-    compute += call_all_compute(replies);
+    compute += slowest_compute(replies);
   }
   if (sleep_rollout_) {
     const auto replies = s.group(Role::kRollout).call_all(ops::WakeUp{});
@@ -101,7 +101,7 @@ double PpoJob::before_generating(Scheduler& s) {
     offload_["rollout_wake_s"] = r.seconds;
     offload_["rollout_cuda_allocated_bytes_awake"] = r.cuda_allocated_bytes;
     offload_["rollout_cuda_reserved_bytes_awake"] = r.cuda_reserved_bytes;
-    compute += call_all_compute(replies);
+    compute += slowest_compute(replies);
   }
   return compute;
 }

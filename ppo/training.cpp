@@ -93,7 +93,7 @@ double PpoJob::train_update(Scheduler& s, const Rollout& r, const Experience& e,
     });
   }
   auto actor = s.group(Role::kActor).call_all(actor_request, actor_tensors);
-  double update_compute = call_all_compute(actor);
+  double update_compute = slowest_compute(actor);
   const ops::TrainActorReply& a = actor.front().reply;
   sums["policy_loss"] = sums["policy_loss"].get<double>() + a.metrics.loss;
   sums["clip_frac"] = sums["clip_frac"].get<double>() + a.clip_frac;
@@ -102,7 +102,7 @@ double PpoJob::train_update(Scheduler& s, const Rollout& r, const Experience& e,
   sums["lr"] = a.metrics.lr;
   if (has_critic_) {
     const auto critic_replies = critic.get();
-    update_compute = std::max(update_compute, call_all_compute(critic_replies));
+    update_compute = std::max(update_compute, slowest_compute(critic_replies));
     const ops::StepFigures& cr = critic_replies.front().reply.metrics;
     sums["value_loss"] = sums["value_loss"].get<double>() + cr.loss;
     sums["critic_grad_norm"] = sums["critic_grad_norm"].get<double>() + cr.grad_norm;

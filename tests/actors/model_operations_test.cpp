@@ -6,8 +6,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 #include "actors/operation_registry.h"
 #include "actors/wire_version.h"
+#include "dpo/worker_ops.h"
 #include "engine/role_config.h"
 #include "models/pretrained.h"
 #include "ppo/worker_ops.h"
@@ -150,6 +154,28 @@ TEST(ModelOperations, ARequestWithoutAFieldFailsNamingIt) {
   EXPECT_EQ(reply_of<ops::Init>(call(registry, message(ops::Init{fixture_config("ref"), ""}), self))
                 .parameters,
             models::load_pretrained(kModel, {})->config().num_parameters());
+}
+
+// JSON has no NaN: a skipped step's non-finite figures travel as null and read back as NaN,
+// in a reply's fields and in its map of means, instead of failing the reply.
+TEST(WireStructs, NonFiniteFiguresTravelAsNullAndReadBackAsNan) {
+  ops::TrainActorReply r;
+  r.metrics.loss = std::nan("");
+  r.metrics.grad_norm = std::numeric_limits<double>::infinity();
+  r.metrics.skipped = true;
+  Message m;
+  m.args = nlohmann::json::parse(request_args(r).dump());  // as the wire carries it
+  EXPECT_TRUE(m.args["metrics"]["loss"].is_null());
+  const ops::TrainActorReply back = nlohmann::json(m.args).get<ops::TrainActorReply>();
+  EXPECT_TRUE(std::isnan(back.metrics.loss));
+  EXPECT_TRUE(std::isnan(back.metrics.grad_norm));
+  EXPECT_TRUE(back.metrics.skipped);
+  ops::OfflineStepReply offline;
+  offline.means = {{"margin", std::nan("")}, {"accuracy", 0.5}};
+  const auto means =
+      nlohmann::json::parse(nlohmann::json(offline).dump()).get<ops::OfflineStepReply>().means;
+  EXPECT_TRUE(std::isnan(means.at("margin")));
+  EXPECT_EQ(means.at("accuracy"), 0.5);
 }
 
 // The wire version is the hand-kept kWireVersion and a fingerprint of every operation's
