@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/job_schema.h"
 #include "core/errors.h"
 #include "rlhf_version.h"
 
@@ -28,6 +29,7 @@ void print_help() {
 
 int main(int argc, char** argv) {
   using rlhf::ExitCode;
+  rlhf::cli::install_composed_job_schema();
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     print_help();

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/placement.h"
+#include "core/python_ref.h"
 #include "core/run_dir.h"
 #include "core/text.h"
 #include "dpo/driver.h"
@@ -18,6 +19,7 @@
 #include "ppo/prompt_dataset.h"
 #include "rewards/format_reward.h"
 #include "rewards/rule_rewards.h"
+#include "rewards/spec_keys.h"
 
 namespace rlhf::cli {
 namespace {
@@ -44,7 +46,7 @@ void check_names(const JobSpec& spec, std::vector<SpecProblem>& problems) {
   const bool ppo = spec.kind() == JobKind::kPpo;
   if (ppo) {
     const bool listed = !spec.at("reward.sources").empty();
-    for (const auto& src : spec.reward_sources()) {
+    for (const auto& src : rewards::reward_sources(spec.json())) {
       const std::string kind = src.at("kind");
       if (kind == "rule") {
         const std::string rule = src.at("rule");
@@ -56,7 +58,8 @@ void check_names(const JobSpec& spec, std::vector<SpecProblem>& problems) {
         });
       } else if (kind == "python") {
         const std::string fn = src.at("python");
-        const std::string file = fn.substr(0, fn.rfind(':'));
+        const auto ref = parse_python_ref(fn);
+        const std::string file = ref ? ref->file : fn;
         check(problems, listed ? "reward.sources" : "reward.python", [&] {
           if (!std::filesystem::is_regular_file(file))
             throw InputError("\"" + fn + "\": no such file " + file);

@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "core/errors.h"
-#include "core/spec_rules.h"
+#include "core/spec_check.h"
 
 namespace rlhf {
 namespace {
@@ -53,9 +53,7 @@ PortRange parse_port_range(const std::string& text) {
   return {static_cast<uint16_t>(low), static_cast<uint16_t>(high)};
 }
 
-namespace detail {
-
-void check_cluster(Validation& v) {
+void check_cluster(SpecCheck& v) {
   if (v.ok({"cluster.port_range"})) {
     try {
       parse_port_range(v.at("cluster.port_range").get<std::string>());
@@ -91,5 +89,4 @@ void check_cluster(Validation& v) {
                                        "scheduler: name this host's address on their network");
 }
 
-}  // namespace detail
 }  // namespace rlhf

@@ -17,10 +17,8 @@ struct PortRange {
 // 1024 <= LOW < HIGH <= 65535 (two ports at least: the worker endpoint and the store).
 PortRange parse_port_range(const std::string& text);
 
-namespace detail {
-struct Validation;
+class SpecCheck;
 // cluster.port_range, cluster.launcher and the nodes' hosts (run by check_cross_fields).
-void check_cluster(Validation& v);
-}  // namespace detail
+void check_cluster(SpecCheck& v);
 
 }  // namespace rlhf

@@ -5,8 +5,6 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "core/spec_rules.h"
-
 namespace rlhf {
 
 using nlohmann::json;
@@ -67,7 +65,7 @@ Placement place(const JobSpec& spec) {
   const std::string alloc_conf = spec.get_string("cluster.cuda_alloc_conf");
   for (Role role : spec.used_roles()) {
     const std::string name = role_name(role);
-    // Resolved devices: [ids] on the first node, or {"node": [ids]} (see spec_rules.cpp).
+    // Resolved devices: [ids] on the first node, or {"node": [ids]} (see spec_placement.cpp).
     std::vector<std::pair<size_t, int>> devices;
     const json& d = spec.at(name + ".devices");
     if (d.is_array()) {

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/spec_rules.h"
+#include "core/spec_check.h"
 #include "core/spec_schema.h"
 #include "core/text.h"
 
@@ -63,7 +63,7 @@ std::string report(const std::string& source, const std::vector<SpecProblem>& pr
 }
 
 // Parses JSON text (comments allowed); a syntax error becomes one problem with line:column.
-json parse_text(const std::string& text, detail::Validation& v) {
+json parse_text(const std::string& text, SpecCheck& v) {
   try {
     return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
@@ -77,7 +77,7 @@ json parse_text(const std::string& text, detail::Validation& v) {
   }
 }
 
-void apply_override(json& doc, const std::string& assignment, detail::Validation& v) {
+void apply_override(json& doc, const std::string& assignment, SpecCheck& v) {
   auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
     v.problem("", "--set " + assignment + ": expected PATH=VALUE");
@@ -91,14 +91,14 @@ void apply_override(json& doc, const std::string& assignment, detail::Validation
     return;
   }
   try {
-    doc[detail::pointer(path)] = key->parse_override(assignment.substr(eq + 1));
+    doc[spec_pointer(path)] = key->parse_override(assignment.substr(eq + 1));
   } catch (const InputError& e) {
     v.problem(path, e.what());
   }
 }
 
 // Walks the user's document: every leaf must be a known key of the right type.
-void check_keys(const json& node, const std::string& prefix, detail::Validation& v) {
+void check_keys(const json& node, const std::string& prefix, SpecCheck& v) {
   for (const auto& [name, value] : node.items()) {
     std::string path = prefix.empty() ? name : prefix + "." + name;
     if (const KeySpec* key = find_key(path)) {
@@ -144,9 +144,9 @@ void resolve_paths(json& node, const std::string& prefix, const std::filesystem:
     }
     const KeySpec* key = find_key(path);
     if (key && key->type == KeyType::kSources && value.is_array()) {
-      // A source's Python file and model directory are paths too.
+      // The fields of a source that name files are paths too.
       for (auto& src : value)
-        for (const char* field : {"python", "model"})
+        for (const std::string& field : key->path_fields)
           if (src.is_object() && src.contains(field) && src[field].is_string() &&
               !std::filesystem::path(src[field].get<std::string>()).is_absolute())
             src[field] = (base / src[field].get<std::string>()).lexically_normal().string();
@@ -162,7 +162,8 @@ void resolve_paths(json& node, const std::string& prefix, const std::filesystem:
 JobSpec::Validated validate(const std::string& text, const std::string& source,
                             const std::vector<std::string>& overrides,
                             const std::filesystem::path& base) {
-  detail::Validation v;
+  const SpecSchema& schema = job_schema();
+  SpecCheck v;
   v.resolved = default_spec_json();
   nlohmann::json doc = parse_text(text, v);
   if (!v.problems.empty()) throw SpecError(source, v.problems);
@@ -170,9 +171,9 @@ JobSpec::Validated validate(const std::string& text, const std::string& source,
   resolve_paths(doc, "", base);
   for (const auto& o : overrides) apply_override(doc, o, v);
   check_keys(doc, "", v);
-  detail::check_cross_fields(v);
+  check_cross_fields(v, schema);
   if (!v.problems.empty()) throw SpecError(source, v.problems);
-  return {std::move(v.resolved), std::move(v.warnings), std::move(v.notes)};
+  return {std::move(v.resolved), std::move(v.warnings), std::move(v.notes), std::move(v.roles)};
 }
 
 }  // namespace
@@ -200,13 +201,14 @@ JobSpec::JobSpec(std::string source, Validated validated)
     : source_(std::move(source)),
       resolved_(std::move(validated.resolved)),
       warnings_(std::move(validated.warnings)),
-      notes_(std::move(validated.notes)) {}
+      notes_(std::move(validated.notes)),
+      roles_(std::move(validated.roles)) {}
 
 nlohmann::json JobSpec::minimal_json() const {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& k : spec_keys()) {
     const nlohmann::json& value = at(k.path);
-    if (value != k.default_value) out[detail::pointer(k.path)] = value;
+    if (value != k.default_value) out[spec_pointer(k.path)] = value;
   }
   return out;
 }
@@ -220,26 +222,20 @@ JobKind JobSpec::kind() const {
 }
 
 std::vector<Role> JobSpec::used_roles() const {
-  return detail::used_roles(resolved_);
+  return roles_.used;
 }
 
 bool JobSpec::uses(Role role) const {
-  for (Role r : used_roles())
-    if (r == role) return true;
-  return false;
-}
-
-nlohmann::json JobSpec::reward_sources() const {
-  return detail::reward_source_list(resolved_);
+  return std::find(roles_.used.begin(), roles_.used.end(), role) != roles_.used.end();
 }
 
 bool JobSpec::trains(Role role) const {
-  return detail::trains(resolved_, role);
+  return std::find(roles_.trained.begin(), roles_.trained.end(), role) != roles_.trained.end();
 }
 
 const nlohmann::json& JobSpec::at(const std::string& path) const {
   if (!find_key(path)) throw std::logic_error("JobSpec: no key '" + path + "' in the table");
-  return resolved_.at(detail::pointer(path));
+  return resolved_.at(spec_pointer(path));
 }
 
 int64_t JobSpec::get_int(const std::string& path) const {

@@ -1,6 +1,6 @@
 // The job spec: parse JSON, apply `--set` overrides, fill defaults, validate every key and
-// cross-field rule against the key table (core/spec_schema.h). Reports every problem at
-// once. Components read their settings from a validated JobSpec into their own config
+// cross-field rule against the key table (core/spec_schema.h) that cli/ installs. Reports every
+// problem at once. Components read their settings from a validated JobSpec into their own config
 // structs; they never keep the whole spec.
 #pragma once
 
@@ -23,6 +23,12 @@ constexpr Role kAllRoles[] = {Role::kActor, Role::kCritic, Role::kReward, Role::
 const char* role_name(Role role);
 // Throws InputError for an unknown name.
 Role parse_role(const std::string& name);
+
+// The roles of one job: which start workers, and which of them train (optimizer state).
+struct RoleUse {
+  std::vector<Role> used;     // in start-up order (automatic devices are given in this order)
+  std::vector<Role> trained;  // a subset of `used`
+};
 
 // One problem found in a spec: the JSON path and what was found vs expected.
 struct SpecProblem {
@@ -63,12 +69,9 @@ class JobSpec {
   // What automatic defaults resolved to (e.g. "compute dtype (auto): actor fp32, ..."), for
   // the console at start-up.
   const std::vector<std::string>& notes() const { return notes_; }
-  // The reward sources of a ppo job, shorthands expanded (see detail::reward_source_list):
-  // [{"kind": rule|python|remote|model, "name", "weight", ...}].
-  nlohmann::json reward_sources() const;
-
   JobKind kind() const;
-  // Roles whose workers this job starts (depends on kind, estimator, reward source, loss).
+  // Roles whose workers this job starts (depends on kind, estimator, reward source, loss),
+  // as the section that runs the job's kind answered (SpecSection::roles).
   std::vector<Role> used_roles() const;
   bool uses(Role role) const;
   // Trained roles (need optimizer state): actor/critic for ppo, actor for dpo/sft, reward for rm.
@@ -87,6 +90,7 @@ class JobSpec {
     nlohmann::json resolved;
     std::vector<std::string> warnings;
     std::vector<std::string> notes;
+    RoleUse roles;
   };
 
  private:
@@ -96,6 +100,7 @@ class JobSpec {
   nlohmann::json resolved_;
   std::vector<std::string> warnings_;
   std::vector<std::string> notes_;
+  RoleUse roles_;
 };
 
 }  // namespace rlhf

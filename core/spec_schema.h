@@ -1,12 +1,19 @@
-// The table of every job-spec key: dotted path, type, default, allowed range or choices,
-// and one line of documentation. The validator, `--set` overrides and docs/job-spec.md all
-// come from this one table; nothing else declares a key or a default.
+// The job-spec key table's machinery: a key (dotted path, type, default, allowed range or
+// choices, one line of documentation), the builder a component declares its keys with, and
+// the schema cli/ composes from every component's section (cli/job_schema.cpp). The
+// validator, `--set` overrides and docs/job-spec.md all come from that one table; each key is
+// declared once, by the folder that reads it.
 #pragma once
 
+#include <functional>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "core/spec.h"
 
 namespace rlhf {
 
@@ -22,7 +29,7 @@ enum class KeyType {
   kIntList,    // any length, each element within [min, max]
   kDevices,    // [0, 1] on the first node, or {"node-name": [0, 1], ...}
   kNodes,      // list of node objects (see cluster.nodes)
-  kSources,    // list of reward-source objects (see reward.sources)
+  kSources,    // list of source objects (see reward.sources); `path_fields` of each are paths
   kObject,     // a JSON object of free-form options (see env.options)
 };
 const char* key_type_name(KeyType type);
@@ -34,8 +41,9 @@ struct KeySpec {
   std::optional<double> min;  // numeric bounds (inclusive unless *_exclusive)
   std::optional<double> max;
   bool min_exclusive = false;
-  std::vector<std::string> choices;  // kEnum
-  size_t list_len = 0;               // kFloatList
+  std::vector<std::string> choices;      // kEnum
+  size_t list_len = 0;                   // kFloatList
+  std::vector<std::string> path_fields;  // kSources: fields of an entry that name files
   std::string doc;
 
   // "integer >= 1", "number in (0, 1]", "one of k1, k2, k3" (what the validator expects).
@@ -46,7 +54,81 @@ struct KeySpec {
   nlohmann::json parse_override(const std::string& text) const;
 };
 
-// Every key, in documentation order.
+// No upper bound (KeyTable's `hi`).
+constexpr double kUnbounded = 1e300;
+
+// Declares keys one call each, so each row reads as a line of documentation.
+class KeyTable {
+ public:
+  KeySpec& add(std::string path, KeyType type, nlohmann::json def, std::string doc);
+  void integer(std::string path, int64_t def, double lo, double hi, std::string doc);
+  void number(std::string path, double def, double lo, double hi, std::string doc,
+              bool lo_exclusive = false);
+  void number_or_auto(std::string path, nlohmann::json def, double lo, std::string doc);
+  void boolean(std::string path, bool def, std::string doc);
+  void string(std::string path, std::string def, std::string doc);
+  void file(std::string path, std::string def, std::string doc);
+  void choice(std::string path, std::string def, std::vector<std::string> choices, std::string doc);
+  void numbers(std::string path, std::vector<double> def, std::string doc);
+  void integers(std::string path, std::vector<int64_t> def, double lo, std::string doc);
+  std::vector<KeySpec> take() { return std::move(keys_); }
+
+ private:
+  std::vector<KeySpec> keys_;
+};
+
+// Where a role's model comes from and where its workers run (<role>.model, .devices,
+// .colocate_with, .dtype): declared by the folder that serves the role, checked by core.
+void add_role_placement(KeyTable& t, const std::string& role, const std::string& model_doc);
+
+class SpecCheck;  // core/spec_check.h
+
+// One folder's part of the spec: its keys, its rules, and, for the folders that run a job
+// kind, which roles that kind uses. Every hook is optional.
+struct SpecSection {
+  std::string owner;  // the folder that declares these keys ("rewards")
+  std::function<void(KeyTable&)> keys;
+  // Before model inheritance and device placement (a reward model source sets reward.model).
+  std::function<void(SpecCheck&)> resolve;
+  // Cross-field rules, after inheritance and placement (SpecCheck::roles and ::group are set).
+  std::function<void(SpecCheck&)> rules;
+  // The roles of the job kinds this section runs; nullopt for other kinds.
+  std::function<std::optional<RoleUse>(const nlohmann::json& resolved)> roles;
+  // Why a role the user configured is not used by this job ("" when this section has no
+  // reason); the warning quotes every section's reason.
+  std::function<std::string(const nlohmann::json& resolved, Role role)> why_unused;
+};
+
+// Core's own keys: kind, name and cluster.* (its rules run in check_cross_fields).
+SpecSection core_spec_section();
+
+// The table composed from sections, in documentation order.
+class SpecSchema {
+ public:
+  explicit SpecSchema(std::vector<SpecSection> sections);
+  const std::vector<SpecSection>& sections() const { return sections_; }
+  const std::vector<KeySpec>& keys() const { return keys_; }
+  // nullptr when `path` is not a key.
+  const KeySpec* find(const std::string& path) const;
+  const std::vector<std::string>& paths() const { return paths_; }
+  // The roles of a resolved spec's job kind; throws std::logic_error when no section runs it.
+  RoleUse roles(const nlohmann::json& resolved) const;
+  std::string why_unused(const nlohmann::json& resolved, Role role) const;
+
+ private:
+  std::vector<SpecSection> sections_;
+  std::vector<KeySpec> keys_;
+  std::vector<std::string> paths_;
+  std::map<std::string, size_t> index_;  // path -> position in keys_
+};
+
+// The schema of this process: cli/ composes it (cli/job_schema.h) and installs it once at
+// start-up (main, and each test binary that reads specs). job_schema() throws
+// std::logic_error before that.
+void install_job_schema(std::shared_ptr<const SpecSchema> schema);
+const SpecSchema& job_schema();
+
+// The installed schema's keys, in documentation order.
 const std::vector<KeySpec>& spec_keys();
 // nullptr when `path` is not a key.
 const KeySpec* find_key(const std::string& path);

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "core/errors.h"
+#include "core/python_ref.h"
 #include "core/text.h"
 #include "pyhost/python_objects.h"
 
@@ -36,10 +37,9 @@ PythonEnvironment::PythonEnvironment(const EnvironmentConfig& config)
       grace_s_(std::min(config.timeout_s, 5.0)),
       options_(config.options),
       tool_format_(ToolCallFormat::kAuto) {
-  const auto colon = config.python.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == config.python.size()) {
+  const auto ref = parse_python_ref(config.python);
+  if (!ref)
     throw InputError("env.python: expected \"FILE.py:FACTORY\", found \"" + config.python + "\"");
-  }
   if (!(timeout_s_ > 0)) throw InputError("env.timeout_s: expected a number > 0");
   if (!options_.is_object()) throw InputError("env.options: expected an object");
   tool_format_ = parse_tool_call_format(options_.value("tool_format", std::string("auto")));
@@ -47,8 +47,7 @@ PythonEnvironment::PythonEnvironment(const EnvironmentConfig& config)
   pc.interpreter = config.python_interpreter;
   pc.workers = config.python_workers;
   try {
-    pool_ = std::make_unique<pyhost::PythonObjectPool>(pc, config.python.substr(0, colon),
-                                                       config.python.substr(colon + 1));
+    pool_ = std::make_unique<pyhost::PythonObjectPool>(pc, ref->file, ref->name);
   } catch (const InputError& e) {
     throw InputError(std::string("env.python: ") + e.what());
   }

@@ -3,10 +3,12 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "core/python_ref.h"
 #include "pyhost/python_pool.h"
 #include "rewards/format_reward.h"
 #include "rewards/remote_reward.h"
 #include "rewards/rule_rewards.h"
+#include "rewards/spec_keys.h"
 
 namespace rlhf::rewards {
 
@@ -14,7 +16,7 @@ using nlohmann::json;
 
 RewardSourcesConfig RewardSourcesConfig::from_spec(const JobSpec& spec) {
   RewardSourcesConfig c;
-  c.sources = spec.reward_sources();
+  c.sources = reward_sources(spec.json());
   c.python_interpreter = spec.get_string("reward.python_interpreter");
   c.python_workers = static_cast<int>(spec.get_int("reward.python_workers"));
   c.python_timeout_s = spec.get_float("reward.python_timeout_s");
@@ -46,16 +48,15 @@ RewardSources::RewardSources(RewardSourcesConfig c) {
         src->rule = &find_rule_reward(rule);
     } else if (src->kind == "python") {
       const std::string spec = s.at("python");
-      const auto colon = spec.rfind(':');
-      if (colon == std::string::npos)
+      const auto ref = parse_python_ref(spec);
+      if (!ref)
         throw InputError("reward python source \"" + spec + "\": expected FILE.py:FUNCTION");
       pyhost::PythonPoolConfig pc;
       pc.interpreter = c.python_interpreter;
       pc.workers = c.python_workers;
       pc.timeout_s = c.python_timeout_s;
       pc.log_path = c.python_log_path;
-      src->python = std::make_unique<pyhost::PythonFunctionPool>(pc, spec.substr(0, colon),
-                                                                 spec.substr(colon + 1));
+      src->python = std::make_unique<pyhost::PythonFunctionPool>(pc, ref->file, ref->name);
     } else if (src->kind == "remote") {
       src->remote = std::make_unique<RemoteReward>(
           RemoteRewardConfig{s.at("remote_url").get<std::string>(), c.remote_timeout_s});

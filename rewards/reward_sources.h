@@ -15,7 +15,8 @@
 namespace rlhf::rewards {
 
 struct RewardSourcesConfig {
-  // JobSpec::reward_sources(): [{"kind": rule|python|remote|model, "name", "weight", ...}].
+  // rewards::reward_sources(spec.json()) (rewards/spec_keys.h): [{"kind": rule|python|remote|model,
+  // "name", "weight", ...}].
   nlohmann::json sources = nlohmann::json::array();
   std::string python_interpreter = "python3";  // reward.python_interpreter
   int python_workers = 2;                      // reward.python_workers

@@ -11,6 +11,7 @@
 
 #include "core/run_dir.h"
 #include "core/spec_schema.h"
+#include "rewards/spec_keys.h"
 #include "test_paths.h"
 
 namespace rlhf {
@@ -524,7 +525,7 @@ TEST(Spec, RewardSourcesExpandShorthandsAndDecideTheRewardGroup) {
   // reward.model alone is the source; beside a rule it is only the critic's default.
   auto names = [](const JobSpec& s) {
     std::vector<std::string> out;
-    for (const auto& src : s.reward_sources()) out.push_back(src["name"]);
+    for (const auto& src : rewards::reward_sources(s.json())) out.push_back(src["name"]);
     return out;
   };
   using V = std::vector<std::string>;
@@ -537,7 +538,7 @@ TEST(Spec, RewardSourcesExpandShorthandsAndDecideTheRewardGroup) {
       {"rule": "math"}, {"rule": "math", "weight": 0.5}, {"model": "m/rm2", "name": "rm"},
       {"remote_url": "http://127.0.0.1:1/"}]}})");
   EXPECT_EQ(names(list), (V{"math", "math_2", "rm", "remote"}));
-  EXPECT_DOUBLE_EQ(list.reward_sources()[1]["weight"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(rewards::reward_sources(list.json())[1]["weight"].get<double>(), 0.5);
   EXPECT_TRUE(list.uses(Role::kReward));
   EXPECT_EQ(list.get_string("reward.model"), "m/rm2");
   // One problem per mistake, naming the entry.
