@@ -470,39 +470,6 @@ std::vector<ParamUnit> CausalLM::param_units() {
   return units;
 }
 
-CausalLM::ShapeList parameter_shapes(const ModelConfig& c) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  const int64_t q = c.num_attention_heads * D, kv = c.num_key_value_heads * D;
-  CausalLM::ShapeList out;
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, H}});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    auto linear = [&](const std::string& name, int64_t in, int64_t o, bool bias) {
-      out.push_back({p + name + ".weight", {o, in}});
-      if (bias) out.push_back({p + name + ".bias", {o}});
-    };
-    linear("self_attn.q_proj", H, q, c.qkv_bias);
-    linear("self_attn.k_proj", H, kv, c.qkv_bias);
-    linear("self_attn.v_proj", H, kv, c.qkv_bias);
-    linear("self_attn.o_proj", q, H, c.o_proj_bias);
-    if (c.qk_norm) {
-      out.push_back({p + "self_attn.q_norm.weight", {D}});
-      out.push_back({p + "self_attn.k_norm.weight", {D}});
-    }
-    linear("mlp.gate_proj", H, I, c.mlp_bias);
-    linear("mlp.up_proj", H, I, c.mlp_bias);
-    linear("mlp.down_proj", I, H, c.mlp_bias);
-    out.push_back({p + "input_layernorm.weight", {H}});
-    out.push_back({p + "post_attention_layernorm.weight", {H}});
-  }
-  out.push_back({"model.norm.weight", {H}});
-  if (c.head == HeadKind::kValue)
-    out.push_back({c.value_head_prefix + ".weight", {1, H}});
-  else if (!c.tie_word_embeddings)
-    out.push_back({"lm_head.weight", {c.vocab_size, H}});
-  return out;
-}
-
 torch::Tensor value_head_init(const ModelConfig& config) {
   auto gen = at::detail::createCPUGenerator(0);
   return torch::empty({1, config.hidden_size}, torch::kFloat32)

@@ -19,6 +19,7 @@
 #include "models/layer_hooks.h"
 #include "models/linear.h"
 #include "models/log_probs.h"
+#include "models/param_layout.h"
 #include "models/tensor_parallel.h"
 
 namespace rlhf::models {
@@ -50,9 +51,9 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   CausalLM(const CausalLM&) = delete;
   CausalLM& operator=(const CausalLM&) = delete;
 
-  using ShapeList = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  using ShapeList = models::ShapeList;
   // Every parameter's HF name and full shape, in named_parameters() order, from the config
-  // (so also for a deferred or sharded model).
+  // (so also for a deferred or sharded model): models::parameter_shapes(config()).
   const ShapeList& parameter_shapes() const { return shapes_; }
 
   const ModelConfig& config() const { return config_; }
@@ -196,10 +197,6 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   torch::Tensor inv_freq_;  // RoPE's inverse frequencies on the device of the last forward
   bool fused_ = false;      // fuse_projections() ran
 };
-
-// The parameters CausalLM's constructor registers for `config` (HF names, full shapes), in
-// its order: what a checkpoint must hold, without building a model.
-CausalLM::ShapeList parameter_shapes(const ModelConfig& config);
 
 // A fresh value head, [1, H] FP32: normal(0, 1 / (H + 1)) as OpenRLHF's critic init, from
 // a generator of its own (seed 0), so every rank and every loader draws the same values.

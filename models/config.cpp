@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "models/param_layout.h"
 
 namespace rlhf::models {
 
@@ -331,19 +332,7 @@ std::string ModelConfig::to_json_text() const {
 }
 
 int64_t ModelConfig::num_parameters() const {
-  const int64_t H = hidden_size, I = intermediate_size, q = num_attention_heads * head_dim,
-                kv = num_key_value_heads * head_dim;
-  int64_t layer = H * q + 2 * H * kv + q * H + 3 * H * I + 2 * H;
-  if (qkv_bias) layer += q + 2 * kv;
-  if (o_proj_bias) layer += H;
-  if (mlp_bias) layer += 2 * I + H;
-  if (qk_norm) layer += 2 * head_dim;
-  int64_t total = vocab_size * H + num_hidden_layers * layer + H;
-  if (head == HeadKind::kValue)
-    total += H;
-  else if (!tie_word_embeddings)
-    total += vocab_size * H;
-  return total;
+  return numel_of(parameter_shapes(*this));
 }
 
 std::vector<std::string> preset_names() {

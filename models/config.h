@@ -67,7 +67,7 @@ struct ModelConfig {
   // Throws InputError when fields are inconsistent (heads not dividing, ...).
   void validate(const std::string& source) const;
 
-  int64_t num_parameters() const;  // exact count, heads included
+  int64_t num_parameters() const;  // exact count, heads included (models/param_layout.h)
 
   std::string original_json;  // the parsed file, for round trips ("" when built in code)
 };

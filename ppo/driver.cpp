@@ -17,6 +17,7 @@
 #include "core/text.h"
 #include "engine/memory_check.h"
 #include "engine/memory_plan.h"
+#include "engine/phase_policy.h"
 #include "engine/role_config.h"
 #include "ppo/ppo_job.h"
 #include "report/metrics.h"
@@ -221,15 +222,11 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
 
 void PpoJob::choose_sleep_mode(const std::vector<Answered<ops::InfoReply>>& rollout,
                                std::ostream& out) {
-  // Sleep mode only where the rollout shares the actor's GPU and the two take turns: on cpu
-  // nodes host memory is the same memory, and with async_steps they run at once.
-  const bool colocated_gpu = spec_.get_string("rollout.colocate_with") == "actor" &&
-                             rollout.at(0).reply.device.rfind("cuda", 0) == 0 &&
-                             c_.async_steps == 0;
-  sleep_rollout_ = colocated_gpu && spec_.get_bool("rollout.offload_while_training");
-  offload_optimizer_ = colocated_gpu &&
-                       spec_.get_bool("actor.offload_optimizer_while_generating") &&
-                       !spec_.get_bool("actor.adam_offload");
+  // The same policy the memory planner planned the phases with (engine/phase_policy.h).
+  const engine::PhasePolicy policy = engine::phase_policy(
+      engine::PhaseSettings::from_spec(spec_), rollout.at(0).reply.device.rfind("cuda", 0) == 0);
+  sleep_rollout_ = policy.rollout_sleeps;
+  offload_optimizer_ = policy.actor_offloads_optimizer;
   if (sleep_rollout_ || offload_optimizer_)
     out << "ppo: colocated on the GPU:"
         << (sleep_rollout_ ? " the rollout's weights go to host memory while the actor trains" : "")
