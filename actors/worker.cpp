@@ -170,16 +170,11 @@ WorkerConfig WorkerConfig::from_env() {
 Worker::Worker(WorkerConfig config, OperationRegistry registry)
     : config_(std::move(config)), registry_(std::move(registry)) {}
 
-int Worker::run() {
+// Registers with the scheduler (token, identity, wire version) and, for a worker that joins
+// by hand, takes the identity and environment it was assigned. Throws RuntimeError naming
+// what went wrong.
+Message Worker::register_with(Channel& scheduler, const std::string& me) {
   const WorkerIdentity& self = config_.identity;
-  std::string me = "[" + (self.role.empty() ? "worker" : self.role) + " " +
-                   (self.role.empty() ? "?" : std::to_string(self.rank)) + "] ";
-  zmq::context_t context(1);
-  Channel scheduler(context, zmq::socket_type::dealer);
-  scheduler.set_max_message_size(config_.limits.max_total_bytes + config_.limits.max_header_bytes);
-  if (!config_.curve_server_key.empty()) set_curve_client(scheduler, config_.curve_server_key);
-  scheduler.connect(config_.scheduler_endpoint);
-
   Message hello;
   hello.kind = MessageKind::kRegister;
   hello.args = {{"token", config_.token},
@@ -213,6 +208,20 @@ int Worker::run() {
       ::setenv(name.c_str(), value.get<std::string>().c_str(), 1);
     registry_ = config_.on_assigned(config_.identity);
   }
+  return accepted;
+}
+
+int Worker::run() {
+  const WorkerIdentity& self = config_.identity;
+  std::string me = "[" + (self.role.empty() ? "worker" : self.role) + " " +
+                   (self.role.empty() ? "?" : std::to_string(self.rank)) + "] ";
+  zmq::context_t context(1);
+  Channel scheduler(context, zmq::socket_type::dealer);
+  scheduler.set_max_message_size(config_.limits.max_total_bytes + config_.limits.max_header_bytes);
+  if (!config_.curve_server_key.empty()) set_curve_client(scheduler, config_.curve_server_key);
+  scheduler.connect(config_.scheduler_endpoint);
+
+  const Message accepted = register_with(scheduler, me);
   // The job's rendezvous store admits only clients that prove the token: collective groups
   // opened in this process read it here (a worker joined by --join-file had it only in its
   // config).

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "actors/operation_registry.h"
+#include "transport/channel.h"
 #include "transport/message.h"
 
 namespace rlhf {
@@ -43,6 +44,7 @@ class Worker {
   int run();
 
  private:
+  Message register_with(Channel& scheduler, const std::string& me);
   WorkerConfig config_;
   OperationRegistry registry_;
 };

@@ -175,10 +175,8 @@ void write_samples(std::ostream& sink, bool text, const rollout::GenerationOutpu
   }
 }
 
-}  // namespace
-
-int cmd_generate(const Argv& argv) {
-  const std::vector<OptionSpec> options = {
+std::vector<OptionSpec> generate_options() {
+  return {
       {"--model", true, "HF model directory (config.json, safetensors, tokenizer files)", "DIR"},
       {"--adapter", true,
        "a PEFT LoRA adapter directory on --model, merged into its weights after loading", "DIR"},
@@ -206,6 +204,30 @@ int cmd_generate(const Argv& argv) {
        "FILE"},
       set_option(),
       {"--help", false, "show this help"}};
+}
+
+// The model as a rollout worker holds it: --adapter merged, projections fused.
+std::shared_ptr<models::CausalLM> load_generation_model(const Args& args,
+                                                        const std::string& model_dir) {
+  models::LoadOptions load;
+  if (auto d = args.value("--dtype")) load.dtype = models::dtype_from_name(*d);
+  load.head = models::HeadKind::kLanguageModel;
+  auto model = models::load_pretrained(model_dir, load);
+  if (auto adapter = args.value("--adapter")) {
+    // Merged (W + scale B A): generation runs at the base model's speed.
+    models::load_adapter(*model, *adapter);
+    models::merge_adapters(*model);
+    models::remove_adapters(*model);
+  }
+  // As a rollout worker runs it (actors/rollout_operations.cpp): q/k/v and gate/up fused.
+  model->fuse_projections();
+  return model;
+}
+
+}  // namespace
+
+int cmd_generate(const Argv& argv) {
+  const std::vector<OptionSpec> options = generate_options();
   Args args(argv, options);
   if (args.flag("--help")) {
     std::cout
@@ -230,18 +252,7 @@ int cmd_generate(const Argv& argv) {
   rollout::GenerationConfig& config = settings.config;
   const auto prompts = read_prompts(args);
 
-  models::LoadOptions load;
-  if (auto d = args.value("--dtype")) load.dtype = models::dtype_from_name(*d);
-  load.head = models::HeadKind::kLanguageModel;
-  auto model = models::load_pretrained(*model_dir, load);
-  if (auto adapter = args.value("--adapter")) {
-    // Merged (W + scale B A): generation runs at the base model's speed.
-    models::load_adapter(*model, *adapter);
-    models::merge_adapters(*model);
-    models::remove_adapters(*model);
-  }
-  // As a rollout worker runs it (actors/rollout_operations.cpp): q/k/v and gate/up fused.
-  model->fuse_projections();
+  auto model = load_generation_model(args, *model_dir);
   auto tok = tokenizer::load_tokenizer(*model_dir);
   const auto& special = tok->special_ids();
   for (int64_t id : {special.eos ? int64_t{*special.eos} : -1, model->config().eos_token_id}) {

@@ -57,10 +57,8 @@ std::vector<int64_t> parse_ids(const std::string& line, const std::string& where
   return ids;
 }
 
-}  // namespace
-
-int cmd_logprobs(const Argv& argv) {
-  const std::vector<OptionSpec> options = {
+std::vector<OptionSpec> logprobs_options() {
+  return {
       {"--model", true, "HF model directory (config.json + safetensors)", "DIR"},
       {"--adapter", true,
        "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) on "
@@ -77,6 +75,33 @@ int cmd_logprobs(const Argv& argv) {
       {"--dtype", true, "compute dtype: fp32 or bf16 (default: the model's torch_dtype)", "DTYPE"},
       {"--chunk", true, "positions per log-prob chunk (default 256)", "N"},
       {"--help", false, "show this help"}};
+}
+
+// Each non-blank line of `in` (token ids or text), scored: one JSON line to `out`.
+void score_lines(models::CausalLM& model, std::istream& in, const std::string& where, int64_t chunk,
+                 const std::function<const tokenizer::Tokenizer&()>& tokenizer, std::ostream& out) {
+  torch::NoGradGuard no_grad;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto ids =
+        parse_ids(line, where + ":" + std::to_string(n), model.config().vocab_size, tokenizer);
+    auto input_ids = torch::tensor(ids, torch::kInt64).unsqueeze(0);  // [1, T]
+    auto hidden = model.forward(input_ids, torch::ones_like(input_ids));
+    auto lp = model.next_token_log_probs(hidden, input_ids, chunk).squeeze(0);  // [T-1]
+    std::vector<float> values(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel());
+    double sum = 0;
+    for (float v : values) sum += v;
+    out << nlohmann::json{{"line", n}, {"input_ids", ids}, {"log_probs", values}, {"sum", sum}}
+               .dump()
+        << '\n';
+  }
+}
+
+}  // namespace
+
+int cmd_logprobs(const Argv& argv) {
+  const std::vector<OptionSpec> options = logprobs_options();
   Args args(argv, options);
   if (args.flag("--help")) {
     std::cout << "usage: rlhf logprobs --model DIR [--adapter DIR] (--input FILE.jsonl | --text "
@@ -130,22 +155,7 @@ int cmd_logprobs(const Argv& argv) {
     if (!loaded) loaded = tokenizer::load_tokenizer(*model_dir);
     return *loaded;
   };
-  torch::NoGradGuard no_grad;
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto ids =
-        parse_ids(line, where + ":" + std::to_string(n), model->config().vocab_size, tokenizer);
-    auto input_ids = torch::tensor(ids, torch::kInt64).unsqueeze(0);  // [1, T]
-    auto hidden = model->forward(input_ids, torch::ones_like(input_ids));
-    auto lp = model->next_token_log_probs(hidden, input_ids, chunk).squeeze(0);  // [T-1]
-    std::vector<float> values(lp.data_ptr<float>(), lp.data_ptr<float>() + lp.numel());
-    double sum = 0;
-    for (float v : values) sum += v;
-    out << nlohmann::json{{"line", n}, {"input_ids", ids}, {"log_probs", values}, {"sum", sum}}
-               .dump()
-        << '\n';
-  }
+  score_lines(*model, in, where, chunk, tokenizer, out);
   out.flush();
   if (!out) throw RuntimeError("logprobs: writing the output failed");
   return 0;

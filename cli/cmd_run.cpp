@@ -69,6 +69,65 @@ std::string resume_hint(const JobSpec& spec, const std::vector<std::string>& set
          (fs::path(ckpt) / role_name(engine::checkpointed_role(spec)) / state->tag).string() + ")";
 }
 
+// A resumed run: the settings it continues with although they changed, and the records of
+// the steps after the checkpoint dropped (they run again, so each step appears once in
+// metrics.jsonl, and TensorBoard is told to drop their earlier events).
+void announce_resume(const JobSpec& spec, const engine::DriverState& from) {
+  for (const auto& c :
+       engine::changed_settings(from.data.value("settings", nlohmann::json()), spec))
+    std::cout << "rlhf run: --resume-changed: " << c << '\n';
+  // The steps after the checkpoint run again: their earlier records go, so each step
+  // appears once in metrics.jsonl, and TensorBoard is told to drop their earlier events.
+  const std::string metrics = (fs::path(run_directory(spec)) / "metrics.jsonl").string();
+  const int64_t dropped = report::drop_records_after(metrics, from.step);
+  report::drop_records_after((fs::path(run_directory(spec)) / "samples.jsonl").string(), from.step);
+  report::mark_resumed_after((fs::path(run_directory(spec)) / "tensorboard").string(), from.step);
+  std::cout << "rlhf run: resuming after step " << from.step << " from " << from.file;
+  if (dropped > 0)
+    std::cout << "; " << dropped << " metrics record" << (dropped == 1 ? "" : "s")
+              << " of later steps dropped from " << metrics << " (those steps run again)";
+  std::cout << std::endl;
+}
+
+// Starts the workers, runs the driver and stops them all, whatever happens: 0 when the job
+// ended, its exit code when a worker failed (1) or a signal stopped it (128 + signal).
+int supervise(Scheduler& scheduler, JobDriver& driver, const JobSpec& spec,
+              const std::vector<std::string>& sets, bool smoke) {
+  // Rendezvous files of the collective groups (<run_dir>/stores) mean nothing once the
+  // workers are gone.
+  const auto remove_stores = [&] {
+    std::error_code ec;
+    fs::remove_all(fs::path(scheduler.config().run_dir) / "stores", ec);
+  };
+  try {
+    scheduler.start();
+    driver(scheduler, std::cout);
+    scheduler.progress().end();
+    scheduler.shutdown();
+  } catch (const WorkerFailure& e) {
+    scheduler.progress().end();
+    scheduler.shutdown();
+    remove_stores();
+    std::cerr << "rlhf run: job failed: " << e.what() << "rlhf run: stopped every other worker\n";
+    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, sets) << '\n';
+    return static_cast<int>(ExitCode::kRuntime);
+  } catch (const JobInterrupted& e) {
+    scheduler.progress().end();
+    scheduler.shutdown();
+    remove_stores();
+    std::cerr << "rlhf run: " << e.what() << "rlhf run: every worker stopped\n";
+    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, sets) << '\n';
+    return 128 + e.signal();  // 130 for SIGINT, 143 for SIGTERM, as shells report
+  } catch (...) {  // bad input found by a worker (exit 2), a driver error (exit 1): main reports
+    scheduler.progress().end();
+    scheduler.shutdown();
+    remove_stores();
+    throw;
+  }
+  remove_stores();
+  return 0;
+}
+
 }  // namespace
 
 int cmd_run(const Argv& argv) {
@@ -114,25 +173,7 @@ int cmd_run(const Argv& argv) {
     checks.resume_changed = args.flag("--resume-changed");
     Preflight ready = preflight(spec, checks);
     driver = std::move(ready.driver);
-    if (ready.resume_from) {
-      const auto& from = *ready.resume_from;
-      for (const auto& c :
-           engine::changed_settings(from.data.value("settings", nlohmann::json()), spec))
-        std::cout << "rlhf run: --resume-changed: " << c << '\n';
-      // The steps after the checkpoint run again: their earlier records go, so each step
-      // appears once in metrics.jsonl, and TensorBoard is told to drop their earlier events.
-      const std::string metrics = (fs::path(run_directory(spec)) / "metrics.jsonl").string();
-      const int64_t dropped = report::drop_records_after(metrics, from.step);
-      report::drop_records_after((fs::path(run_directory(spec)) / "samples.jsonl").string(),
-                                 from.step);
-      report::mark_resumed_after((fs::path(run_directory(spec)) / "tensorboard").string(),
-                                 from.step);
-      std::cout << "rlhf run: resuming after step " << from.step << " from " << from.file;
-      if (dropped > 0)
-        std::cout << "; " << dropped << " metrics record" << (dropped == 1 ? "" : "s")
-                  << " of later steps dropped from " << metrics << " (those steps run again)";
-      std::cout << std::endl;
-    }
+    if (ready.resume_from) announce_resume(spec, *ready.resume_from);
   }
   const Placement placement = place(spec);
   SchedulerConfig scheduler_config = SchedulerConfig::from_spec(spec, self_executable());
@@ -154,38 +195,8 @@ int cmd_run(const Argv& argv) {
   }
   if (!smoke) engine::write_run_plan(spec, scheduler.config().run_dir);  // planned beside measured
   scheduler.progress().attach(std::cout);
-  // Rendezvous files of the collective groups (<run_dir>/stores) mean nothing once the
-  // workers are gone.
-  const auto remove_stores = [&] {
-    std::error_code ec;
-    fs::remove_all(fs::path(scheduler.config().run_dir) / "stores", ec);
-  };
-  try {
-    scheduler.start();
-    driver(scheduler, std::cout);
-    scheduler.progress().end();
-    scheduler.shutdown();
-  } catch (const WorkerFailure& e) {
-    scheduler.progress().end();
-    scheduler.shutdown();
-    remove_stores();
-    std::cerr << "rlhf run: job failed: " << e.what() << "rlhf run: stopped every other worker\n";
-    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, args.values("--set")) << '\n';
-    return static_cast<int>(ExitCode::kRuntime);
-  } catch (const JobInterrupted& e) {
-    scheduler.progress().end();
-    scheduler.shutdown();
-    remove_stores();
-    std::cerr << "rlhf run: " << e.what() << "rlhf run: every worker stopped\n";
-    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, args.values("--set")) << '\n';
-    return 128 + e.signal();  // 130 for SIGINT, 143 for SIGTERM, as shells report
-  } catch (...) {  // bad input found by a worker (exit 2), a driver error (exit 1): main reports
-    scheduler.progress().end();
-    scheduler.shutdown();
-    remove_stores();
-    throw;
-  }
-  remove_stores();
+  if (const int code = supervise(scheduler, driver, spec, args.values("--set"), smoke); code != 0)
+    return code;
   std::cout << "rlhf run: done, logs in " << scheduler.config().run_dir << "/logs\n";
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "models/activation_memory.h"
 #include "models/decoder_layer.h"
 #include "models/lora.h"
+#include "models/paged_kv_cache.h"
 #include "models/param_layout.h"
 #include "models/tensor_parallel.h"
 
@@ -238,9 +239,8 @@ int64_t one_sequence_kv_bytes(const RoleMemoryInput& in) {
   const models::ModelConfig lc =
       tp > 1 ? models::tensor_parallel_shard_config(in.model, tp) : in.model;
   const int64_t capacity = in.prompt_len + in.max_new_tokens;
-  const int64_t per_token =
-      2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * in.compute_bytes;
-  return per_token * in.kv_block_size * div_up(capacity, in.kv_block_size);
+  return models::PagedKvCache::block_bytes(lc, in.kv_block_size, in.compute_bytes) *
+         div_up(capacity, in.kv_block_size);
 }
 
 void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t);
@@ -310,7 +310,7 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   // decode logits for max_num_seqs rows.
   const int64_t bs = in.kv_block_size;
   if (bs < 1) throw InputError("rollout.kv_block_size must be >= 1, got " + std::to_string(bs));
-  const int64_t block = 2 * lc.num_hidden_layers * lc.num_key_value_heads * lc.head_dim * bs * e;
+  const int64_t block = models::PagedKvCache::block_bytes(lc, bs, e);  // the pool's own count
   const int64_t per_seq = div_up(capacity, bs);
   const int64_t seqs =
       in.max_num_seqs > 0 ? in.max_num_seqs : in.rollout_micro_batch * in.n_samples;

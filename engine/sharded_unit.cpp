@@ -53,47 +53,10 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
   padded_ = shard_ * world;
   const int64_t begin = rank * shard_, end = begin + shard_;
 
-  if (source) {
-    // Each rank reads its own elements [begin, end) of the flat layout straight from the
-    // source, one parameter slice at a time: no rank ever holds the whole unit in FP32.
-    master_ = torch::zeros({shard_}, torch::TensorOptions(torch::kFloat).device(ctx_.state_device));
-    for (const auto& slot : slots_) {
-      const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
-      if (lo >= hi) continue;
-      auto slice =
-          source->read(slot.name, lo - slot.offset, hi - lo, torch::kFloat, ctx_.state_device);
-      ctx_.tracker->add(MemoryKind::kBuffers, bytes_of(slice));  // the load's one transient
-      master_.narrow(0, lo - begin, hi - lo).copy_(slice);
-      ctx_.tracker->sub(MemoryKind::kBuffers, bytes_of(slice));
-    }
-    for (auto& slot : slots_) {
-      // Stage 1/2 keep every parameter whole in the compute dtype, read once in that dtype.
-      slot.param.set_data(
-          ctx_.stage == ZeroStage::kParameters
-              ? torch::empty({0}, torch::TensorOptions(ctx_.compute_dtype).device(ctx_.device))
-              : source->read(slot.name, 0, slot.numel, ctx_.compute_dtype, ctx_.device)
-                    .view(slot.shape));
-      state_bytes_[0] += bytes_of(slot.param);
-    }
-  } else {
-    // Rank 0's values, broadcast so every rank starts from the same weights.
-    auto flat = torch::zeros({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
-    for (const auto& slot : slots_)
-      flat.narrow(0, slot.offset, slot.numel).copy_(slot.param.data().reshape({-1}));
-    if (world > 1 && padded_ > 0) group->broadcast(flat, 0);
-    master_ = flat.narrow(0, begin, shard_).to(ctx_.state_device, torch::kFloat, false, true);
-    for (auto& slot : slots_) {
-      if (ctx_.stage == ZeroStage::kParameters) {
-        slot.param.set_data(torch::empty({0}, flat.options().dtype(ctx_.compute_dtype)));
-      } else {
-        slot.param.set_data(flat.narrow(0, slot.offset, slot.numel)
-                                .view(slot.shape)
-                                .to(ctx_.compute_dtype)
-                                .clone());
-        state_bytes_[0] += bytes_of(slot.param);
-      }
-    }
-  }
+  if (source)
+    load_shard(*source, begin, end);
+  else
+    broadcast_rank0(begin);
   exp_avg_ = torch::zeros_like(master_);
   exp_avg_sq_ = torch::zeros_like(master_);
   const auto grad_options = torch::TensorOptions(torch::kFloat).device(ctx_.device);
@@ -115,6 +78,52 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
   ctx_.tracker->add(MemoryKind::kMaster, state_bytes_[1]);
   ctx_.tracker->add(MemoryKind::kOptimizer, state_bytes_[2]);
   ctx_.tracker->add(MemoryKind::kGrads, state_bytes_[3]);
+}
+
+// The master shard [begin, end) read straight from `source`, one parameter slice at a time
+// (no rank ever holds the whole unit in FP32), and the compute-dtype parameters.
+void ShardedUnit::load_shard(const models::WeightSource& source, int64_t begin, int64_t end) {
+  // Each rank reads its own elements [begin, end) of the flat layout straight from the
+  // source, one parameter slice at a time: no rank ever holds the whole unit in FP32.
+  master_ = torch::zeros({shard_}, torch::TensorOptions(torch::kFloat).device(ctx_.state_device));
+  for (const auto& slot : slots_) {
+    const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
+    if (lo >= hi) continue;
+    auto slice =
+        source.read(slot.name, lo - slot.offset, hi - lo, torch::kFloat, ctx_.state_device);
+    ctx_.tracker->add(MemoryKind::kBuffers, bytes_of(slice));  // the load's one transient
+    master_.narrow(0, lo - begin, hi - lo).copy_(slice);
+    ctx_.tracker->sub(MemoryKind::kBuffers, bytes_of(slice));
+  }
+  for (auto& slot : slots_) {
+    // Stage 1/2 keep every parameter whole in the compute dtype, read once in that dtype.
+    slot.param.set_data(
+        ctx_.stage == ZeroStage::kParameters
+            ? torch::empty({0}, torch::TensorOptions(ctx_.compute_dtype).device(ctx_.device))
+            : source.read(slot.name, 0, slot.numel, ctx_.compute_dtype, ctx_.device)
+                  .view(slot.shape));
+    state_bytes_[0] += bytes_of(slot.param);
+  }
+}
+
+// Rank 0's values, broadcast so every rank starts from the same weights.
+void ShardedUnit::broadcast_rank0(int64_t begin) {
+  const int world = ctx_.group->size();
+  auto* group = ctx_.group;
+  auto flat = torch::zeros({padded_}, torch::TensorOptions(torch::kFloat).device(ctx_.device));
+  for (const auto& slot : slots_)
+    flat.narrow(0, slot.offset, slot.numel).copy_(slot.param.data().reshape({-1}));
+  if (world > 1 && padded_ > 0) group->broadcast(flat, 0);
+  master_ = flat.narrow(0, begin, shard_).to(ctx_.state_device, torch::kFloat, false, true);
+  for (auto& slot : slots_) {
+    if (ctx_.stage == ZeroStage::kParameters) {
+      slot.param.set_data(torch::empty({0}, flat.options().dtype(ctx_.compute_dtype)));
+    } else {
+      slot.param.set_data(
+          flat.narrow(0, slot.offset, slot.numel).view(slot.shape).to(ctx_.compute_dtype).clone());
+      state_bytes_[0] += bytes_of(slot.param);
+    }
+  }
 }
 
 ShardedUnit::~ShardedUnit() {

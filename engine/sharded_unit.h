@@ -93,6 +93,9 @@ class ShardedUnit {
   torch::Tensor& grad_buffer() { return grad_; }
 
  private:
+  // The constructor's two ways to fill the unit's state (see the constructor).
+  void load_shard(const models::WeightSource& source, int64_t begin, int64_t end);
+  void broadcast_rank0(int64_t begin);
   void set_full_params(const torch::Tensor& flat);  // params view `flat` [padded]
   torch::Tensor compute_shard() const;              // [S] compute dtype on the device
 

@@ -29,8 +29,13 @@ PagedKvCache::PagedKvCache(const ModelConfig& config, int64_t num_blocks, int64_
 
 int64_t PagedKvCache::block_bytes(const ModelConfig& config, int64_t block_size,
                                   torch::Dtype dtype) {
+  return block_bytes(config, block_size, static_cast<int64_t>(c10::elementSize(dtype)));
+}
+
+int64_t PagedKvCache::block_bytes(const ModelConfig& config, int64_t block_size,
+                                  int64_t element_bytes) {
   return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim *
-         static_cast<int64_t>(c10::elementSize(dtype));
+         element_bytes;
 }
 
 PagedKvCache::Sequence& PagedKvCache::sequence(int64_t seq) {

@@ -30,6 +30,8 @@ class PagedKvCache final : public KvStore {
 
   // Bytes of one block: keys and values of `block_size` positions in every layer.
   static int64_t block_bytes(const ModelConfig& config, int64_t block_size, torch::Dtype dtype);
+  // The same for `element_bytes`-byte entries: what the memory planner sizes the pool with.
+  static int64_t block_bytes(const ModelConfig& config, int64_t block_size, int64_t element_bytes);
 
   int64_t num_blocks() const { return static_cast<int64_t>(refs_.size()); }
   int64_t block_size() const { return block_size_; }

@@ -120,6 +120,32 @@ void PythonFunctionPool::fail_and_stop(const std::string& message) {
   throw RuntimeError(message);
 }
 
+// What worker i sent on `fd`: its reply once a whole line arrived (a JSON object, or the pool
+// stops naming what it was doing); `died` when the worker is gone.
+std::optional<json> PythonFunctionPool::read_reply(
+    size_t i, int fd, const std::function<void(size_t)>& died,
+    const std::function<std::string(size_t)>& doing) {
+  char buffer[1 << 16];
+  const ssize_t r = ::recv(fd, buffer, sizeof buffer, 0);
+  if (r == 0 || (r < 0 && errno == ECONNRESET)) died(i);
+  if (r < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return std::nullopt;
+    throw_errno("recv from Python worker");
+  }
+  std::string& inbox = workers_[i]->inbox();
+  inbox.append(buffer, static_cast<size_t>(r));
+  const size_t eol = inbox.find('\n');
+  if (eol == std::string::npos) return std::nullopt;
+  const std::string line = inbox.substr(0, eol);
+  inbox.erase(0, eol + 1);
+  json reply = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!reply.is_object()) {
+    fail_and_stop(name_ + ": Python worker sent a line that is not a JSON object " + doing(i) +
+                  ": " + preview(line));
+  }
+  return reply;
+}
+
 std::vector<json> PythonFunctionPool::exchange(const std::vector<std::string>& requests,
                                                double timeout_s,
                                                const std::function<std::string(size_t)>& doing) {
@@ -181,25 +207,9 @@ std::vector<json> PythonFunctionPool::exchange(const std::vector<std::string>& r
         }
       }
       if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buffer[1 << 16];
-      const ssize_t r = ::recv(fd, buffer, sizeof buffer, 0);
-      if (r == 0 || (r < 0 && errno == ECONNRESET)) died(i);
-      if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
-        throw_errno("recv from Python worker");
-      }
-      std::string& inbox = workers_[i]->inbox();
-      inbox.append(buffer, static_cast<size_t>(r));
-      const size_t eol = inbox.find('\n');
-      if (eol == std::string::npos) continue;
-      const std::string line = inbox.substr(0, eol);
-      inbox.erase(0, eol + 1);
-      json reply = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (!reply.is_object()) {
-        fail_and_stop(name_ + ": Python worker sent a line that is not a JSON object " + doing(i) +
-                      ": " + preview(line));
-      }
-      replies[i] = std::move(reply);
+      std::optional<json> reply = read_reply(i, fd, died, doing);
+      if (!reply) continue;
+      replies[i] = std::move(*reply);
       ++answered;
     }
   }
@@ -207,6 +217,55 @@ std::vector<json> PythonFunctionPool::exchange(const std::vector<std::string>& r
   for (auto& r : replies) out.push_back(std::move(*r));
   return out;
 }
+
+namespace {
+
+// The extra columns of a call, in first-seen order; each row an object, no reserved name.
+std::vector<std::string> extra_columns(const std::string& name, const std::vector<json>& extra) {
+  std::vector<std::string> columns;  // in first-seen order
+  for (size_t r = 0; r < extra.size(); ++r) {
+    if (!extra[r].is_object()) {
+      throw InputError(name + ": extra columns of row " + std::to_string(r) +
+                       " must be a JSON object, got " + extra[r].type_name());
+    }
+    for (const auto& [key, value] : extra[r].items()) {
+      for (const char* reserved : kReserved) {
+        if (key == reserved) {
+          throw InputError(name + ": a column may not be named '" + key +
+                           "' (the function already gets it)");
+        }
+      }
+      if (std::find(columns.begin(), columns.end(), key) == columns.end()) columns.push_back(key);
+    }
+  }
+
+  return columns;
+}
+
+// One worker's request: rows [b, e) as the function's arguments, one JSON line.
+std::string chunk_request(const std::vector<std::string>& prompts,
+                          const std::vector<std::string>& completions,
+                          const std::vector<std::string>& labels, const std::vector<json>& extra,
+                          const std::vector<std::string>& columns, size_t b, size_t e) {
+  json request;
+  request["prompts"] = std::vector<std::string>(prompts.begin() + b, prompts.begin() + e);
+  request["completions"] =
+      std::vector<std::string>(completions.begin() + b, completions.begin() + e);
+  if (labels.empty()) {
+    request["labels"] = json::array();
+    for (size_t r = b; r < e; ++r) request["labels"].push_back(nullptr);
+  } else {
+    request["labels"] = std::vector<std::string>(labels.begin() + b, labels.begin() + e);
+  }
+  json& cols = request["columns"] = json::object();
+  for (const auto& column : columns) {
+    json& values = cols[column] = json::array();
+    for (size_t r = b; r < e; ++r) values.push_back(extra[r].value(column, json()));
+  }
+  return request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace
 
 std::vector<double> PythonFunctionPool::call(const std::vector<std::string>& prompts,
                                              const std::vector<std::string>& completions,
@@ -225,22 +284,7 @@ std::vector<double> PythonFunctionPool::call(const std::vector<std::string>& pro
   }
   if (rows == 0) return {};
 
-  std::vector<std::string> columns;  // in first-seen order
-  for (size_t r = 0; r < extra.size(); ++r) {
-    if (!extra[r].is_object()) {
-      throw InputError(name_ + ": extra columns of row " + std::to_string(r) +
-                       " must be a JSON object, got " + extra[r].type_name());
-    }
-    for (const auto& [key, value] : extra[r].items()) {
-      for (const char* reserved : kReserved) {
-        if (key == reserved) {
-          throw InputError(name_ + ": a column may not be named '" + key +
-                           "' (the function already gets it)");
-        }
-      }
-      if (std::find(columns.begin(), columns.end(), key) == columns.end()) columns.push_back(key);
-    }
-  }
+  const std::vector<std::string> columns = extra_columns(name_, extra);
 
   // Contiguous chunks, the first rows % chunks of them one row longer.
   const size_t chunks = std::min(rows, static_cast<size_t>(workers_.size()));
@@ -248,25 +292,9 @@ std::vector<double> PythonFunctionPool::call(const std::vector<std::string>& pro
   for (size_t c = 0; c < chunks; ++c) begin[c + 1] = begin[c] + rows / chunks + (c < rows % chunks);
 
   std::vector<std::string> requests(chunks);
-  for (size_t c = 0; c < chunks; ++c) {
-    const size_t b = begin[c], e = begin[c + 1];
-    json request;
-    request["prompts"] = std::vector<std::string>(prompts.begin() + b, prompts.begin() + e);
-    request["completions"] =
-        std::vector<std::string>(completions.begin() + b, completions.begin() + e);
-    if (labels.empty()) {
-      request["labels"] = json::array();
-      for (size_t r = b; r < e; ++r) request["labels"].push_back(nullptr);
-    } else {
-      request["labels"] = std::vector<std::string>(labels.begin() + b, labels.begin() + e);
-    }
-    json& cols = request["columns"] = json::object();
-    for (const auto& column : columns) {
-      json& values = cols[column] = json::array();
-      for (size_t r = b; r < e; ++r) values.push_back(extra[r].value(column, json()));
-    }
-    requests[c] = request.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-  }
+  for (size_t c = 0; c < chunks; ++c)
+    requests[c] =
+        chunk_request(prompts, completions, labels, extra, columns, begin[c], begin[c + 1]);
   auto rows_of = [&](size_t c) {
     const std::string first = std::to_string(begin[c]), last = std::to_string(begin[c + 1] - 1);
     return "while scoring " + (first == last ? "row " + first : "rows " + first + ".." + last) +

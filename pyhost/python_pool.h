@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,9 @@ class PythonFunctionPool {
   std::vector<nlohmann::json> exchange(const std::vector<std::string>& requests, double timeout_s,
                                        const std::function<std::string(size_t)>& doing);
   [[noreturn]] void fail_and_stop(const std::string& message);
+  std::optional<nlohmann::json> read_reply(size_t i, int fd,
+                                           const std::function<void(size_t)>& died,
+                                           const std::function<std::string(size_t)>& doing);
 
   PythonPoolConfig config_;
   std::string file_;

@@ -254,6 +254,46 @@ std::string line_chart_svg(const LineChart& c) {
   return o.str();
 }
 
+namespace {
+
+// The legend under stacked bars: each part's mean and last value, then the total's line.
+void stacked_bars_legend(const StackedBars& c, size_t every, double legend_y,
+                         std::ostringstream& o) {
+  std::vector<double> sum(c.parts.size(), 0.0);
+  std::vector<int> count(c.parts.size(), 0);
+  for (const auto& col : c.columns)
+    for (size_t p = 0; p < c.parts.size() && p < col.second.size(); ++p)
+      if (std::isfinite(col.second[p]) && col.second[p] >= 0) {
+        sum[p] += col.second[p];
+        ++count[p];
+      }
+  if (every > 1) {
+    o << text(kLeft, legend_y, "one column every " + std::to_string(every) + " steps",
+              "class=\"note\" fill=\"#777\"");
+  }
+  legend_y += 16;
+  for (size_t p = 0; p < c.parts.size(); ++p) {
+    o << "<rect x=\"" << kLeft << "\" y=\"" << px(legend_y - 9)
+      << "\" width=\"12\" height=\"10\" fill=\"" << color(p) << "\"/>";
+    const double last = c.columns.back().second.size() > p ? c.columns.back().second[p] : NAN;
+    o << text(kLeft + 18, legend_y,
+              c.parts[p] + ": mean " +
+                  (count[p] ? format_value(sum[p] / count[p], c.unit) : std::string("-")) +
+                  ", last " + format_value(last, c.unit),
+              "class=\"legend\" data-name=\"" + escape(c.parts[p]) + "\"");
+    legend_y += kLegendLine;
+  }
+  if (!c.total.points.empty()) {
+    o << "<line x1=\"" << kLeft << "\" y1=\"" << px(legend_y - 4) << "\" x2=\"" << kLeft + 12
+      << "\" y2=\"" << px(legend_y - 4) << "\" stroke=\"#222\" stroke-dasharray=\"4 2\"/>";
+    o << text(kLeft + 18, legend_y,
+              c.total.name + ": last " + format_value(c.total.points.back().second, c.unit),
+              "class=\"legend\" data-name=\"" + escape(c.total.name) + "\"");
+  }
+}
+
+}  // namespace
+
 std::string stacked_bars_svg(const StackedBars& c) {
   // Thin evenly to at most 300 columns: a long run keeps one column every `every` steps.
   const size_t kMaxColumns = 300;
@@ -283,14 +323,6 @@ std::string stacked_bars_svg(const StackedBars& c) {
   o << axes(f, yticks, c.unit, step_ticks(xmin, xmax));
   const double slot = (f.x1 - f.x0) / (f.vx1 - f.vx0) * static_cast<double>(every);
   const double bar = std::max(1.0, slot * 0.8);
-  std::vector<double> sum(c.parts.size(), 0.0);
-  std::vector<int> count(c.parts.size(), 0);
-  for (const auto& col : c.columns)
-    for (size_t p = 0; p < c.parts.size() && p < col.second.size(); ++p)
-      if (std::isfinite(col.second[p]) && col.second[p] >= 0) {
-        sum[p] += col.second[p];
-        ++count[p];
-      }
   for (const auto* col : shown) {
     double base = 0;
     o << "<g class=\"column\" data-step=\"" << format_value(col->first, "") << "\">";
@@ -316,30 +348,7 @@ std::string stacked_bars_svg(const StackedBars& c) {
         << px(f.y(c.total.points[k].second));
     o << "\"/>";
   }
-  double legend_y = f.y1 + 44;
-  if (every > 1) {
-    o << text(kLeft, legend_y, "one column every " + std::to_string(every) + " steps",
-              "class=\"note\" fill=\"#777\"");
-  }
-  legend_y += 16;
-  for (size_t p = 0; p < c.parts.size(); ++p) {
-    o << "<rect x=\"" << kLeft << "\" y=\"" << px(legend_y - 9)
-      << "\" width=\"12\" height=\"10\" fill=\"" << color(p) << "\"/>";
-    const double last = c.columns.back().second.size() > p ? c.columns.back().second[p] : NAN;
-    o << text(kLeft + 18, legend_y,
-              c.parts[p] + ": mean " +
-                  (count[p] ? format_value(sum[p] / count[p], c.unit) : std::string("-")) +
-                  ", last " + format_value(last, c.unit),
-              "class=\"legend\" data-name=\"" + escape(c.parts[p]) + "\"");
-    legend_y += kLegendLine;
-  }
-  if (!c.total.points.empty()) {
-    o << "<line x1=\"" << kLeft << "\" y1=\"" << px(legend_y - 4) << "\" x2=\"" << kLeft + 12
-      << "\" y2=\"" << px(legend_y - 4) << "\" stroke=\"#222\" stroke-dasharray=\"4 2\"/>";
-    o << text(kLeft + 18, legend_y,
-              c.total.name + ": last " + format_value(c.total.points.back().second, c.unit),
-              "class=\"legend\" data-name=\"" + escape(c.total.name) + "\"");
-  }
+  stacked_bars_legend(c, every, f.y1 + 44, o);
   o << "</svg>";
   return o.str();
 }

@@ -666,6 +666,15 @@ void mark_environment_tokens(const PagedBatcher& batcher, int64_t N, GenerationO
   }
 }
 
+// Padded decode steps, CUDA graphs on a GPU (decode_graph.h), where the whole call runs on
+// the decode stream. Not under tensor parallelism: its all-reduces run outside any graph
+// (Gloo cannot be captured), so a TP rank decodes eagerly.
+bool uses_padded_steps(const GenerationConfig& config, const torch::Device& device,
+                       bool tensor_parallel) {
+  return config.decode_steps == DecodeSteps::kPadded ||
+         (config.decode_steps == DecodeSteps::kAuto && device.is_cuda() && !tensor_parallel);
+}
+
 }  // namespace
 
 GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
@@ -683,13 +692,7 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
       config_.max_num_seqs > 0 ? config_.max_num_seqs : config_.micro_batch_size * n;
   const int64_t check_every =
       config_.sync_interval > 0 ? config_.sync_interval : (device.is_cpu() ? 1 : 8);
-  // Padded decode steps, CUDA graphs on a GPU (decode_graph.h), where the whole call runs on
-  // the decode stream.
-  // Not under tensor parallelism: its all-reduces run outside any graph (Gloo cannot be
-  // captured), so a TP rank decodes eagerly.
-  const bool padded_steps = config_.decode_steps == DecodeSteps::kPadded ||
-                            (config_.decode_steps == DecodeSteps::kAuto && device.is_cuda() &&
-                             !model.tensor_parallel().enabled());
+  const bool padded_steps = uses_padded_steps(config_, device, model.tensor_parallel().enabled());
   DecodeStream on_decode_stream(padded_steps ? device : torch::Device(torch::kCPU));
   std::vector<std::vector<int64_t>> prompts = unpadded_prompts(prompt_ids, prompt_mask);
   // Multi-turn: rows may start from their environment's initial observation (openings).

@@ -179,185 +179,6 @@ void TrainerWeights::release(int64_t unit) {
 
 namespace {
 
-bool is_adapter(const std::string& name) {
-  return name.find(".lora_A.weight") != std::string::npos ||
-         name.find(".lora_B.weight") != std::string::npos;
-}
-
-}  // namespace
-
-std::vector<std::vector<TensorSpec>> MergedLoraWeights::layout() {
-  auto layout = inner_.layout();
-  for (auto& unit : layout)
-    unit.erase(std::remove_if(unit.begin(), unit.end(),
-                              [](const TensorSpec& s) { return is_adapter(s.name); }),
-               unit.end());
-  return layout;
-}
-
-NamedTensors MergedLoraWeights::acquire(int64_t unit) {
-  const NamedTensors all = inner_.acquire(unit);
-  std::map<std::string, torch::Tensor> by_name(all.begin(), all.end());
-  held_.clear();
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, tensor] : all) {
-    if (is_adapter(name)) continue;
-    const std::string module = name.size() > 7 ? name.substr(0, name.size() - 7) : "";
-    auto a = by_name.find(module + ".lora_A.weight");
-    if (name.compare(name.size() - std::min<size_t>(7, name.size()), 7, ".weight") != 0 ||
-        a == by_name.end()) {
-      held_.emplace_back(name, tensor);
-      continue;
-    }
-    // PEFT's merge: W + (B @ A) * scaling, in FP32.
-    const auto& b = by_name.at(module + ".lora_B.weight");
-    auto merged = tensor.to(torch::kFloat32) +
-                  torch::matmul(b.to(torch::kFloat32), a->second.to(torch::kFloat32)) * scale_;
-    held_.emplace_back(name, merged.to(tensor.scalar_type()));
-  }
-  return held_;
-}
-
-void MergedLoraWeights::release(int64_t unit) {
-  held_.clear();
-  inner_.release(unit);
-}
-
-std::vector<std::vector<TensorSpec>> LoraAdapterWeights::layout() {
-  auto layout = inner_.layout();
-  for (auto& unit : layout)
-    unit.erase(std::remove_if(unit.begin(), unit.end(),
-                              [](const TensorSpec& s) { return !is_adapter(s.name); }),
-               unit.end());
-  return layout;
-}
-
-NamedTensors LoraAdapterWeights::acquire(int64_t unit) {
-  NamedTensors out;
-  for (auto& [name, tensor] : inner_.acquire(unit))
-    if (is_adapter(name)) out.emplace_back(name, tensor);
-  return out;
-}
-
-const char* lora_sync_name(LoraSync mode) {
-  return mode == LoraSync::kAdapters ? "adapters" : "merged";
-}
-
-LoraSync parse_lora_sync(const std::string& name) {
-  if (name == "merged") return LoraSync::kMerged;
-  if (name == "adapters") return LoraSync::kAdapters;
-  throw InputError("rollout.lora_sync \"" + name + "\": expected merged or adapters");
-}
-
-namespace {
-
-// "<module>.lora_A.weight" -> (module, true); B -> (module, false); else ("", false).
-std::pair<std::string, bool> adapter_of(const std::string& name) {
-  for (const bool a : {true, false}) {
-    const std::string tail = a ? ".lora_A.weight" : ".lora_B.weight";
-    if (name.size() > tail.size() &&
-        name.compare(name.size() - tail.size(), tail.size(), tail) == 0)
-      return {name.substr(0, name.size() - tail.size()), a};
-  }
-  return {"", false};
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
-}  // namespace
-
-std::string LoraMerge::prepare(models::CausalLM& model,
-                               const std::vector<std::vector<TensorSpec>>& layout, double scale) {
-  torch::NoGradGuard no_grad;
-  std::map<std::string, std::pair<torch::Tensor, std::vector<int64_t>>> weights;  // full shapes
-  for (const auto& unit : model.param_units())
-    for (size_t i = 0; i < unit.params.size(); ++i)
-      weights[unit.params[i].first] = {unit.params[i].second, unit.shapes.at(i)};
-  const int tp = model.tensor_parallel().size;
-  std::vector<models::ParamUnit> units;
-  std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> adapters;
-  for (const auto& specs : layout) {
-    models::ParamUnit unit;
-    for (const auto& spec : specs) {
-      const auto [module, is_a] = adapter_of(spec.name);
-      auto w = weights.find(module + ".weight");
-      if (module.empty() || w == weights.end())
-        return spec.name + " is not a LoRA adapter of a linear map of this model";
-      const auto& full = w->second.second;  // [out, in]
-      const int64_t r = spec.shape.size() == 2 ? spec.shape[is_a ? 0 : 1] : -1;
-      const std::vector<int64_t> want =
-          is_a ? std::vector<int64_t>{r, full.at(1)} : std::vector<int64_t>{full.at(0), r};
-      if (r <= 0 || spec.shape != want)
-        return spec.name + " has shape " + shape_text(spec.shape) + ", this model's " + module +
-               ".weight " + shape_text(full) + " needs " + shape_text(want);
-      auto& buffer = is_a ? adapters[module].first : adapters[module].second;
-      const auto shape = models::tensor_parallel_shape(spec.name, spec.shape, tp);
-      auto old = adapters_.find(module);  // reuse last sync's buffer
-      const auto& previous = old == adapters_.end() ? torch::Tensor()
-                             : is_a                 ? old->second.first
-                                                    : old->second.second;
-      buffer =
-          previous.defined() && previous.sizes() == c10::IntArrayRef(shape)
-              ? previous
-              : torch::zeros(
-                    shape, torch::TensorOptions(torch::kFloat32).device(w->second.first.device()));
-      unit.params.emplace_back(spec.name, buffer);
-      unit.shapes.push_back(spec.shape);
-    }
-    units.push_back(std::move(unit));
-  }
-  for (const auto& [module, ab] : adapters) {
-    if (!ab.first.defined() || !ab.second.defined())
-      return module + " has only one of lora_A / lora_B";
-    if (base_.count(module)) continue;
-    if (!model_is_base_)
-      return "the rollout's weights were replaced by a full-weights sync, so " + module +
-             ".weight is no longer the base the adapters apply to";
-    const auto& w = weights.at(module + ".weight").first;
-    auto copy = w.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
-    base_[module] = w.is_cuda() ? copy.pin_memory() : copy;
-  }
-  units_ = std::move(units);
-  adapters_ = std::move(adapters);
-  scale_ = scale;
-  return "";
-}
-
-void LoraMerge::merge(models::CausalLM& model) {
-  torch::NoGradGuard no_grad;
-  std::map<std::string, torch::Tensor> weights;
-  for (const auto& unit : model.param_units())
-    for (const auto& [name, param] : unit.params) weights[name] = param;
-  for (const auto& [module, ab] : adapters_) {
-    auto& w = weights.at(module + ".weight");
-    const auto& [a, b] = ab;
-    // PEFT's merge as MergedLoraWeights computes it: W + (B @ A) * scaling, in FP32, from
-    // the pristine base; then W's dtype.
-    auto merged = base_.at(module).to(w.device(), torch::kFloat32, /*non_blocking=*/true) +
-                  torch::matmul(b, a) * scale_;
-    w.copy_(merged.to(w.scalar_type()));
-  }
-}
-
-void LoraMerge::forget() {
-  model_is_base_ = false;
-  base_.clear();
-  adapters_.clear();
-  units_.clear();
-}
-
-int64_t LoraMerge::base_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& [module, t] : base_) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  return bytes;
-}
-
-namespace {
-
 // The order both sides walk the weights in: units in order, each unit's tensors sorted by
 // name, each tensor's elements in order, cut into buckets of `capacity` elements.
 class BucketCursor {
@@ -521,6 +342,93 @@ int64_t bucket_numel(int64_t bucket_bytes, torch::Dtype dtype, int64_t total_num
   return std::max<int64_t>(1, std::min(per, total_numel));
 }
 
+// The sync's layout splits over `rollout_ranks` in engines of tensor_parallel_size (every
+// split dimension divides), on a path that can scatter (not CUDA IPC).
+bool tensor_parallel_fits(const std::vector<std::vector<TensorSpec>>& layout,
+                          const SyncOptions& options, int rollout_ranks) {
+  const int tp = std::max(options.tensor_parallel_size, 1);
+  bool ok = options.tensor_parallel_size >= 1 &&
+            (tp == 1 || (options.path != SyncPath::kCudaIpc && rollout_ranks % tp == 0));
+  for (const auto& unit : layout)  // every split dim divides (checked before the header)
+    for (const auto& spec : unit) {
+      const int dim = tp > 1 ? models::tensor_parallel_dim(spec.name) : -1;
+      if (dim >= 0 && (dim >= static_cast<int>(spec.shape.size()) || spec.shape[dim] % tp != 0))
+        ok = false;
+    }
+  return ok;
+}
+
+// Elements each rollout rank receives (its TP slices).
+int64_t received_numel(const std::vector<std::vector<TensorSpec>>& layout, int tp) {
+  int64_t total = 0;
+  for (const auto& unit : layout)
+    for (const auto& spec : unit)
+      total += numel_of(models::tensor_parallel_shape(spec.name, spec.shape, tp));
+  return total;
+}
+
+// The header (and an adapter manifest) to every rank, then every rank's yes or no; throws
+// naming the reason when anyone, the sender included, refused.
+void announce(transport::CollectiveGroup& group, WeightSource& source,
+              const std::vector<std::vector<TensorSpec>>& layout, const SyncOptions& options,
+              int64_t version, int64_t capacity, bool tp_ok) {
+  const int64_t units = static_cast<int64_t>(layout.size());
+  const int tp = std::max(options.tensor_parallel_size, 1);
+  const bool adapters = source.content() == SyncContent::kLoraAdapters;
+  const std::string manifest = adapters ? manifest_of(layout) : "";
+  auto header =
+      torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(options.wire_dtype),
+                     capacity, static_cast<int64_t>(options.path), static_cast<int64_t>(tp),
+                     static_cast<int64_t>(source.content()), double_bits(source.lora_scale()),
+                     static_cast<int64_t>(manifest.size())},
+                    torch::kInt64)
+          .to(control_device(group));
+  group.broadcast(header, 0);
+  if (adapters) broadcast_text(group, manifest, static_cast<int64_t>(manifest.size()));
+  // The receivers learn of a refused sync through all_ok: nobody waits for buckets.
+  if (!all_ok(group, tp_ok) || !tp_ok) {
+    if (!tp_ok)
+      throw InputError("weight sync v" + std::to_string(version) + ": tensor_parallel_size " +
+                       std::to_string(options.tensor_parallel_size) +
+                       " needs the gloo or nccl path, a rollout rank count that it divides and "
+                       "a model whose heads, KV heads, intermediate size and vocabulary it "
+                       "divides (" +
+                       std::to_string(group.size() - 1) + " ranks, path " +
+                       sync_path_name(options.path) + "); nothing was sent");
+    throw RuntimeError("weight sync v" + std::to_string(version) +
+                       (adapters ? ": a rollout rank cannot take the LoRA adapters (see its log); "
+                                 : ": a rollout rank's model layout differs from the actor's "
+                                   "(see its log); ") +
+                       "nothing was sent");
+  }
+}
+
+// The sender's transport for its path (after every rank agreed to take the sync).
+std::unique_ptr<BucketTransport> sender_transport(transport::CollectiveGroup& group,
+                                                  const SyncOptions& options, int64_t capacity,
+                                                  int64_t version) {
+  const int tp = std::max(options.tensor_parallel_size, 1);
+  std::unique_ptr<BucketTransport> transport;
+  if (options.path == SyncPath::kCudaIpc) {
+    auto ipc = std::make_unique<IpcBuckets>(group, capacity, options.wire_dtype);
+    const std::string error = ipc->error();
+    if (!all_ok(group, error.empty()))
+      throw RuntimeError("weight sync v" + std::to_string(version) + ": " +
+                         (error.empty() ? "a rollout rank could not map the actor's CUDA IPC "
+                                          "buffer (see its log)"
+                                        : error) +
+                         "; nothing was sent");
+    transport = std::move(ipc);
+  } else if (tp > 1) {
+    transport =
+        std::make_unique<ScatterBuckets>(group, tp, capacity, options.wire_dtype, options.device);
+  } else {
+    transport =
+        std::make_unique<BroadcastBuckets>(group, capacity, options.wire_dtype, options.device);
+  }
+  return transport;
+}
+
 }  // namespace
 
 const char* sync_path_name(SyncPath path) {
@@ -573,67 +481,13 @@ WeightSyncStats send_weights(WeightSource& source, transport::CollectiveGroup* g
     TORCH_CHECK(group->backend_name() == "gloo" && options.device.is_cuda(),
                 "send_weights: cuda_ipc needs a Gloo sync group and a CUDA device");
   const int tp = std::max(options.tensor_parallel_size, 1);
-  bool tp_ok = options.tensor_parallel_size >= 1 &&
-               (tp == 1 || (options.path != SyncPath::kCudaIpc && (group->size() - 1) % tp == 0));
-  for (const auto& unit : layout)  // every split dim divides (checked before the header)
-    for (const auto& spec : unit) {
-      const int dim = tp > 1 ? models::tensor_parallel_dim(spec.name) : -1;
-      if (dim >= 0 && (dim >= static_cast<int>(spec.shape.size()) || spec.shape[dim] % tp != 0))
-        tp_ok = false;
-    }
-  int64_t total = 0;  // elements each rollout rank receives
-  if (tp_ok)
-    for (const auto& unit : layout)
-      for (const auto& spec : unit)
-        total += numel_of(models::tensor_parallel_shape(spec.name, spec.shape, tp));
+  const bool tp_ok = tensor_parallel_fits(layout, options, group->size() - 1);
+  const int64_t total = tp_ok ? received_numel(layout, tp) : 0;  // elements per rollout rank
   // At TP > 1 the root fills one bucket per TP rank, bucket_bytes together (plus a scratch
   // bucket its own scatter slot lands in).
   const int64_t capacity = bucket_numel(options.bucket_bytes / tp, options.wire_dtype, total);
-  const bool adapters = source.content() == SyncContent::kLoraAdapters;
-  const std::string manifest = adapters ? manifest_of(layout) : "";
-  auto header =
-      torch::tensor({version, units, layout_hash(layout), static_cast<int64_t>(options.wire_dtype),
-                     capacity, static_cast<int64_t>(options.path), static_cast<int64_t>(tp),
-                     static_cast<int64_t>(source.content()), double_bits(source.lora_scale()),
-                     static_cast<int64_t>(manifest.size())},
-                    torch::kInt64)
-          .to(control_device(*group));
-  group->broadcast(header, 0);
-  if (adapters) broadcast_text(*group, manifest, static_cast<int64_t>(manifest.size()));
-  // The receivers learn of a refused sync through all_ok: nobody waits for buckets.
-  if (!all_ok(*group, tp_ok) || !tp_ok) {
-    if (!tp_ok)
-      throw InputError("weight sync v" + std::to_string(version) + ": tensor_parallel_size " +
-                       std::to_string(options.tensor_parallel_size) +
-                       " needs the gloo or nccl path, a rollout rank count that it divides and "
-                       "a model whose heads, KV heads, intermediate size and vocabulary it "
-                       "divides (" +
-                       std::to_string(group->size() - 1) + " ranks, path " +
-                       sync_path_name(options.path) + "); nothing was sent");
-    throw RuntimeError("weight sync v" + std::to_string(version) +
-                       (adapters ? ": a rollout rank cannot take the LoRA adapters (see its log); "
-                                 : ": a rollout rank's model layout differs from the actor's "
-                                   "(see its log); ") +
-                       "nothing was sent");
-  }
-  std::unique_ptr<BucketTransport> transport;
-  if (options.path == SyncPath::kCudaIpc) {
-    auto ipc = std::make_unique<IpcBuckets>(*group, capacity, options.wire_dtype);
-    const std::string error = ipc->error();
-    if (!all_ok(*group, error.empty()))
-      throw RuntimeError("weight sync v" + std::to_string(version) + ": " +
-                         (error.empty() ? "a rollout rank could not map the actor's CUDA IPC "
-                                          "buffer (see its log)"
-                                        : error) +
-                         "; nothing was sent");
-    transport = std::move(ipc);
-  } else if (tp > 1) {
-    transport =
-        std::make_unique<ScatterBuckets>(*group, tp, capacity, options.wire_dtype, options.device);
-  } else {
-    transport =
-        std::make_unique<BroadcastBuckets>(*group, capacity, options.wire_dtype, options.device);
-  }
+  announce(*group, source, layout, options, version, capacity, tp_ok);
+  std::unique_ptr<BucketTransport> transport = sender_transport(*group, options, capacity, version);
   std::vector<torch::Tensor> buckets;  // per TP rank
   for (int r = 0; r < tp; ++r) buckets.push_back(transport->buffer(r));
   BucketCursor cursor(capacity);

@@ -105,12 +105,10 @@ void RoleGroup::check_same_reply(const Message& first, int first_rank, const Mes
   }
 }
 
-Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>& batch,
-                           int64_t micro_batch_size, const nlohmann::json& args, Timeout timeout,
-                           Dispatch dispatch) {
-  TORCH_CHECK(!batch.empty(), "scatter \"", op, "\": empty batch");
-  TORCH_CHECK(micro_batch_size > 0, "scatter \"", op, "\": micro_batch_size must be > 0, got ",
-              micro_batch_size);
+namespace {
+
+// The rows every tensor of a scattered batch has (the same for all; > 0).
+int64_t batch_rows(const std::string& op, const std::vector<NamedTensor>& batch) {
   const int64_t rows = batch.front().tensor.dim() > 0 ? batch.front().tensor.size(0) : 0;
   TORCH_CHECK(rows > 0, "scatter \"", op, "\": tensor \"", batch.front().name,
               "\" has no rows to split");
@@ -118,6 +116,37 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
     TORCH_CHECK(t.tensor.dim() > 0 && t.tensor.size(0) == rows, "scatter \"", op, "\": tensor \"",
                 t.name, "\" has shape ", t.tensor.sizes(), ", expected ", rows, " rows like \"",
                 batch.front().name, "\"");
+  return rows;
+}
+
+// The micro batches' replies as one: their args listed, their tensors concatenated by row.
+Message gather_micro_batches(const std::string& op, const std::vector<Message>& results) {
+  Message gathered;
+  gathered.kind = MessageKind::kReply;
+  gathered.op = op;
+  gathered.args = {{"micro_batches", nlohmann::json::array()}};
+  for (const auto& r : results) gathered.args["micro_batches"].push_back(r.args);
+  for (const auto& first : results.front().tensors) {
+    std::vector<at::Tensor> parts;
+    for (size_t c = 0; c < results.size(); ++c) {
+      TORCH_CHECK(results[c].has_tensor(first.name), "scatter \"", op, "\": micro batch ", c,
+                  " reply lacks tensor \"", first.name, "\"");
+      parts.push_back(results[c].tensor(first.name));
+    }
+    gathered.add(first.name, at::cat(parts, 0));
+  }
+  return gathered;
+}
+
+}  // namespace
+
+Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>& batch,
+                           int64_t micro_batch_size, const nlohmann::json& args, Timeout timeout,
+                           Dispatch dispatch) {
+  TORCH_CHECK(!batch.empty(), "scatter \"", op, "\": empty batch");
+  TORCH_CHECK(micro_batch_size > 0, "scatter \"", op, "\": micro_batch_size must be > 0, got ",
+              micro_batch_size);
+  const int64_t rows = batch_rows(op, batch);
   const auto until = deadline(timeout);
   const int64_t chunks = (rows + micro_batch_size - 1) / micro_batch_size;
   const int per = ranks_per_replica_;
@@ -187,21 +216,7 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
     ++done;
     scheduler_.progress().count(std::string(role_name(role_)) + " " + op, done, calls);
   }
-  Message gathered;
-  gathered.kind = MessageKind::kReply;
-  gathered.op = op;
-  gathered.args = {{"micro_batches", nlohmann::json::array()}};
-  for (const auto& r : results) gathered.args["micro_batches"].push_back(r.args);
-  for (const auto& first : results.front().tensors) {
-    std::vector<at::Tensor> parts;
-    for (size_t c = 0; c < results.size(); ++c) {
-      TORCH_CHECK(results[c].has_tensor(first.name), "scatter \"", op, "\": micro batch ", c,
-                  " reply lacks tensor \"", first.name, "\"");
-      parts.push_back(results[c].tensor(first.name));
-    }
-    gathered.add(first.name, at::cat(parts, 0));
-  }
-  return gathered;
+  return gather_micro_batches(op, results);
 }
 
 }  // namespace rlhf

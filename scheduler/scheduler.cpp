@@ -146,17 +146,10 @@ RoleGroup& Scheduler::group(Role role) {
   return *it->second;
 }
 
-void Scheduler::start() {
+// The worker endpoint (TCP and IPC, with CURVE when asked), the rendezvous store, the
+// driver's own channels and the signal handler.
+void Scheduler::bind_endpoints() {
   namespace fs = std::filesystem;
-  if (config_.worker_program.empty())
-    throw std::logic_error("SchedulerConfig.worker_program is empty");
-  if (config_.wire_version.empty())
-    throw std::logic_error("SchedulerConfig.wire_version is empty (actors/wire_version.h)");
-  const fs::path logs = fs::path(config_.run_dir) / "logs";
-  std::error_code ec;
-  fs::create_directories(logs, ec);
-  if (ec) throw RuntimeError("cannot create " + logs.string() + ": " + ec.message());
-  token_ = config_.token.empty() ? make_job_token() : config_.token;
   io_ = std::make_unique<Io>();
   io_->router = std::make_unique<Channel>(io_->context, zmq::socket_type::router, milliseconds(0));
   if (config_.curve) {
@@ -204,7 +197,12 @@ void Scheduler::start() {
   io_->signals->async_wait([this](const boost::system::error_code& error, int signo) {
     if (!error) io_->signal_received = signo;
   });
+}
 
+// One worker process per placed worker (or a slot for one started by hand), and the role
+// groups over them.
+void Scheduler::launch_workers(const std::filesystem::path& logs) {
+  namespace fs = std::filesystem;
   std::map<Role, std::vector<size_t>> members;
   std::vector<std::string> allocation;
   if (config_.launcher == LauncherKind::kSlurm) allocation = slurm_allocation_hosts();
@@ -251,7 +249,11 @@ void Scheduler::start() {
               << "` (or RLHF_TOKEN in its environment)" << std::endl;
   for (auto& [role, indices] : members)
     groups_[role] = std::make_unique<RoleGroup>(*this, role, indices);
+}
 
+// <run_dir>/workers.json: each worker's role, rank, pid, host, device and log.
+void Scheduler::write_worker_listing() const {
+  namespace fs = std::filesystem;
   nlohmann::json listing = nlohmann::json::array();
   for (const auto& info : infos_)
     listing.push_back(
@@ -262,7 +264,22 @@ void Scheduler::start() {
          {"device", info.placement.env.count(kEnvDevice) ? info.placement.env.at(kEnvDevice) : ""},
          {"log", info.log_path}});
   std::ofstream(fs::path(config_.run_dir) / "workers.json") << listing.dump(2) << '\n';
+}
 
+void Scheduler::start() {
+  namespace fs = std::filesystem;
+  if (config_.worker_program.empty())
+    throw std::logic_error("SchedulerConfig.worker_program is empty");
+  if (config_.wire_version.empty())
+    throw std::logic_error("SchedulerConfig.wire_version is empty (actors/wire_version.h)");
+  const fs::path logs = fs::path(config_.run_dir) / "logs";
+  std::error_code ec;
+  fs::create_directories(logs, ec);
+  if (ec) throw RuntimeError("cannot create " + logs.string() + ": " + ec.message());
+  token_ = config_.token.empty() ? make_job_token() : config_.token;
+  bind_endpoints();
+  launch_workers(logs);
+  write_worker_listing();
   io_->next_heartbeat = Clock::now() + config_.heartbeat_interval;
   io_->last_pass = Clock::now();
   io_thread_ = std::thread([this] { io_loop(); });
@@ -413,6 +430,43 @@ void Scheduler::on_incoming(Frames&& frames) {
   }
 }
 
+// Worker slot i is now the peer `routing_id`: its identity, heartbeat settings and
+// environment go back to it, and start() learns one more worker is in.
+void Scheduler::accept_registration(size_t i, const std::string& routing_id, int64_t pid,
+                                    const std::string& host) {
+  const auto& p = infos_[i].placement;
+  io_->slots[i].routing_id = routing_id;
+  io_->slots[i].last_seen = Clock::now();
+  io_->by_routing_id[routing_id] = i;
+  if (pid > 0 && !io_->processes[i]) infos_[i].pid = static_cast<int>(pid);
+  // An srun step: the process here is srun; the worker's own pid is on its node.
+  if (pid > 0 && io_->processes[i] && config_.launcher == LauncherKind::kSlurm)
+    step_pids_[i] = static_cast<int>(pid);
+  remote_hosts_[i] = host;
+  Message ok;
+  ok.kind = MessageKind::kRegistered;
+  ok.args = {{"heartbeat_interval_ms", config_.heartbeat_interval.count()},
+             {"timeout_ms", config_.worker_timeout.count()},
+             {"run_dir", config_.run_dir},
+             {"identity",
+              {{"role", role_name(p.role)},
+               {"rank", p.rank},
+               {"world_size", p.group_size},
+               {"device", p.env.count(kEnvDevice) ? p.env.at(kEnvDevice) : "cpu:0"},
+               {"node", p.node}}}};
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& [name, value] : p.env) env[name] = value;
+  env[transport::kEnvCollectiveHost] = p.host;
+  env[kEnvRunDir] = config_.run_dir;
+  ok.args["env"] = env;
+  Frames out = encode(ok);
+  out.insert(out.begin(), zmq::message_t(routing_id.data(), routing_id.size()));
+  io_->router->send(std::move(out));
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++registered_;
+  changed_.notify_all();
+}
+
 void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) {
   auto refuse = [&](const std::string& why) {
     ++refused_;
@@ -470,36 +524,7 @@ void Scheduler::on_registration(const std::string& routing_id, Frames&& frames) 
         return refuse("pid " + std::to_string(pid) + " is not the launched " + p.label() +
                       " (pid " + std::to_string(infos_[i].pid) + ")");
     }
-    io_->slots[i].routing_id = routing_id;
-    io_->slots[i].last_seen = Clock::now();
-    io_->by_routing_id[routing_id] = i;
-    if (pid > 0 && !io_->processes[i]) infos_[i].pid = static_cast<int>(pid);
-    // An srun step: the process here is srun; the worker's own pid is on its node.
-    if (pid > 0 && io_->processes[i] && config_.launcher == LauncherKind::kSlurm)
-      step_pids_[i] = static_cast<int>(pid);
-    remote_hosts_[i] = host;
-    Message ok;
-    ok.kind = MessageKind::kRegistered;
-    ok.args = {{"heartbeat_interval_ms", config_.heartbeat_interval.count()},
-               {"timeout_ms", config_.worker_timeout.count()},
-               {"run_dir", config_.run_dir},
-               {"identity",
-                {{"role", role_name(p.role)},
-                 {"rank", p.rank},
-                 {"world_size", p.group_size},
-                 {"device", p.env.count(kEnvDevice) ? p.env.at(kEnvDevice) : "cpu:0"},
-                 {"node", p.node}}}};
-    nlohmann::json env = nlohmann::json::object();
-    for (const auto& [name, value] : p.env) env[name] = value;
-    env[transport::kEnvCollectiveHost] = p.host;
-    env[kEnvRunDir] = config_.run_dir;
-    ok.args["env"] = env;
-    Frames out = encode(ok);
-    out.insert(out.begin(), zmq::message_t(routing_id.data(), routing_id.size()));
-    io_->router->send(std::move(out));
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++registered_;
-    changed_.notify_all();
+    accept_registration(i, routing_id, pid, host);
     return;
   }
   if (taken) return refuse(infos_[*taken].placement.label() + " has already joined");

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -114,6 +115,12 @@ class Scheduler {
  private:
   struct Io;  // sockets, processes and registration state: I/O thread only
   void io_loop();
+  // start()'s parts, in order.
+  void bind_endpoints();
+  void launch_workers(const std::filesystem::path& logs);
+  void write_worker_listing() const;
+  void accept_registration(size_t i, const std::string& routing_id, int64_t pid,
+                           const std::string& host);
   void on_incoming(Frames&& frames);
   void on_registration(const std::string& routing_id, Frames&& frames);
   void forward_request(Frames&& frames);
