@@ -385,6 +385,7 @@ int main(int argc, char** argv) {
       torch::set_num_threads(1);
       return lora_receiver(argv);
     }
+    std::cout << std::unitbuf;  // each line as it is made: a run cut short still shows them
     bench::Flags flags(argc, argv, kUsage);
     if (flags.integer("--lora", 0) > 0) return lora_bench(argv[0], flags);
     const std::string device = flags.text("--device", "cpu");

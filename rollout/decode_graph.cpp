@@ -3,6 +3,7 @@
 
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -62,6 +63,17 @@ DecodeStream::~DecodeStream() {
   done.block(impl_->previous);
 }
 
+// A CUDA graph whose failed capture can take the random generators it registered out of
+// capture mode. torch 2.11 does that only in capture_end (CUDAGeneratorState::
+// capture_epilogue, which clears `capturing_` and is not exported); a capture that threw
+// leaves the default generator's state capturing, and every eager random op after it throws
+// ("Offset increment outside graph capture encountered unexpectedly").
+struct CaptureGraph : at::cuda::CUDAGraph {
+  void end_random_capture() {
+    for (auto& entry : captured_generator_states_) entry.first->capturing_ = false;
+  }
+};
+
 // One padded shape: its inputs on the device, and on a GPU its graph and output.
 struct PagedDecoder::Shape {
   int64_t batch = 0;
@@ -73,7 +85,7 @@ struct PagedDecoder::Shape {
   torch::Tensor slots;      // [batch]
   torch::Tensor positions;  // [batch, 1]
   torch::Tensor tables;     // [batch * blocks]
-  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  std::unique_ptr<CaptureGraph> graph;
   torch::Tensor logits;  // the graph's output [batch, 1, V]: rows of PagedDecoder::logits_
   int64_t kernels = 0;   // kernel nodes in the graph (-1: not known)
 };
@@ -165,7 +177,7 @@ int64_t kernels_in_capture() {
 // none of that happens, and the next capture_begin on the pool would fail ("already
 // recording to mempool_id"), the pool would never be freed, and an eager random op would
 // throw. Each step is tried alone; `graph` is the failed capture's.
-void abandon_capture(at::cuda::CUDAGraph& graph, c10::DeviceIndex device,
+void abandon_capture(CaptureGraph& graph, c10::DeviceIndex device,
                      const std::pair<unsigned long long, unsigned long long>& pool) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -200,18 +212,7 @@ void abandon_capture(at::cuda::CUDAGraph& graph, c10::DeviceIndex device,
     } catch (const c10::Error&) {
     }
   }
-  // A capture of nothing but an in-place no-op on a scratch value ends normally, which takes
-  // the default generator out of capture mode.
-  try {
-    auto scratch =
-        torch::zeros({1}, torch::TensorOptions(torch::kInt64).device(torch::kCUDA, device));
-    at::cuda::CUDAGraph reset;
-    reset.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-    scratch.add_(0);
-    reset.capture_end();
-  } catch (const c10::Error&) {
-    (void)cudaGetLastError();
-  }
+  graph.end_random_capture();
 }
 
 }  // namespace
@@ -235,7 +236,7 @@ void PagedDecoder::capture(Shape& s) {
   cache_.plan_decode_static({}, s.slots, s.positions, s.tables);
   const auto warm = model_.logits(model_.forward(s.ids, cache_));  // [batch, 1, V]
   if (!logits_.defined()) logits_ = torch::empty({max_batch_, 1, warm.size(2)}, warm.options());
-  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  auto graph = std::make_unique<CaptureGraph>();
   // Thread-local: the worker's other threads (sockets, logging) are not capturing.
   graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
   try {

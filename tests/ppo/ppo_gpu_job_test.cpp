@@ -69,7 +69,10 @@ const std::vector<GpuJob>& gpu_jobs() {
              "train.max_steps=6"})},
       {"oom",
        "examples/ppo_1gpu.json",
-       {R"(cluster.nodes=[{"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 0.001}])"}},
+       // An explicit KV budget: with auto, the planner refuses the job before any worker
+       // starts (exit 2, no GPU to fill), which is not the case this job checks.
+       {R"(cluster.nodes=[{"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 0.001}])",
+        "rollout.kv_cache_memory_gb=0.01"}},
       // Issue 28's phase check: the 100m preset as the actor (PpoGpuJob::run_phases).
       {"phases", "examples/grpo_tiny.json", plus(every_role_on_gpu0(), {"train.max_steps=2"})},
   };
@@ -111,6 +114,35 @@ TEST(PpoGpuJobSpecs, EveryGpuJobSpecValidatesOnOneGpu) {
     auto r = test::run_cli(args);
     EXPECT_EQ(r.exit_code, 0) << job.name << ": " << r.out << r.err;
   }
+}
+
+// What `rlhf run` refuses after validation, before any worker starts: an auto KV budget below
+// one sequence (the oom job met it on 2026-11-28's H100 and exited 2 instead of filling the
+// GPU). The plan needs the models' config files: the tiny ones, made here.
+TEST(PpoGpuJobSpecs, NoGpuJobIsRefusedByItsMemoryPlan) {
+  const fs::path dir =
+      fs::path(RLHF_BINARY_DIR) / "test-runs" / ("ppo-gpu-plan-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  for (const auto& [name, value_head] : {std::pair<std::string, bool>{"tiny", false},
+                                         std::pair<std::string, bool>{"tiny-value", true}}) {
+    std::vector<std::string> args = {"init-model", "--preset", "tiny", "--out",
+                                     (dir / name).string()};
+    if (value_head) args.insert(args.end(), {"--value-head", "--seed", "7"});
+    ASSERT_EQ(test::run_cli(args).exit_code, 0);
+  }
+  for (const auto& job : gpu_jobs()) {
+    auto args = job_args(job, dir / "tiny", dir / "tiny-value", dir / "runs");
+    args.insert(args.begin(), "plan");
+    args.push_back("--json");
+    auto r = test::run_cli(args);
+    ASSERT_EQ(r.exit_code, 0) << job.name << ": " << r.err;
+    const auto plan = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(plan.is_object()) << job.name << ": " << r.out;
+    const auto memory = plan.value("memory", json::object());
+    EXPECT_TRUE(memory.value("kv_auto_error", json()).is_null())
+        << job.name << ": " << memory["kv_auto_error"];
+  }
+  fs::remove_all(dir);
 }
 
 class PpoGpuJob : public testing::Test {
