@@ -204,7 +204,8 @@ CausalLM::CausalLM(ModelConfig config, Materialize how, TensorParallel tp)
       stack->register_module("embed_tokens", Embedding(vocab, c.hidden_size, padding_idx, how));
   layers = stack->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers->push_back(std::make_shared<DecoderLayerImpl>(shard_config_, how, &tp_));
+    layers->push_back(
+        std::make_shared<DecoderLayerImpl>(shard_config_, layer_spec(c, i), how, &tp_));
   norm = stack->register_module("norm",
                                 std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
   if (c.head == HeadKind::kValue) {

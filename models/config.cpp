@@ -1,5 +1,6 @@
-// HF config.json <-> ModelConfig, and the init-model presets. Field meanings follow
-// transformers' LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config.
+// HF config.json <-> ModelConfig, and the init-model presets: the fields every family shares
+// (sizes, RoPE, token ids, dtype, heads); each family's own fields are read and written by its
+// file in models/families/ (models/family.h).
 #include "models/config.h"
 
 #include <filesystem>
@@ -8,6 +9,8 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "models/config_json.h"
+#include "models/family.h"
 #include "models/param_layout.h"
 
 namespace rlhf::models {
@@ -16,35 +19,8 @@ namespace {
 
 using nlohmann::json;
 
-const char* const kModelTypes[] = {"llama", "mistral", "qwen2", "qwen3"};
-// Mixture-of-experts families transformers names; refused as such, not as unknown.
-const char* const kMoeModelTypes[] = {"qwen3_moe", "qwen2_moe", "mixtral"};
-
-// "Llama" for model_type "llama": the class-name prefix transformers uses.
-std::string class_prefix(const std::string& model_type) {
-  if (model_type == "llama") return "Llama";
-  if (model_type == "mistral") return "Mistral";
-  if (model_type == "qwen3") return "Qwen3";
-  return "Qwen2";
-}
-
-template <typename T>
-T get_or(const json& j, const char* key, T fallback, const std::string& source) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    throw InputError(source + ": key \"" + key + "\" has the wrong type (" + it->dump() + ")");
-  }
-}
-
-template <typename T>
-T require(const json& j, const char* key, const std::string& source) {
-  if (!j.contains(key) || j[key].is_null())
-    throw InputError(source + ": missing required key \"" + key + "\"");
-  return get_or<T>(j, key, T{}, source);
-}
+using config_json::get_or;
+using config_json::require;
 
 // First id of a token-id field that may be a number or a list (Llama 3's eos_token_id).
 int64_t token_id(const json& j, const char* key) {
@@ -115,28 +91,10 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& source) {
   }
 }
 
-// Qwen2's and Qwen3's sliding-window attention applies per layer (layer_types, or layers
-// from max_window_layers on when use_sliding_window is set); rlhf implements full attention
-// only for them, so either is an InputError naming the key.
-void parse_qwen_window(const json& j, const ModelConfig& c, const std::string& source) {
-  if (get_or<bool>(j, "use_sliding_window", false, source))
-    throw InputError(source + ": use_sliding_window=true is not supported for " + c.model_type +
-                     " (per-layer sliding-window attention is not implemented; only full "
-                     "attention)");
-  const auto types = get_or<std::vector<std::string>>(j, "layer_types", {}, source);
-  if (!types.empty() && static_cast<int64_t>(types.size()) != c.num_hidden_layers)
-    throw InputError(source + ": layer_types has " + std::to_string(types.size()) +
-                     " entries for " + std::to_string(c.num_hidden_layers) + " layers");
-  for (size_t i = 0; i < types.size(); ++i) {
-    if (types[i] != "full_attention")
-      throw InputError(source + ": layer_types[" + std::to_string(i) + "] is \"" + types[i] +
-                       "\"; only \"full_attention\" is supported for " + c.model_type);
-  }
-}
-
-void parse_architectures(const json& j, ModelConfig& c, const std::string& source) {
+void parse_architectures(const json& j, ModelConfig& c, const ModelFamily& family,
+                         const std::string& source) {
   c.architectures = get_or<std::vector<std::string>>(j, "architectures", {}, source);
-  const std::string prefix = class_prefix(c.model_type);
+  const std::string& prefix = family.class_prefix;
   c.head = HeadKind::kLanguageModel;
   for (const auto& a : c.architectures) {
     if (a == prefix + "ForCausalLM") continue;
@@ -175,17 +133,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   ModelConfig c;
   c.original_json = text;
   c.model_type = require<std::string>(j, "model_type", source);
-  for (const char* t : kMoeModelTypes)
-    if (c.model_type == t)
-      throw InputError(source + ": model_type \"" + c.model_type +
-                       "\" is a mixture-of-experts model; MoE is not supported yet (supported: "
-                       "the dense llama, mistral, qwen2, qwen3)");
-  bool known = false;
-  for (const char* t : kModelTypes) known |= c.model_type == t;
-  if (!known)
-    throw InputError(source + ": model_type \"" + c.model_type +
-                     "\" is not supported (supported: llama, mistral, qwen2, qwen3)");
-  parse_architectures(j, c, source);
+  const ModelFamily& family = model_family(c.model_type, source);
+  parse_architectures(j, c, family, source);
   const std::string act = get_or<std::string>(j, "hidden_act", "silu", source);
   if (act != "silu" && act != "swish")
     throw InputError(source + ": hidden_act \"" + act + "\" is not supported (supported: silu)");
@@ -195,13 +144,9 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.num_attention_heads = require<int64_t>(j, "num_attention_heads", source);
   c.num_key_value_heads = get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
   c.vocab_size = require<int64_t>(j, "vocab_size", source);
-  // Qwen3Config's head_dim defaults to 128 whatever the hidden size; the others' to
-  // hidden_size / num_attention_heads.
-  const int64_t default_head_dim = c.model_type == "qwen3" ? 128
-                                   : c.num_attention_heads > 0
-                                       ? c.hidden_size / c.num_attention_heads
-                                       : 0;
-  c.head_dim = get_or<int64_t>(j, "head_dim", default_head_dim, source);
+  // transformers' default; a family may have its own (Qwen3: 128 whatever the hidden size).
+  c.head_dim = get_or<int64_t>(
+      j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0, source);
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, source);
   c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048, source);
   parse_rope(j, c, source);
@@ -210,25 +155,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   // transformers 5 writes "dtype" and prefers it over the older "torch_dtype".
   c.torch_dtype = get_or<std::string>(
       j, "dtype", get_or<std::string>(j, "torch_dtype", "float32", source), source);
-  if (c.model_type == "llama") {
-    c.qkv_bias = c.o_proj_bias = get_or<bool>(j, "attention_bias", false, source);
-    c.mlp_bias = get_or<bool>(j, "mlp_bias", false, source);
-  } else if (c.model_type == "qwen2") {
-    c.qkv_bias = true;  // Qwen2Attention: q/k/v always biased, o_proj never; MLP never
-    c.o_proj_bias = false;
-    parse_qwen_window(j, c, source);
-  } else if (c.model_type == "qwen3") {
-    // Qwen3Attention: attention_bias on q/k/v and o_proj alike, per-head q/k RMSNorm; MLP
-    // never biased.
-    c.qkv_bias = c.o_proj_bias = get_or<bool>(j, "attention_bias", false, source);
-    c.qk_norm = true;
-    parse_qwen_window(j, c, source);
-  } else {  // mistral: no biases whatever attention_bias/mlp_bias say (as MistralAttention)
-    c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, source);
-    if (c.sliding_window < 0)
-      throw InputError(source + ": sliding_window must be positive or null, got " +
-                       std::to_string(c.sliding_window));
-  }
+  family.read(j, c, source);  // the family's own fields (models/families/)
   if (get_or<double>(j, "attention_dropout", 0.0, source) != 0.0)
     throw InputError(
         source +
@@ -267,9 +194,11 @@ void ModelConfig::validate(const std::string& source) const {
                      ") must be a multiple of num_key_value_heads (" +
                      std::to_string(num_key_value_heads) + ")");
   if (head_dim % 2 != 0) throw InputError(source + ": head_dim must be even for rotary embeddings");
-  if (qk_norm != (model_type == "qwen3"))
+  const ModelFamily& family = model_family(model_type, source);
+  if (qk_norm != family.qk_norm)
     throw InputError(source + ": qk_norm (per-head q/k RMSNorm) is " + (qk_norm ? "set" : "unset") +
-                     " for model_type \"" + model_type + "\"; it is set exactly for qwen3");
+                     " for model_type \"" + model_type + "\"; it is " +
+                     (family.qk_norm ? "always set" : "never set") + " for that family");
   if (head == HeadKind::kValue && value_head_prefix.find('.') != std::string::npos)
     throw InputError(source + ": value_head_prefix \"" + value_head_prefix +
                      "\" may not contain '.'");
@@ -277,7 +206,8 @@ void ModelConfig::validate(const std::string& source) const {
 
 std::string ModelConfig::to_json_text() const {
   json j = original_json.empty() ? json::object() : json::parse(original_json);
-  const std::string prefix = class_prefix(model_type);
+  const ModelFamily& family = model_family(model_type, "model config");
+  const std::string& prefix = family.class_prefix;
   j["model_type"] = model_type;
   j["architectures"] = {prefix +
                         (head == HeadKind::kValue ? "ForSequenceClassification" : "ForCausalLM")};
@@ -308,10 +238,7 @@ std::string ModelConfig::to_json_text() const {
   j["max_position_embeddings"] = max_position_embeddings;
   j["vocab_size"] = vocab_size;
   j["tie_word_embeddings"] = tie_word_embeddings;
-  if (model_type == "llama" || model_type == "qwen3") j["attention_bias"] = qkv_bias;
-  if (model_type == "llama") j["mlp_bias"] = mlp_bias;
-  if (model_type == "mistral")
-    j["sliding_window"] = sliding_window > 0 ? json(sliding_window) : json(nullptr);
+  family.write(*this, j);
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = initializer_range;
   j["torch_dtype"] = torch_dtype;

@@ -223,17 +223,18 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * (xf * torch::rsqrt(variance + eps_)).to(x.scalar_type());
 }
 
-AttentionImpl::AttentionImpl(const ModelConfig& c, Materialize how, const TensorParallel* tp)
+AttentionImpl::AttentionImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
+                             const TensorParallel* tp)
     : heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
       tp_(tp) {
   const int64_t H = c.hidden_size;
-  q_proj = register_module("q_proj", Linear(H, heads_ * head_dim_, c.qkv_bias, how));
-  k_proj = register_module("k_proj", Linear(H, kv_heads_ * head_dim_, c.qkv_bias, how));
-  v_proj = register_module("v_proj", Linear(H, kv_heads_ * head_dim_, c.qkv_bias, how));
-  o_proj = register_module("o_proj", Linear(heads_ * head_dim_, H, c.o_proj_bias, how));
-  if (c.qk_norm) {
+  q_proj = register_module("q_proj", Linear(H, heads_ * head_dim_, spec.qkv_bias, how));
+  k_proj = register_module("k_proj", Linear(H, kv_heads_ * head_dim_, spec.qkv_bias, how));
+  v_proj = register_module("v_proj", Linear(H, kv_heads_ * head_dim_, spec.qkv_bias, how));
+  o_proj = register_module("o_proj", Linear(heads_ * head_dim_, H, spec.o_proj_bias, how));
+  if (spec.qk_norm) {
     q_norm =
         register_module("q_norm", std::make_shared<RMSNormImpl>(head_dim_, c.rms_norm_eps, how));
     k_norm =
@@ -321,11 +322,13 @@ void AttentionImpl::to(torch::Device device, bool non_blocking) {
   if (fused()) qkv_.bind();
 }
 
-MlpImpl::MlpImpl(const ModelConfig& c, Materialize how, const TensorParallel* tp) : tp_(tp) {
+MlpImpl::MlpImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
+                 const TensorParallel* tp)
+    : tp_(tp) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
-  gate_proj = register_module("gate_proj", Linear(H, I, c.mlp_bias, how));
-  up_proj = register_module("up_proj", Linear(H, I, c.mlp_bias, how));
-  down_proj = register_module("down_proj", Linear(I, H, c.mlp_bias, how));
+  gate_proj = register_module("gate_proj", Linear(H, I, spec.mlp_bias, how));
+  up_proj = register_module("up_proj", Linear(H, I, spec.mlp_bias, how));
+  down_proj = register_module("down_proj", Linear(I, H, spec.mlp_bias, how));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -377,10 +380,10 @@ void MlpImpl::to(torch::Device device, bool non_blocking) {
   if (fused()) gate_up_.bind();
 }
 
-DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, Materialize how,
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
                                    const TensorParallel* tp) {
-  self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, how, tp));
-  mlp = register_module("mlp", std::make_shared<MlpImpl>(c, how, tp));
+  self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, spec, how, tp));
+  mlp = register_module("mlp", std::make_shared<MlpImpl>(c, spec, how, tp));
   input_layernorm = register_module(
       "input_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
   post_attention_layernorm =

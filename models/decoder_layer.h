@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/config.h"
+#include "models/layer_spec.h"
 #include "models/linear.h"
 #include "models/tensor_parallel.h"
 
@@ -90,7 +91,8 @@ class RMSNormImpl : public torch::nn::Module {
 // rank's shard config (tensor_parallel_shard_config): q/k/v and gate/up hold this rank's
 // heads and rows, o_proj and down_proj its columns, and their outputs are summed over the
 // group; the per-head q/k norms (qwen3) act on head_dim, so each rank holds them whole.
-// `tp` must outlive the module.
+// `tp` must outlive the module. `spec` is what this layer is made of (biases, q/k norms), as
+// its family builds it (layer_spec()); `config` gives the sizes.
 // Fused projections (issue 32.2): maps that read the same input run as one GEMM over their
 // weights stacked along dim 0 ([q; k; v], [gate; up], with the biases likewise), registered
 // as one parameter ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"). The part
@@ -110,7 +112,8 @@ struct FusedParts {
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(const ModelConfig& config, Materialize how, const TensorParallel* tp = nullptr);
+  AttentionImpl(const ModelConfig& config, const LayerSpec& spec, Materialize how,
+                const TensorParallel* tp = nullptr);
   // x: [B, T, H] -> [B, T, H]. With a cache, this step's keys/values are appended to layer
   // `layer_index` and attention runs over everything cached.
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
@@ -124,7 +127,7 @@ class AttentionImpl : public torch::nn::Module {
   void to(torch::Device device, bool non_blocking = false) override;
 
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  // config.qk_norm (qwen3): RMSNorm weight [head_dim] on every q / k head before RoPE;
+  // spec.qk_norm (qwen3): RMSNorm weight [head_dim] on every q / k head before RoPE;
   // null otherwise.
   std::shared_ptr<RMSNormImpl> q_norm, k_norm;
 
@@ -141,7 +144,8 @@ inline constexpr int64_t kInferenceMlpChunkTokens = 8192;
 
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(const ModelConfig& config, Materialize how, const TensorParallel* tp = nullptr);
+  MlpImpl(const ModelConfig& config, const LayerSpec& spec, Materialize how,
+          const TensorParallel* tp = nullptr);
   // down(silu(gate(x)) * up(x)), [B, T, H]; in chunks of kInferenceMlpChunkTokens tokens
   // when autograd is off.
   torch::Tensor forward(const torch::Tensor& x);
@@ -162,8 +166,8 @@ class MlpImpl : public torch::nn::Module {
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit DecoderLayerImpl(const ModelConfig& config, Materialize how = Materialize::kAllocate,
-                            const TensorParallel* tp = nullptr);
+  DecoderLayerImpl(const ModelConfig& config, const LayerSpec& spec,
+                   Materialize how = Materialize::kAllocate, const TensorParallel* tp = nullptr);
   // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)).
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
                         int64_t layer_index);

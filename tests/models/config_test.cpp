@@ -1,8 +1,12 @@
 // config.json parsing: the fields the model honours, and clear errors for what it cannot.
 #include "models/config.h"
 
+#include <algorithm>
+
 #include "core/errors.h"
 #include "models/causal_lm.h"
+#include "models/family.h"
+#include "models/param_layout.h"
 #include "test_paths.h"
 #include "test_util.h"
 
@@ -208,6 +212,60 @@ TEST(ModelConfig, Qwen3AsQwen3ConfigReadsIt) {
   ModelConfig qwen3 = plain;
   qwen3.qk_norm = false;
   expect_error<InputError>([&] { qwen3.validate("built"); }, {"qk_norm", "qwen3"});
+}
+
+// Each family is a file (models/families/) that reads its own fields and says what each layer
+// is made of; the layer the model builds and the layout the loader and planner read are both
+// that LayerSpec, named as transformers names the parameters.
+TEST(ModelFamily, EachFamilyBuildsItsLayersAsItsLayerSpecSays) {
+  EXPECT_EQ(model_family_names(), (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3"}));
+  struct Expected {
+    std::string type;
+    LayerSpec spec;
+  };
+  // With attention_bias and mlp_bias both true in the file.
+  const std::vector<Expected> table = {{"llama", {true, true, true, false}},
+                                       {"mistral", {false, false, false, false}},
+                                       {"qwen2", {true, false, false, false}},
+                                       {"qwen3", {true, true, false, true}}};
+  for (const auto& e : table) {
+    const auto c = ModelConfig::from_json_text(
+        R"({"model_type": ")" + e.type + R"(", "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8, "vocab_size": 50,
+            "attention_bias": true, "mlp_bias": true})",
+        e.type);
+    EXPECT_EQ(model_family(e.type, "t").class_prefix + "ForCausalLM", c.architectures.at(0));
+    for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+      const LayerSpec got = layer_spec(c, layer);
+      EXPECT_EQ(got.qkv_bias, e.spec.qkv_bias) << e.type;
+      EXPECT_EQ(got.o_proj_bias, e.spec.o_proj_bias) << e.type;
+      EXPECT_EQ(got.mlp_bias, e.spec.mlp_bias) << e.type;
+      EXPECT_EQ(got.qk_norm, e.spec.qk_norm) << e.type;
+    }
+    // The model's parameters of layer 1 are exactly the layout's, whose names follow the spec.
+    CausalLM model(c);
+    std::vector<std::string> built, laid_out;
+    for (const auto& p : model.named_parameters())
+      if (p.key().rfind("model.layers.1.", 0) == 0) built.push_back(p.key());
+    const auto units = parameter_units(c);  // [embedding, layer 0, layer 1, head]
+    for (const auto& [name, shape] : units.at(2)) laid_out.push_back(name);
+    std::sort(built.begin(), built.end());
+    std::sort(laid_out.begin(), laid_out.end());
+    EXPECT_EQ(built, laid_out) << e.type;
+    auto has = [&](const std::string& name) {
+      return std::find(laid_out.begin(), laid_out.end(), "model.layers.1." + name) !=
+             laid_out.end();
+    };
+    EXPECT_EQ(has("self_attn.q_norm.weight"), e.spec.qk_norm) << e.type;
+    EXPECT_EQ(has("self_attn.k_proj.bias"), e.spec.qkv_bias) << e.type;
+    EXPECT_EQ(has("self_attn.o_proj.bias"), e.spec.o_proj_bias) << e.type;
+    EXPECT_EQ(has("mlp.down_proj.bias"), e.spec.mlp_bias) << e.type;
+  }
+  expect_error<InputError>(
+      [] { model_family("gemma3_text", "m/config.json"); },
+      {"m/config.json", "\"gemma3_text\" is not supported", "llama, mistral, qwen2, qwen3"});
+  expect_error<InputError>([] { model_family("qwen3_moe", "m/config.json"); },
+                           {"mixture-of-experts", "llama, mistral, qwen2, qwen3"});
 }
 
 TEST(ModelConfig, JsonRoundTripKeepsEveryField) {

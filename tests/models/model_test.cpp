@@ -588,7 +588,7 @@ TEST(CausalLM, HeadsRefuseTheWrongCall) {
 TEST(Mlp, ChunkedInferenceEqualsTheWholeBatch) {
   torch::manual_seed(3);
   ModelConfig c = tiny_config();
-  auto mlp = std::make_shared<MlpImpl>(c, Materialize::kAllocate);
+  auto mlp = std::make_shared<MlpImpl>(c, layer_spec(c, 0), Materialize::kAllocate);
   {
     torch::NoGradGuard init;
     for (auto& p : mlp->parameters()) p.normal_(0.0, 0.2);

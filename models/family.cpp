@@ -1,0 +1,54 @@
+#include "models/family.h"
+
+#include "core/errors.h"
+#include "models/config.h"
+
+namespace rlhf::models {
+
+namespace {
+
+// Mixture-of-experts families transformers names; refused as such, not as unknown.
+const char* const kMoeModelTypes[] = {"qwen3_moe", "qwen2_moe", "mixtral"};
+
+const std::vector<const ModelFamily*>& families() {
+  static const std::vector<const ModelFamily*> all = {&llama_family(), &mistral_family(),
+                                                      &qwen2_family(), &qwen3_family()};
+  return all;
+}
+
+std::string supported_list() {
+  std::string out;
+  for (const auto* f : families()) out += (out.empty() ? "" : ", ") + f->model_type;
+  return out;
+}
+
+}  // namespace
+
+const ModelFamily& model_family(const std::string& model_type, const std::string& source) {
+  for (const auto* f : families())
+    if (f->model_type == model_type) return *f;
+  for (const char* t : kMoeModelTypes)
+    if (model_type == t)
+      throw InputError(source + ": model_type \"" + model_type +
+                       "\" is a mixture-of-experts model; MoE is not supported yet (supported: "
+                       "the dense " +
+                       supported_list() + ")");
+  throw InputError(source + ": model_type \"" + model_type +
+                   "\" is not supported (supported: " + supported_list() + ")");
+}
+
+std::vector<std::string> model_family_names() {
+  std::vector<std::string> out;
+  for (const auto* f : families()) out.push_back(f->model_type);
+  return out;
+}
+
+LayerSpec uniform_layer(const ModelConfig& c, int64_t /*layer*/) {
+  return LayerSpec{c.qkv_bias, c.o_proj_bias, c.mlp_bias, c.qk_norm};
+}
+
+LayerSpec layer_spec(const ModelConfig& c, int64_t layer) {
+  return model_family(c.model_type, "model config").layer(c, layer);
+}
+
+}  // namespace rlhf::models
