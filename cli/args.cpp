@@ -1,9 +1,11 @@
 #include "cli/args.h"
 
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 
 #include "core/errors.h"
+#include "core/model_ref.h"
 
 namespace rlhf::cli {
 
@@ -65,6 +67,14 @@ int64_t Args::integer(const std::string& name, int64_t fallback, int64_t min) co
 std::vector<std::string> Args::values(const std::string& name) const {
   auto it = values_.find(name);
   return it == values_.end() ? std::vector<std::string>{} : it->second;
+}
+
+std::optional<std::string> Args::model(const std::string& name) const {
+  const auto ref = value(name);
+  if (!ref) return std::nullopt;
+  const ModelSource found = require_model_ref(*ref, name);
+  if (found.found_in != "directory") std::cerr << "rlhf: " << found.describe(name) << '\n';
+  return found.path;
 }
 
 std::string format_options(const std::vector<OptionSpec>& options) {

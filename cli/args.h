@@ -30,6 +30,11 @@ class Args {
   // ("NAME must be an integer >= MIN, got ...") otherwise.
   int64_t integer(const std::string& name, int64_t fallback, int64_t min) const;
   const std::vector<std::string>& positionals() const { return positionals_; }
+  // A model option's value (--model, --adapter, --tokenizer) resolved as a job spec's *.model
+  // keys are (core/model_ref.h): the directory, nullopt when absent; InputError naming the
+  // option and every place looked in when it resolves nowhere. A name found in a cache is
+  // said on stderr.
+  std::optional<std::string> model(const std::string& name) const;
 
  private:
   std::map<std::string, std::vector<std::string>> values_;

@@ -177,7 +177,10 @@ void write_samples(std::ostream& sink, bool text, const rollout::GenerationOutpu
 
 std::vector<OptionSpec> generate_options() {
   return {
-      {"--model", true, "HF model directory (config.json, safetensors, tokenizer files)", "DIR"},
+      {"--model", true,
+       "HF model directory (config.json, safetensors, tokenizer files), or a model name "
+       "(docs/models.md)",
+       "MODEL"},
       {"--adapter", true,
        "a PEFT LoRA adapter directory on --model, merged into its weights after loading", "DIR"},
       {"--prompt", true, "one prompt text", "TEXT"},
@@ -213,7 +216,7 @@ std::shared_ptr<models::CausalLM> load_generation_model(const Args& args,
   if (auto d = args.value("--dtype")) load.dtype = models::dtype_from_name(*d);
   load.head = models::HeadKind::kLanguageModel;
   auto model = models::load_pretrained(model_dir, load);
-  if (auto adapter = args.value("--adapter")) {
+  if (auto adapter = args.model("--adapter")) {
     // Merged (W + scale B A): generation runs at the base model's speed.
     models::load_adapter(*model, *adapter);
     models::merge_adapters(*model);
@@ -244,7 +247,7 @@ int cmd_generate(const Argv& argv) {
         << format_options(options);
     return 0;
   }
-  const auto model_dir = args.value("--model");
+  const auto model_dir = args.model("--model");
   if (!model_dir || (args.value("--prompt").has_value() == args.value("--input").has_value()))
     throw InputError(
         "generate needs --model DIR and one of --prompt TEXT or --input FILE (see --help)");

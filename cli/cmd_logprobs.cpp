@@ -59,7 +59,7 @@ std::vector<int64_t> parse_ids(const std::string& line, const std::string& where
 
 std::vector<OptionSpec> logprobs_options() {
   return {
-      {"--model", true, "HF model directory (config.json + safetensors)", "DIR"},
+      {"--model", true, "HF model directory (config.json + safetensors), or a model name", "MODEL"},
       {"--adapter", true,
        "a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) on "
        "--model, kept unmerged",
@@ -112,7 +112,7 @@ int cmd_logprobs(const Argv& argv) {
               << format_options(options);
     return 0;
   }
-  const auto model_dir = args.value("--model");
+  const auto model_dir = args.model("--model");
   const auto input = args.value("--input");
   const auto texts = args.values("--text");
   if (!model_dir || (!input && texts.empty()) || (input && !texts.empty()))
@@ -128,7 +128,7 @@ int cmd_logprobs(const Argv& argv) {
   }
   if (chunk <= 0) throw InputError("--chunk must be a positive integer");
   auto model = models::load_pretrained(*model_dir, load);
-  if (auto adapter = args.value("--adapter")) models::load_adapter(*model, *adapter);
+  if (auto adapter = args.model("--adapter")) models::load_adapter(*model, *adapter);
   model->eval();
 
   // --text: each text is one input line, as a JSON string would be.

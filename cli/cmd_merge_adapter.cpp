@@ -32,7 +32,7 @@ int cmd_merge_adapter(const Argv& argv) {
               << format_options(options);
     return 0;
   }
-  const auto base = args.value("--model"), adapter = args.value("--adapter"),
+  const auto base = args.model("--model"), adapter = args.model("--adapter"),
              out = args.value("--out");
   if (!base || !adapter || !out)
     throw InputError("merge-adapter needs --model DIR, --adapter DIR and --out DIR (see --help)");

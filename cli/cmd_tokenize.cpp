@@ -72,7 +72,7 @@ int cmd_tokenize(const Argv& argv) {
         << format_options(kOptions);
     return 0;
   }
-  const auto dir = args.value("--tokenizer");
+  const auto dir = args.model("--tokenizer");
   if (!dir) throw InputError("--tokenizer DIR is required");
   if (args.value("--input").has_value() == args.value("--text").has_value()) {
     throw InputError("give exactly one of --input FILE or --text TEXT");

@@ -155,7 +155,27 @@ void resolve_paths(json& node, const std::string& prefix, const std::filesystem:
     if (!key || key->type != KeyType::kPath || !value.is_string()) continue;
     const std::string text = value.get<std::string>();
     if (is_builtin_source(text) || std::filesystem::path(text).is_absolute()) continue;
-    value = (base / text).lexically_normal().string();
+    const std::string relative = (base / text).lexically_normal().string();
+    // A model named (smollm2-135m-instruct, ORG/NAME) rather than a folder beside the spec
+    // stays a name for resolve_models.
+    if (key->model_ref && !std::filesystem::is_directory(relative) && is_model_name(text)) continue;
+    value = relative;
+  }
+}
+
+// Every model key's reference to the directory it names (core/model_ref.h), before the
+// rules run, so that inherited models (ref.model from actor.model) and comparisons between
+// them see directories. One that resolves nowhere stays as written: missing_inputs() reports
+// it with the places looked in when files are checked (rlhf run, validate without
+// --no-files).
+void resolve_models(SpecCheck& v, const SpecSchema& schema) {
+  for (const auto& key : schema.keys()) {
+    if (!key.model_ref || v.bad_paths.count(key.path)) continue;
+    const std::string ref = v.str(key.path);
+    const auto found = resolve_model_ref(ref);
+    if (!found) continue;
+    if (found->path != ref) v.set(key.path, found->path);
+    v.models[key.path] = *found;
   }
 }
 
@@ -171,9 +191,14 @@ JobSpec::Validated validate(const std::string& text, const std::string& source,
   resolve_paths(doc, "", base);
   for (const auto& o : overrides) apply_override(doc, o, v);
   check_keys(doc, "", v);
+  resolve_models(v, schema);
   check_cross_fields(v, schema);
   if (!v.problems.empty()) throw SpecError(source, v.problems);
-  return {std::move(v.resolved), std::move(v.warnings), std::move(v.notes), std::move(v.roles)};
+  for (const auto& [key, model] : v.models)
+    if (model.found_in != "directory" && model.found_in != "preset")
+      v.notes.push_back(model.describe(key));
+  return {std::move(v.resolved), std::move(v.warnings), std::move(v.notes), std::move(v.roles),
+          std::move(v.models)};
 }
 
 }  // namespace
@@ -202,7 +227,8 @@ JobSpec::JobSpec(std::string source, Validated validated)
       resolved_(std::move(validated.resolved)),
       warnings_(std::move(validated.warnings)),
       notes_(std::move(validated.notes)),
-      roles_(std::move(validated.roles)) {}
+      roles_(std::move(validated.roles)),
+      models_(std::move(validated.models)) {}
 
 nlohmann::json JobSpec::minimal_json() const {
   nlohmann::json out = nlohmann::json::object();
@@ -360,6 +386,15 @@ std::vector<SpecProblem> missing_inputs(const JobSpec& spec) {
       out.push_back({path, dir + " is an architecture without weights: rlhf plan and rlhf "
                                  "validate --no-files size the job with it; a run needs a model "
                                  "directory"});
+      continue;
+    }
+    // A name (smollm2-135m-instruct, ORG/NAME[@REVISION]) that resolved nowhere: every place
+    // looked in.
+    std::vector<std::string> looked;
+    if (!resolve_model_ref(dir, &looked) && looked.size() > 1) {
+      std::string places;
+      for (const auto& l : looked) places += (places.empty() ? "" : "; ") + l;
+      out.push_back({path, "model \"" + dir + "\" not found (looked in: " + places + ")"});
       continue;
     }
     // A random test model is a useful hint for runs/models/tiny, not for a path that names

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/errors.h"
+#include "core/model_ref.h"
 
 namespace rlhf {
 
@@ -69,6 +71,9 @@ class JobSpec {
   // What automatic defaults resolved to (e.g. "compute dtype (auto): actor fp32, ..."), for
   // the console at start-up.
   const std::vector<std::string>& notes() const { return notes_; }
+  // Where each set model key's reference was found ("actor.model" -> its directory, and the
+  // Hub revision): what plan.json and a run's first lines record.
+  const std::map<std::string, ModelSource>& models() const { return models_; }
   JobKind kind() const;
   // Roles whose workers this job starts (depends on kind, estimator, reward source, loss),
   // as the section that runs the job's kind answered (SpecSection::roles).
@@ -91,6 +96,7 @@ class JobSpec {
     std::vector<std::string> warnings;
     std::vector<std::string> notes;
     RoleUse roles;
+    std::map<std::string, ModelSource> models;
   };
 
  private:
@@ -101,6 +107,7 @@ class JobSpec {
   std::vector<std::string> warnings_;
   std::vector<std::string> notes_;
   RoleUse roles_;
+  std::map<std::string, ModelSource> models_;
 };
 
 }  // namespace rlhf

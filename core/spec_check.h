@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/model_ref.h"
 #include "core/spec.h"
 #include "core/spec_schema.h"
 
@@ -29,7 +30,8 @@ class SpecCheck {
   std::vector<std::string> notes;    // what defaults resolved to (e.g. dtype auto), for the console
   std::set<std::string> user_paths;  // keys the user set (in the file or with --set)
   RoleUse roles;                     // set before the sections' `rules` run
-  std::map<std::string, int64_t> group;  // workers per used role, after device placement
+  std::map<std::string, int64_t> group;       // workers per used role, after device placement
+  std::map<std::string, ModelSource> models;  // each model key's resolved reference
 
   void problem(const std::string& path, const std::string& message);
   // True when none of `paths` had a problem of its own.

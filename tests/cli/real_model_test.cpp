@@ -85,6 +85,46 @@ class RealModel : public ::testing::Test {
 std::string RealModel::model_, RealModel::ref_, RealModel::error_;
 json RealModel::reference_;
 
+// The model by its names (core/model_ref.h): the directory, the name scripts/get-model makes
+// it under, and, after `get-model --hf-cache`, its Hub name in a Hub cache, which transformers
+// reads offline too. All give the same log-probs (the same files); transformers' sum of the
+// same tokens' log-probs is within 1e-4 of rlhf's (FP32).
+TEST_F(RealModel, ItsDirectoryItsNameAndItsHubNameAreTheSameFiles) {
+  const std::string hf_home = ref_ + ".hf-home";
+  fs::remove_all(hf_home);
+  const std::string env = "HF_HOME='" + hf_home + "' HF_HUB_OFFLINE=1 ";
+  const auto [made, status] = shell(env + std::string(RLHF_SOURCE_DIR) +
+                                    "/scripts/get-model smollm2-135m-instruct --hf-cache 2>&1");
+  ASSERT_EQ(status, 0) << made;
+  const std::string text = "--text 'The capital of France is' --dtype fp32 2>/dev/null";
+  auto logprobs = [&](const std::string& model) {
+    return shell(env + "'" + std::string(RLHF_CLI_PATH) + "' logprobs --model " + model + " " +
+                 text);
+  };
+  const auto by_dir = logprobs("'" + model_ + "'");
+  ASSERT_EQ(by_dir.second, 0);
+  // The rlhf cache scripts/get-model used (its default, or RLHF_MODEL_CACHE as set here).
+  EXPECT_EQ(logprobs("smollm2-135m-instruct"), by_dir);
+  EXPECT_EQ(logprobs("HuggingFaceTB/SmolLM2-135M-Instruct"), by_dir);
+  const auto ours = json::parse(by_dir.first);
+  const auto [hf, hf_status] =
+      shell(env + "'" + std::string(RLHF_PYTHON) +
+            "' -c \"import torch, transformers as t; n='HuggingFaceTB/SmolLM2-135M-Instruct'; "
+            "tok=t.AutoTokenizer.from_pretrained(n); "
+            "m=t.AutoModelForCausalLM.from_pretrained(n, dtype=torch.float32); "
+            "ids=tok('The capital of France is', return_tensors='pt').input_ids; "
+            "lp=torch.log_softmax(m(ids).logits[0,:-1].float(),-1).gather(-1,ids[0,1:,None]); "
+            "print(ids[0].tolist()); print(lp.sum().item())\" 2>/dev/null");
+  ASSERT_EQ(hf_status, 0) << hf;
+  std::istringstream lines(hf);
+  std::string ids, sum;
+  std::getline(lines, ids);
+  std::getline(lines, sum);
+  EXPECT_EQ(json::parse(ids), ours["input_ids"]);
+  EXPECT_NEAR(std::stod(sum), ours["sum"].get<double>(), 1e-4);
+  fs::remove_all(hf_home);
+}
+
 TEST_F(RealModel, ChatTemplateTokensEqualApplyChatTemplate) {
   // SmolLM2's ChatML template, with its default system prompt where a chat has none.
   const auto r = run_cli({"tokenize", "--tokenizer", model_, "--input", ref_ + "/chats.jsonl",

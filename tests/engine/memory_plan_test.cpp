@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -853,3 +854,41 @@ TEST(MemoryCheck, PairsPlannedAndMeasuredTrackedBytesPerPhase) {
 }
 
 }  // namespace
+
+// plan.json records which files each role's model is: the reference as written, the
+// directory and the Hub revision it resolved to (issue 46), for inherited models too.
+TEST(RunPlan, RecordsEachRoleModelsResolvedDirectoryAndRevision) {
+  const fs::path root =
+      fs::temp_directory_path() / ("rlhf-plan-models-" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const fs::path snapshot = root / "hub" / "models--Org--Tiny" / "snapshots" / "abc123";
+  fs::create_directories(snapshot);
+  std::ofstream(snapshot / "config.json") << rlhf::models::preset_config("tiny").to_json_text();
+  fs::create_directories(root / "hub" / "models--Org--Tiny" / "refs");
+  std::ofstream(root / "hub" / "models--Org--Tiny" / "refs" / "main") << "abc123";
+  const char* old = std::getenv("HF_HUB_CACHE");
+  const std::string saved = old ? old : "";
+  ::setenv("HF_HUB_CACHE", (root / "hub").c_str(), 1);
+  const auto spec = rlhf::JobSpec::parse(
+      R"({"kind": "ppo", "actor": {"model": "Org/Tiny"}, "reward": {"rule": "letters"},
+          "algo": {"advantage": {"estimator": "group_norm"}},
+          "data": {"prompt_dataset": "synthetic:letters"}})",
+      "job.json", {"rollout.n_samples_per_prompt=2"});
+  write_run_plan(spec, (root / "run").string());
+  if (old)
+    ::setenv("HF_HUB_CACHE", saved.c_str(), 1);
+  else
+    ::unsetenv("HF_HUB_CACHE");
+  std::ifstream in(root / "run" / "plan.json");
+  const auto plan = nlohmann::json::parse(in);
+  for (const char* key : {"actor.model", "ref.model", "rollout.model"}) {
+    ASSERT_TRUE(plan["models"].contains(key)) << plan["models"].dump();
+    const auto& m = plan["models"][key];
+    EXPECT_EQ(m["ref"], "Org/Tiny") << key;
+    EXPECT_EQ(m["path"], snapshot.string()) << key;
+    EXPECT_EQ(m["found_in"], "Hub cache") << key;
+    EXPECT_EQ(m["revision"], "abc123") << key;
+  }
+  EXPECT_TRUE(plan.contains("memory")) << plan.dump();  // the model's config.json was read
+  fs::remove_all(root);
+}
