@@ -93,38 +93,35 @@ void announce_resume(const JobSpec& spec, const engine::DriverState& from) {
 // ended, its exit code when a worker failed (1) or a signal stopped it (128 + signal).
 int supervise(Scheduler& scheduler, JobDriver& driver, const JobSpec& spec,
               const std::vector<std::string>& sets, bool smoke) {
-  // Rendezvous files of the collective groups (<run_dir>/stores) mean nothing once the
-  // workers are gone.
-  const auto remove_stores = [&] {
+  // Stops the progress line and every worker; the rendezvous files of the collective groups
+  // (<run_dir>/stores) mean nothing once the workers are gone.
+  const auto stop_all = [&] {
+    scheduler.progress().end();
+    scheduler.shutdown();
     std::error_code ec;
     fs::remove_all(fs::path(scheduler.config().run_dir) / "stores", ec);
+  };
+  const auto say_resume = [&] {
+    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, sets) << '\n';
   };
   try {
     scheduler.start();
     driver(scheduler, std::cout);
-    scheduler.progress().end();
-    scheduler.shutdown();
+    stop_all();
   } catch (const WorkerFailure& e) {
-    scheduler.progress().end();
-    scheduler.shutdown();
-    remove_stores();
+    stop_all();
     std::cerr << "rlhf run: job failed: " << e.what() << "rlhf run: stopped every other worker\n";
-    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, sets) << '\n';
+    say_resume();
     return static_cast<int>(ExitCode::kRuntime);
   } catch (const JobInterrupted& e) {
-    scheduler.progress().end();
-    scheduler.shutdown();
-    remove_stores();
+    stop_all();
     std::cerr << "rlhf run: " << e.what() << "rlhf run: every worker stopped\n";
-    if (!smoke) std::cerr << "rlhf run: " << resume_hint(spec, sets) << '\n';
+    say_resume();
     return 128 + e.signal();  // 130 for SIGINT, 143 for SIGTERM, as shells report
   } catch (...) {  // bad input found by a worker (exit 2), a driver error (exit 1): main reports
-    scheduler.progress().end();
-    scheduler.shutdown();
-    remove_stores();
+    stop_all();
     throw;
   }
-  remove_stores();
   return 0;
 }
 
