@@ -6,12 +6,14 @@
 #include <algorithm>
 
 #include "models/decoder_layer.h"
+#include "models/layer_spec.h"
 
 namespace rlhf::models {
 
 // Bytes autograd keeps for backward in one decoder layer (models/decoder_layer.cpp), for
 // B sequences of T tokens with e-byte activations:
-//   two RMSNorms: the FP32 copy of x and the e-dtype normalized output (4H + eH each);
+//   two RMSNorms (four with Gemma's sandwich norms): the FP32 copy of x and the e-dtype
+//     normalized output (4H + eH each);
 //   attention: q, rotate_half(q), rotated q, k, rotate_half(k), the K^T copy matmul makes,
 //     V (repeated to the query heads), the attention output before o_proj: 6 q + 2 kv;
 //   softmax: its FP32 output and the e-dtype probs PV reads: (4 + e) x heads x T x T;
@@ -19,20 +21,26 @@ namespace rlhf::models {
 int64_t layer_saved_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e) {
   const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
                 kv = c.num_key_value_heads * c.head_dim;
-  const int64_t per_token = 2 * (4 * H + e * H) + e * (6 * q + 2 * kv) + e * 4 * I;
+  const int64_t norms = layer_spec(c, 0).sandwich_norms ? 4 : 2;
+  const int64_t per_token = norms * (4 * H + e * H) + e * (6 * q + 2 * kv) + e * 4 * I;
   return B * T * per_token + B * c.num_attention_heads * T * T * (4 + e);
 }
 
 // Tensors every layer shares in one forward: the FP32 additive mask [B, 1, T, T] and the
-// rotary tables cos, sin [B, T, D].
+// rotary tables cos, sin [B, T, D]; twice over for a model with local layers (their own
+// mask and tables: models::LayerInputs).
 namespace {
 
 int64_t div_up(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+int64_t attention_patterns(const models::ModelConfig& c) {
+  return models::has_local_layers(c) ? 2 : 1;
+}
+
 int64_t shared_forward_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e) {
-  return 4 * B * T * T + 2 * B * T * c.head_dim * e;
+  return attention_patterns(c) * (4 * B * T * T + 2 * B * T * c.head_dim * e);
 }
 
 // On a GPU the layers of a forward without a cache share what selects the attended keys: a
@@ -42,9 +50,10 @@ int64_t shared_forward_bytes(const models::ModelConfig& c, int64_t B, int64_t T,
 // over a KV cache (the rollout's prefill) always has the mask. (From the code; not yet
 // checked against the allocator on a GPU.)
 int64_t gpu_mask_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e, bool cached) {
-  const bool varlen = !cached && e == 2 && c.head_dim % 8 == 0 && c.head_dim <= 256 &&
-                      (c.sliding_window <= 0 || c.sliding_window >= T);
-  return varlen ? 8 * B * T : B * T * T;
+  const int64_t window = models::shortest_window(c);
+  const bool varlen =
+      !cached && e == 2 && c.head_dim % 8 == 0 && c.head_dim <= 256 && (window <= 0 || window >= T);
+  return varlen ? 8 * B * T : attention_patterns(c) * B * T * T;
 }
 
 }  // namespace
@@ -61,7 +70,8 @@ int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int6
   const int64_t mlp_tokens = std::min(B * T, kInferenceMlpChunkTokens);
   const int64_t hidden = (B * T * 4 * c.hidden_size + mlp_tokens * 3 * c.intermediate_size) * e;
   if (kind == DeviceKind::kCuda)
-    return gpu_mask_bytes(c, B, T, e, cached) + 2 * B * T * c.head_dim * e + hidden;
+    return gpu_mask_bytes(c, B, T, e, cached) + attention_patterns(c) * 2 * B * T * c.head_dim * e +
+           hidden;
   const int64_t attention = B * c.num_attention_heads * T * T * (2 * e + 8);
   return shared_forward_bytes(c, B, T, e) + attention + hidden;
 }
@@ -86,7 +96,8 @@ int64_t training_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64
                         (fused ? scores * (4 + e) - 4 * B * c.num_attention_heads * T : 0);
   const int64_t in_flight = layer + (fused ? 0 : scores * (8 + 2 * e));
   const int64_t head_norm = B * T * (4 + e) * c.hidden_size;
-  const int64_t shared = (fused ? gpu_mask_bytes(c, B, T, e, false) + 2 * B * T * c.head_dim * e
+  const int64_t shared = (fused ? gpu_mask_bytes(c, B, T, e, false) +
+                                      attention_patterns(c) * 2 * B * T * c.head_dim * e
                                 : shared_forward_bytes(c, B, T, e)) +
                          head_norm;
   if (!checkpointing) return c.num_hidden_layers * layer + in_flight + shared;

@@ -7,12 +7,14 @@
 #include <ATen/Context.h>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
 
 #include "core/errors.h"
 #include "core/text.h"
+#include "models/family.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
 #include "models/paged_kv_cache.h"
@@ -195,6 +197,9 @@ CausalLM::CausalLM(ModelConfig config, Materialize how, TensorParallel tp)
   }
   shard_config_ = tensor_parallel_shard_config(config_, tp_.size);
   const ModelConfig& c = config_;
+  const ModelFamily& family = model_family(c.model_type, "CausalLM");
+  has_local_ = has_local_layers(c);
+  if (family.scale_embeddings) embed_scale_ = std::sqrt(static_cast<double>(c.hidden_size));
   const int64_t vocab = c.vocab_size / tp_.size;  // this rank's rows (vocab-parallel)
   auto stack = register_module("model", std::make_shared<torch::nn::Module>());
   // As HF: the padding row of the embedding gets no gradient.
@@ -206,8 +211,9 @@ CausalLM::CausalLM(ModelConfig config, Materialize how, TensorParallel tp)
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     layers->push_back(
         std::make_shared<DecoderLayerImpl>(shard_config_, layer_spec(c, i), how, &tp_));
-  norm = stack->register_module("norm",
-                                std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
+  norm = stack->register_module(
+      "norm",
+      std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how, family.norm_unit_offset));
   if (c.head == HeadKind::kValue) {
     value_head = register_module(c.value_head_prefix, Linear(c.hidden_size, 1, false, how));
   } else if (!c.tie_word_embeddings) {
@@ -232,10 +238,13 @@ void CausalLM::init_weights(uint64_t seed) {
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(seed);
   const std::string value_name = config_.value_head_prefix + ".weight";
+  // Gemma's norms scale by (1 + weight): HF starts their weights at 0, Llama's at 1.
+  const double norm_init =
+      model_family(config_.model_type, "CausalLM").norm_unit_offset ? 0.0 : 1.0;
   // In HF order by HF name, so a fused model draws the same values as an unfused one.
   for (auto& [name, t] : state_tensors()) {
     if (ends_with(name, "norm.weight")) {
-      t.fill_(1.0);
+      t.fill_(norm_init);
     } else if (ends_with(name, ".bias")) {
       t.zero_();
     } else if (config_.head == HeadKind::kValue && name == value_name) {
@@ -253,7 +262,8 @@ bool CausalLM::uses_varlen_attention(int64_t T) const {
   const auto dtype = embed_tokens->weight.scalar_type();
   return varlen_attention_ && embed_tokens->weight.is_cuda() &&
          (dtype == torch::kBFloat16 || dtype == torch::kHalf) && config_.head_dim % 8 == 0 &&
-         config_.head_dim <= 256 && (config_.sliding_window <= 0 || config_.sliding_window >= T);
+         config_.head_dim <= 256 &&
+         (shortest_window(config_) <= 0 || shortest_window(config_) >= T);
 }
 
 torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,
@@ -288,14 +298,22 @@ torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, const torch::Ten
   TORCH_CHECK(pos.sizes() == input_ids.sizes(),
               "CausalLM::forward: position_ids must be [B, T] like input_ids, got ", pos.sizes());
 
-  AttentionInputs in;
-  set_attention_mask(in, mask, past, T, config_.sliding_window,
+  LayerInputs in;
+  set_attention_mask(in.global, mask, past, T, config_.sliding_window,
                      /*known_plain=*/!attention_mask.defined());
-  if (in.mask && !cache && uses_varlen_attention(T)) {
+  if (has_local_) {
+    in.local.emplace();
+    set_attention_mask(*in.local, mask, past, T, config_.local_window,
+                       /*known_plain=*/!attention_mask.defined());
+  }
+  if (in.global.mask && !cache && uses_varlen_attention(T)) {
     auto segments = varlen_segments(mask, input_ids.device());
-    if (segments.max_len > 0) {
-      in.varlen = std::move(segments);
-      in.mask = std::nullopt;
+    if (segments.max_len > 0) {  // every window covers T: the local layers attend alike
+      for (AttentionInputs* each : {&in.global, in.local ? &*in.local : nullptr}) {
+        if (!each) continue;
+        each->varlen = segments;
+        each->mask = std::nullopt;
+      }
     }
   }
   auto h = run_stack(input_ids, pos, in, cache);
@@ -310,25 +328,34 @@ torch::Tensor CausalLM::forward(const torch::Tensor& input_ids, PagedKvCache& ca
   TORCH_CHECK(cache.positions().sizes() == input_ids.sizes(),
               "CausalLM::forward: the paged cache planned ", cache.positions().sizes(),
               " positions, got input_ids ", input_ids.sizes());
-  AttentionInputs in;
-  cache.attention(in);
+  LayerInputs in;
+  cache.attention(in.global, config_.sliding_window);
+  if (has_local_) {
+    in.local.emplace();
+    cache.attention(*in.local, config_.local_window);
+  }
   auto h = run_stack(input_ids, cache.positions(), in, &cache);
   cache.finish_step();
   return h;
 }
 
 torch::Tensor CausalLM::run_stack(const torch::Tensor& input_ids, const torch::Tensor& pos,
-                                  AttentionInputs& in, KvStore* cache) {
+                                  LayerInputs& in, KvStore* cache) {
   before(0);
   torch::Tensor h = tp_.enabled() ? tensor_parallel_embedding(tp_, embed_tokens->weight, input_ids)
                                   : embed_tokens->forward(input_ids);  // [B, T, H]
+  // Gemma3TextScaledWordEmbedding: times sqrt(H) rounded to the weights' dtype.
+  if (embed_scale_ > 0) h = h * torch::scalar_tensor(embed_scale_, h.options());
   after(0);
-  if (!inv_freq_.defined() || inv_freq_.device() != pos.device())
+  if (!inv_freq_.defined() || inv_freq_.device() != pos.device()) {
     inv_freq_ = inverse_frequencies(config_).to(pos.device());
-  rotary_tables(inv_freq_, pos, h.scalar_type(), in.cos, in.sin);
+    if (has_local_) inv_freq_local_ = inverse_frequencies(config_, /*local=*/true).to(pos.device());
+  }
+  rotary_tables(inv_freq_, pos, h.scalar_type(), in.global.cos, in.global.sin);
+  if (in.local) rotary_tables(inv_freq_local_, pos, h.scalar_type(), in.local->cos, in.local->sin);
   for (int64_t i = 0; i < num_layers(); ++i) {
     before(static_cast<int>(i) + 1);
-    h = run_layer(i, h, in, cache);
+    h = run_layer(i, h, in.of(layers->ptr(i)->as<DecoderLayerImpl>()->spec()), cache);
     after(static_cast<int>(i) + 1);
   }
   const int head_unit = static_cast<int>(num_layers()) + 1;

@@ -176,9 +176,10 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
                           KvStore* cache);
   // Whether a forward of T positions without a cache takes the varlen path.
   bool uses_varlen_attention(int64_t T) const;
-  // Embedding, rotary tables for `pos`, the layers and the final norm (the mask is in `in`).
-  torch::Tensor run_stack(const torch::Tensor& input_ids, const torch::Tensor& pos,
-                          AttentionInputs& in, KvStore* cache);
+  // Embedding, rotary tables for `pos`, the layers and the final norm (the masks are in `in`;
+  // in.local is set exactly when the model has local layers).
+  torch::Tensor run_stack(const torch::Tensor& input_ids, const torch::Tensor& pos, LayerInputs& in,
+                          KvStore* cache);
   void before(int unit) {
     if (hooks_) hooks_->before_forward(unit);
   }
@@ -194,8 +195,11 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   bool varlen_attention_ = true;
   int64_t logits_chunk_tokens_ = kDefaultLogitsChunkTokens;
   LayerHooks* hooks_ = nullptr;
-  torch::Tensor inv_freq_;  // RoPE's inverse frequencies on the device of the last forward
-  bool fused_ = false;      // fuse_projections() ran
+  torch::Tensor inv_freq_;        // RoPE's inverse frequencies on the device of the last forward
+  torch::Tensor inv_freq_local_;  // the local layers' (has_local_)
+  bool has_local_ = false;        // some layer attends through the local pattern
+  double embed_scale_ = 0;        // the embedding's output times this (0: not scaled)
+  bool fused_ = false;            // fuse_projections() ran
 };
 
 // A fresh value head, [1, H] FP32: normal(0, 1 / (H + 1)) as OpenRLHF's critic init, from

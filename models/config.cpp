@@ -30,42 +30,27 @@ int64_t token_id(const json& j, const char* key) {
   return it->get<int64_t>();
 }
 
-// RoPE as transformers 5 reads it: "rope_parameters" (rope_type, rope_theta and the scaling
-// fields; what transformers 5 writes) or the older "rope_scaling" plus top-level
-// "rope_theta". A non-empty rope_scaling wins over rope_parameters, and a rope_theta inside
-// the dict over the top-level one (transformers' convert_rope_params_to_dict). Sets
-// c.rope_theta and c.rope_scaling; needs c.max_position_embeddings. What rlhf does not
-// implement (other RoPE types, per-layer-type parameters, partial rotary) is an InputError
-// naming the key.
-void parse_rope(const json& j, ModelConfig& c, const std::string& source) {
-  std::string key = "rope_parameters";
-  json params = json::object();
-  for (const char* k : {"rope_scaling", "rope_parameters"}) {
-    auto it = j.find(k);
-    if (it == j.end() || it->is_null()) continue;
-    if (!it->is_object()) throw InputError(source + ": " + k + " must be an object or null");
-    if (it->empty()) continue;
-    params = *it;
-    key = k;
-    break;
-  }
-  const std::string where = source + ": " + key;
+}  // namespace
+
+namespace config_json {
+
+void read_rope(const json& top, const json& params, const std::string& where, double default_theta,
+               int64_t max_positions, double& theta, RopeScaling& r) {
   for (const auto& [name, value] : params.items()) {
     if (value.is_object())
       throw InputError(where + " holds per-layer-type parameters (\"" + name +
                        "\": {...}); only one RoPE for every layer is supported");
   }
-  c.rope_theta =
-      get_or<double>(params, "rope_theta", get_or<double>(j, "rope_theta", 10000.0, source), where);
+  theta = get_or<double>(params, "rope_theta",
+                         get_or<double>(top, "rope_theta", default_theta, where), where);
   const double partial =
       get_or<double>(params, "partial_rotary_factor",
-                     get_or<double>(j, "partial_rotary_factor", 1.0, source), where);
+                     get_or<double>(top, "partial_rotary_factor", 1.0, where), where);
   if (partial != 1.0)
-    throw InputError(source + ": partial_rotary_factor " + json(partial).dump() +
+    throw InputError(where + ": partial_rotary_factor " + json(partial).dump() +
                      " is not supported (rotary embeddings cover the whole head_dim)");
   const std::string type = get_or<std::string>(
       params, "rope_type", get_or<std::string>(params, "type", "default", where), where);
-  RopeScaling& r = c.rope_scaling;
   r = RopeScaling{};
   if (type == "default") return;
   if (type == "linear") {
@@ -78,11 +63,9 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& source) {
     r.high_freq_factor = require<double>(params, "high_freq_factor", where);
     // transformers: a top-level original_max_position_embeddings wins, then the dict's,
     // then max_position_embeddings.
-    r.original_max_position_embeddings =
-        get_or<int64_t>(j, "original_max_position_embeddings",
-                        get_or<int64_t>(params, "original_max_position_embeddings",
-                                        c.max_position_embeddings, where),
-                        source);
+    r.original_max_position_embeddings = get_or<int64_t>(
+        top, "original_max_position_embeddings",
+        get_or<int64_t>(params, "original_max_position_embeddings", max_positions, where), where);
     if (r.high_freq_factor <= r.low_freq_factor)
       throw InputError(where + ": high_freq_factor must exceed low_freq_factor");
   } else {
@@ -91,22 +74,63 @@ void parse_rope(const json& j, ModelConfig& c, const std::string& source) {
   }
 }
 
+json rope_json(double theta, const RopeScaling& r) {
+  json rope = {{"rope_type", "default"}};
+  if (r.type == RopeScalingType::kLinear) {
+    rope = {{"rope_type", "linear"}, {"factor", r.factor}};
+  } else if (r.type == RopeScalingType::kLlama3) {
+    rope = {{"rope_type", "llama3"},
+            {"factor", r.factor},
+            {"low_freq_factor", r.low_freq_factor},
+            {"high_freq_factor", r.high_freq_factor},
+            {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  }
+  rope["rope_theta"] = theta;
+  return rope;
+}
+
+}  // namespace config_json
+
+namespace {
+
+// RoPE as transformers 5 reads it: "rope_parameters" (rope_type, rope_theta and the scaling
+// fields; what transformers 5 writes) or the older "rope_scaling" plus top-level
+// "rope_theta". A non-empty rope_scaling wins over rope_parameters, and a rope_theta inside
+// the dict over the top-level one (transformers' convert_rope_params_to_dict). Sets
+// c.rope_theta and c.rope_scaling; needs c.max_position_embeddings. A family with RoPE of
+// its own (ModelFamily::read_rope) reads it instead.
+void parse_rope(const json& j, ModelConfig& c, const std::string& source) {
+  std::string key = "rope_parameters";
+  json params = json::object();
+  for (const char* k : {"rope_scaling", "rope_parameters"}) {
+    auto it = j.find(k);
+    if (it == j.end() || it->is_null()) continue;
+    if (!it->is_object()) throw InputError(source + ": " + k + " must be an object or null");
+    if (it->empty()) continue;
+    params = *it;
+    key = k;
+    break;
+  }
+  config_json::read_rope(j, params, source + ": " + key, 10000.0, c.max_position_embeddings,
+                         c.rope_theta, c.rope_scaling);
+}
+
 void parse_architectures(const json& j, ModelConfig& c, const ModelFamily& family,
                          const std::string& source) {
   c.architectures = get_or<std::vector<std::string>>(j, "architectures", {}, source);
-  const std::string& prefix = family.class_prefix;
+  const std::string lm_class = family.causal_lm_class();
+  const std::string value_class = family.value_model_class();
   c.head = HeadKind::kLanguageModel;
   for (const auto& a : c.architectures) {
-    if (a == prefix + "ForCausalLM") continue;
-    if (a == prefix + "ForSequenceClassification") {
+    if (a == lm_class) continue;
+    if (a == value_class) {
       c.head = HeadKind::kValue;
       continue;
     }
     throw InputError(source + ": architecture \"" + a + "\" is not supported for model_type \"" +
-                     c.model_type + "\" (supported: " + prefix + "ForCausalLM, " + prefix +
-                     "ForSequenceClassification)");
+                     c.model_type + "\" (supported: " + lm_class + ", " + value_class + ")");
   }
-  if (c.architectures.empty()) c.architectures = {prefix + "ForCausalLM"};
+  if (c.architectures.empty()) c.architectures = {lm_class};
   if (j.contains("value_head_prefix")) {
     c.value_head_prefix = get_or<std::string>(j, "value_head_prefix", "score", source);
     c.head = HeadKind::kValue;
@@ -136,7 +160,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   const ModelFamily& family = model_family(c.model_type, source);
   parse_architectures(j, c, family, source);
   const std::string act = get_or<std::string>(j, "hidden_act", "silu", source);
-  if (act != "silu" && act != "swish")
+  if (!family.own_activation && act != "silu" && act != "swish")
     throw InputError(source + ": hidden_act \"" + act + "\" is not supported (supported: silu)");
   c.hidden_size = require<int64_t>(j, "hidden_size", source);
   c.intermediate_size = require<int64_t>(j, "intermediate_size", source);
@@ -149,7 +173,10 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       j, "head_dim", c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0, source);
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6, source);
   c.max_position_embeddings = get_or<int64_t>(j, "max_position_embeddings", 2048, source);
-  parse_rope(j, c, source);
+  if (family.read_rope)
+    family.read_rope(j, c, source);
+  else
+    parse_rope(j, c, source);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false, source);
   c.initializer_range = get_or<double>(j, "initializer_range", 0.02, source);
   // transformers 5 writes "dtype" and prefers it over the older "torch_dtype".
@@ -207,10 +234,9 @@ void ModelConfig::validate(const std::string& source) const {
 std::string ModelConfig::to_json_text() const {
   json j = original_json.empty() ? json::object() : json::parse(original_json);
   const ModelFamily& family = model_family(model_type, "model config");
-  const std::string& prefix = family.class_prefix;
   j["model_type"] = model_type;
-  j["architectures"] = {prefix +
-                        (head == HeadKind::kValue ? "ForSequenceClassification" : "ForCausalLM")};
+  j["architectures"] = {head == HeadKind::kValue ? family.value_model_class()
+                                                 : family.causal_lm_class()};
   j["hidden_act"] = "silu";
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -221,19 +247,14 @@ std::string ModelConfig::to_json_text() const {
   j["rms_norm_eps"] = rms_norm_eps;
   // RoPE in both forms: rope_parameters for transformers 5, rope_theta + rope_scaling for
   // older versions (transformers 5 reads rope_scaling first, so both say the same).
-  json rope = {{"rope_type", "default"}};
-  if (rope_scaling.type == RopeScalingType::kLinear) {
-    rope = {{"rope_type", "linear"}, {"factor", rope_scaling.factor}};
-  } else if (rope_scaling.type == RopeScalingType::kLlama3) {
-    rope = {{"rope_type", "llama3"},
-            {"factor", rope_scaling.factor},
-            {"low_freq_factor", rope_scaling.low_freq_factor},
-            {"high_freq_factor", rope_scaling.high_freq_factor},
-            {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
-  }
+  json rope = config_json::rope_json(rope_theta, rope_scaling);
   j["rope_theta"] = rope_theta;
-  j["rope_scaling"] = rope_scaling.type == RopeScalingType::kNone ? json(nullptr) : rope;
-  rope["rope_theta"] = rope_theta;
+  if (rope_scaling.type == RopeScalingType::kNone) {
+    j["rope_scaling"] = nullptr;
+  } else {
+    j["rope_scaling"] = rope;
+    j["rope_scaling"].erase("rope_theta");
+  }
   j["rope_parameters"] = rope;
   j["max_position_embeddings"] = max_position_embeddings;
   j["vocab_size"] = vocab_size;
@@ -300,10 +321,22 @@ ModelConfig preset_config(const std::string& name) {
 }
 
 std::vector<std::string> architecture_names() {
-  return {"llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-32b", "mistral-7b"};
+  return {"llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-32b", "mistral-7b", "gemma-3-1b"};
 }
 
 ModelConfig architecture_config(const std::string& name) {
+  if (name == "gemma-3-1b") {  // google/gemma-3-1b-pt's config.json (its sizes and RoPE)
+    return ModelConfig::from_json_text(R"({"model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"], "hidden_size": 1152, "intermediate_size": 6912,
+        "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
+        "sliding_window_pattern": 6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "rope_scaling": null, "rms_norm_eps": 1e-06, "max_position_embeddings": 32768,
+        "vocab_size": 262144, "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": null, "final_logit_softcapping": null, "bos_token_id": 2,
+        "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "bfloat16"})",
+                                       "architecture " + name);
+  }
   ModelConfig c;
   c.torch_dtype = "bfloat16";
   c.tie_word_embeddings = false;

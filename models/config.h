@@ -28,7 +28,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3
+  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma3_text
   std::vector<std::string> architectures = {"LlamaForCausalLM"};
   int64_t hidden_size = 64;
   int64_t intermediate_size = 176;
@@ -47,6 +47,13 @@ struct ModelConfig {
   bool mlp_bias = false;
   bool qk_norm = false;        // qwen3 only: RMSNorm [head_dim] on each head's q and k before RoPE
   int64_t sliding_window = 0;  // 0: full attention (mistral may set a window)
+  // Layers of two kinds (gemma3_text): transformers' layer_types, one "sliding_attention" or
+  // "full_attention" per layer; the sliding layers attend within local_window keys with RoPE
+  // base rope_local_theta (LayerSpec::local_attention). Empty: every layer alike.
+  std::vector<std::string> layer_types;
+  int64_t local_window = 0;
+  double rope_local_theta = 10000.0;
+  double query_pre_attn_scalar = 0;  // gemma3_text: q.k scaled by its -0.5 power (0: head_dim)
   double initializer_range = 0.02;
   std::string torch_dtype = "bfloat16";
   int64_t bos_token_id = -1;  // -1: absent
@@ -78,7 +85,8 @@ ModelConfig preset_config(const std::string& name);  // throws InputError listin
 
 // Well-known architectures, as their HF config.json files give them, so a job can be sized
 // (rlhf plan, rlhf validate) before any weights are downloaded: "llama-3-8b", "llama-3-70b",
-// "qwen2.5-7b", "qwen2.5-32b", "mistral-7b" (v0.3). Shapes only: they have no weights.
+// "qwen2.5-7b", "qwen2.5-32b", "mistral-7b" (v0.3), "gemma-3-1b". Shapes only: they have no
+// weights.
 std::vector<std::string> architecture_names();
 ModelConfig architecture_config(const std::string& name);  // InputError listing the names
 

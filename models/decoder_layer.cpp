@@ -15,11 +15,12 @@
 namespace rlhf::models {
 
 // HF's inv_freq: 1 / theta^(2i/D), then the rope_scaling adjustment, all in FP32.
-torch::Tensor inverse_frequencies(const ModelConfig& c) {
+torch::Tensor inverse_frequencies(const ModelConfig& c, bool local) {
   const int64_t D = c.head_dim;
   auto exponents =
       torch::arange(0, D, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(D);
-  torch::Tensor inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  torch::Tensor inv_freq = 1.0 / torch::pow(local ? c.rope_local_theta : c.rope_theta, exponents);
+  if (local) return inv_freq;
   const RopeScaling& r = c.rope_scaling;
   if (r.type == RopeScalingType::kLinear) return inv_freq / r.factor;
   if (r.type != RopeScalingType::kLlama3) return inv_freq;
@@ -49,14 +50,14 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 // D], flash attention's varlen kernel (grouped-query heads as they are; autograd has its
 // backward), scattered back to [B, heads, T, D] (zeros at padding).
 torch::Tensor attend_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                            const VarlenSegments& seg) {
+                            const VarlenSegments& seg, double scale) {
   const int64_t B = q.size(0), T = q.size(2), D = q.size(3);
   auto tokens = [&](const torch::Tensor& x) {  // [B, n, T, D] -> [N, n, D]
     return x.transpose(1, 2).reshape({B * T, x.size(1), D}).index_select(0, seg.token_index);
   };
   auto out = std::get<0>(at::_flash_attention_forward(
       tokens(q), tokens(k), tokens(v), seg.cu_seqlens, seg.cu_seqlens, seg.max_len, seg.max_len,
-      /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false));
+      /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale));
   return torch::zeros({B * T, q.size(1), D}, out.options())
       .index_copy(0, seg.token_index, out)
       .view({B, T, q.size(1), D})
@@ -64,10 +65,10 @@ torch::Tensor attend_varlen(const torch::Tensor& q, const torch::Tensor& k, cons
 }
 
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                     const AttentionInputs& in) {
-  if (in.varlen) return attend_varlen(q, k, v, *in.varlen);
+                     const AttentionInputs& in, double scale) {
+  if (in.varlen) return attend_varlen(q, k, v, *in.varlen, scale);
   const bool gqa = q.size(1) != k.size(1);
-  return at::scaled_dot_product_attention(q, k, v, in.mask, 0.0, in.causal, std::nullopt, gqa);
+  return at::scaled_dot_product_attention(q, k, v, in.mask, 0.0, in.causal, scale, gqa);
 }
 
 // projected [B, T, n D] (a projection's output, or its slice of a fused one) -> [B, n, T, D]:
@@ -206,20 +207,24 @@ void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask
   in.causal = false;
 }
 
-RMSNormImpl::RMSNormImpl(int64_t hidden, double eps, Materialize how) : eps_(eps) {
+RMSNormImpl::RMSNormImpl(int64_t hidden, double eps, Materialize how, bool unit_offset)
+    : eps_(eps), unit_offset_(unit_offset) {
   weight = register_parameter("weight", new_parameter({hidden}, how));
-  if (how == Materialize::kAllocate) weight.data().fill_(1.0);
+  if (how == Materialize::kAllocate) weight.data().fill_(unit_offset ? 0.0 : 1.0);
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // The rollout on a GPU in 16 bits: FlashInfer's one-kernel RMSNorm (kernels/; FP32 inside,
   // one rounding at the end where the torch path below rounds twice: within one ulp of it).
-  if (x.is_cuda() && x.scalar_type() != torch::kFloat32 && !torch::GradMode::is_enabled() &&
-      kernels::enabled_here()) {
+  if (!unit_offset_ && x.is_cuda() && x.scalar_type() != torch::kFloat32 &&
+      !torch::GradMode::is_enabled() && kernels::enabled_here()) {
     return kernels::rms_norm(x, weight, eps_);
   }
   auto xf = x.to(torch::kFloat32);
   auto variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  if (unit_offset_)  // Gemma3RMSNorm: (x_hat * (1 + w)) in FP32, then rounded
+    return (xf * torch::rsqrt(variance + eps_) * (1.0 + weight.to(torch::kFloat32)))
+        .to(x.scalar_type());
   return weight * (xf * torch::rsqrt(variance + eps_)).to(x.scalar_type());
 }
 
@@ -228,6 +233,8 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, const LayerSpec& spec, Materi
     : heads_(c.num_attention_heads),
       kv_heads_(c.num_key_value_heads),
       head_dim_(c.head_dim),
+      scale_(spec.attention_scale > 0 ? spec.attention_scale
+                                      : 1.0 / std::sqrt(static_cast<double>(c.head_dim))),
       tp_(tp) {
   const int64_t H = c.hidden_size;
   q_proj = register_module("q_proj", Linear(H, heads_ * head_dim_, spec.qkv_bias, how));
@@ -235,10 +242,10 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, const LayerSpec& spec, Materi
   v_proj = register_module("v_proj", Linear(H, kv_heads_ * head_dim_, spec.qkv_bias, how));
   o_proj = register_module("o_proj", Linear(heads_ * head_dim_, H, spec.o_proj_bias, how));
   if (spec.qk_norm) {
-    q_norm =
-        register_module("q_norm", std::make_shared<RMSNormImpl>(head_dim_, c.rms_norm_eps, how));
-    k_norm =
-        register_module("k_norm", std::make_shared<RMSNormImpl>(head_dim_, c.rms_norm_eps, how));
+    q_norm = register_module("q_norm", std::make_shared<RMSNormImpl>(head_dim_, c.rms_norm_eps, how,
+                                                                     spec.norm_unit_offset));
+    k_norm = register_module("k_norm", std::make_shared<RMSNormImpl>(head_dim_, c.rms_norm_eps, how,
+                                                                     spec.norm_unit_offset));
   }
 }
 
@@ -283,11 +290,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const AttentionInpu
   k = k * cos + rotate_half(k) * sin;
   torch::Tensor out;
   if (cache) {  // a paged decode step on a GPU attends in place, without gathering the blocks
-    out = cache->append_and_attend(layer_index, q, k, v,
-                                   1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    out = cache->append_and_attend(layer_index, q, k, v, scale_);
     if (!out.defined()) std::tie(k, v) = cache->append(layer_index, k, v);  // [B, kv, S, D]
   }
-  if (!out.defined()) out = attend(q, k, v, in);  // [B, nh, T, D]
+  if (!out.defined()) out = attend(q, k, v, in, scale_);  // [B, nh, T, D]
   return row_parallel(o_proj, out.transpose(1, 2).reshape({B, T, heads_ * head_dim_}), tp_);
 }
 
@@ -324,28 +330,34 @@ void AttentionImpl::to(torch::Device device, bool non_blocking) {
 
 MlpImpl::MlpImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
                  const TensorParallel* tp)
-    : tp_(tp) {
+    : tp_(tp), activation_(spec.activation) {
   const int64_t H = c.hidden_size, I = c.intermediate_size;
   gate_proj = register_module("gate_proj", Linear(H, I, spec.mlp_bias, how));
   up_proj = register_module("up_proj", Linear(H, I, spec.mlp_bias, how));
   down_proj = register_module("down_proj", Linear(I, H, spec.mlp_bias, how));
 }
 
+torch::Tensor MlpImpl::act(const torch::Tensor& gate) const {
+  if (activation_ == Activation::kGeluTanh) return torch::gelu(gate, "tanh");
+  return torch::silu(gate);
+}
+
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto mlp = [this](const torch::Tensor& in) {
     // The rollout on a GPU in 16 bits: the fused [gate | up] output straight into FlashInfer's
     // SiLU-and-mul (one kernel for silu, the product and the split).
-    if (fused() && gate_up_.plain() && in.is_cuda() && in.scalar_type() != torch::kFloat32 &&
-        !torch::GradMode::is_enabled() && kernels::enabled_here()) {
+    if (activation_ == Activation::kSilu && fused() && gate_up_.plain() && in.is_cuda() &&
+        in.scalar_type() != torch::kFloat32 && !torch::GradMode::is_enabled() &&
+        kernels::enabled_here()) {
       const auto& f = gate_up_.fused;
       return row_parallel(down_proj, kernels::silu_and_mul(at::linear(in, f->weight, f->bias)),
                           tp_);
     }
     if (fused()) {
       auto gate_up = gate_up_.forward(in);  // [..., I] each
-      return row_parallel(down_proj, torch::silu(gate_up[0]) * gate_up[1], tp_);
+      return row_parallel(down_proj, act(gate_up[0]) * gate_up[1], tp_);
     }
-    return row_parallel(down_proj, torch::silu(gate_proj->forward(in)) * up_proj->forward(in), tp_);
+    return row_parallel(down_proj, act(gate_proj->forward(in)) * up_proj->forward(in), tp_);
   };
   const int64_t H = x.size(-1), tokens = x.numel() / std::max<int64_t>(1, H);
   if (torch::GradMode::is_enabled() || tokens <= kInferenceMlpChunkTokens) return mlp(x);
@@ -381,18 +393,31 @@ void MlpImpl::to(torch::Device device, bool non_blocking) {
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
-                                   const TensorParallel* tp) {
+                                   const TensorParallel* tp)
+    : spec_(spec) {
   self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, spec, how, tp));
   mlp = register_module("mlp", std::make_shared<MlpImpl>(c, spec, how, tp));
-  input_layernorm = register_module(
-      "input_layernorm", std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm",
-                      std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how));
+  // In HF's order (Gemma3DecoderLayer registers its extra two norms last).
+  auto norm = [&](const char* name) {
+    return register_module(name, std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how,
+                                                               spec.norm_unit_offset));
+  };
+  input_layernorm = norm("input_layernorm");
+  post_attention_layernorm = norm("post_attention_layernorm");
+  if (spec.sandwich_norms) {
+    pre_feedforward_layernorm = norm("pre_feedforward_layernorm");
+    post_feedforward_layernorm = norm("post_feedforward_layernorm");
+  }
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionInputs& in,
                                         KvStore* cache, int64_t layer_index) {
+  if (spec_.sandwich_norms) {  // Gemma3DecoderLayer
+    auto h = x + post_attention_layernorm->forward(
+                     self_attn->forward(input_layernorm->forward(x), in, cache, layer_index));
+    return h +
+           post_feedforward_layernorm->forward(mlp->forward(pre_feedforward_layernorm->forward(h)));
+  }
   auto h = x + self_attn->forward(input_layernorm->forward(x), in, cache, layer_index);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }

@@ -51,8 +51,9 @@ struct AttentionInputs {
 };
 
 // RoPE's inverse frequencies [head_dim / 2] FP32 on the CPU, following HF's default, linear
-// and llama3 parameterisations.
-torch::Tensor inverse_frequencies(const ModelConfig& config);
+// and llama3 parameterisations; `local`: the local layers' (base rope_local_theta, default
+// RoPE; LayerSpec::local_attention).
+torch::Tensor inverse_frequencies(const ModelConfig& config, bool local = false);
 
 // Builds cos/sin for position_ids [B, T] (FP32 math, then cast to `dtype`) from
 // inv_freq (inverse_frequencies, on position_ids' device: a forward then copies nothing
@@ -77,14 +78,29 @@ torch::Tensor attention_mask_tensor(const torch::Tensor& attention_mask, int64_t
 void set_attention_mask(AttentionInputs& in, const torch::Tensor& attention_mask, int64_t past,
                         int64_t T, int64_t sliding_window, bool known_plain = false);
 
+// The attention inputs of one forward for each pattern its layers attend by: the config's
+// (`global`) and, for a model with local layers (LayerSpec::local_attention), `local`: its
+// window's mask and its own RoPE tables.
+struct LayerInputs {
+  AttentionInputs global;
+  std::optional<AttentionInputs> local;
+  const AttentionInputs& of(const LayerSpec& spec) const {
+    return spec.local_attention && local ? *local : global;
+  }
+};
+
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t hidden, double eps, Materialize how = Materialize::kAllocate);
+  // unit_offset: Gemma's norm, x_hat * (1 + weight) in FP32, then rounded; weights start at
+  // 0. Otherwise Llama's: round(x_hat) * weight, weights start at 1.
+  RMSNormImpl(int64_t hidden, double eps, Materialize how = Materialize::kAllocate,
+              bool unit_offset = false);
   torch::Tensor forward(const torch::Tensor& x);  // [..., H] -> [..., H], statistics in FP32
   torch::Tensor weight;                           // [H]
 
  private:
   double eps_;
+  bool unit_offset_;
 };
 
 // With a TensorParallel of size > 1 (the rollout's tensor parallelism), `config` is the
@@ -127,12 +143,13 @@ class AttentionImpl : public torch::nn::Module {
   void to(torch::Device device, bool non_blocking = false) override;
 
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  // spec.qk_norm (qwen3): RMSNorm weight [head_dim] on every q / k head before RoPE;
+  // spec.qk_norm (qwen3, gemma3): RMSNorm weight [head_dim] on every q / k head before RoPE;
   // null otherwise.
   std::shared_ptr<RMSNormImpl> q_norm, k_norm;
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  double scale_;  // q.k scale (LayerSpec::attention_scale)
   const TensorParallel* tp_;
   FusedParts qkv_;  // after fuse(): qkv_proj [(nh + 2 kv) D, H] and its parts q, k, v
 };
@@ -146,8 +163,8 @@ class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(const ModelConfig& config, const LayerSpec& spec, Materialize how,
           const TensorParallel* tp = nullptr);
-  // down(silu(gate(x)) * up(x)), [B, T, H]; in chunks of kInferenceMlpChunkTokens tokens
-  // when autograd is off.
+  // down(act(gate(x)) * up(x)), [B, T, H] (act: spec.activation); in chunks of
+  // kInferenceMlpChunkTokens tokens when autograd is off.
   torch::Tensor forward(const torch::Tensor& x);
   // Replaces gate/up_proj by one gate_up_proj [2 I, H] (see FusedParts); parameter order
   // becomes gate_up_proj, down_proj. Needs set (not deferred) weights; idempotent.
@@ -160,7 +177,9 @@ class MlpImpl : public torch::nn::Module {
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
+  torch::Tensor act(const torch::Tensor& gate) const;
   const TensorParallel* tp_;
+  Activation activation_;
   FusedParts gate_up_;  // after fuse(): gate_up_proj and its parts gate, up
 };
 
@@ -168,12 +187,20 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const ModelConfig& config, const LayerSpec& spec,
                    Materialize how = Materialize::kAllocate, const TensorParallel* tp = nullptr);
-  // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)).
+  // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)); with sandwich norms
+  // (Gemma) x + post_attention(attn(input(x))), then h + post_feedforward(mlp(
+  // pre_feedforward(h))).
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
                         int64_t layer_index);
+  const LayerSpec& spec() const { return spec_; }
   std::shared_ptr<AttentionImpl> self_attn;
   std::shared_ptr<MlpImpl> mlp;
   std::shared_ptr<RMSNormImpl> input_layernorm, post_attention_layernorm;
+  // spec.sandwich_norms only; null otherwise.
+  std::shared_ptr<RMSNormImpl> pre_feedforward_layernorm, post_feedforward_layernorm;
+
+ private:
+  LayerSpec spec_;
 };
 
 }  // namespace rlhf::models

@@ -11,8 +11,8 @@ namespace {
 const char* const kMoeModelTypes[] = {"qwen3_moe", "qwen2_moe", "mixtral"};
 
 const std::vector<const ModelFamily*>& families() {
-  static const std::vector<const ModelFamily*> all = {&llama_family(), &mistral_family(),
-                                                      &qwen2_family(), &qwen3_family()};
+  static const std::vector<const ModelFamily*> all = {
+      &llama_family(), &mistral_family(), &qwen2_family(), &qwen3_family(), &gemma3_family()};
   return all;
 }
 
@@ -44,11 +44,35 @@ std::vector<std::string> model_family_names() {
 }
 
 LayerSpec uniform_layer(const ModelConfig& c, int64_t /*layer*/) {
-  return LayerSpec{c.qkv_bias, c.o_proj_bias, c.mlp_bias, c.qk_norm};
+  LayerSpec spec;
+  spec.qkv_bias = c.qkv_bias;
+  spec.o_proj_bias = c.o_proj_bias;
+  spec.mlp_bias = c.mlp_bias;
+  spec.qk_norm = c.qk_norm;
+  return spec;
 }
 
 LayerSpec layer_spec(const ModelConfig& c, int64_t layer) {
   return model_family(c.model_type, "model config").layer(c, layer);
+}
+
+int64_t layer_window(const ModelConfig& c, int64_t layer) {
+  return layer_spec(c, layer).local_attention ? c.local_window : c.sliding_window;
+}
+
+bool has_local_layers(const ModelConfig& c) {
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (layer_spec(c, i).local_attention) return true;
+  return false;
+}
+
+int64_t shortest_window(const ModelConfig& c) {
+  int64_t shortest = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const int64_t w = layer_window(c, i);
+    if (w > 0 && (shortest == 0 || w < shortest)) shortest = w;
+  }
+  return shortest;
 }
 
 }  // namespace rlhf::models

@@ -2,13 +2,15 @@
 // of its own (models/families/NAME.cpp): the config.json fields it reads beyond the shared
 // ones (sizes, RoPE, token ids, dtype: models/config.cpp), what it writes back, its class
 // names, and what each decoder layer is made of (LayerSpec). Weight names are HF's Llama
-// names for every family here (models/param_layout.cpp lays them out from the LayerSpec).
+// names for every family here, plus Gemma's two extra norms (models/param_layout.cpp lays
+// them out from the LayerSpec).
 // A new dense family is a new file and one line in models/family.cpp.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/layer_spec.h"
@@ -18,6 +20,19 @@ namespace rlhf::models {
 struct ModelConfig;
 
 struct ModelFamily {
+  using ReadFn = void (*)(const nlohmann::json& j, ModelConfig& c, const std::string& source);
+  using WriteFn = void (*)(const ModelConfig& c, nlohmann::json& j);
+  using LayerFn = LayerSpec (*)(const ModelConfig& c, int64_t layer);
+  ModelFamily(std::string model_type, std::string class_prefix, std::string reference, bool qk_norm,
+              ReadFn read, WriteFn write, LayerFn layer)
+      : model_type(std::move(model_type)),
+        class_prefix(std::move(class_prefix)),
+        reference(std::move(reference)),
+        qk_norm(qk_norm),
+        read(read),
+        write(write),
+        layer(layer) {}
+
   std::string model_type;    // config.json's model_type: "llama"
   std::string class_prefix;  // transformers' <prefix>ForCausalLM / ForSequenceClassification
   std::string reference;     // the transformers config class whose fields these are
@@ -25,23 +40,41 @@ struct ModelFamily {
   bool qk_norm = false;
   // Its own config.json fields into c (the shared ones are read already; head_dim is there
   // with transformers' default hidden_size / num_attention_heads). InputError names the key.
-  void (*read)(const nlohmann::json& j, ModelConfig& c, const std::string& source) = nullptr;
+  ReadFn read = nullptr;
   // Its own fields back into j (the shared ones are written already).
-  void (*write)(const ModelConfig& c, nlohmann::json& j) = nullptr;
+  WriteFn write = nullptr;
   // Layer `layer` of a model of config c.
-  LayerSpec (*layer)(const ModelConfig& c, int64_t layer) = nullptr;
+  LayerFn layer = nullptr;
+  // Its RoPE fields (sets rope_theta, rope_scaling and any of its own), read instead of the
+  // shared reader; null: the shared one (one RoPE for every layer).
+  ReadFn read_rope = nullptr;
+  // The final norm scales by (1 + weight) like its layers' (LayerSpec::norm_unit_offset).
+  bool norm_unit_offset = false;
+  // The embedding's output is multiplied by sqrt(hidden_size), rounded to the compute dtype
+  // (Gemma's scaled word embedding).
+  bool scale_embeddings = false;
+  // It checks its activation key itself (the shared reader refuses any hidden_act but silu).
+  bool own_activation = false;
+  // Its value-model class, when not <class_prefix>ForSequenceClassification.
+  std::string value_class;
+
+  std::string causal_lm_class() const { return class_prefix + "ForCausalLM"; }
+  std::string value_model_class() const {
+    return value_class.empty() ? class_prefix + "ForSequenceClassification" : value_class;
+  }
 };
 
 // The family of `model_type`; InputError naming `source` for a mixture-of-experts type (not
 // supported yet) or an unknown one, listing the supported types.
 const ModelFamily& model_family(const std::string& model_type, const std::string& source);
-std::vector<std::string> model_family_names();  // "llama", "mistral", "qwen2", "qwen3"
+std::vector<std::string> model_family_names();  // "llama", "mistral", ..., "gemma3_text"
 
 // The families, one per file in models/families/.
 const ModelFamily& llama_family();
 const ModelFamily& mistral_family();
 const ModelFamily& qwen2_family();
 const ModelFamily& qwen3_family();
+const ModelFamily& gemma3_family();
 
 // Every family here builds each layer alike from the config's flags: what layer() returns
 // for them.

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "models/decoder_layer.h"
+#include "models/layer_spec.h"
 
 namespace rlhf::models {
 
@@ -22,6 +23,7 @@ PagedKvCache::PagedKvCache(const ModelConfig& config, int64_t num_blocks, int64_
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     keys_.push_back(torch::zeros(shape, options));
     values_.push_back(torch::zeros(shape, options));
+    layer_windows_.push_back(layer_window(config, i));
   }
   refs_.assign(num_blocks, 0);
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 first
@@ -292,21 +294,28 @@ void PagedKvCache::plan_decode_static(const std::vector<int64_t>& seqs, const to
   prefill_mask_ = torch::Tensor();
 }
 
-void PagedKvCache::attention(AttentionInputs& in) const {
+void PagedKvCache::attention(AttentionInputs& in, int64_t window) const {
   TORCH_CHECK(step_ != Step::kNone, "PagedKvCache: no planned step");
   in.causal = false;
   if (step_ == Step::kPrefill) {
-    set_attention_mask(in, prefill_mask_, 0, prefill_mask_.size(1), sliding_window_);
-  } else if (step_ == Step::kDecode || step_ == Step::kExtend) {
-    in.mask = decode_mask_;
+    set_attention_mask(in, prefill_mask_, 0, prefill_mask_.size(1), window);
+    return;
+  }
+  const int64_t S = read_blocks_.size(0) / step_batch_ * block_size_;
+  const auto key = torch::arange(S, positions_.options()).view({1, 1, 1, S});
+  // A query at position p sees keys (p - window, p]; key index j of a row is position j.
+  auto within = [&](const torch::Tensor& allowed) {
+    const auto pos = positions_.view({step_batch_, 1, -1, 1});  // [B, 1, T, 1]
+    return allowed.logical_and(key > pos - window);
+  };
+  if (step_ == Step::kDecode || step_ == Step::kExtend) {
+    // Planned with the config's window; a local layer's narrower one is applied on top.
+    in.mask = window > 0 && window != sliding_window_ ? within(*decode_mask_) : *decode_mask_;
   } else {
-    // Keys 0..position (the new token included), within the sliding window: on the device.
-    const int64_t S = read_blocks_.size(0) / step_batch_ * block_size_;
-    const auto key = torch::arange(S, positions_.options()).view({1, 1, 1, S});
+    // Keys 0..position (the new token included), within the window: on the device.
     const auto pos = positions_.view({step_batch_, 1, 1, 1});
     auto allowed = key <= pos;
-    if (sliding_window_ > 0) allowed = allowed.logical_and(key > pos - sliding_window_);
-    in.mask = allowed;
+    in.mask = window > 0 ? within(allowed) : allowed;
   }
 }
 
@@ -354,8 +363,8 @@ torch::Tensor PagedKvCache::append_and_attend(int64_t layer, const torch::Tensor
                                               const torch::Tensor& k, const torch::Tensor& v,
                                               double scale) {
   const bool decode = step_ == Step::kDecode || step_ == Step::kStaticDecode;
-  if (!decode || !in_place_decode_ || !device_.is_cuda() || sliding_window_ > 0 || layer < 0 ||
-      layer >= static_cast<int64_t>(keys_.size()) || q.size(2) != 1 ||
+  if (!decode || !in_place_decode_ || !device_.is_cuda() || layer < 0 ||
+      layer >= static_cast<int64_t>(keys_.size()) || layer_windows_[layer] > 0 || q.size(2) != 1 ||
       !kernels::paged_decode_supported(keys_[layer].scalar_type(), keys_[layer].size(3), q.size(1),
                                        keys_[layer].size(2))) {
     return {};

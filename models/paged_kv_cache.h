@@ -88,9 +88,12 @@ class PagedKvCache final : public KvStore {
   // with no seqs (nothing is marked filled after it).
   void plan_decode_static(const std::vector<int64_t>& seqs, const torch::Tensor& slots,
                           const torch::Tensor& positions, const torch::Tensor& blocks);
-  // The planned forward's position ids [B, T] and attention inputs (mask, causal).
+  // The planned forward's position ids [B, T] and attention inputs (mask, causal) for layers
+  // that attend within `window` keys (0: every key): the config's sliding_window, or its
+  // local_window for local layers (LayerSpec::local_attention). A sequence keeps every
+  // position's blocks: a window hides keys, it frees no memory.
   const torch::Tensor& positions() const { return positions_; }
-  void attention(AttentionInputs& in) const;
+  void attention(AttentionInputs& in, int64_t window) const;
   // KvStore: writes the new tokens' keys/values into their blocks; returns the prefill's own
   // keys/values, or each decoding sequence's positions gathered from its blocks ([B,
   // kv_heads, S, head_dim], S = the longest table's blocks x block_size; the mask hides the
@@ -99,7 +102,7 @@ class PagedKvCache final : public KvStore {
                                                  const torch::Tensor& v) override;
   // KvStore: on a GPU, decode steps attend in place with FlashInfer's paged decode
   // (kernels/), reading each row's blocks where they are instead of gathering them into dense
-  // tensors; undefined where it does not apply (prefill, the CPU, a sliding window, shapes
+  // tensors; undefined where it does not apply (prefill, the CPU, a layer with a window, shapes
   // kernels::paged_decode_supported refuses, or set_in_place_decode(false)).
   torch::Tensor append_and_attend(int64_t layer, const torch::Tensor& q, const torch::Tensor& k,
                                   const torch::Tensor& v, double scale) override;
@@ -124,7 +127,8 @@ class PagedKvCache final : public KvStore {
   int64_t scratch_block() const { return num_blocks(); }  // the pool's extra block
 
   int64_t block_size_;
-  int64_t sliding_window_;
+  int64_t sliding_window_;              // the config's; the planned masks hold it
+  std::vector<int64_t> layer_windows_;  // each layer's (models::layer_window)
   torch::Device device_;
   // Per layer [num_blocks + 1, block_size, kv_heads, head_dim]: the last block is scratch,
   // written and read by the padding rows of fixed-shape decode steps.

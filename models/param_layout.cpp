@@ -29,6 +29,10 @@ ShapeList layer_shapes(const ModelConfig& c, const LayerSpec& spec) {
   linear("mlp.down_proj", I, H, spec.mlp_bias);
   out.push_back({"input_layernorm.weight", {H}});
   out.push_back({"post_attention_layernorm.weight", {H}});
+  if (spec.sandwich_norms) {
+    out.push_back({"pre_feedforward_layernorm.weight", {H}});
+    out.push_back({"post_feedforward_layernorm.weight", {H}});
+  }
   return out;
 }
 

@@ -218,7 +218,8 @@ TEST(ModelConfig, Qwen3AsQwen3ConfigReadsIt) {
 // is made of; the layer the model builds and the layout the loader and planner read are both
 // that LayerSpec, named as transformers names the parameters.
 TEST(ModelFamily, EachFamilyBuildsItsLayersAsItsLayerSpecSays) {
-  EXPECT_EQ(model_family_names(), (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3"}));
+  EXPECT_EQ(model_family_names(),
+            (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "gemma3_text"}));
   struct Expected {
     std::string type;
     LayerSpec spec;
@@ -227,14 +228,15 @@ TEST(ModelFamily, EachFamilyBuildsItsLayersAsItsLayerSpecSays) {
   const std::vector<Expected> table = {{"llama", {true, true, true, false}},
                                        {"mistral", {false, false, false, false}},
                                        {"qwen2", {true, false, false, false}},
-                                       {"qwen3", {true, true, false, true}}};
+                                       {"qwen3", {true, true, false, true}},
+                                       {"gemma3_text", {true, true, false, true}}};
   for (const auto& e : table) {
     const auto c = ModelConfig::from_json_text(
         R"({"model_type": ")" + e.type + R"(", "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8, "vocab_size": 50,
             "attention_bias": true, "mlp_bias": true})",
         e.type);
-    EXPECT_EQ(model_family(e.type, "t").class_prefix + "ForCausalLM", c.architectures.at(0));
+    EXPECT_EQ(model_family(e.type, "t").causal_lm_class(), c.architectures.at(0));
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
       const LayerSpec got = layer_spec(c, layer);
       EXPECT_EQ(got.qkv_bias, e.spec.qkv_bias) << e.type;
@@ -260,12 +262,62 @@ TEST(ModelFamily, EachFamilyBuildsItsLayersAsItsLayerSpecSays) {
     EXPECT_EQ(has("self_attn.k_proj.bias"), e.spec.qkv_bias) << e.type;
     EXPECT_EQ(has("self_attn.o_proj.bias"), e.spec.o_proj_bias) << e.type;
     EXPECT_EQ(has("mlp.down_proj.bias"), e.spec.mlp_bias) << e.type;
+    EXPECT_EQ(has("pre_feedforward_layernorm.weight"), e.type == "gemma3_text") << e.type;
+    EXPECT_EQ(has("post_feedforward_layernorm.weight"), e.type == "gemma3_text") << e.type;
   }
-  expect_error<InputError>(
-      [] { model_family("gemma3_text", "m/config.json"); },
-      {"m/config.json", "\"gemma3_text\" is not supported", "llama, mistral, qwen2, qwen3"});
+  expect_error<InputError>([] { model_family("gemma2", "m/config.json"); },
+                           {"m/config.json", "\"gemma2\" is not supported",
+                            "llama, mistral, qwen2, qwen3, gemma3_text"});
   expect_error<InputError>([] { model_family("qwen3_moe", "m/config.json"); },
-                           {"mixture-of-experts", "llama, mistral, qwen2, qwen3"});
+                           {"mixture-of-experts", "llama, mistral, qwen2, qwen3, gemma3_text"});
+}
+
+// Gemma 3's published config.json files predate transformers 5: rope_theta,
+// rope_local_base_freq and rope_scaling at the top, layer kinds from sliding_window_pattern.
+TEST(ModelFamily, Gemma3ReadsThePublishedConfigForm) {
+  const ModelConfig c = architecture_config("gemma-3-1b");
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  ASSERT_EQ(c.layer_types.size(), 26u);
+  for (int64_t i = 0; i < 26; ++i)  // every 6th layer is global: 5, 11, 17, 23
+    EXPECT_EQ(layer_window(c, i), (i + 1) % 6 == 0 ? 0 : 512) << "layer " << i;
+  EXPECT_DOUBLE_EQ(c.rope_theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.rope_local_theta, 10000.0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kNone);
+  EXPECT_TRUE(c.tie_word_embeddings);  // Gemma's default
+  // The layout's count by hand from the shapes: embedding 262144 x 1152; per layer q and o
+  // 1152 x 1024, k and v 1152 x 256, q/k norms 256 each, MLP 3 x 1152 x 6912, four norms of
+  // 1152; the final norm; tied head.
+  const int64_t layer = 2 * 1152 * 1024 + 2 * 1152 * 256 + 2 * 256 + 3 * 1152 * 6912 + 4 * 1152;
+  EXPECT_EQ(c.num_parameters(), 262144LL * 1152 + 26 * layer + 1152);
+  // The written config reads back as the same model, in transformers 5's form.
+  const ModelConfig back = ModelConfig::from_json_text(c.to_json_text(), "gemma roundtrip");
+  EXPECT_EQ(back.layer_types, c.layer_types);
+  EXPECT_EQ(back.local_window, 512);
+  EXPECT_EQ(back.to_json_text(), c.to_json_text());
+  const auto written = nlohmann::json::parse(c.to_json_text());
+  EXPECT_EQ(written["rope_parameters"]["sliding_attention"]["rope_theta"], 10000.0);
+  EXPECT_FALSE(written.contains("hidden_act"));
+  EXPECT_EQ(written["architectures"][0], "Gemma3ForCausalLM");
+
+  const std::string base = R"({"model_type": "gemma3_text", "hidden_size": 32,
+      "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "vocab_size": 50, )";
+  expect_error<InputError>(
+      [&] { ModelConfig::from_json_text(base + R"("attn_logit_softcapping": 50.0})", "g"); },
+      {"g: attn_logit_softcapping 50.0", "soft-capping"});
+  expect_error<InputError>(
+      [&] { ModelConfig::from_json_text(base + R"("layer_types": ["full_attention"]})", "g"); },
+      {"g: layer_types has 1 entries for 2 layers"});
+  expect_error<InputError>(
+      [&] { ModelConfig::from_json_text(base + R"("hidden_activation": "gelu"})", "g"); },
+      {"g: hidden_activation \"gelu\"", "gelu_pytorch_tanh"});
+  expect_error<InputError>(
+      [&] {
+        ModelConfig::from_json_text(base + R"("rope_parameters": {"sliding_attention":
+            {"rope_type": "linear", "factor": 2.0}}})",
+                                    "g");
+      },
+      {"g: rope_parameters.sliding_attention", "only the default RoPE"});
 }
 
 TEST(ModelConfig, JsonRoundTripKeepsEveryField) {

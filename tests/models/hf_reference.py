@@ -1,6 +1,6 @@
 """Hugging Face `transformers` as the reference for rlhf's models (run by hf_parity_test.cpp).
 
-`make --out DIR --seed N` random-initialises tiny Llama, Qwen2, Qwen3 and Mistral models with
+`make --out DIR --seed N` random-initialises tiny Llama, Qwen2, Qwen3, Mistral and Gemma 3 models with
 transformers itself, saves each with save_pretrained (FP32 safetensors, the byte tokenizer's
 tokenizer_config.json so `rlhf generate` and `rlhf run` can read text), and writes HF's own
 outputs next to them in DIR/<case>/reference.safetensors: logits and next-token log-probs
@@ -117,6 +117,27 @@ def cases():
                 )
             ),
         ),
+        # Gemma 3 (text): sliding layers (window 4, shorter than the sequences; RoPE base 1e4)
+        # around a global one (linear-scaled RoPE, base 1e6), (1 + w) norms, four per layer,
+        # gelu-tanh MLP, sqrt(H)-scaled embedding, q.k scaled by query_pre_attn_scalar^-0.5
+        # (24, not head_dim 16), tied head.
+        "gemma3": (
+            t.Gemma3ForCausalLM,
+            t.Gemma3TextConfig(
+                **common(
+                    num_hidden_layers=3,
+                    head_dim=16,
+                    query_pre_attn_scalar=24,
+                    sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                    rope_parameters={
+                        "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    },
+                    tie_word_embeddings=True,
+                )
+            ),
+        ),
         # A reward/critic model: LlamaForSequenceClassification with one label, llama3 RoPE,
         # attention and MLP biases.
         "llama-value": (
@@ -185,6 +206,7 @@ def refused_cases():
             **common(rope_parameters=rope, attention_dropout=0.1)
         ),
         "llama-gelu": t.LlamaConfig(**common(rope_parameters=rope, hidden_act="gelu")),
+        "gemma3-softcapping": t.Gemma3TextConfig(**common(final_logit_softcapping=30.0)),
         "llama-token-classification": t.LlamaConfig(
             **common(rope_parameters=rope, architectures=["LlamaForTokenClassification"])
         ),

@@ -236,14 +236,22 @@ TEST(PagedKvCache, PrefillForkAndDecodeEqualWholeForwards) {
 // prefix: plan_extend prefills only the new tokens over the held blocks. Every new token's
 // hidden state equals a whole forward of the full sequence (FP32, 1e-5 relative: only the
 // summation order differs), for two sequences extended by 5 and 2 tokens in one forward
-// (right padding), one of them a fork sharing a partial block (copy-on-write), with and
-// without a sliding window; truncate drops positions and returns their blocks.
+// (right padding), one of them a fork sharing a partial block (copy-on-write), without a
+// sliding window, with one for every layer (window 4) and with Gemma 3's two kinds of layer
+// (window 4 in layer 0 only: each layer its own mask, applied on top of the planned one);
+// truncate drops positions and returns their blocks.
 TEST(PagedKvCache, ExtendOverHeldPositionsEqualsWholeForwards) {
   torch::set_num_threads(1);
   torch::NoGradGuard no_grad;
-  for (int64_t window : {0, 4}) {
+  for (int64_t window : {0, 4, -4}) {  // -4: a Gemma 3 model whose local layer has window 4
     auto config = tiny_config();
-    config.sliding_window = window;
+    config.sliding_window = std::max<int64_t>(window, 0);
+    if (window < 0) {
+      config.model_type = "gemma3_text";
+      config.qk_norm = true;
+      config.layer_types = {"sliding_attention", "full_attention"};
+      config.local_window = -window;
+    }
     auto model = std::make_shared<CausalLM>(config);
     model->eval();
     const auto a = random_ids(1, 7, 288, 21);
