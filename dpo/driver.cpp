@@ -155,11 +155,11 @@ class DpoJob : public OfflineJob {
       for (int64_t i = begin; i < std::min(pairs, begin + kChunkPairs); ++i) index.push_back(i);
       return rows_of(data, index);
     };
-    const std::string ref_model = spec().get_string("ref.model");
+    const std::string& ref_model = settings().ref_model;
     RowsKey hasher;
     for (int64_t b = 0; b < pairs; b += kChunkPairs) hasher.add(chunk(b));
-    const std::string key = hasher.hex(model_identity(
-        ref_model, spec().get_string(ref_from_actor_ ? "actor.dtype" : "ref.dtype")));
+    const std::string key = hasher.hex(
+        model_identity(ref_model, ref_from_actor_ ? settings().actor_dtype : settings().ref_dtype));
     RefLogProbCache cache((fs::path(run_dir()) / "ref_cache").string());
     const auto t0 = std::chrono::steady_clock::now();
     if (auto hit = cache.find(key, 2 * pairs)) {
@@ -179,12 +179,12 @@ class DpoJob : public OfflineJob {
     torch::Tensor lp = torch::cat(parts, 0).contiguous();
     s.progress().end();
     const double seconds = seconds_since(t0);
-    const std::string file = cache.store(
-        key, lp,
-        {{"split", split},
-         {"dataset",
-          spec().get_string(std::string(split) == "train" ? "data.dataset" : "data.eval_dataset")},
-         {"ref_model", ref_model}});
+    const std::string file =
+        cache.store(key, lp,
+                    {{"split", split},
+                     {"dataset", std::string(split) == "train" ? settings().train_data.source
+                                                               : settings().eval_data.source},
+                     {"ref_model", ref_model}});
     out << "dpo: reference log-probs of " << pairs << " " << split << " pairs computed on the "
         << (ref_from_actor_ ? "actor group (LoRA adapters off)" : "ref group") << " in "
         << fixed(seconds, 2) << " s, cached in " << file << std::endl;
@@ -195,13 +195,13 @@ class DpoJob : public OfflineJob {
   // adapters off (each rank its share: the actor may be ZeRO-3).
   torch::Tensor chunk_reference_log_probs(Scheduler& s, const RowTensors& rows) {
     if (ref_from_actor_) return gather_log_probs(s, rows, true).to(torch::kFloat32);
-    Message reply = s.group(Role::kRef)
-                        .scatter(ops::SequenceLogProbs{},
-                                 {{"sequences", rows.sequences},
-                                  {"attention_mask", rows.attention_mask},
-                                  {"loss_mask", rows.loss_mask}},
-                                 2 * spec().get_int("train.micro_batch_size"),
-                                 dispatch_for(spec(), Role::kRef));
+    Message reply =
+        s.group(Role::kRef)
+            .scatter(ops::SequenceLogProbs{},
+                     {{"sequences", rows.sequences},
+                      {"attention_mask", rows.attention_mask},
+                      {"loss_mask", rows.loss_mask}},
+                     2 * settings().micro_batch_size, settings().dispatch.at(Role::kRef));
     return reply.tensor("log_probs").to(torch::kFloat32);
   }
 

@@ -67,9 +67,43 @@ json mean_over_ranks(const std::vector<Answered<ops::OfflineStepReply>>& replies
 
 }  // namespace
 
+OfflineSettings OfflineSettings::from_spec(const JobSpec& spec, int64_t trained_steps) {
+  OfflineSettings o;
+  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kReward}) {
+    o.dispatch.emplace(role, dispatch_for(spec, role));
+    if (spec.uses(role))
+      o.roles.emplace(role, engine::ModelRoleConfig::from_spec(spec, role, trained_steps, 1));
+  }
+  o.train_data = OfflineDataConfig::from_spec(spec, false);
+  o.eval_data = OfflineDataConfig::from_spec(spec, true);
+  o.apply_chat_template = spec.get_bool("data.apply_chat_template");
+  o.prompt_max_len = spec.get_int("data.prompt_max_len");
+  o.max_len = spec.get_int("data.max_len");
+  o.save_only_model = spec.get_bool("ckpt.save_only_model");
+  o.export_hf = spec.get_bool("ckpt.export_hf");
+  o.tensorboard = spec.get_bool("logger.tensorboard");
+  o.max_ckpt = spec.get_int("ckpt.max_num");
+  o.save_steps = spec.get_int("ckpt.save_steps");
+  o.logging_steps = spec.get_int("logger.logging_steps");
+  o.eval_steps = spec.get_int("eval.steps");
+  o.micro_batch_size = spec.get_int("train.micro_batch_size");
+  o.trajectory_settings = engine::trajectory_settings(spec);
+  o.ref_model = spec.get_string("ref.model");
+  o.actor_dtype = spec.get_string("actor.dtype");
+  o.ref_dtype = spec.get_string("ref.dtype");
+  return o;
+}
+
 OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role trained,
                        RowLayout layout)
-    : spec_(spec), options_(options), trained_(trained), layout_(layout) {
+    : options_(options), trained_(trained), layout_(layout) {
+  // The data's settings first (load_data reads them); the roles' LR schedules need the step
+  // count, known once the data is read.
+  settings_.train_data = OfflineDataConfig::from_spec(spec, false);
+  settings_.eval_data = OfflineDataConfig::from_spec(spec, true);
+  settings_.apply_chat_template = spec.get_bool("data.apply_chat_template");
+  settings_.prompt_max_len = spec.get_int("data.prompt_max_len");
+  settings_.max_len = spec.get_int("data.max_len");
   run_dir_ = run_directory(spec);
   ckpt_path_ = checkpoint_directory(spec);
   model_dir_ = spec.get_string(std::string(role_name(trained)) + ".model");
@@ -97,6 +131,7 @@ OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role t
   total_steps_ = epochs_ * steps_per_epoch_;
   if (spec.get_int("train.max_steps") > 0)
     total_steps_ = std::min(total_steps_, spec.get_int("train.max_steps"));
+  settings_ = OfflineSettings::from_spec(spec, total_steps_);
 }
 
 OfflineJob::~OfflineJob() = default;
@@ -109,7 +144,7 @@ std::string OfflineJob::fixed(double v, int precision) {
 
 TokenizedExample OfflineJob::tokenize(const std::string& prompt, const std::string& response,
                                       const std::string& rejected, bool pair) {
-  const bool chat = spec_.get_bool("data.apply_chat_template");
+  const bool chat = settings_.apply_chat_template;
   TokenizedExample e;
   // A chat template writes BOS itself; plain and templated prompts get the tokenizer's.
   e.prompt =
@@ -120,8 +155,7 @@ TokenizedExample OfflineJob::tokenize(const std::string& prompt, const std::stri
     if (eos_id_ >= 0) ids.push_back(eos_id_);  // OpenRLHF appends EOS to every response
     return ids;
   };
-  const int64_t prompt_max = spec_.get_int("data.prompt_max_len"),
-                max_len = spec_.get_int("data.max_len");
+  const int64_t prompt_max = settings_.prompt_max_len, max_len = settings_.max_len;
   // A response cut to fit still ends in EOS (truncate_pair overwrites its last kept token).
   e.response = encode_response(response);
   bool cut = truncate_pair(e.prompt, e.response, prompt_max, max_len, eos_id_);
@@ -148,8 +182,8 @@ TokenizedExample OfflineJob::tokenize_conversation(const json& messages) {
     e.response.insert(e.response.end(), ids.begin(), ids.end());
     e.response_mask.insert(e.response_mask.end(), ids.size(), pieces[i].model ? 1 : 0);
   }
-  const bool cut = truncate_pair(e.prompt, e.response, spec_.get_int("data.prompt_max_len"),
-                                 spec_.get_int("data.max_len"), eos_id_);
+  const bool cut =
+      truncate_pair(e.prompt, e.response, settings_.prompt_max_len, settings_.max_len, eos_id_);
   // A cut response ends in EOS (truncate_pair), which is trained as the model's.
   e.response_mask.resize(e.response.size());
   if (cut && !e.response_mask.empty()) e.response_mask.back() = 1;
@@ -158,8 +192,8 @@ TokenizedExample OfflineJob::tokenize_conversation(const json& messages) {
 }
 
 void OfflineJob::load_data(RowLayout layout) {
-  OfflineDataConfig train_config = OfflineDataConfig::from_spec(spec_, false);
-  OfflineDataConfig eval_config = OfflineDataConfig::from_spec(spec_, true);
+  const OfflineDataConfig& train_config = settings_.train_data;
+  OfflineDataConfig eval_config = settings_.eval_data;
   // Without an eval set, a synthetic training set gets a held-out draw of its own generator
   // (another seed); a file has none (there is nothing to split off that the user chose).
   if (eval_config.source.empty() && train_config.source.rfind("synthetic:", 0) == 0) {
@@ -249,8 +283,11 @@ void OfflineJob::init_roles(Scheduler& s, std::ostream& out) {
   std::vector<std::future<void>> calls;
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
-    auto config = engine::ModelRoleConfig::from_spec(spec_, role, total_steps_, accum_);
-    const ops::Init request{config, s.rendezvous(role_name(role))};
+    auto found = settings_.roles.find(role);
+    if (found == settings_.roles.end())
+      throw RuntimeError(std::string(kind()) + ": no config for the " + role_name(role) + " group");
+    ops::Init request{found->second, s.rendezvous(role_name(role))};
+    if (request.config.trainer) request.config.trainer->grad_accum_steps = accum_;
     out << kind() << ": loading " << role_name(role) << " (" << g.size() << " worker"
         << (g.size() == 1 ? "" : "s") << ")" << std::endl;
     calls.push_back(std::async(std::launch::async, [this, &g, &out, &out_mutex, t0, request] {
@@ -278,7 +315,7 @@ json OfflineJob::train_step(Scheduler& s, int64_t step) {
   if (packing_) {
     std::vector<const TokenizedExample*> picked;
     for (int64_t i : index) picked.push_back(&train_[static_cast<size_t>(i)]);
-    rows = packed_rows(picked, spec_.get_int("data.max_len"), group_size_ * accum_, pad_id_);
+    rows = packed_rows(picked, settings_.max_len, group_size_ * accum_, pad_id_);
   } else {
     rows = rows_of(train_, index);
   }
@@ -310,11 +347,11 @@ void OfflineJob::save(Scheduler& s, int64_t step, std::ostream& out) {
   out << kind() << ": saving the checkpoint of step " << step << " to " << ckpt_path_ << std::endl;
   s.progress().begin("saving the checkpoint of step " + std::to_string(step));
   s.group(trained_).call_all(ops::Save{(fs::path(ckpt_path_) / role_name(trained_) / tag).string(),
-                                       spec_.get_bool("ckpt.save_only_model"),
-                                       static_cast<int>(spec_.get_int("ckpt.max_num"))});
+                                       settings_.save_only_model,
+                                       static_cast<int>(settings_.max_ckpt)});
   // The driver's state last: its presence marks the step's checkpoint complete.
-  const std::string file = engine::write_driver_state(ckpt_path_, step, {{"kind", kind()}}, spec_,
-                                                      spec_.get_int("ckpt.max_num"));
+  const std::string file = engine::write_driver_state(
+      ckpt_path_, step, {{"kind", kind()}}, settings_.trajectory_settings, settings_.max_ckpt);
   s.progress().end();
   out << kind() << ": checkpoint of step " << step << " saved in " << fixed(seconds_since(t0), 1)
       << " s (" << file << ")" << std::endl;
@@ -360,7 +397,7 @@ void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
 void OfflineJob::run(Scheduler& s, std::ostream& out) {
   planned_ = engine::planned_roles(run_dir_);
   metrics_ = std::make_unique<report::MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string(),
-                                                   spec_.get_bool("logger.tensorboard"));
+                                                   settings_.tensorboard);
   group_size_ = s.group(trained_).size();
   accum_ = std::max<int64_t>(1, batch_size_ / (micro_ * group_size_));
   eval_.resize(eval_.size() - eval_.size() % static_cast<size_t>(group_size_));
@@ -378,9 +415,8 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
   }
   prepare(s, out);
   if (!eval_.empty() && step == 0) write_eval(s, "before", 0, out);
-  const int64_t logging = spec_.get_int("logger.logging_steps"),
-                save_steps = spec_.get_int("ckpt.save_steps"),
-                eval_steps = spec_.get_int("eval.steps");
+  const int64_t logging = settings_.logging_steps, save_steps = settings_.save_steps,
+                eval_steps = settings_.eval_steps;
   const auto loop_start = Clock::now();
   const int64_t first_step = step + 1;
   for (++step; step <= total_steps_; ++step) {
@@ -406,7 +442,7 @@ void OfflineJob::run(Scheduler& s, std::ostream& out) {
     if ((save_steps > 0 && step % save_steps == 0) || step == total_steps_) save(s, step, out);
   }
   if (!eval_.empty()) write_eval(s, "after", total_steps_, out);
-  if (spec_.get_bool("ckpt.export_hf")) export_model(s, out);
+  if (settings_.export_hf) export_model(s, out);
   out << kind() << ": done; metrics in " << metrics_->path() << std::endl;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -15,7 +16,10 @@
 #include "core/spec.h"
 #include "dpo/driver.h"
 #include "dpo/offline_batch.h"
+#include "dpo/preference_dataset.h"
 #include "dpo/worker_ops.h"
+#include "engine/role_config.h"
+#include "scheduler/role_group.h"
 #include "transport/message.h"
 
 namespace rlhf {
@@ -35,6 +39,27 @@ namespace rlhf::dpo {
 // sft: one row per example; dpo, rm: two (chosen, rejected); kto: two laid out as pairs, the
 // labelled row and a mismatched KL row (its prompt with another example's response).
 enum class RowLayout { kSingle, kPairs, kUnpairedWithKl };
+
+// What an offline job reads of the spec beyond its loss's own fields, once, when it is
+// built: the roles' configs, the data, checkpoint and logging settings, and the reference's
+// identity. The job keeps no JobSpec.
+struct OfflineSettings {
+  // Each model role the spec uses, its Init config (with the LR schedule over
+  // `trained_steps`); init_roles sets the trained role's micro batches per step.
+  std::map<Role, engine::ModelRoleConfig> roles;
+  std::map<Role, Dispatch> dispatch;  // how a scatter spreads over each model role's ranks
+  OfflineDataConfig train_data, eval_data;
+  bool apply_chat_template = false;
+  int64_t prompt_max_len = 0, max_len = 0;
+  bool save_only_model = false, export_hf = true, tensorboard = false;
+  int64_t max_ckpt = 0, save_steps = 0, logging_steps = 1, eval_steps = 0;
+  int64_t micro_batch_size = 1;        // train.micro_batch_size
+  nlohmann::json trajectory_settings;  // recorded with each checkpoint (driver_state.h)
+  std::string ref_model;               // ref.model
+  std::string actor_dtype, ref_dtype;  // actor.dtype, ref.dtype
+
+  static OfflineSettings from_spec(const JobSpec& spec, int64_t trained_steps);
+};
 
 class OfflineJob {
  public:
@@ -61,7 +86,7 @@ class OfflineJob {
 
   // Helpers for subclasses.
   static std::string fixed(double v, int precision = 3);  // "0.693" for console lines
-  const JobSpec& spec() const { return spec_; }
+  const OfflineSettings& settings() const { return settings_; }
   Role trained_role() const { return trained_; }
   const std::vector<TokenizedExample>& train_data() const { return train_; }
   // The eval examples, trimmed to a multiple of the trained group's size (so each rank of
@@ -93,7 +118,7 @@ class OfflineJob {
   void export_model(Scheduler& s, std::ostream& out);
   void write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out);
 
-  JobSpec spec_;
+  OfflineSettings settings_;
   nlohmann::json planned_;  // plan.json's per-role figures (null without a plan)
   OfflineDriverOptions options_;
   Role trained_;

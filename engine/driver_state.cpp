@@ -89,13 +89,13 @@ std::vector<std::string> changed_settings(const json& saved, const JobSpec& spec
 }
 
 std::string write_driver_state(const std::string& ckpt_dir, int64_t step, json state,
-                               const JobSpec& spec, int64_t max_num) {
+                               const json& settings, int64_t max_num) {
   const std::string tag = kTagPrefix + std::to_string(step);
   const fs::path dir = fs::path(ckpt_dir) / "driver";
   fs::create_directories(dir);
   state["step"] = step;
   state["tag"] = tag;
-  state["settings"] = trajectory_settings(spec);
+  state["settings"] = settings;
   const fs::path file = dir / (tag + ".json"), tmp = dir / (tag + ".json.tmp");
   {
     std::ofstream out(tmp, std::ios::trunc);

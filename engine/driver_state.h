@@ -24,11 +24,12 @@ struct DriverState {
 // The role whose checkpoint completes a step: actor (ppo, dpo, sft), reward (rm).
 Role checkpointed_role(const JobSpec& spec);
 
-// Writes `state` (the driver's own fields; "step", "tag" and "settings" are added) as
-// <ckpt_dir>/driver/global_step<step>.json through a temporary name, then removes the
-// oldest driver files beyond `max_num`. Returns the file's path. Throws RuntimeError.
+// Writes `state` (the driver's own fields; "step", "tag" and "settings", the job's
+// trajectory_settings, are added) as <ckpt_dir>/driver/global_step<step>.json through a
+// temporary name, then removes the oldest driver files beyond `max_num`. Returns the file's
+// path. Throws RuntimeError.
 std::string write_driver_state(const std::string& ckpt_dir, int64_t step, nlohmann::json state,
-                               const JobSpec& spec, int64_t max_num);
+                               const nlohmann::json& settings, int64_t max_num);
 
 // The newest complete checkpoint: the driver file with the highest step whose
 // <ckpt_dir>/<role>/<tag> directory exists; nullopt when there is none.

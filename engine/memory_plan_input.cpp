@@ -1,12 +1,14 @@
-// What each role's plan reads from the job spec (RoleMemoryInput): batches, lengths, dtypes,
-// sharding, LoRA, and the phase policy (engine/phase_policy.h) the ppo driver also follows.
+// What each role's plan reads from the job spec (RoleMemoryInput): batches and lengths from
+// the spec; the model role's dtype, head, sharding, checkpointing, optimizer placement and LoRA
+// from the ModelRoleConfig its workers are built from (engine/role_config.h); the phase flags
+// from the phase policy (engine/phase_policy.h) the ppo driver also follows.
 #include <algorithm>
 #include <filesystem>
 
 #include "core/errors.h"
-#include "core/text.h"
 #include "engine/memory_plan.h"
 #include "engine/phase_policy.h"
+#include "engine/role_config.h"
 #include "models/lora.h"
 
 namespace rlhf::engine {
@@ -15,21 +17,27 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// LoRA of a trained role: <role>.lora.*, or with <role>.lora.adapter the adapter directory's
+// LoRA of a trained role: its config's, or with an adapter directory that directory's
 // adapter_config.json (its r, targets and dropout win, as in the trainer: actors/
 // model_operations.cpp add_adapters). Throws InputError naming the file.
-void set_lora_input(const JobSpec& spec, const std::string& r, RoleMemoryInput& in) {
-  const std::string adapter = spec.get_string(r + ".lora.adapter");
-  if (!adapter.empty()) {
-    const models::LoraConfig c = models::read_adapter_config(adapter);
-    in.lora_rank = c.rank;
-    in.lora_targets = c.target_modules;
-    in.lora_dropout = c.dropout;
-    return;
+void set_lora_input(const ModelRoleConfig& c, RoleMemoryInput& in) {
+  const models::LoraConfig lora =
+      c.lora_adapter.empty() ? c.lora : models::read_adapter_config(c.lora_adapter);
+  in.lora_rank = lora.rank;
+  in.lora_targets = lora.target_modules;
+  in.lora_dropout = lora.dropout;
+}
+
+int zero_stage_of(const TrainerConfig& t) {
+  switch (t.zero_stage) {
+    case ZeroStage::kOptimizer:
+      return 1;
+    case ZeroStage::kGradients:
+      return 2;
+    case ZeroStage::kParameters:
+      return 3;
   }
-  in.lora_rank = spec.get_int(r + ".lora.rank");
-  in.lora_targets = split_names(spec.get_string(r + ".lora.target_modules"));
-  in.lora_dropout = spec.get_float(r + ".lora.dropout");
+  return 3;
 }
 
 // The phase flags of RoleMemoryInput, as ppo/driver.cpp decides them at start-up.
@@ -74,16 +82,17 @@ void set_phase_flags(const JobSpec& spec, Role role, const Placement& placement,
 
 RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placement& placement,
                                   const models::ModelConfig& model) {
-  const std::string r = role_name(role);
+  // What the role's workers are built from (the LR schedule's length does not matter here).
+  const ModelRoleConfig config = ModelRoleConfig::from_spec(spec, role, 1, 1);
   RoleMemoryInput in;
-  in.role = r;
+  in.role = config.role;
   in.model = model;
-  if (role == Role::kCritic || role == Role::kReward) in.model.head = models::HeadKind::kValue;
+  in.model.head = config.head;
   in.lm_head_log_probs = in.model.head == models::HeadKind::kLanguageModel;
   const auto group = placement.group(role);
   in.group_size = std::max<int>(1, static_cast<int>(group.size()));
   if (!group.empty()) in.device_kind = group.front().device_kind;
-  in.compute_bytes = spec.get_string(r + ".dtype") == "fp32" ? 4 : 2;
+  in.compute_bytes = config.dtype == "fp32" ? 4 : 2;
   const bool ppo = spec.kind() == JobKind::kPpo;
   const int64_t prompt = spec.get_int("data.prompt_max_len");
   const int64_t max_len = spec.get_int("data.max_len");
@@ -100,20 +109,20 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
                                               static_cast<double>(1ll << 30));
   }
   in.gpu_memory_utilization = spec.get_float("rollout.gpu_memory_utilization");
-  in.logits_chunk_tokens = spec.get_int("train.logits_chunk_tokens");
+  in.logits_chunk_tokens = config.logits_chunk_tokens;
   set_phase_flags(spec, role, placement, in);
   in.kv_block_size = spec.get_int("rollout.kv_block_size");
   in.max_num_seqs = spec.get_int("rollout.max_num_seqs");
   in.decode_graphs = in.device_kind == DeviceKind::kCuda && !spec.get_bool("rollout.enforce_eager");
   // DPO and RM batches hold chosen and rejected together.
   const int64_t pair = spec.kind() == JobKind::kDpo || spec.kind() == JobKind::kRm ? 2 : 1;
-  if (spec.trains(role)) {
+  if (config.trainer) {
     in.work = RoleWork::kTrain;
-    in.zero_stage = static_cast<int>(std::max<int64_t>(1, spec.get_int(r + ".zero_stage")));
-    in.adam_offload = spec.get_bool(r + ".adam_offload");
-    in.checkpointing = spec.get_bool(r + ".gradient_checkpointing");
+    in.zero_stage = zero_stage_of(*config.trainer);
+    in.adam_offload = config.trainer->optimizer_placement == OptimizerPlacement::kHost;
+    in.checkpointing = config.gradient_checkpointing;
     in.micro_batch = spec.get_int("train.micro_batch_size") * pair;
-    set_lora_input(spec, r, in);
+    set_lora_input(config, in);
     if (ppo) in.infer_micro_batch = in.rollout_micro_batch * in.n_samples;
   } else if (role == Role::kRollout) {
     in.work = RoleWork::kGenerate;
@@ -121,8 +130,7 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.tensor_parallel = static_cast<int>(spec.get_int("rollout.tensor_parallel_size"));
   } else {
     in.work = RoleWork::kInfer;
-    in.shard_weights =
-        (role == Role::kRef || role == Role::kReward) && spec.get_int(r + ".zero_stage") == 3;
+    in.shard_weights = config.shard_weights;
     // PPO scores experience in micro batches of rollout mb x n (ppo/driver.cpp).
     in.micro_batch =
         ppo ? in.rollout_micro_batch * in.n_samples : spec.get_int("train.micro_batch_size") * pair;

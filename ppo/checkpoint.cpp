@@ -32,8 +32,8 @@ void PpoJob::save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ost
   for (auto& c : calls) c.get();
   // The driver's own state last: its presence marks the whole step's checkpoint complete.
   const std::string file = engine::write_driver_state(
-      c_.ckpt_path, step, {{"prompts_consumed", prompts_consumed}, {"kl_coef", kl_.value()}}, spec_,
-      c_.max_ckpt);
+      c_.ckpt_path, step, {{"prompts_consumed", prompts_consumed}, {"kl_coef", kl_.value()}},
+      settings_.trajectory_settings, c_.max_ckpt);
   s.progress().end();
   out << "ppo: checkpoint of step " << step << " saved in " << seconds_text(seconds_since(t0))
       << " s (" << file << ")" << std::endl;
@@ -60,7 +60,7 @@ void PpoJob::export_actor(Scheduler& s, std::ostream& out) {
   s.progress().begin("exporting the actor");
   s.group(Role::kActor).call_all(ops::ExportHf{dir});
   s.progress().end();
-  models::copy_tokenizer_files(spec_.get_string("actor.model"), dir);  // a complete model dir
+  models::copy_tokenizer_files(settings_.actor_model, dir);  // a complete model dir
   out << "ppo: trained actor exported to " << dir << std::endl;
 }
 

@@ -15,6 +15,7 @@
 #include "core/errors.h"
 #include "core/run_dir.h"
 #include "core/text.h"
+#include "engine/driver_state.h"
 #include "engine/memory_check.h"
 #include "engine/memory_plan.h"
 #include "engine/phase_policy.h"
@@ -64,9 +65,41 @@ json source_means(const torch::Tensor& source_scores, const std::vector<std::str
   return out;
 }
 
+JobSettings JobSettings::from_spec(const JobSpec& spec, const PpoConfig& c, int64_t trained_steps) {
+  JobSettings j;
+  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kReward}) {
+    j.dispatch.emplace(role, dispatch_for(spec, role));
+    if (spec.uses(role))
+      j.roles.emplace(role, engine::ModelRoleConfig::from_spec(spec, role, trained_steps, 1));
+  }
+  // The engine of the spec's rollout section (the same function `rlhf generate` builds its
+  // engine with).
+  j.rollout.generation = rollout::generation_config_from_rollout_section(spec.json().at("rollout"));
+  j.rollout.model = spec.get_string("rollout.model");
+  j.rollout.dtype = spec.get_string("rollout.dtype");
+  if (!c.environment.is_null()) {
+    j.rollout.env = envs::EnvironmentConfig::from_spec(spec);
+    // The engine renders the environment's turns with the actor's tokenizer and the data's
+    // chat template (rollout/trajectory.h).
+    j.rollout.tokenizer = spec.get_string("actor.model");
+    j.rollout.chat_template = spec.get_string("data.chat_template");
+  }
+  j.kv_cache_gb = engine::kv_cache_gb_for_run(spec);
+  j.kv_cache_auto = spec.at("rollout.kv_cache_memory_gb").is_string();
+  j.gpu_memory_utilization = spec.get_float("rollout.gpu_memory_utilization");
+  j.phases = engine::PhaseSettings::from_spec(spec);
+  j.actor_model = spec.get_string("actor.model");
+  j.trajectory_settings = engine::trajectory_settings(spec);
+  j.tensorboard = spec.get_bool("logger.tensorboard");
+  j.logged_samples = spec.get_int("logger.samples_per_step");
+  j.sync_bucket_bytes =
+      static_cast<int64_t>(spec.get_float("rollout.sync_bucket_mb") * static_cast<double>(1 << 20));
+  j.lora_sync = spec.get_string("rollout.lora_sync");
+  return j;
+}
+
 PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
-    : spec_(spec),
-      options_(options),
+    : options_(options),
       kl_(spec.get_float("algo.kl.init_coef"), spec.get_float("algo.kl.target"),
           spec.get_int("algo.kl.horizon")) {
   run_dir_ = run_directory(spec);
@@ -107,6 +140,7 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
   const int64_t steps_per_episode =
       (stream_->size() + c_.rollout_batch_size - 1) / c_.rollout_batch_size;
   total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.num_episodes * steps_per_episode;
+  settings_ = JobSettings::from_spec(spec, c_, total_steps_ * c_.optimizer_steps_per_step());
 }
 
 PpoJob::~PpoJob() = default;
@@ -151,46 +185,35 @@ ops::LoadModel PpoJob::rollout_load_request(Scheduler& s, double kv_cache_gb,
   if (c_.tensor_parallel_size > 1)
     workers += ": " + std::to_string(g.replicas()) + " engine" + (g.replicas() == 1 ? "" : "s") +
                " of tensor parallel size " + std::to_string(c_.tensor_parallel_size);
-  // The engine of the spec's rollout section (the same function `rlhf generate` builds its
-  // engine with), with the tokenizer's stop and pad tokens and the pool the plan sized.
-  rollout::GenerationConfig generation =
-      rollout::generation_config_from_rollout_section(spec_.json().at("rollout"));
+  // The engine of the spec's rollout section, with the tokenizer's stop and pad tokens and
+  // the pool the plan sized.
+  ops::LoadModel request = settings_.rollout;
+  rollout::GenerationConfig& generation = request.generation;
   generation.kv_cache_bytes =
       static_cast<int64_t>(kv_cache_gb * static_cast<double>(int64_t{1} << 30));
   generation.pad_token_id = pad_id_;
-  ops::LoadModel request;
-  request.model = spec_.get_string("rollout.model");
-  request.dtype = spec_.get_string("rollout.dtype");
   if (!c_.environment.is_null()) {
     // Multi-turn rollouts: a turn ends at the template's end-of-turn token, which is not
     // always the tokenizer's EOS (Llama-3.0's is <|end_of_text|>).
     for (const char* end_of_turn : {"<|im_end|>", "<|eot_id|>"})
       if (const auto id = tokenizer_->token_to_id(end_of_turn)) stop.push_back(*id);
-    // The engine renders the environment's turns with the actor's tokenizer and the data's
-    // chat template (rollout/trajectory.h).
-    request.env = envs::EnvironmentConfig::from_spec(spec_);
     request.max_turns = c_.max_turns;
-    request.tokenizer = spec_.get_string("actor.model");
-    request.chat_template = spec_.get_string("data.chat_template");
   }
   generation.stop_token_ids = stop;
-  request.generation = generation;
   request.tensor_parallel_size = static_cast<int>(c_.tensor_parallel_size);
   if (c_.tensor_parallel_size > 1) request.tp_store_path = s.rendezvous("rollout_tp");
   return request;
 }
 
 void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
-  const int64_t per_step = c_.optimizer_steps_per_step();
   const auto t0 = Clock::now();
   std::mutex out_mutex;  // roles finish on their own threads
   // rollout.kv_cache_memory_gb auto: on GPUs the pool the plan leaves in the generate phase.
-  const double kv_cache_gb = engine::kv_cache_gb_for_run(spec_);
-  if (spec_.at("rollout.kv_cache_memory_gb").is_string() && kv_cache_gb > 0)
+  const double kv_cache_gb = settings_.kv_cache_gb;
+  if (settings_.kv_cache_auto && kv_cache_gb > 0)
     out << "ppo: rollout KV cache (auto): " << std::fixed << std::setprecision(2) << kv_cache_gb
         << " GiB per rollout worker (rollout.gpu_memory_utilization "
-        << spec_.get_float("rollout.gpu_memory_utilization") << ")" << std::defaultfloat
-        << std::endl;
+        << settings_.gpu_memory_utilization << ")" << std::defaultfloat << std::endl;
   std::vector<std::future<void>> calls;
   for (Role role : s.roles()) {
     RoleGroup& g = s.group(role);
@@ -199,10 +222,14 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
     if (role == Role::kRollout) {
       load = [&g, request = rollout_load_request(s, kv_cache_gb, workers)] { g.call_all(request); };
     } else {
-      int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
-      ops::Init request{
-          engine::ModelRoleConfig::from_spec(spec_, role, total_steps_ * per_step, accum),
-          s.rendezvous(role_name(role))};
+      auto found = settings_.roles.find(role);
+      if (found == settings_.roles.end())
+        throw RuntimeError(std::string("ppo: no config for the ") + role_name(role) + " group");
+      ops::Init request{found->second, s.rendezvous(role_name(role))};
+      if (request.config.trainer) {  // micro batches per optimizer step on each rank
+        const int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
+        request.config.trainer->grad_accum_steps = std::max<int64_t>(1, accum);
+      }
       load = [&g, request] { g.call_all(request); };
     }
     out << "ppo: loading " << role_name(role) << " (" << workers << ")" << std::endl;
@@ -223,8 +250,8 @@ void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
 void PpoJob::choose_sleep_mode(const std::vector<Answered<ops::InfoReply>>& rollout,
                                std::ostream& out) {
   // The same policy the memory planner planned the phases with (engine/phase_policy.h).
-  const engine::PhasePolicy policy = engine::phase_policy(
-      engine::PhaseSettings::from_spec(spec_), rollout.at(0).reply.device.rfind("cuda", 0) == 0);
+  const engine::PhasePolicy policy =
+      engine::phase_policy(settings_.phases, rollout.at(0).reply.device.rfind("cuda", 0) == 0);
   sleep_rollout_ = policy.rollout_sleeps;
   offload_optimizer_ = policy.actor_offloads_optimizer;
   if (sleep_rollout_ || offload_optimizer_)
@@ -239,8 +266,7 @@ void PpoJob::choose_sleep_mode(const std::vector<Answered<ops::InfoReply>>& roll
 
 void PpoJob::run(Scheduler& s, std::ostream& out) {
   planned_ = engine::planned_roles(run_dir_);
-  MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string(),
-                      spec_.get_bool("logger.tensorboard"));
+  MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string(), settings_.tensorboard);
   out << "ppo: " << stream_->size() << " prompts (" << truncated_prompts_ << " truncated to "
       << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
       << " prompts x " << c_.n_samples_per_prompt << " samples; metrics: " << metrics.path()

@@ -25,7 +25,7 @@ Rollout PpoJob::eval_rollout(Scheduler& s, const PromptBatch& batch, double temp
         s.group(Role::kReward)
             .scatter(ops::Score{{c_.max_tokens_per_micro_batch, c_.rollout_micro_batch_size * n}},
                      sequence_tensors(r), c_.rollout_micro_batch_size * n,
-                     dispatch_for(spec_, Role::kReward))
+                     settings_.dispatch.at(Role::kReward))
             .tensor("scores");
   score_rewards(r, model_scores);
   return r;
@@ -81,7 +81,7 @@ void PpoJob::evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ost
   rec["time_s"] = seconds_since(t0);
   metrics.write(rec);
   json rows = json::array();
-  for (int64_t i = 0; i < std::min<int64_t>(count, spec_.get_int("logger.samples_per_step")); ++i)
+  for (int64_t i = 0; i < std::min<int64_t>(count, settings_.logged_samples); ++i)
     rows.push_back({{"split", "eval"},
                     {"prompt", greedy.prompts[static_cast<size_t>(i)]},
                     {"response", greedy.responses[static_cast<size_t>(i)]},

@@ -261,7 +261,7 @@ Experience PpoJob::score(Scheduler& s, Rollout& r) {
   // Each future yields the group's reply and its ranks (for the compute accounting).
   using Scored = std::pair<Message, int>;
   auto call = [&](Role role, auto request) {
-    const Dispatch dispatch = dispatch_for(spec_, role);
+    const Dispatch dispatch = settings_.dispatch.at(role);
     return in_parallel([&s, &seq, role, request, micro, dispatch]() -> Scored {
       RoleGroup& g = s.group(role);
       return {g.scatter(request, seq, micro, dispatch), g.size()};

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <future>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,6 +28,8 @@
 
 #include "core/spec.h"
 #include "core/timing.h"
+#include "engine/phase_policy.h"
+#include "engine/role_config.h"
 #include "ppo/advantages.h"
 #include "ppo/driver.h"
 #include "ppo/kl.h"
@@ -36,6 +39,7 @@
 #include "ppo/rollout_correction.h"
 #include "ppo/worker_ops.h"
 #include "rollout/worker_ops.h"
+#include "scheduler/role_group.h"
 #include "transport/message.h"
 #include "transport/worker_ops.h"
 
@@ -155,6 +159,32 @@ struct StepOutcome {
   double t_sync = 0, t_step = 0;
 };
 
+// What the job reads of the spec beyond PpoConfig, once, when it is built: the roles'
+// configs and the settings of the calls it makes to them. The job keeps no JobSpec.
+struct JobSettings {
+  // Each loaded model role's Init config (actor, critic, ref, reward, as the spec uses them);
+  // init_roles sets a trained role's micro batches per step from its group's size.
+  std::map<Role, engine::ModelRoleConfig> roles;
+  std::map<Role, Dispatch> dispatch;  // how a scatter spreads over each model role's ranks
+  // The rollout group's load request: model, dtype, the engine of the rollout section, and
+  // with an environment its config, tokenizer and chat template (stop tokens, the KV budget
+  // and the TP store are added in init_roles).
+  ops::LoadModel rollout;
+  double kv_cache_gb = 0;      // per rollout worker (auto: what the plan leaves; 0 on CPUs)
+  bool kv_cache_auto = false;  // rollout.kv_cache_memory_gb is "auto"
+  double gpu_memory_utilization = 0;
+  engine::PhaseSettings phases;        // what the colocation policy decides from
+  std::string actor_model;             // its tokenizer files go beside the exported actor
+  nlohmann::json trajectory_settings;  // recorded with each checkpoint (driver_state.h)
+  bool tensorboard = false;            // logger.tensorboard
+  int64_t logged_samples = 0;          // logger.samples_per_step
+  int64_t sync_bucket_bytes = 0;       // rollout.sync_bucket_mb
+  std::string lora_sync;               // rollout.lora_sync
+
+  // `trained_steps`: optimizer steps the LR schedules span.
+  static JobSettings from_spec(const JobSpec& spec, const PpoConfig& c, int64_t trained_steps);
+};
+
 class PpoJob {
  public:
   PpoJob(const JobSpec& spec, PpoDriverOptions options);
@@ -237,9 +267,9 @@ class PpoJob {
   int64_t resume(Scheduler& s);
   void export_actor(Scheduler& s, std::ostream& out);
 
-  JobSpec spec_;
   PpoDriverOptions options_;
   PpoConfig c_;
+  JobSettings settings_;
   std::string run_dir_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   int64_t eos_id_ = -1, pad_id_ = 0;

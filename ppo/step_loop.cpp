@@ -191,7 +191,7 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
 // A few generations of the step, spread over its prompts, to read beside the numbers.
 void PpoJob::write_samples(int64_t step, const StepOutcome& o, MetricsSink& metrics) const {
   const Rollout& r = o.r;
-  const int64_t b = r.sequences.size(0), k = std::min(b, spec_.get_int("logger.samples_per_step"));
+  const int64_t b = r.sequences.size(0), k = std::min(b, settings_.logged_samples);
   if (k <= 0) return;
   json rows = json::array();
   for (int64_t j = 0; j < k; ++j) {

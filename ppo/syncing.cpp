@@ -50,10 +50,9 @@ double PpoJob::sync_weights(Scheduler& s) {
   push.sync_size = rollout.size() + 1;
   push.backend = sync_route_.backend;
   push.path = sync_route_.path;
-  push.bucket_bytes = static_cast<int64_t>(spec_.get_float("rollout.sync_bucket_mb") *
-                                           static_cast<double>(1 << 20));
+  push.bucket_bytes = settings_.sync_bucket_bytes;
   push.tensor_parallel_size = static_cast<int>(c_.tensor_parallel_size);
-  push.lora_sync = spec_.get_string("rollout.lora_sync");
+  push.lora_sync = settings_.lora_sync;
   auto pushed = s.group(Role::kActor).call_all(push);
   const auto received = receive.get();
   const ops::SyncReply& a = pushed.at(0).reply;
