@@ -67,13 +67,9 @@ json mean_over_ranks(const std::vector<Answered<ops::OfflineStepReply>>& replies
 
 }  // namespace
 
-OfflineSettings OfflineSettings::from_spec(const JobSpec& spec, int64_t trained_steps) {
+OfflineSettings OfflineSettings::from_spec(const JobSpec& spec) {
   OfflineSettings o;
-  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kReward}) {
-    o.dispatch.emplace(role, dispatch_for(spec, role));
-    if (spec.uses(role))
-      o.roles.emplace(role, engine::ModelRoleConfig::from_spec(spec, role, trained_steps, 1));
-  }
+  o.dispatch = model_role_dispatch(spec);
   o.train_data = OfflineDataConfig::from_spec(spec, false);
   o.eval_data = OfflineDataConfig::from_spec(spec, true);
   o.apply_chat_template = spec.get_bool("data.apply_chat_template");
@@ -96,14 +92,10 @@ OfflineSettings OfflineSettings::from_spec(const JobSpec& spec, int64_t trained_
 
 OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role trained,
                        RowLayout layout)
-    : options_(options), trained_(trained), layout_(layout) {
-  // The data's settings first (load_data reads them); the roles' LR schedules need the step
-  // count, known once the data is read.
-  settings_.train_data = OfflineDataConfig::from_spec(spec, false);
-  settings_.eval_data = OfflineDataConfig::from_spec(spec, true);
-  settings_.apply_chat_template = spec.get_bool("data.apply_chat_template");
-  settings_.prompt_max_len = spec.get_int("data.prompt_max_len");
-  settings_.max_len = spec.get_int("data.max_len");
+    : settings_(OfflineSettings::from_spec(spec)),
+      options_(options),
+      trained_(trained),
+      layout_(layout) {
   run_dir_ = run_directory(spec);
   ckpt_path_ = checkpoint_directory(spec);
   model_dir_ = spec.get_string(std::string(role_name(trained)) + ".model");
@@ -131,7 +123,8 @@ OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role t
   total_steps_ = epochs_ * steps_per_epoch_;
   if (spec.get_int("train.max_steps") > 0)
     total_steps_ = std::min(total_steps_, spec.get_int("train.max_steps"));
-  settings_ = OfflineSettings::from_spec(spec, total_steps_);
+  // The roles' LR schedules span the steps, known once the data is read.
+  settings_.roles = engine::model_role_configs(spec, total_steps_);
 }
 
 OfflineJob::~OfflineJob() = default;

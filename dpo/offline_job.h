@@ -44,8 +44,8 @@ enum class RowLayout { kSingle, kPairs, kUnpairedWithKl };
 // built: the roles' configs, the data, checkpoint and logging settings, and the reference's
 // identity. The job keeps no JobSpec.
 struct OfflineSettings {
-  // Each model role the spec uses, its Init config (with the LR schedule over
-  // `trained_steps`); init_roles sets the trained role's micro batches per step.
+  // Each model role the spec uses, its Init config (engine::model_role_configs, set once the
+  // step count is known); init_roles sets the trained role's micro batches per step.
   std::map<Role, engine::ModelRoleConfig> roles;
   std::map<Role, Dispatch> dispatch;  // how a scatter spreads over each model role's ranks
   OfflineDataConfig train_data, eval_data;
@@ -58,7 +58,7 @@ struct OfflineSettings {
   std::string ref_model;               // ref.model
   std::string actor_dtype, ref_dtype;  // actor.dtype, ref.dtype
 
-  static OfflineSettings from_spec(const JobSpec& spec, int64_t trained_steps);
+  static OfflineSettings from_spec(const JobSpec& spec);  // all but `roles`
 };
 
 class OfflineJob {

@@ -141,6 +141,13 @@ ModelRoleConfig ModelRoleConfig::from_json(const json& j, const std::string& whe
   return c;
 }
 
+std::map<Role, ModelRoleConfig> model_role_configs(const JobSpec& spec, int64_t total_steps) {
+  std::map<Role, ModelRoleConfig> out;
+  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kReward})
+    if (spec.uses(role)) out.emplace(role, ModelRoleConfig::from_spec(spec, role, total_steps, 1));
+  return out;
+}
+
 ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64_t total_steps,
                                            int64_t grad_accum_steps) {
   const std::string r = role_name(role);

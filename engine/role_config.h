@@ -4,6 +4,7 @@
 // workers in actors/) sit above it.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -48,6 +49,11 @@ struct ModelRoleConfig {
   static ModelRoleConfig from_spec(const JobSpec& spec, Role role, int64_t total_steps,
                                    int64_t grad_accum_steps);
 };
+
+// The config of every model role the spec uses (actor, critic, ref, reward), with the LR
+// schedules over `total_steps` and one micro batch per step (a driver sets grad_accum_steps
+// once it knows its groups' sizes).
+std::map<Role, ModelRoleConfig> model_role_configs(const JobSpec& spec, int64_t total_steps);
 
 // nlohmann's hooks, so a ModelRoleConfig travels inside typed requests (engine/worker_ops.h).
 inline void to_json(nlohmann::json& j, const ModelRoleConfig& c) {

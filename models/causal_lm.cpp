@@ -199,6 +199,7 @@ CausalLM::CausalLM(ModelConfig config, Materialize how, TensorParallel tp)
   const ModelConfig& c = config_;
   const ModelFamily& family = model_family(c.model_type, "CausalLM");
   has_local_ = has_local_layers(c);
+  shortest_window_ = shortest_window(c);
   if (family.scale_embeddings) embed_scale_ = std::sqrt(static_cast<double>(c.hidden_size));
   const int64_t vocab = c.vocab_size / tp_.size;  // this rank's rows (vocab-parallel)
   auto stack = register_module("model", std::make_shared<torch::nn::Module>());
@@ -262,8 +263,7 @@ bool CausalLM::uses_varlen_attention(int64_t T) const {
   const auto dtype = embed_tokens->weight.scalar_type();
   return varlen_attention_ && embed_tokens->weight.is_cuda() &&
          (dtype == torch::kBFloat16 || dtype == torch::kHalf) && config_.head_dim % 8 == 0 &&
-         config_.head_dim <= 256 &&
-         (shortest_window(config_) <= 0 || shortest_window(config_) >= T);
+         config_.head_dim <= 256 && (shortest_window_ <= 0 || shortest_window_ >= T);
 }
 
 torch::Tensor CausalLM::run_layer(int64_t i, const torch::Tensor& hidden, const AttentionInputs& in,

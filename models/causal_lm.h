@@ -198,6 +198,7 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   torch::Tensor inv_freq_;        // RoPE's inverse frequencies on the device of the last forward
   torch::Tensor inv_freq_local_;  // the local layers' (has_local_)
   bool has_local_ = false;        // some layer attends through the local pattern
+  int64_t shortest_window_ = 0;   // models::shortest_window of the config
   double embed_scale_ = 0;        // the embedding's output times this (0: not scaled)
   bool fused_ = false;            // fuse_projections() ran
 };

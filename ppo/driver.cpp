@@ -67,11 +67,8 @@ json source_means(const torch::Tensor& source_scores, const std::vector<std::str
 
 JobSettings JobSettings::from_spec(const JobSpec& spec, const PpoConfig& c, int64_t trained_steps) {
   JobSettings j;
-  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kReward}) {
-    j.dispatch.emplace(role, dispatch_for(spec, role));
-    if (spec.uses(role))
-      j.roles.emplace(role, engine::ModelRoleConfig::from_spec(spec, role, trained_steps, 1));
-  }
+  j.roles = engine::model_role_configs(spec, trained_steps);
+  j.dispatch = model_role_dispatch(spec);
   // The engine of the spec's rollout section (the same function `rlhf generate` builds its
   // engine with).
   j.rollout.generation = rollout::generation_config_from_rollout_section(spec.json().at("rollout"));

@@ -70,6 +70,13 @@ Dispatch dispatch_for(const JobSpec& spec, Role role) {
   return sharded ? Dispatch::kEqualPerRank : Dispatch::kLeastLoaded;
 }
 
+std::map<Role, Dispatch> model_role_dispatch(const JobSpec& spec) {
+  std::map<Role, Dispatch> out;
+  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kReward})
+    out.emplace(role, dispatch_for(spec, role));
+  return out;
+}
+
 void RoleGroup::set_ranks_per_replica(int ranks) {
   if (ranks < 1 || size() % ranks != 0)
     throw InputError(std::string(role_name(role_)) + ": " + std::to_string(ranks) +

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@ enum class Dispatch {
 // The dispatch a role's forward operations need: kEqualPerRank when its weights are sharded
 // over the group (a trained role at ZeRO stage 3), kLeastLoaded otherwise.
 Dispatch dispatch_for(const JobSpec& spec, Role role);
+// dispatch_for of every model role (actor, critic, ref, reward).
+std::map<Role, Dispatch> model_role_dispatch(const JobSpec& spec);
 
 class RoleGroup {
  public:

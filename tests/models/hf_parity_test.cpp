@@ -254,21 +254,27 @@ TEST(HfParity, ReadsTheConfigsTransformers5Writes) {
   EXPECT_EQ(written["dtype"], "float32");
 }
 
+// Max |logits - HF's| on the plain batch of case `dir`, for its weights loaded into a model
+// of `config` (the case's config with something changed).
+double plain_logits_error(const std::string& dir, const ModelConfig& config) {
+  torch::NoGradGuard no_grad;
+  CausalLM model(config);
+  load_weights(model, CheckpointReader(dir));
+  Reference ref(dir);
+  const auto plain = ref["plain_input_ids"];
+  const auto ones = torch::ones_like(plain);
+  return max_abs_error(model.logits(model.forward(plain, ones)), ref["plain_logits"],
+                       token_positions(ones));
+}
+
 TEST(HfParity, MistralSlidingWindowShorterThanTheSequenceIsHonoured) {
   // The window (4) is shorter than the 12-token sequences, so it shapes most positions: the
   // same weights with the window ignored are far from HF, i.e. the parity above checks it.
   const std::string dir = case_dir("mistral");
-  torch::NoGradGuard no_grad;
   ModelConfig config = ModelConfig::from_json_file(dir);
   ASSERT_EQ(config.sliding_window, 4);
   config.sliding_window = 0;
-  CausalLM no_window(config);
-  load_weights(no_window, CheckpointReader(dir));
-  Reference ref(dir);
-  const auto plain = ref["plain_input_ids"];
-  const auto ones = torch::ones_like(plain);
-  const double error = max_abs_error(no_window.logits(no_window.forward(plain, ones)),
-                                     ref["plain_logits"], token_positions(ones));
+  const double error = plain_logits_error(dir, config);
   report("mistral with the window ignored, logits", error);
   EXPECT_GT(error, 1e-2);
 }
@@ -314,16 +320,9 @@ TEST(HfParity, Gemma3LocalLayersAreWhatMakesItMatch) {
   // weights read as if every layer were global are far from HF, i.e. the parity above checks
   // the per-layer patterns. Also on the paged engine's path (GreedyGenerate).
   const std::string dir = case_dir("gemma3");
-  torch::NoGradGuard no_grad;
   ModelConfig config = ModelConfig::from_json_file(dir);
   config.layer_types.assign(3, "full_attention");
-  CausalLM all_global(config);
-  load_weights(all_global, CheckpointReader(dir));
-  Reference ref(dir);
-  const auto plain = ref["plain_input_ids"];
-  const auto ones = torch::ones_like(plain);
-  const double error = max_abs_error(all_global.logits(all_global.forward(plain, ones)),
-                                     ref["plain_logits"], token_positions(ones));
+  const double error = plain_logits_error(dir, config);
   report("gemma3 with every layer global, logits", error);
   EXPECT_GT(error, 1e-2);
 }
