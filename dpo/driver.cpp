@@ -17,6 +17,7 @@ namespace rlhf::dpo {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using runtime::fixed;
 
 namespace {
 
@@ -57,8 +58,6 @@ class DpoJob : public OfflineJob {
   }
 
  protected:
-  const char* kind() const override { return "dpo"; }
-
   void prepare(Scheduler& s, std::ostream& out) override {
     if (!needs_reference(config_.type)) return;
     ref_train_ = reference_log_probs(s, train_data(), "train", out);
@@ -229,7 +228,6 @@ class SftJob : public OfflineJob {
       : OfflineJob(spec, options, Role::kActor, RowLayout::kSingle) {}
 
  protected:
-  const char* kind() const override { return "sft"; }
   std::vector<Answered<ops::OfflineStepReply>> train_call(
       RoleGroup& group, int64_t micro_batch_size,
       const std::vector<NamedTensor>& tensors) const override {
@@ -262,7 +260,6 @@ class RmJob : public OfflineJob {
   }
 
  protected:
-  const char* kind() const override { return "rm"; }
   std::vector<Answered<ops::OfflineStepReply>> train_call(
       RoleGroup& group, int64_t micro_batch_size,
       const std::vector<NamedTensor>& tensors) const override {

@@ -5,22 +5,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <future>
-#include <iomanip>
 #include <map>
-#include <mutex>
-#include <sstream>
 
 #include "core/errors.h"
-#include "core/run_dir.h"
 #include "core/timing.h"
 #include "dpo/preference_dataset.h"
-#include "engine/driver_state.h"
-#include "engine/memory_check.h"
 #include "engine/role_config.h"
-#include "models/pretrained.h"
 #include "report/metrics.h"
-#include "scheduler/peak_memory.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
 #include "tokenizer/prompt_format.h"
@@ -75,15 +66,8 @@ OfflineSettings OfflineSettings::from_spec(const JobSpec& spec) {
   o.apply_chat_template = spec.get_bool("data.apply_chat_template");
   o.prompt_max_len = spec.get_int("data.prompt_max_len");
   o.max_len = spec.get_int("data.max_len");
-  o.save_only_model = spec.get_bool("ckpt.save_only_model");
-  o.export_hf = spec.get_bool("ckpt.export_hf");
-  o.tensorboard = spec.get_bool("logger.tensorboard");
-  o.max_ckpt = spec.get_int("ckpt.max_num");
-  o.save_steps = spec.get_int("ckpt.save_steps");
-  o.logging_steps = spec.get_int("logger.logging_steps");
   o.eval_steps = spec.get_int("eval.steps");
   o.micro_batch_size = spec.get_int("train.micro_batch_size");
-  o.trajectory_settings = engine::trajectory_settings(spec);
   o.ref_model = spec.get_string("ref.model");
   o.actor_dtype = spec.get_string("actor.dtype");
   o.ref_dtype = spec.get_string("ref.dtype");
@@ -92,12 +76,11 @@ OfflineSettings OfflineSettings::from_spec(const JobSpec& spec) {
 
 OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role trained,
                        RowLayout layout)
-    : settings_(OfflineSettings::from_spec(spec)),
+    : runtime_(runtime::RuntimeSettings::from_spec(spec, job_kind_name(spec.kind()))),
+      settings_(OfflineSettings::from_spec(spec)),
       options_(options),
       trained_(trained),
       layout_(layout) {
-  run_dir_ = run_directory(spec);
-  ckpt_path_ = checkpoint_directory(spec);
   model_dir_ = spec.get_string(std::string(role_name(trained)) + ".model");
   tokenizer_ = tokenizer::load_tokenizer(model_dir_);
   const auto& special = tokenizer_->special_ids();
@@ -128,12 +111,6 @@ OfflineJob::OfflineJob(const JobSpec& spec, OfflineDriverOptions options, Role t
 }
 
 OfflineJob::~OfflineJob() = default;
-
-std::string OfflineJob::fixed(double v, int precision) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(precision) << v;
-  return o.str();
-}
 
 TokenizedExample OfflineJob::tokenize(const std::string& prompt, const std::string& response,
                                       const std::string& rejected, bool pair) {
@@ -270,29 +247,6 @@ torch::Tensor OfflineJob::gather_scores(Scheduler& s, const RowTensors& rows) {
   return gather(s.group(trained_), ops::SequenceScores{{true, 2 * micro_}}, rows, "scores");
 }
 
-void OfflineJob::init_roles(Scheduler& s, std::ostream& out) {
-  const auto t0 = Clock::now();
-  std::mutex out_mutex;  // roles finish on their own threads
-  std::vector<std::future<void>> calls;
-  for (Role role : s.roles()) {
-    RoleGroup& g = s.group(role);
-    auto found = settings_.roles.find(role);
-    if (found == settings_.roles.end())
-      throw RuntimeError(std::string(kind()) + ": no config for the " + role_name(role) + " group");
-    ops::Init request{found->second, s.rendezvous(role_name(role))};
-    if (request.config.trainer) request.config.trainer->grad_accum_steps = accum_;
-    out << kind() << ": loading " << role_name(role) << " (" << g.size() << " worker"
-        << (g.size() == 1 ? "" : "s") << ")" << std::endl;
-    calls.push_back(std::async(std::launch::async, [this, &g, &out, &out_mutex, t0, request] {
-      g.call_all(request);
-      std::lock_guard<std::mutex> lock(out_mutex);
-      out << kind() << ": " << role_name(g.role()) << " ready after " << fixed(seconds_since(t0), 1)
-          << " s" << std::endl;
-    }));
-  }
-  for (auto& c : calls) c.get();
-}
-
 std::vector<int64_t> OfflineJob::step_index(int64_t step) const {
   const int64_t epoch = (step - 1) / steps_per_epoch_, k = (step - 1) % steps_per_epoch_;
   torch::Generator gen = at::detail::createCPUGenerator(seed_ * 31 + static_cast<uint64_t>(epoch));
@@ -334,30 +288,6 @@ json OfflineJob::train_step(Scheduler& s, int64_t step) {
   return rec;
 }
 
-void OfflineJob::save(Scheduler& s, int64_t step, std::ostream& out) {
-  const std::string tag = "global_step" + std::to_string(step);
-  const auto t0 = Clock::now();
-  out << kind() << ": saving the checkpoint of step " << step << " to " << ckpt_path_ << std::endl;
-  s.progress().begin("saving the checkpoint of step " + std::to_string(step));
-  s.group(trained_).call_all(ops::Save{(fs::path(ckpt_path_) / role_name(trained_) / tag).string(),
-                                       settings_.save_only_model,
-                                       static_cast<int>(settings_.max_ckpt)});
-  // The driver's state last: its presence marks the step's checkpoint complete.
-  const std::string file = engine::write_driver_state(
-      ckpt_path_, step, {{"kind", kind()}}, settings_.trajectory_settings, settings_.max_ckpt);
-  s.progress().end();
-  out << kind() << ": checkpoint of step " << step << " saved in " << fixed(seconds_since(t0), 1)
-      << " s (" << file << ")" << std::endl;
-}
-
-int64_t OfflineJob::resume(Scheduler& s) {
-  const auto state = engine::latest_driver_state(ckpt_path_, trained_);
-  if (!state) throw InputError("--resume: no complete checkpoint under " + ckpt_path_);
-  s.group(trained_).call_all(
-      ops::Load{(fs::path(ckpt_path_) / role_name(trained_) / state->tag).string()});
-  return state->step;
-}
-
 void OfflineJob::write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out) {
   const auto t0 = Clock::now();
   s.progress().begin(std::string("evaluating ") + std::to_string(eval_.size()) +
@@ -369,74 +299,55 @@ void OfflineJob::write_eval(Scheduler& s, const char* when, int64_t step, std::o
               {"examples", eval_.size()},
               {"time_s", seconds_since(t0)}};
   rec.update(figures);
-  metrics_->write(rec);
+  runtime_.metrics().write(rec);
   s.progress().end();
   out << kind() << ": held-out, " << when << " training (" << eval_.size()
       << " examples): " << eval_line(figures) << std::endl;
 }
 
-void OfflineJob::export_model(Scheduler& s, std::ostream& out) {
-  const std::string dir = (fs::path(run_dir_) / "export" / role_name(trained_)).string();
-  out << kind() << ": exporting the trained " << role_name(trained_) << " to " << dir << std::endl;
-  s.progress().begin(std::string("exporting the ") + role_name(trained_));
-  s.group(trained_).call_all(ops::ExportHf{dir});
-  s.progress().end();
-  // The chat template comes along too (chat_template.jinja): a conversation-trained export
-  // is the next job's model.
-  models::copy_tokenizer_files(model_dir_, dir);
-  out << kind() << ": trained " << role_name(trained_) << " exported to " << dir << std::endl;
-}
-
 void OfflineJob::run(Scheduler& s, std::ostream& out) {
-  planned_ = engine::planned_roles(run_dir_);
-  metrics_ = std::make_unique<report::MetricsSink>((fs::path(run_dir_) / "metrics.jsonl").string(),
-                                                   settings_.tensorboard);
+  report::MetricsSink& metrics = runtime_.open_metrics();
   group_size_ = s.group(trained_).size();
   accum_ = std::max<int64_t>(1, batch_size_ / (micro_ * group_size_));
   eval_.resize(eval_.size() - eval_.size() % static_cast<size_t>(group_size_));
-  out << kind() << ": " << train_.size() << " training and " << eval_.size()
-      << " held-out examples (" << truncated_ << " truncated to data.max_len, " << skipped_lines_
-      << " bad lines skipped); " << total_steps_ << " steps of " << batch_size_ << " over "
-      << epochs_ << " epoch(s); metrics: " << metrics_->path() << std::endl;
+  runtime_.say(out) << train_.size() << " training and " << eval_.size() << " held-out examples ("
+                    << truncated_ << " truncated to data.max_len, " << skipped_lines_
+                    << " bad lines skipped); " << total_steps_ << " steps of " << batch_size_
+                    << " over " << epochs_ << " epoch(s); metrics: " << metrics.path() << std::endl;
   s.progress().begin("loading models");
-  init_roles(s, out);
+  runtime_.start_roles(
+      s,
+      [&](RoleGroup& g) { return runtime_.init_role(s, g, settings_.roles, batch_size_, micro_); },
+      out);
   int64_t step = 0;
-  if (options_.resume) {
-    s.progress().begin("loading the checkpoint");
-    step = resume(s);
-    out << kind() << ": resumed after step " << step << " from " << ckpt_path_ << std::endl;
-  }
+  if (options_.resume) step = runtime_.resume(s, {trained_}, out).step;
   prepare(s, out);
   if (!eval_.empty() && step == 0) write_eval(s, "before", 0, out);
-  const int64_t logging = settings_.logging_steps, save_steps = settings_.save_steps,
-                eval_steps = settings_.eval_steps;
-  const auto loop_start = Clock::now();
-  const int64_t first_step = step + 1;
+  const int64_t eval_steps = settings_.eval_steps;
+  const runtime::StepClock clock(step + 1, total_steps_);
   for (++step; step <= total_steps_; ++step) {
     s.progress().begin("step " + std::to_string(step) + "/" + std::to_string(total_steps_) +
                        ": training, epoch " + std::to_string((step - 1) / steps_per_epoch_ + 1) +
                        "/" + std::to_string(epochs_));
     json rec = train_step(s, step);
     s.progress().end();
-    if (step % logging == 0 || step == total_steps_) {
-      rec["memory"] = peak_memory_by_role(s, planned_);
-      metrics_->write(rec);
+    if (runtime_.logs_at(step, total_steps_)) {
+      rec["memory"] = runtime_.memory(s);
+      metrics.write(rec);
       out << "step " << step << "/" << total_steps_ << " | epoch " << rec["epoch"] << " | "
-          << step_line(rec) << " | " << fixed(rec["time_s"].get<double>(), 2) << " s | "
-          << fixed(rec["tokens_per_s"].get<double>(), 0) << " tok/s | "
-          << elapsed_and_eta(seconds_since(loop_start), step - first_step + 1,
-                             total_steps_ - first_step + 1)
-          << std::endl;
+          << step_line(rec) << " | " << runtime::fixed(rec["time_s"].get<double>(), 2) << " s | "
+          << runtime::fixed(rec["tokens_per_s"].get<double>(), 0) << " tok/s | "
+          << clock.after(step) << std::endl;
     }
     // Every eval.steps (the last step's is the "after" evaluation).
     if (!eval_.empty() && eval_steps > 0 && step % eval_steps == 0 && step < total_steps_)
       write_eval(s, "during", step, out);
-    // Every ckpt.save_steps, and always after the last step.
-    if ((save_steps > 0 && step % save_steps == 0) || step == total_steps_) save(s, step, out);
+    if (runtime_.saves_at(step, total_steps_))
+      runtime_.save(s, step, {trained_}, {{"kind", kind()}}, out);
   }
   if (!eval_.empty()) write_eval(s, "after", total_steps_, out);
-  if (settings_.export_hf) export_model(s, out);
-  out << kind() << ": done; metrics in " << metrics_->path() << std::endl;
+  if (runtime_.settings().export_hf) runtime_.export_model(s, trained_, model_dir_, out);
+  runtime_.say(out) << "done; metrics in " << metrics.path() << std::endl;
 }
 
 }  // namespace rlhf::dpo

@@ -1,8 +1,9 @@
 // The loop shared by the offline drivers (dpo, sft, rm): reading and tokenizing the data,
 // the order of global batches (a fresh permutation per epoch, so a step number fixes its
-// batch and --resume continues the same trajectory), the trained group's init, save, load
-// and export, metrics records and console lines. A job subclass says what a step sends,
-// what it reports and how it evaluates; nothing here knows a loss.
+// batch and --resume continues the same trajectory), each step's record and console line.
+// Role start-up, checkpoints, the export and the metrics sink are the job runtime's
+// (runtime/job_runtime.h, shared with ppo/). A job subclass says what a step sends, what it
+// reports and how it evaluates; nothing here knows a loss.
 #pragma once
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include "dpo/preference_dataset.h"
 #include "dpo/worker_ops.h"
 #include "engine/role_config.h"
+#include "runtime/job_runtime.h"
 #include "scheduler/role_group.h"
 #include "transport/message.h"
 
@@ -40,21 +42,19 @@ namespace rlhf::dpo {
 // labelled row and a mismatched KL row (its prompt with another example's response).
 enum class RowLayout { kSingle, kPairs, kUnpairedWithKl };
 
-// What an offline job reads of the spec beyond its loss's own fields, once, when it is
-// built: the roles' configs, the data, checkpoint and logging settings, and the reference's
-// identity. The job keeps no JobSpec.
+// What an offline job reads of the spec beyond its loss's own fields and the runtime's
+// settings, once, when it is built: the roles' configs, the data, the evaluation schedule and
+// the reference's identity. The job keeps no JobSpec.
 struct OfflineSettings {
   // Each model role the spec uses, its Init config (engine::model_role_configs, set once the
-  // step count is known); init_roles sets the trained role's micro batches per step.
+  // step count is known); the runtime's init_role sets the trained role's micro batches per step.
   std::map<Role, engine::ModelRoleConfig> roles;
   std::map<Role, Dispatch> dispatch;  // how a scatter spreads over each model role's ranks
   OfflineDataConfig train_data, eval_data;
   bool apply_chat_template = false;
   int64_t prompt_max_len = 0, max_len = 0;
-  bool save_only_model = false, export_hf = true, tensorboard = false;
-  int64_t max_ckpt = 0, save_steps = 0, logging_steps = 1, eval_steps = 0;
+  int64_t eval_steps = 0;              // eval.steps
   int64_t micro_batch_size = 1;        // train.micro_batch_size
-  nlohmann::json trajectory_settings;  // recorded with each checkpoint (driver_state.h)
   std::string ref_model;               // ref.model
   std::string actor_dtype, ref_dtype;  // actor.dtype, ref.dtype
 
@@ -68,7 +68,6 @@ class OfflineJob {
   void run(Scheduler& s, std::ostream& out);
 
  protected:
-  virtual const char* kind() const = 0;
   // After every role's init (and a resume's load), before the first step.
   virtual void prepare(Scheduler&, std::ostream&) {}
   // One optimizer step on the trained group: this job's train request (dpo/worker_ops.h)
@@ -85,7 +84,7 @@ class OfflineJob {
   virtual std::string eval_line(const nlohmann::json& figures) const = 0;
 
   // Helpers for subclasses.
-  static std::string fixed(double v, int precision = 3);  // "0.693" for console lines
+  const std::string& kind() const { return runtime_.kind(); }  // "dpo", "sft", "rm"
   const OfflineSettings& settings() const { return settings_; }
   Role trained_role() const { return trained_; }
   const std::vector<TokenizedExample>& train_data() const { return train_; }
@@ -93,7 +92,7 @@ class OfflineJob {
   // a call_all takes an equal share).
   const std::vector<TokenizedExample>& eval_data() const { return eval_; }
   int64_t pad_id() const { return pad_id_; }
-  const std::string& run_dir() const { return run_dir_; }
+  const std::string& run_dir() const { return runtime_.settings().run_dir; }
   // Rows of `data`'s examples `index` (all when empty) in this job's layout, unpacked.
   RowTensors rows_of(const std::vector<TokenizedExample>& data,
                      const std::vector<int64_t>& index = {}) const;
@@ -110,20 +109,16 @@ class OfflineJob {
   // An SFT conversation (SftRow::messages): the prompt, then every later turn as the response,
   // trained where the model wrote it (TokenizedExample::response_mask).
   TokenizedExample tokenize_conversation(const nlohmann::json& messages);
-  void init_roles(Scheduler& s, std::ostream& out);
   std::vector<int64_t> step_index(int64_t step) const;
   nlohmann::json train_step(Scheduler& s, int64_t step);
-  void save(Scheduler& s, int64_t step, std::ostream& out);
-  int64_t resume(Scheduler& s);
-  void export_model(Scheduler& s, std::ostream& out);
   void write_eval(Scheduler& s, const char* when, int64_t step, std::ostream& out);
 
+  runtime::JobRuntime runtime_;
   OfflineSettings settings_;
-  nlohmann::json planned_;  // plan.json's per-role figures (null without a plan)
   OfflineDriverOptions options_;
   Role trained_;
   RowLayout layout_;
-  std::string run_dir_, ckpt_path_, model_dir_;
+  std::string model_dir_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<tokenizer::PromptFormatter> formatter_;
   int64_t pad_id_ = 0, eos_id_ = -1;
@@ -133,7 +128,6 @@ class OfflineJob {
   int64_t epochs_ = 1, steps_per_epoch_ = 0, total_steps_ = 0;
   uint64_t seed_ = 42;
   bool packing_ = false;
-  std::unique_ptr<report::MetricsSink> metrics_;
 };
 
 }  // namespace rlhf::dpo

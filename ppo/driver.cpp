@@ -1,6 +1,6 @@
-// The PPO-family job's setup and top loop: data, tokenizer and reward sources, loading every
-// role, then `run` (resume, first sync, the step loop, export). The phases are in their own
-// files (see ppo_job.h).
+// The PPO-family job's setup and top loop: data, tokenizer and reward sources, starting every
+// role through the job runtime, building the phases (phases.h), then `run` (resume, first
+// sync, the step loop, export).
 #include "ppo/driver.h"
 
 #include <algorithm>
@@ -36,35 +36,6 @@ namespace job {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-double scatter_compute(const Message& reply, int ranks) {
-  double sum = 0;
-  for (const auto& mb : reply.args.value("micro_batches", json::array()))
-    sum += mb.value("compute_s", 0.0);
-  return sum / std::max(1, ranks);
-}
-std::string seconds_text(double seconds) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(1) << seconds;
-  return o.str();
-}
-
-std::string fmt(double v, int precision) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(precision) << v;
-  return o.str();
-}
-
-json source_means(const torch::Tensor& source_scores, const std::vector<std::string>& names) {
-  json out = json::object();
-  for (size_t i = 0; i < names.size(); ++i) {
-    const auto row = source_scores[static_cast<int64_t>(i)];
-    const auto valid = ~torch::isnan(row);
-    const auto n = valid.sum().item<int64_t>();
-    out[names[i]] = n > 0 ? row.masked_select(valid).mean().item<double>() : std::nan("");
-  }
-  return out;
-}
-
 JobSettings JobSettings::from_spec(const JobSpec& spec, const PpoConfig& c, int64_t trained_steps) {
   JobSettings j;
   j.roles = engine::model_role_configs(spec, trained_steps);
@@ -84,34 +55,34 @@ JobSettings JobSettings::from_spec(const JobSpec& spec, const PpoConfig& c, int6
   j.kv_cache_gb = engine::kv_cache_gb_for_run(spec);
   j.kv_cache_auto = spec.at("rollout.kv_cache_memory_gb").is_string();
   j.gpu_memory_utilization = spec.get_float("rollout.gpu_memory_utilization");
-  j.phases = engine::PhaseSettings::from_spec(spec);
-  j.actor_model = spec.get_string("actor.model");
-  j.trajectory_settings = engine::trajectory_settings(spec);
-  j.tensorboard = spec.get_bool("logger.tensorboard");
-  j.logged_samples = spec.get_int("logger.samples_per_step");
-  j.sync_bucket_bytes =
+  j.sync.phases = engine::PhaseSettings::from_spec(spec);
+  j.sync.bucket_bytes =
       static_cast<int64_t>(spec.get_float("rollout.sync_bucket_mb") * static_cast<double>(1 << 20));
-  j.lora_sync = spec.get_string("rollout.lora_sync");
+  j.sync.lora_sync = spec.get_string("rollout.lora_sync");
+  j.sync.tensor_parallel_size = c.tensor_parallel_size;
+  j.actor_model = spec.get_string("actor.model");
+  j.logged_samples = spec.get_int("logger.samples_per_step");
   return j;
 }
 
 PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
     : options_(options),
+      c_(PpoConfig::from_spec(spec)),
+      runtime_(runtime::RuntimeSettings::from_spec(spec, "ppo")),
       kl_(spec.get_float("algo.kl.init_coef"), spec.get_float("algo.kl.target"),
           spec.get_int("algo.kl.horizon")) {
-  run_dir_ = run_directory(spec);
-  c_ = PpoConfig::from_spec(spec, run_dir_);
   // No ref workers for a LoRA actor on the reference's model (core/spec_rules.cpp used_roles).
-  ref_from_actor_ =
+  roles_.ref_from_actor =
       !spec.uses(Role::kRef) &&
       (spec.get_float("algo.kl.init_coef") > 0 || spec.get_bool("algo.kl.use_loss")) &&
       (spec.get_int("actor.lora.rank") > 0 || !spec.get_string("actor.lora.adapter").empty());
-  has_ref_ = spec.uses(Role::kRef) || ref_from_actor_;
-  has_critic_ = spec.uses(Role::kCritic);
-  has_reward_model_ = spec.uses(Role::kReward);
+  roles_.ref = spec.uses(Role::kRef) || roles_.ref_from_actor;
+  roles_.critic = spec.uses(Role::kCritic);
+  roles_.reward_model = spec.uses(Role::kReward);
   {
     auto rc = rewards::RewardSourcesConfig::from_spec(spec);
-    rc.python_log_path = (fs::path(run_dir_) / "logs" / "python_rewards.log").string();
+    rc.python_log_path =
+        (fs::path(runtime_.settings().run_dir) / "logs" / "python_rewards.log").string();
     fs::create_directories(fs::path(rc.python_log_path).parent_path());
     rewards_ = std::make_unique<rewards::RewardSources>(rc);
   }
@@ -125,19 +96,28 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
       tokenize_prompts(spec, PromptDataConfig::from_spec(spec)), pad_id_, c_.seed);
   if (!spec.get_string("data.eval_dataset").empty()) {
     eval_prompts_ = tokenize_prompts(spec, PromptDataConfig::from_spec(spec, /*eval=*/true));
-    eval_steps_ = spec.get_int("eval.steps");
-    eval_samples_ = spec.get_int("eval.n_samples");
-    eval_accuracy_source_ = spec.get_string("eval.accuracy_source");
+    eval_.steps = spec.get_int("eval.steps");
+    eval_.n_samples = spec.get_int("eval.n_samples");
+    eval_.accuracy_source = spec.get_string("eval.accuracy_source");
     const auto& names = rewards_->names();
-    if (!eval_accuracy_source_.empty() &&
-        std::find(names.begin(), names.end(), eval_accuracy_source_) == names.end())
-      throw InputError("eval.accuracy_source: no reward source named \"" + eval_accuracy_source_ +
+    if (!eval_.accuracy_source.empty() &&
+        std::find(names.begin(), names.end(), eval_.accuracy_source) == names.end())
+      throw InputError("eval.accuracy_source: no reward source named \"" + eval_.accuracy_source +
                        "\" (sources: " + join(names, ", ") + ")");
   }
   const int64_t steps_per_episode =
       (stream_->size() + c_.rollout_batch_size - 1) / c_.rollout_batch_size;
   total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.num_episodes * steps_per_episode;
   settings_ = JobSettings::from_spec(spec, c_, total_steps_ * c_.optimizer_steps_per_step());
+  // The held-out evaluation's slice (its schedule and source were read above).
+  eval_.temperature = c_.temperature;
+  eval_.seed = c_.seed;
+  eval_.logged_samples = settings_.logged_samples;
+  eval_.max_tokens_per_micro_batch = c_.max_tokens_per_micro_batch;
+  eval_.micro_batch_size = c_.rollout_micro_batch_size;
+  if (roles_.reward_model) eval_.reward_dispatch = settings_.dispatch.at(Role::kReward);
+  eval_.pad_id = pad_id_;
+  eval_.run_dir = runtime_.settings().run_dir;
 }
 
 PpoJob::~PpoJob() = default;
@@ -171,8 +151,7 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec,
   return out;
 }
 
-ops::LoadModel PpoJob::rollout_load_request(Scheduler& s, double kv_cache_gb,
-                                            std::string& workers) {
+ops::LoadModel PpoJob::rollout_load_request(Scheduler& s, std::string& workers) const {
   RoleGroup& g = s.group(Role::kRollout);
   std::vector<int64_t> stop = c_.stop_token_ids;
   stop.push_back(eos_id_);
@@ -187,7 +166,7 @@ ops::LoadModel PpoJob::rollout_load_request(Scheduler& s, double kv_cache_gb,
   ops::LoadModel request = settings_.rollout;
   rollout::GenerationConfig& generation = request.generation;
   generation.kv_cache_bytes =
-      static_cast<int64_t>(kv_cache_gb * static_cast<double>(int64_t{1} << 30));
+      static_cast<int64_t>(settings_.kv_cache_gb * static_cast<double>(int64_t{1} << 30));
   generation.pad_token_id = pad_id_;
   if (!c_.environment.is_null()) {
     // Multi-turn rollouts: a turn ends at the template's end-of-turn token, which is not
@@ -202,89 +181,60 @@ ops::LoadModel PpoJob::rollout_load_request(Scheduler& s, double kv_cache_gb,
   return request;
 }
 
-void PpoJob::init_roles(Scheduler& s, std::ostream& out) {
-  const auto t0 = Clock::now();
-  std::mutex out_mutex;  // roles finish on their own threads
+void PpoJob::start_roles(Scheduler& s, std::ostream& out) {
   // rollout.kv_cache_memory_gb auto: on GPUs the pool the plan leaves in the generate phase.
-  const double kv_cache_gb = settings_.kv_cache_gb;
-  if (settings_.kv_cache_auto && kv_cache_gb > 0)
-    out << "ppo: rollout KV cache (auto): " << std::fixed << std::setprecision(2) << kv_cache_gb
+  if (settings_.kv_cache_auto && settings_.kv_cache_gb > 0)
+    out << "ppo: rollout KV cache (auto): " << runtime::fixed(settings_.kv_cache_gb, 2)
         << " GiB per rollout worker (rollout.gpu_memory_utilization "
-        << settings_.gpu_memory_utilization << ")" << std::defaultfloat << std::endl;
-  std::vector<std::future<void>> calls;
-  for (Role role : s.roles()) {
-    RoleGroup& g = s.group(role);
-    std::string workers = std::to_string(g.size()) + " worker" + (g.size() == 1 ? "" : "s");
-    std::function<void()> load;
-    if (role == Role::kRollout) {
-      load = [&g, request = rollout_load_request(s, kv_cache_gb, workers)] { g.call_all(request); };
-    } else {
-      auto found = settings_.roles.find(role);
-      if (found == settings_.roles.end())
-        throw RuntimeError(std::string("ppo: no config for the ") + role_name(role) + " group");
-      ops::Init request{found->second, s.rendezvous(role_name(role))};
-      if (request.config.trainer) {  // micro batches per optimizer step on each rank
-        const int64_t accum = c_.train_batch_size / (c_.train_micro_batch_size * g.size());
-        request.config.trainer->grad_accum_steps = std::max<int64_t>(1, accum);
-      }
-      load = [&g, request] { g.call_all(request); };
-    }
-    out << "ppo: loading " << role_name(role) << " (" << workers << ")" << std::endl;
-    calls.push_back(in_parallel([&g, &out, &out_mutex, t0, load] {
-      load();
-      std::lock_guard<std::mutex> lock(out_mutex);
-      out << "ppo: " << role_name(g.role()) << " ready after " << seconds_text(seconds_since(t0))
-          << " s" << std::endl;
-    }));
-  }
-  for (auto& c : calls) c.get();
-  const auto actor = s.group(Role::kActor).call_all(ops::Info{});
-  const auto rollout = s.group(Role::kRollout).call_all(ops::Info{});
-  sync_route_ = sync_route(actor, rollout, c_.tensor_parallel_size);
-  choose_sleep_mode(rollout, out);
+        << runtime::fixed(settings_.gpu_memory_utilization, 2) << ")" << std::endl;
+  runtime_.start_roles(
+      s,
+      [&](RoleGroup& g) -> runtime::RoleStart {
+        if (g.role() != Role::kRollout)
+          return runtime_.init_role(s, g, settings_.roles, c_.train_batch_size,
+                                    c_.train_micro_batch_size);
+        std::string workers = std::to_string(g.size()) + " worker" + (g.size() == 1 ? "" : "s");
+        ops::LoadModel request = rollout_load_request(s, workers);
+        return {workers, [&g, request] { g.call_all(request); }};
+      },
+      out);
 }
 
-void PpoJob::choose_sleep_mode(const std::vector<Answered<ops::InfoReply>>& rollout,
-                               std::ostream& out) {
-  // The same policy the memory planner planned the phases with (engine/phase_policy.h).
-  const engine::PhasePolicy policy =
-      engine::phase_policy(settings_.phases, rollout.at(0).reply.device.rfind("cuda", 0) == 0);
-  sleep_rollout_ = policy.rollout_sleeps;
-  offload_optimizer_ = policy.actor_offloads_optimizer;
-  if (sleep_rollout_ || offload_optimizer_)
-    out << "ppo: colocated on the GPU:"
-        << (sleep_rollout_ ? " the rollout's weights go to host memory while the actor trains" : "")
-        << (sleep_rollout_ && offload_optimizer_ ? ";" : "")
-        << (offload_optimizer_ ? " the actor's optimizer state goes to host memory while the "
-                                 "rollout generates"
-                               : "")
-        << std::endl;
+void PpoJob::build_phases(Scheduler& s, std::ostream& out) {
+  const RoleGroups groups = RoleGroups::of(s);
+  experience_ = std::make_unique<ExperienceMaker>(
+      ExperienceSettings::from(c_, roles_, settings_.dispatch, eos_id_, pad_id_), groups,
+      *tokenizer_, *rewards_, *stream_, kl_);
+  trainer_ = std::make_unique<PolicyTrainer>(TrainingSettings::from(c_, roles_), *groups.actor,
+                                             groups.critic, kl_, s.progress());
+  sync_ = std::make_unique<WeightSync>(settings_.sync, *groups.actor, *groups.rollout,
+                                       [&s] { return s.rendezvous("weight_sync"); });
+  sync_->choose(out);
+  evaluator_ = std::make_unique<Evaluator>(eval_, eval_prompts_, *experience_, rewards_->names(),
+                                           groups.reward, s.progress());
 }
 
 void PpoJob::run(Scheduler& s, std::ostream& out) {
-  planned_ = engine::planned_roles(run_dir_);
-  MetricsSink metrics((fs::path(run_dir_) / "metrics.jsonl").string(), settings_.tensorboard);
+  report::MetricsSink& metrics = runtime_.open_metrics();
   out << "ppo: " << stream_->size() << " prompts (" << truncated_prompts_ << " truncated to "
       << c_.prompt_max_len << " tokens), " << total_steps_ << " steps of " << c_.rollout_batch_size
       << " prompts x " << c_.n_samples_per_prompt << " samples; metrics: " << metrics.path()
       << std::endl;
   s.progress().begin("loading models");
-  init_roles(s, out);
+  start_roles(s, out);
+  build_phases(s, out);
   int64_t step = 0;
-  if (options_.resume) {
-    s.progress().begin("loading the checkpoint");
-    step = resume(s);
-    out << "ppo: resumed after step " << step << " from " << c_.ckpt_path << std::endl;
-  }
+  if (options_.resume) step = resume(s, out);
   s.progress().begin("sending the actor's weights to the rollout group");
-  sync_weights(s);
-  before_generating(s);
+  sync_->sync();
+  sync_->before_generating();
   // Held-out accuracy before training (or at the resumed step unless the interrupted run
   // logged it already), every eval.steps, at the end.
-  if (!eval_prompts_.empty() && !(options_.resume && evaluated_at(step)))
-    evaluate(s, step, metrics, out);
-  run_steps(s, step, metrics, out);
-  if (c_.export_hf) export_actor(s, out);
+  if (!evaluator_->empty() && !(options_.resume && evaluator_->evaluated_at(step)))
+    evaluator_->evaluate(step, metrics, out);
+  run_steps(s, step, out);
+  if (runtime_.settings().export_hf)
+    runtime_.export_model(s, Role::kActor, settings_.actor_model, out);
   out << "ppo: done; metrics in " << metrics.path() << std::endl;
 }
 

@@ -6,33 +6,47 @@
 #include <fstream>
 #include <optional>
 
-#include "ppo/ppo_job.h"
+#include "core/timing.h"
+#include "ppo/phases.h"
 #include "report/metrics.h"
-#include "rewards/reward_sources.h"
+#include "runtime/job_runtime.h"
+#include "scheduler/progress.h"
 #include "scheduler/role_group.h"
-#include "scheduler/scheduler.h"
 
 namespace rlhf::ppo::job {
 
 using nlohmann::json;
+using runtime::fixed;
 
-Rollout PpoJob::eval_rollout(Scheduler& s, const PromptBatch& batch, double temperature,
-                             int64_t n) {
-  Rollout r = generate_with(s, batch, temperature, n, c_.seed * 7919 + 104729);
+Evaluator::Evaluator(EvalSettings settings, std::vector<TokenizedPrompt> prompts,
+                     ExperienceMaker& maker, const std::vector<std::string>& source_names,
+                     RoleGroup* reward, PhaseProgress& progress)
+    : s_(std::move(settings)),
+      prompts_(std::move(prompts)),
+      maker_(maker),
+      names_(source_names),
+      reward_(reward),
+      progress_(progress) {}
+
+bool Evaluator::due(int64_t step, int64_t total_steps) const {
+  return !prompts_.empty() && ((s_.steps > 0 && step % s_.steps == 0) || step == total_steps);
+}
+
+Rollout Evaluator::rollout(const PromptBatch& batch, double temperature, int64_t n) {
+  Rollout r = maker_.generate_with(batch, temperature, n, s_.seed * 7919 + 104729);
   torch::Tensor model_scores;
-  if (has_reward_model_)
+  if (reward_)
     model_scores =
-        s.group(Role::kReward)
-            .scatter(ops::Score{{c_.max_tokens_per_micro_batch, c_.rollout_micro_batch_size * n}},
-                     sequence_tensors(r), c_.rollout_micro_batch_size * n,
-                     settings_.dispatch.at(Role::kReward))
+        reward_
+            ->scatter(ops::Score{{s_.max_tokens_per_micro_batch, s_.micro_batch_size * n}},
+                      sequence_tensors(r), s_.micro_batch_size * n, s_.reward_dispatch)
             .tensor("scores");
-  score_rewards(r, model_scores);
+  maker_.score_rewards(r, model_scores);
   return r;
 }
 
-bool PpoJob::evaluated_at(int64_t step) const {
-  std::ifstream in(std::filesystem::path(run_dir_) / "metrics.jsonl");
+bool Evaluator::evaluated_at(int64_t step) const {
+  std::ifstream in(std::filesystem::path(s_.run_dir) / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     const json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (rec.is_object() && rec.value("split", "") == "eval" &&
@@ -42,21 +56,21 @@ bool PpoJob::evaluated_at(int64_t step) const {
   return false;
 }
 
-void PpoJob::evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out) {
+void Evaluator::evaluate(int64_t step, report::MetricsSink& metrics, std::ostream& out) {
   const auto t0 = Clock::now();
-  const int64_t count = static_cast<int64_t>(eval_prompts_.size());
-  s.progress().begin("evaluating " + std::to_string(count) + " held-out prompts");
+  const int64_t count = static_cast<int64_t>(prompts_.size());
+  progress_.begin("evaluating " + std::to_string(count) + " held-out prompts");
   // Every held-out prompt once, in one left-padded batch, scattered micro batch by micro batch.
-  PromptStream stream(eval_prompts_, pad_id_, c_.seed);
+  PromptStream stream(prompts_, s_.pad_id, s_.seed);
   const PromptBatch batch = stream.next(count);
   // Correct: the accuracy source (eval.accuracy_source, else the first) at its full score.
-  const auto& names = rewards_->names();
+  const auto& names = names_;
   const int64_t source =
-      eval_accuracy_source_.empty()
+      s_.accuracy_source.empty()
           ? 0
-          : std::find(names.begin(), names.end(), eval_accuracy_source_) - names.begin();
+          : std::find(names.begin(), names.end(), s_.accuracy_source) - names.begin();
   auto correct = [&](const Rollout& r) { return (r.source_scores[source] >= 1.0 - 1e-9); };
-  const Rollout greedy = eval_rollout(s, batch, 0.0, 1);
+  const Rollout greedy = rollout(batch, 0.0, 1);
   const auto right = correct(greedy);
   json rec = {
       {"step", step},
@@ -72,31 +86,31 @@ void PpoJob::evaluate(Scheduler& s, int64_t step, MetricsSink& metrics, std::ost
     rec["tool_call_rate"] = (greedy.tool_calls > 0).to(torch::kFloat64).mean().item<double>();
     rec["tool_errors"] = greedy.tool_errors.sum().item<int64_t>();
   }
-  if (eval_samples_ > 0) {
-    const Rollout sampled = eval_rollout(s, batch, c_.temperature, eval_samples_);
-    const auto ok = correct(sampled).to(torch::kFloat64).reshape({count, eval_samples_});
+  if (s_.n_samples > 0) {
+    const Rollout sampled = rollout(batch, s_.temperature, s_.n_samples);
+    const auto ok = correct(sampled).to(torch::kFloat64).reshape({count, s_.n_samples});
     rec["accuracy_sampled"] = ok.mean().item<double>();  // mean over samples
     rec["pass_at_n"] = (ok.amax(1) > 0).to(torch::kFloat64).mean().item<double>();
   }
   rec["time_s"] = seconds_since(t0);
   metrics.write(rec);
   json rows = json::array();
-  for (int64_t i = 0; i < std::min<int64_t>(count, settings_.logged_samples); ++i)
+  for (int64_t i = 0; i < std::min<int64_t>(count, s_.logged_samples); ++i)
     rows.push_back({{"split", "eval"},
                     {"prompt", greedy.prompts[static_cast<size_t>(i)]},
                     {"response", greedy.responses[static_cast<size_t>(i)]},
                     {"label", greedy.labels[static_cast<size_t>(i)]},
                     {"reward", greedy.scores[i].item<double>()}});
   if (!rows.empty()) metrics.samples(step, rows);
-  s.progress().end();
-  out << "eval after step " << step << " | accuracy " << fmt(rec["accuracy"]) << " ("
+  progress_.end();
+  out << "eval after step " << step << " | accuracy " << fixed(rec["accuracy"]) << " ("
       << rec["correct"].get<int64_t>() << "/" << count << ")"
-      << (eval_samples_ > 0 ? " | sampled " + fmt(rec["accuracy_sampled"]) + ", pass@" +
-                                  std::to_string(eval_samples_) + " " + fmt(rec["pass_at_n"])
-                            : std::string())
-      << (rec.contains("tool_call_rate") ? " | tool calls " + fmt(rec["tool_call_rate"]) : "")
-      << " | reward " << fmt(rec["reward"]) << " | len " << fmt(rec["response_length"], 1) << " | "
-      << fmt(rec["time_s"], 1) << " s" << std::endl;
+      << (s_.n_samples > 0 ? " | sampled " + fixed(rec["accuracy_sampled"]) + ", pass@" +
+                                 std::to_string(s_.n_samples) + " " + fixed(rec["pass_at_n"])
+                           : std::string())
+      << (rec.contains("tool_call_rate") ? " | tool calls " + fixed(rec["tool_call_rate"]) : "")
+      << " | reward " << fixed(rec["reward"]) << " | len " << fixed(rec["response_length"], 1)
+      << " | " << fixed(rec["time_s"], 1) << " s" << std::endl;
 }
 
 }  // namespace rlhf::ppo::job

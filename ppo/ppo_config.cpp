@@ -1,12 +1,10 @@
 #include "ppo/ppo_config.h"
 
-#include <filesystem>
-
 #include "core/errors.h"
 
 namespace rlhf::ppo {
 
-PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) {
+PpoConfig PpoConfig::from_spec(const JobSpec& spec) {
   PpoConfig c;
   c.rollout_batch_size = spec.get_int("rollout.batch_size");
   c.rollout_micro_batch_size = spec.get_int("rollout.micro_batch_size");
@@ -70,13 +68,6 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec, const std::string& run_dir) 
   c.dynamic_sampling = spec.get_bool("algo.dynamic_sampling");
   c.async_steps = spec.get_int("algo.async_steps");
   c.max_refill_batches = spec.get_int("rollout.max_refill_batches");
-  c.ckpt_path = spec.get_string("ckpt.path");
-  if (c.ckpt_path.empty()) c.ckpt_path = (std::filesystem::path(run_dir) / "ckpt").string();
-  c.save_steps = spec.get_int("ckpt.save_steps");
-  c.max_ckpt = spec.get_int("ckpt.max_num");
-  c.save_only_model = spec.get_bool("ckpt.save_only_model");
-  c.export_hf = spec.get_bool("ckpt.export_hf");
-  c.logging_steps = spec.get_int("logger.logging_steps");
   return c;
 }
 

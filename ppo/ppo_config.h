@@ -55,15 +55,9 @@ struct PpoConfig {
   int64_t async_steps = 0;         // algo.async_steps: 1 = generate one step ahead
   bool dynamic_sampling = false;   // drop groups whose samples all score the same
   int64_t max_refill_batches = 0;  // extra batches generated to refill dropped groups
-  // Checkpoints and logging.
-  std::string ckpt_path;  // resolved: "" in the spec means <run_dir>/ckpt
-  int64_t save_steps = -1;
-  int64_t max_ckpt = 3;
-  bool save_only_model = false;
-  bool export_hf = true;
-  int64_t logging_steps = 1;
+  // (Checkpoints and logging are the job runtime's: runtime/job_runtime.h.)
 
-  static PpoConfig from_spec(const JobSpec& spec, const std::string& run_dir);
+  static PpoConfig from_spec(const JobSpec& spec);
 
   int64_t samples_per_step() const { return rollout_batch_size * n_samples_per_prompt; }
   // Optimizer steps per PPO step: epochs x global batches over the step's samples.

@@ -7,10 +7,11 @@
 #include <optional>
 #include <utility>
 
+#include "core/errors.h"
+#include "core/timing.h"
 #include "ppo/ppo_job.h"
 #include "report/metrics.h"
 #include "rewards/reward_sources.h"
-#include "scheduler/peak_memory.h"
 #include "scheduler/progress.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
@@ -18,6 +19,7 @@
 namespace rlhf::ppo::job {
 
 using nlohmann::json;
+using runtime::fixed;
 
 namespace {
 
@@ -32,9 +34,9 @@ json mismatch_json(RolloutCorrection mode, const RolloutMismatch& m) {
 
 }  // namespace
 
-void PpoJob::run_steps(Scheduler& s, int64_t step, MetricsSink& metrics, std::ostream& out) {
-  const auto loop_start = Clock::now();
-  const int64_t first_step = step + 1;
+void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
+  report::MetricsSink& metrics = runtime_.metrics();
+  const runtime::StepClock clock(step + 1, total_steps_);
   // algo.async_steps 1: the next step's samples, generated while this step scores and trains
   // (with the weights this step's samples came from, or after a resume the checkpoint's).
   std::optional<Rollout> ready;
@@ -43,34 +45,25 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, MetricsSink& metrics, std::os
     const double kl_mean = o.e.kl_mean;
     const double kl_coef = kl_.value();
     kl_.update(kl_mean, o.r.sequences.size(0));
-    if (step % c_.logging_steps == 0 || step == total_steps_) {
+    if (runtime_.logs_at(step, total_steps_)) {
       const json rec = step_record(s, step, o, kl_coef);
       metrics.write(rec);
-      write_samples(step, o, metrics);
-      out << "step " << step << "/" << total_steps_ << " | reward " << fmt(rec["reward_mean"])
-          << " +- " << fmt(rec["reward_std"]) << " | kl " << fmt(kl_mean, 4) << " | policy "
-          << fmt(rec["policy_loss"])
-          << (has_critic_ ? " | value " + fmt(rec["value_loss"]) : std::string()) << " | len "
-          << fmt(rec["response_length"], 1) << " | " << fmt(o.t_step, 2) << " s (gen "
-          << static_cast<int>(100 * o.t_gen / o.t_step) << "%) | " << fmt(rec["samples_per_s"], 1)
-          << " samples/s | "
-          << elapsed_and_eta(seconds_since(loop_start), step - first_step + 1,
-                             total_steps_ - first_step + 1)
-          << std::endl;
+      write_samples(step, o);
+      out << "step " << step << "/" << total_steps_ << " | reward " << fixed(rec["reward_mean"])
+          << " +- " << fixed(rec["reward_std"]) << " | kl " << fixed(kl_mean, 4) << " | policy "
+          << fixed(rec["policy_loss"])
+          << (roles_.critic ? " | value " + fixed(rec["value_loss"]) : std::string()) << " | len "
+          << fixed(rec["response_length"], 1) << " | " << fixed(o.t_step, 2) << " s (gen "
+          << static_cast<int>(100 * o.t_gen / o.t_step) << "%) | " << fixed(rec["samples_per_s"], 1)
+          << " samples/s | " << clock.after(step) << std::endl;
     }
-    if (!eval_prompts_.empty() &&
-        ((eval_steps_ > 0 && step % eval_steps_ == 0) || step == total_steps_)) {
-      // The rollout has this step's weights (synced above); with async_steps it is generating
-      // nothing now (the next step's samples are drawn).
-      evaluate(s, step, metrics, out);
-    }
-    // Every ckpt.save_steps, and always after the last step (a finished run can be resumed
-    // with more steps, and its final state is kept whatever save_steps says).
-    if ((c_.save_steps > 0 && step % c_.save_steps == 0) || step == total_steps_) {
+    // The rollout has this step's weights (synced above); with async_steps it is generating
+    // nothing now (the next step's samples are drawn).
+    if (evaluator_->due(step, total_steps_)) evaluator_->evaluate(step, metrics, out);
+    if (runtime_.saves_at(step, total_steps_)) {
       save(s, step, o.consumed, out);
       // The save brought the optimizer state back to the device; the rollout generates next.
-      if (offload_optimizer_ && step < total_steps_)
-        s.group(Role::kActor).call_all(ops::OffloadOptimizer{});
+      if (step < total_steps_) sync_->offload_optimizer_again();
     }
   }
 }
@@ -81,26 +74,26 @@ StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, std::optional<Rollout>&
   const std::string at = "step " + std::to_string(step) + "/" + std::to_string(total_steps_);
   s.progress().begin(at + ": generating " + std::to_string(c_.rollout_batch_size) + " prompts x " +
                      std::to_string(c_.n_samples_per_prompt) + " samples");
-  o.r = ready ? std::move(*ready) : sample(s, step);
+  o.r = ready ? std::move(*ready) : experience_->sample(step);
   ready.reset();
   o.consumed = stream_->consumed();  // this step's prompts, not the next one's
   std::future<Rollout> ahead;
   const auto ahead_start = Clock::now();
   double t_ahead = 0;  // the next step's generation, beside this step's work
   if (c_.async_steps > 0 && step < total_steps_)
-    ahead = in_parallel([this, &s, step, &t_ahead, ahead_start] {
-      Rollout next = sample(s, step + 1);
+    ahead = in_parallel([this, step, &t_ahead, ahead_start] {
+      Rollout next = experience_->sample(step + 1);
       t_ahead = seconds_since(ahead_start);
       return next;
     });
   o.t_gen = seconds_since(t0);
   const auto t1 = Clock::now();
-  const double offload_compute = before_training(s);
+  const double offload_compute = sync_->before_training();
   s.progress().begin(at + ": scoring " + std::to_string(o.r.sequences.size(0)) + " samples");
-  o.e = score(s, o.r);
+  o.e = experience_->score(o.r);
   o.t_score = seconds_since(t1);
   const auto t2 = Clock::now();
-  o.losses = train(s, o.r, o.e, step);
+  o.losses = trainer_->train(o.r, o.e, step, at);
   o.t_train = seconds_since(t2);
   // The weights change under the rollout only after the next step's samples are drawn.
   const auto t_wait_start = Clock::now();
@@ -111,9 +104,9 @@ StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, std::optional<Rollout>&
   o.t_wait = seconds_since(t_wait_start);
   o.t_ahead = t_ahead;
   const auto t3 = Clock::now();
-  const double reload_compute = before_generating(s);
+  const double reload_compute = sync_->before_generating();
   s.progress().begin(at + ": sending the actor's weights to the rollout group");
-  o.sync_compute = sync_weights(s) + offload_compute + reload_compute;
+  o.sync_compute = sync_->sync() + offload_compute + reload_compute;
   s.progress().end();
   o.t_sync = seconds_since(t3);
   o.t_step = seconds_since(t0);
@@ -175,11 +168,11 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
       {"rollout_preempted", r.preempted},
       {"rollout_kv_peak_bytes", r.kv_peak_bytes},
       {"prompts_consumed", o.consumed},
-      {"weight_sync", last_sync_},
+      {"weight_sync", sync_->last_sync()},
       {"rollout_logprob_diff", {{"mean", e.logprob_diff_mean}, {"max", e.logprob_diff_max}}},
       {"rollout_mismatch", mismatch_json(c_.policy.correction.mode, e.mismatch)},
-      {"memory", peak_memory_by_role(s, planned_)}};
-  if (!offload_.empty()) rec["offload"] = offload_;
+      {"memory", runtime_.memory(s)}};
+  if (!sync_->offload().empty()) rec["offload"] = sync_->offload();
   rec.update(o.losses);
   if (!r.sampling.is_null()) rec.update(r.sampling);
   if (c_.overlong_buffer_len > 0)
@@ -189,7 +182,7 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
 }
 
 // A few generations of the step, spread over its prompts, to read beside the numbers.
-void PpoJob::write_samples(int64_t step, const StepOutcome& o, MetricsSink& metrics) const {
+void PpoJob::write_samples(int64_t step, const StepOutcome& o) {
   const Rollout& r = o.r;
   const int64_t b = r.sequences.size(0), k = std::min(b, settings_.logged_samples);
   if (k <= 0) return;
@@ -208,7 +201,24 @@ void PpoJob::write_samples(int64_t step, const StepOutcome& o, MetricsSink& metr
     }
     rows.push_back(std::move(row));
   }
-  metrics.samples(step, rows);
+  runtime_.metrics().samples(step, rows);
+}
+
+std::vector<Role> PpoJob::trained_roles() const {
+  if (roles_.critic) return {Role::kActor, Role::kCritic};
+  return {Role::kActor};
+}
+
+void PpoJob::save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ostream& out) {
+  runtime_.save(s, step, trained_roles(),
+                {{"prompts_consumed", prompts_consumed}, {"kl_coef", kl_.value()}}, out);
+}
+
+int64_t PpoJob::resume(Scheduler& s, std::ostream& out) {
+  const engine::DriverState state = runtime_.resume(s, trained_roles(), out);
+  stream_->seek(state.data.at("prompts_consumed").get<int64_t>());
+  kl_.set_value(state.data.at("kl_coef").get<double>());
+  return state.step;
 }
 
 }  // namespace rlhf::ppo::job

@@ -4,9 +4,8 @@
 // the phase that runs. The receiving side is rollout/weight_sync.h.
 #include <utility>
 
-#include "ppo/ppo_job.h"
+#include "ppo/phases.h"
 #include "scheduler/role_group.h"
-#include "scheduler/scheduler.h"
 
 namespace rlhf::ppo::job {
 
@@ -39,21 +38,46 @@ SyncRoute sync_route(const std::vector<Answered<ops::InfoReply>>& actor,
   return {"gloo", "gloo"};
 }
 
-double PpoJob::sync_weights(Scheduler& s) {
-  const std::string store = s.rendezvous("weight_sync");
-  RoleGroup& rollout = s.group(Role::kRollout);
+WeightSync::WeightSync(SyncSettings settings, RoleGroup& actor, RoleGroup& rollout,
+                       std::function<std::string()> rendezvous)
+    : s_(std::move(settings)),
+      actor_(actor),
+      rollout_(rollout),
+      rendezvous_(std::move(rendezvous)) {}
+
+void WeightSync::choose(std::ostream& out) {
+  const auto actor = actor_.call_all(ops::Info{});
+  const auto rollout = rollout_.call_all(ops::Info{});
+  route_ = sync_route(actor, rollout, s_.tensor_parallel_size);
+  // The same policy the memory planner planned the phases with (engine/phase_policy.h).
+  const engine::PhasePolicy policy =
+      engine::phase_policy(s_.phases, rollout.at(0).reply.device.rfind("cuda", 0) == 0);
+  sleep_rollout_ = policy.rollout_sleeps;
+  offload_optimizer_ = policy.actor_offloads_optimizer;
+  if (sleep_rollout_ || offload_optimizer_)
+    out << "ppo: colocated on the GPU:"
+        << (sleep_rollout_ ? " the rollout's weights go to host memory while the actor trains" : "")
+        << (sleep_rollout_ && offload_optimizer_ ? ";" : "")
+        << (offload_optimizer_ ? " the actor's optimizer state goes to host memory while the "
+                                 "rollout generates"
+                               : "")
+        << std::endl;
+}
+
+double WeightSync::sync() {
+  const std::string store = rendezvous_();
   auto receive = in_parallel([&] {
-    return rollout.call_all(ops::SyncWeights{store, sync_route_.backend});
+    return rollout_.call_all(ops::SyncWeights{store, route_.backend});
   });
   ops::PushWeights push;
   push.store_path = store;
-  push.sync_size = rollout.size() + 1;
-  push.backend = sync_route_.backend;
-  push.path = sync_route_.path;
-  push.bucket_bytes = settings_.sync_bucket_bytes;
-  push.tensor_parallel_size = static_cast<int>(c_.tensor_parallel_size);
-  push.lora_sync = settings_.lora_sync;
-  auto pushed = s.group(Role::kActor).call_all(push);
+  push.sync_size = rollout_.size() + 1;
+  push.backend = route_.backend;
+  push.path = route_.path;
+  push.bucket_bytes = s_.bucket_bytes;
+  push.tensor_parallel_size = s_.tensor_parallel_size;
+  push.lora_sync = s_.lora_sync;
+  auto pushed = actor_.call_all(push);
   const auto received = receive.get();
   const ops::SyncReply& a = pushed.at(0).reply;
   last_sync_ = {{"path", a.path},
@@ -64,11 +88,11 @@ double PpoJob::sync_weights(Scheduler& s) {
   return std::max(slowest_compute(pushed), slowest_compute(received));
 }
 
-double PpoJob::before_training(Scheduler& s) {
+double WeightSync::before_training() {
   offload_ = json::object();
   double compute = 0;
   if (sleep_rollout_) {
-    const auto replies = s.group(Role::kRollout).call_all(ops::Sleep{});
+    const auto replies = rollout_.call_all(ops::Sleep{});
     const ops::OffloadReply& r = replies.at(0).reply;
     offload_["rollout_bytes"] = r.offloaded_bytes;
     offload_["rollout_sleep_s"] = r.seconds;
@@ -77,17 +101,17 @@ double PpoJob::before_training(Scheduler& s) {
     compute += slowest_compute(replies);
   }
   if (offload_optimizer_) {
-    const auto replies = s.group(Role::kActor).call_all(ops::RestoreOptimizer{});
+    const auto replies = actor_.call_all(ops::RestoreOptimizer{});
     offload_["actor_optimizer_restore_s"] = replies.at(0).reply.seconds;
     compute += slowest_compute(replies);
   }
   return compute;
 }
 
-double PpoJob::before_generating(Scheduler& s) {
+double WeightSync::before_generating() {
   double compute = 0;
   if (offload_optimizer_) {
-    const auto replies = s.group(Role::kActor).call_all(ops::OffloadOptimizer{});
+    const auto replies = actor_.call_all(ops::OffloadOptimizer{});
     const ops::OffloadReply& r = replies.at(0).reply;
     offload_["actor_optimizer_bytes"] = r.offloaded_bytes;
     offload_["actor_optimizer_offload_s"] = r.seconds;
@@ -95,7 +119,7 @@ double PpoJob::before_generating(Scheduler& s) {
     compute += slowest_compute(replies);
   }
   if (sleep_rollout_) {
-    const auto replies = s.group(Role::kRollout).call_all(ops::WakeUp{});
+    const auto replies = rollout_.call_all(ops::WakeUp{});
     const ops::RestoreReply& r = replies.at(0).reply;
     offload_["rollout_wake_s"] = r.seconds;
     offload_["rollout_cuda_allocated_bytes_awake"] = r.cuda_allocated_bytes;
@@ -103,6 +127,10 @@ double PpoJob::before_generating(Scheduler& s) {
     compute += slowest_compute(replies);
   }
   return compute;
+}
+
+void WeightSync::offload_optimizer_again() {
+  if (offload_optimizer_) actor_.call_all(ops::OffloadOptimizer{});
 }
 
 }  // namespace rlhf::ppo::job

@@ -7,59 +7,79 @@
 #include <algorithm>
 #include <future>
 
-#include "ppo/ppo_job.h"
+#include "ppo/phases.h"
+#include "scheduler/progress.h"
 #include "scheduler/role_group.h"
-#include "scheduler/scheduler.h"
 
 namespace rlhf::ppo::job {
 
 using nlohmann::json;
 
+TrainingSettings TrainingSettings::from(const ppo::PpoConfig& c, const JobRoles& roles) {
+  TrainingSettings s;
+  s.batch_size = c.train_batch_size;
+  s.max_epochs = c.max_epochs;
+  s.seed = c.seed;
+  s.batching = {0, c.train_micro_batch_size, c.max_tokens_per_micro_batch, c.packing_samples};
+  s.policy = c.policy;
+  s.kl_use_loss = c.kl_use_loss;
+  s.kl_estimator = c.kl_estimator;
+  s.temperature = c.temperature;
+  s.value_clip = c.value_clip;
+  s.roles = roles;
+  return s;
+}
+
+PolicyTrainer::PolicyTrainer(TrainingSettings settings, RoleGroup& actor, RoleGroup* critic,
+                             const KlController& kl, PhaseProgress& progress)
+    : s_(std::move(settings)), actor_(actor), critic_(critic), kl_(kl), progress_(progress) {}
+
 namespace {
 
-ops::TrainBatching batching(const PpoConfig& c, const Rollout& r) {
-  return {r.action_mask.size(1), c.train_micro_batch_size, c.max_tokens_per_micro_batch,
-          c.packing_samples};
+ops::TrainBatching batching(const TrainingSettings& s, const Rollout& r) {
+  ops::TrainBatching b = s.batching;
+  b.action_len = r.action_mask.size(1);
+  return b;
 }
 
 }  // namespace
 
-ops::TrainActor PpoJob::actor_train_request(const Rollout& r) const {
+ops::TrainActor PolicyTrainer::actor_request(const Rollout& r) const {
   ops::TrainActor request;
-  request.batching = batching(c_, r);
-  request.policy = c_.policy;
-  request.kl_loss_coef = c_.kl_use_loss && has_ref_ ? kl_.value() : 0.0;
-  request.kl_estimator = c_.kl_estimator;
-  request.temperature = c_.temperature;
+  request.batching = batching(s_, r);
+  request.policy = s_.policy;
+  request.kl_loss_coef = s_.kl_use_loss && s_.roles.ref ? kl_.value() : 0.0;
+  request.kl_estimator = s_.kl_estimator;
+  request.temperature = s_.temperature;
   return request;
 }
 
 // The value loss aggregates as the policy loss does (OpenRLHF's ValueLoss follows
 // token_level_loss too).
-ops::TrainCritic PpoJob::critic_train_request(const Rollout& r) const {
-  return {batching(c_, r), c_.value_clip, c_.policy.aggregation, c_.policy.norm_len};
+ops::TrainCritic PolicyTrainer::critic_request(const Rollout& r) const {
+  return {batching(s_, r), s_.value_clip, s_.policy.aggregation, s_.policy.norm_len};
 }
 
-json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t step) {
+json PolicyTrainer::train(const Rollout& r, const Experience& e, int64_t step,
+                          const std::string& at) {
   const int64_t b = r.sequences.size(0);
-  const ops::TrainActor actor_request = actor_train_request(r);
-  const ops::TrainCritic critic_request = critic_train_request(r);
+  const ops::TrainActor actor_train = actor_request(r);
+  const ops::TrainCritic critic_train = critic_request(r);
   // Critic-less runs log no critic figures (rather than zeros for what does not exist).
   std::vector<const char*> averaged = {"policy_loss", "clip_frac", "approx_kl", "grad_norm"};
-  if (has_critic_) averaged.insert(averaged.end(), {"value_loss", "critic_grad_norm"});
+  if (critic_) averaged.insert(averaged.end(), {"value_loss", "critic_grad_norm"});
   json sums = {{"lr", 0.0}};
   for (const char* k : averaged) sums[k] = 0.0;
   int64_t updates = 0;
   double compute = 0;
-  torch::Generator gen = at::detail::createCPUGenerator(c_.seed * 31 + static_cast<uint64_t>(step));
-  for (int64_t epoch = 0; epoch < c_.max_epochs; ++epoch) {
-    s.progress().begin("step " + std::to_string(step) + "/" + std::to_string(total_steps_) +
-                       ": training, epoch " + std::to_string(epoch + 1) + "/" +
-                       std::to_string(c_.max_epochs));
+  torch::Generator gen = at::detail::createCPUGenerator(s_.seed * 31 + static_cast<uint64_t>(step));
+  for (int64_t epoch = 0; epoch < s_.max_epochs; ++epoch) {
+    progress_.begin(at + ": training, epoch " + std::to_string(epoch + 1) + "/" +
+                    std::to_string(s_.max_epochs));
     torch::Tensor order = torch::randperm(b, gen, torch::kLong);
-    for (int64_t start = 0; start + c_.train_batch_size <= b; start += c_.train_batch_size) {
-      torch::Tensor idx = order.slice(0, start, start + c_.train_batch_size);
-      compute += train_update(s, r, e, idx, actor_request, critic_request, sums);
+    for (int64_t start = 0; start + s_.batch_size <= b; start += s_.batch_size) {
+      torch::Tensor idx = order.slice(0, start, start + s_.batch_size);
+      compute += update(r, e, idx, actor_train, critic_train, sums);
       ++updates;
     }
   }
@@ -70,9 +90,9 @@ json PpoJob::train(Scheduler& s, const Rollout& r, const Experience& e, int64_t 
   return sums;
 }
 
-double PpoJob::train_update(Scheduler& s, const Rollout& r, const Experience& e,
-                            const torch::Tensor& idx, const ops::TrainActor& actor_request,
-                            const ops::TrainCritic& critic_request, json& sums) {
+double PolicyTrainer::update(const Rollout& r, const Experience& e, const torch::Tensor& idx,
+                             const ops::TrainActor& actor_call, const ops::TrainCritic& critic_call,
+                             json& sums) {
   auto pick = [&](const torch::Tensor& t) { return t.index_select(0, idx).contiguous(); };
   std::vector<NamedTensor> common = {{"sequences", pick(r.sequences)},
                                      {"attention_mask", pick(r.attention_mask)},
@@ -80,19 +100,19 @@ double PpoJob::train_update(Scheduler& s, const Rollout& r, const Experience& e,
   auto actor_tensors = common;
   actor_tensors.push_back({"log_probs_old", pick(e.log_probs_old)});
   actor_tensors.push_back({"advantages", pick(e.adv.advantages)});
-  if (c_.policy.correction.mode != RolloutCorrection::kNone)
+  if (s_.policy.correction.mode != RolloutCorrection::kNone)
     actor_tensors.push_back({"log_probs_behaviour", pick(e.log_probs_behaviour)});
-  if (c_.kl_use_loss && has_ref_) actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
+  if (s_.kl_use_loss && s_.roles.ref)
+    actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
   std::future<std::vector<Answered<ops::TrainCriticReply>>> critic;
-  if (has_critic_) {
+  if (critic_) {
     auto critic_tensors = common;
     critic_tensors.push_back({"values_old", pick(e.values)});
     critic_tensors.push_back({"returns", pick(e.adv.returns)});
-    critic = in_parallel([&, critic_tensors] {
-      return s.group(Role::kCritic).call_all(critic_request, critic_tensors);
-    });
+    critic =
+        in_parallel([&, critic_tensors] { return critic_->call_all(critic_call, critic_tensors); });
   }
-  auto actor = s.group(Role::kActor).call_all(actor_request, actor_tensors);
+  auto actor = actor_.call_all(actor_call, actor_tensors);
   double update_compute = slowest_compute(actor);
   const ops::TrainActorReply& a = actor.front().reply;
   sums["policy_loss"] = sums["policy_loss"].get<double>() + a.metrics.loss;
@@ -100,7 +120,7 @@ double PpoJob::train_update(Scheduler& s, const Rollout& r, const Experience& e,
   sums["approx_kl"] = sums["approx_kl"].get<double>() + a.approx_kl;
   sums["grad_norm"] = sums["grad_norm"].get<double>() + a.metrics.grad_norm;
   sums["lr"] = a.metrics.lr;
-  if (has_critic_) {
+  if (critic_) {
     const auto critic_replies = critic.get();
     update_compute = std::max(update_compute, slowest_compute(critic_replies));
     const ops::StepFigures& cr = critic_replies.front().reply.metrics;

@@ -1,0 +1,175 @@
+#include "runtime/job_runtime.h"
+
+#include <filesystem>
+#include <future>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "core/errors.h"
+#include "core/run_dir.h"
+#include "core/timing.h"
+#include "engine/memory_check.h"
+#include "engine/worker_ops.h"
+#include "models/pretrained.h"
+#include "report/metrics.h"
+#include "scheduler/peak_memory.h"
+#include "scheduler/progress.h"
+#include "scheduler/role_group.h"
+#include "scheduler/scheduler.h"
+
+namespace rlhf::runtime {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::string fixed(double v, int precision) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(precision) << v;
+  return o.str();
+}
+
+RuntimeSettings RuntimeSettings::from_spec(const JobSpec& spec, std::string kind) {
+  RuntimeSettings r;
+  r.kind = std::move(kind);
+  r.run_dir = run_directory(spec);
+  r.ckpt_path = checkpoint_directory(spec);
+  r.save_steps = spec.get_int("ckpt.save_steps");
+  r.max_ckpt = spec.get_int("ckpt.max_num");
+  r.save_only_model = spec.get_bool("ckpt.save_only_model");
+  r.export_hf = spec.get_bool("ckpt.export_hf");
+  r.logging_steps = spec.get_int("logger.logging_steps");
+  r.tensorboard = spec.get_bool("logger.tensorboard");
+  r.trajectory_settings = engine::trajectory_settings(spec);
+  return r;
+}
+
+JobRuntime::JobRuntime(RuntimeSettings settings) : settings_(std::move(settings)) {}
+JobRuntime::~JobRuntime() = default;
+
+std::ostream& JobRuntime::say(std::ostream& out) const {
+  return out << settings_.kind << ": ";
+}
+
+report::MetricsSink& JobRuntime::open_metrics() {
+  planned_ = engine::planned_roles(settings_.run_dir);
+  metrics_ = std::make_unique<report::MetricsSink>(
+      (fs::path(settings_.run_dir) / "metrics.jsonl").string(), settings_.tensorboard);
+  return *metrics_;
+}
+
+report::MetricsSink& JobRuntime::metrics() {
+  if (!metrics_) throw std::logic_error("JobRuntime::metrics before open_metrics");
+  return *metrics_;
+}
+
+json JobRuntime::memory(Scheduler& s) const {
+  return peak_memory_by_role(s, planned_);
+}
+
+void JobRuntime::start_roles(Scheduler& s, const std::function<RoleStart(RoleGroup&)>& start,
+                             std::ostream& out) const {
+  const auto t0 = Clock::now();
+  std::mutex out_mutex;  // roles finish on their own threads
+  std::vector<std::future<void>> calls;
+  for (Role role : s.roles()) {
+    RoleGroup& g = s.group(role);
+    RoleStart started = start(g);
+    say(out) << "loading " << role_name(role) << " (" << started.workers << ")" << std::endl;
+    calls.push_back(std::async(std::launch::async,
+                               [this, &g, &out, &out_mutex, t0, load = std::move(started.load)] {
+                                 load();
+                                 std::lock_guard<std::mutex> lock(out_mutex);
+                                 say(out) << role_name(g.role()) << " ready after "
+                                          << fixed(seconds_since(t0), 1) << " s" << std::endl;
+                               }));
+  }
+  for (auto& c : calls) c.get();
+}
+
+RoleStart JobRuntime::init_role(Scheduler& s, RoleGroup& g,
+                                const std::map<Role, engine::ModelRoleConfig>& roles,
+                                int64_t global_batch, int64_t micro_batch) const {
+  auto found = roles.find(g.role());
+  if (found == roles.end())
+    throw RuntimeError(kind() + ": no config for the " + role_name(g.role()) + " group");
+  ops::Init request{found->second, s.rendezvous(role_name(g.role()))};
+  if (request.config.trainer)  // micro batches per optimizer step on each rank
+    request.config.trainer->grad_accum_steps =
+        std::max<int64_t>(1, global_batch / (micro_batch * g.size()));
+  return {std::to_string(g.size()) + " worker" + (g.size() == 1 ? "" : "s"),
+          [&g, request] { g.call_all(request); }};
+}
+
+bool JobRuntime::logs_at(int64_t step, int64_t total_steps) const {
+  return step % settings_.logging_steps == 0 || step == total_steps;
+}
+
+bool JobRuntime::saves_at(int64_t step, int64_t total_steps) const {
+  return (settings_.save_steps > 0 && step % settings_.save_steps == 0) || step == total_steps;
+}
+
+void JobRuntime::save(Scheduler& s, int64_t step, const std::vector<Role>& trained,
+                      const json& state, std::ostream& out) const {
+  const std::string tag = "global_step" + std::to_string(step);
+  const auto t0 = Clock::now();
+  say(out) << "saving the checkpoint of step " << step << " to " << settings_.ckpt_path
+           << std::endl;
+  s.progress().begin("saving the checkpoint of step " + std::to_string(step));
+  std::vector<std::future<void>> calls;
+  for (Role role : trained) {
+    const ops::Save request{(fs::path(settings_.ckpt_path) / role_name(role) / tag).string(),
+                            settings_.save_only_model, static_cast<int>(settings_.max_ckpt)};
+    calls.push_back(
+        std::async(std::launch::async, [&s, role, request] { s.group(role).call_all(request); }));
+  }
+  for (auto& c : calls) c.get();
+  // The driver's own state last: its presence marks the whole step's checkpoint complete.
+  const std::string file = engine::write_driver_state(
+      settings_.ckpt_path, step, state, settings_.trajectory_settings, settings_.max_ckpt);
+  s.progress().end();
+  say(out) << "checkpoint of step " << step << " saved in " << fixed(seconds_since(t0), 1) << " s ("
+           << file << ")" << std::endl;
+}
+
+engine::DriverState JobRuntime::resume(Scheduler& s, const std::vector<Role>& trained,
+                                       std::ostream& out) const {
+  const auto state = engine::latest_driver_state(settings_.ckpt_path, trained.at(0));
+  if (!state) throw InputError("--resume: no complete checkpoint under " + settings_.ckpt_path);
+  s.progress().begin("loading the checkpoint");
+  std::vector<std::future<void>> calls;
+  for (Role role : trained) {
+    const ops::Load request{
+        (fs::path(settings_.ckpt_path) / role_name(role) / state->tag).string()};
+    calls.push_back(
+        std::async(std::launch::async, [&s, role, request] { s.group(role).call_all(request); }));
+  }
+  for (auto& c : calls) c.get();
+  say(out) << "resumed after step " << state->step << " from " << settings_.ckpt_path << std::endl;
+  return *state;
+}
+
+std::string JobRuntime::export_model(Scheduler& s, Role role, const std::string& tokenizer_from,
+                                     std::ostream& out) const {
+  const std::string dir = (fs::path(settings_.run_dir) / "export" / role_name(role)).string();
+  say(out) << "exporting the trained " << role_name(role) << " to " << dir << std::endl;
+  s.progress().begin(std::string("exporting the ") + role_name(role));
+  s.group(role).call_all(ops::ExportHf{dir});
+  s.progress().end();
+  // The chat template comes along too (chat_template.jinja): a conversation-trained export
+  // is the next job's model.
+  models::copy_tokenizer_files(tokenizer_from, dir);
+  say(out) << "trained " << role_name(role) << " exported to " << dir << std::endl;
+  return dir;
+}
+
+StepClock::StepClock(int64_t first_step, int64_t total_steps)
+    : start_(Clock::now()), first_(first_step), total_(total_steps) {}
+
+std::string StepClock::after(int64_t step) const {
+  return elapsed_and_eta(seconds_since(start_), step - first_ + 1, total_ - first_ + 1);
+}
+
+}  // namespace rlhf::runtime
