@@ -50,6 +50,7 @@ ops::MemoryReply memory_reply(const ModelRole& role) {
     r.grads = m.grads;
     r.gathered = m.gathered;
     r.peak_tensor_bytes = m.peak;
+    r.step_collectives = role.trainer->last_step_traffic();
   } else if (role.sharded) {
     auto m = role.sharded->memory_report();
     r.params = m.params;
@@ -148,7 +149,7 @@ void export_lora(ModelRole& role, const std::string& dir, const WorkerIdentity& 
     for (auto& [name, t] : tensors)
       if (name.find(".lora_") != std::string::npos || (role.model->value_head && name == head))
         adapters.emplace_back(name, t);
-    const torch::Dtype dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+    const torch::Dtype dtype = models::dtype_from_name(role.config.dtype);
     models::write_adapter_dir(adapters, role.config.lora, dir, role.config.model_dir, dtype);
     if (role.config.lora_export_merged)
       models::write_merged_model(role.config.model_dir, adapters, role.config.lora, dir + "-merged",
@@ -165,7 +166,7 @@ Message init(ModelRole& role, const ops::Init& req, const WorkerIdentity& self) 
   role.config = req.config;
   role.device = worker_device(self);
   const bool trained = role.config.trainer.has_value();
-  const torch::Dtype compute = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  const torch::Dtype compute = models::dtype_from_name(role.config.dtype);
   models::LoadOptions load;
   load.device = role.device;
   load.dtype = compute;
@@ -503,7 +504,7 @@ Message push_weights(ModelRole& role, const ops::PushWeights& req, const WorkerI
                  ? static_cast<rollout::WeightSource*>(&adapters)
                  : &merged;
   rollout::SyncOptions options;
-  options.wire_dtype = role.config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  options.wire_dtype = models::dtype_from_name(role.config.dtype);
   options.bucket_bytes = req.bucket_bytes;
   options.path = rollout::parse_sync_path(req.path);
   options.device = role.device;
@@ -606,17 +607,17 @@ void add_checkpoint_operations(OperationRegistry& registry,
     role->trainer->load_checkpoint(op.dir);
     return reply_message(ops::LoadReply{role->trainer->steps_done()});
   });
-  registry.add<ops::ExportHf>([role](const ops::ExportHf& op, const Message&,
-                                     const WorkerIdentity& self) {
-    if (!role->trainer) throw RuntimeError("export_hf: this worker's role is not trained");
-    if (role->config.uses_lora()) {
-      export_lora(*role, op.dir, self);
-    } else {
-      role->trainer->export_hf(op.dir, role->config_json,
-                               role->config.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
-    }
-    return reply_message(ops::ExportHfReply{});
-  });
+  registry.add<ops::ExportHf>(
+      [role](const ops::ExportHf& op, const Message&, const WorkerIdentity& self) {
+        if (!role->trainer) throw RuntimeError("export_hf: this worker's role is not trained");
+        if (role->config.uses_lora()) {
+          export_lora(*role, op.dir, self);
+        } else {
+          role->trainer->export_hf(op.dir, role->config_json,
+                                   models::dtype_from_name(role->config.dtype));
+        }
+        return reply_message(ops::ExportHfReply{});
+      });
 }
 
 }  // namespace

@@ -112,6 +112,31 @@ void print_phases(const engine::MemoryPlan& plan, std::ostream& out) {
   }
 }
 
+// Per trained role, the collectives one rank runs per optimizer step (the payload of each
+// kind, engine/sharded_unit_memory.h) and the bytes it sends for them on its backend; the
+// PPO actor's weight sync per step.
+void print_collectives(const engine::MemoryPlan& plan, std::ostream& out) {
+  TextTable t({"role", "ranks", "backward/step", "all-gather", "reduce-scatter", "all-reduce",
+               "calls", "sent per rank", "weight sync"});
+  bool any = false, cuda = false;
+  for (const auto& r : plan.roles) {
+    if (r.input.work != engine::RoleWork::kTrain) continue;
+    any = true;
+    cuda = r.input.device_kind == DeviceKind::kCuda;
+    const auto& c = r.collectives;
+    t.add({r.input.role + " (zero " + std::to_string(r.input.zero_stage) + ")",
+           std::to_string(r.input.group_size), std::to_string(r.input.backward_calls),
+           mib(c.all_gather), mib(c.reduce_scatter), mib(c.all_reduce), std::to_string(c.calls),
+           mib(r.collective_wire_bytes), r.sync_bytes > 0 ? mib(r.sync_bytes) : "-"});
+  }
+  if (!any) return;
+  out << "\nCommunication per optimizer step and rank (payload of each collective kind; sent:\n"
+         "what one rank sends, and as much it receives, by "
+      << (cuda ? "NCCL's ring algorithms" : "Gloo's algorithms here")
+      << ";\nweight sync: the actor's weights broadcast to the rollout group per PPO step):\n"
+      << t.str();
+}
+
 void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
   out << "\nMemory per rank (bytes each worker of the role holds, each term at its own peak; the\n"
          "transient terms peak in different phases of a step, so total = the largest phase of\n"
@@ -136,6 +161,7 @@ void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
   }
   out << roles.str();
   print_phases(plan, out);
+  print_collectives(plan, out);
   TextTable devices({"device", "roles", "planned", "peak phase", "capacity", "use", ""});
   for (const auto& d : plan.devices) {
     const double use =
@@ -194,6 +220,27 @@ void print_tensor_phases(const std::vector<engine::MemoryCheckRow>& rows) {
             << ph.str();
 }
 
+// Trained roles: the collectives' payload per optimizer step, planned and counted in each
+// rank's group over its last logged step.
+void print_collectives_check(const std::vector<engine::MemoryCheckRow>& rows) {
+  TextTable t({"role", "rank", "planned per step", "counted per step", "error"});
+  bool any = false;
+  for (const auto& r : rows) {
+    if (r.planned_collectives < 0 || r.measured_collectives < 0) continue;
+    any = true;
+    const double error = r.measured_collectives > 0
+                             ? static_cast<double>(r.planned_collectives - r.measured_collectives) /
+                                   static_cast<double>(r.measured_collectives)
+                             : 0.0;
+    t.add({r.role, std::to_string(r.rank), mib(r.planned_collectives), mib(r.measured_collectives),
+           percent(error)});
+  }
+  if (!any) return;
+  std::cout << "\nCollectives: payload bytes per optimizer step (all-gathers, reduce-scatters, "
+               "all-reduces), planned vs counted in the rank's group\n\n"
+            << t.str();
+}
+
 int check_run(const std::string& run_dir, bool as_json) {
   const auto rows = engine::check_run_memory(run_dir);
   if (as_json) {
@@ -223,6 +270,8 @@ int check_run(const std::string& run_dir, bool as_json) {
                      {"planned_cuda_allocated", r.planned_cuda},
                      {"measured_cuda_allocated", r.measured_cuda},
                      {"cuda_error", r.cuda_error()},
+                     {"planned_collective_bytes_per_step", r.planned_collectives},
+                     {"measured_collective_bytes_per_step", r.measured_collectives},
                      {"phases", phases},
                      {"tensor_phases", tensor_phases}});
     }
@@ -242,6 +291,7 @@ int check_run(const std::string& run_dir, bool as_json) {
            r.measured_rss < 0 ? "-" : percent(r.rss_error())});
   std::cout << t.str();
   print_tensor_phases(rows);
+  print_collectives_check(rows);
   bool gpu = false;
   for (const auto& r : rows) gpu |= r.measured_cuda >= 0;
   if (gpu) {
@@ -301,7 +351,9 @@ int cmd_plan(const Argv& argv) {
     return 0;
   }
   for (const auto& w : spec.warnings()) std::cerr << "warning: " << w << '\n';
-  std::cout << spec.source() << ": " << spec_summary(spec) << "\n\n";
+  std::cout << spec.source() << ": " << spec_summary(spec) << "\n";
+  for (const auto& n : spec.notes()) std::cout << "note: " << n << '\n';
+  std::cout << '\n';
   TextTable nodes({"node", "host", "kind", "devices", "memory/device", "use"});
   for (const auto& n : p.nodes)
     nodes.add({n.name, n.host, device_kind_name(n.kind), std::to_string(n.devices),

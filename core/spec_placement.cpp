@@ -119,6 +119,10 @@ std::vector<NodeInfo> check_nodes(SpecCheck& v) {
     good &= expect(
         n.contains("memory_gb") && n["memory_gb"].is_number() && n["memory_gb"].get<double>() > 0,
         "memory_gb", cuda ? "memory per GPU in GiB (a number > 0)" : "a number > 0");
+    if (n.contains("compute_capability"))
+      good &= expect(cuda && n["compute_capability"].is_number() &&
+                         n["compute_capability"].get<double>() >= 3.0,
+                     "compute_capability", "a cuda node's compute capability (e.g. 7.0, 8.0)");
     if (!good) continue;
     std::string name = n["name"];
     if (seen.count(name)) {
@@ -157,33 +161,42 @@ bool cpu_has_bf16_units() {
 
 // The kind ("cpu" or "cuda") of the node a role's devices are on: the node its devices object
 // names, else the first node.
-std::string role_node_kind(const SpecCheck& v, const std::string& role) {
+// The cluster node a role's devices are on (the first node when they name none).
+json role_node(const SpecCheck& v, const std::string& role) {
   const json& nodes = v.at("cluster.nodes");
-  if (!nodes.is_array() || nodes.empty() || !nodes[0].is_object()) return "cpu";
+  if (!nodes.is_array() || nodes.empty() || !nodes[0].is_object()) return json::object();
   const json& devices = v.at(role + ".devices");
   if (devices.is_object() && !devices.empty())
     for (const auto& n : nodes)
-      if (n.is_object() && n.value("name", std::string()) == devices.begin().key())
-        return n.value("kind", std::string("cpu"));
-  return nodes[0].value("kind", std::string("cpu"));
+      if (n.is_object() && n.value("name", std::string()) == devices.begin().key()) return n;
+  return nodes[0];
 }
 
-// dtype "auto" -> bf16 on cuda nodes and on CPUs with AMX-BF16 units, else fp32; noted once.
+// dtype "auto" -> bf16 on cuda nodes (fp16 on those whose compute_capability is below 8.0:
+// no BF16 units) and on CPUs with AMX-BF16 units, else fp32; noted once.
 void resolve_dtypes(SpecCheck& v) {
   std::vector<std::string> chosen;
   for (Role r : kAllRoles) {
     const std::string key = std::string(role_name(r)) + ".dtype";
     if (!v.ok({key, "cluster.nodes"}) || str(v, key) != "auto") continue;
-    const bool cuda = role_node_kind(v, role_name(r)) == "cuda";
-    const std::string dtype = cuda || cpu_has_bf16_units() ? "bf16" : "fp32";
+    const json node = role_node(v, role_name(r));
+    const bool cuda = node.value("kind", std::string("cpu")) == "cuda";
+    const bool no_bf16_units = cuda && node.value("compute_capability", 8.0) < 8.0;
+    const std::string dtype = no_bf16_units                  ? "fp16"
+                              : cuda || cpu_has_bf16_units() ? "bf16"
+                                                             : "fp32";
     v.set(key, dtype);
     chosen.push_back(std::string(role_name(r)) + " " + dtype);
   }
   if (!chosen.empty())
-    v.notes.push_back("compute dtype (auto): " + join(chosen, ", ") +
-                      (cpu_has_bf16_units()
-                           ? ""
-                           : "; this CPU has no AMX-BF16 units, so cpu nodes compute in fp32"));
+    v.notes.push_back(
+        "compute dtype (auto): " + join(chosen, ", ") +
+        (join(chosen, ",").find("fp16") != std::string::npos
+             ? "; GPUs of compute capability below 8.0 have no BF16 units, so those roles compute "
+               "in fp16 (trained ones with dynamic loss scaling)"
+             : "") +
+        (cpu_has_bf16_units() ? ""
+                              : "; this CPU has no AMX-BF16 units, so cpu nodes compute in fp32"));
 }
 
 // Fills models that default to another role's model (as OpenRLHF: ref and rollout from the

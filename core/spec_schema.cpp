@@ -80,11 +80,14 @@ void add_role_placement(KeyTable& t, const std::string& role, const std::string&
             "device. Empty: one free device is chosen (or the colocated role's devices).");
   t.choice(role + ".colocate_with", "", {"", "actor", "critic", "reward", "ref", "rollout"},
            "Share the devices of this role (only when asked: roles are disjoint otherwise).");
-  t.choice(role + ".dtype", "auto", {"auto", "bf16", "fp32"},
+  t.choice(role + ".dtype", "auto", {"auto", "bf16", "fp16", "fp32"},
            "Compute dtype of the " + role +
                " model (master weights stay FP32 when trained). auto: bf16 on GPUs and on CPUs "
                "with AMX-BF16 units, fp32 on other CPUs, where BF16 is slower than FP32 (emulated "
-               "without BF16 units; about 0.6x FP32 with AVX512-BF16 alone).");
+               "without BF16 units; about 0.6x FP32 with AVX512-BF16 alone). fp16: for GPUs "
+               "without BF16 units (V100, T4); a trained role then scales its loss dynamically "
+               "(2^16 at first, halved on an overflowing step, which is skipped; doubled after "
+               "2000 clean steps).");
 }
 
 SpecSection core_spec_section() {
@@ -103,7 +106,8 @@ SpecSection core_spec_section() {
                         {"devices", 8},
                         {"memory_gb", 16}}}),
           "Nodes: [{\"name\", \"host\", \"kind\": cpu|cuda, \"devices\": count, \"memory_gb\": "
-          "per device}]. On cpu, devices are logical slots.");
+          "per device, \"compute_capability\": cuda only, optional, e.g. 7.0 for V100: below 8.0 "
+          "dtype auto is fp16}]. On cpu, devices are logical slots.");
     t.string("cluster.interface", "127.0.0.1",
              "Address the scheduler binds to (loopback unless a job spans nodes).");
     t.string("cluster.port_range", "",
@@ -245,7 +249,8 @@ std::string closest_key(const std::string& path) {
 }
 
 const std::vector<std::string>& node_fields() {
-  static const std::vector<std::string> kFields = {"name", "host", "kind", "devices", "memory_gb"};
+  static const std::vector<std::string> kFields = {"name",    "host",      "kind",
+                                                   "devices", "memory_gb", "compute_capability"};
   return kFields;
 }
 

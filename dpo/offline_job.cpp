@@ -49,6 +49,10 @@ json mean_over_ranks(const std::vector<Answered<ops::OfflineStepReply>>& replies
     add("grad_norm", r.metrics.grad_norm);
     add("lr", r.metrics.lr);
     add("peak_tensor_bytes", static_cast<double>(r.metrics.peak_tensor_bytes));
+    if (r.metrics.loss_scale != 1.0) {  // FP16: the step's loss scale, overflows so far
+      add("loss_scale", r.metrics.loss_scale);
+      add("skipped_steps", static_cast<double>(r.metrics.skipped_steps));
+    }
     for (const auto& [key, v] : r.means) add(key, v);
   }
   json out = json::object();

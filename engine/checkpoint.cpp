@@ -164,6 +164,7 @@ void save_sharded_checkpoint(const std::string& dir_name,
                      {"zero_stage", zero_stage},
                      {"save_only_model", options.save_only_model},
                      {"units", layout_of(units)}};
+    if (!options.trainer_state.is_null()) manifest["trainer_state"] = options.trainer_state;
     commit(tmp, dir, manifest, suffix);
     rotate(dir, options.max_num);
   }
@@ -172,7 +173,7 @@ void save_sharded_checkpoint(const std::string& dir_name,
 
 int64_t load_sharded_checkpoint(const std::string& dir_name,
                                 const std::vector<std::unique_ptr<ShardedUnit>>& units,
-                                transport::CollectiveGroup& group) {
+                                transport::CollectiveGroup& group, json* trainer_state) {
   const fs::path dir(dir_name);
   const std::string manifest_path = (dir / kManifestName).string();
   auto manifest = read_manifest(dir);
@@ -215,6 +216,7 @@ int64_t load_sharded_checkpoint(const std::string& dir_name,
   at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the global one
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_state(file.view("rng.cpu").clone());
+  if (trainer_state) *trainer_state = manifest->value("trainer_state", json());
   return manifest->value("step", int64_t{0});
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,8 @@ inline constexpr const char* kManifestName = "rlhf_checkpoint.json";
 struct CheckpointOptions {
   bool save_only_model = false;  // skip AdamW moments (a resume restarts them at zero)
   int max_num = 3;               // OpenRLHF --max_ckpt_num: newest checkpoints kept in DIR's parent
+  // The trainer's own small state beside the shards (the FP16 loss scaler's), in the manifest.
+  nlohmann::json trainer_state;
   // Called on every rank after its shard file is on disk and before the commit; for
   // fault-injection tests (a process killed here must leave no checkpoint at DIR).
   std::function<void()> before_commit;
@@ -37,12 +40,14 @@ void save_sharded_checkpoint(const std::string& dir,
                              int zero_stage, transport::CollectiveGroup& group,
                              const CheckpointOptions& options);
 
-// Loads this rank's shards from `dir` into `units` and restores the RNG; returns the step.
+// Loads this rank's shards from `dir` into `units` and restores the RNG; returns the step
+// and, with `trainer_state`, sets it to what the save's options carried (null if none).
 // Throws InputError naming the file when the manifest is missing or bad, the world size
 // or the unit layout differ, or a shard file is missing or corrupt.
 int64_t load_sharded_checkpoint(const std::string& dir,
                                 const std::vector<std::unique_ptr<ShardedUnit>>& units,
-                                transport::CollectiveGroup& group);
+                                transport::CollectiveGroup& group,
+                                nlohmann::json* trainer_state = nullptr);
 
 // The complete checkpoint with the highest step directly under `root`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& root);

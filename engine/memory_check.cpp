@@ -28,6 +28,14 @@ json read_json_file(const fs::path& path) {
   return j;
 }
 
+// The payload bytes of a CollectiveTraffic record, every kind summed.
+int64_t collective_bytes(const json& traffic) {
+  int64_t total = 0;
+  for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "scatter"})
+    total += traffic.value(kind, int64_t{0});
+  return total;
+}
+
 double relative_error(int64_t planned, int64_t measured) {
   return measured > 0 ? static_cast<double>(planned - measured) / static_cast<double>(measured)
                       : 0.0;
@@ -196,6 +204,10 @@ std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
         if (m.contains("cuda_peak_allocated_bytes"))
           r.measured_cuda =
               std::max(r.measured_cuda, m["cuda_peak_allocated_bytes"].get<int64_t>());
+        if (roles[role].contains("collectives_per_step"))
+          r.planned_collectives = collective_bytes(roles[role]["collectives_per_step"]);
+        if (m.contains("step_collectives"))
+          r.measured_collectives = collective_bytes(m["step_collectives"]);
         if (m.contains("cuda_phases"))
           add_measured_phases(planned_cuda_phases(roles[role]), m["cuda_phases"],
                               "peak_allocated_bytes", r.phases);

@@ -36,6 +36,10 @@ struct MemoryCheckRow {
   int64_t measured_rss = -1;     // metrics: peak_rss_bytes
   int64_t planned_cuda = 0;      // plan: cuda_allocated (cuda roles; 0 on cpu)
   int64_t measured_cuda = -1;    // metrics: cuda_peak_allocated_bytes (-1: not on a GPU)
+  // Trained roles: collective payload bytes per optimizer step, plan (collectives_per_step)
+  // and as the rank's group counted its last logged step (step_collectives); -1: none.
+  int64_t planned_collectives = -1;
+  int64_t measured_collectives = -1;
   // (planned - measured) / measured; 0 when nothing was measured.
   double tensor_error() const;
   double rss_error() const;

@@ -575,6 +575,15 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
   return t;
 }
 
+transport::CollectiveTraffic plan_collectives(const RoleMemoryInput& in) {
+  if (in.work != RoleWork::kTrain) return {};
+  const std::vector<int64_t> units = in.lora_rank > 0
+                                         ? lora_unit_numels(in.model, in.lora_rank, in.lora_targets)
+                                         : unit_numels(in.model);
+  return engine_collectives(units, in.group_size, std::clamp(in.zero_stage, 1, 3), in.compute_bytes,
+                            in.checkpointing, in.backward_calls);
+}
+
 bool MemoryPlan::fits() const {
   return std::all_of(devices.begin(), devices.end(), [](const DevicePlan& d) { return d.fits(); });
 }
@@ -601,7 +610,11 @@ json MemoryPlan::to_json() const {
       j["zero_stage"] = r.input.zero_stage;
       j["gradient_checkpointing"] = r.input.checkpointing;
       j["adam_offload"] = r.input.adam_offload;
+      j["backward_calls_per_step"] = r.input.backward_calls;
+      j["collectives_per_step"] = r.collectives;
+      j["collective_wire_bytes_per_step"] = r.collective_wire_bytes;
     }
+    if (r.sync_bytes > 0) j["weight_sync_bytes"] = r.sync_bytes;
     j["dominant"] = r.terms.dominant().first;
     roles_json[r.input.role] = j;
   }
@@ -725,6 +738,12 @@ MemoryPlan plan_memory(const JobSpec& spec, const std::map<Role, models::ModelCo
     RolePlan rp;
     rp.input = role_memory_input(spec, role, placement, it->second);
     rp.terms = plan_role(rp.input);
+    rp.collectives = plan_collectives(rp.input);
+    rp.collective_wire_bytes =
+        transport::wire_bytes_per_rank(rp.collectives, rp.input.group_size,
+                                       rp.input.device_kind == DeviceKind::kCuda ? "nccl" : "gloo");
+    if (rp.input.sends_weights && rp.input.lora_rank == 0)
+      rp.sync_bytes = rp.input.compute_bytes * rp.input.model.num_parameters();
     plan.roles.push_back(rp);
   }
   fill_devices(placement, plan);

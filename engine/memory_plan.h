@@ -14,6 +14,7 @@
 #include "core/placement.h"
 #include "core/spec.h"
 #include "models/config.h"
+#include "transport/collective_group.h"
 
 namespace rlhf::engine {
 
@@ -31,12 +32,13 @@ struct RoleMemoryInput {
   models::ModelConfig model;  // sizes (head kind and tie_word_embeddings included)
   RoleWork work = RoleWork::kInfer;
   DeviceKind device_kind = DeviceKind::kCpu;
-  int group_size = 1;         // ranks sharing the ZeRO shards
-  int64_t compute_bytes = 2;  // bf16: 2, fp32: 4
-  int zero_stage = 2;         // 1..3 (0 runs as 1, as the trainer does)
-  bool adam_offload = false;  // master + moments in host memory (only moves bytes on cuda)
-  bool checkpointing = true;  // per-layer recompute in backward
-  int64_t micro_batch = 1;    // sequences per forward (train.micro_batch_size, or rollout mb x n)
+  int group_size = 1;          // ranks sharing the ZeRO shards
+  int64_t compute_bytes = 2;   // bf16: 2, fp32: 4
+  int zero_stage = 2;          // 1..3 (0 runs as 1, as the trainer does)
+  bool adam_offload = false;   // master + moments in host memory (only moves bytes on cuda)
+  bool checkpointing = true;   // per-layer recompute in backward
+  int64_t micro_batch = 1;     // sequences per forward (train.micro_batch_size, or rollout mb x n)
+  int64_t backward_calls = 1;  // trained roles: backward() calls per optimizer step on a rank
   int64_t infer_micro_batch =
       0;                // trained roles: sequences per scoring forward (PPO: rollout mb x n)
   int64_t seq_len = 1;  // tokens per sequence
@@ -170,7 +172,17 @@ MemoryTerms plan_role(const RoleMemoryInput& in);
 struct RolePlan {
   RoleMemoryInput input;
   MemoryTerms terms;
+  // Trained roles: the collectives one rank runs per optimizer step (engine_collectives),
+  // and the bytes it sends (and receives) for them on its group's backend.
+  transport::CollectiveTraffic collectives;
+  int64_t collective_wire_bytes = 0;
+  // PPO's actor: the weights it broadcasts to the rollout group per PPO step (full fine-tune;
+  // 0 for a LoRA actor, whose sync depends on rollout.lora_sync).
+  int64_t sync_bytes = 0;
 };
+
+// One rank's collectives per optimizer step for a trained role (empty for others).
+transport::CollectiveTraffic plan_collectives(const RoleMemoryInput& in);
 
 struct DevicePlan {
   std::string node;

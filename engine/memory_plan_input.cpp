@@ -122,6 +122,11 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.adam_offload = config.trainer->optimizer_placement == OptimizerPlacement::kHost;
     in.checkpointing = config.gradient_checkpointing;
     in.micro_batch = spec.get_int("train.micro_batch_size") * pair;
+    // Micro batches per optimizer step on each rank, as the job runtime sets the trainer's
+    // grad_accum_steps (runtime/job_runtime.cpp init_role).
+    in.backward_calls = std::max<int64_t>(
+        1, spec.get_int("train.batch_size") /
+               (spec.get_int("train.micro_batch_size") * static_cast<int64_t>(in.group_size)));
     set_lora_input(config, in);
     if (ppo) in.infer_micro_batch = in.rollout_micro_batch * in.n_samples;
   } else if (role == Role::kRollout) {
@@ -140,6 +145,8 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
   const int64_t budget = spec.get_int("train.max_tokens_per_micro_batch");
   if (ppo && budget > 0 && in.work != RoleWork::kGenerate) {
     const int64_t rows = std::max<int64_t>(1, budget / in.seq_len);
+    // Each micro batch trains in parts of `rows`, one backward() each.
+    if (in.work == RoleWork::kTrain) in.backward_calls *= (in.micro_batch + rows - 1) / rows;
     in.micro_batch = std::min(in.micro_batch, rows);
     if (in.infer_micro_batch > 0) in.infer_micro_batch = std::min(in.infer_micro_batch, rows);
   }

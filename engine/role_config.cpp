@@ -3,6 +3,7 @@
 #include "core/errors.h"
 #include "core/json_fields.h"
 #include "core/text.h"
+#include "models/pretrained.h"
 
 namespace rlhf::engine {
 
@@ -123,8 +124,8 @@ ModelRoleConfig ModelRoleConfig::from_json(const json& j, const std::string& whe
   c.role = f.get<std::string>("role");
   c.model_dir = f.get<std::string>("model_dir");
   c.dtype = f.get<std::string>("dtype");
-  if (c.dtype != "bf16" && c.dtype != "fp32")
-    throw InputError("role config: dtype must be bf16 or fp32, found " + c.dtype);
+  if (c.dtype != "bf16" && c.dtype != "fp16" && c.dtype != "fp32")
+    throw InputError("role config: dtype must be bf16, fp16 or fp32, found " + c.dtype);
   std::string head = f.get<std::string>("head");
   if (head != "lm" && head != "value") throw InputError("role config: head must be lm or value");
   c.head = head == "value" ? models::HeadKind::kValue : models::HeadKind::kLanguageModel;
@@ -182,7 +183,7 @@ ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64
   t.zero_stage = stage <= 1   ? ZeroStage::kOptimizer
                  : stage == 2 ? ZeroStage::kGradients
                               : ZeroStage::kParameters;
-  t.compute_dtype = c.dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16;
+  t.compute_dtype = models::dtype_from_name(c.dtype);
   t.lr = spec.get_float(r + ".adam.lr");
   auto betas = spec.get_float_list(r + ".adam.betas");
   t.beta1 = betas[0];

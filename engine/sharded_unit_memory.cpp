@@ -72,4 +72,33 @@ EnginePeak engine_peak(const std::vector<int64_t>& units, int world, int stage, 
   return p;
 }
 
+transport::CollectiveTraffic engine_collectives(const std::vector<int64_t>& units, int world,
+                                                int stage, int64_t e, bool checkpointing,
+                                                int64_t backward_calls) {
+  transport::CollectiveTraffic t;
+  const size_t head = units.size() - 1;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u] == 0) continue;  // ShardedUnit with no slots: no collective
+    const int64_t padded = div_up(units[u], world) * world;
+    if (stage == 1) {
+      if (world > 1) {
+        t.all_reduce += 4 * padded;  // finish_grads
+        t.calls += 1;
+      }
+    } else {
+      t.reduce_scatter += backward_calls * 4 * padded;  // reduce_grads, FP32
+      t.calls += backward_calls;
+    }
+    // Stage 1/2: refresh_params after the step; stage 3: gather() per forward, twice for a
+    // checkpointed decoder layer (its recompute in backward).
+    const bool layer = u > 0 && u < head;
+    const int64_t gathers = stage < 3 ? 1 : backward_calls * (checkpointing && layer ? 2 : 1);
+    t.all_gather += gathers * e * padded;
+    t.calls += gathers;
+  }
+  t.all_reduce += 2 * 8;  // Trainer::step: [sum of g^2, loss] in FP64
+  t.calls += 1;
+  return t;
+}
+
 }  // namespace rlhf::engine

@@ -17,6 +17,16 @@ namespace rlhf::engine {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+LossScaleConfig loss_scale_of(const TrainerConfig& config) {
+  LossScaleConfig c = config.loss_scale;
+  c.enabled = config.compute_dtype == torch::kFloat16;
+  return c;
+}
+
+}  // namespace
+
 class Trainer::Hooks final : public models::LayerHooks {
  public:
   explicit Hooks(Trainer& trainer) : trainer_(trainer) {}
@@ -30,7 +40,11 @@ class Trainer::Hooks final : public models::LayerHooks {
 
 Trainer::Trainer(const TrainerConfig& config, models::ShardableModel& model,
                  transport::CollectiveGroup& group, const models::WeightSource* source)
-    : config_(config), model_(model), group_(group), schedule_((config.validate(), config)) {
+    : config_(config),
+      model_(model),
+      group_(group),
+      schedule_((config.validate(), config)),
+      scaler_(loss_scale_of(config)) {
   ShardContext context;
   context.group = &group_;
   context.tracker = &tracker_;
@@ -55,8 +69,16 @@ Trainer::~Trainer() {
 void Trainer::before_unit(int unit) {
   TORCH_CHECK(unit >= 0 && unit < static_cast<int>(units_.size()),
               "Trainer: hook for unknown unit ", unit);
+  // A training forward (grad mode on; scoring runs without) opens the step's window.
+  if (torch::GradMode::is_enabled()) open_traffic_window();
   units_[unit]->gather();
   if (config_.tied_embeddings && unit == static_cast<int>(units_.size()) - 1) units_[0]->gather();
+}
+
+void Trainer::open_traffic_window() {
+  if (traffic_window_open_) return;
+  step_start_traffic_ = group_.traffic();
+  traffic_window_open_ = true;
 }
 
 void Trainer::after_unit(int unit) {
@@ -77,8 +99,12 @@ void Trainer::backward(const torch::Tensor& loss, bool ends_micro_batch) {
   TORCH_CHECK(loss.defined() && loss.numel() == 1, "Trainer::backward: loss must be a scalar");
   restore_optimizer_state();
   if (micro_ == 0 && !part_open_) tracker_.reset_peak();
+  open_traffic_window();
   std::fill(reduced_.begin(), reduced_.end(), false);
-  (loss / static_cast<double>(config_.grad_accum_steps)).backward();
+  if (scaler_.enabled())  // FP16: scaled so small gradients survive (loss_scaler.h)
+    (loss * (scaler_.scale() / static_cast<double>(config_.grad_accum_steps))).backward();
+  else
+    (loss / static_cast<double>(config_.grad_accum_steps)).backward();
   // Units the model did not signal (no checkpointing; embeddings and head), in unit order
   // on every rank so the collectives match.
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -101,6 +127,7 @@ StepMetrics Trainer::step() {
   double sq = 0.0;
   for (auto& unit : units_) {
     grads.push_back(unit->finish_grads());
+    if (scaler_.enabled()) grads.back().mul_(1.0 / scaler_.scale());  // unscaled, FP32
     const double norm = grads.back().norm().item<double>();  // accumulates in double on CPU
     sq += norm * norm;
   }
@@ -113,6 +140,9 @@ StepMetrics Trainer::step() {
   metrics.loss = reduced[1].item<double>() / group_.size();
   metrics.lr = schedule_.lr_at(step_);
   metrics.skipped = !std::isfinite(metrics.grad_norm);
+  metrics.loss_scale = scaler_.scale();
+  scaler_.update(!metrics.skipped);  // FP16: an overflow backs the scale off
+  metrics.skipped_steps = scaler_.skipped_steps();
   if (!metrics.skipped) {
     // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
     double coef = 1.0;
@@ -128,6 +158,8 @@ StepMetrics Trainer::step() {
   }
   for (auto& unit : units_) unit->zero_grads();
   metrics.step = step_;
+  last_step_traffic_ = group_.traffic() - step_start_traffic_;
+  traffic_window_open_ = false;
   micro_ = 0;
   loss_sum_ = 0.0;
   metrics.memory = tracker_.report();
@@ -159,15 +191,19 @@ StepMetrics Trainer::train_step(const LossFn& loss_fn) {
 
 void Trainer::save_checkpoint(const std::string& dir, const CheckpointOptions& options) {
   restore_optimizer_state();
+  CheckpointOptions with_state = options;
+  if (scaler_.enabled()) with_state.trainer_state = {{"loss_scaler", scaler_.state()}};
   save_sharded_checkpoint(dir, units_, step_, static_cast<int>(config_.zero_stage), group_,
-                          options);
+                          with_state);
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
   TORCH_CHECK(micro_ == 0, "Trainer::load_checkpoint: in the middle of a step (", micro_,
               " micro batches)");
   restore_optimizer_state();
-  step_ = load_sharded_checkpoint(dir, units_, group_);
+  nlohmann::json state;
+  step_ = load_sharded_checkpoint(dir, units_, group_, &state);
+  if (state.is_object() && state.contains("loss_scaler")) scaler_.load(state["loss_scaler"]);
   for (auto& unit : units_) unit->refresh_params();
 }
 

@@ -15,6 +15,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/host_offload.h"
+#include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/memory_tracker.h"
 #include "engine/sharded_unit.h"
@@ -25,12 +26,14 @@
 namespace rlhf::engine {
 
 struct StepMetrics {
-  int64_t step = 0;        // optimizer steps done, this one included
-  double loss = 0.0;       // mean over micro batches and ranks
-  double grad_norm = 0.0;  // global L2 norm of the averaged gradient, before clipping
-  double lr = 0.0;         // the learning rate this step used
-  bool skipped = false;    // the gradient norm was not finite: no update was applied
-  MemoryReport memory;     // this rank; peak over the step
+  int64_t step = 0;           // optimizer steps done, this one included
+  double loss = 0.0;          // mean over micro batches and ranks
+  double grad_norm = 0.0;     // global L2 norm of the averaged gradient, before clipping
+  double lr = 0.0;            // the learning rate this step used
+  bool skipped = false;       // the gradient norm was not finite: no update was applied
+  double loss_scale = 1.0;    // the loss scale this step's backward used (FP16; else 1)
+  int64_t skipped_steps = 0;  // FP16: steps skipped for overflow so far
+  MemoryReport memory;        // this rank; peak over the step
 };
 
 class Trainer {
@@ -96,6 +99,12 @@ class Trainer {
   };
   ExportMemory last_export_memory() const { return export_memory_; }
 
+  // The collectives this rank ran for the last optimizer step, from its first training forward
+  // (a unit's forward with grad mode on) or backward() to the end of step() (what the memory
+  // planner's engine_collectives predicts; the caller's own collectives in between, such as
+  // a token count, are in it too).
+  const transport::CollectiveTraffic& last_step_traffic() const { return last_step_traffic_; }
+
   int64_t steps_done() const { return step_; }
   int rank() const { return group_.rank(); }
   int world_size() const { return group_.size(); }
@@ -108,6 +117,7 @@ class Trainer {
   void before_unit(int unit);
   void after_unit(int unit);
   void after_unit_backward(int unit);
+  void open_traffic_window();  // the step's collectives count from here
 
   TrainerConfig config_;
   models::ShardableModel& model_;
@@ -122,7 +132,11 @@ class Trainer {
   bool part_open_ = false;     // a micro batch's first parts went through backward
   double loss_sum_ = 0.0;      // this rank's losses since the last step
   ExportMemory export_memory_;
+  transport::CollectiveTraffic step_start_traffic_;  // the group's, at the step's first backward
+  transport::CollectiveTraffic last_step_traffic_;
+  bool traffic_window_open_ = false;
   HostOffload optimizer_offload_;  // the optimizer state while offloaded
+  LossScaler scaler_;              // FP16 compute: the dynamic loss scale (else S = 1)
 };
 
 }  // namespace rlhf::engine

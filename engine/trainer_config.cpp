@@ -27,6 +27,7 @@ void TrainerConfig::validate() const {
   require(min_lr_ratio >= 0.0 && min_lr_ratio <= 1.0, "min_lr_ratio", "in [0, 1]");
   require(total_steps >= 1, "total_steps", ">= 1");
   require(grad_accum_steps >= 1, "grad_accum_steps", ">= 1");
+  if (compute_dtype == torch::kFloat16) loss_scale.validate();
 }
 
 }  // namespace rlhf::engine

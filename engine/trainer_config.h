@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/loss_scaler.h"
+
 namespace rlhf::engine {
 
 // What each rank keeps a shard of (ZeRO paper, Rajbhandari et al. 2020).
@@ -33,6 +35,9 @@ enum class OptimizerPlacement {
 struct TrainerConfig {
   ZeroStage zero_stage = ZeroStage::kParameters;
   torch::Dtype compute_dtype = torch::kBFloat16;  // parameters and activations in forward
+  // Dynamic loss scaling (loss_scaler.h): on exactly when compute_dtype is FP16 (the Trainer
+  // sets `enabled` from it).
+  LossScaleConfig loss_scale;
   torch::Device device = torch::kCPU;
 
   // AdamW (Loshchilov & Hutter: decoupled weight decay), on FP32 master weights.

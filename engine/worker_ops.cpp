@@ -10,6 +10,8 @@ StepFigures step_figures(const engine::StepMetrics& m) {
   f.grad_norm = m.grad_norm;
   f.lr = m.lr;
   f.skipped = m.skipped;
+  f.loss_scale = m.loss_scale;
+  f.skipped_steps = m.skipped_steps;
   f.peak_tensor_bytes = m.memory.peak;
   return f;
 }

@@ -90,8 +90,11 @@ struct StepFigures {
   double lr = 0;
   bool skipped = false;
   int64_t peak_tensor_bytes = 0;
+  double loss_scale = 1.0;    // FP16: the loss scale the step used (else 1)
+  int64_t skipped_steps = 0;  // FP16: steps skipped for overflow so far
 };
-RLHF_WIRE_STRUCT(StepFigures, "step figures", step, loss, grad_norm, lr, skipped, peak_tensor_bytes)
+RLHF_WIRE_STRUCT(StepFigures, "step figures", step, loss, grad_norm, lr, skipped, peak_tensor_bytes,
+                 loss_scale, skipped_steps)
 StepFigures step_figures(const engine::StepMetrics& metrics);
 
 struct SaveReply {};

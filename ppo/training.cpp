@@ -120,6 +120,10 @@ double PolicyTrainer::update(const Rollout& r, const Experience& e, const torch:
   sums["approx_kl"] = sums["approx_kl"].get<double>() + a.approx_kl;
   sums["grad_norm"] = sums["grad_norm"].get<double>() + a.metrics.grad_norm;
   sums["lr"] = a.metrics.lr;
+  if (a.metrics.loss_scale != 1.0) {  // FP16: the scale this update used, overflows so far
+    sums["loss_scale"] = a.metrics.loss_scale;
+    sums["skipped_steps"] = a.metrics.skipped_steps;
+  }
   if (critic_) {
     const auto critic_replies = critic.get();
     update_compute = std::max(update_compute, slowest_compute(critic_replies));

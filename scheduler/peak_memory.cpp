@@ -28,6 +28,8 @@ nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_r
         for (const auto& [op, bytes] : memory.tensor_phases)
           phases[op] = {{"peak_tensor_bytes", bytes}};
         m["tensor_phases"] = phases;
+        // A trained rank's collectives in its last optimizer step (payload bytes by kind).
+        if (memory.step_collectives.calls > 0) m["step_collectives"] = memory.step_collectives;
       }
       // GPU workers: the CUDA caching allocator's peaks (tensors, and what it reserved from
       // the driver), overall and per phase (operation).
@@ -42,6 +44,8 @@ nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_r
         m["planned_tensor_bytes"] = plan.value("engine_peak", int64_t{0});
         if (plan.value("cuda_allocated", int64_t{0}) > 0)
           m["planned_cuda_allocated_bytes"] = plan["cuda_allocated"];
+        if (plan.contains("collectives_per_step"))
+          m["planned_step_collectives"] = plan["collectives_per_step"];
       }
       ranks.push_back(m);
     }

@@ -127,6 +127,8 @@ bool fill_plan(const JobSpec& spec, VariantResult& r) {
   for (const auto& role : plan.roles) {
     r.memory[role.input.role].planned_total = role.terms.device_total();
     r.memory[role.input.role].planned_engine = role.terms.engine_peak;
+    if (role.input.work == engine::RoleWork::kTrain)
+      r.memory[role.input.role].planned_comm = role.collective_wire_bytes;
   }
   for (const auto& d : plan.devices) {
     r.max_planned_device = std::max(r.max_planned_device, d.total);
@@ -374,7 +376,7 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
          "s,sync_s,step_s,reward_mean";
   for (const auto& role : roles)
     out << ',' << role << "_planned_total," << role << "_planned_engine," << role
-        << "_measured_tensor," << role << "_measured_rss";
+        << "_measured_tensor," << role << "_measured_rss," << role << "_planned_comm_per_step";
   out << '\n';
   for (const auto& r : results) {
     for (const auto& v : r.values) out << csv_field(v) << ',';
@@ -389,7 +391,8 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
     for (const auto& role : roles) {
       RoleMemoryFigures f = r.memory.count(role) ? r.memory.at(role) : RoleMemoryFigures{};
       // Empty where nothing was planned or measured (a failed or bad-spec variant).
-      for (int64_t b : {f.planned_total, f.planned_engine, f.measured_tensor, f.measured_rss})
+      for (int64_t b :
+           {f.planned_total, f.planned_engine, f.measured_tensor, f.measured_rss, f.planned_comm})
         out << ',' << (b < 0 ? std::string() : std::to_string(b));
     }
     out << '\n';
@@ -433,14 +436,17 @@ std::string sweep_markdown(const std::vector<VariantResult>& results,
     for (const auto& role : roles) {
       RoleMemoryFigures f = r.memory.count(role) ? r.memory.at(role) : RoleMemoryFigures{};
       md << ' ' << bytes_or_dash(f.planned_total) << " / " << bytes_or_dash(f.measured_tensor)
-         << " / " << bytes_or_dash(f.measured_rss) << " |";
+         << " / " << bytes_or_dash(f.measured_rss)
+         << (f.planned_comm > 0 ? ", sends " + bytes_or_dash(f.planned_comm) + "/step" : "")
+         << " |";
     }
     md << '\n';
   }
   md << "\nplanned: the planner's bytes per rank (everything the process holds); tensor: the "
         "largest "
         "peak_tensor_bytes the run reported (trainer-tracked tensors, or weights); RSS: the "
-        "process's peak resident set.\n";
+        "process's peak resident set; sends: the bytes one rank of a trained role sends (and "
+        "receives) in its ZeRO collectives per optimizer step, as planned.\n";
   return md.str();
 }
 

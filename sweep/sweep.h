@@ -40,6 +40,9 @@ struct RoleMemoryFigures {
   int64_t planned_engine = -1;   // planner: engine-tracked peak per rank (-1: not planned)
   int64_t measured_tensor = -1;  // metrics: max peak_tensor_bytes (-1: not reported)
   int64_t measured_rss = -1;     // metrics: max peak_rss_bytes
+  // planner: bytes one rank sends (and receives) in its group's collectives per optimizer step
+  // (trained roles; -1: not planned or not trained)
+  int64_t planned_comm = -1;
 };
 
 struct VariantResult {

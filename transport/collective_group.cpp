@@ -8,6 +8,81 @@
 
 namespace rlhf::transport {
 
+namespace {
+
+int64_t bytes_of(const torch::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+}  // namespace
+
+CollectiveTraffic CollectiveTraffic::operator-(const CollectiveTraffic& before) const {
+  return {all_gather - before.all_gather, reduce_scatter - before.reduce_scatter,
+          all_reduce - before.all_reduce, broadcast - before.broadcast,
+          scatter - before.scatter,       calls - before.calls};
+}
+
+CollectiveTraffic& CollectiveTraffic::operator+=(const CollectiveTraffic& more) {
+  all_gather += more.all_gather;
+  reduce_scatter += more.reduce_scatter;
+  all_reduce += more.all_reduce;
+  broadcast += more.broadcast;
+  scatter += more.scatter;
+  calls += more.calls;
+  return *this;
+}
+
+bool CollectiveTraffic::operator==(const CollectiveTraffic& o) const {
+  return all_gather == o.all_gather && reduce_scatter == o.reduce_scatter &&
+         all_reduce == o.all_reduce && broadcast == o.broadcast && scatter == o.scatter &&
+         calls == o.calls;
+}
+
+int64_t wire_bytes_per_rank(const CollectiveTraffic& t, int ranks, const std::string& backend) {
+  if (ranks <= 1) return 0;
+  const int64_t n = ranks;
+  auto part = [n](int64_t bytes, int64_t times) { return times * bytes * (n - 1) / n; };
+  const int64_t gather_scatter = backend == "gloo" ? 2 : 1;  // GlooGroup: ring all-reduces
+  return part(t.all_gather, gather_scatter) + part(t.reduce_scatter, gather_scatter) +
+         part(t.all_reduce, 2) + t.broadcast + part(t.scatter, 1);
+}
+
+void CollectiveGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  traffic_.all_reduce += bytes_of(tensor);
+  ++traffic_.calls;
+  do_all_reduce(tensor, op);
+}
+
+void CollectiveGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
+  traffic_.all_gather += bytes_of(output);
+  ++traffic_.calls;
+  do_all_gather(output, input);
+}
+
+void CollectiveGroup::reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
+  traffic_.reduce_scatter += bytes_of(input);
+  ++traffic_.calls;
+  do_reduce_scatter(output, input);
+}
+
+void CollectiveGroup::broadcast(torch::Tensor& tensor, int root) {
+  traffic_.broadcast += bytes_of(tensor);
+  ++traffic_.calls;
+  do_broadcast(tensor, root);
+}
+
+void CollectiveGroup::scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                              int root) {
+  traffic_.scatter += bytes_of(output) * size();
+  ++traffic_.calls;
+  do_scatter(output, inputs, root);
+}
+
+void CollectiveGroup::barrier() {
+  ++traffic_.calls;
+  do_barrier();
+}
+
 CollectiveBackend collective_backend(const std::string& name) {
   if (name == "gloo") return CollectiveBackend::kGloo;
   if (name == "nccl") return CollectiveBackend::kNccl;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/json_fields.h"
+
 namespace rlhf::transport {
 
 enum class CollectiveBackend { kGloo, kNccl };
@@ -37,6 +39,34 @@ struct CollectiveConfig {
   int cuda_device = 0;  // kNccl: the device this rank's tensors live on
 };
 
+// The payload bytes of the collectives a group ran, by kind: what each call's tensors hold
+// (an all-gather's output, a reduce-scatter's input, an all-reduce's and a broadcast's
+// tensor, a scatter's size() pieces), whatever algorithm moves them. What one rank sends and
+// receives for them is wire_bytes_per_rank's.
+struct CollectiveTraffic {
+  int64_t all_gather = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_reduce = 0;
+  int64_t broadcast = 0;
+  int64_t scatter = 0;
+  int64_t calls = 0;  // collectives of every kind, barriers included
+
+  int64_t total() const { return all_gather + reduce_scatter + all_reduce + broadcast + scatter; }
+  CollectiveTraffic operator-(const CollectiveTraffic& before) const;
+  CollectiveTraffic& operator+=(const CollectiveTraffic& more);
+  bool operator==(const CollectiveTraffic& other) const;
+};
+RLHF_WIRE_STRUCT(CollectiveTraffic, "collectives", all_gather, reduce_scatter, all_reduce,
+                 broadcast, scatter, calls)
+
+// The bytes one rank sends for `t` in a group of `ranks` (and as many it receives), by the
+// algorithms each backend runs. NCCL, ring: all-gather and reduce-scatter (N-1)/N of the
+// payload, all-reduce 2 (N-1)/N, broadcast the whole tensor (a pipelined chain). Gloo as
+// GlooGroup runs it: all-gather and reduce-scatter are ring all-reduces of the whole buffer
+// (faster there than c10d Gloo's own, gloo_group.h), so 2 (N-1)/N each. Scatters: the root's
+// (N-1)/N. Zero for one rank.
+int64_t wire_bytes_per_rank(const CollectiveTraffic& t, int ranks, const std::string& backend);
+
 // Collectives on contiguous tensors of one dtype. A call returns when its result is ready for
 // what comes next: Gloo (CPU tensors) blocks until it is done; NCCL (CUDA tensors) enqueues it
 // on torch's current CUDA stream and returns without waiting for the device, so later work on
@@ -44,7 +74,8 @@ struct CollectiveConfig {
 // rank and operation) when a peer fails or the timeout passes: Gloo in that call, NCCL in the
 // first call after its watchdog noticed (a call that returns a result to the host, CPU tensors
 // or barrier, checks after waiting). An asynchronous all-reduce: all_reduce_async in
-// nccl_group.h.
+// nccl_group.h. Every call adds its payload to traffic() (a backend implements the do_*
+// functions; its internal calls go to do_* and are not counted twice).
 class CollectiveGroup {
  public:
   virtual ~CollectiveGroup() = default;
@@ -53,20 +84,35 @@ class CollectiveGroup {
   virtual std::string backend_name() const = 0;
 
   // In place: tensor = op over all ranks' `tensor`.
-  virtual void all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
+  void all_reduce(torch::Tensor& tensor, ReduceOp op);
   // output [size * n] = concat over ranks of input [n] (rank order).
-  virtual void all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
+  void all_gather(torch::Tensor& output, const torch::Tensor& input);
   // output [n] = sum over ranks of input[rank * n : (rank + 1) * n], input [size * n].
   // `input` is scratch: its contents afterwards are unspecified (Gloo reduces in place).
-  virtual void reduce_scatter(torch::Tensor& output, torch::Tensor& input) = 0;
+  void reduce_scatter(torch::Tensor& output, torch::Tensor& input);
   // In place: every rank's tensor becomes root's.
-  virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  void broadcast(torch::Tensor& tensor, int root);
   // Root sends inputs[r] to rank r (size() tensors of output's numel and dtype; inputs[root]
   // lands in root's own output); other ranks pass no inputs. What a rank receives is only
   // its own piece (a tensor-parallel weight sync: each rank gets its slices).
-  virtual void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
-                       int root) = 0;
-  virtual void barrier() = 0;
+  void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root);
+  void barrier();
+
+  // Every collective this rank has run in the group so far (its calls are made from one
+  // thread at a time, as collectives must be).
+  const CollectiveTraffic& traffic() const { return traffic_; }
+
+ protected:
+  virtual void do_all_reduce(torch::Tensor& tensor, ReduceOp op) = 0;
+  virtual void do_all_gather(torch::Tensor& output, const torch::Tensor& input) = 0;
+  virtual void do_reduce_scatter(torch::Tensor& output, torch::Tensor& input) = 0;
+  virtual void do_broadcast(torch::Tensor& tensor, int root) = 0;
+  virtual void do_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                          int root) = 0;
+  virtual void do_barrier() = 0;
+
+ private:
+  CollectiveTraffic traffic_;
 };
 
 // "gloo" or "nccl" (as backend_name() says); InputError otherwise.

@@ -63,10 +63,10 @@ void GlooGroup::run(const char* operation, StartWork&& start) {
   }
 }
 
-void GlooGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+void GlooGroup::do_all_reduce(torch::Tensor& tensor, ReduceOp op) {
   if (on_device(tensor)) {
     auto host = staged(tensor);
-    all_reduce(host, op);
+    do_all_reduce(host, op);
     tensor.copy_(host);
     return;
   }
@@ -75,7 +75,7 @@ void GlooGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
     // Gloo can sum BF16 (torch >= 2.1), but each hop would round to 8 mantissa bits; the
     // sum goes through FP32 and is rounded once, as the gradients it serves deserve.
     auto wide = tensor.to(torch::kFloat);
-    all_reduce(wide, op);
+    do_all_reduce(wide, op);
     tensor.copy_(wide);
     return;
   }
@@ -86,11 +86,11 @@ void GlooGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   run("all_reduce", [&] { return group_->allreduce(tensors, options); });
 }
 
-void GlooGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
+void GlooGroup::do_all_gather(torch::Tensor& output, const torch::Tensor& input) {
   if (on_device(output) || on_device(input)) {
     auto host = on_device(output) ? torch::empty_like(output, output.options().device(torch::kCPU))
                                   : output;
-    all_gather(host, staged(input));
+    do_all_gather(host, staged(input));
     if (on_device(output)) output.copy_(host);
     return;
   }
@@ -114,16 +114,16 @@ void GlooGroup::all_gather(torch::Tensor& output, const torch::Tensor& input) {
   flat.narrow(0, rank_ * n, n).copy_(input.view({-1}));
   const int64_t bytes = output.numel() * static_cast<int64_t>(output.element_size());
   auto words = bytes % 4 == 0 ? flat.view(torch::kByte).view(torch::kInt) : flat.view(torch::kByte);
-  all_reduce(words, ReduceOp::kSum);
+  do_all_reduce(words, ReduceOp::kSum);
 }
 
-void GlooGroup::reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
+void GlooGroup::do_reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
   if (on_device(output) || on_device(input)) {
     auto host_in = staged(input);
     auto host_out = on_device(output)
                         ? torch::empty_like(output, output.options().device(torch::kCPU))
                         : output;
-    reduce_scatter(host_out, host_in);
+    do_reduce_scatter(host_out, host_in);
     if (on_device(output)) output.copy_(host_out);
     return;
   }
@@ -132,14 +132,14 @@ void GlooGroup::reduce_scatter(torch::Tensor& output, torch::Tensor& input) {
   TORCH_CHECK(input.numel() == output.numel() * size_ && output.dtype() == input.dtype(),
               "gloo reduce_scatter: input must hold size x output elements of the same dtype, got ",
               input.sizes(), " and ", output.sizes());
-  if (size_ > 1) all_reduce(input, ReduceOp::kSum);
+  if (size_ > 1) do_all_reduce(input, ReduceOp::kSum);
   output.view({-1}).copy_(input.view({-1}).narrow(0, rank_ * output.numel(), output.numel()));
 }
 
-void GlooGroup::broadcast(torch::Tensor& tensor, int root) {
+void GlooGroup::do_broadcast(torch::Tensor& tensor, int root) {
   if (on_device(tensor)) {
     auto host = staged(tensor);
-    broadcast(host, root);
+    do_broadcast(host, root);
     if (rank_ != root) tensor.copy_(host);
     return;
   }
@@ -150,7 +150,8 @@ void GlooGroup::broadcast(torch::Tensor& tensor, int root) {
   run("broadcast", [&] { return group_->broadcast(tensors, options); });
 }
 
-void GlooGroup::scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root) {
+void GlooGroup::do_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                           int root) {
   TORCH_CHECK(rank_ != root || static_cast<int>(inputs.size()) == size_, "gloo scatter: root ",
               root, " needs ", size_, " inputs, got ", inputs.size());
   for (const auto& in : inputs)
@@ -161,7 +162,7 @@ void GlooGroup::scatter(torch::Tensor& output, const std::vector<torch::Tensor>&
     auto host = torch::empty_like(output, output.options().device(torch::kCPU));
     std::vector<torch::Tensor> staged_inputs;
     for (const auto& in : inputs) staged_inputs.push_back(staged(in));
-    scatter(host, staged_inputs, root);
+    do_scatter(host, staged_inputs, root);
     output.copy_(host);
     return;
   }
@@ -184,7 +185,7 @@ void GlooGroup::scatter(torch::Tensor& output, const std::vector<torch::Tensor>&
   run("scatter", [&] { return group_->scatter(outputs, input_lists, options); });
 }
 
-void GlooGroup::barrier() {
+void GlooGroup::do_barrier() {
   run("barrier", [&] { return group_->barrier(); });
 }
 

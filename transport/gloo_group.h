@@ -19,16 +19,18 @@ class GlooGroup final : public CollectiveGroup {
   int size() const override { return size_; }
   std::string backend_name() const override { return "gloo"; }
 
-  void all_reduce(torch::Tensor& tensor, ReduceOp op) override;
-  void all_gather(torch::Tensor& output, const torch::Tensor& input) override;
+ protected:
+  void do_all_reduce(torch::Tensor& tensor, ReduceOp op) override;
+  void do_all_gather(torch::Tensor& output, const torch::Tensor& input) override;
   // All-reduces `input` in place and keeps this rank's slice. A ring all-reduce moves twice
   // the bytes of a ring reduce-scatter, but measured here it beats c10d Gloo's own
   // reduce-scatter (_reduce_scatter_base, LibTorch 2.11: 56 vs 88 ms for 64 MiB, N = 2)
   // and 1.13's alltoall + local sum (184 vs 307 ms); see bench/RESULTS.md.
-  void reduce_scatter(torch::Tensor& output, torch::Tensor& input) override;
-  void broadcast(torch::Tensor& tensor, int root) override;
-  void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root) override;
-  void barrier() override;
+  void do_reduce_scatter(torch::Tensor& output, torch::Tensor& input) override;
+  void do_broadcast(torch::Tensor& tensor, int root) override;
+  void do_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                  int root) override;
+  void do_barrier() override;
 
  private:
   // Starts one c10d work item and waits for it; a failure becomes rlhf::RuntimeError.

@@ -107,10 +107,10 @@ class NcclGroup final : public CollectiveGroup {
   int size() const override { return size_; }
   std::string backend_name() const override { return "nccl"; }
 
-  void all_reduce(torch::Tensor& tensor, ReduceOp op) override {
+  void do_all_reduce(torch::Tensor& tensor, ReduceOp op) override {
     if (on_host(tensor)) {
       auto staged = tensor.to(device_);
-      all_reduce(staged, op);
+      do_all_reduce(staged, op);
       tensor.copy_(staged);  // waits for the device
       check("all_reduce");
       return;
@@ -139,10 +139,10 @@ class NcclGroup final : public CollectiveGroup {
     }
   }
 
-  void all_gather(torch::Tensor& output, const torch::Tensor& input) override {
+  void do_all_gather(torch::Tensor& output, const torch::Tensor& input) override {
     if (on_host(output) || on_host(input)) {
       auto out = on_host(output) ? output.to(device_) : output;
-      all_gather(out, on_host(input) ? input.to(device_) : input);
+      do_all_gather(out, on_host(input) ? input.to(device_) : input);
       if (on_host(output)) output.copy_(out);
       check("all_gather");
       return;
@@ -159,11 +159,11 @@ class NcclGroup final : public CollectiveGroup {
     });
   }
 
-  void reduce_scatter(torch::Tensor& output, torch::Tensor& input) override {
+  void do_reduce_scatter(torch::Tensor& output, torch::Tensor& input) override {
     if (on_host(output) || on_host(input)) {
       auto out = on_host(output) ? output.to(device_) : output;
       auto in = on_host(input) ? input.to(device_) : input;
-      reduce_scatter(out, in);
+      do_reduce_scatter(out, in);
       if (on_host(output)) output.copy_(out);
       check("reduce_scatter");
       return;
@@ -179,10 +179,10 @@ class NcclGroup final : public CollectiveGroup {
     });
   }
 
-  void broadcast(torch::Tensor& tensor, int root) override {
+  void do_broadcast(torch::Tensor& tensor, int root) override {
     if (on_host(tensor)) {
       auto staged = tensor.to(device_);
-      broadcast(staged, root);
+      do_broadcast(staged, root);
       if (rank_ != root) tensor.copy_(staged);
       check("broadcast");
       return;
@@ -197,12 +197,13 @@ class NcclGroup final : public CollectiveGroup {
     });
   }
 
-  void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root) override {
+  void do_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
+                  int root) override {
     TORCH_CHECK(rank_ != root || static_cast<int>(inputs.size()) == size_, "nccl scatter: root ",
                 root, " needs ", size_, " inputs, got ", inputs.size());
     if (on_host(output)) {
       auto out = output.to(device_);
-      scatter(out, inputs, root);
+      do_scatter(out, inputs, root);
       output.copy_(out);
       check("scatter");
       return;
@@ -227,7 +228,7 @@ class NcclGroup final : public CollectiveGroup {
     });
   }
 
-  void barrier() override {
+  void do_barrier() override {
     // ProcessGroupNCCL's barrier is an all-reduce of one element; its Work's wait blocks the
     // host until the device has run it (a barrier must order host actions).
     run("barrier", [&] {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "transport/collective_group.h"
 #include "transport/operation.h"
 
 namespace rlhf::ops {
@@ -60,9 +61,11 @@ struct MemoryReply {
   int64_t peak_tensor_bytes = 0;
   // Per operation, the largest tracked-tensor peak over its calls.
   std::map<std::string, int64_t> tensor_phases;
+  // A trained role's collectives in its last optimizer step (engine::Trainer).
+  transport::CollectiveTraffic step_collectives;
 };
 RLHF_WIRE_STRUCT(MemoryReply, "memory reply", peak_rss_bytes, cuda, params, master, optimizer,
-                 grads, gathered, peak_tensor_bytes, tensor_phases)
+                 grads, gathered, peak_tensor_bytes, tensor_phases, step_collectives)
 
 struct Memory {
   static constexpr const char* kName = "memory";

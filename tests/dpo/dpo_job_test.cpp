@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 
+#include "engine/memory_check.h"
 #include "test_paths.h"
 #include "tests/support/plan_check.h"
 #include "tests/support/run_cli.h"
@@ -222,6 +223,26 @@ TEST_F(OfflineRun, DpoOnTwoZero3RanksMatchesOneRank) {
       EXPECT_NEAR(a.steps[i][key].get<double>(), b.steps[i][key].get<double>(), 1e-3)
           << key << " step " << i + 1;
   EXPECT_EQ(b.steps[0]["memory"]["actor"].size(), 2u);
+  // Issue 41.3: each actor rank's collectives in a step (counted in its Gloo group) are the
+  // plan's, byte for byte: one rank (no gradient all-reduce over one rank) and ZeRO-3 over two
+  // (gathers in every forward and recompute, reduce-scatters in every backward).
+  for (const Metrics* m : {&a, &b}) {
+    for (const auto& rank : m->steps.back()["memory"]["actor"]) {
+      ASSERT_TRUE(rank.contains("step_collectives")) << rank.dump();
+      ASSERT_TRUE(rank.contains("planned_step_collectives")) << rank.dump();
+      for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce", "calls"})
+        EXPECT_EQ(rank["step_collectives"][kind], rank["planned_step_collectives"][kind])
+            << kind << ": " << rank.dump();
+    }
+  }
+  EXPECT_GT(b.steps.back()["memory"]["actor"][0]["step_collectives"]["reduce_scatter"], 0);
+  // `rlhf plan --check`'s rows say the same (payload per step, every kind).
+  for (const auto& row : rlhf::engine::check_run_memory(run_dir("two").string())) {
+    if (row.role == "actor") {
+      EXPECT_GT(row.measured_collectives, 0);
+      EXPECT_EQ(row.planned_collectives, row.measured_collectives);
+    }
+  }
   // Issue 28 at ZeRO-3: the held-out scoring gathers one unit at a time.
   const auto compared = test::expect_tracked_phases_match(run_dir("two").string());
   EXPECT_EQ(compared.at("actor"), (std::set<std::string>{"load", "score", "train"}));
@@ -432,6 +453,33 @@ TEST_F(OfflineRun, SftHeldOutLossFallsAndPackingRuns) {
   EXPECT_LT(p.steps[0]["rows"].get<int>(), 16);
   EXPECT_EQ(p.steps[0]["rows"].get<int>() % 2, 0);
   EXPECT_TRUE(std::isfinite(p.steps[0]["loss"].get<double>()));
+}
+
+// FP16 (issue 41.2): the same SFT job with actor.dtype fp16 learns as the FP32 one does; each
+// record carries the loss scale (2^16 at first, halved per overflowing step, which is skipped
+// and counted) and the held-out loss falls by more than a nat.
+TEST_F(OfflineRun, SftInFp16ScalesItsLossAndLearns) {
+  Result r = run("examples/sft_tiny.json", "fp16",
+                 {"--set", "data.max_samples=128", "--set", "actor.dtype=fp16", "--set",
+                  "logger.logging_steps=1", "--set", "ckpt.export_hf=false"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  Metrics m = read_metrics(run_dir("fp16") / "metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 48u);
+  double skipped_before = 0;
+  for (const auto& s : m.steps) {
+    ASSERT_TRUE(s.contains("loss_scale")) << s.dump();
+    // The scale a step used: 2^16 halved once per earlier overflow (this step's, if it
+    // overflowed, is already counted in skipped_steps).
+    const double scale = s["loss_scale"], skipped = s["skipped_steps"];
+    EXPECT_EQ(scale, std::ldexp(65536.0, -static_cast<int>(skipped_before))) << s.dump();
+    EXPECT_GE(skipped, skipped_before);
+    skipped_before = skipped;
+    EXPECT_TRUE(std::isfinite(s["loss"].get<double>())) << s.dump();
+  }
+  EXPECT_LE(m.steps.back()["skipped_steps"].get<double>(), 3);
+  ASSERT_EQ(m.evals.size(), 2u);
+  const double before = m.evals[0]["eval_loss"], after = m.evals[1]["eval_loss"];
+  EXPECT_LT(after, before - 1.0) << "before " << before << " after " << after;
 }
 
 // SFT on whole conversations (data.multiturn, issue 31): the loss covers the assistant turns

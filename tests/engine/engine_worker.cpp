@@ -3,7 +3,8 @@
 // Usage:
 //   rlhf_engine_worker parity RANK SIZE STORE OUT
 //     every (dtype, stage) run of parity_config for kSteps steps: losses, grad norms, lrs,
-//     memory after the first step
+//     memory after the first step, the units' trained elements and the last step's
+//     collectives
 //   rlhf_engine_worker cuda_parity RANK SIZE STORE OUT
 //     every rank on cuda:0 (Gloo with CUDA tensors: NCCL refuses two ranks on one GPU):
 //     fp32 and bf16 stage 3 for kSteps steps: losses and grad norms
@@ -118,11 +119,17 @@ json parity(transport::CollectiveGroup& group) {
       lrs.push_back(m.lr);
       if (step == 0) memory = memory_json(m.memory);
     }
+    json units = json::array();
+    for (const auto& unit : trainer.units()) units.push_back(unit->numel());
     out[run.name] = {{"losses", losses},
                      {"grad_norms", norms},
                      {"lrs", lrs},
                      {"memory", memory},
-                     {"num_params", n_params}};
+                     {"num_params", n_params},
+                     {"units", units},
+                     {"backward_calls", config.grad_accum_steps},
+                     {"checkpointing", run.checkpointing},
+                     {"last_step_collectives", trainer.last_step_traffic()}};
   }
   return out;
 }

@@ -73,6 +73,9 @@ const std::vector<GpuJob>& gpu_jobs() {
        // starts (exit 2, no GPU to fill), which is not the case this job checks.
        {R"(cluster.nodes=[{"name": "gpu", "kind": "cuda", "devices": 1, "memory_gb": 0.001}])",
         "rollout.kv_cache_memory_gb=0.01"}},
+      // Issue 41.2: FP16 compute (every role) with the actor's dynamic loss scaling.
+      {"fp16", "examples/grpo_tiny.json",
+       plus(every_role_on_gpu0(), {"actor.dtype=fp16", "ref.dtype=fp16", "rollout.dtype=fp16"})},
       // Issue 28's phase check: the 100m preset as the actor (PpoGpuJob::run_phases).
       {"phases", "examples/grpo_tiny.json", plus(every_role_on_gpu0(), {"train.max_steps=2"})},
   };
@@ -224,6 +227,22 @@ TEST_F(PpoGpuJob, GrpoWithEveryRoleOnOneGpuLearns_CUDA) {
   auto m = metrics("grpo1gpu");
   ASSERT_EQ(m.size(), 30u);
   test::expect_learned(m);  // the CPU examples' criterion
+  expect_gpu_memory(m.back(), {"actor", "ref", "rollout"});
+}
+
+// FP16 on the GPU (issue 41.2): GRPO with every role in FP16 learns as the BF16 job does;
+// every record has the loss scale (2^16, halved per overflow) and few steps overflow.
+TEST_F(PpoGpuJob, GrpoInFp16OnOneGpuLearns_CUDA) {
+  auto r = run("fp16");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = metrics("fp16");
+  ASSERT_EQ(m.size(), 30u);
+  test::expect_learned(m);  // the CPU examples' criterion
+  for (const auto& step : m) {
+    ASSERT_TRUE(step.contains("loss_scale")) << step.dump();
+    EXPECT_LE(step["loss_scale"].get<double>(), 65536.0);
+  }
+  EXPECT_LE(m.back()["skipped_steps"].get<int64_t>(), 3);
   expect_gpu_memory(m.back(), {"actor", "ref", "rollout"});
 }
 
