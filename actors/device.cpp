@@ -91,6 +91,25 @@ void bind_worker_device(const WorkerIdentity& self) {
     alloc::setMemoryFraction(static_cast<double>(m.limit) / static_cast<double>(m.total), 0);
 }
 
+std::string dtype_refusal(const WorkerIdentity& self, const std::string& dtype,
+                          const std::string& gpu_name, int major, int minor) {
+  if (dtype != "bf16" || major >= 8) return "";
+  const std::string cc = std::to_string(major) + "." + std::to_string(minor);
+  return "[" + self.role + " " + std::to_string(self.rank) + "] " + self.role + ".dtype bf16 on " +
+         self.device + " (" + gpu_name + ", compute capability " + cc +
+         "): this GPU has no BF16 units (8.0 or newer needed); set " + self.role +
+         ".dtype fp16, or add \"compute_capability\": " + cc +
+         " to its node in cluster.nodes so that dtype auto picks fp16";
+}
+
+void check_dtype_on_device(const WorkerIdentity& self, const std::string& dtype) {
+  if (!on_cuda(self) || dtype != "bf16") return;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return;  // bind_worker_device reports
+  const std::string refusal = dtype_refusal(self, dtype, prop.name, prop.major, prop.minor);
+  if (!refusal.empty()) throw InputError(refusal);
+}
+
 CudaMemory cuda_memory() {
   CudaMemory m = allocator_bytes();
   size_t free = 0, total = 0;

@@ -25,6 +25,15 @@ bool on_cuda(const WorkerIdentity& self);
 // that is below the GPU's memory. No-op on cpu.
 void bind_worker_device(const WorkerIdentity& self);
 
+// Why `dtype` (a role's "<role>.dtype" value) cannot run on this worker's GPU, named
+// `gpu_name` with compute capability major.minor: BF16 needs 8.0 (Ampere) or newer; "" when it
+// can (every other dtype, every CPU worker).
+std::string dtype_refusal(const WorkerIdentity& self, const std::string& dtype,
+                          const std::string& gpu_name, int major, int minor);
+// Throws InputError with dtype_refusal's message on a cuda worker whose GPU cannot run `dtype`
+// (before a model is built, instead of cuBLAS refusing a BF16 GEMM mid-step).
+void check_dtype_on_device(const WorkerIdentity& self, const std::string& dtype);
+
 // The CUDA caching allocator's bytes on the current device now, the GPU's free and total
 // memory, and the cap RLHF_DEVICE_MEMORY_GB sets (when below the total).
 struct CudaMemory {

@@ -165,6 +165,7 @@ void export_lora(ModelRole& role, const std::string& dir, const WorkerIdentity& 
 Message init(ModelRole& role, const ops::Init& req, const WorkerIdentity& self) {
   role.config = req.config;
   role.device = worker_device(self);
+  check_dtype_on_device(self, role.config.dtype);
   const bool trained = role.config.trainer.has_value();
   const torch::Dtype compute = models::dtype_from_name(role.config.dtype);
   models::LoadOptions load;

@@ -142,6 +142,7 @@ models::TensorParallel join_tensor_parallel(const ops::LoadModel& a, const Worke
 // come whole (a field missing or unknown is an error naming it, never a default of this side's).
 Message load_model(RolloutState& state, const ops::LoadModel& a, const WorkerIdentity& self) {
   const torch::Device device = worker_device(self);
+  check_dtype_on_device(self, a.dtype);
   models::TensorParallel tp = join_tensor_parallel(a, self);
   std::shared_ptr<models::CausalLM> model;
   if (!a.model.empty()) {

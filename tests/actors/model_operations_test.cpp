@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "actors/device.h"
 #include "actors/operation_registry.h"
 #include "actors/wire_version.h"
 #include "dpo/worker_ops.h"
@@ -193,3 +194,20 @@ TEST(WireVersion, NamesEveryOperationAndItsFields) {
 
 }  // namespace
 }  // namespace rlhf
+
+// Issue 41.2: a BF16 role on a GPU without BF16 units (compute capability below 8.0) is refused
+// at init with what to set, instead of cuBLAS refusing its first BF16 GEMM mid-step; FP16,
+// FP32 and newer GPUs pass.
+TEST(WorkerDevice, Bf16OnAGpuWithoutBf16UnitsIsRefusedNamingTheFix) {
+  const rlhf::WorkerIdentity self{"actor", 2, 4, "cuda:2", "v100"};
+  const std::string refusal = rlhf::dtype_refusal(self, "bf16", "Tesla V100-SXM2-32GB", 7, 0);
+  for (const char* part :
+       {"[actor 2] actor.dtype bf16 on cuda:2", "Tesla V100-SXM2-32GB", "compute capability 7.0",
+        "set actor.dtype fp16", "\"compute_capability\": 7.0"})
+    EXPECT_NE(refusal.find(part), std::string::npos) << part << " in: " << refusal;
+  EXPECT_EQ(rlhf::dtype_refusal(self, "fp16", "Tesla V100-SXM2-32GB", 7, 0), "");
+  EXPECT_EQ(rlhf::dtype_refusal(self, "fp32", "Tesla T4", 7, 5), "");
+  EXPECT_EQ(rlhf::dtype_refusal(self, "bf16", "NVIDIA A100-SXM4-80GB", 8, 0), "");
+  // A CPU worker is never checked.
+  EXPECT_NO_THROW(rlhf::check_dtype_on_device({"actor", 0, 1, "cpu:0", "local"}, "bf16"));
+}
