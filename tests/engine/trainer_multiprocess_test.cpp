@@ -131,6 +131,43 @@ void expect_close(const json& got, const std::vector<double>& want, double rel,
   }
 }
 
+// The collectives of one optimizer step, counted in the Gloo group (payload bytes by kind
+// and calls), are exactly what the memory planner's engine_collectives predicts from the
+// units' sizes, the stage, the compute dtype, checkpointing and the micro batches per step
+// (issue 41.3): every stage, BF16 and FP32, tied embeddings, with and without checkpointing.
+// (Checked on StagesMatchSingleProcessReferenceAndShardMemory's runs.)
+void expect_step_collectives_planned(const json& out, int n) {
+  int checked = 0;
+  for (const auto& [name, run] : out.items()) {
+    SCOPED_TRACE(name + ", N = " + std::to_string(n));
+    const int stage = name.find("stage1") != std::string::npos   ? 1
+                      : name.find("stage2") != std::string::npos ? 2
+                                                                 : 3;
+    const int64_t e = name.rfind("bf16", 0) == 0 ? 2 : 4;
+    const auto planned = rlhf::engine::engine_collectives(
+        run["units"].get<std::vector<int64_t>>(), n, stage, e, run["checkpointing"].get<bool>(),
+        run["backward_calls"].get<int64_t>());
+    const auto measured = run["last_step_collectives"].get<rlhf::transport::CollectiveTraffic>();
+    EXPECT_EQ(measured.all_gather, planned.all_gather);
+    EXPECT_EQ(measured.reduce_scatter, planned.reduce_scatter);
+    EXPECT_EQ(measured.all_reduce, planned.all_reduce);
+    EXPECT_EQ(measured.broadcast, 0);
+    EXPECT_EQ(measured.calls, planned.calls);
+    // What each stage is about: stage 1 all-reduces the gradients (over more than one rank),
+    // stage 2 and 3 reduce-scatter them; stage 3 gathers in every forward, so more than once.
+    if (stage == 1) {
+      EXPECT_EQ(measured.reduce_scatter, 0);
+    } else {
+      EXPECT_GT(measured.reduce_scatter, 0);
+    }
+    if (stage == 1 && n > 1) {
+      EXPECT_GT(measured.all_reduce, 16);
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);  // fp32 and bf16 at stages 1-3, tied, without checkpointing
+}
+
 class TrainerGroup : public ::testing::TestWithParam<int> {};
 
 }  // namespace
@@ -184,45 +221,7 @@ TEST_P(TrainerGroup, StagesMatchSingleProcessReferenceAndShardMemory) {
     EXPECT_GE(mem["peak"].get<double>(), states)
         << "peak below the resident state, stage " << stage;
   }
-}
-
-// The collectives of one optimizer step, counted in the Gloo group (payload bytes by kind
-// and calls), are exactly what the memory planner's engine_collectives predicts from the
-// units' sizes, the stage, the compute dtype, checkpointing and the micro batches per step
-// (issue 41.3): every stage, BF16 and FP32, tied embeddings, with and without checkpointing.
-TEST_P(TrainerGroup, StepCollectivesAreWhatThePlannerPredicts) {
-  torch::set_num_threads(1);
-  const int n = GetParam();
-  const json out = run_group(n, "parity", fresh_dir("collectives" + std::to_string(n)));
-  int checked = 0;
-  for (const auto& [name, run] : out.items()) {
-    SCOPED_TRACE(name + ", N = " + std::to_string(n));
-    const int stage = name.find("stage1") != std::string::npos   ? 1
-                      : name.find("stage2") != std::string::npos ? 2
-                                                                 : 3;
-    const int64_t e = name.rfind("bf16", 0) == 0 ? 2 : 4;
-    const auto planned = rlhf::engine::engine_collectives(
-        run["units"].get<std::vector<int64_t>>(), n, stage, e, run["checkpointing"].get<bool>(),
-        run["backward_calls"].get<int64_t>());
-    const auto measured = run["last_step_collectives"].get<rlhf::transport::CollectiveTraffic>();
-    EXPECT_EQ(measured.all_gather, planned.all_gather);
-    EXPECT_EQ(measured.reduce_scatter, planned.reduce_scatter);
-    EXPECT_EQ(measured.all_reduce, planned.all_reduce);
-    EXPECT_EQ(measured.broadcast, 0);
-    EXPECT_EQ(measured.calls, planned.calls);
-    // What each stage is about: stage 1 all-reduces the gradients (over more than one rank),
-    // stage 2 and 3 reduce-scatter them; stage 3 gathers in every forward, so more than once.
-    if (stage == 1) {
-      EXPECT_EQ(measured.reduce_scatter, 0);
-    } else {
-      EXPECT_GT(measured.reduce_scatter, 0);
-    }
-    if (stage == 1 && n > 1) {
-      EXPECT_GT(measured.all_reduce, 16);
-    }
-    ++checked;
-  }
-  EXPECT_EQ(checked, 8);  // fp32 and bf16 at stages 1-3, tied, without checkpointing
+  expect_step_collectives_planned(out, n);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gloo, TrainerGroup, ::testing::Values(1, 2, 4));
