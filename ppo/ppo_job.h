@@ -33,16 +33,7 @@
 #include "runtime/job_runtime.h"
 #include "scheduler/role_group.h"
 
-namespace rlhf {
-class Scheduler;
-namespace tokenizer {
-class Tokenizer;
-}  // namespace tokenizer
-namespace rewards {
-class RewardSources;
-}  // namespace rewards
-}  // namespace rlhf
-
+// (Scheduler, Tokenizer and RewardSources are declared by phases.h.)
 namespace rlhf::ppo::job {
 
 // One step's samples, experience and figures, for its metrics record and console line.
