@@ -30,10 +30,7 @@ json read_json_file(const fs::path& path) {
 
 // The payload bytes of a CollectiveTraffic record, every kind summed.
 int64_t collective_bytes(const json& traffic) {
-  int64_t total = 0;
-  for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "scatter"})
-    total += traffic.value(kind, int64_t{0});
-  return total;
+  return traffic.get<transport::CollectiveTraffic>().total();
 }
 
 double relative_error(int64_t planned, int64_t measured) {
