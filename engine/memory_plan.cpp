@@ -343,8 +343,8 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   t.sync = sync_receive_bytes(in, numel);
 }
 
-void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
-                        int64_t frozen, int64_t score_gathered, MemoryTerms& t);
+void plan_sync_and_save(const RoleMemoryInput& in, const EngineLayout& layout, int64_t numel,
+                        int64_t score_gathered, MemoryTerms& t);
 
 // What LoRA adds to a training step's saved activations (models/linear.cpp): per adapted
 // linear the [B T, r] product x A^T in e that B's backward reads and, with lora.dropout > 0,
@@ -366,18 +366,42 @@ int64_t lora_activation_bytes(const RoleMemoryInput& in, int64_t e) {
   return layers * in.micro_batch * in.seq_len * per_token;
 }
 
-// Model states, engine transients, activations and the phases of a training step. `units`
-// and `numel` are the trained parameters (under LoRA the adapters); `frozen` the elements
-// of a frozen base, kept whole in the compute dtype on every rank (ShardedUnit::frozen).
-void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
-                  int64_t frozen, MemoryTerms& t) {
+// The trainer's units as ShardedUnit lays them out: the trained elements per unit and, under
+// LoRA, the frozen base's (whole on every rank at stage 1/2, sharded at stage 3); the
+// adapters and a value head are trained.
+EngineLayout trainer_layout(const RoleMemoryInput& in) {
   const models::ModelConfig& c = in.model;
+  EngineLayout l;
+  l.trained = unit_numels(c);
+  if (in.lora_rank > 0) {
+    l.frozen = l.trained;
+    if (c.head == models::HeadKind::kValue) l.frozen.back() -= c.hidden_size;
+    l.trained = lora_unit_numels(c, in.lora_rank, in.lora_targets);
+  }
+  l.world = static_cast<int>(in.group_size);
+  l.stage = std::clamp(in.zero_stage, 1, 3);
+  l.e = in.compute_bytes;
+  l.checkpointing = in.checkpointing;
+  l.tied = c.tie_word_embeddings;
+  return l;
+}
+
+// Model states, engine transients, activations and the phases of a training step.
+void plan_trainer(const RoleMemoryInput& in, const EngineLayout& layout, MemoryTerms& t) {
+  const models::ModelConfig& c = in.model;
+  const std::vector<int64_t>& units = layout.trained;
+  int64_t numel = 0, frozen = 0, largest_frozen = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    numel += units[u];
+    frozen += layout.frozen_at(u);
+    largest_frozen = std::max(largest_frozen, layout.frozen_at(u));
+  }
   const int64_t e = in.compute_bytes;
   const bool lm = c.head == models::HeadKind::kLanguageModel && in.lm_head_log_probs;
-  const int stage = std::clamp(in.zero_stage, 1, 3);
+  const int stage = layout.stage;
   const bool off_device = in.adam_offload && in.device_kind == DeviceKind::kCuda;
-  const EnginePeak p = engine_peak(units, in.group_size, stage, e, off_device, in.checkpointing);
-  t.weights = p.weights + e * frozen;
+  const EnginePeak p = engine_peak(layout, off_device);
+  t.weights = p.weights;
   t.master = p.master;
   t.optimizer = p.optimizer;
   t.grads = p.grads;
@@ -389,6 +413,9 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   int64_t largest_shard = 0;
   for (int64_t n : units) largest_shard = std::max(largest_shard, div_up(n, in.group_size));
   t.load = 4 * largest_shard;
+  // ZeRO-3 reads a frozen base's shard a slice at a time in the compute dtype (at most the
+  // unit's shard); stage 1/2 read each frozen parameter straight into its place.
+  if (stage == 3) t.load = std::max(t.load, e * div_up(largest_frozen, in.group_size));
   if (off_device) {
     t.host = t.master + t.optimizer;
     t.master = t.optimizer = 0;
@@ -415,21 +442,13 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   // .grad in flight and what ZeRO-3 keeps gathered then (embeddings + head + the recomputed
   // layer, or every unit without checkpointing). Reduction phase: the .grad not yet reduced
   // (all of them without checkpointing) beside the engine's largest transient set.
-  int64_t gathered_then = 0;
-  if (stage == 3) {
-    const int64_t g_embed = e * div_up(units.front(), in.group_size) * in.group_size;
-    const int64_t g_head = e * div_up(units.back(), in.group_size) * in.group_size;
-    gathered_then = in.checkpointing ? g_embed + g_head +
-                                           e * div_up(largest_layer, in.group_size) * in.group_size
-                                     : e * numel;
-  }
-  const int64_t activation_phase = t.activations + t.log_probs + grads_in_flight + gathered_then;
+  const int64_t activation_phase =
+      t.activations + t.log_probs + grads_in_flight + p.forward_gathered;
   const int64_t unreduced = in.checkpointing ? e * (units.front() + units.back()) : e * numel;
   const int64_t reduction_phase = unreduced + t.gathered + t.buffers;
   // A scoring forward (no grad) at stage 3 gathers one unit at a time (Trainer::before_unit,
   // released by after_unit: no graph holds it).
-  const int64_t score_gathered =
-      stage == 3 ? inference_gathered(units, in.group_size, e, c.tie_word_embeddings) : 0;
+  const int64_t score_gathered = engine_score_gathered(layout);
   int64_t scoring_phase = 0;  // PPO: the trained roles also score experience without grad
   if (in.infer_micro_batch > 0) {
     scoring_phase =
@@ -442,20 +461,24 @@ void plan_trainer(const RoleMemoryInput& in, const std::vector<int64_t>& units, 
   t.step_peak = std::max({activation_phase, reduction_phase, scoring_phase});
   t.train_peak = std::max(activation_phase, reduction_phase);
   t.score_peak = scoring_phase;
-  plan_sync_and_save(in, units, numel, frozen, score_gathered, t);
+  plan_sync_and_save(in, layout, numel, score_gathered, t);
 }
 
 // A trained role's weight sync and save transients, and what its tracker counts per phase.
-void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& units, int64_t numel,
-                        int64_t frozen, int64_t score_gathered, MemoryTerms& t) {
+void plan_sync_and_save(const RoleMemoryInput& in, const EngineLayout& layout, int64_t numel,
+                        int64_t score_gathered, MemoryTerms& t) {
   const models::ModelConfig& c = in.model;
   const int64_t e = in.compute_bytes;
-  const int stage = std::clamp(in.zero_stage, 1, 3);
-  // The weight sync: ZeRO-3 gathers one unit at a time, whole, in the compute dtype; ZeRO 1/2
-  // ranks hold the weights whole already.
-  const int64_t largest_unit = *std::max_element(units.begin(), units.end());
-  const int64_t unit_gathered =
-      stage == 3 ? e * div_up(largest_unit, in.group_size) * in.group_size : 0;
+  const std::vector<int64_t>& units = layout.trained;
+  int64_t frozen = 0;
+  for (size_t u = 0; u < units.size(); ++u) frozen += layout.frozen_at(u);
+  // The weight sync: ZeRO-3 gathers one unit at a time, whole, in the compute dtype (a LoRA
+  // sync of the adapters alone leaves the frozen base sharded); ZeRO 1/2 ranks hold the
+  // weights whole already.
+  const bool adapters_only = frozen > 0 && in.sync_adapters_only;
+  int64_t unit_gathered = 0;
+  for (size_t u = 0; u < units.size(); ++u)
+    unit_gathered = std::max(unit_gathered, layout.gathered_bytes(u, !adapters_only));
   // Saving: a checkpoint writes each rank's shards as they are; export_hf (Trainer::export_hf)
   // all-gathers one unit's FP32 master [padded] on the device at every stage and converts one
   // parameter at a time to the compute dtype in host memory (a GPU does not hold it; in FP32
@@ -478,9 +501,12 @@ void plan_sync_and_save(const RoleMemoryInput& in, const std::vector<int64_t>& u
   if (in.sends_weights) {
     // LoRA sends the merged base (rollout::MergedLoraWeights): one unit's merged tensors in
     // e beside its gathered adapters, untracked.
-    const std::vector<int64_t> base = frozen > 0 ? unit_numels(c) : std::vector<int64_t>{};
+    // The adapters alone (rollout.lora_sync adapters) go as they are.
+    const std::vector<int64_t> base =
+        frozen > 0 && !adapters_only ? unit_numels(c) : std::vector<int64_t>{};
     const int64_t merged = base.empty() ? 0 : e * *std::max_element(base.begin(), base.end());
-    const int64_t bucket = std::min(in.sync_bucket_bytes, e * (frozen > 0 ? frozen : numel));
+    const int64_t bucket =
+        std::min(in.sync_bucket_bytes, e * (frozen > 0 && !adapters_only ? frozen : numel));
     t.sync = unit_gathered + bucket + merged;
     t.sync_outside = in.sync_over_ipc && in.device_kind == DeviceKind::kCuda ? bucket : 0;
   }
@@ -558,15 +584,8 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
   const std::vector<int64_t> units = unit_numels(held);
   int64_t numel = 0;
   for (int64_t n : units) numel += n;
-  if (in.work == RoleWork::kTrain && in.lora_rank > 0) {
-    // The base frozen (a value head stays trained), the adapters the trained states.
-    const std::vector<int64_t> trained = lora_unit_numels(c, in.lora_rank, in.lora_targets);
-    int64_t trained_numel = 0;
-    for (int64_t n : trained) trained_numel += n;
-    const int64_t value_head = c.head == models::HeadKind::kValue ? c.hidden_size : 0;
-    plan_trainer(in, trained, trained_numel, numel - value_head, t);
-  } else if (in.work == RoleWork::kTrain) {
-    plan_trainer(in, units, numel, 0, t);
+  if (in.work == RoleWork::kTrain) {
+    plan_trainer(in, trainer_layout(in), t);
   } else {
     plan_untrained(in, numel, t);
   }
@@ -577,11 +596,7 @@ MemoryTerms plan_role(const RoleMemoryInput& in) {
 
 transport::CollectiveTraffic plan_collectives(const RoleMemoryInput& in) {
   if (in.work != RoleWork::kTrain) return {};
-  const std::vector<int64_t> units = in.lora_rank > 0
-                                         ? lora_unit_numels(in.model, in.lora_rank, in.lora_targets)
-                                         : unit_numels(in.model);
-  return engine_collectives(units, in.group_size, std::clamp(in.zero_stage, 1, 3), in.compute_bytes,
-                            in.checkpointing, in.backward_calls);
+  return engine_collectives(trainer_layout(in), in.backward_calls);
 }
 
 bool MemoryPlan::fits() const {

@@ -46,8 +46,8 @@ struct RoleMemoryInput {
   int64_t logits_chunk_tokens = 1024;  // train.logits_chunk_tokens (0: the position chunks)
   bool lm_head_log_probs = true;       // the role computes log-probs through its LM head
   // Trained roles with <role>.lora.rank > 0 (or an adapter directory's r): the base is frozen
-  // in the compute dtype, whole on every rank at every stage; only the adapters (and a value
-  // head) are ZeRO-sharded states.
+  // in the compute dtype, whole on every rank at stage 1/2 and sharded at 3 (gathered with
+  // its unit); only the adapters (and a value head) have trained states.
   int64_t lora_rank = 0;
   std::vector<std::string> lora_targets;  // <role>.lora.target_modules ("all-linear", "q_proj")
   double lora_dropout = 0.0;              // > 0: each adapter saves its dropped input
@@ -73,9 +73,10 @@ struct RoleMemoryInput {
   // The phases of a step (PPO: generate, score, train, sync, save; other jobs: score, train,
   // save; all: load) and what each role holds in them.
   bool ppo = false;
-  bool sends_weights = false;     // PPO's actor: gathers and sends its weights in the sync phase
-  int64_t sync_bucket_bytes = 0;  // rollout.sync_bucket_mb
-  bool sync_over_ipc = false;     // rollout colocated with the actor on a GPU: CUDA IPC bucket
+  bool sends_weights = false;       // PPO's actor: gathers and sends its weights in the sync phase
+  int64_t sync_bucket_bytes = 0;    // rollout.sync_bucket_mb
+  bool sync_adapters_only = false;  // a LoRA actor with rollout.lora_sync adapters
+  bool sync_over_ipc = false;       // rollout colocated with the actor on a GPU: CUDA IPC bucket
   // Colocation's sleep mode where it applies (ppo/driver.cpp: rollout colocated with the
   // actor on a GPU, algo.async_steps 0): the rollout's weights leave the device outside the
   // generate and sync phases (rollout.offload_while_training); the actor's master, moments

@@ -64,6 +64,7 @@ void set_phase_flags(const JobSpec& spec, Role role, const Placement& placement,
   const bool cuda = in.device_kind == DeviceKind::kCuda;
   if (role == Role::kActor) {
     in.sends_weights = true;
+    in.sync_adapters_only = spec.get_string("rollout.lora_sync") == "adapters";
     in.offloads_states_while_generating = policy.actor_offloads_optimizer;
     in.nccl_communicators = (cuda && in.group_size > 1 ? 1 : 0) + (sync_over_nccl ? 1 : 0);
   } else if (role == Role::kRollout) {

@@ -37,11 +37,18 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
                 ": parameter ", param_name,
                 " holds no values (already sharded by another trainer?) and no source was given");
     if (!param.requires_grad()) {
+      if (ctx_.stage == ZeroStage::kParameters) {  // sharded below (shard_frozen)
+        slot.offset = frozen_numel_;
+        frozen_numel_ += slot.numel;
+        frozen_.push_back(std::move(slot));
+        continue;
+      }
       param.set_data(source
                          ? source->read(param_name, 0, slot.numel, ctx_.compute_dtype, ctx_.device)
                                .view(slot.shape)
                          : param.data().to(ctx_.device, ctx_.compute_dtype));
       state_bytes_[0] += bytes_of(param);
+      frozen_numel_ += slot.numel;
       frozen_.push_back(std::move(slot));
       continue;
     }
@@ -53,6 +60,7 @@ ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& cont
   padded_ = shard_ * world;
   const int64_t begin = rank * shard_, end = begin + shard_;
 
+  if (ctx_.stage == ZeroStage::kParameters && !frozen_.empty()) shard_frozen(source);
   if (source)
     load_shard(*source, begin, end);
   else
@@ -126,12 +134,37 @@ void ShardedUnit::broadcast_rank0(int64_t begin) {
   }
 }
 
+// Frozen elements [rank F, (rank + 1) F) of the frozen flat layout, one parameter slice at a
+// time in the compute dtype (the slice read is the load's one transient), as load_shard
+// reads the master; without a source, cut from this rank's own parameter values (which the
+// caller built alike on every rank: frozen weights are not broadcast).
+void ShardedUnit::shard_frozen(const models::WeightSource* source) {
+  const int world = ctx_.group->size();
+  frozen_shard_ = (frozen_numel_ + world - 1) / world;
+  const int64_t begin = ctx_.group->rank() * frozen_shard_, end = begin + frozen_shard_;
+  frozen_local_ =
+      torch::zeros({frozen_shard_}, torch::TensorOptions(ctx_.compute_dtype).device(ctx_.device));
+  for (auto& slot : frozen_) {
+    const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
+    if (lo < hi) {
+      auto slice = source ? source->read(slot.name, lo - slot.offset, hi - lo, ctx_.compute_dtype,
+                                         ctx_.device)
+                          : slot.param.data().reshape({-1}).narrow(0, lo - slot.offset, hi - lo);
+      ctx_.tracker->add(MemoryKind::kBuffers, bytes_of(slice));
+      frozen_local_.narrow(0, lo - begin, hi - lo).copy_(slice);
+      ctx_.tracker->sub(MemoryKind::kBuffers, bytes_of(slice));
+    }
+    slot.param.set_data(torch::empty({0}, frozen_local_.options()));
+  }
+  state_bytes_[0] += bytes_of(frozen_local_);
+}
+
 ShardedUnit::~ShardedUnit() {
   ctx_.tracker->sub(MemoryKind::kParams, state_bytes_[0]);
   ctx_.tracker->sub(MemoryKind::kMaster, state_bytes_[1]);
   ctx_.tracker->sub(MemoryKind::kOptimizer, state_bytes_[2]);
   ctx_.tracker->sub(MemoryKind::kGrads, state_bytes_[3]);
-  ctx_.tracker->sub(MemoryKind::kGathered, gathered_bytes_);
+  ctx_.tracker->sub(MemoryKind::kGathered, gathered_bytes_ + frozen_gathered_bytes_);
 }
 
 torch::Tensor ShardedUnit::compute_shard() const {
@@ -144,8 +177,10 @@ void ShardedUnit::set_full_params(const torch::Tensor& flat) {
     slot.param.set_data(flat.narrow(0, slot.offset, slot.numel).view(slot.shape));
 }
 
-void ShardedUnit::gather() {
-  if (ctx_.stage != ZeroStage::kParameters || gathered() || slots_.empty()) return;
+void ShardedUnit::gather(bool with_frozen) {
+  if (ctx_.stage != ZeroStage::kParameters) return;
+  if (with_frozen) gather_frozen();
+  if (gathered_bytes_ > 0 || slots_.empty()) return;
   torch::NoGradGuard no_grad;
   auto full = torch::empty({padded_}, torch::TensorOptions(ctx_.compute_dtype).device(ctx_.device));
   auto shard = compute_shard();
@@ -155,6 +190,31 @@ void ShardedUnit::gather() {
   ctx_.tracker->add(MemoryKind::kGathered, gathered_bytes_);
 }
 
+void ShardedUnit::gather_frozen() {
+  if (ctx_.stage != ZeroStage::kParameters || frozen_gathered_bytes_ > 0 || frozen_.empty()) return;
+  torch::NoGradGuard no_grad;
+  auto full = torch::empty({frozen_shard_ * ctx_.group->size()}, frozen_local_.options());
+  ctx_.group->all_gather(full, frozen_local_);
+  frozen_uses_.clear();
+  for (auto& slot : frozen_) {
+    slot.param.set_data(full.narrow(0, slot.offset, slot.numel).view(slot.shape));
+    frozen_uses_.push_back(slot.param.use_count());
+  }
+  frozen_gathered_bytes_ = bytes_of(full);
+  full = torch::Tensor();
+  frozen_uses_.push_back(frozen_.front().param.storage().use_count());
+  ctx_.tracker->add(MemoryKind::kGathered, frozen_gathered_bytes_);
+}
+
+// A graph that saved a frozen parameter holds one more reference to it (a SavedVariable of
+// the tensor itself) or to its storage (a saved view, such as the transposed weight of mm).
+bool ShardedUnit::frozen_saved_by_graph() const {
+  if (frozen_gathered_bytes_ == 0) return false;
+  for (size_t i = 0; i < frozen_.size(); ++i)
+    if (frozen_[i].param.use_count() > frozen_uses_[i]) return true;
+  return frozen_.front().param.storage().use_count() > frozen_uses_.back();
+}
+
 void ShardedUnit::release_if_unused() {
   if (!gathered()) return;
   // A live AccumulateGrad node means a graph built in forward will read these parameters
@@ -162,14 +222,18 @@ void ShardedUnit::release_if_unused() {
   for (const auto& slot : slots_) {
     if (torch::autograd::impl::try_get_grad_accumulator(slot.param) != nullptr) return;
   }
+  if (frozen_saved_by_graph()) return;
   release();
 }
 
 void ShardedUnit::release() {
   if (!gathered()) return;
-  for (auto& slot : slots_) free_data(slot.param);
-  ctx_.tracker->sub(MemoryKind::kGathered, gathered_bytes_);
-  gathered_bytes_ = 0;
+  if (gathered_bytes_ > 0)
+    for (auto& slot : slots_) free_data(slot.param);
+  if (frozen_gathered_bytes_ > 0)
+    for (auto& slot : frozen_) free_data(slot.param);
+  ctx_.tracker->sub(MemoryKind::kGathered, gathered_bytes_ + frozen_gathered_bytes_);
+  gathered_bytes_ = frozen_gathered_bytes_ = 0;
 }
 
 void ShardedUnit::reduce_grads() {

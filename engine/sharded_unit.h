@@ -43,7 +43,10 @@ class ShardedUnit {
   // stage. With a source (the parameters may be empty placeholders): each rank reads only
   // its shard's elements from it (and, at stage 1/2, each parameter whole in the compute
   // dtype), so no rank holds the unit in FP32; no collective. Parameters with
-  // requires_grad == false are frozen: kept whole in the compute dtype, never sharded.
+  // requires_grad == false are frozen (a LoRA base): kept in the compute dtype, never
+  // updated; whole at stage 1/2, and at stage 3 laid end to end in a second flat buffer of
+  // which each rank keeps its 1/N (read as a slice from the source, else cut from the
+  // parameter's values), gathered and freed with the unit.
   ShardedUnit(const models::ParamUnit& unit, const ShardContext& context,
               const models::WeightSource* source = nullptr);
   ~ShardedUnit();
@@ -52,19 +55,25 @@ class ShardedUnit {
 
   const std::string& name() const { return name_; }
   const std::vector<ParamSlot>& slots() const { return slots_; }    // trainable
-  const std::vector<ParamSlot>& frozen() const { return frozen_; }  // kept whole
+  const std::vector<ParamSlot>& frozen() const { return frozen_; }  // never updated
   int64_t numel() const { return numel_; }                          // trainable elements
   int64_t padded_numel() const { return padded_; }
   int64_t shard_numel() const { return shard_; }
 
   // Stage 3: all-gather the parameters into full compute-dtype tensors (no-op if gathered
-  // or at stage 1/2). Collective: every rank must call it.
-  void gather();
+  // or at stage 1/2), the frozen ones too unless `with_frozen` is false (a sync of the
+  // adapters alone). Collective: every rank must call it with the same argument.
+  void gather(bool with_frozen = true);
+  void gather_frozen();  // the frozen parameters alone (stage 3; else a no-op). Collective.
   // Stage 3: free the gathered parameters, unless a live autograd graph still uses them
-  // (then they are freed by release() after backward). Local, no collective.
+  // (then they are freed by release() after backward): a trainable parameter with a gradient
+  // accumulator, or a frozen one (or a view of it) that the graph saved for the input
+  // gradient (the head under a LoRA layer; not the embeddings, whose input needs none).
+  // Local, no collective.
   void release_if_unused();
   void release();
-  bool gathered() const { return gathered_bytes_ > 0; }
+  bool gathered() const { return gathered_bytes_ + frozen_gathered_bytes_ > 0; }
+  int64_t frozen_numel() const { return frozen_numel_; }  // frozen elements (unpadded)
 
   // After the unit's backward: moves .grad (any dtype) into FP32, reduce-scatters it into
   // this rank's gradient shard (stage 2/3) or adds it to the full FP32 gradient (stage 1),
@@ -98,12 +107,22 @@ class ShardedUnit {
   void broadcast_rank0(int64_t begin);
   void set_full_params(const torch::Tensor& flat);  // params view `flat` [padded]
   torch::Tensor compute_shard() const;              // [S] compute dtype on the device
+  // Stage 3's frozen flat buffer: this rank's [F] slice of the frozen parameters, read from
+  // `source` (or cut from the parameters' values), and the parameters emptied.
+  void shard_frozen(const models::WeightSource* source);
+  bool frozen_saved_by_graph() const;
 
   ShardContext ctx_;
   std::string name_;
   std::vector<ParamSlot> slots_;
   std::vector<ParamSlot> frozen_;
   int64_t numel_ = 0;
+  int64_t frozen_numel_ = 0;
+  int64_t frozen_shard_ = 0;    // stage 3: F, the frozen buffer padded to F N
+  torch::Tensor frozen_local_;  // stage 3: [F] compute dtype on the device
+  int64_t frozen_gathered_bytes_ = 0;
+  std::vector<int64_t> frozen_uses_;  // at the gather: each frozen parameter's use count,
+                                      // then the gathered storage's (a graph adds to them)
   int64_t padded_ = 0;
   int64_t shard_ = 0;
   DecayRanges decay_;           // shard-local ranges that take weight decay

@@ -19,13 +19,15 @@ void add_lora_keys(KeyTable& t, const std::string& role) {
             role == "actor"
                 ? std::string("LoRA rank r (0: off, the whole model is trained). Above 0 the "
                               "actor's base weights stay frozen in the compute dtype (no FP32 "
-                              "master, gradients or AdamW state) and only the adapters are "
+                              "master, gradients or AdamW state; whole on every rank at "
+                              "zero_stage 1/2, sharded 1/N at 3) and only the adapters are "
                               "trained, sharded by actor.zero_stage; checkpoints hold only them "
                               "and the export is a PEFT adapter directory. In ppo and dpo-family "
                               "jobs the actor with its adapters off is the reference (no ref "
                               "workers) unless ref.model names another model.")
                 : "LoRA rank r (0: off, the whole model is trained). Above 0 the " + role +
-                      "'s base weights stay frozen in the compute dtype and only the adapters "
+                      "'s base weights stay frozen in the compute dtype (sharded 1/N at "
+                      "zero_stage 3) and only the adapters "
                       "and the value head are trained (FP32 master, gradients and AdamW state, "
                       "sharded by " +
                       role +

@@ -83,7 +83,10 @@ void Trainer::open_traffic_window() {
 
 void Trainer::after_unit(int unit) {
   units_[unit]->release_if_unused();
-  if (config_.tied_embeddings && unit == static_cast<int>(units_.size()) - 1)
+  // A tied head's matrix (unit 0) stays while the head unit does (a training forward: the
+  // graph holds the final norm): the log-probs after the norm read it under the same hook.
+  if (config_.tied_embeddings && unit == static_cast<int>(units_.size()) - 1 &&
+      !units_[unit]->gathered())
     units_[0]->release_if_unused();
 }
 
@@ -274,6 +277,8 @@ void Trainer::export_hf(const std::string& dir, const std::string& config_json,
         std::max(export_memory_.largest_unit_bytes, unit->padded_numel() * 4);
     torch::Tensor full = unit->gather_master();  // [padded] FP32: one unit, never more
     const int64_t full_bytes = full.numel() * 4;
+    const bool frozen_here = !unit->gathered();
+    unit->gather_frozen();  // ZeRO-3 shards a frozen base too: collective, every rank
     tracker_.add(MemoryKind::kGathered, full_bytes);
     if (writer_rank) {
       for (const auto& slot : unit->slots()) {
@@ -290,6 +295,7 @@ void Trainer::export_hf(const std::string& dir, const std::string& config_json,
       for (const auto& slot : unit->frozen())
         writer->write(slot.name, slot.param.data().to(torch::kCPU, dtype));
     }
+    if (frozen_here) unit->release();
     export_memory_.peak_heap_growth =
         std::max(export_memory_.peak_heap_growth, heap_in_use() - heap_start);
     full = torch::Tensor();

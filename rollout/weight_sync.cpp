@@ -164,11 +164,11 @@ NamedTensors TrainerWeights::acquire(int64_t unit) {
               " out of range");
   auto& u = *units[static_cast<size_t>(unit)];
   gathered_here_ = !u.gathered();
-  u.gather();  // ZeRO-3: all-gather over the trainer's group; a no-op at stages 1-2
+  u.gather(with_frozen_);  // ZeRO-3: all-gather over the trainer's group; a no-op at stages 1-2
   NamedTensors out;
-  for (const auto* list : {&u.slots(), &u.frozen()}) {
-    for (const auto& slot : *list) out.emplace_back(slot.name, slot.param.detach());
-  }
+  for (const auto& slot : u.slots()) out.emplace_back(slot.name, slot.param.detach());
+  if (with_frozen_)
+    for (const auto& slot : u.frozen()) out.emplace_back(slot.name, slot.param.detach());
   return out;
 }
 

@@ -72,13 +72,17 @@ class ModelWeights final : public WeightSource {
 // over the trainer's group on acquire and freed on release (one unit at a time).
 class TrainerWeights final : public WeightSource {
  public:
-  explicit TrainerWeights(engine::Trainer& trainer) : trainer_(trainer) {}
+  // with_frozen false: a frozen base is not gathered (ZeRO-3) nor returned by acquire (a
+  // sync of the adapters alone).
+  explicit TrainerWeights(engine::Trainer& trainer, bool with_frozen = true)
+      : trainer_(trainer), with_frozen_(with_frozen) {}
   std::vector<std::vector<TensorSpec>> layout() override;
   NamedTensors acquire(int64_t unit) override;
   void release(int64_t unit) override;
 
  private:
   engine::Trainer& trainer_;
+  bool with_frozen_ = true;
   bool gathered_here_ = false;  // acquire() gathered the unit, so release() frees it
 };
 
@@ -105,7 +109,8 @@ class MergedLoraWeights final : public WeightSource {
 // merges them on receipt (LoraMerge). Units without adapters stay in the layout, empty.
 class LoraAdapterWeights final : public WeightSource {
  public:
-  LoraAdapterWeights(engine::Trainer& trainer, double scale) : inner_(trainer), scale_(scale) {}
+  LoraAdapterWeights(engine::Trainer& trainer, double scale)
+      : inner_(trainer, /*with_frozen=*/false), scale_(scale) {}
   std::vector<std::vector<TensorSpec>> layout() override;
   NamedTensors acquire(int64_t unit) override;
   void release(int64_t unit) override { inner_.release(unit); }

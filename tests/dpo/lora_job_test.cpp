@@ -186,8 +186,8 @@ TEST_F(LoraRun, Zero3OnTwoRanksMatchesOneRank) {
                   1e-5 * std::max(1.0, std::abs(a[i][key].get<double>())))
           << key << " step " << i + 1;
   EXPECT_EQ(b[0]["memory"]["actor"].size(), 2u);
-  // Issue 30.6: at ZeRO-3 the plan keeps the frozen base whole on each rank and shards the
-  // adapters' states, as the tracker counts them.
+  // Issue 41.1: at ZeRO-3 the frozen base is sharded like the adapters' states and gathered
+  // a unit at a time, and the plan counts both as the tracker does.
   const auto phases = test::expect_tracked_phases_match(run_dir("two").string());
   EXPECT_EQ(phases.count("actor") ? phases.at("actor").count("train") : 0u, 1u);
   // Learning happened (the same trajectory in both, so not a frozen pair of runs).

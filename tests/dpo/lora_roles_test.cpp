@@ -93,11 +93,14 @@ class LoraRoles : public testing::Test {
 
 TEST_F(LoraRoles, RewardModelWithLoraLearnsAndExportsAPeftClassifier) {
   const fs::path base = dir_ / "tiny-value";
-  Result r =
-      run("examples/rm_tiny.json", "rm",
-          {"--set", "reward.model=" + base.string(), "--set", "reward.dtype=fp32", "--set",
-           "reward.lora.rank=8", "--set", "reward.lora.alpha=16", "--set", "reward.adam.lr=3e-3",
-           "--set", "data.max_samples=128", "--set", "reward.lora.export_merged=true"});
+  Result r = run(
+      "examples/rm_tiny.json", "rm",
+      {"--set", "reward.model=" + base.string(), "--set", "reward.dtype=fp32", "--set",
+       "reward.lora.rank=8", "--set", "reward.lora.alpha=16", "--set", "reward.adam.lr=3e-3",
+       "--set", "data.max_samples=128", "--set", "reward.lora.export_merged=true",
+       // Issue 41.1: ZeRO-3 over two ranks, the frozen base sharded between them.
+       "--set", R"(cluster.nodes=[{"name": "local", "kind": "cpu", "devices": 2, "memory_gb": 4}])",
+       "--set", "reward.devices=[0,1]", "--set", "reward.zero_stage=3"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(worker_roles(run_dir("rm")), (std::set<std::string>{"reward"}));
   const Records m = records(run_dir("rm") / "metrics.jsonl");
@@ -129,14 +132,15 @@ TEST_F(LoraRoles, RewardModelWithLoraLearnsAndExportsAPeftClassifier) {
             0.0)
       << "the value head was not trained";
 
-  // Only adapters and head are checkpointed: master = exported elements, 3x in all (FP32).
+  // Only adapters and head are checkpointed: master = exported elements over the two ranks
+  // (each unit's even count halves exactly), 3x in all (FP32).
   fs::path shard;
   for (const auto& f : fs::recursive_directory_iterator(run_dir("rm")))
     if (f.path().filename() == "rank_00000.safetensors") shard = f.path();
   ASSERT_FALSE(shard.empty()) << "no checkpoint written";
   const auto counts = test::fp32_elements(shard.string());
-  EXPECT_EQ(counts.master, exported);
-  EXPECT_EQ(counts.total, 3 * exported);
+  EXPECT_EQ(counts.master, exported / 2);
+  EXPECT_EQ(counts.total, 3 * exported / 2);
 
   // PEFT loads the export on AutoModelForSequenceClassification and scores as rlhf does
   // (FP32 both; 1e-5 as the causal-LM adapter checks in lora_test.cpp).
@@ -187,7 +191,9 @@ TEST_F(LoraRoles, DpoWithALoraActorIsItsOwnReference) {
       "examples/dpo_tiny.json", "dpo",
       {"--set", "actor.model=" + (dir_ / "tiny").string(), "--set", "actor.dtype=fp32", "--set",
        "actor.lora.rank=16", "--set", "actor.lora.alpha=32", "--set", "actor.adam.lr=3e-3", "--set",
-       "ref.devices=[]", "--set", "data.max_samples=64", "--set", "ckpt.export_hf=false"});
+       "ref.devices=[]", "--set", "data.max_samples=64", "--set", "ckpt.export_hf=false",
+       // Issue 41.1: ZeRO-3 over two ranks, so the reference reads the base sharded.
+       "--set", "actor.devices=[0,1]", "--set", "actor.zero_stage=3"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // No ref workers: the actor's own workers gave the reference log-probs, adapters off.
   EXPECT_EQ(worker_roles(run_dir("dpo")), (std::set<std::string>{"actor"}));

@@ -286,20 +286,31 @@ TEST(TrainerCheckpoint, SaveOnlyModelRotationAndLoadErrors) {
   EXPECT_EQ(latest_checkpoint((dir / "ckpts").string()), (dir / "ckpts/global_step4").string());
 }
 
+// Frozen parameters (a LoRA base) are never updated: whole in the model at stage 1/2; at
+// stage 3 sharded like the rest (the model's tensor empty between uses) and gathered for
+// the forward and the export.
 TEST(TrainerFrozen, FrozenParametersStayWholeUnchangedAndExported) {
   torch::set_num_threads(1);
   const fs::path dir = fresh_dir("frozen");
   auto group = solo_group(dir);
+  {
+    auto model = rt::tiny_model(false);
+    model->embed_tokens->weight.requires_grad_(false);
+    const auto before = model->embed_tokens->weight.detach().clone();
+    Trainer trainer(rt::parity_config(2, torch::kFloat, 1), *model, *group);
+    train(trainer, *model, 2);
+    EXPECT_TRUE(torch::equal(model->embed_tokens->weight, before)) << "stage 2 keeps it whole";
+  }
   auto model = rt::tiny_model(false);
   model->embed_tokens->weight.requires_grad_(false);  // unit 0 has no trainable parameter left
   const auto before = model->embed_tokens->weight.detach().clone();
   const auto head_before = model->lm_head->weight.detach().clone();
   Trainer trainer(rt::parity_config(3, torch::kFloat, 1), *model, *group);
   EXPECT_EQ(trainer.units()[0]->numel(), 0);
-  EXPECT_EQ(model->embed_tokens->weight.numel(), before.numel())
-      << "frozen weights are never sharded";
+  EXPECT_EQ(trainer.units()[0]->frozen_numel(), before.numel());
+  EXPECT_EQ(model->embed_tokens->weight.numel(), 0) << "stage 3 shards frozen weights too";
   train(trainer, *model, 3);
-  EXPECT_TRUE(torch::equal(model->embed_tokens->weight, before));
+  EXPECT_EQ(model->embed_tokens->weight.numel(), 0);
   trainer.export_hf((dir / "hf").string(), model->config().to_json_text(), torch::kFloat);
   rlhf::models::SafetensorsFile file((dir / "hf/model.safetensors").string());
   EXPECT_TRUE(torch::equal(file.view("model.embed_tokens.weight"), before));

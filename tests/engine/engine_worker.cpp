@@ -5,6 +5,11 @@
 //     every (dtype, stage) run of parity_config for kSteps steps: losses, grad norms, lrs,
 //     memory after the first step, the units' trained elements and the last step's
 //     collectives
+//   rlhf_engine_worker lora RANK SIZE STORE OUT DIR
+//     the tiny model with adapters (tiny_lora_model) at stages 2 and 3 (tied, without
+//     checkpointing, BF16): losses, grad norms, memory, the adapters' final values, the
+//     frozen elements left in the model, the last step's collectives; exports the FP32
+//     stage-3 run to DIR/export
 //   rlhf_engine_worker cuda_parity RANK SIZE STORE OUT
 //     every rank on cuda:0 (Gloo with CUDA tensors: NCCL refuses two ranks on one GPU):
 //     fp32 and bf16 stage 3 for kSteps steps: losses and grad norms
@@ -127,6 +132,65 @@ json parity(transport::CollectiveGroup& group) {
                      {"memory", memory},
                      {"num_params", n_params},
                      {"units", units},
+                     {"backward_calls", config.grad_accum_steps},
+                     {"checkpointing", run.checkpointing},
+                     {"last_step_collectives", trainer.last_step_traffic()}};
+  }
+  return out;
+}
+
+// Issue 41.1: LoRA over a frozen base, whole (stage 2) or sharded (stage 3), for kSteps
+// steps; the adapters' final values by name (FP32), the frozen elements the model holds
+// between steps, and rank 0's HF export of the stage-3 run (base and adapters) at DIR/export.
+json lora_parity(transport::CollectiveGroup& group, const std::string& dir) {
+  json out;
+  struct Run {
+    std::string name;
+    torch::Dtype dtype;
+    int stage;
+    bool tied = false;
+    bool checkpointing = true;
+  };
+  const std::vector<Run> runs = {{"fp32_stage2", torch::kFloat, 2},
+                                 {"fp32_stage3", torch::kFloat, 3},
+                                 {"fp32_stage3_tied", torch::kFloat, 3, true},
+                                 {"fp32_stage3_no_checkpointing", torch::kFloat, 3, false, false},
+                                 {"bf16_stage3", torch::kBFloat16, 3}};
+  for (const auto& run : runs) {
+    auto model = testing::tiny_lora_model(run.tied, run.checkpointing);
+    auto config = testing::parity_config(run.stage, run.dtype, group.size());
+    config.tied_embeddings = run.tied;
+    engine::Trainer trainer(config, *model, group);
+    json losses = json::array(), norms = json::array(), memory;
+    for (int64_t step = 0; step < testing::kSteps; ++step) {
+      auto m = train_one(trainer, *model, step);
+      losses.push_back(m.loss);
+      norms.push_back(m.grad_norm);
+      if (step == 0) memory = memory_json(m.memory);
+    }
+    int64_t frozen_held = 0;
+    for (const auto& p : model->parameters())
+      if (!p.requires_grad()) frozen_held += p.numel();
+    json units = json::array(), frozen = json::array(), adapters = json::object();
+    for (const auto& unit : trainer.units()) {
+      units.push_back(unit->numel());
+      frozen.push_back(unit->frozen_numel());
+    }
+    for (const auto& [name, t] : trainer.gather_trainable()) {
+      auto flat = t.to(torch::kDouble).contiguous();
+      adapters[name] =
+          std::vector<double>(flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel());
+    }
+    if (run.name == "fp32_stage3")
+      trainer.export_hf(dir + "/export", model->config().to_json_text(), torch::kFloat);
+    out[run.name] = {{"losses", losses},
+                     {"grad_norms", norms},
+                     {"memory", memory},
+                     {"units", units},
+                     {"frozen_units", frozen},
+                     {"frozen_held", frozen_held},
+                     {"adapters", adapters},
+                     {"tied", run.tied},
                      {"backward_calls", config.grad_accum_steps},
                      {"checkpointing", run.checkpointing},
                      {"last_step_collectives", trainer.last_step_traffic()}};
@@ -292,9 +356,9 @@ json sharded_infer(transport::CollectiveGroup& group, const std::string& dir, in
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::cerr
-        << "usage: rlhf_engine_worker (parity|cuda_parity|ckpt|sharded_load|memory|infer) RANK "
-           "SIZE STORE OUT [ARGS...]\n";
+    std::cerr << "usage: rlhf_engine_worker "
+                 "(parity|lora|cuda_parity|ckpt|sharded_load|memory|infer) RANK "
+                 "SIZE STORE OUT [ARGS...]\n";
     return 2;
   }
   try {
@@ -304,6 +368,7 @@ int main(int argc, char** argv) {
     const std::string mode = argv[1];
     const std::vector<std::string> args(argv + 6, argv + argc);
     json out = mode == "parity"         ? parity(*group)
+               : mode == "lora"         ? lora_parity(*group, args.at(0))
                : mode == "cuda_parity"  ? cuda_parity(*group)
                : mode == "sharded_load" ? sharded_load(*group, args.at(0), args.at(1))
                : mode == "memory"       ? memory_run(*group, args.at(0))

@@ -20,35 +20,20 @@
 #include "models/config.h"
 #include "test_paths.h"
 #include "tests/engine/tiny_job.h"
+#include "tests/engine/tiny_plan.h"
 #include "transport/collective_group.h"
 
 namespace fs = std::filesystem;
 namespace rt = rlhf::testing;
 using namespace rlhf::engine;
+using rt::kEmbed;
+using rt::kHead;
+using rt::kLayer;
+using rt::kParams;
+using rt::MemoryPlanSpec;
+using rt::tiny_trainer;
 
 namespace {
-
-// The tiny preset (hidden 64, intermediate 176, 2 layers, 4 heads of 16, 2 KV heads,
-// vocab 288), by hand:
-//   embed  288 x 64                                        = 18432
-//   layer  q 64x64 + k 64x32 + v 64x32 + o 64x64 = 12288; MLP 3 x 64 x 176 = 33792;
-//          two norms 128                                   = 46208
-//   head   norm 64 + lm_head 288 x 64                      = 18496
-constexpr int64_t kEmbed = 18432, kLayer = 46208, kHead = 18496;
-constexpr int64_t kParams = kEmbed + 2 * kLayer + kHead;  // 129344
-
-RoleMemoryInput tiny_trainer(int stage, int world, bool checkpointing) {
-  RoleMemoryInput in;
-  in.role = "actor";
-  in.model = rt::tiny_config(false);
-  in.work = RoleWork::kTrain;
-  in.group_size = world;
-  in.zero_stage = stage;
-  in.checkpointing = checkpointing;
-  in.micro_batch = rt::kMicroBatchSize;
-  in.seq_len = rt::kSeqLen;
-  return in;
-}
 
 TEST(MemoryPlan, UnitSizesMatchTheModel) {
   const auto units = unit_numels(rt::tiny_config(false));
@@ -301,140 +286,6 @@ TEST(MemoryPlan, EnginePeakEqualsTheTrainersTrackedPeak) {
     }
   }
   fs::remove_all(dir);
-}
-
-// A spec on disk with tiny models: colocated roles share a device budget, an over-budget
-// device gets changes that were planned again (and the first one fits).
-class MemoryPlanSpec : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("rlhf_memory_plan_spec_" + std::to_string(::getpid()));
-    fs::create_directories(dir_ / "tiny");
-    std::ofstream(dir_ / "tiny" / "config.json") << rt::tiny_config(false).to_json_text();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  rlhf::JobSpec spec(const std::string& memory_gb, const std::vector<std::string>& extra = {}) {
-    const std::string model = (dir_ / "tiny").string();
-    std::vector<std::string> sets = {"actor.model=" + model, "critic.model=" + model,
-                                     "ref.model=" + model};
-    sets.insert(sets.end(), extra.begin(), extra.end());
-    std::string text =
-        R"({"kind": "ppo", "cluster": {"nodes": [{"name": "local", "kind": "cpu", "devices": 4,
-      "memory_gb": )" +
-        memory_gb + R"(}]},
-      "actor": {"devices": [0], "zero_stage": 2}, "critic": {"devices": [1]},
-          "ref": {"colocate_with": "actor"},
-      "reward": {"rule": "letters"}, "rollout": {"devices": [2], "batch_size": 8,
-          "micro_batch_size": 4,
-      "n_samples_per_prompt": 2, "max_new_tokens": 16},
-      "data": {"prompt_dataset": "synthetic:letters", "prompt_max_len": 16, "max_len": 32},
-      "train": {"batch_size": 16, "micro_batch_size": 8}})";
-    return rlhf::JobSpec::parse(text, "test spec", sets);
-  }
-
-  std::map<rlhf::Role, rlhf::models::ModelConfig> models(const rlhf::JobSpec& s) {
-    std::vector<std::string> missing;
-    auto m = load_role_models(s, missing);
-    EXPECT_TRUE(missing.empty());
-    return m;
-  }
-
-  fs::path dir_;
-};
-
-// Issue 30.6: a LoRA actor (rank 8 on all seven linears of the tiny preset) freezes the base
-// in the compute dtype, whole on every rank, and trains only the adapters: per layer
-// r (in + out) summed over q 64+64, k 64+32, v 64+32, o 64+64, gate/up 64+176, down 176+64
-// = 8 x 1168 = 9344 elements, 18688 in all.
-constexpr int64_t kAdapterLayer = 9344, kAdapters = 2 * kAdapterLayer;
-
-RoleMemoryInput tiny_lora(int stage, int world) {
-  RoleMemoryInput in = tiny_trainer(stage, world, true);
-  in.lora_rank = 8;
-  in.lora_targets = {"all-linear"};
-  return in;
-}
-
-TEST(MemoryPlan, LoraFreezesTheBaseAndTrainsTheAdapters) {
-  const auto units = lora_unit_numels(rt::tiny_config(false), 8, {"all-linear"});
-  EXPECT_EQ(units, (std::vector<int64_t>{0, kAdapterLayer, kAdapterLayer, 0}));
-  EXPECT_EQ(lora_unit_numels(rt::tiny_config(false), 8, {"q_proj", "v_proj"})[1], 8 * (128 + 96));
-  // ZeRO-2, one rank, BF16: the base 2 bytes per element; each adapter element 2 (its BF16
-  // parameter) + 4 master + 8 AdamW + 4 FP32 gradient = 18 bytes.
-  const MemoryTerms two = plan_role(tiny_lora(2, 1));
-  EXPECT_EQ(two.weights, 2 * kParams + 2 * kAdapters);
-  EXPECT_EQ(two.master + two.optimizer + two.grads, 16 * kAdapters);
-  EXPECT_EQ(two.buffers, 4 * (kAdapterLayer + kAdapterLayer)) << "a layer's reduce-scatter";
-  EXPECT_EQ(two.engine_peak, 2 * kParams + 18 * kAdapters + 8 * kAdapterLayer);
-  EXPECT_LT(two.engine_peak, plan_role(tiny_trainer(2, 1, true)).engine_peak / 4);
-  // ZeRO-3 over two ranks: the base stays whole on each rank; the adapters are sharded.
-  const MemoryTerms three = plan_role(tiny_lora(3, 2));
-  EXPECT_EQ(three.weights, 2 * kParams);
-  EXPECT_EQ(three.master + three.optimizer + three.grads, 16 * (kAdapters / 2));
-  EXPECT_EQ(three.gathered + three.buffers, 4 * (kAdapterLayer + kAdapterLayer / 2));
-  EXPECT_EQ(three.engine_phases.at("train"), three.engine_peak);
-  EXPECT_EQ(three.engine_phases.at("load"), 2 * kParams + 16 * (kAdapters / 2));
-}
-
-TEST_F(MemoryPlanSpec, PpoLoraActorIsItsOwnReference) {
-  const auto plain = spec("4");
-  EXPECT_NE(plan_memory(plain, models(plain)).role("ref"), nullptr);
-  const auto s = spec("4", {"actor.lora.rank=8"});
-  const MemoryPlan plan = plan_memory(s, models(s));
-  EXPECT_EQ(plan.role("ref"), nullptr) << "the LoRA actor scores the reference with adapters off";
-  const RolePlan* actor = plan.role("actor");
-  ASSERT_NE(actor, nullptr);
-  EXPECT_EQ(actor->input.lora_rank, 8);
-  EXPECT_EQ(actor->terms.master, 4 * kAdapters);
-}
-
-// Issue 30.6 (b): with lora.dropout > 0 each adapter keeps its dropped input [B T, in] (e
-// bytes) and dropout's own saved tensor (CPU: the scaled noise, e bytes; CUDA: a bool mask)
-// for backward: per token and checkpointed layer, the inputs of the seven linears
-// (q, k, v, gate, up: H = 64; o: 64; down: I = 176; 560 in all) x (e + e).
-TEST(MemoryPlan, LoraDropoutCountsTheInputsItSaves) {
-  RoleMemoryInput in = tiny_lora(2, 1);
-  const MemoryTerms plain = plan_role(in);
-  in.lora_dropout = 0.1;
-  const MemoryTerms dropped = plan_role(in);
-  const int64_t e = in.compute_bytes, tokens = in.micro_batch * in.seq_len;
-  EXPECT_EQ(dropped.activations - plain.activations, tokens * 560 * (e + e));
-  in.device_kind = rlhf::DeviceKind::kCuda;
-  const MemoryTerms cuda = plan_role(in);
-  in.lora_dropout = 0;
-  EXPECT_EQ(cuda.activations - plan_role(in).activations, tokens * 560 * (e + 1));
-}
-
-// Issue 30.6 (c): a LoRA critic trains the adapters and its value head [1, H] (H = 64): the
-// head's states are the only ones beside the adapters'.
-TEST_F(MemoryPlanSpec, LoraCriticTrainsTheAdaptersAndTheHead) {
-  const auto s = spec("4", {"critic.lora.rank=8"});
-  const MemoryPlan plan = plan_memory(s, models(s));
-  const RolePlan* critic = plan.role("critic");
-  ASSERT_NE(critic, nullptr);
-  EXPECT_EQ(critic->input.lora_rank, 8);
-  EXPECT_EQ(critic->terms.master, 4 * (kAdapters + 64));
-}
-
-// Issue 30.6 (a): with only <role>.lora.adapter the plan takes r, the targets and the dropout
-// from the adapter's adapter_config.json, as the trainer does: r = 4 on q and v is
-// 2 layers x 4 x ((64 + 64) + (64 + 32)) adapter elements, not a full-weights actor.
-TEST_F(MemoryPlanSpec, AnAdapterDirectoryGivesTheLoraTerms) {
-  const fs::path adapter = dir_ / "adapter";
-  fs::create_directories(adapter);
-  std::ofstream(adapter / "adapter_config.json")
-      << R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.05,
-            "target_modules": ["q_proj", "v_proj"]})";
-  const auto s = spec("4", {"actor.lora.adapter=" + adapter.string()});
-  const MemoryPlan plan = plan_memory(s, models(s));
-  const RolePlan* actor = plan.role("actor");
-  ASSERT_NE(actor, nullptr);
-  EXPECT_EQ(actor->input.lora_rank, 4);
-  EXPECT_EQ(actor->input.lora_targets, (std::vector<std::string>{"q_proj", "v_proj"}));
-  EXPECT_EQ(actor->input.lora_dropout, 0.05);
-  EXPECT_EQ(actor->terms.master, 4 * (2 * 4 * (128 + 96)));
-  EXPECT_EQ(plan.role("ref"), nullptr) << "the adapter's actor is its own reference";
 }
 
 TEST_F(MemoryPlanSpec, ColocatedRolesShareTheBudget) {

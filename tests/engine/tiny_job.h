@@ -10,6 +10,7 @@
 #include "engine/trainer_config.h"
 #include "models/causal_lm.h"
 #include "models/config.h"
+#include "models/lora.h"
 
 namespace rlhf::testing {
 
@@ -32,6 +33,20 @@ inline std::shared_ptr<models::CausalLM> tiny_model(bool tied, bool checkpointin
   model->init_weights(1234);
   model->set_checkpointing(checkpointing ? models::Checkpointing::kPerLayer
                                          : models::Checkpointing::kNone);
+  return model;
+}
+
+// The tiny model with rank-8 adapters on every linear of the decoder (A from seed 7, B
+// zero), the base frozen: what a LoRA role trains.
+inline models::LoraConfig tiny_lora_config() {
+  models::LoraConfig lora;
+  lora.rank = 8;
+  lora.alpha = 16;
+  return lora;
+}
+inline std::shared_ptr<models::CausalLM> tiny_lora_model(bool tied, bool checkpointing = true) {
+  auto model = tiny_model(tied, checkpointing);
+  models::apply_lora(*model, tiny_lora_config(), 7);
   return model;
 }
 
