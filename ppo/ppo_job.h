@@ -48,6 +48,7 @@ struct StepOutcome {
   double t_score = 0, t_train = 0;
   double t_wait = 0;  // waiting for the next step's samples
   double t_sync = 0, t_step = 0;
+  nlohmann::json busy;  // runtime::BusyWindow over the step: busy_s, idle_s, devices_busy
 };
 
 // What the job reads of the spec beyond PpoConfig, once, when it is built: the roles'

@@ -55,7 +55,9 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
           << (roles_.critic ? " | value " + fixed(rec["value_loss"]) : std::string()) << " | len "
           << fixed(rec["response_length"], 1) << " | " << fixed(o.t_step, 2) << " s (gen "
           << static_cast<int>(100 * o.t_gen / o.t_step) << "%) | " << fixed(rec["samples_per_s"], 1)
-          << " samples/s | " << clock.after(step) << std::endl;
+          << " samples/s | devices busy "
+          << static_cast<int>(100 * rec["devices_busy"].get<double>() + 0.5) << "% | "
+          << clock.after(step) << std::endl;
     }
     // The rollout has this step's weights (synced above); with async_steps it is generating
     // nothing now (the next step's samples are drawn).
@@ -71,6 +73,7 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
 StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, std::optional<Rollout>& ready) {
   StepOutcome o;
   const auto t0 = Clock::now();
+  const runtime::BusyWindow busy(s);
   const std::string at = "step " + std::to_string(step) + "/" + std::to_string(total_steps_);
   s.progress().begin(at + ": generating " + std::to_string(c_.rollout_batch_size) + " prompts x " +
                      std::to_string(c_.n_samples_per_prompt) + " samples");
@@ -110,6 +113,7 @@ StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, std::optional<Rollout>&
   s.progress().end();
   o.t_sync = seconds_since(t3);
   o.t_step = seconds_since(t0);
+  o.busy = busy.since(s, o.t_step);
   return o;
 }
 
@@ -172,6 +176,7 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
       {"rollout_logprob_diff", {{"mean", e.logprob_diff_mean}, {"max", e.logprob_diff_max}}},
       {"rollout_mismatch", mismatch_json(c_.policy.correction.mode, e.mismatch)},
       {"memory", runtime_.memory(s)}};
+  rec.update(o.busy);
   if (!sync_->offload().empty()) rec["offload"] = sync_->offload();
   rec.update(o.losses);
   if (!r.sampling.is_null()) rec.update(r.sampling);

@@ -142,6 +142,31 @@ std::string timeline(const std::vector<json>& steps) {
   return stacked_bars_svg(c);
 }
 
+// Issue 42.4: each role group's busy share of the step (busy_s / time_s.step), one line per
+// group, and all devices together (devices_busy): which group the others wait on.
+std::string busy_chart(const std::vector<json>& steps) {
+  LineChart c{"chart-busy", "Busy share of each step per role group", "", {}};
+  std::map<std::string, Series> by_role;
+  for (const auto& r : steps) {
+    const double step = number(r, "step");
+    if (!std::isfinite(step) || !r.contains("busy_s") || !r["busy_s"].is_object() ||
+        !r.contains("time_s") || !r["time_s"].is_object())
+      continue;
+    const double t = number(r["time_s"], "step");
+    if (!(t > 0)) continue;
+    for (const auto& [role, v] : r["busy_s"].items()) {
+      if (!v.is_number()) continue;
+      Series& series = by_role[role];
+      series.name = role;
+      series.points.emplace_back(step, v.get<double>() / t);
+    }
+  }
+  if (by_role.empty()) return "";
+  for (auto& [role, series] : by_role) c.series.push_back(std::move(series));
+  c.series.push_back(series_of(steps, "devices_busy", "all devices", false));
+  return line_chart_svg(c);
+}
+
 std::string ratio_note(double measured, double planned, const char* what) {
   if (!(measured >= 0) || !(planned > 0)) return "";
   std::ostringstream o;
@@ -379,7 +404,7 @@ std::string report_body(const RunRecords& run) {
         c.series.push_back(series_of(run.evals, k, std::string(k) + " (held-out)", true));
     if (!c.series.empty()) o << line_chart_svg(c);
   }
-  o << timeline(run.steps) << "</div>";
+  o << timeline(run.steps) << busy_chart(run.steps) << "</div>";
   o << "<h2>Memory per role and rank</h2><div class=\"charts\">" << memory_charts(run) << "</div>";
   o << samples_table(run);
   o << "</div>";

@@ -1,5 +1,6 @@
 #include "runtime/job_runtime.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <future>
 #include <iomanip>
@@ -170,6 +171,30 @@ StepClock::StepClock(int64_t first_step, int64_t total_steps)
 
 std::string StepClock::after(int64_t step) const {
   return elapsed_and_eta(seconds_since(start_), step - first_ + 1, total_ - first_ + 1);
+}
+
+BusyWindow::BusyWindow(const Scheduler& s) : start_(s.busy_seconds()) {}
+
+nlohmann::json BusyWindow::since(const Scheduler& s, double seconds) const {
+  const std::vector<double> now = s.busy_seconds();
+  std::map<std::string, std::pair<double, int>> by_role;  // busy seconds summed, workers
+  double busy = 0;
+  for (size_t i = 0; i < now.size() && i < start_.size(); ++i) {
+    const double d = std::clamp(now[i] - start_[i], 0.0, seconds);
+    auto& [sum, n] = by_role[role_name(s.workers()[i].placement.role)];
+    sum += d;
+    ++n;
+    busy += d;
+  }
+  nlohmann::json busy_s = nlohmann::json::object(), idle_s = nlohmann::json::object();
+  for (const auto& [role, v] : by_role) {
+    busy_s[role] = v.first / v.second;
+    idle_s[role] = std::max(0.0, seconds - v.first / v.second);
+  }
+  const double capacity = seconds * static_cast<double>(now.size());
+  return {{"busy_s", busy_s},
+          {"idle_s", idle_s},
+          {"devices_busy", capacity > 0 ? busy / capacity : 0.0}};
 }
 
 }  // namespace rlhf::runtime

@@ -124,4 +124,20 @@ class StepClock {
   int64_t first_, total_;
 };
 
+// Where a step's time went, per role group: from its construction to since(), each group's
+// busy seconds (the mean over its workers of the time each had a request in hand,
+// scheduler/busy_clock.h) and idle seconds (the step's wall time less that), and the share
+// of the job's workers' time that was busy ("devices_busy": one worker per device, so
+// colocated roles count their device twice).
+class BusyWindow {
+ public:
+  explicit BusyWindow(const Scheduler& s);
+  // {"busy_s": {role: s}, "idle_s": {role: s}, "devices_busy": share in [0, 1]} over the
+  // `seconds` of wall time since construction.
+  nlohmann::json since(const Scheduler& s, double seconds) const;
+
+ private:
+  std::vector<double> start_;
+};
+
 }  // namespace rlhf::runtime

@@ -240,6 +240,10 @@ void Scheduler::launch_workers(const std::filesystem::path& logs) {
     io_->slots.push_back(Io::Slot{std::nullopt, Clock::now(), Clock::now(), false});
     infos_.push_back({w, io_->processes.back() ? io_->processes.back()->pid() : -1, log});
     members[w.role].push_back(infos_.size() - 1);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_.resize(infos_.size());
+    }
   }
   if (config_.launcher == LauncherKind::kManual)
     std::cerr << "rlhf run: waiting up to " << config_.register_timeout.count() / 1000 << " s for "
@@ -331,6 +335,11 @@ void Scheduler::rethrow_failure_locked() {
   throw WorkerFailure(*failure_);
 }
 
+std::vector<double> Scheduler::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return busy_.seconds(Clock::now());
+}
+
 uint64_t Scheduler::submit(size_t index, Message request) {
   uint64_t id;
   {
@@ -340,6 +349,7 @@ uint64_t Scheduler::submit(size_t index, Message request) {
     id = next_id_++;
     pending_[id] = index;
     pending_op_[id] = request.op;
+    busy_.started(index, Clock::now());
   }
   request.kind = MessageKind::kRequest;
   request.id = id;
@@ -425,6 +435,7 @@ void Scheduler::on_incoming(Frames&& frames) {
   if (m.kind != MessageKind::kReply && m.kind != MessageKind::kError) return;  // heartbeat
   std::lock_guard<std::mutex> lock(mutex_);
   if (pending_.erase(m.id)) {
+    busy_.finished(index, Clock::now());
     replies_[m.id] = std::move(m);
     changed_.notify_all();
   }
@@ -559,6 +570,7 @@ void Scheduler::forward_request(Frames&& frames) {
     const uint64_t id = peek_request_id(frames[1]);
     std::lock_guard<std::mutex> lock(mutex_);
     if (pending_.erase(id)) {
+      busy_.finished(index, Clock::now());
       replies_[id] = make_error(id, "", infos_[index].placement.label() + " is not serving");
       changed_.notify_all();
     }

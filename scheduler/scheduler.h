@@ -19,6 +19,7 @@
 
 #include "core/placement.h"
 #include "core/spec.h"
+#include "scheduler/busy_clock.h"
 #include "scheduler/launcher.h"
 #include "scheduler/progress.h"
 #include "transport/message.h"
@@ -100,6 +101,9 @@ class Scheduler {
   // The console progress of the job's long phases: drivers name phases, role groups count
   // finished calls; silent until attached (rlhf run attaches it to stdout).
   PhaseProgress& progress() { return progress_; }
+  // Each worker's busy seconds so far (into workers()): the time it had a request in hand
+  // (busy_clock.h). A step's share is the difference of two readings.
+  std::vector<double> busy_seconds() const;
   // Registration attempts refused so far (wrong token, unknown role/rank, duplicate).
   int refused_registrations() const { return refused_.load(); }
 
@@ -159,6 +163,7 @@ class Scheduler {
   std::map<uint64_t, size_t> pending_;  // request id -> worker index
   std::map<uint64_t, std::string> pending_op_;
   std::map<uint64_t, Message> replies_;
+  BusyClock busy_;  // per worker: requests outstanding and busy seconds
   size_t registered_ = 0;
   std::optional<std::string> failure_;  // first failure report
   bool interrupted_ = false;

@@ -230,7 +230,7 @@ TEST_F(RunReport, ReportFileHasEveryChartAndTheRunsValues) {
   EXPECT_EQ(count_of(html, "http"), count_of(html, "xmlns=\"http://www.w3.org/2000/svg\""));
   for (const char* id :
        {"chart-reward", "chart-kl", "chart-loss", "chart-length", "chart-throughput",
-        "chart-phases", "chart-memory-process", "chart-memory-tensor"})
+        "chart-phases", "chart-busy", "chart-memory-process", "chart-memory-tensor"})
     EXPECT_TRUE(contains(html, std::string("id=\"") + id + "\"")) << id;
   // The latest figures as the metrics have them, in the summary and the legends.
   const auto metrics = read_jsonl((run / "metrics.jsonl").string());
@@ -241,6 +241,14 @@ TEST_F(RunReport, ReportFileHasEveryChartAndTheRunsValues) {
   EXPECT_TRUE(contains(html, "data-key=\"reward_mean\">" + reward + "</td>")) << reward;
   EXPECT_TRUE(contains(html, ">reward_mean: " + reward + " at step 3")) << reward;
   EXPECT_TRUE(contains(html, ">kl: " + kl + " at step 3")) << kl;
+  // Issue 42.4: each group's busy share of the last step, and all devices'.
+  const double rollout_share =
+      last["busy_s"]["rollout"].get<double>() / last["time_s"]["step"].get<double>();
+  EXPECT_TRUE(contains(html, ">rollout: " + report::format_value(rollout_share, "") + " at step 3"))
+      << rollout_share;
+  EXPECT_TRUE(contains(
+      html, ">all devices: " + report::format_value(last["devices_busy"].get<double>(), "") +
+                " at step 3"));
   EXPECT_TRUE(contains(html, "<span id=\"last-step\">3</span> of 3"));
   // Every role and rank with its device, planned beside measured.
   for (const auto& [role, ranks] : last["memory"].items()) {
@@ -436,7 +444,7 @@ TEST_F(RunReport, DashboardServesTheRunningJob) {
   EXPECT_TRUE(contains(page, "<h1>rlhf run ppo_tiny (live)</h1>")) << page.substr(0, 500);
   EXPECT_TRUE(contains(page, "fetch('/body'")) << "the page polls its body";
   for (const char* id : {"chart-reward", "chart-kl", "chart-loss", "chart-length", "chart-phases",
-                         "chart-memory-process"})
+                         "chart-busy", "chart-memory-process"})
     EXPECT_TRUE(contains(page, std::string("id=\"") + id + "\"")) << id;
   auto [body_status, body] = http_get(port, "/body");
   EXPECT_EQ(body_status, 200);

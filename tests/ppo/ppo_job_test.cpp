@@ -85,6 +85,20 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
       EXPECT_TRUE(m.contains(key) && m[key].is_number()) << key << " in " << m.dump();
     for (const char* phase : {"generate", "score", "train", "sync", "step"})
       EXPECT_GT(m["time_s"][phase].get<double>(), 0.0) << phase;
+    // Issue 42.4: where the step's time went, per role group: busy + idle = the step's wall
+    // time; each group worked in the step; the rollout's work is the generate phase (its
+    // request is most of that phase) and the sync's receiving end, no more.
+    const double t = m["time_s"]["step"].get<double>();
+    for (const char* role : {"actor", "critic", "reward", "ref", "rollout"}) {
+      const double busy = m["busy_s"][role].get<double>(), idle = m["idle_s"][role].get<double>();
+      EXPECT_GT(busy, 0.0) << role;
+      EXPECT_NEAR(busy + idle, t, 1e-9 * t) << role;
+    }
+    const double rollout = m["busy_s"]["rollout"].get<double>();
+    EXPECT_GE(rollout, 0.5 * m["time_s"]["generate"].get<double>());
+    EXPECT_LE(rollout, m["time_s"]["generate"].get<double>() + m["time_s"]["sync"].get<double>());
+    EXPECT_GT(m["devices_busy"].get<double>(), 0.0);
+    EXPECT_LE(m["devices_busy"].get<double>(), 1.0);
     // Entropy of a 288-token vocabulary is at most ln 288 = 5.663; the outside share is a fraction.
     EXPECT_GT(m["entropy"].get<double>(), 0.0);
     EXPECT_LE(m["entropy"].get<double>(), 5.664);

@@ -9,6 +9,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <map>
 #include <set>
 
@@ -279,6 +280,59 @@ TEST(Scheduler, RequestPastItsDeadlineFailsWithoutStoppingTheJob) {
         << e.what();
   }
   EXPECT_EQ(s.group(Role::kActor).call(1, request("ping")).args.at("rank"), 1);
+}
+
+// Issue 42.4: a worker is busy while it has a request in hand. By hand: two overlapping
+// requests count their union once; a gap between requests is idle; an open one counts up to
+// the reading.
+TEST(BusyClock, CountsTheUnionOfEachWorkersRequests) {
+  using C = BusyClock::Clock;
+  const C::time_point t0 = C::now();
+  auto at = [&](double s) {
+    return t0 + std::chrono::duration_cast<C::duration>(std::chrono::duration<double>(s));
+  };
+  BusyClock clock(2);
+  clock.started(0, at(0));
+  clock.started(0, at(1));  // queued behind the first
+  clock.finished(0, at(2));
+  clock.finished(0, at(3));  // busy 0..3
+  clock.started(0, at(5));
+  clock.finished(0, at(6));  // + 5..6
+  clock.started(1, at(4));   // still open
+  clock.finished(1, at(4));  // then answered at once, then a stray answer: ignored
+  clock.finished(1, at(9));
+  clock.started(1, at(7));
+  const auto s = clock.seconds(at(10));
+  EXPECT_NEAR(s[0], 4.0, 1e-9);
+  EXPECT_NEAR(s[1], 3.0, 1e-9);
+}
+
+// The scheduler's reading on real workers: rank 0 of the actor sleeps 0.5 s in its request
+// (echo's delay_ms), rank 1 answers at once, the rollout gets nothing. Rank 0's busy time is
+// at least the sleep and at most the sleep plus the round trip (2 s of slack for a loaded
+// 2-core machine); the rollout's is exactly 0.
+TEST(Scheduler, BusySecondsCountEachWorkersRequestsInHand) {
+  Scheduler s(scheduler_config("busy"),
+              testing::local_placement({{Role::kActor, 2}, {Role::kRollout, 1}}));
+  s.start();
+  const std::vector<double> before = s.busy_seconds();
+  ASSERT_EQ(before.size(), 3u);
+  Message slow = request("echo");
+  slow.args = {{"delay_ms", 500}};
+  const auto t0 = std::chrono::steady_clock::now();
+  s.group(Role::kActor).call_all(slow.op, slow.args);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::vector<double> after = s.busy_seconds();
+  double actor0 = -1, actor1 = -1, rollout = -1;
+  for (size_t i = 0; i < after.size(); ++i) {
+    const auto& p = s.workers()[i].placement;
+    (p.role == Role::kRollout ? rollout : p.rank == 0 ? actor0 : actor1) = after[i] - before[i];
+  }
+  EXPECT_GE(actor0, 0.5);
+  EXPECT_LE(actor0, wall + 1e-3);
+  EXPECT_LT(actor0, 2.5);
+  EXPECT_LT(actor1, actor0 - 0.4);
+  EXPECT_EQ(rollout, 0.0);
 }
 
 TEST(Scheduler, KilledWorkerIsReportedWithinFiveSeconds) {
