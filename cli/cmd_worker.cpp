@@ -2,14 +2,20 @@
 // environment), or, with --connect, a worker any launcher starts on any host: it joins the
 // job's scheduler over TCP with the job token and learns its place from the answer.
 #include <ATen/Parallel.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
 
 #include "actors/builtin_operations.h"
 #include "actors/device.h"
@@ -18,6 +24,8 @@
 #include "actors/worker.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/errors.h"
+#include "core/placement.h"
 
 namespace rlhf::cli {
 namespace {
@@ -30,9 +38,29 @@ void tie_to_parent() {
   if (signal(SIGINT, SIG_IGN) == SIG_ERR) throw RuntimeError("cannot ignore SIGINT");
 }
 
-// Binds the device and threads of `self`, and returns the operations its role serves.
+// RLHF_CPU_AFFINITY ("1,3", from <role>.cpu_affinity): this process on those cores only.
+void pin_to_cores() {
+  const char* list = std::getenv(kEnvCpuAffinity);
+  if (!list || !*list) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::stringstream in(list);
+  for (std::string core; std::getline(in, core, ',');) {
+    const int c = std::atoi(core.c_str());
+    if (c < 0 || c >= CPU_SETSIZE) throw InputError("cpu_affinity: no CPU core " + core);
+    CPU_SET(c, &set);
+  }
+  if (sched_setaffinity(0, sizeof set, &set) != 0)
+    throw InputError(std::string("cpu_affinity [") + list +
+                     "]: this machine cannot run the worker there (" + std::strerror(errno) +
+                     "); its cores are 0-" +
+                     std::to_string(std::thread::hardware_concurrency() - 1));
+}
+
+// Binds the device, cores and threads of `self`, and returns the operations its role serves.
 OperationRegistry prepare(const WorkerIdentity& self) {
   bind_worker_device(self);  // a cuda worker's GPU, before any tensor exists
+  pin_to_cores();
   if (const char* threads = std::getenv("OMP_NUM_THREADS"))
     at::set_num_threads(std::max(1, std::atoi(threads)));
   OperationRegistry registry;

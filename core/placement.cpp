@@ -76,6 +76,9 @@ Placement place(const JobSpec& spec) {
           for (const auto& id : d.at(p.nodes[n].name)) devices.emplace_back(n, id.get<int>());
     }
     const int size = static_cast<int>(devices.size());
+    std::string cores;
+    for (const auto& core : spec.at(name + ".cpu_affinity"))
+      cores += (cores.empty() ? "" : ",") + std::to_string(core.get<int64_t>());
     for (int rank = 0; rank < size; ++rank) {
       const NodeSpec& node = p.nodes[devices[rank].first];
       WorkerPlacement w;
@@ -94,6 +97,7 @@ Placement place(const JobSpec& spec) {
       w.env[kEnvDevice] =
           std::string(device_kind_name(node.kind)) + ":" + std::to_string(w.device_id);
       w.env["OMP_NUM_THREADS"] = threads;
+      if (!cores.empty()) w.env[kEnvCpuAffinity] = cores;
       // Several multi-threaded workers share a CPU node's cores (actor and reference score at
       // once): OpenMP threads that spin while waiting steal the others' cores (measured: 2
       // workers x 2 threads on 2 cores scored 1.5x slower spinning than passive). The user's

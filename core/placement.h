@@ -36,6 +36,9 @@ inline constexpr const char* kEnvDeviceMemoryGb = "RLHF_DEVICE_MEMORY_GB";
 // cuda nodes only, "1" when another worker (a colocated role) uses the same GPU.
 inline constexpr const char* kEnvSharedDevice = "RLHF_SHARED_DEVICE";
 
+// "1,3": the CPU cores the worker pins itself to (<role>.cpu_affinity); absent: any.
+inline constexpr const char* kEnvCpuAffinity = "RLHF_CPU_AFFINITY";
+
 struct WorkerPlacement {
   Role role = Role::kActor;
   int rank = 0;        // within its role group

@@ -80,6 +80,12 @@ void add_role_placement(KeyTable& t, const std::string& role, const std::string&
             "device. Empty: one free device is chosen (or the colocated role's devices).");
   t.choice(role + ".colocate_with", "", {"", "actor", "critic", "reward", "ref", "rollout"},
            "Share the devices of this role (only when asked: roles are disjoint otherwise).");
+  t.integers(role + ".cpu_affinity", {}, 0,
+             "CPU cores every " + role +
+                 " worker may run on (sched_setaffinity at start-up), e.g. [1] or [2, 3]; "
+                 "empty: any. Pins role groups apart on a CPU machine so that they do not steal "
+                 "each other's cores (what an overlap measurement needs); a core the machine "
+                 "lacks stops the worker naming it.");
   t.choice(role + ".dtype", "auto", {"auto", "bf16", "fp16", "fp32"},
            "Compute dtype of the " + role +
                " model (master weights stay FP32 when trained). auto: bf16 on GPUs and on CPUs "

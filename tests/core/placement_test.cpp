@@ -58,6 +58,15 @@ TEST(Placement, EnvironmentPerWorker) {
   EXPECT_EQ(w.env.at("CUDA_VISIBLE_DEVICES"), "1");
   EXPECT_EQ(w.env.at("OMP_NUM_THREADS"), "3");
   EXPECT_EQ(w.label(), "actor[3]");
+  EXPECT_EQ(w.env.count(kEnvCpuAffinity), 0u) << "no cpu_affinity: any core";
+}
+
+// Issue 42.5: <role>.cpu_affinity pins every worker of the role to the listed cores.
+TEST(Placement, CpuAffinityReachesEveryWorkerOfTheRole) {
+  Placement p =
+      place(spec_of(R"({"actor": {"cpu_affinity": [2, 3]}, "rollout": {"cpu_affinity": [0]}})"));
+  for (const auto& w : p.group(Role::kActor)) EXPECT_EQ(w.env.at(kEnvCpuAffinity), "2,3");
+  EXPECT_EQ(p.group(Role::kRollout)[0].env.at(kEnvCpuAffinity), "0");
 }
 
 TEST(Placement, CpuSlotsGetNoCudaVisibleDevices) {

@@ -625,6 +625,23 @@ TEST_F(PpoJob, TensorParallelSizeTheModelCannotSplitIsRefusedBeforeAnyWorkerStar
       << plan.err;
 }
 
+// Issue 42.5: role groups pinned to cores (<role>.cpu_affinity) run the job as before; a core
+// the machine lacks stops the job, and the worker's error names the key and the cores.
+TEST_F(PpoJob, CpuAffinityPinsRoleGroupsAndRefusesAMissingCore) {
+  Result pinned = run("pinned", {"--set", "train.max_steps=2", "--set", "actor.cpu_affinity=[1]",
+                                 "--set", "critic.cpu_affinity=[1]", "--set",
+                                 "ref.cpu_affinity=[0]", "--set", "rollout.cpu_affinity=[0]"});
+  ASSERT_EQ(pinned.exit_code, 0) << pinned.out << pinned.err;
+  EXPECT_EQ(read_metrics(run_dir("pinned") / "metrics.jsonl").size(), 2u);
+  Result bad =
+      run("bad-core", {"--set", "train.max_steps=1", "--set", "rollout.cpu_affinity=[1000]"});
+  EXPECT_NE(bad.exit_code, 0);
+  const std::string log = slurp(run_dir("bad-core") / "logs" / "rollout-0.log");
+  EXPECT_NE(log.find("cpu_affinity [1000]: this machine cannot run the worker there"),
+            std::string::npos)
+      << log << bad.err;
+}
+
 TEST_F(PpoJob, MissingModelIsBadInputBeforeAnyWorkerStarts) {
   Result r =
       rlhf({"run", "examples/ppo_tiny.json", "--set", "actor.model=" + (dir_ / "nope").string(),
