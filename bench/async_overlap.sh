@@ -6,7 +6,10 @@
 # was hidden (1 - generate on the critical path / generate_ahead) and its step against its
 # own floor score + train + sync (what a step costs with generation wholly hidden). No ideal
 # is taken from the other mode's run: run-to-run noise (a few percent) is as large as the gap.
-# Usage: [REPEATS=N] bench/async_overlap.sh [BUILD_DIR]   (runs under bench-runs/async_overlap)
+# Also each role group's busy share of the step (metrics busy_s / time_s.step, issue 42.4) and
+# all workers' (devices_busy). PIN=1 pins the rollout to core 0 and the other groups to core 1
+# (<role>.cpu_affinity): on a 2-core machine unpinned groups steal each other's cores.
+# Usage: [REPEATS=N] [PIN=1] bench/async_overlap.sh [BUILD_DIR]   (runs under bench-runs/async_overlap)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rlhf=${1:-build}/cli/rlhf
@@ -17,11 +20,16 @@ export OMP_NUM_THREADS=1
 [ -f "$out/tiny-value/config.json" ] ||
   $rlhf init-model --preset tiny --value-head --seed 7 --out "$out/tiny-value" >/dev/null
 repeats=${REPEATS:-2}
+pin=()
+if [ "${PIN:-0}" = 1 ]; then
+  pin=(--set rollout.cpu_affinity=[0] --set actor.cpu_affinity=[1] --set critic.cpu_affinity=[1]
+    --set ref.cpu_affinity=[1])
+fi
 for ((i = 1; i <= repeats; ++i)); do
   for mode in 0 1; do
     $rlhf run examples/ppo_tiny.json --set name="async${mode}_$i" --set logger.run_dir="$out" \
       --set actor.model="$out/tiny" --set critic.model="$out/tiny-value" \
-      --set algo.async_steps=$mode >"$out/async${mode}_$i.log" 2>&1
+      --set algo.async_steps=$mode "${pin[@]}" >"$out/async${mode}_$i.log" 2>&1
   done
 done
 /usr/bin/python3 - "$out" "$repeats" <<'PY'
@@ -41,6 +49,12 @@ for i in range(1, repeats + 1):
     hidden = 1 - asyn["generate"] / asyn["generate_ahead"]
     first = lambda m: statistics.mean(r["reward_mean"] for r in m[:5])
     last = lambda m: statistics.mean(r["reward_mean"] for r in m[-5:])
+    for name, m in ((f"sync {i}", ms), (f"async {i}", ma)):
+        share = {g: statistics.mean(r["busy_s"][g] / r["time_s"]["step"] for r in m)
+                 for g in m[0]["busy_s"]}
+        busy = statistics.mean(r["devices_busy"] for r in m)
+        print(f"  {name} busy share: " + ", ".join(f"{g} {v:.2f}" for g, v in share.items()) +
+              f"; all devices {busy:.2f}")
     print(f"  pair {i}: speed-up {sync['step'] / asyn['step']:.3f}x; one-step run: "
           f"{100 * hidden:.1f}% of generation hidden, step / (score + train + sync) "
           f"{asyn['step'] / floor:.3f}; reward first 5 -> last 5 steps: sync "
