@@ -39,28 +39,28 @@ void tie_to_parent() {
 }
 
 // RLHF_CPU_AFFINITY ("1,3", from <role>.cpu_affinity): this process on those cores only.
-void pin_to_cores() {
+void pin_to_cores(const std::string& role) {
   const char* list = std::getenv(kEnvCpuAffinity);
   if (!list || !*list) return;
+  const std::string key = role + ".cpu_affinity";
   cpu_set_t set;
   CPU_ZERO(&set);
   std::stringstream in(list);
   for (std::string core; std::getline(in, core, ',');) {
     const int c = std::atoi(core.c_str());
-    if (c < 0 || c >= CPU_SETSIZE) throw InputError("cpu_affinity: no CPU core " + core);
+    if (c < 0 || c >= CPU_SETSIZE) throw InputError(key + ": no CPU core " + core);
     CPU_SET(c, &set);
   }
   if (sched_setaffinity(0, sizeof set, &set) != 0)
-    throw InputError(std::string("cpu_affinity [") + list +
-                     "]: this machine cannot run the worker there (" + std::strerror(errno) +
-                     "); its cores are 0-" +
+    throw InputError(key + " [" + list + "]: this machine cannot run the worker there (" +
+                     std::strerror(errno) + "); its cores are 0-" +
                      std::to_string(std::thread::hardware_concurrency() - 1));
 }
 
 // Binds the device, cores and threads of `self`, and returns the operations its role serves.
 OperationRegistry prepare(const WorkerIdentity& self) {
   bind_worker_device(self);  // a cuda worker's GPU, before any tensor exists
-  pin_to_cores();
+  pin_to_cores(self.role);
   if (const char* threads = std::getenv("OMP_NUM_THREADS"))
     at::set_num_threads(std::max(1, std::atoi(threads)));
   OperationRegistry registry;

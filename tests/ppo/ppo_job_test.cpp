@@ -401,7 +401,7 @@ TEST_F(PpoJob, CpuAffinityPinsRoleGroupsAndRefusesAMissingCore) {
       run("bad-core", {"--set", "train.max_steps=1", "--set", "rollout.cpu_affinity=[1000]"});
   EXPECT_NE(bad.exit_code, 0);
   const std::string log = slurp(run_dir("bad-core") / "logs" / "rollout-0.log");
-  EXPECT_NE(log.find("cpu_affinity [1000]: this machine cannot run the worker there"),
+  EXPECT_NE(log.find("rollout.cpu_affinity [1000]: this machine cannot run the worker there"),
             std::string::npos)
       << log << bad.err;
 }
