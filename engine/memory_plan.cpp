@@ -390,10 +390,10 @@ EngineLayout trainer_layout(const RoleMemoryInput& in) {
 void plan_trainer(const RoleMemoryInput& in, const EngineLayout& layout, MemoryTerms& t) {
   const models::ModelConfig& c = in.model;
   const std::vector<int64_t>& units = layout.trained;
-  int64_t numel = 0, frozen = 0, largest_frozen = 0;
+  const int64_t frozen = layout.frozen_total();
+  int64_t numel = 0, largest_frozen = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     numel += units[u];
-    frozen += layout.frozen_at(u);
     largest_frozen = std::max(largest_frozen, layout.frozen_at(u));
   }
   const int64_t e = in.compute_bytes;
@@ -470,8 +470,7 @@ void plan_sync_and_save(const RoleMemoryInput& in, const EngineLayout& layout, i
   const models::ModelConfig& c = in.model;
   const int64_t e = in.compute_bytes;
   const std::vector<int64_t>& units = layout.trained;
-  int64_t frozen = 0;
-  for (size_t u = 0; u < units.size(); ++u) frozen += layout.frozen_at(u);
+  const int64_t frozen = layout.frozen_total();
   // The weight sync: ZeRO-3 gathers one unit at a time, whole, in the compute dtype (a LoRA
   // sync of the adapters alone leaves the frozen base sharded); ZeRO 1/2 ranks hold the
   // weights whole already.

@@ -18,6 +18,12 @@ int64_t EngineLayout::gathered_bytes(size_t u, bool with_frozen) const {
   return e * (div_up(trained[u], world) + (with_frozen ? div_up(frozen_at(u), world) : 0)) * world;
 }
 
+int64_t EngineLayout::frozen_total() const {
+  int64_t n = 0;
+  for (int64_t f : frozen) n += f;
+  return n;
+}
+
 bool EngineLayout::kept_through_backward(size_t u) const {
   return trained[u] > 0 || u > 0 || tied;
 }

@@ -20,6 +20,7 @@ struct EngineLayout {
   bool tied = false;  // the head reads unit 0's matrix (gathered with the head)
 
   int64_t frozen_at(size_t u) const { return u < frozen.size() ? frozen[u] : 0; }
+  int64_t frozen_total() const;  // frozen elements over all units
   // Stage 3: the bytes gathering unit u holds (trainable and, unless `with_frozen` is false,
   // frozen flat buffers, each padded to a multiple of the world); 0 at stage 1/2.
   int64_t gathered_bytes(size_t u, bool with_frozen = true) const;

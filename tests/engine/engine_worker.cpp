@@ -92,15 +92,41 @@ json cuda_parity(transport::CollectiveGroup& group) {
   return out;
 }
 
+// One parity run's settings.
+struct Run {
+  std::string name;
+  torch::Dtype dtype;
+  int stage;
+  bool tied = false;
+  bool checkpointing = true;
+};
+
+// kSteps steps of `run` on `model`: per step the loss, grad norm and lr, the memory after the
+// first step, the units' trained elements and what the planner's collective check needs.
+json train_run(engine::Trainer& trainer, models::CausalLM& model, const Run& run) {
+  json losses = json::array(), norms = json::array(), lrs = json::array(), memory;
+  for (int64_t step = 0; step < testing::kSteps; ++step) {
+    auto m = train_one(trainer, model, step);
+    losses.push_back(m.loss);
+    norms.push_back(m.grad_norm);
+    lrs.push_back(m.lr);
+    if (step == 0) memory = memory_json(m.memory);
+  }
+  json units = json::array();
+  for (const auto& unit : trainer.units()) units.push_back(unit->numel());
+  return {{"losses", losses},
+          {"grad_norms", norms},
+          {"lrs", lrs},
+          {"memory", memory},
+          {"units", units},
+          {"tied", run.tied},
+          {"backward_calls", trainer.config().grad_accum_steps},
+          {"checkpointing", run.checkpointing},
+          {"last_step_collectives", trainer.last_step_traffic()}};
+}
+
 json parity(transport::CollectiveGroup& group) {
   json out;
-  struct Run {
-    std::string name;
-    torch::Dtype dtype;
-    int stage;
-    bool tied = false;
-    bool checkpointing = true;
-  };
   std::vector<Run> runs;
   for (auto [tag, dtype] :
        {std::pair{"fp32", torch::kFloat}, std::pair{"bf16", torch::kBFloat16}}) {
@@ -115,26 +141,8 @@ json parity(transport::CollectiveGroup& group) {
     auto config = testing::parity_config(run.stage, run.dtype, group.size());
     config.tied_embeddings = run.tied;
     engine::Trainer trainer(config, *model, group);
-    json losses = json::array(), norms = json::array(), lrs = json::array();
-    json memory;
-    for (int64_t step = 0; step < testing::kSteps; ++step) {
-      auto m = train_one(trainer, *model, step);
-      losses.push_back(m.loss);
-      norms.push_back(m.grad_norm);
-      lrs.push_back(m.lr);
-      if (step == 0) memory = memory_json(m.memory);
-    }
-    json units = json::array();
-    for (const auto& unit : trainer.units()) units.push_back(unit->numel());
-    out[run.name] = {{"losses", losses},
-                     {"grad_norms", norms},
-                     {"lrs", lrs},
-                     {"memory", memory},
-                     {"num_params", n_params},
-                     {"units", units},
-                     {"backward_calls", config.grad_accum_steps},
-                     {"checkpointing", run.checkpointing},
-                     {"last_step_collectives", trainer.last_step_traffic()}};
+    out[run.name] = train_run(trainer, *model, run);
+    out[run.name]["num_params"] = n_params;
   }
   return out;
 }
@@ -144,13 +152,6 @@ json parity(transport::CollectiveGroup& group) {
 // between steps, and rank 0's HF export of the stage-3 run (base and adapters) at DIR/export.
 json lora_parity(transport::CollectiveGroup& group, const std::string& dir) {
   json out;
-  struct Run {
-    std::string name;
-    torch::Dtype dtype;
-    int stage;
-    bool tied = false;
-    bool checkpointing = true;
-  };
   const std::vector<Run> runs = {{"fp32_stage2", torch::kFloat, 2},
                                  {"fp32_stage3", torch::kFloat, 3},
                                  {"fp32_stage3_tied", torch::kFloat, 3, true},
@@ -161,21 +162,12 @@ json lora_parity(transport::CollectiveGroup& group, const std::string& dir) {
     auto config = testing::parity_config(run.stage, run.dtype, group.size());
     config.tied_embeddings = run.tied;
     engine::Trainer trainer(config, *model, group);
-    json losses = json::array(), norms = json::array(), memory;
-    for (int64_t step = 0; step < testing::kSteps; ++step) {
-      auto m = train_one(trainer, *model, step);
-      losses.push_back(m.loss);
-      norms.push_back(m.grad_norm);
-      if (step == 0) memory = memory_json(m.memory);
-    }
+    json result = train_run(trainer, *model, run);
     int64_t frozen_held = 0;
     for (const auto& p : model->parameters())
       if (!p.requires_grad()) frozen_held += p.numel();
-    json units = json::array(), frozen = json::array(), adapters = json::object();
-    for (const auto& unit : trainer.units()) {
-      units.push_back(unit->numel());
-      frozen.push_back(unit->frozen_numel());
-    }
+    json frozen = json::array(), adapters = json::object();
+    for (const auto& unit : trainer.units()) frozen.push_back(unit->frozen_numel());
     for (const auto& [name, t] : trainer.gather_trainable()) {
       auto flat = t.to(torch::kDouble).contiguous();
       adapters[name] =
@@ -183,17 +175,8 @@ json lora_parity(transport::CollectiveGroup& group, const std::string& dir) {
     }
     if (run.name == "fp32_stage3")
       trainer.export_hf(dir + "/export", model->config().to_json_text(), torch::kFloat);
-    out[run.name] = {{"losses", losses},
-                     {"grad_norms", norms},
-                     {"memory", memory},
-                     {"units", units},
-                     {"frozen_units", frozen},
-                     {"frozen_held", frozen_held},
-                     {"adapters", adapters},
-                     {"tied", run.tied},
-                     {"backward_calls", config.grad_accum_steps},
-                     {"checkpointing", run.checkpointing},
-                     {"last_step_collectives", trainer.last_step_traffic()}};
+    result.update({{"frozen_units", frozen}, {"frozen_held", frozen_held}, {"adapters", adapters}});
+    out[run.name] = std::move(result);
   }
   return out;
 }

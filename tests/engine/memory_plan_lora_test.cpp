@@ -79,30 +79,16 @@ TEST(MemoryPlan, LoraEnginePeakEqualsTheTrainersTrackedPeak) {
     for (bool checkpointing : {true, false}) {
       for (bool tied : {false, true}) {
         auto model = rt::tiny_lora_model(tied, checkpointing);
-        rlhf::transport::CollectiveConfig cc;
-        cc.store_path = (dir / ("store" + std::to_string(n++))).string();
-        auto group = rlhf::transport::make_collective_group(cc);
-        TrainerConfig config = rt::parity_config(stage, torch::kBFloat16, 1);
-        config.tied_embeddings = tied;
-        Trainer trainer(config, *model, *group);
-        const auto m = trainer.train_step([&](int64_t i) {
-          return rt::nll_loss(*model, rt::micro_batch(0, i, model->config().vocab_size));
-        });
+        rt::OneRankStep run(*model, stage, tied, (dir / ("store" + std::to_string(n++))).string());
         RoleMemoryInput in = tiny_lora(stage, 1);
         in.checkpointing = checkpointing;
         in.model = rt::tiny_config(tied);
         const MemoryTerms planned = plan_role(in);
         const std::string what = "stage " + std::to_string(stage) +
                                  (checkpointing ? " ckpt" : " no ckpt") + (tied ? " tied" : "");
-        EXPECT_EQ(planned.engine_peak, m.memory.peak) << what;
-        EXPECT_EQ(planned.engine_phases.at("train"), m.memory.peak) << what;
-        trainer.begin_memory_window();
-        {
-          torch::NoGradGuard no_grad;
-          auto tokens = rt::micro_batch(1, 0, model->config().vocab_size);
-          model->forward(tokens, torch::ones_like(tokens));
-        }
-        EXPECT_EQ(planned.engine_phases.at("score"), trainer.memory_report().window_peak) << what;
+        EXPECT_EQ(planned.engine_peak, run.step_peak) << what;
+        EXPECT_EQ(planned.engine_phases.at("train"), run.step_peak) << what;
+        EXPECT_EQ(planned.engine_phases.at("score"), run.score_peak()) << what;
       }
     }
   }

@@ -8,12 +8,15 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/spec.h"
 #include "engine/memory_plan.h"
+#include "engine/trainer.h"
 #include "tests/engine/tiny_job.h"
+#include "transport/collective_group.h"
 
 namespace rlhf::testing {
 
@@ -82,6 +85,40 @@ class MemoryPlanSpec : public ::testing::Test {
   }
 
   fs::path dir_;
+};
+
+// One BF16 optimizer step of the tiny job on a one-rank Trainer of `model` at ZeRO `stage`
+// over a fresh Gloo group at `store`: what the planner's engine terms are checked against.
+struct OneRankStep {
+  OneRankStep(models::CausalLM& model, int stage, bool tied_embeddings, const std::string& store)
+      : model_(model) {
+    transport::CollectiveConfig cc;
+    cc.store_path = store;
+    group = transport::make_collective_group(cc);
+    engine::TrainerConfig config = parity_config(stage, torch::kBFloat16, 1);
+    config.tied_embeddings = tied_embeddings;
+    trainer = std::make_unique<engine::Trainer>(config, model, *group);
+    step_peak = trainer
+                    ->train_step([&](int64_t i) {
+                      return nll_loss(model, micro_batch(0, i, model.config().vocab_size));
+                    })
+                    .memory.peak;
+  }
+  // The tracked peak of one forward without grad after the step (the score phase).
+  int64_t score_peak() {
+    trainer->begin_memory_window();
+    torch::NoGradGuard no_grad;
+    auto tokens = micro_batch(1, 0, model_.config().vocab_size);
+    model_.forward(tokens, torch::ones_like(tokens));
+    return trainer->memory_report().window_peak;
+  }
+
+  std::unique_ptr<transport::CollectiveGroup> group;
+  std::unique_ptr<engine::Trainer> trainer;
+  int64_t step_peak = 0;
+
+ private:
+  models::CausalLM& model_;
 };
 
 }  // namespace rlhf::testing

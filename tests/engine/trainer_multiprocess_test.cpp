@@ -159,7 +159,7 @@ void expect_step_collectives_planned(const json& out, int n, int runs) {
     layout.stage = stage;
     layout.e = name.rfind("bf16", 0) == 0 ? 2 : 4;
     layout.checkpointing = run["checkpointing"].get<bool>();
-    layout.tied = run.value("tied", name.find("tied") != std::string::npos);
+    layout.tied = run["tied"].get<bool>();
     const auto planned =
         rlhf::engine::engine_collectives(layout, run["backward_calls"].get<int64_t>());
     const auto measured = run["last_step_collectives"].get<rlhf::transport::CollectiveTraffic>();
