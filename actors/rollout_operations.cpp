@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "actors/device.h"
+#include "actors/worker.h"
 #include "core/errors.h"
 #include "core/timing.h"
 #include "engine/host_offload.h"
@@ -212,10 +213,52 @@ void add_trajectories(Message& reply, ops::GenerateReply& figures,
   figures.extended_tokens = out.timings.extended_tokens;
 }
 
+Message sync_weights(RolloutState& state, const ops::SyncWeights& request,
+                     const WorkerIdentity& self);
+
+// In-flight weight updates (Generate::in_flight_updates): between two decode steps, every
+// sync_weights that reached this worker is received now (in place: the KV cache and decode
+// graphs stay valid) and answered; the generate call holds the state's lock meanwhile.
+class InFlightSyncs {
+ public:
+  InFlightSyncs(RolloutState& state, const WorkerIdentity& self, bool on)
+      : state_(state), self_(self) {
+    if (!on) return;
+    if (state.generator->model().tensor_parallel().enabled())
+      throw InputError(
+          "generate: in-flight weight updates (rollout.partial_rollout) are not supported with "
+          "tensor parallelism");
+    state.generator->set_between_steps([this] { return apply(); });
+  }
+  ~InFlightSyncs() { state_.generator->set_between_steps({}); }
+  InFlightSyncs(const InFlightSyncs&) = delete;
+  InFlightSyncs& operator=(const InFlightSyncs&) = delete;
+
+ private:
+  int64_t apply() {
+    for (const Message& request : take_in_flight(ops::SyncWeights::kName)) {
+      const auto started = std::chrono::steady_clock::now();
+      try {
+        Message reply = sync_weights(state_, request.args.get<ops::SyncWeights>(), self_);
+        answer_in_flight(request, std::move(reply), started);
+      } catch (const std::exception& e) {
+        answer_in_flight_error(request, e.what());
+        throw;
+      }
+    }
+    return state_.generator->weight_version();
+  }
+
+  RolloutState& state_;
+  const WorkerIdentity& self_;
+};
+
 // generate (rollout/worker_ops.h). "prompt_index" is optional here (tests send one micro
 // batch without it). n_samples_per_prompt is this call's (held-out evaluation samples its own).
-Message generate(RolloutState& state, const ops::Generate& a, const Message& request) {
+Message generate(RolloutState& state, const ops::Generate& a, const Message& request,
+                 const WorkerIdentity& self) {
   auto& generator = awake(state, "generate");
+  const InFlightSyncs in_flight(state, self, a.in_flight_updates);
   const rollout::SamplingParams& params = a.sampling;
   int64_t first_prompt = 0;
   if (request.has_tensor("prompt_index")) {
@@ -253,6 +296,7 @@ Message generate(RolloutState& state, const ops::Generate& a, const Message& req
   reply.add("action_mask", padded.action_mask);
   reply.add("log_probs", padded.log_probs);
   reply.add("response_lengths", padded.response_lengths);
+  reply.add("weight_versions", padded.token_versions);
   if (turns) add_trajectories(reply, figures, out, turns->stats());
   reply.args = nlohmann::json(figures);
   return reply;
@@ -289,9 +333,9 @@ void add_rollout_operations(OperationRegistry& registry) {
         return load_model(*state, request, self);
       });
   registry.add<ops::Generate>(
-      [state](const ops::Generate& request, const Message& message, const WorkerIdentity&) {
+      [state](const ops::Generate& request, const Message& message, const WorkerIdentity& self) {
         std::lock_guard<std::mutex> lock(state->mutex);
-        return generate(*state, request, message);
+        return generate(*state, request, message, self);
       });
   registry.add<ops::SyncWeights>(
       [state](const ops::SyncWeights& request, const Message&, const WorkerIdentity& self) {

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "actors/device.h"
@@ -75,6 +77,35 @@ void set_curve_client(Channel& channel, const std::string& server_key) {
 
 constexpr const char* kExecEndpoint = "inproc://rlhf-worker-operations";
 
+// The header's operation name ("" when unreadable: the request is then not taken in flight
+// and the operation thread answers it with the reason in its turn).
+std::string peek_op(const zmq::message_t& header) {
+  const char* text = static_cast<const char*>(header.data());
+  auto j = nlohmann::json::parse(text, text + header.size(), nullptr, false);
+  if (!j.is_object() || !j.contains("op") || !j["op"].is_string()) return "";
+  return j["op"].get<std::string>();
+}
+
+// The operation thread's queue as an operation running on it sees it (take_in_flight):
+// requests read ahead while it ran wait in `deferred`, in order, for after it.
+struct OperationQueue {
+  Channel& pair;
+  const MessageLimits& limits;
+  std::deque<Frames> deferred;
+};
+thread_local OperationQueue* operation_queue = nullptr;
+
+// Marks `reply` as the answer to `request` after `started` (the handler's own time, so
+// drivers can tell worker compute from everything around it).
+void finish_reply(Message& reply, const Message& request, Clock::time_point started) {
+  if (reply.args.is_object()) reply.args["compute_s"] = seconds_since(started);
+  reply.kind = MessageKind::kReply;
+  reply.id = request.id;
+  reply.op = request.op;
+  reply.step = request.step;
+  reply.error.clear();
+}
+
 // The operation thread: decode (validating), run, reply. Never throws out.
 void serve_operations(zmq::context_t& context, const OperationRegistry& registry,
                       const WorkerIdentity& self, const MessageLimits& limits,
@@ -85,9 +116,17 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
   const bool shares_device = on_cuda(self) && std::getenv(kEnvSharedDevice) != nullptr;
   Channel pair(context, zmq::socket_type::pair);
   pair.connect(kExecEndpoint);
+  OperationQueue queue{pair, limits, {}};
+  operation_queue = &queue;
   const std::string me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
   while (true) {
-    auto frames = pair.recv(std::nullopt);
+    std::optional<Frames> frames;
+    if (!queue.deferred.empty()) {
+      frames = std::move(queue.deferred.front());
+      queue.deferred.pop_front();
+    } else {
+      frames = pair.recv(std::nullopt);
+    }
     if (!frames) continue;
     if (stop) return;  // set before the wake-up message, which is not a request
     const uint64_t id = peek_request_id((*frames)[0]);
@@ -107,13 +146,7 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       reply = (*handler)(request, self);
       device_memory.end(request.op);
       if (shares_device) release_cached_device_memory(self);
-      // The handler's own time, so drivers can tell worker compute from everything around it.
-      if (reply.args.is_object()) reply.args["compute_s"] = seconds_since(started);
-      reply.kind = MessageKind::kReply;
-      reply.id = request.id;
-      reply.op = request.op;
-      reply.step = request.step;
-      reply.error.clear();
+      finish_reply(reply, request, started);
     } catch (const c10::OutOfMemoryError& e) {
       device_memory.end(op);
       const std::string report = out_of_memory_report(self, op, run_dir, e.what());
@@ -146,6 +179,44 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
 }
 
 }  // namespace
+
+std::vector<Message> take_in_flight(const std::string& op) {
+  std::vector<Message> taken;
+  OperationQueue* queue = operation_queue;
+  if (!queue) return taken;
+  while (auto frames = queue->pair.recv(std::chrono::milliseconds(0)))
+    queue->deferred.push_back(std::move(*frames));
+  for (auto it = queue->deferred.begin(); it != queue->deferred.end();) {
+    if (it->empty() || peek_op((*it)[0]) != op) {
+      ++it;
+      continue;
+    }
+    // A malformed one stays queued: the operation thread answers it with the reason later.
+    Frames copy;
+    for (const auto& frame : *it) copy.emplace_back(frame.data(), frame.size());
+    try {
+      taken.push_back(decode(std::move(copy), queue->limits));
+      it = queue->deferred.erase(it);
+    } catch (const MessageError&) {
+      ++it;
+    }
+  }
+  return taken;
+}
+
+void answer_in_flight(const Message& request, Message reply,
+                      std::chrono::steady_clock::time_point started) {
+  OperationQueue* queue = operation_queue;
+  if (!queue) throw RuntimeError("answer_in_flight outside an operation thread");
+  finish_reply(reply, request, started);
+  queue->pair.send(encode(reply));
+}
+
+void answer_in_flight_error(const Message& request, const std::string& error) {
+  OperationQueue* queue = operation_queue;
+  if (!queue) throw RuntimeError("answer_in_flight_error outside an operation thread");
+  queue->pair.send(encode(make_error(request.id, request.op, error)));
+}
 
 WorkerConfig WorkerConfig::from_env() {
   WorkerConfig c;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "actors/operation_registry.h"
 #include "transport/channel.h"
@@ -34,6 +35,19 @@ struct WorkerConfig {
   // Throws InputError naming the missing or malformed variable.
   static WorkerConfig from_env();
 };
+
+// In-flight requests (issue 42.3): an operation that runs for long (generate) may serve some
+// requests meant for after it between two of its steps (a weight sync between two decode
+// steps). On the operation thread only:
+// - take_in_flight: the requests for operation `op` that reached this worker while the
+//   current operation runs, taken out of its queue in arrival order (every other request
+//   stays queued, in order, for after it); none outside an operation thread;
+// - answer_in_flight: the reply to one of them, sent now (its compute_s counted from
+//   `started`); answer_in_flight_error: an error reply instead.
+std::vector<Message> take_in_flight(const std::string& op);
+void answer_in_flight(const Message& request, Message reply,
+                      std::chrono::steady_clock::time_point started);
+void answer_in_flight_error(const Message& request, const std::string& error);
 
 class Worker {
  public:

@@ -78,13 +78,13 @@ struct RoleMemoryInput {
   bool sync_adapters_only = false;  // a LoRA actor with rollout.lora_sync adapters
   bool sync_over_ipc = false;       // rollout colocated with the actor on a GPU: CUDA IPC bucket
   // Colocation's sleep mode where it applies (ppo/driver.cpp: rollout colocated with the
-  // actor on a GPU, algo.async_steps 0): the rollout's weights leave the device outside the
+  // actor on a GPU, algo.max_staleness 0): the rollout's weights leave the device outside the
   // generate and sync phases (rollout.offload_while_training); the actor's master, moments
   // and gradient shards leave it in the generate and sync phases
   // (actor.offload_optimizer_while_generating).
   bool sleeps_outside_generate = false;
   bool offloads_states_while_generating = false;
-  bool generates_while_training = false;  // rollout with algo.async_steps 1
+  bool generates_while_training = false;  // rollout with algo.max_staleness > 0
   int nccl_communicators =
       0;  // NCCL communicators a rank belongs to (cuda: its group's, the sync's)
 };

@@ -40,7 +40,7 @@ void placement_changes(const JobSpec& spec, const MemoryPlan& plan, const Device
       if (!in.kv_auto) out.push_back({"rollout.kv_cache_memory_gb=auto", false});
     }
     if (in.sends_weights && in.sync_over_ipc && !in.offloads_states_while_generating &&
-        !in.adam_offload && spec.get_int("algo.async_steps") == 0)
+        !in.adam_offload && spec.get_int("algo.max_staleness") == 0)
       out.push_back({"actor.offload_optimizer_while_generating=true", false});
     // Engines twice as wide over the same workers: each rank holds half the weights and KV.
     const int wider = 2 * in.tensor_parallel;

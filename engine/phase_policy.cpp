@@ -5,7 +5,7 @@ namespace rlhf::engine {
 PhaseSettings PhaseSettings::from_spec(const JobSpec& spec) {
   PhaseSettings s;
   s.rollout_colocated_with_actor = spec.get_string("rollout.colocate_with") == "actor";
-  s.async = spec.get_int("algo.async_steps") > 0;
+  s.async = spec.get_int("algo.max_staleness") > 0;
   s.rollout_offload_while_training = spec.get_bool("rollout.offload_while_training");
   s.actor_offload_optimizer_while_generating =
       spec.get_bool("actor.offload_optimizer_while_generating");

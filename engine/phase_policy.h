@@ -13,7 +13,7 @@ namespace rlhf::engine {
 // actor.adam_offload).
 struct PhaseSettings {
   bool rollout_colocated_with_actor = false;
-  bool async = false;  // algo.async_steps > 0: generation overlaps training
+  bool async = false;  // algo.max_staleness > 0: generation overlaps training
   bool rollout_offload_while_training = true;
   bool actor_offload_optimizer_while_generating = false;
   bool actor_adam_offload = false;

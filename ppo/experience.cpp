@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/timing.h"
 #include "ppo/advantages.h"
 #include "ppo/kl.h"
 #include "ppo/phases.h"
@@ -63,7 +64,8 @@ ExperienceSettings ExperienceSettings::from(const ppo::PpoConfig& c, const JobRo
   s.max_tokens_per_micro_batch = c.max_tokens_per_micro_batch;
   s.roles = roles;
   s.dispatch = std::move(dispatch);
-  s.async_steps = c.async_steps;
+  s.max_staleness = c.max_staleness;
+  s.in_flight_updates = c.max_staleness > 0 && c.partial_rollout;
   s.correction = c.policy.correction;
   s.max_new_tokens = c.max_new_tokens;
   s.overlong_buffer_len = c.overlong_buffer_len;
@@ -93,11 +95,12 @@ Rollout ExperienceMaker::generate(const PromptBatch& batch, int64_t step, int64_
   // sampling) draws with its own seed.
   return generate_with(
       batch, s_.temperature, s_.n_samples_per_prompt,
-      s_.seed * 7919 + static_cast<uint64_t>(step) + static_cast<uint64_t>(refill) * 1000003);
+      s_.seed * 7919 + static_cast<uint64_t>(step) + static_cast<uint64_t>(refill) * 1000003,
+      s_.in_flight_updates);
 }
 
 Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperature, int64_t n,
-                                       uint64_t seed) {
+                                       uint64_t seed, bool in_flight_updates) {
   // Each micro batch goes to one engine: with tensor parallelism, the same request to each of
   // its ranks at once (RoleGroup replicas). n overrides the engine's samples per prompt.
   ops::Generate request;
@@ -106,6 +109,7 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
   request.sampling.top_k = s_.top_k;
   request.sampling.seed = seed;
   request.n_samples_per_prompt = n;
+  request.in_flight_updates = in_flight_updates;
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   if (s_.multi_turn) {
     // Each prompt's row for its environment's reset (indexed by prompt_index).
@@ -130,6 +134,7 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
   r.attention_mask = reply.tensor("attention_mask").to(torch::kLong).contiguous();
   r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
   r.behaviour_log_probs = reply.tensor("log_probs").to(torch::kFloat32).contiguous();
+  r.token_versions = reply.tensor("weight_versions").to(torch::kLong).contiguous();
   for (const ops::GenerateReply& mb : micro_batch_replies<ops::Generate>(reply)) {
     r.weight_version = std::max(r.weight_version, mb.weight_version);
     r.preempted += mb.preempted;
@@ -187,6 +192,14 @@ void ExperienceMaker::score_rewards(Rollout& r, const torch::Tensor& model_score
 // extra kept groups are left out (as veRL's DAPO). If none is kept, the first batch is
 // trained as it is: its group advantages are all 0.
 Rollout ExperienceMaker::sample(int64_t step) {
+  const auto start = Clock::now();
+  Rollout out = sample_groups(step);
+  out.consumed = stream_.consumed();
+  out.generate_s = seconds_since(start);
+  return out;
+}
+
+Rollout ExperienceMaker::sample_groups(int64_t step) {
   Rollout first = generate(stream_.next(s_.batch_size), step);
   if (!s_.dynamic_sampling) return first;
   const int64_t n = s_.n_samples_per_prompt, want = s_.batch_size;
@@ -285,15 +298,16 @@ Experience ExperienceMaker::score(Rollout& r) {
 
 void ExperienceMaker::set_old_log_probs(Experience& e, const Rollout& r,
                                         const torch::Tensor& current) const {
-  // One-step off-policy (algo.async_steps 1): the samples were drawn with the weights before
-  // the last update, so the ratio's denominator is the distribution they were drawn from,
-  // the rollout's own log-probs; the KL and entropy are the current policy's. A rollout
+  // Off-policy (algo.max_staleness k > 0): the samples were drawn with weights up to k
+  // updates old (a sequence's later tokens newer with in-flight updates), so the ratio's
+  // denominator is the distribution each token was drawn from, the rollout's own per-token
+  // log-probs; the KL and entropy are the current policy's. A rollout
   // correction keeps the trainer's log-probs as the ratio's denominator (AReaL's proximal
   // policy) and weights the loss by pi_old / pi_rollout instead (ppo/rollout_correction.h).
   e.log_probs_behaviour =
       r.behaviour_log_probs.narrow(1, 0, r.action_mask.size(1)) * r.action_mask.to(torch::kFloat32);
   const bool corrected = s_.correction.mode != RolloutCorrection::kNone;
-  e.log_probs_old = s_.async_steps > 0 && !corrected ? e.log_probs_behaviour : current;
+  e.log_probs_old = s_.max_staleness > 0 && !corrected ? e.log_probs_behaviour : current;
   e.mismatch =
       measure_rollout_mismatch(s_.correction, current, e.log_probs_behaviour, r.action_mask);
   const auto mask = r.action_mask.to(torch::kFloat32);

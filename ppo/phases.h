@@ -80,8 +80,10 @@ struct ExperienceSettings {
   int64_t max_tokens_per_micro_batch = 0;
   JobRoles roles;
   std::map<Role, Dispatch> dispatch;
+  // Off-policy samples (algo.max_staleness, rollout.partial_rollout).
+  int64_t max_staleness = 0;
+  bool in_flight_updates = false;  // training samples' generate calls take weight syncs
   // Shaping (algo.*).
-  int64_t async_steps = 0;
   RolloutCorrectionConfig correction;
   int64_t max_new_tokens = 0;
   int64_t overlong_buffer_len = 0;
@@ -101,11 +103,14 @@ class ExperienceMaker {
                   const tokenizer::Tokenizer& tokenizer, rewards::RewardSources& rewards,
                   PromptStream& stream, const KlController& kl);
 
-  // The step's samples: the stream's next batch generated, with dynamic sampling when on.
+  // The step's samples: the stream's next batch generated, with dynamic sampling when on
+  // (the prompts consumed and the time it took set). Called by one thread at a time.
   Rollout sample(int64_t step);
   // One generate request for `batch` over the rollout group: `n` samples per prompt at
   // `temperature` (0: greedy), drawn from `seed`; the reply as a Rollout with its texts.
-  Rollout generate_with(const PromptBatch& batch, double temperature, int64_t n, uint64_t seed);
+  // `in_flight_updates`: weight syncs may land between its decode steps.
+  Rollout generate_with(const PromptBatch& batch, double temperature, int64_t n, uint64_t seed,
+                        bool in_flight_updates = false);
   // Scores r with every reward source (the reward model's scores passed in where there is
   // one): sets r.scores [B] and r.source_scores [S, B] unless already set.
   void score_rewards(Rollout& r, const torch::Tensor& model_scores = {}) const;
@@ -115,6 +120,7 @@ class ExperienceMaker {
 
  private:
   Rollout generate(const PromptBatch& batch, int64_t step, int64_t refill = 0);
+  Rollout sample_groups(int64_t step);  // sample() without its accounting
   // From the actor's current log-probs [B, A]: the ratio's denominator, the rollout
   // mismatch and the log-prob difference.
   void set_old_log_probs(Experience& e, const Rollout& r, const torch::Tensor& current) const;
@@ -210,7 +216,10 @@ class WeightSync {
   void offload_optimizer_again();
 
   const nlohmann::json& last_sync() const { return last_sync_; }  // actor rank 0's reply
-  const nlohmann::json& offload() const { return offload_; }      // this step's figures
+  // The weight version the rollout holds after the last sync (0: the weights it loaded);
+  // the actor trains that version until its next update.
+  int64_t version() const { return version_; }
+  const nlohmann::json& offload() const { return offload_; }  // this step's figures
 
  private:
   SyncSettings s_;
@@ -221,6 +230,7 @@ class WeightSync {
   bool sleep_rollout_ = false;      // rollout.offload_while_training, where it applies
   bool offload_optimizer_ = false;  // actor.offload_optimizer_while_generating, where it applies
   nlohmann::json last_sync_;
+  int64_t version_ = 0;
   nlohmann::json offload_;
 };
 

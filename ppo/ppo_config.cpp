@@ -66,7 +66,8 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec) {
   c.overlong_buffer_len = spec.get_int("reward.overlong_buffer_len");
   c.overlong_penalty_factor = spec.get_float("reward.overlong_penalty_factor");
   c.dynamic_sampling = spec.get_bool("algo.dynamic_sampling");
-  c.async_steps = spec.get_int("algo.async_steps");
+  c.max_staleness = spec.get_int("algo.max_staleness");
+  c.partial_rollout = spec.get_bool("rollout.partial_rollout");
   c.max_refill_batches = spec.get_int("rollout.max_refill_batches");
   return c;
 }

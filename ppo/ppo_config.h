@@ -52,7 +52,8 @@ struct PpoConfig {
   // DAPO.
   int64_t overlong_buffer_len = 0;  // soft length penalty over the last N tokens (0: off)
   double overlong_penalty_factor = 1.0;
-  int64_t async_steps = 0;         // algo.async_steps: 1 = generate one step ahead
+  int64_t max_staleness = 0;       // algo.max_staleness: 0 = on-policy
+  bool partial_rollout = true;     // rollout.partial_rollout: in-flight weight updates
   bool dynamic_sampling = false;   // drop groups whose samples all score the same
   int64_t max_refill_batches = 0;  // extra batches generated to refill dropped groups
   // (Checkpoints and logging are the job runtime's: runtime/job_runtime.h.)

@@ -3,9 +3,9 @@
 // runtime (runtime/job_runtime.h, shared with dpo/), builds the step's phases (phases.h:
 // making experience, training, the weight sync, evaluation) and runs the step loop. Files:
 //   driver.cpp      setup (data, tokenizer, reward sources), starting the roles, `run`
-//   step_loop.cpp   the step loop (with algo.async_steps 1, the next step's samples are
-//                   generated while this step scores and trains), each step's metrics,
-//                   checkpoints and resume
+//   step_loop.cpp   the step loop (with algo.max_staleness k > 0, the next steps' samples
+//                   are drawn ahead while this step scores and trains: rollout_pipeline.h),
+//                   each step's metrics, checkpoints and resume
 //   experience.cpp, training.cpp, syncing.cpp, evaluation.cpp: the phases
 // Drivers call role groups through the scheduler's handles with typed requests; nothing
 // here includes actors/.
@@ -36,6 +36,8 @@
 // (Scheduler, Tokenizer and RewardSources are declared by phases.h.)
 namespace rlhf::ppo::job {
 
+class RolloutPipeline;
+
 // One step's samples, experience and figures, for its metrics record and console line.
 struct StepOutcome {
   Rollout r;
@@ -44,9 +46,10 @@ struct StepOutcome {
   int64_t consumed = 0;     // prompts consumed by this step (not the next step's)
   double sync_compute = 0;  // worker compute of the sync and sleep-mode calls
   double t_gen = 0;         // this step's samples (0-ish when generated ahead)
-  double t_ahead = 0;       // the next step's generation, beside this step's work
+  double t_ahead = 0;       // drawing this step's samples ahead, beside earlier steps' work
   double t_score = 0, t_train = 0;
-  double t_wait = 0;  // waiting for the next step's samples
+  double t_wait = 0;  // the sync waiting for the rollout's generate call (no partial rollouts)
+  int64_t policy_version = 0;  // the weight version this step trains (syncs so far this run)
   double t_sync = 0, t_step = 0;
   nlohmann::json busy;  // runtime::BusyWindow over the step: busy_s, idle_s, devices_busy
 };
@@ -91,14 +94,14 @@ class PpoJob {
 
   // The step loop (step_loop.cpp): steps after `step` up to total_steps_.
   void run_steps(Scheduler& s, int64_t step, std::ostream& out);
-  // One step: its samples (`ready` when generated ahead; with async_steps it starts the
-  // next step's into `ready`), scoring, training, sync.
-  StepOutcome run_step(Scheduler& s, int64_t step, std::optional<Rollout>& ready);
+  // One step: its samples (from `ahead` when drawn ahead, algo.max_staleness > 0), scoring,
+  // training, sync.
+  StepOutcome run_step(Scheduler& s, int64_t step, RolloutPipeline* ahead);
   nlohmann::json step_record(Scheduler& s, int64_t step, const StepOutcome& o, double kl_coef);
   void write_samples(int64_t step, const StepOutcome& o);
   // Checkpoints through the runtime: the actor's and critic's shards, then the driver's
-  // state (prompts consumed: where a resume continues the prompt stream, with async_steps not
-  // counting those already drawn for the next step; the KL coefficient).
+  // state (prompts consumed: where a resume continues the prompt stream, not counting those
+  // drawn ahead for later steps, which a resume draws again; the KL coefficient).
   void save(Scheduler& s, int64_t step, int64_t prompts_consumed, std::ostream& out);
   int64_t resume(Scheduler& s, std::ostream& out);
   std::vector<Role> trained_roles() const;

@@ -35,6 +35,8 @@ Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
   out.attention_mask = r.attention_mask.index_select(0, index).contiguous();
   out.action_mask = r.action_mask.index_select(0, index).contiguous();
   out.behaviour_log_probs = r.behaviour_log_probs.index_select(0, index).contiguous();
+  if (r.token_versions.defined())
+    out.token_versions = r.token_versions.index_select(0, index).contiguous();
   if (r.scores.defined()) out.scores = r.scores.index_select(0, index).contiguous();
   if (r.source_scores.defined())
     out.source_scores = r.source_scores.index_select(1, index).contiguous();
@@ -84,6 +86,9 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
   out.action_mask = torch::cat({pad(a.action_mask, 0, 0, false), pad(b.action_mask, 0, 0, false)});
   out.behaviour_log_probs = torch::cat(
       {pad(a.behaviour_log_probs, 0, 0, false), pad(b.behaviour_log_probs, 0, 0, false)});
+  if (a.token_versions.defined() && b.token_versions.defined())
+    out.token_versions = torch::cat({pad(a.token_versions, 0, a.weight_version, false),
+                                     pad(b.token_versions, 0, b.weight_version, false)});
   if (a.scores.defined()) out.scores = torch::cat({a.scores, b.scores});
   if (a.source_scores.defined())
     out.source_scores = torch::cat({a.source_scores, b.source_scores}, 1);

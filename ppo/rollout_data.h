@@ -44,13 +44,16 @@ struct Rollout {
   torch::Tensor behaviour_log_probs;  // [B, A] FP32 log-probs the rollout sampled from
   std::vector<std::string> prompts, responses, labels;  // [B]
   std::vector<nlohmann::json> columns;  // [B] the rows' other columns for Python rewards
-  torch::Tensor scores;         // [B] reward-source total when dynamic sampling needed it early
-  torch::Tensor source_scores;  // [S, B] each source's scores, with `scores`
-  nlohmann::json sampling;      // dynamic sampling's counts (null when off)
-  int64_t weight_version = 0;
-  double compute_s = 0;       // rollout workers' generate time on the critical path
-  int64_t preempted = 0;      // sequences the rollout evicted and recomputed (paged KV)
-  int64_t kv_peak_bytes = 0;  // most KV cache bytes in use on one rollout worker
+  torch::Tensor scores;          // [B] reward-source total when dynamic sampling needed it early
+  torch::Tensor source_scores;   // [S, B] each source's scores, with `scores`
+  nlohmann::json sampling;       // dynamic sampling's counts (null when off)
+  int64_t weight_version = 0;    // the newest weights that sampled it
+  torch::Tensor token_versions;  // [B, A] int64 the weight version that sampled each token
+  int64_t consumed = 0;          // prompts the stream had handed out once these were drawn
+  double generate_s = 0;         // wall time of drawing them (generate, refills)
+  double compute_s = 0;          // rollout workers' generate time on the critical path
+  int64_t preempted = 0;         // sequences the rollout evicted and recomputed (paged KV)
+  int64_t kv_peak_bytes = 0;     // most KV cache bytes in use on one rollout worker
   // Multi-turn rollouts (an environment; undefined / empty without one), per trajectory.
   torch::Tensor env_rewards;                  // [B] FP32 summed, added to the scores
   torch::Tensor turns;                        // [B] int64 model turns
@@ -75,7 +78,7 @@ struct Experience {
   torch::Tensor kl;    // [B, A] policy-vs-reference KL estimate (zeros without a ref)
   double kl_mean = 0;  // sequence_mean_kl(kl): logged and fed to the KL controller
   // |rollout log-probs - actor log-probs| over action tokens: the synced weights and the two
-  // engines agree (with async_steps 1 it includes the update the rollout lags by).
+  // engines agree (with algo.max_staleness > 0 it includes the updates the rollout lags by).
   double logprob_diff_mean = 0, logprob_diff_max = 0;
   RolloutMismatch mismatch;        // k3 KL and algo.rollout_correction's weights over action tokens
   torch::Tensor overlong_penalty;  // [B] DAPO soft length penalty added to the scores (<= 0)

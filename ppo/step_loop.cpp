@@ -1,15 +1,15 @@
-// The step loop: per step, samples (with algo.async_steps 1 the next step's are generated
-// while this step scores and trains, and the rollout's weights change only after they are
-// drawn), scoring, training and the weight sync; then the KL controller, the step's metrics
-// record and console line, held-out evaluation and checkpoints on their schedules.
+// The step loop: per step, samples (with algo.max_staleness k > 0 drawn ahead by the rollout
+// pipeline, at most k weight versions behind the step that trains them), scoring, training
+// and the weight sync; then the KL controller, the step's metrics record and console line,
+// held-out evaluation and checkpoints on their schedules.
 #include <algorithm>
-#include <future>
-#include <optional>
+#include <memory>
 #include <utility>
 
 #include "core/errors.h"
 #include "core/timing.h"
 #include "ppo/ppo_job.h"
+#include "ppo/rollout_pipeline.h"
 #include "report/metrics.h"
 #include "rewards/reward_sources.h"
 #include "scheduler/progress.h"
@@ -32,16 +32,37 @@ json mismatch_json(RolloutCorrection mode, const RolloutMismatch& m) {
   return out;
 }
 
+// How many weight versions each sample lags the policy that trains it (issue 42.2): per
+// sample its oldest action token's, per token each one's; "histogram" counts the samples at
+// each staleness 0, 1, ... (TensorBoard's histogram of the step).
+json staleness_json(const Rollout& r, int64_t policy_version) {
+  const auto mask = r.action_mask.to(torch::kBool);
+  const auto lag = (policy_version - r.token_versions.narrow(1, 0, mask.size(1))).clamp_min(0);
+  const auto per_sample = torch::where(mask, lag, torch::zeros_like(lag)).amax(1);  // [B]
+  const auto tokens = lag.masked_select(mask).to(torch::kFloat64);
+  json histogram = json::array();
+  const int64_t most = per_sample.numel() ? per_sample.max().item<int64_t>() : 0;
+  for (int64_t v = 0; v <= most; ++v) histogram.push_back((per_sample == v).sum().item<int64_t>());
+  return {{"mean", per_sample.to(torch::kFloat64).mean().item<double>()},
+          {"max", most},
+          {"token_mean", tokens.numel() ? tokens.mean().item<double>() : 0.0},
+          {"histogram", std::move(histogram)}};
+}
+
 }  // namespace
 
 void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
   report::MetricsSink& metrics = runtime_.metrics();
   const runtime::StepClock clock(step + 1, total_steps_);
-  // algo.async_steps 1: the next step's samples, generated while this step scores and trains
-  // (with the weights this step's samples came from, or after a resume the checkpoint's).
-  std::optional<Rollout> ready;
+  // algo.max_staleness k > 0: the steps' samples drawn ahead while this step scores and
+  // trains (after a resume, the first with the checkpoint's weights).
+  std::unique_ptr<RolloutPipeline> ahead;
+  if (c_.max_staleness > 0 && step < total_steps_)
+    ahead = std::make_unique<RolloutPipeline>(
+        [this](int64_t at) { return experience_->sample(at); }, step + 1, total_steps_,
+        c_.max_staleness, c_.partial_rollout);
   for (++step; step <= total_steps_; ++step) {
-    const StepOutcome o = run_step(s, step, ready);
+    const StepOutcome o = run_step(s, step, ahead.get());
     const double kl_mean = o.e.kl_mean;
     const double kl_coef = kl_.value();
     kl_.update(kl_mean, o.r.sequences.size(0));
@@ -59,9 +80,13 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
           << static_cast<int>(100 * rec["devices_busy"].get<double>() + 0.5) << "% | "
           << clock.after(step) << std::endl;
     }
-    // The rollout has this step's weights (synced above); with async_steps it is generating
-    // nothing now (the next step's samples are drawn).
-    if (evaluator_->due(step, total_steps_)) evaluator_->evaluate(step, metrics, out);
+    // The rollout has this step's weights (synced above); with max_staleness it may be
+    // generating later steps' samples: the evaluation waits for that call and holds the next.
+    if (evaluator_->due(step, total_steps_)) {
+      if (ahead) ahead->pause();  // its generate calls and the evaluation's, one at a time
+      evaluator_->evaluate(step, metrics, out);
+      if (ahead) ahead->resume();
+    }
     if (runtime_.saves_at(step, total_steps_)) {
       save(s, step, o.consumed, out);
       // The save brought the optimizer state back to the device; the rollout generates next.
@@ -70,25 +95,17 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
   }
 }
 
-StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, std::optional<Rollout>& ready) {
+StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, RolloutPipeline* ahead) {
   StepOutcome o;
   const auto t0 = Clock::now();
   const runtime::BusyWindow busy(s);
   const std::string at = "step " + std::to_string(step) + "/" + std::to_string(total_steps_);
   s.progress().begin(at + ": generating " + std::to_string(c_.rollout_batch_size) + " prompts x " +
                      std::to_string(c_.n_samples_per_prompt) + " samples");
-  o.r = ready ? std::move(*ready) : experience_->sample(step);
-  ready.reset();
-  o.consumed = stream_->consumed();  // this step's prompts, not the next one's
-  std::future<Rollout> ahead;
-  const auto ahead_start = Clock::now();
-  double t_ahead = 0;  // the next step's generation, beside this step's work
-  if (c_.async_steps > 0 && step < total_steps_)
-    ahead = in_parallel([this, step, &t_ahead, ahead_start] {
-      Rollout next = experience_->sample(step + 1);
-      t_ahead = seconds_since(ahead_start);
-      return next;
-    });
+  o.r = ahead ? ahead->take(step) : experience_->sample(step);
+  o.consumed = o.r.consumed;  // this step's prompts, not those drawn ahead
+  o.t_ahead = ahead ? o.r.generate_s : 0.0;
+  o.policy_version = sync_->version();
   o.t_gen = seconds_since(t0);
   const auto t1 = Clock::now();
   const double offload_compute = sync_->before_training();
@@ -98,18 +115,19 @@ StepOutcome PpoJob::run_step(Scheduler& s, int64_t step, std::optional<Rollout>&
   const auto t2 = Clock::now();
   o.losses = trainer_->train(o.r, o.e, step, at);
   o.t_train = seconds_since(t2);
-  // The weights change under the rollout only after the next step's samples are drawn.
+  // Without partial rollouts the weights change under the rollout only between generate
+  // calls: the sync waits for the one in progress.
   const auto t_wait_start = Clock::now();
-  if (ahead.valid()) {
-    s.progress().begin(at + ": waiting for the next step's samples");
-    ready = ahead.get();
+  if (ahead) {
+    s.progress().begin(at + ": waiting for the rollout's generate call to end");
+    ahead->before_sync();
   }
   o.t_wait = seconds_since(t_wait_start);
-  o.t_ahead = t_ahead;
   const auto t3 = Clock::now();
   const double reload_compute = sync_->before_generating();
   s.progress().begin(at + ": sending the actor's weights to the rollout group");
   o.sync_compute = sync_->sync() + offload_compute + reload_compute;
+  if (ahead) ahead->synced();
   s.progress().end();
   o.t_sync = seconds_since(t3);
   o.t_step = seconds_since(t0);
@@ -169,6 +187,7 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
       {"samples_per_s", static_cast<double>(r.sequences.size(0)) / o.t_step},
       {"tokens_per_s", tokens / o.t_step},
       {"weight_version", r.weight_version},
+      {"staleness", staleness_json(r, o.policy_version)},
       {"rollout_preempted", r.preempted},
       {"rollout_kv_peak_bytes", r.kv_peak_bytes},
       {"prompts_consumed", o.consumed},

@@ -80,7 +80,9 @@ double WeightSync::sync() {
   auto pushed = actor_.call_all(push);
   const auto received = receive.get();
   const ops::SyncReply& a = pushed.at(0).reply;
+  version_ = a.weight_version;
   last_sync_ = {{"path", a.path},
+                {"weight_version", a.weight_version},
                 {"bytes", a.bytes},
                 {"buckets", a.buckets},
                 {"seconds", a.seconds},

@@ -27,6 +27,8 @@ void MetricsSink::write(const nlohmann::json& record) {
                                 ? record["split"].get<std::string>() + "/"
                                 : std::string();
   for (const auto& [tag, value] : scalar_metrics(record)) events_->scalar(split + tag, value, step);
+  for (const auto& [tag, counts] : histogram_metrics(record))
+    events_->histogram(split + tag, counts, step);
   events_->flush();
 }
 

@@ -67,6 +67,37 @@ void flatten(const nlohmann::json& j, const std::string& prefix,
   }
 }
 
+constexpr const char* kHistogramKey = "histogram";
+
+// Every number but those under a "histogram" key (histogram_metrics reads them).
+void flatten_scalars(const nlohmann::json& j, const std::string& prefix,
+                     std::vector<std::pair<std::string, double>>& out) {
+  if (!j.is_object()) return flatten(j, prefix, out);
+  for (const auto& [k, v] : j.items())
+    if (k != kHistogramKey) flatten_scalars(v, prefix.empty() ? k : prefix + "/" + k, out);
+}
+
+void find_histograms(const nlohmann::json& j, const std::string& prefix,
+                     std::vector<std::pair<std::string, std::vector<double>>>& out) {
+  if (!j.is_object()) return;
+  for (const auto& [k, v] : j.items()) {
+    if (k == kHistogramKey && v.is_array()) {
+      std::vector<double> counts;
+      for (const auto& c : v) counts.push_back(c.is_number() ? c.get<double>() : 0.0);
+      out.emplace_back(prefix, std::move(counts));
+    } else {
+      find_histograms(v, prefix.empty() ? k : prefix + "/" + k, out);
+    }
+  }
+}
+
+// A length-delimited field of packed doubles.
+void packed_doubles(std::string& out, uint32_t field, const std::vector<double>& values) {
+  std::string raw(values.size() * sizeof(double), '\0');
+  if (!values.empty()) std::memcpy(raw.data(), values.data(), raw.size());
+  bytes_field(out, field, raw);
+}
+
 }  // namespace
 
 uint32_t crc32c(const std::string& data) {
@@ -128,6 +159,42 @@ void EventWriter::scalar(const std::string& tag, double value, int64_t step) {
   write_event(event(step, kSummary, summary));
 }
 
+void EventWriter::histogram(const std::string& tag, const std::vector<double>& counts,
+                            int64_t step) {
+  // HistogramProto: min = 1, max = 2, num = 3, sum = 4, sum_squares = 5 (doubles),
+  // bucket_limit = 6 and bucket = 7 (packed doubles; bucket i counts values below its limit
+  // and at or above the previous one).
+  double num = 0, sum = 0, squares = 0, lo = 0, hi = 0;
+  bool any = false;
+  std::vector<double> limits;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const auto x = static_cast<double>(i);
+    limits.push_back(x + 0.5);
+    if (counts[i] <= 0) continue;
+    num += counts[i];
+    sum += counts[i] * x;
+    squares += counts[i] * x * x;
+    hi = x;
+    if (!any) lo = x;
+    any = true;
+  }
+  std::string h;
+  fixed_field(h, 1, lo);
+  fixed_field(h, 2, hi);
+  fixed_field(h, 3, num);
+  fixed_field(h, 4, sum);
+  fixed_field(h, 5, squares);
+  packed_doubles(h, 6, limits);
+  packed_doubles(h, 7, counts);
+  // Summary.Value: tag = 1, histo = 5.
+  std::string v;
+  bytes_field(v, 1, tag);
+  bytes_field(v, 5, h);
+  std::string summary;
+  bytes_field(summary, 1, v);
+  write_event(event(step, kSummary, summary));
+}
+
 void EventWriter::text(const std::string& tag, const std::string& markdown, int64_t step) {
   // TensorProto: dtype = 1 (DT_STRING = 7), tensor_shape = 2 (a scalar: empty), string_val = 8.
   std::string tensor;
@@ -181,7 +248,14 @@ bool mark_resumed_after(const std::string& dir, int64_t step) {
 std::vector<std::pair<std::string, double>> scalar_metrics(const nlohmann::json& record) {
   std::vector<std::pair<std::string, double>> out;
   for (const auto& [k, v] : record.items())
-    if (k != "step") flatten(v, k, out);
+    if (k != "step") flatten_scalars(v, k, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<double>>> histogram_metrics(
+    const nlohmann::json& record) {
+  std::vector<std::pair<std::string, std::vector<double>>> out;
+  find_histograms(record, "", out);
   return out;
 }
 

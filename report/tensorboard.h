@@ -19,6 +19,8 @@ class EventWriter {
   // TensorBoard expects) and writes its file_version record. Throws RuntimeError.
   explicit EventWriter(const std::string& dir);
   void scalar(const std::string& tag, double value, int64_t step);
+  // A histogram of integer values: counts[i] values equal to i (buckets [i - 0.5, i + 0.5)).
+  void histogram(const std::string& tag, const std::vector<double>& counts, int64_t step);
   // `markdown` shown by TensorBoard's text dashboard.
   void text(const std::string& tag, const std::string& markdown, int64_t step);
   // A SessionLog START event at `step`: TensorBoard (purge_orphaned_data, on by default)
@@ -46,8 +48,13 @@ class EventWriter {
 bool mark_resumed_after(const std::string& dir, int64_t step);
 
 // Every number of a metrics record as (tag, value): nested objects joined with '/'
-// ("time_s/generate", "memory/actor/0/peak_rss_bytes"); "step" itself and strings left out.
+// ("time_s/generate", "memory/actor/0/peak_rss_bytes"); "step" itself, strings and
+// histograms left out.
 std::vector<std::pair<std::string, double>> scalar_metrics(const nlohmann::json& record);
+// The record's histograms as (tag, counts): an array under a key named "histogram" (counts of
+// the values 0, 1, 2, ...), tagged by its parent ("staleness/histogram" -> "staleness").
+std::vector<std::pair<std::string, std::vector<double>>> histogram_metrics(
+    const nlohmann::json& record);
 
 // CRC-32C (Castagnoli) of `data`, and TFRecord's masked form of it.
 uint32_t crc32c(const std::string& data);

@@ -66,8 +66,11 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
   Sampler sampler(params, B * n, first_prompt * n);
   if (max_turns < 1)
     throw InputError("rollout.max_turns must be >= 1, got " + std::to_string(max_turns));
+  const int64_t started_with = weight_version_;
   auto out = generate_paged(ids, mask, sampler, first_prompt * n, turns, max_turns);
-  out.weight_version = weight_version_;
+  // The newest weights that sampled a token (an update after the last one changes none).
+  const auto sampled = out.token_versions.masked_select(out.action_mask.to(torch::kBool));
+  out.weight_version = sampled.numel() > 0 ? sampled.max().item<int64_t>() : started_with;
   return out;
 }
 
@@ -142,7 +145,13 @@ GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int6
   out.response_lengths = torch::cat(lengths, 0);
   out.prompt_length = P;
   out.weight_version = parts[0].weight_version;
+  std::vector<torch::Tensor> versions;
   for (const auto& part : parts) {
+    out.weight_version = std::max(out.weight_version, part.weight_version);
+    const int64_t pad = response_length - part.action_mask.size(1);
+    if (part.token_versions.defined())
+      versions.push_back(at::constant_pad_nd(part.token_versions, {0, pad},
+                                             static_cast<double>(part.weight_version)));
     out.timings.prefill_seconds += part.timings.prefill_seconds;
     out.timings.decode_seconds += part.timings.decode_seconds;
     out.timings.decode_steps += part.timings.decode_steps;
@@ -150,6 +159,8 @@ GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int6
     out.timings.kv_pool_bytes = std::max(out.timings.kv_pool_bytes, part.timings.kv_pool_bytes);
     out.timings.kv_peak_bytes = std::max(out.timings.kv_peak_bytes, part.timings.kv_peak_bytes);
   }
+  // Outputs assembled by hand (tests) may carry no versions.
+  if (versions.size() == parts.size()) out.token_versions = torch::cat(versions, 0);
   if (parts[0].turns.defined()) {
     std::vector<torch::Tensor> turns;
     for (const auto& part : parts) turns.push_back(part.turns);

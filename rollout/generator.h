@@ -10,6 +10,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -53,8 +54,12 @@ struct GenerationOutput {
   // Multi-turn (generate with a TurnHandler): the model's turns per row ([N] int64), and the
   // action mask is 0 on the tokens the handler appended (the environment's turns).
   torch::Tensor turns;
+  // [N, R] int64: the weight version that sampled each response token. One version unless
+  // the weights were updated in flight (set_between_steps): a row's later tokens then carry
+  // the newer version (issue 42.3).
+  torch::Tensor token_versions;
   int64_t prompt_length = 0;   // P
-  int64_t weight_version = 0;  // the weights that produced it
+  int64_t weight_version = 0;  // the newest weights that produced it
   GenerationTimings timings;
   // R is the longest response in the batch (<= max_new_tokens).
 };
@@ -75,6 +80,11 @@ class Generator {
   models::CausalLM& model() { return *model_; }
   int64_t weight_version() const { return weight_version_; }
   void set_weight_version(int64_t version) { weight_version_ = version; }
+  // In-flight weight updates (rollout.partial_rollout): called between two decode steps of
+  // the calls that follow, it applies the weight updates that came meanwhile (in place, so
+  // the KV cache and CUDA graphs stay as they are) and returns weight_version() after them;
+  // the rows in flight continue with the new weights. Unset (the default): none.
+  void set_between_steps(std::function<int64_t()> hook) { between_steps_ = std::move(hook); }
 
   // prompt_ids, prompt_mask: [B, P] int64, left-padded (every row has >= 1 token). Returns
   // B * n_samples_per_prompt rows. These prompts are prompts [first_prompt, first_prompt + B)
@@ -124,6 +134,7 @@ class Generator {
   std::shared_ptr<models::CausalLM> model_;
   GenerationConfig config_;
   int64_t weight_version_ = 0;
+  std::function<int64_t()> between_steps_;
   std::unique_ptr<PagedEngine> paged_engine_;
 };
 

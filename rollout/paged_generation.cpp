@@ -170,6 +170,7 @@ void PagedBatcher::run(int64_t check_every) {
     if (running_.empty()) continue;
     note_peak();
     decode_step();
+    if (poll_) poll_version();
     if (++step % check_every == 0) {
       release_finished();
       serve_answers(0.0);
@@ -604,6 +605,25 @@ void PagedBatcher::keep_running(const std::vector<int64_t>& keep) {
   live_ = live_.index_select(0, index);
 }
 
+void PagedBatcher::poll_version() {
+  const int64_t now = poll_();
+  const int64_t last = updates_.empty() ? version_ : updates_.back().first;
+  if (now == last) return;
+  std::vector<int64_t> at;
+  at.reserve(rows_.size());
+  for (const RowState& r : rows_) at.push_back(r.sampled);
+  updates_.emplace_back(now, std::move(at));
+}
+
+torch::Tensor PagedBatcher::token_versions(int64_t R) const {
+  auto versions = torch::full({static_cast<int64_t>(rows_.size()), R}, version_, torch::kInt64);
+  for (const auto& [version, at] : updates_)
+    for (size_t row = 0; row < at.size(); ++row)
+      if (at[row] < R)
+        versions[static_cast<int64_t>(row)].narrow(0, at[row], R - at[row]).fill_(version);
+  return versions;
+}
+
 void PagedBatcher::note_peak() {
   timings_.kv_peak_bytes = std::max(
       timings_.kv_peak_bytes, (cache_.num_blocks() - cache_.free_blocks()) * limits_.block_bytes);
@@ -733,6 +753,7 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
       batcher_limits(config_, max_seqs, num_blocks, per_block, max_turns);
   PagedBatcher batcher(model, *cache, sampler, decoder, d, std::move(prompts), limits, turns);
   batcher.set_preambles(std::move(opened.preambles));
+  batcher.set_version_poll(weight_version_, between_steps_);
 
   auto clock = Clock::now();
   batcher.run(check_every);
@@ -751,6 +772,9 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
   auto result =
       assemble_output(opened.prompt_ids, opened.prompt_mask, n, d.tokens, d.log_probs, d.lengths);
   result.timings = timings;
+  result.token_versions = batcher.token_versions(config_.max_new_tokens)
+                              .narrow(1, 0, result.action_mask.size(1))
+                              .contiguous();
   if (turns) mark_environment_tokens(batcher, N, result);
   return result;
 }

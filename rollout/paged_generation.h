@@ -33,6 +33,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "models/causal_lm.h"
@@ -80,6 +82,17 @@ class PagedBatcher {
   void set_preambles(std::vector<std::vector<int64_t>> preambles) {
     preambles_ = std::move(preambles);
   }
+
+  // In-flight weight updates: `poll` (called between two decode steps) applies the updates
+  // that came and returns the weight version now; the rows start at `version`. Unset: one
+  // version for every token.
+  void set_version_poll(int64_t version, std::function<int64_t()> poll) {
+    version_ = version;
+    poll_ = std::move(poll);
+  }
+  // [N, R] int64: the version that sampled each output position (issue 42.3): a row's
+  // positions from its token count at an update on carry the update's version.
+  torch::Tensor token_versions(int64_t R) const;
 
   // Generates every row to its end: admits, decodes one position per running row per step,
   // and every `check_every` steps reads which rows ended, releases them and admits more.
@@ -171,6 +184,8 @@ class PagedBatcher {
   // Keeps running positions `keep` (host indices into running_), in order.
   void keep_running(const std::vector<int64_t>& keep);
   void note_peak();
+  // Asks poll_ for the version now; a new one is recorded with each row's token count.
+  void poll_version();
 
   models::CausalLM& model_;
   models::PagedKvCache& cache_;
@@ -195,6 +210,11 @@ class PagedBatcher {
   int64_t awaiting_ = 0;                         // rows whose turn is with the handler
   std::vector<std::vector<int64_t>> preambles_;  // per row (set_preambles), or empty
   std::vector<int64_t> preamble_rows_;           // prefilled, their preamble not yet started
+  // In-flight updates: the version the rows started with, the poll, and each update's
+  // version with every row's token count when it came.
+  int64_t version_ = 0;
+  std::function<int64_t()> poll_;
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> updates_;
 };
 
 }  // namespace rlhf::rollout

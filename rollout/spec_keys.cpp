@@ -159,7 +159,13 @@ void add_sync_keys(KeyTable& t) {
             "before the weight sync, so scoring and training have the GPU (the KV cache is "
             "freed after every generate call anyway); costs two host copies of the rollout's "
             "weights per step. A no-op on cpu nodes (host memory is the same memory), on GPUs "
-            "of its own and with algo.async_steps 1 (generation overlaps training).");
+            "of its own and with algo.max_staleness > 0 (generation overlaps training).");
+  t.boolean("rollout.partial_rollout", true,
+            "With algo.max_staleness > 0: the actor's new weights reach the rollout between two "
+            "decode steps (in-flight updates, as slime and AReaL): the sequences in flight "
+            "continue with the new weights and their KV cache as it is, and each token carries "
+            "the version that sampled it. false: a weight sync waits for the generate call in "
+            "progress to end. Not with rollout.tensor_parallel_size > 1.");
 }
 
 void check_rollout(SpecCheck& v) {

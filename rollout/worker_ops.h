@@ -73,19 +73,24 @@ RLHF_WIRE_STRUCT(GenerateReply, "generate reply", weight_version, prompt_length,
 // Samples n_samples_per_prompt responses per prompt. Tensors "prompt_ids", "prompt_mask"
 // [B, P] int64 and "prompt_index" [B] (the prompts' positions in the whole request,
 // consecutive: seeds follow the prompt, not the micro batch). The reply's tensors:
-// "sequences", "attention_mask", "action_mask", "log_probs", "response_lengths" (responses
-// padded to max_new_tokens so micro batches concatenate), and with an environment
+// "sequences", "attention_mask", "action_mask", "log_probs", "response_lengths",
+// "weight_versions" (int64, the version that sampled each response token; responses padded
+// to max_new_tokens so micro batches concatenate), and with an environment
 // "env_rewards", "turns", "tool_calls", "tool_errors", "env_timed_out", "env_seconds".
 // `rows`: with an environment, every prompt row of the whole request (label and columns)
-// by prompt index, for its reset; [] otherwise.
+// by prompt index, for its reset; [] otherwise. `in_flight_updates` (rollout.partial_rollout):
+// a sync_weights that reaches the worker meanwhile is applied between two decode steps, and
+// the rows in flight continue with the new weights and their KV cache as it is (not under
+// tensor parallelism: its ranks would have to agree on the step).
 struct Generate {
   static constexpr const char* kName = "generate";
   using Reply = GenerateReply;
   rollout::SamplingParams sampling;
   int64_t n_samples_per_prompt = 1;
   nlohmann::json rows = nlohmann::json::array();
+  bool in_flight_updates = false;
 };
-RLHF_WIRE_STRUCT(Generate, "generate", sampling, n_samples_per_prompt, rows)
+RLHF_WIRE_STRUCT(Generate, "generate", sampling, n_samples_per_prompt, rows, in_flight_updates)
 
 // One weight sync's figures (rollout::WeightSyncStats).
 struct SyncReply {

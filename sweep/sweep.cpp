@@ -153,8 +153,13 @@ void read_metrics(const std::string& path, VariantResult& r) {
   // there are others.
   const size_t first = records.size() > 1 ? 1 : 0;
   const double n = static_cast<double>(records.size() - first);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  r.devices_busy = records.back().contains("devices_busy") ? 0.0 : nan;
+  r.staleness = records.back().contains("staleness") ? 0.0 : nan;
   for (size_t i = first; i < records.size(); ++i) {
     r.samples_per_s += records[i].value("samples_per_s", 0.0) / n;
+    r.devices_busy += records[i].value("devices_busy", 0.0) / n;
+    r.staleness += records[i].value("staleness", json::object()).value("mean", 0.0) / n;
     r.tokens_per_s += records[i].value("tokens_per_s", 0.0) / n;
     json times = records[i].value("time_s", json::object());
     if (!times.is_object()) times = {{"step", times}};  // offline jobs log the step time alone
@@ -373,7 +378,7 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
   const auto roles = roles_of(results);
   for (const auto& axis : grid) out << csv_field(axis.key) << ',';
   out << "variant,status,reason,steps,seconds,samples_per_s,tokens_per_s,generate_s,score_s,train_"
-         "s,sync_s,step_s,reward_mean";
+         "s,sync_s,step_s,reward_mean,devices_busy,staleness_mean";
   for (const auto& role : roles)
     out << ',' << role << "_planned_total," << role << "_planned_engine," << role
         << "_measured_tensor," << role << "_measured_rss," << role << "_planned_comm_per_step";
@@ -388,6 +393,8 @@ void write_sweep_csv(const std::vector<VariantResult>& results, const std::vecto
         << fixed(r.tokens_per_s, 1) << ',' << phase("generate") << ',' << phase("score") << ','
         << phase("train") << ',' << phase("sync") << ',' << phase("step") << ','
         << (std::isnan(r.reward_mean) ? std::string() : fixed(r.reward_mean, 4));
+    for (double v : {r.devices_busy, r.staleness})
+      out << ',' << (std::isnan(v) || r.steps == 0 ? std::string() : fixed(v, 3));
     for (const auto& role : roles) {
       RoleMemoryFigures f = r.memory.count(role) ? r.memory.at(role) : RoleMemoryFigures{};
       // Empty where nothing was planned or measured (a failed or bad-spec variant).
@@ -407,10 +414,10 @@ std::string sweep_markdown(const std::vector<VariantResult>& results,
   const auto roles = roles_of(results);
   md << '|';
   for (const auto& axis : grid) md << " `" << axis.key << "` |";
-  md << " status | samples/s | tokens/s | seconds per phase | reward |";
+  md << " status | samples/s | tokens/s | seconds per phase | reward | devices busy | staleness |";
   for (const auto& role : roles) md << ' ' << role << " planned / tensor / RSS |";
   md << "\n|";
-  for (size_t i = 0; i < grid.size() + 5 + roles.size(); ++i) md << " --- |";
+  for (size_t i = 0; i < grid.size() + 7 + roles.size(); ++i) md << " --- |";
   md << '\n';
   for (const auto& r : results) {
     md << '|';
@@ -430,8 +437,10 @@ std::string sweep_markdown(const std::vector<VariantResult>& results,
       md << fixed(r.samples_per_s, 1) << " | " << fixed(r.tokens_per_s, 0) << " | "
          << (phases.empty() ? "-" : phases) << " | "
          << (std::isnan(r.reward_mean) ? std::string("-") : fixed(r.reward_mean, 3)) << " |";
+      for (double v : {r.devices_busy, r.staleness})
+        md << ' ' << (std::isnan(v) ? std::string("-") : fixed(v, 2)) << " |";
     } else {
-      md << "- | - | - | - |";
+      md << "- | - | - | - | - | - |";
     }
     for (const auto& role : roles) {
       RoleMemoryFigures f = r.memory.count(role) ? r.memory.at(role) : RoleMemoryFigures{};

@@ -57,7 +57,12 @@ struct VariantResult {
   double tokens_per_s = 0.0;
   std::map<std::string, double> phase_s;  // generate, score, train, sync: mean seconds per step
   double reward_mean = 0.0;  // of the last logged step; NaN when the job logs none (dpo, sft, rm)
-  int64_t steps = 0;         // logged steps
+  // PPO-family means over the same steps (NaN where the records lack them): the share of all
+  // workers' time that was busy (devices_busy) and the samples' staleness (staleness.mean),
+  // what a sweep of algo.max_staleness compares.
+  double devices_busy = 0.0;
+  double staleness = 0.0;
+  int64_t steps = 0;                                // logged steps
   std::map<std::string, RoleMemoryFigures> memory;  // per role
   int64_t max_planned_device = 0;                   // largest planned device total
   int64_t max_measured_rss = -1;                    // largest measured RSS over roles

@@ -284,7 +284,8 @@ TEST_F(RunLifecycle, ProgressOfEveryPhase) {
   }
 }
 
-// Every logged number is a TensorBoard scalar at its step, and sample generations are text,
+// Every logged number is a TensorBoard scalar at its step (a "histogram" array a histogram
+// with those bucket counts), and sample generations are text,
 // read back by TensorBoard's own reader (tests/cli/read_tensorboard.py in RLHF_PYTHON, which
 // scripts/setup gives the `tensorboard` package).
 TEST_F(RunLifecycle, TensorBoardHasEveryMetricAndTheSamples) {
@@ -301,7 +302,23 @@ TEST_F(RunLifecycle, TensorBoardHasEveryMetricAndTheSamples) {
   std::function<void(const nlohmann::json&, const std::string&, int)> check =
       [&](const nlohmann::json& v, const std::string& tag, int step) {
         if (v.is_object()) {
-          for (const auto& [k, x] : v.items()) check(x, tag.empty() ? k : tag + "/" + k, step);
+          for (const auto& [k, x] : v.items()) {
+            if (k != "histogram") {
+              check(x, tag.empty() ? k : tag + "/" + k, step);
+              continue;
+            }
+            ASSERT_TRUE(board["histograms"].contains(tag)) << tag;
+            bool found = false;
+            for (const auto& e : board["histograms"][tag])
+              if (e[0] == step) {
+                found = true;
+                EXPECT_EQ(e[1].size(), x.size()) << tag << " at step " << step;
+                for (size_t i = 0; i < x.size() && i < e[1].size(); ++i)
+                  EXPECT_EQ(e[1][i].get<double>(), x[i].get<double>()) << tag << " bucket " << i;
+              }
+            EXPECT_TRUE(found) << tag << " at step " << step;
+            ++compared;
+          }
         } else if (v.is_array()) {
           for (size_t i = 0; i < v.size(); ++i) check(v[i], tag + "/" + std::to_string(i), step);
         } else if (v.is_number() && tag != "step") {

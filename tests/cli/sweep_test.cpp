@@ -62,6 +62,35 @@ class Sweep : public testing::Test {
   fs::path dir_;
 };
 
+// Issue 42.4: algo.max_staleness sweeps like any key, and the table says what it changed:
+// the samples' mean staleness (0 on-policy; above 0 when the rollout draws ahead, from the
+// second step on every sample is at least one version behind) and the devices' busy share.
+TEST_F(Sweep, MaxStalenessIsSweptLikeAnyKey) {
+  std::vector<std::string> args = {
+      "sweep", "examples/ppo_tiny.json", "--grid", "algo.max_staleness=0,2", "--steps", "4",
+      "--out", (dir_ / "stale").string()};
+  for (const auto& a : models()) args.push_back(a);
+  CliResult r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto csv = read_csv(dir_ / "stale" / "sweep.csv");
+  ASSERT_EQ(csv.size(), 3u) << slurp(dir_ / "stale" / "sweep.csv");
+  const auto& h = csv[0];
+  for (size_t i = 1; i < csv.size(); ++i) {
+    const auto& row = csv[i];
+    EXPECT_EQ(row[column(h, "status")], "ok") << row[column(h, "reason")];
+    const double busy = std::stod(row[column(h, "devices_busy")]);
+    EXPECT_GT(busy, 0.0);
+    EXPECT_LE(busy, 1.0);
+  }
+  EXPECT_EQ(csv[1][0], "0");
+  EXPECT_EQ(std::stod(csv[1][column(h, "staleness_mean")]), 0.0);
+  EXPECT_EQ(csv[2][0], "2");
+  EXPECT_GE(std::stod(csv[2][column(h, "staleness_mean")]), 1.0);
+  EXPECT_LE(std::stod(csv[2][column(h, "staleness_mean")]), 2.0);
+  const std::string md = slurp(dir_ / "stale" / "sweep.md");
+  EXPECT_NE(md.find("| devices busy | staleness |"), std::string::npos) << md;
+}
+
 TEST_F(Sweep, TwoByTwoPpoTinyWritesEveryOutput) {
   std::vector<std::string> args = {
       "sweep",  "examples/ppo_tiny.json", "--grid",  "rollout.n_samples_per_prompt=2,4",

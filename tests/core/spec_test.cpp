@@ -366,6 +366,49 @@ TEST(Spec, SimpoAndOrpoWarnThatReferenceIsUnused) {
   }
 }
 
+// Issue 42.2: algo.async_steps is a deprecated alias. Its 1 is today's one-step run,
+// algo.max_staleness 1 without partial rollouts, with a warning naming the new keys; an
+// explicit rollout.partial_rollout stays; beside a different max_staleness it is refused
+// naming both. In-flight updates are refused under tensor parallelism, naming the key.
+TEST(Spec, AsyncStepsIsADeprecatedMaxStaleness) {
+  auto parse = [](const std::string& patch, const std::vector<std::string>& overrides = {}) {
+    json doc = base_spec();
+    doc.merge_patch(json::parse(patch));
+    return JobSpec::parse(doc.dump(), "job.json", overrides);
+  };
+  JobSpec plain = parse("{}");
+  EXPECT_EQ(plain.get_int("algo.max_staleness"), 0);
+  EXPECT_TRUE(plain.get_bool("rollout.partial_rollout"));
+  JobSpec old = parse(R"({"algo": {"async_steps": 1}})");
+  EXPECT_EQ(old.get_int("algo.max_staleness"), 1);
+  EXPECT_FALSE(old.get_bool("rollout.partial_rollout"));
+  ASSERT_EQ(old.warnings().size(), 1u);
+  EXPECT_EQ(old.warnings()[0],
+            "algo.async_steps is deprecated: it now sets algo.max_staleness 1 with "
+            "rollout.partial_rollout false (write those keys instead)");
+  JobSpec partial = parse(R"({"algo": {"async_steps": 1}, "rollout": {"partial_rollout": true}})");
+  EXPECT_TRUE(partial.get_bool("rollout.partial_rollout"));
+  EXPECT_EQ(parse("{}", {"algo.max_staleness=4"}).get_int("algo.max_staleness"), 4);
+
+  auto conflict = problems_of(base_spec().dump(), {"algo.async_steps=1", "algo.max_staleness=2"});
+  ASSERT_EQ(conflict.size(), 1u);
+  EXPECT_EQ(conflict[0].path, "algo.async_steps");
+  EXPECT_EQ(conflict[0].message,
+            "is deprecated and says 1 while algo.max_staleness says 2: keep algo.max_staleness");
+  json tp = base_spec();
+  tp.merge_patch(json::parse(R"({
+      "cluster": {"nodes": [{"name": "local", "kind": "cpu", "devices": 8, "memory_gb": 4}]},
+      "rollout": {"devices": [5, 6], "tensor_parallel_size": 2}})"));
+  auto refused = problems_of(tp.dump(), {"algo.max_staleness=1"});
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].path, "rollout.partial_rollout");
+  EXPECT_NE(refused[0].message.find("not supported with rollout.tensor_parallel_size 2"),
+            std::string::npos)
+      << refused[0].message;
+  EXPECT_TRUE(
+      problems_of(tp.dump(), {"algo.max_staleness=1", "rollout.partial_rollout=false"}).empty());
+}
+
 // rollout.tensor_parallel_size: engines of t consecutive rollout workers. On cuda nodes each
 // engine stays on one node (its ranks all-reduce every layer); cpu slots of two nodes may form
 // one engine (the tests' hand-joined jobs). A colocated TP rollout is warned that its weight

@@ -55,23 +55,32 @@ TEST_F(PpoJob, DapoExampleLearnsTheLettersTask) {
   EXPECT_EQ(workers.size(), 2u);  // actor and rollout only
 }
 
-// One-step off-policy (algo.async_steps 1): step k's samples are generated while step k-1
-// trains, with the weights from before that update: the rollout's weight version lags the
-// synchronous run's by one from step 2 (1, 1, 2, 3, ... against 1, 2, 3, ...). The ratio is
+// One-step off-policy (algo.max_staleness 1 without partial rollouts, today's one-step run):
+// step k's samples are generated while step k-1 trains, with the weights from before that
+// update: the rollout's weight version lags the synchronous run's by one from step 2 (1, 1,
+// 2, 3, ... against 1, 2, 3, ...), and every sample is exactly 1 version stale. The ratio is
 // taken against the rollout's own log-probs, and the letters task is still learned (the
 // mean reward of the last 5 of 30 steps over the first 5, as ppo_tiny). With an actor whose
 // updates are below FP32 resolution (lr 1e-30), both runs sample from the same weights at
 // every step, so the same prompts and seeds must give exactly the same samples: the
-// rewards and response lengths of 4 steps are equal to the last bit.
+// rewards and response lengths of 4 steps are equal to the last bit (the frozen one-step run
+// through the deprecated algo.async_steps 1, which must be the same schedule).
 TEST_F(PpoJob, OneStepOffPolicyLearnsFromSamplesOneVersionBehind) {
-  Result r = run("async", {"--set", "algo.async_steps=1"});
+  Result r =
+      run("async", {"--set", "algo.max_staleness=1", "--set", "rollout.partial_rollout=false"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = read_metrics(run_dir("async") / "metrics.jsonl");
   ASSERT_EQ(m.size(), 30u);
   expect_learned(m);
-  for (size_t i = 0; i < m.size(); ++i)
+  for (size_t i = 0; i < m.size(); ++i) {
     EXPECT_EQ(m[i]["weight_version"].get<int64_t>(), std::max<int64_t>(1, static_cast<int64_t>(i)))
         << "step " << i + 1;
+    const json& stale = m[i]["staleness"];
+    const double lag = i == 0 ? 0.0 : 1.0;
+    EXPECT_EQ(stale["mean"].get<double>(), lag) << "step " << i + 1;
+    EXPECT_EQ(stale["max"].get<int64_t>(), static_cast<int64_t>(lag)) << "step " << i + 1;
+    EXPECT_EQ(stale["token_mean"].get<double>(), lag) << "step " << i + 1;
+  }
   // From step 2 on a step's "generate" is only its wait for the next step's samples, drawn
   // ("generate_ahead") beside its scoring and training. Overlapped, the wait is a small part of
   // the drawing (here about 0.1%); drawn after training, it would be all of it. A ratio of the

@@ -3,7 +3,8 @@
 // and serve `generate` through a scatter whose micro batches land on both ranks. The result
 // must equal generating locally with the actor's weights (same seed, same rows). A worker
 // put to sleep (weights in host memory) refuses to generate until woken, and then
-// generates exactly what it generated before.
+// generates exactly what it generated before. A sync in flight lands between two decode
+// steps.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -371,6 +372,83 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
   }
   const std::string odd_error = refused_odd.get();
   EXPECT_NE(odd_error.find("refused the sync"), std::string::npos) << odd_error;
+  scheduler.shutdown();
+}
+
+// Issue 42.3: a weight sync that reaches a rollout worker while it generates (in-flight
+// updates on) is applied between two decode steps: the sync answers before the generate
+// call ends, every row's tokens from one position on carry the new version, and the output
+// is exactly that of a local engine whose weights are replaced between the same two decode
+// steps with its KV cache kept (tokens equal, log-probs within 1e-6: same FP32 arithmetic).
+TEST(RolloutWorker, InFlightUpdateChangesTheWeightsBetweenTwoDecodeSteps) {
+  torch::set_num_threads(1);
+  SchedulerConfig config = testing::scheduler_config("rollout-in-flight");
+  config.worker_timeout = 20000ms;
+  Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
+  scheduler.start();
+  auto& rollout = scheduler.group(Role::kRollout);
+  const int64_t max_new = 200, B = 4, P = 6;  // no stop token: every row runs max_new steps
+  rollout.call_all(load_preset("tiny", 2, generation(max_new, 1, B)));
+
+  auto ids = torch::randint(1, 250, {B, P}, torch::kInt64);
+  auto mask = torch::ones({B, P}, torch::kInt64);
+  Message request;
+  request.op = ops::Generate::kName;
+  ops::Generate generate = sampling(1.0, 11, 1);
+  generate.in_flight_updates = true;
+  request.args = request_args(generate);
+  request.add("prompt_ids", ids);
+  request.add("prompt_mask", mask);
+  // Submitted before the sync, so it reaches the worker first and the sync comes in flight.
+  const uint64_t id = scheduler.submit(0, request);
+  auto actor = std::make_shared<models::CausalLM>(models::preset_config("tiny"));
+  actor->init_weights(1);
+  const std::string store = config.run_dir + "/weight-sync.store";
+  auto receiving = std::async(std::launch::async, [&] {
+    return rollout.call_all(ops::SyncWeights{store, "gloo"});
+  });
+  auto group = actor_sync_group(store, rollout.size());
+  rollout::ModelWeights source(*actor);
+  rollout::SyncOptions sync;
+  sync.wire_dtype = torch::kFloat32;
+  rollout::send_weights(source, group.get(), 7, sync);
+  EXPECT_EQ(receiving.get().at(0).reply.weight_version, 7);
+  const Message reply = scheduler.await_any({id}, std::chrono::steady_clock::now() + 120s).second;
+  ASSERT_TRUE(reply.error.empty()) << reply.error;
+  EXPECT_EQ(reply_of<ops::Generate>(reply).weight_version, 7);
+
+  // One switch position for every row (they decode in lockstep), strictly inside.
+  const auto versions = reply.tensor("weight_versions");
+  ASSERT_EQ(versions.sizes(), (std::vector<int64_t>{B, max_new}));
+  const int64_t at = (versions[0] == 0).sum().item<int64_t>();
+  ASSERT_GT(at, 1) << "the first decode step ran with the loaded weights";
+  ASSERT_LT(at, max_new) << "the sync came after the last decode step";
+  auto expected_versions = torch::full({B, max_new}, 7, torch::kInt64);
+  expected_versions.narrow(1, 0, at).fill_(0);
+  EXPECT_TRUE(torch::equal(versions, expected_versions));
+
+  // Locally: the loaded weights, replaced in place after decode step at - 1.
+  auto local_model = std::make_shared<models::CausalLM>(models::preset_config("tiny"));
+  local_model->init_weights(2);
+  rollout::GenerationConfig local_config = generation(max_new, 1, B);
+  rollout::Generator local(local_model, local_config);
+  int64_t steps = 0, version = 0;
+  local.set_between_steps([&] {
+    if (++steps == at - 1) {
+      torch::NoGradGuard no_grad;
+      auto to = local_model->state_tensors();
+      auto from = actor->state_tensors();
+      for (size_t i = 0; i < to.size(); ++i) to[i].second.copy_(from[i].second);
+      version = 7;
+    }
+    return version;
+  });
+  rollout::SamplingParams params;
+  params.seed = 11;
+  const auto expected = rollout::concat_outputs({local.generate(ids, mask, params)}, max_new, 0);
+  EXPECT_TRUE(torch::equal(expected.token_versions, versions));
+  EXPECT_TRUE(torch::equal(reply.tensor("sequences"), expected.sequences));
+  EXPECT_LT((reply.tensor("log_probs") - expected.log_probs).abs().max().item<double>(), 1e-6);
   scheduler.shutdown();
 }
 

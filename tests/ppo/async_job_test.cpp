@@ -1,0 +1,120 @@
+// End-to-end PPO jobs through the real `rlhf` binary with the rollout drawing ahead
+// (algo.max_staleness > 0, issue 42): the staleness bound under in-flight updates and uneven
+// response lengths, and nothing lost when a worker dies while later steps' samples are in
+// flight. (The one-step schedule is ppo_algorithm_job_test.cpp's.)
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "test_paths.h"
+#include "tests/ppo/ppo_job.h"
+#include "tests/support/learning.h"
+#include "tests/support/processes.h"
+#include "tests/support/run_cli.h"
+
+namespace rlhf::ppo {
+namespace {
+
+using namespace job_test;
+using namespace std::chrono_literals;
+using test::expect_learned;
+using test::slurp;
+
+// Bounded staleness with in-flight updates (issue 42): GRPO's example at algo.max_staleness
+// 4 with partial rollouts, the rollout slowed to 8 sequences at a time (so it generates
+// through the trainers' updates and syncs land between its decode steps) and sampling at
+// T = 1.5 (uneven response lengths: the long tail). Every step: no sample is more than 4
+// versions behind the policy it trains, its tokens on average no more than the sample's
+// oldest (later tokens may be newer, never older), the histogram counts every sample once,
+// and the rollout's newest version never passes the policy's. The letters task is still
+// learned (expect_learned's margin).
+TEST_F(PpoJob, BoundedStalenessHoldsWithInFlightUpdatesAndUnevenLengths) {
+  const int64_t k = 4;
+  Result r = run("stale4",
+                 {"--set", "algo.max_staleness=" + std::to_string(k), "--set",
+                  "rollout.max_num_seqs=8", "--set", "rollout.temperature=1.5"},
+                 "examples/grpo_tiny.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto m = read_metrics(run_dir("stale4") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 30u);
+  expect_learned(m);
+  int64_t most = 0;
+  for (size_t i = 0; i < m.size(); ++i) {
+    const json& stale = m[i]["staleness"];
+    const int64_t max = stale["max"].get<int64_t>();
+    EXPECT_LE(max, std::min<int64_t>(k, static_cast<int64_t>(i))) << "step " << i + 1;
+    EXPECT_LE(stale["token_mean"].get<double>(), stale["mean"].get<double>() + 1e-12)
+        << "step " << i + 1;
+    int64_t counted = 0;
+    for (const auto& c : stale["histogram"]) counted += c.get<int64_t>();
+    EXPECT_EQ(counted, 64) << "step " << i + 1;
+    EXPECT_EQ(static_cast<int64_t>(stale["histogram"].size()), max + 1) << "step " << i + 1;
+    // The policy of step i + 1 is version i + 1 (the start-up sync is version 1).
+    EXPECT_LE(m[i]["weight_version"].get<int64_t>(), static_cast<int64_t>(i) + 1)
+        << "step " << i + 1;
+    most = std::max(most, max);
+  }
+  EXPECT_GT(most, 0) << "the rollout never ran ahead of the trainers";
+}
+
+// Issue 42.6: nothing lost with the rollout drawing ahead. GRPO's example at max_staleness 4
+// with partial rollouts and a checkpoint every 2 steps; once step 5 is logged the rollout
+// worker is killed (SIGKILL) while it generates later steps' samples. The job stops naming
+// the rollout and its rank (exit 1, within 15 s); --resume continues from the newest
+// checkpoint and draws again the samples that were drawn ahead (they are not in it):
+// metrics.jsonl then holds every step 1..10 once, and step s has consumed 8 s prompts (none
+// skipped, none taken twice).
+TEST_F(PpoJob, AKilledRolloutStopsTheStaleJobAndResumeRedrawsTheSamplesInFlight) {
+  const std::vector<std::string> args = {
+      "run",   std::string(RLHF_SOURCE_DIR) + "/examples/grpo_tiny.json",
+      "--set", "actor.model=" + (dir_ / "tiny").string(),
+      "--set", "logger.run_dir=" + (dir_ / "runs").string(),
+      "--set", "name=killed",
+      "--set", "algo.max_staleness=4",
+      "--set", "rollout.max_num_seqs=8",
+      "--set", "ckpt.save_steps=2",
+      "--set", "ckpt.export_hf=false",
+      "--set", "train.max_steps=10"};
+  const fs::path metrics = run_dir("killed") / "metrics.jsonl";
+  {
+    testing::RlhfProcess job(args, (dir_ / "killed-process").string());
+    ASSERT_TRUE(testing::poll_until(
+        [&] { return fs::exists(metrics) && read_metrics(metrics).size() >= 5; }, 120s))
+        << job.err();
+    int rollout_pid = -1;
+    for (const auto& w : json::parse(slurp(run_dir("killed") / "workers.json")))
+      if (w["role"] == "rollout") rollout_pid = w["pid"].get<int>();
+    ASSERT_GT(rollout_pid, 0);
+    ASSERT_EQ(::kill(rollout_pid, SIGKILL), 0);
+    const auto status = job.wait(15s);
+    ASSERT_TRUE(status.has_value()) << "the job did not stop after its rollout was killed";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << job.err();
+    EXPECT_NE(job.err().find("worker rollout[0] killed by signal 9"), std::string::npos)
+        << job.err();
+  }
+  std::vector<std::string> resume(args.begin(), args.end());
+  resume.push_back("--resume");
+  Result resumed = rlhf(resume);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  std::smatch at;
+  ASSERT_TRUE(std::regex_search(resumed.out, at, std::regex("resumed after step ([0-9]+)")))
+      << resumed.out;
+  EXPECT_GE(std::stoi(at[1]), 4);
+  const auto m = read_metrics(metrics);
+  ASSERT_EQ(m.size(), 10u);
+  for (size_t i = 0; i < m.size(); ++i) {
+    EXPECT_EQ(m[i]["step"].get<int64_t>(), static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(m[i]["prompts_consumed"].get<int64_t>(), 8 * (static_cast<int64_t>(i) + 1))
+        << "step " << i + 1;
+    EXPECT_LE(m[i]["staleness"]["max"].get<int64_t>(), 4) << "step " << i + 1;
+  }
+}
+
+}  // namespace
+}  // namespace rlhf::ppo
