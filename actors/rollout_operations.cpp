@@ -6,6 +6,8 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "actors/device.h"
 #include "actors/worker.h"
@@ -23,12 +25,15 @@
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_config.h"
 #include "transport/collective_group.h"
+#include "transport/worker_ops.h"
 
 namespace rlhf {
 namespace {
 
 struct RolloutState {
-  std::mutex mutex;  // one operation at a time touches the model
+  // One operation at a time touches the model; a sync_weights served in flight inside a
+  // generate call (BetweenDecodeSteps) takes it again on the same thread.
+  std::recursive_mutex mutex;
   std::unique_ptr<rollout::Generator> generator;
   std::unique_ptr<transport::CollectiveGroup> sync_group;
   engine::HostOffload asleep;  // the model's weights while in host memory (sleep)
@@ -213,52 +218,40 @@ void add_trajectories(Message& reply, ops::GenerateReply& figures,
   figures.extended_tokens = out.timings.extended_tokens;
 }
 
-Message sync_weights(RolloutState& state, const ops::SyncWeights& request,
-                     const WorkerIdentity& self);
-
-// In-flight weight updates (Generate::in_flight_updates): between two decode steps, every
-// sync_weights that reached this worker is received now (in place: the KV cache and decode
-// graphs stay valid) and answered; the generate call holds the state's lock meanwhile.
-class InFlightSyncs {
+// Between two decode steps of a generate call, the requests that should not wait for its end
+// (worker.h serve_in_flight): the memory queries of a step's metrics record ("info") and,
+// with in-flight weight updates (Generate::in_flight_updates), every sync_weights that came:
+// received in place (the KV cache and decode graphs stay valid) by the registered handler,
+// which takes the state's lock re-entrantly on this thread.
+class BetweenDecodeSteps {
  public:
-  InFlightSyncs(RolloutState& state, const WorkerIdentity& self, bool on)
-      : state_(state), self_(self) {
-    if (!on) return;
-    if (state.generator->model().tensor_parallel().enabled())
+  BetweenDecodeSteps(rollout::Generator& generator, bool in_flight_updates)
+      : generator_(generator) {
+    if (in_flight_updates && generator.model().tensor_parallel().enabled())
       throw InputError(
           "generate: in-flight weight updates (rollout.partial_rollout) are not supported with "
           "tensor parallelism");
-    state.generator->set_between_steps([this] { return apply(); });
+    ops_ = {ops::Info::kName};
+    if (in_flight_updates) ops_.push_back(ops::SyncWeights::kName);
+    generator.set_between_steps([this] {
+      serve_in_flight(ops_);
+      return generator_.weight_version();
+    });
   }
-  ~InFlightSyncs() { state_.generator->set_between_steps({}); }
-  InFlightSyncs(const InFlightSyncs&) = delete;
-  InFlightSyncs& operator=(const InFlightSyncs&) = delete;
+  ~BetweenDecodeSteps() { generator_.set_between_steps({}); }
+  BetweenDecodeSteps(const BetweenDecodeSteps&) = delete;
+  BetweenDecodeSteps& operator=(const BetweenDecodeSteps&) = delete;
 
  private:
-  int64_t apply() {
-    for (const Message& request : take_in_flight(ops::SyncWeights::kName)) {
-      const auto started = std::chrono::steady_clock::now();
-      try {
-        Message reply = sync_weights(state_, request.args.get<ops::SyncWeights>(), self_);
-        answer_in_flight(request, std::move(reply), started);
-      } catch (const std::exception& e) {
-        answer_in_flight_error(request, e.what());
-        throw;
-      }
-    }
-    return state_.generator->weight_version();
-  }
-
-  RolloutState& state_;
-  const WorkerIdentity& self_;
+  rollout::Generator& generator_;
+  std::vector<std::string> ops_;
 };
 
 // generate (rollout/worker_ops.h). "prompt_index" is optional here (tests send one micro
 // batch without it). n_samples_per_prompt is this call's (held-out evaluation samples its own).
-Message generate(RolloutState& state, const ops::Generate& a, const Message& request,
-                 const WorkerIdentity& self) {
+Message generate(RolloutState& state, const ops::Generate& a, const Message& request) {
   auto& generator = awake(state, "generate");
-  const InFlightSyncs in_flight(state, self, a.in_flight_updates);
+  const BetweenDecodeSteps between(generator, a.in_flight_updates);
   const rollout::SamplingParams& params = a.sampling;
   int64_t first_prompt = 0;
   if (request.has_tensor("prompt_index")) {
@@ -329,26 +322,26 @@ void add_rollout_operations(OperationRegistry& registry) {
   // One operation at a time touches the model.
   registry.add<ops::LoadModel>(
       [state](const ops::LoadModel& request, const Message&, const WorkerIdentity& self) {
-        std::lock_guard<std::mutex> lock(state->mutex);
+        std::lock_guard<std::recursive_mutex> lock(state->mutex);
         return load_model(*state, request, self);
       });
   registry.add<ops::Generate>(
-      [state](const ops::Generate& request, const Message& message, const WorkerIdentity& self) {
-        std::lock_guard<std::mutex> lock(state->mutex);
-        return generate(*state, request, message, self);
+      [state](const ops::Generate& request, const Message& message, const WorkerIdentity&) {
+        std::lock_guard<std::recursive_mutex> lock(state->mutex);
+        return generate(*state, request, message);
       });
   registry.add<ops::SyncWeights>(
       [state](const ops::SyncWeights& request, const Message&, const WorkerIdentity& self) {
-        std::lock_guard<std::mutex> lock(state->mutex);
+        std::lock_guard<std::recursive_mutex> lock(state->mutex);
         return sync_weights(*state, request, self);
       });
   registry.add<ops::Sleep>([state](const ops::Sleep&, const Message&, const WorkerIdentity& self) {
-    std::lock_guard<std::mutex> lock(state->mutex);
+    std::lock_guard<std::recursive_mutex> lock(state->mutex);
     return sleep(*state, self);
   });
   registry.add<ops::WakeUp>(
       [state](const ops::WakeUp&, const Message&, const WorkerIdentity& self) {
-        std::lock_guard<std::mutex> lock(state->mutex);
+        std::lock_guard<std::recursive_mutex> lock(state->mutex);
         return wake_up(*state, self);
       });
 }

@@ -86,12 +86,20 @@ std::string peek_op(const zmq::message_t& header) {
   return j["op"].get<std::string>();
 }
 
-// The operation thread's queue as an operation running on it sees it (take_in_flight):
+// A request read ahead while an operation ran, and its operation's name.
+struct Queued {
+  Frames frames;
+  std::string op;
+};
+
+// The operation thread's queue as an operation running on it sees it (serve_in_flight):
 // requests read ahead while it ran wait in `deferred`, in order, for after it.
 struct OperationQueue {
   Channel& pair;
   const MessageLimits& limits;
-  std::deque<Frames> deferred;
+  const OperationRegistry& registry;
+  const WorkerIdentity& self;
+  std::deque<Queued> deferred;
 };
 thread_local OperationQueue* operation_queue = nullptr;
 
@@ -116,13 +124,13 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
   const bool shares_device = on_cuda(self) && std::getenv(kEnvSharedDevice) != nullptr;
   Channel pair(context, zmq::socket_type::pair);
   pair.connect(kExecEndpoint);
-  OperationQueue queue{pair, limits, {}};
+  OperationQueue queue{pair, limits, registry, self, {}};
   operation_queue = &queue;
   const std::string me = "[" + self.role + " " + std::to_string(self.rank) + "] ";
   while (true) {
     std::optional<Frames> frames;
     if (!queue.deferred.empty()) {
-      frames = std::move(queue.deferred.front());
+      frames = std::move(queue.deferred.front().frames);
       queue.deferred.pop_front();
     } else {
       frames = pair.recv(std::nullopt);
@@ -180,42 +188,35 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
 
 }  // namespace
 
-std::vector<Message> take_in_flight(const std::string& op) {
-  std::vector<Message> taken;
+void serve_in_flight(const std::vector<std::string>& ops) {
   OperationQueue* queue = operation_queue;
-  if (!queue) return taken;
-  while (auto frames = queue->pair.recv(std::chrono::milliseconds(0)))
-    queue->deferred.push_back(std::move(*frames));
+  if (!queue) return;
+  while (auto frames = queue->pair.recv(std::chrono::milliseconds(0))) {
+    std::string op = frames->empty() ? std::string() : peek_op((*frames)[0]);
+    queue->deferred.push_back({std::move(*frames), std::move(op)});
+  }
   for (auto it = queue->deferred.begin(); it != queue->deferred.end();) {
-    if (it->empty() || peek_op((*it)[0]) != op) {
+    const Operation* handler = queue->registry.find(it->op);
+    if (!handler || std::find(ops.begin(), ops.end(), it->op) == ops.end()) {
       ++it;
       continue;
     }
-    // A malformed one stays queued: the operation thread answers it with the reason later.
-    Frames copy;
-    for (const auto& frame : *it) copy.emplace_back(frame.data(), frame.size());
+    const std::string op = it->op;
+    Frames frames = std::move(it->frames);
+    it = queue->deferred.erase(it);
+    const uint64_t id = peek_request_id(frames[0]);
+    Message reply;
     try {
-      taken.push_back(decode(std::move(copy), queue->limits));
-      it = queue->deferred.erase(it);
-    } catch (const MessageError&) {
-      ++it;
+      const Message request = decode(std::move(frames), queue->limits);
+      const auto started = std::chrono::steady_clock::now();
+      reply = (*handler)(request, queue->self);
+      finish_reply(reply, request, started);
+    } catch (const std::exception& e) {
+      // Its caller fails on the error reply; the operation in progress goes on.
+      reply = make_error(id, op, e.what());
     }
+    queue->pair.send(encode(reply));
   }
-  return taken;
-}
-
-void answer_in_flight(const Message& request, Message reply,
-                      std::chrono::steady_clock::time_point started) {
-  OperationQueue* queue = operation_queue;
-  if (!queue) throw RuntimeError("answer_in_flight outside an operation thread");
-  finish_reply(reply, request, started);
-  queue->pair.send(encode(reply));
-}
-
-void answer_in_flight_error(const Message& request, const std::string& error) {
-  OperationQueue* queue = operation_queue;
-  if (!queue) throw RuntimeError("answer_in_flight_error outside an operation thread");
-  queue->pair.send(encode(make_error(request.id, request.op, error)));
 }
 
 WorkerConfig WorkerConfig::from_env() {

@@ -38,16 +38,13 @@ struct WorkerConfig {
 
 // In-flight requests (issue 42.3): an operation that runs for long (generate) may serve some
 // requests meant for after it between two of its steps (a weight sync between two decode
-// steps). On the operation thread only:
-// - take_in_flight: the requests for operation `op` that reached this worker while the
-//   current operation runs, taken out of its queue in arrival order (every other request
-//   stays queued, in order, for after it); none outside an operation thread;
-// - answer_in_flight: the reply to one of them, sent now (its compute_s counted from
-//   `started`); answer_in_flight_error: an error reply instead.
-std::vector<Message> take_in_flight(const std::string& op);
-void answer_in_flight(const Message& request, Message reply,
-                      std::chrono::steady_clock::time_point started);
-void answer_in_flight_error(const Message& request, const std::string& error);
+// steps; a memory query that should not wait for the whole call). serve_in_flight, called on
+// the operation thread inside an operation, runs now, on this thread, every request that
+// reached the worker meanwhile for one of `ops` (in arrival order, with its registered
+// handler, which must not need what the running operation holds, or must take it
+// re-entrantly) and answers it (an error reply when its handler throws); every other request
+// stays queued, in order, for after the operation. Outside an operation thread: nothing.
+void serve_in_flight(const std::vector<std::string>& ops);
 
 class Worker {
  public:
