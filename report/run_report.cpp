@@ -1,5 +1,6 @@
 #include "report/run_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -165,6 +166,39 @@ std::string busy_chart(const std::vector<json>& steps) {
   for (auto& [role, series] : by_role) c.series.push_back(std::move(series));
   c.series.push_back(series_of(steps, "devices_busy", "all devices", false));
   return line_chart_svg(c);
+}
+
+// Issue 42.4: the last steps' busy intervals per role group (the record's "timeline"), end to
+// end: where each group waited on which within a step.
+std::string lanes_chart(const std::vector<json>& steps) {
+  constexpr size_t kShown = 5;
+  std::vector<const json*> with;
+  for (const auto& r : steps)
+    if (r.contains("timeline") && r["timeline"].is_object() && r.contains("time_s") &&
+        r["time_s"].is_object() && std::isfinite(number(r, "step")))
+      with.push_back(&r);
+  if (with.size() > kShown) with.erase(with.begin(), with.end() - kShown);
+  Lanes c{"chart-lanes", "Busy role groups over the last steps", {}, {}};
+  for (const json* r : with)
+    for (const auto& [role, v] : (*r)["timeline"].items())
+      if (std::find(c.lanes.begin(), c.lanes.end(), role) == c.lanes.end()) c.lanes.push_back(role);
+  if (c.lanes.empty()) return "";
+  for (const json* r : with) {
+    LaneStep s;
+    s.step = number(*r, "step");
+    s.seconds = number((*r)["time_s"], "step");
+    if (!(s.seconds > 0)) continue;
+    for (const auto& role : c.lanes) {
+      std::vector<std::pair<double, double>> busy;
+      const json lane = (*r)["timeline"].value(role, json::array());
+      for (const auto& iv : lane)
+        if (iv.is_array() && iv.size() == 2 && iv[0].is_number() && iv[1].is_number())
+          busy.emplace_back(iv[0].get<double>(), iv[1].get<double>());
+      s.busy.push_back(std::move(busy));
+    }
+    c.steps.push_back(std::move(s));
+  }
+  return lanes_svg(c);
 }
 
 std::string ratio_note(double measured, double planned, const char* what) {
@@ -404,7 +438,7 @@ std::string report_body(const RunRecords& run) {
         c.series.push_back(series_of(run.evals, k, std::string(k) + " (held-out)", true));
     if (!c.series.empty()) o << line_chart_svg(c);
   }
-  o << timeline(run.steps) << busy_chart(run.steps) << "</div>";
+  o << timeline(run.steps) << busy_chart(run.steps) << lanes_chart(run.steps) << "</div>";
   o << "<h2>Memory per role and rank</h2><div class=\"charts\">" << memory_charts(run) << "</div>";
   o << samples_table(run);
   o << "</div>";

@@ -353,6 +353,54 @@ std::string stacked_bars_svg(const StackedBars& c) {
   return o.str();
 }
 
+std::string lanes_svg(const Lanes& c) {
+  constexpr int kLane = 22, kShare = 56;  // lane height, room for the shares
+  const int height = kTop + kLane * static_cast<int>(c.lanes.size()) + 44;
+  std::ostringstream o;
+  o << svg_open(c.id, c.title, kWidth, height);
+  double total = 0;
+  for (const LaneStep& s : c.steps) total += std::max(0.0, s.seconds);
+  if (c.steps.empty() || c.lanes.empty() || !(total > 0)) {
+    o << text(kLeft, kTop + 40, "no values yet", "class=\"empty\" fill=\"#777\"") << "</svg>";
+    return o.str();
+  }
+  const double x0 = kLeft, x1 = kWidth - kShare;
+  auto x = [&](double t) { return x0 + (x1 - x0) * t / total; };
+  const double bottom = kTop + kLane * static_cast<double>(c.lanes.size());
+  std::vector<double> busy(c.lanes.size(), 0.0);
+  double start = 0;
+  for (const LaneStep& s : c.steps) {
+    o << "<line class=\"step-start\" x1=\"" << px(x(start)) << "\" x2=\"" << px(x(start))
+      << "\" y1=\"" << kTop - 4 << "\" y2=\"" << px(bottom) << "\" stroke=\"#999\" "
+      << "stroke-dasharray=\"3 2\"/>"
+      << text(x(start) + 2, kTop - 6, "step " + format_value(s.step, ""), "fill=\"#555\"");
+    for (size_t l = 0; l < c.lanes.size() && l < s.busy.size(); ++l) {
+      for (const auto& [from, to] : s.busy[l]) {
+        const double a = std::clamp(from, 0.0, s.seconds), b = std::clamp(to, 0.0, s.seconds);
+        if (b <= a) continue;
+        busy[l] += b - a;
+        o << "<rect class=\"busy\" data-lane=\"" << escape(c.lanes[l]) << "\" x=\""
+          << px(x(start + a)) << "\" y=\"" << px(kTop + kLane * static_cast<double>(l) + 3)
+          << "\" width=\"" << px(std::max(0.5, x(start + b) - x(start + a))) << "\" height=\""
+          << kLane - 6 << "\" fill=\"" << color(l) << "\"><title>" << escape(c.lanes[l]) << " busy "
+          << escape(format_value(b - a, "s")) << " (step " << format_value(s.step, "")
+          << ")</title></rect>";
+      }
+    }
+    start += std::max(0.0, s.seconds);
+  }
+  for (size_t l = 0; l < c.lanes.size(); ++l) {
+    const double y = kTop + kLane * static_cast<double>(l) + kLane / 2.0 + 4;
+    o << text(6, y, c.lanes[l]) << text(x1 + 4, y, format_value(100 * busy[l] / total, "") + "%");
+  }
+  o << "<line x1=\"" << px(x0) << "\" x2=\"" << px(x1) << "\" y1=\"" << px(bottom) << "\" y2=\""
+    << px(bottom) << "\" stroke=\"#444\"/>";
+  for (double t : nice_ticks(0, total, 6))
+    o << text(x(t) - 8, bottom + 14, format_value(t, "s"), "fill=\"#555\"");
+  o << "</svg>";
+  return o.str();
+}
+
 std::string grouped_bars_svg(const GroupedBars& c) {
   static const char* const kBarColors[] = {"#9e9e9e", "#3465a4", "#c8c8c8", "#7aa6d6"};
   // One bar per group (throughput): green; pairs: planned grey beside measured blue.

@@ -49,6 +49,23 @@ struct StackedBars {
 // the legend gives each part's mean and latest value.
 std::string stacked_bars_svg(const StackedBars& chart);
 
+// Busy lanes over time (issue 42.4): one lane per role group, each step's busy intervals
+// laid end to end with the step boundaries marked.
+struct LaneStep {
+  double step = 0;                                           // its number
+  double seconds = 0;                                        // its wall time
+  std::vector<std::vector<std::pair<double, double>>> busy;  // per lane: [from, to) seconds
+};
+struct Lanes {
+  std::string id, title;
+  std::vector<std::string> lanes;  // "actor", "rollout", ... top to bottom
+  std::vector<LaneStep> steps;     // in order
+};
+// One row per lane with a rect per busy interval (its seconds in a tooltip), the seconds axis
+// under them, a dashed line and label at each step's start, and each lane's busy share of
+// the steps shown at its end.
+std::string lanes_svg(const Lanes& chart);
+
 struct BarGroup {
   std::string label;           // "actor[0] cpu:0", a sweep variant
   std::vector<double> values;  // one per bar name; < 0: nothing to draw ("-")

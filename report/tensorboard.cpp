@@ -68,13 +68,16 @@ void flatten(const nlohmann::json& j, const std::string& prefix,
 }
 
 constexpr const char* kHistogramKey = "histogram";
+constexpr const char* kTimelineKey = "timeline";  // intervals for the report's lanes
 
-// Every number but those under a "histogram" key (histogram_metrics reads them).
+// Every number but those under a "histogram" key (histogram_metrics reads them) or a
+// "timeline" key (intervals, not series).
 void flatten_scalars(const nlohmann::json& j, const std::string& prefix,
                      std::vector<std::pair<std::string, double>>& out) {
   if (!j.is_object()) return flatten(j, prefix, out);
   for (const auto& [k, v] : j.items())
-    if (k != kHistogramKey) flatten_scalars(v, prefix.empty() ? k : prefix + "/" + k, out);
+    if (k != kHistogramKey && k != kTimelineKey)
+      flatten_scalars(v, prefix.empty() ? k : prefix + "/" + k, out);
 }
 
 void find_histograms(const nlohmann::json& j, const std::string& prefix,
@@ -248,7 +251,7 @@ bool mark_resumed_after(const std::string& dir, int64_t step) {
 std::vector<std::pair<std::string, double>> scalar_metrics(const nlohmann::json& record) {
   std::vector<std::pair<std::string, double>> out;
   for (const auto& [k, v] : record.items())
-    if (k != "step") flatten_scalars(v, k, out);
+    if (k != "step" && k != kTimelineKey) flatten_scalars(v, k, out);
   return out;
 }
 

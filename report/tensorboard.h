@@ -48,8 +48,8 @@ class EventWriter {
 bool mark_resumed_after(const std::string& dir, int64_t step);
 
 // Every number of a metrics record as (tag, value): nested objects joined with '/'
-// ("time_s/generate", "memory/actor/0/peak_rss_bytes"); "step" itself, strings and
-// histograms left out.
+// ("time_s/generate", "memory/actor/0/peak_rss_bytes"); "step" itself, strings, histograms
+// and a "timeline" (intervals the HTML report draws as lanes) left out.
 std::vector<std::pair<std::string, double>> scalar_metrics(const nlohmann::json& record);
 // The record's histograms as (tag, counts): an array under a key named "histogram" (counts of
 // the values 0, 1, 2, ...), tagged by its parent ("staleness/histogram" -> "staleness").

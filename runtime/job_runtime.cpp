@@ -1,9 +1,11 @@
 #include "runtime/job_runtime.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <future>
 #include <iomanip>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <utility>
@@ -173,9 +175,41 @@ std::string StepClock::after(int64_t step) const {
   return elapsed_and_eta(seconds_since(start_), step - first_ + 1, total_ - first_ + 1);
 }
 
-BusyWindow::BusyWindow(const Scheduler& s) : start_(s.busy_seconds()) {}
+BusyWindow::BusyWindow(const Scheduler& s)
+    : start_(s.busy_seconds()), started_(std::chrono::steady_clock::now()) {}
 
-nlohmann::json BusyWindow::since(const Scheduler& s, double seconds) const {
+namespace {
+
+// The union of intervals, sorted and merged, each end rounded to 0.1 ms.
+nlohmann::json lane(std::vector<std::pair<double, double>> intervals, double seconds) {
+  std::sort(intervals.begin(), intervals.end());
+  std::vector<std::pair<double, double>> merged;
+  for (auto [from, to] : intervals) {
+    to = std::min(to, seconds);
+    if (to <= from) continue;
+    if (!merged.empty() && from <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, to);
+    else
+      merged.emplace_back(from, to);
+  }
+  nlohmann::json out = nlohmann::json::array();
+  auto round = [](double x) { return std::round(x * 1e4) / 1e4; };
+  for (const auto& [from, to] : merged)
+    if (round(to) > round(from)) out.push_back({round(from), round(to)});
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json BusyWindow::since(Scheduler& s, double seconds) const {
+  const auto intervals = s.busy_intervals(started_);
+  std::map<std::string, std::vector<std::pair<double, double>>> by_lane;
+  for (size_t i = 0; i < intervals.size(); ++i) {
+    auto& l = by_lane[role_name(s.workers()[i].placement.role)];
+    l.insert(l.end(), intervals[i].begin(), intervals[i].end());
+  }
+  nlohmann::json timeline = nlohmann::json::object();
+  for (auto& [role, l] : by_lane) timeline[role] = lane(std::move(l), seconds);
   const std::vector<double> now = s.busy_seconds();
   std::map<std::string, std::pair<double, int>> by_role;  // busy seconds summed, workers
   double busy = 0;
@@ -194,7 +228,8 @@ nlohmann::json BusyWindow::since(const Scheduler& s, double seconds) const {
   const double capacity = seconds * static_cast<double>(now.size());
   return {{"busy_s", busy_s},
           {"idle_s", idle_s},
-          {"devices_busy", capacity > 0 ? busy / capacity : 0.0}};
+          {"devices_busy", capacity > 0 ? busy / capacity : 0.0},
+          {"timeline", std::move(timeline)}};
 }
 
 }  // namespace rlhf::runtime

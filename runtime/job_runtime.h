@@ -132,12 +132,15 @@ class StepClock {
 class BusyWindow {
  public:
   explicit BusyWindow(const Scheduler& s);
-  // {"busy_s": {role: s}, "idle_s": {role: s}, "devices_busy": share in [0, 1]} over the
-  // `seconds` of wall time since construction.
-  nlohmann::json since(const Scheduler& s, double seconds) const;
+  // {"busy_s": {role: s}, "idle_s": {role: s}, "devices_busy": share in [0, 1], "timeline":
+  // {role: [[from, to], ...]}} over the `seconds` of wall time since construction; a
+  // timeline lane is the union of the group's ranks' busy intervals, in seconds from the
+  // window's start (rounded to 0.1 ms).
+  nlohmann::json since(Scheduler& s, double seconds) const;
 
  private:
   std::vector<double> start_;
+  std::chrono::steady_clock::time_point started_;
 };
 
 }  // namespace rlhf::runtime

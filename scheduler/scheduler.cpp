@@ -340,6 +340,12 @@ std::vector<double> Scheduler::busy_seconds() const {
   return busy_.seconds(Clock::now());
 }
 
+std::vector<std::vector<std::pair<double, double>>> Scheduler::busy_intervals(
+    Clock::time_point since) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return busy_.intervals(since, Clock::now());
+}
+
 uint64_t Scheduler::submit(size_t index, Message request) {
   uint64_t id;
   {

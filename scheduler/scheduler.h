@@ -104,6 +104,8 @@ class Scheduler {
   // Each worker's busy seconds so far (into workers()): the time it had a request in hand
   // (busy_clock.h). A step's share is the difference of two readings.
   std::vector<double> busy_seconds() const;
+  // Each worker's busy intervals since `since` (BusyClock::intervals): seconds from `since`.
+  std::vector<std::vector<std::pair<double, double>>> busy_intervals(Clock::time_point since);
   // Registration attempts refused so far (wrong token, unknown role/rank, duplicate).
   int refused_registrations() const { return refused_.load(); }
 

@@ -230,7 +230,7 @@ TEST_F(RunReport, ReportFileHasEveryChartAndTheRunsValues) {
   EXPECT_EQ(count_of(html, "http"), count_of(html, "xmlns=\"http://www.w3.org/2000/svg\""));
   for (const char* id :
        {"chart-reward", "chart-kl", "chart-loss", "chart-length", "chart-throughput",
-        "chart-phases", "chart-busy", "chart-memory-process", "chart-memory-tensor"})
+        "chart-phases", "chart-busy", "chart-lanes", "chart-memory-process", "chart-memory-tensor"})
     EXPECT_TRUE(contains(html, std::string("id=\"") + id + "\"")) << id;
   // The latest figures as the metrics have them, in the summary and the legends.
   const auto metrics = read_jsonl((run / "metrics.jsonl").string());
@@ -250,6 +250,14 @@ TEST_F(RunReport, ReportFileHasEveryChartAndTheRunsValues) {
       html, ">all devices: " + report::format_value(last["devices_busy"].get<double>(), "") +
                 " at step 3"));
   EXPECT_TRUE(contains(html, "<span id=\"last-step\">3</span> of 3"));
+  // Issue 42.4: the lanes draw every busy interval of the 3 steps, one rect each per group.
+  for (const char* role : {"actor", "critic", "ref", "rollout"}) {
+    size_t intervals = 0;
+    for (const auto& m : metrics) intervals += m["timeline"][role].size();
+    EXPECT_GT(intervals, 0u) << role;
+    EXPECT_EQ(count_of(html, std::string("class=\"busy\" data-lane=\"") + role + "\""), intervals)
+        << role;
+  }
   // Every role and rank with its device, planned beside measured.
   for (const auto& [role, ranks] : last["memory"].items()) {
     const json& m = ranks[0];

@@ -54,10 +54,23 @@ TEST_F(PpoJob, ThreeStepsWithFiveRoleProcesses) {
     // time; each group worked in the step; the rollout's work is the generate phase (its
     // request is most of that phase) and the sync's receiving end, no more.
     const double t = m["time_s"]["step"].get<double>();
+    // The timeline's lane of a one-rank group: sorted, disjoint intervals inside the step,
+    // whose lengths add up to its busy seconds (ends rounded to 0.1 ms).
     for (const char* role : {"actor", "critic", "reward", "ref", "rollout"}) {
       const double busy = m["busy_s"][role].get<double>(), idle = m["idle_s"][role].get<double>();
       EXPECT_GT(busy, 0.0) << role;
       EXPECT_NEAR(busy + idle, t, 1e-9 * t) << role;
+      const json& lane = m["timeline"][role];
+      double sum = 0, last = 0;
+      for (const auto& iv : lane) {
+        const double from = iv[0].get<double>(), to = iv[1].get<double>();
+        EXPECT_GE(from, last) << role;
+        EXPECT_GT(to, from) << role;
+        EXPECT_LE(to, t + 1e-4) << role;
+        sum += to - from;
+        last = to;
+      }
+      EXPECT_NEAR(sum, busy, 2e-4 * static_cast<double>(lane.size()) + 1e-6) << role;
     }
     const double rollout = m["busy_s"]["rollout"].get<double>();
     EXPECT_GE(rollout, 0.5 * m["time_s"]["generate"].get<double>());
