@@ -247,6 +247,43 @@ class BetweenDecodeSteps {
   std::vector<std::string> ops_;
 };
 
+// The tensors of a generate reply (or of one streamed part): responses padded to the
+// engine's max_new_tokens so micro batches and parts concatenate.
+void add_outputs(Message& m, const rollout::GenerationOutput& out, const rollout::Generator& g) {
+  const auto padded =
+      rollout::concat_outputs({out}, g.config().max_new_tokens, g.config().pad_token_id);
+  m.add("sequences", padded.sequences);
+  m.add("attention_mask", padded.attention_mask);
+  m.add("action_mask", padded.action_mask);
+  m.add("log_probs", padded.log_probs);
+  m.add("response_lengths", padded.response_lengths);
+  m.add("weight_versions", padded.token_versions);
+}
+
+// Streaming (Generate::stream_groups): each finished prompt group goes out as a partial reply
+// with its prompts' positions in the whole request.
+class StreamedGroups {
+ public:
+  StreamedGroups(rollout::Generator& generator, bool on, int64_t first_prompt)
+      : generator_(generator) {
+    if (!on) return;
+    generator.set_on_groups_done(
+        [this, first_prompt](rollout::GenerationOutput part, const std::vector<int64_t>& prompts) {
+          Message m;
+          add_outputs(m, part, generator_);
+          m.add("prompt_index", torch::tensor(prompts, torch::kInt64) + first_prompt);
+          m.args = nlohmann::json::object();
+          send_partial(std::move(m));
+        });
+  }
+  ~StreamedGroups() { generator_.set_on_groups_done({}); }
+  StreamedGroups(const StreamedGroups&) = delete;
+  StreamedGroups& operator=(const StreamedGroups&) = delete;
+
+ private:
+  rollout::Generator& generator_;
+};
+
 // generate (rollout/worker_ops.h). "prompt_index" is optional here (tests send one micro
 // batch without it). n_samples_per_prompt is this call's (held-out evaluation samples its own).
 Message generate(RolloutState& state, const ops::Generate& a, const Message& request) {
@@ -265,6 +302,9 @@ Message generate(RolloutState& state, const ops::Generate& a, const Message& req
   const int64_t configured_n = generator.config().n_samples_per_prompt;
   const int64_t n = a.n_samples_per_prompt;
   generator.set_samples_per_prompt(n);
+  if (a.stream_groups && state.multi_turn)
+    throw InputError("generate: stream_groups is for single-turn rollouts");
+  const StreamedGroups streamed(generator, a.stream_groups, first_prompt);
   rollout::GenerationOutput out;
   std::unique_ptr<rollout::EnvironmentTurns> turns;
   try {
@@ -276,20 +316,13 @@ Message generate(RolloutState& state, const ops::Generate& a, const Message& req
     throw;
   }
   generator.set_samples_per_prompt(configured_n);
-  const auto padded = rollout::concat_outputs({out}, generator.config().max_new_tokens,
-                                              generator.config().pad_token_id);
   ops::GenerateReply figures;
   figures.weight_version = out.weight_version;
   figures.prompt_length = out.prompt_length;
   figures.preempted = out.timings.preempted;
   figures.kv_peak_bytes = out.timings.kv_peak_bytes;
   Message reply;
-  reply.add("sequences", padded.sequences);
-  reply.add("attention_mask", padded.attention_mask);
-  reply.add("action_mask", padded.action_mask);
-  reply.add("log_probs", padded.log_probs);
-  reply.add("response_lengths", padded.response_lengths);
-  reply.add("weight_versions", padded.token_versions);
+  if (!a.stream_groups) add_outputs(reply, out, generator);  // streamed: every row went ahead
   if (turns) add_trajectories(reply, figures, out, turns->stats());
   reply.args = nlohmann::json(figures);
   return reply;

@@ -100,6 +100,7 @@ struct OperationQueue {
   const OperationRegistry& registry;
   const WorkerIdentity& self;
   std::deque<Queued> deferred;
+  const Message* current = nullptr;  // the request whose operation runs (send_partial)
 };
 thread_local OperationQueue* operation_queue = nullptr;
 
@@ -137,6 +138,7 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
     }
     if (!frames) continue;
     if (stop) return;  // set before the wake-up message, which is not a request
+    queue.current = nullptr;
     const uint64_t id = peek_request_id((*frames)[0]);
     std::string op;
     Message reply;
@@ -151,7 +153,9 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       if (!handler) throw RuntimeError("unknown operation \"" + request.op + "\"");
       const auto started = std::chrono::steady_clock::now();
       device_memory.begin(request.op);
+      queue.current = &request;
       reply = (*handler)(request, self);
+      queue.current = nullptr;
       device_memory.end(request.op);
       if (shares_device) release_cached_device_memory(self);
       finish_reply(reply, request, started);
@@ -217,6 +221,17 @@ void serve_in_flight(const std::vector<std::string>& ops) {
     }
     queue->pair.send(encode(reply));
   }
+}
+
+void send_partial(Message part) {
+  OperationQueue* queue = operation_queue;
+  if (!queue || !queue->current) throw RuntimeError("send_partial outside an operation");
+  part.kind = MessageKind::kPartial;
+  part.id = queue->current->id;
+  part.op = queue->current->op;
+  part.step = queue->current->step;
+  part.error.clear();
+  queue->pair.send(encode(part));
 }
 
 WorkerConfig WorkerConfig::from_env() {

@@ -45,6 +45,10 @@ struct WorkerConfig {
 // re-entrantly) and answers it (an error reply when its handler throws); every other request
 // stays queued, in order, for after the operation. Outside an operation thread: nothing.
 void serve_in_flight(const std::vector<std::string>& ops);
+// Inside an operation: sends `part` now as a partial reply (kPartial) of the request being
+// served, ahead of its reply (a streaming generate's finished prompt groups; RoleGroup::
+// scatter hands it to its caller's PartHandler). Throws RuntimeError outside an operation.
+void send_partial(Message part);
 
 class Worker {
  public:

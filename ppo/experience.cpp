@@ -4,15 +4,18 @@
 // rewards and advantages are computed here. Training is training.cpp.
 #include <algorithm>
 #include <future>
+#include <map>
 #include <optional>
 #include <tuple>
 #include <utility>
 
+#include "core/errors.h"
 #include "core/timing.h"
 #include "ppo/advantages.h"
 #include "ppo/kl.h"
 #include "ppo/phases.h"
 #include "ppo/reward_shaping.h"
+#include "ppo/stream_scorer.h"
 #include "rewards/reward_sources.h"
 #include "scheduler/role_group.h"
 #include "scheduler/scheduler.h"
@@ -65,6 +68,7 @@ ExperienceSettings ExperienceSettings::from(const ppo::PpoConfig& c, const JobRo
   s.roles = roles;
   s.dispatch = std::move(dispatch);
   s.max_staleness = c.max_staleness;
+  s.streaming = c.streaming;
   s.in_flight_updates = c.max_staleness > 0 && c.partial_rollout;
   s.correction = c.policy.correction;
   s.max_new_tokens = c.max_new_tokens;
@@ -93,14 +97,55 @@ Rollout ExperienceMaker::generate(const PromptBatch& batch, int64_t step, int64_
   // Seeds follow the prompt's position in the step (prompt_index), not the micro batch, so
   // a step samples the same whatever the rollout group size. A refill batch (dynamic
   // sampling) draws with its own seed.
-  return generate_with(
-      batch, s_.temperature, s_.n_samples_per_prompt,
-      s_.seed * 7919 + static_cast<uint64_t>(step) + static_cast<uint64_t>(refill) * 1000003,
-      s_.in_flight_updates);
+  const uint64_t seed =
+      s_.seed * 7919 + static_cast<uint64_t>(step) + static_cast<uint64_t>(refill) * 1000003;
+  const int64_t n = s_.n_samples_per_prompt;
+  if (!s_.streaming) return generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates);
+  // rollout.streaming: the groups that may score while the rollout generates start on each
+  // prompt group as it ends: the frozen ones always; the actor and critic only on-policy
+  // (max_staleness 0: nothing trains meanwhile, and their weights are the samples' policy).
+  auto calls = scoring_calls(s_.max_new_tokens);
+  if (s_.max_staleness > 0) {
+    calls.erase(Role::kActor);
+    calls.erase(Role::kCritic);
+  }
+  StreamScorer early(std::move(calls), batch.prompt_ids.size(0) * n);
+  Rollout r = generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates, &early);
+  r.early = early.finish(r.early_compute_s);
+  return r;
 }
 
+namespace {
+
+// A streamed generate's parts (each finished prompt group's rows, "prompt_index" giving its
+// prompts) into `reply`, rows in the request's order, as an unstreamed reply has them. Throws
+// RuntimeError when a prompt's rows did not all come.
+void merge_parts(Message& reply, const std::vector<Message>& parts, int64_t prompts, int64_t n) {
+  if (parts.empty()) throw RuntimeError("generate: the rollout streamed no prompt group");
+  std::vector<torch::Tensor> rows;
+  int64_t count = 0;
+  for (const Message& part : parts) {
+    const auto p = part.tensor("prompt_index").to(torch::kLong);
+    rows.push_back((p.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1}));
+    count += p.numel();
+  }
+  if (count != prompts)
+    throw RuntimeError("generate: the rollout streamed " + std::to_string(count) + " of " +
+                       std::to_string(prompts) + " prompt groups");
+  for (const NamedTensor& t : parts.front().tensors) {
+    if (t.name == "prompt_index") continue;
+    std::vector<int64_t> shape(t.tensor.sizes().begin(), t.tensor.sizes().end());
+    shape[0] = prompts * n;
+    torch::Tensor all = torch::zeros(shape, t.tensor.options());
+    for (size_t i = 0; i < parts.size(); ++i) all.index_copy_(0, rows[i], parts[i].tensor(t.name));
+    reply.add(t.name, all);
+  }
+}
+
+}  // namespace
+
 Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperature, int64_t n,
-                                       uint64_t seed, bool in_flight_updates) {
+                                       uint64_t seed, bool in_flight_updates, StreamScorer* early) {
   // Each micro batch goes to one engine: with tensor parallelism, the same request to each of
   // its ranks at once (RoleGroup replicas). n overrides the engine's samples per prompt.
   ops::Generate request;
@@ -110,6 +155,7 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
   request.sampling.seed = seed;
   request.n_samples_per_prompt = n;
   request.in_flight_updates = in_flight_updates;
+  request.stream_groups = early != nullptr;
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   if (s_.multi_turn) {
     // Each prompt's row for its environment's reset (indexed by prompt_index).
@@ -122,11 +168,24 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
     }
     request.rows = std::move(rows);
   }
-  Message reply = groups_.rollout->scatter(request,
-                                           {{"prompt_ids", batch.prompt_ids},
-                                            {"prompt_mask", batch.prompt_mask},
-                                            {"prompt_index", index}},
-                                           s_.micro_batch_size);
+  // Streaming: each finished prompt group's rows to the early scorers as they come.
+  std::vector<Message> parts;
+  RoleGroup::PartHandler on_part;
+  if (early)
+    on_part = [&](int64_t, Message part) {
+      const auto p = part.tensor("prompt_index").to(torch::kLong);
+      early->add((p.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1}),
+                 {{"sequences", part.tensor("sequences")},
+                  {"attention_mask", part.tensor("attention_mask")}});
+      parts.push_back(std::move(part));
+    };
+  Message reply =
+      groups_.rollout->scatter(request,
+                               {{"prompt_ids", batch.prompt_ids},
+                                {"prompt_mask", batch.prompt_mask},
+                                {"prompt_index", index}},
+                               s_.micro_batch_size, Dispatch::kLeastLoaded, std::nullopt, on_part);
+  if (early) merge_parts(reply, parts, batch.prompt_ids.size(0), n);
   Rollout r;
   // Micro batches spread over the engines (an engine's TP ranks compute each one together).
   r.compute_s = scatter_compute(reply, groups_.rollout->replicas());
@@ -247,49 +306,58 @@ std::string ExperienceMaker::response_text(const Rollout& r, int64_t row) const 
   return tokenizer_.decode(ids, tokenizer::SkipSpecial::kYes);
 }
 
-Experience ExperienceMaker::score(Rollout& r) {
+std::map<Role, StreamScorer::Call> ExperienceMaker::scoring_calls(int64_t action_len) const {
   const int64_t micro = s_.micro_batch_size * s_.n_samples_per_prompt;
   // Every forward of a scorer holds at most max_tokens (rows x padded length); max_rows lets
   // ranks that gather weights in each forward (ZeRO-3) agree on the number of forwards.
   // Actor and reference log-probs at the sampling temperature (logits / T), so the ratio and
   // the KL compare the distributions the samples were drawn from (OpenRLHF, veRL).
   const ops::ForwardBudget budget{s_.max_tokens_per_micro_batch, micro};
-  const int64_t action_len = r.action_mask.size(1);
-  auto seq = sequence_tensors(r);
-  // Each future yields the group's reply and its ranks (for the compute accounting).
-  using Scored = std::pair<Message, int>;
-  auto call = [&](RoleGroup* group, auto request) {
+  std::map<Role, StreamScorer::Call> calls;
+  auto add = [&](RoleGroup* group, auto request) {
     const Dispatch dispatch = s_.dispatch.at(group->role());
-    return in_parallel([group, &seq, request, micro, dispatch]() -> Scored {
-      return {group->scatter(request, seq, micro, dispatch), group->size()};
-    });
+    calls[group->role()] = [group, request, micro, dispatch](const std::vector<NamedTensor>& rows) {
+      Message reply = group->scatter(request, rows, micro, dispatch);
+      const double compute = scatter_compute(reply, group->size());
+      return std::make_pair(std::move(reply), compute);
+    };
   };
   const JobRoles& has = s_.roles;
-  auto old = call(groups_.actor,
-                  ops::LogProbs{action_len, budget, s_.temperature, true, has.ref_from_actor});
-  std::future<Scored> ref, values, model_scores;
+  add(groups_.actor, ops::LogProbs{action_len, budget, s_.temperature, true, has.ref_from_actor});
   if (has.ref && !has.ref_from_actor)
-    ref = call(groups_.ref, ops::LogProbs{action_len, budget, s_.temperature, false, false});
-  if (has.critic) values = call(groups_.critic, ops::Values{action_len, budget});
-  if (has.reward_model) model_scores = call(groups_.reward, ops::Score{budget});
+    add(groups_.ref, ops::LogProbs{action_len, budget, s_.temperature, false, false});
+  if (has.critic) add(groups_.critic, ops::Values{action_len, budget});
+  if (has.reward_model) add(groups_.reward, ops::Score{budget});
+  return calls;
+}
+
+Experience ExperienceMaker::score(Rollout& r) {
+  // The groups not scored while the rollout generated (rollout.streaming), at once.
+  const auto seq = sequence_tensors(r);
+  std::map<Role, std::future<std::pair<Message, double>>> calls;
+  for (auto& [role, call] : scoring_calls(r.action_mask.size(1)))
+    if (!r.early.count(role))
+      calls[role] = in_parallel([call = std::move(call), &seq] { return call(seq); });
   Experience e;
+  const JobRoles& has = s_.roles;
   // Rule, Python and remote sources on the driver while the groups compute.
   if (!has.reward_model) score_rewards(r);
   // Each group's reply, with its worker time counted toward the slowest scorer.
-  auto take = [&e](std::future<Scored>& f) {
-    Scored got = f.get();
-    e.compute_s = std::max(e.compute_s, scatter_compute(got.first, got.second));
-    return got.first;
+  auto take = [&](Role role) {
+    if (auto it = r.early.find(role); it != r.early.end()) return it->second;
+    auto [reply, compute] = calls.at(role).get();
+    e.compute_s = std::max(e.compute_s, compute);
+    return reply;
   };
-  const Message actor_reply = take(old);
+  const Message actor_reply = take(Role::kActor);
   const torch::Tensor current = actor_reply.tensor("log_probs");
   set_old_log_probs(e, r, current);
   e.entropy = actor_reply.tensor("entropy");
   if (has.ref)
-    e.log_probs_ref =
-        has.ref_from_actor ? actor_reply.tensor("ref_log_probs") : take(ref).tensor("log_probs");
-  if (has.critic) e.values = take(values).tensor("values");
-  if (has.reward_model) score_rewards(r, take(model_scores).tensor("scores"));
+    e.log_probs_ref = has.ref_from_actor ? actor_reply.tensor("ref_log_probs")
+                                         : take(Role::kRef).tensor("log_probs");
+  if (has.critic) e.values = take(Role::kCritic).tensor("values");
+  if (has.reward_model) score_rewards(r, take(Role::kReward).tensor("scores"));
   e.scores = r.scores;
   e.source_scores = r.source_scores;
   shape_rewards(e, r, current);

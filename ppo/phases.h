@@ -24,6 +24,7 @@
 #include "ppo/ppo_config.h"
 #include "ppo/prompt_batches.h"
 #include "ppo/rollout_data.h"
+#include "ppo/stream_scorer.h"
 #include "ppo/worker_ops.h"
 #include "rollout/worker_ops.h"
 #include "scheduler/role_group.h"
@@ -83,6 +84,7 @@ struct ExperienceSettings {
   // Off-policy samples (algo.max_staleness, rollout.partial_rollout).
   int64_t max_staleness = 0;
   bool in_flight_updates = false;  // training samples' generate calls take weight syncs
+  bool streaming = false;          // rollout.streaming: scoring starts on finished groups
   // Shaping (algo.*).
   RolloutCorrectionConfig correction;
   int64_t max_new_tokens = 0;
@@ -109,8 +111,10 @@ class ExperienceMaker {
   // One generate request for `batch` over the rollout group: `n` samples per prompt at
   // `temperature` (0: greedy), drawn from `seed`; the reply as a Rollout with its texts.
   // `in_flight_updates`: weight syncs may land between its decode steps.
+  // `early` (rollout.streaming): the rollout streams each finished prompt group back and
+  // its rows go to `early` at once.
   Rollout generate_with(const PromptBatch& batch, double temperature, int64_t n, uint64_t seed,
-                        bool in_flight_updates = false);
+                        bool in_flight_updates = false, StreamScorer* early = nullptr);
   // Scores r with every reward source (the reward model's scores passed in where there is
   // one): sets r.scores [B] and r.source_scores [S, B] unless already set.
   void score_rewards(Rollout& r, const torch::Tensor& model_scores = {}) const;
@@ -121,6 +125,10 @@ class ExperienceMaker {
  private:
   Rollout generate(const PromptBatch& batch, int64_t step, int64_t refill = 0);
   Rollout sample_groups(int64_t step);  // sample() without its accounting
+  // Each scoring group's call on rows' sequences (the actor's log-probs with entropy, and
+  // the reference's with adapters off; the reference's; the critic's values; the reward
+  // model's scores), by role.
+  std::map<Role, StreamScorer::Call> scoring_calls(int64_t action_len) const;
   // From the actor's current log-probs [B, A]: the ratio's denominator, the rollout
   // mismatch and the log-prob difference.
   void set_old_log_probs(Experience& e, const Rollout& r, const torch::Tensor& current) const;

@@ -68,6 +68,7 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec) {
   c.dynamic_sampling = spec.get_bool("algo.dynamic_sampling");
   c.max_staleness = spec.get_int("algo.max_staleness");
   c.partial_rollout = spec.get_bool("rollout.partial_rollout");
+  c.streaming = spec.get_bool("rollout.streaming");
   c.max_refill_batches = spec.get_int("rollout.max_refill_batches");
   return c;
 }

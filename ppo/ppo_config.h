@@ -54,6 +54,7 @@ struct PpoConfig {
   double overlong_penalty_factor = 1.0;
   int64_t max_staleness = 0;       // algo.max_staleness: 0 = on-policy
   bool partial_rollout = true;     // rollout.partial_rollout: in-flight weight updates
+  bool streaming = false;          // rollout.streaming: scoring starts on finished groups
   bool dynamic_sampling = false;   // drop groups whose samples all score the same
   int64_t max_refill_batches = 0;  // extra batches generated to refill dropped groups
   // (Checkpoints and logging are the job runtime's: runtime/job_runtime.h.)

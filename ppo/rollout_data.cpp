@@ -31,6 +31,7 @@ std::vector<NamedTensor> sequence_tensors(const Rollout& r) {
 
 Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
   Rollout out = r;
+  out.early.clear();  // scored again for the rows kept
   out.sequences = r.sequences.index_select(0, index).contiguous();
   out.attention_mask = r.attention_mask.index_select(0, index).contiguous();
   out.action_mask = r.action_mask.index_select(0, index).contiguous();
@@ -79,6 +80,7 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
     return out;
   };
   Rollout out = a;
+  out.early.clear();  // scored again for the rows together
   out.sequences =
       torch::cat({pad(a.sequences, pa, pad_id, true), pad(b.sequences, pb, pad_id, true)});
   out.attention_mask =

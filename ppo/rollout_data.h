@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/spec.h"
 #include "ppo/advantages.h"
 #include "ppo/rollout_correction.h"
 #include "transport/message.h"
@@ -51,9 +53,13 @@ struct Rollout {
   torch::Tensor token_versions;  // [B, A] int64 the weight version that sampled each token
   int64_t consumed = 0;          // prompts the stream had handed out once these were drawn
   double generate_s = 0;         // wall time of drawing them (generate, refills)
-  double compute_s = 0;          // rollout workers' generate time on the critical path
-  int64_t preempted = 0;         // sequences the rollout evicted and recomputed (paged KV)
-  int64_t kv_peak_bytes = 0;     // most KV cache bytes in use on one rollout worker
+  // rollout.streaming: the scoring groups' replies made while the rollout generated, by role
+  // (rows in this rollout's order), and their worker compute; score() calls the others.
+  std::map<Role, Message> early;
+  double early_compute_s = 0;
+  double compute_s = 0;       // rollout workers' generate time on the critical path
+  int64_t preempted = 0;      // sequences the rollout evicted and recomputed (paged KV)
+  int64_t kv_peak_bytes = 0;  // most KV cache bytes in use on one rollout worker
   // Multi-turn rollouts (an environment; undefined / empty without one), per trajectory.
   torch::Tensor env_rewards;                  // [B] FP32 summed, added to the scores
   torch::Tensor turns;                        // [B] int64 model turns

@@ -176,6 +176,15 @@ void check_ppo(SpecCheck& v) {
               "in-flight weight updates are not supported with rollout.tensor_parallel_size " +
                   std::to_string(v.integer("rollout.tensor_parallel_size")) +
                   " (its ranks would have to agree on the decode step): set it false");
+  if (v.ok({"rollout.streaming"}) && v.flag("rollout.streaming") &&
+      envs::has_environment(v.resolved))
+    v.problem("rollout.streaming",
+              "streams single-turn rollouts only; an environment (env.*) makes them multi-turn");
+  if (v.ok({"rollout.streaming", "algo.dynamic_sampling"}) && v.flag("rollout.streaming") &&
+      v.flag("algo.dynamic_sampling"))
+    v.problem("rollout.streaming",
+              "is not supported with algo.dynamic_sampling yet (its kept groups would be scored "
+              "again at the step): set one of them false");
   const double dual = v.real("actor.dual_clip");
   if (v.ok({"actor.dual_clip"}) && dual != 0 && dual <= 1)
     v.problem("actor.dual_clip",

@@ -69,8 +69,7 @@ GenerationOutput Generator::generate(const torch::Tensor& prompt_ids,
   const int64_t started_with = weight_version_;
   auto out = generate_paged(ids, mask, sampler, first_prompt * n, turns, max_turns);
   // The newest weights that sampled a token (an update after the last one changes none).
-  const auto sampled = out.token_versions.masked_select(out.action_mask.to(torch::kBool));
-  out.weight_version = sampled.numel() > 0 ? sampled.max().item<int64_t>() : started_with;
+  out.weight_version = newest_version(out, started_with);
   return out;
 }
 
@@ -116,6 +115,30 @@ GenerationOutput assemble_output(const torch::Tensor& prompt_ids, const torch::T
   result.response_lengths = lengths_cpu;
   result.prompt_length = prompt_ids.size(1);
   return result;
+}
+
+int64_t newest_version(const GenerationOutput& out, int64_t fallback) {
+  const auto sampled = out.token_versions.masked_select(out.action_mask.to(torch::kBool));
+  return sampled.numel() > 0 ? sampled.max().item<int64_t>() : fallback;
+}
+
+GenerationOutput select_groups(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                               int64_t n, const Generator::DecodeState& d,
+                               const torch::Tensor& token_versions,
+                               const std::vector<int64_t>& prompts, int64_t fallback) {
+  std::vector<int64_t> rows;
+  for (int64_t p : prompts)
+    for (int64_t s = 0; s < n; ++s) rows.push_back(p * n + s);
+  const auto pi = torch::tensor(prompts, torch::kInt64);
+  const auto ri = torch::tensor(rows, torch::kInt64);
+  const auto rd = ri.to(d.tokens.device());
+  GenerationOutput part = assemble_output(
+      prompt_ids.index_select(0, pi), prompt_mask.index_select(0, pi), n,
+      d.tokens.index_select(0, rd), d.log_probs.index_select(0, rd), d.lengths.index_select(0, rd));
+  part.token_versions =
+      token_versions.index_select(0, ri).narrow(1, 0, part.action_mask.size(1)).contiguous();
+  part.weight_version = newest_version(part, fallback);
+  return part;
 }
 
 GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int64_t response_length,

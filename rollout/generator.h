@@ -20,6 +20,8 @@
 
 namespace rlhf::rollout {
 
+class PagedBatcher;
+
 class TurnHandler;
 
 // Where a generate call's time went (summed over micro batches), for metrics and benches.
@@ -85,6 +87,12 @@ class Generator {
   // the KV cache and CUDA graphs stay as they are) and returns weight_version() after them;
   // the rows in flight continue with the new weights. Unset (the default): none.
   void set_between_steps(std::function<int64_t()> hook) { between_steps_ = std::move(hook); }
+  // Streaming (issue 42.1; single-turn calls): `done` gets each prompt group as soon as its
+  // last row ends, as its own output (rows p * n + s of the call's prompts `prompts`, in
+  // that order, R its longest response), during the call; every prompt once. Unset: none.
+  using GroupsDone =
+      std::function<void(GenerationOutput part, const std::vector<int64_t>& prompts)>;
+  void set_on_groups_done(GroupsDone done) { on_groups_done_ = std::move(done); }
 
   // prompt_ids, prompt_mask: [B, P] int64, left-padded (every row has >= 1 token). Returns
   // B * n_samples_per_prompt rows. These prompts are prompts [first_prompt, first_prompt + B)
@@ -126,6 +134,11 @@ class Generator {
                                   Sampler& sampler, int64_t first_row, TurnHandler* turns,
                                   int64_t max_turns);
 
+  // The in-flight version poll and (single-turn) the streaming of finished groups of a call,
+  // on its batcher (paged_generation.cpp).
+  void hook(PagedBatcher& batcher, const torch::Tensor& prompt_ids,
+            const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn);
+
   // The pool and graphs kept between calls (paged_generation.cpp).
   struct PagedEngine;
   // The kept engine when it has at least these sizes, else a new one in its place.
@@ -135,6 +148,7 @@ class Generator {
   GenerationConfig config_;
   int64_t weight_version_ = 0;
   std::function<int64_t()> between_steps_;
+  GroupsDone on_groups_done_;
   std::unique_ptr<PagedEngine> paged_engine_;
 };
 
@@ -143,6 +157,16 @@ class Generator {
 GenerationOutput assemble_output(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
                                  int64_t n, const torch::Tensor& tokens,
                                  const torch::Tensor& log_probs, const torch::Tensor& lengths);
+
+// Streaming: prompts `prompts` of a call in progress (rows p * n + s, in that order) as their
+// own output, from its prompts [B, P], decode state and token versions [N, max_new_tokens];
+// its weight_version is the newest of its tokens' (`fallback` when it has none).
+GenerationOutput select_groups(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
+                               int64_t n, const Generator::DecodeState& d,
+                               const torch::Tensor& token_versions,
+                               const std::vector<int64_t>& prompts, int64_t fallback);
+// The newest version that sampled one of out's tokens, `fallback` when none did.
+int64_t newest_version(const GenerationOutput& out, int64_t fallback);
 
 // Pads every output to `response_length` response columns (>= each R) and concatenates
 // along rows, in order. Used to join micro batches, and by callers that need a fixed R.

@@ -174,9 +174,11 @@ void PagedBatcher::run(int64_t check_every) {
     if (++step % check_every == 0) {
       release_finished();
       serve_answers(0.0);
+      flush_groups();
       admit();
     }
   }
+  flush_groups();
 }
 
 int64_t PagedBatcher::held_tokens(const Waiting& w) const {
@@ -438,6 +440,15 @@ void PagedBatcher::finish_row(int64_t row) {
   cache_.release(rows_[row].seq);
   rows_[row].seq = -1;
   rows_[row].done = true;
+  if (!on_groups_done_) return;
+  const int64_t n = limits_.n_samples, prompt = row / n;
+  rows_ended_.resize(prompts_.size(), 0);
+  if (++rows_ended_[static_cast<size_t>(prompt)] == n) groups_ended_.push_back(prompt);
+}
+
+void PagedBatcher::flush_groups() {
+  if (!on_groups_done_ || groups_ended_.empty()) return;
+  on_groups_done_(std::exchange(groups_ended_, {}));
 }
 
 void PagedBatcher::end_row(int64_t row) {
@@ -697,6 +708,19 @@ bool uses_padded_steps(const GenerationConfig& config, const torch::Device& devi
 
 }  // namespace
 
+void Generator::hook(PagedBatcher& batcher, const torch::Tensor& prompt_ids,
+                     const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn) {
+  batcher.set_version_poll(weight_version_, between_steps_);
+  if (!on_groups_done_ || !single_turn) return;
+  const int64_t n = config_.n_samples_per_prompt, R = config_.max_new_tokens;
+  batcher.set_on_groups_done(
+      [this, &batcher, prompt_ids, prompt_mask, &d, n, R](const std::vector<int64_t>& prompts) {
+        on_groups_done_(select_groups(prompt_ids, prompt_mask, n, d, batcher.token_versions(R),
+                                      prompts, weight_version_),
+                        prompts);
+      });
+}
+
 GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
                                            const torch::Tensor& prompt_mask, Sampler& sampler,
                                            int64_t first_row, TurnHandler* turns,
@@ -753,8 +777,7 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
       batcher_limits(config_, max_seqs, num_blocks, per_block, max_turns);
   PagedBatcher batcher(model, *cache, sampler, decoder, d, std::move(prompts), limits, turns);
   batcher.set_preambles(std::move(opened.preambles));
-  batcher.set_version_poll(weight_version_, between_steps_);
-
+  hook(batcher, opened.prompt_ids, opened.prompt_mask, d, turns == nullptr);
   auto clock = Clock::now();
   batcher.run(check_every);
   if (device.is_cuda()) torch::cuda::synchronize();

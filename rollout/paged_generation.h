@@ -90,6 +90,12 @@ class PagedBatcher {
     version_ = version;
     poll_ = std::move(poll);
   }
+  // Streaming (issue 42.1): `done` is called with the prompts whose n rows have all ended,
+  // in the order they ended, at each check of the device that ended some and at the end of
+  // run(); every prompt once.
+  void set_on_groups_done(std::function<void(const std::vector<int64_t>& prompts)> done) {
+    on_groups_done_ = std::move(done);
+  }
   // [N, R] int64: the version that sampled each output position (issue 42.3): a row's
   // positions from its token count at an update on carry the update's version.
   torch::Tensor token_versions(int64_t R) const;
@@ -186,6 +192,8 @@ class PagedBatcher {
   void note_peak();
   // Asks poll_ for the version now; a new one is recorded with each row's token count.
   void poll_version();
+  // Hands the prompts ended since the last call to on_groups_done_.
+  void flush_groups();
 
   models::CausalLM& model_;
   models::PagedKvCache& cache_;
@@ -215,6 +223,10 @@ class PagedBatcher {
   int64_t version_ = 0;
   std::function<int64_t()> poll_;
   std::vector<std::pair<int64_t, std::vector<int64_t>>> updates_;
+  // Streaming: rows ended per prompt, and the prompts ended since the last flush.
+  std::function<void(const std::vector<int64_t>&)> on_groups_done_;
+  std::vector<int64_t> rows_ended_;
+  std::vector<int64_t> groups_ended_;
 };
 
 }  // namespace rlhf::rollout

@@ -166,6 +166,12 @@ void add_sync_keys(KeyTable& t) {
             "continue with the new weights and their KV cache as it is, and each token carries "
             "the version that sampled it. false: a weight sync waits for the generate call in "
             "progress to end. Not with rollout.tensor_parallel_size > 1.");
+  t.boolean("rollout.streaming", false,
+            "Each prompt's group of samples comes back from the rollout as soon as its last "
+            "response ends, and scoring starts on it while generation goes on: the reference "
+            "and reward model always, the actor's log-probs and the critic's values too with "
+            "algo.max_staleness 0 (nothing trains meanwhile). Single-turn rollouts only, not with "
+            "algo.dynamic_sampling.");
 }
 
 void check_rollout(SpecCheck& v) {

@@ -81,7 +81,11 @@ RLHF_WIRE_STRUCT(GenerateReply, "generate reply", weight_version, prompt_length,
 // by prompt index, for its reset; [] otherwise. `in_flight_updates` (rollout.partial_rollout):
 // a sync_weights that reaches the worker meanwhile is applied between two decode steps, and
 // the rows in flight continue with the new weights and their KV cache as it is (not under
-// tensor parallelism: its ranks would have to agree on the step).
+// tensor parallelism: its ranks would have to agree on the step). `stream_groups`
+// (single-turn; rollout.streaming): each prompt's n samples go to the driver as a partial
+// reply (worker.h send_partial) as soon as the last of them ends, with the tensors above but
+// the environment's and "prompt_index" [g] (their prompts' positions in the whole request);
+// the reply then carries its figures only, no tensors.
 struct Generate {
   static constexpr const char* kName = "generate";
   using Reply = GenerateReply;
@@ -89,8 +93,10 @@ struct Generate {
   int64_t n_samples_per_prompt = 1;
   nlohmann::json rows = nlohmann::json::array();
   bool in_flight_updates = false;
+  bool stream_groups = false;
 };
-RLHF_WIRE_STRUCT(Generate, "generate", sampling, n_samples_per_prompt, rows, in_flight_updates)
+RLHF_WIRE_STRUCT(Generate, "generate", sampling, n_samples_per_prompt, rows, in_flight_updates,
+                 stream_groups)
 
 // One weight sync's figures (rollout::WeightSyncStats).
 struct SyncReply {

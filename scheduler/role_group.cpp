@@ -126,6 +126,20 @@ int64_t batch_rows(const std::string& op, const std::vector<NamedTensor>& batch)
   return rows;
 }
 
+// Micro batch `chunk` (of `micro_batch_size` rows; the last may be shorter) of `batch` as a
+// request for `op` with `args`.
+Message micro_batch_request(const std::string& op, const nlohmann::json& args,
+                            const std::vector<NamedTensor>& batch, int64_t chunk,
+                            int64_t micro_batch_size) {
+  Message request;
+  request.op = op;
+  request.args = args;
+  const int64_t rows = batch.front().tensor.size(0), begin = chunk * micro_batch_size;
+  const int64_t len = std::min(micro_batch_size, rows - begin);
+  for (const auto& t : batch) request.add(t.name, t.tensor.narrow(0, begin, len));
+  return request;
+}
+
 // The micro batches' replies as one: their args listed, their tensors concatenated by row.
 Message gather_micro_batches(const std::string& op, const std::vector<Message>& results) {
   Message gathered;
@@ -149,7 +163,7 @@ Message gather_micro_batches(const std::string& op, const std::vector<Message>& 
 
 Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>& batch,
                            int64_t micro_batch_size, const nlohmann::json& args, Timeout timeout,
-                           Dispatch dispatch) {
+                           Dispatch dispatch, const PartHandler& on_part) {
   TORCH_CHECK(!batch.empty(), "scatter \"", op, "\": empty batch");
   TORCH_CHECK(micro_batch_size > 0, "scatter \"", op, "\": micro_batch_size must be > 0, got ",
               micro_batch_size);
@@ -178,12 +192,8 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
   std::vector<Message> results(chunks);
   int64_t next = 0, done = 0;
   const auto submit = [&](int64_t call, int replica) {
-    Message request;
-    request.op = op;
-    request.args = args;
-    const int64_t chunk = std::min(call, chunks - 1);
-    const int64_t begin = chunk * micro_batch_size, len = std::min(micro_batch_size, rows - begin);
-    for (const auto& t : batch) request.add(t.name, t.tensor.narrow(0, begin, len));
+    const Message request =
+        micro_batch_request(op, args, batch, std::min(call, chunks - 1), micro_batch_size);
     replies_of[call].resize(per);
     for (int m = 0; m < per; ++m)
       owner[scheduler_.submit(workers_[replica * per + m], request)] = {call, replica, m};
@@ -208,7 +218,12 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
     }
     std::vector<uint64_t> waiting;
     for (const auto& [id, where] : owner) waiting.push_back(id);
-    auto [id, reply] = scheduler_.await_any(waiting, until);
+    auto [id, reply, partial] = scheduler_.await_progress(waiting, until);
+    if (partial) {  // without a handler, or from another rank of the replica: not needed
+      const Owner& o = owner.at(id);
+      if (on_part && o.member == 0 && o.call < chunks) on_part(o.call, std::move(reply));
+      continue;
+    }
     const Owner o = owner.at(id);
     owner.erase(id);
     const int first_rank = o.replica * per;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -95,17 +96,23 @@ class RoleGroup {
   // naming the rank whose reply was an error; with several ranks per replica also
   // RuntimeError when a rank's reply differs from its replica's first rank's in tensor names,
   // shapes or dtypes, or in the values of an integer or bool tensor (the ranks diverged).
+  // `on_part`, when set, is called on this thread with each partial reply (kPartial, from a
+  // replica's first rank) as it arrives, with its micro batch's index: parts of a micro
+  // batch's result its worker sends ahead of the reply (a streaming generate's finished
+  // prompt groups).
+  using PartHandler = std::function<void(int64_t micro_batch, Message part)>;
   Message scatter(const std::string& op, const std::vector<NamedTensor>& batch,
                   int64_t micro_batch_size, const nlohmann::json& args = nlohmann::json::object(),
-                  Timeout timeout = std::nullopt, Dispatch dispatch = Dispatch::kLeastLoaded);
+                  Timeout timeout = std::nullopt, Dispatch dispatch = Dispatch::kLeastLoaded,
+                  const PartHandler& on_part = {});
   // The typed form: every micro batch's reply is checked to be a Request::Reply
   // (micro_batch_replies<Request> reads them back).
   template <typename Request, typename Reply = typename Request::Reply>
   Message scatter(const Request& request, const std::vector<NamedTensor>& batch,
                   int64_t micro_batch_size, Dispatch dispatch = Dispatch::kLeastLoaded,
-                  Timeout timeout = std::nullopt) {
+                  Timeout timeout = std::nullopt, const PartHandler& on_part = {}) {
     Message gathered = scatter(std::string(Request::kName), batch, micro_batch_size,
-                               request_args(request), timeout, dispatch);
+                               request_args(request), timeout, dispatch, on_part);
     micro_batch_replies<Request>(gathered);
     return gathered;
   }

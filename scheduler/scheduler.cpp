@@ -368,14 +368,34 @@ uint64_t Scheduler::submit(size_t index, Message request) {
 
 std::pair<uint64_t, Message> Scheduler::await_any(const std::vector<uint64_t>& ids,
                                                   Clock::time_point deadline) {
+  Progress p = await(ids, deadline, false);
+  return {p.id, std::move(p.message)};
+}
+
+Scheduler::Progress Scheduler::await_progress(const std::vector<uint64_t>& ids,
+                                              Clock::time_point deadline) {
+  return await(ids, deadline, true);
+}
+
+Scheduler::Progress Scheduler::await(const std::vector<uint64_t>& ids, Clock::time_point deadline,
+                                     bool partials) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
+    if (partials)
+      for (uint64_t id : ids) {
+        auto it = partials_.find(id);
+        if (it == partials_.end() || it->second.empty()) continue;
+        Progress out{id, std::move(it->second.front()), true};
+        it->second.pop_front();
+        return out;
+      }
     for (uint64_t id : ids) {
       auto it = replies_.find(id);
       if (it == replies_.end()) continue;
-      std::pair<uint64_t, Message> out{id, std::move(it->second)};
+      Progress out{id, std::move(it->second), false};
       replies_.erase(it);
       pending_op_.erase(id);
+      partials_.erase(id);  // parts nobody asked for (await_any) go with the reply
       return out;
     }
     if (failure_) rethrow_failure_locked();
@@ -437,6 +457,14 @@ void Scheduler::on_incoming(Frames&& frames) {
     std::cerr << "rlhf scheduler: malformed message from " << infos_[index].placement.label()
               << ": " << e.what() << std::endl;
     m = make_error(peeked, "", std::string("malformed reply: ") + e.what());
+  }
+  if (m.kind == MessageKind::kPartial) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_.count(m.id)) {
+      partials_[m.id].push_back(std::move(m));
+      changed_.notify_all();
+    }
+    return;
   }
   if (m.kind != MessageKind::kReply && m.kind != MessageKind::kError) return;  // heartbeat
   std::lock_guard<std::mutex> lock(mutex_);

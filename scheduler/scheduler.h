@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -117,8 +118,17 @@ class Scheduler {
   // deadline (naming the operation and worker).
   std::pair<uint64_t, Message> await_any(const std::vector<uint64_t>& ids,
                                          Clock::time_point deadline);
+  // What await_any returns, or a partial reply (kPartial: part of a request's result sent
+  // ahead of its reply, in the order sent) to one of `ids`, first when one is there.
+  struct Progress {
+    uint64_t id = 0;
+    Message message;
+    bool partial = false;
+  };
+  Progress await_progress(const std::vector<uint64_t>& ids, Clock::time_point deadline);
 
  private:
+  Progress await(const std::vector<uint64_t>& ids, Clock::time_point deadline, bool partials);
   struct Io;  // sockets, processes and registration state: I/O thread only
   void io_loop();
   // start()'s parts, in order.
@@ -165,6 +175,7 @@ class Scheduler {
   std::map<uint64_t, size_t> pending_;  // request id -> worker index
   std::map<uint64_t, std::string> pending_op_;
   std::map<uint64_t, Message> replies_;
+  std::map<uint64_t, std::deque<Message>> partials_;  // kPartial messages not yet awaited
   BusyClock busy_;  // per worker: requests outstanding and busy seconds
   size_t registered_ = 0;
   std::optional<std::string> failure_;  // first failure report

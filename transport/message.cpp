@@ -23,7 +23,7 @@ constexpr KindName kKinds[] = {
     {MessageKind::kRequest, "request"},       {MessageKind::kReply, "reply"},
     {MessageKind::kError, "error"},           {MessageKind::kRegister, "register"},
     {MessageKind::kRegistered, "registered"}, {MessageKind::kHeartbeat, "heartbeat"},
-    {MessageKind::kShutdown, "shutdown"},
+    {MessageKind::kShutdown, "shutdown"},     {MessageKind::kPartial, "partial"},
 };
 
 struct DtypeName {

@@ -26,6 +26,7 @@ enum class MessageKind {
   kRegistered,  // scheduler -> worker: accepted (args carry heartbeat settings)
   kHeartbeat,   // both ways: liveness
   kShutdown,    // scheduler -> worker: finish the current operation and exit
+  kPartial,     // worker -> scheduler: part of request `id`'s result, ahead of its reply
 };
 const char* message_kind_name(MessageKind kind);
 

@@ -4,11 +4,12 @@
 // must equal generating locally with the actor's weights (same seed, same rows). A worker
 // put to sleep (weights in host memory) refuses to generate until woken, and then
 // generates exactly what it generated before. A sync in flight lands between two decode
-// steps.
+// steps. A streaming generate sends each prompt group back as it ends.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <future>
+#include <set>
 
 #include "core/errors.h"
 #include "models/causal_lm.h"
@@ -449,6 +450,60 @@ TEST(RolloutWorker, InFlightUpdateChangesTheWeightsBetweenTwoDecodeSteps) {
   EXPECT_TRUE(torch::equal(expected.token_versions, versions));
   EXPECT_TRUE(torch::equal(reply.tensor("sequences"), expected.sequences));
   EXPECT_LT((reply.tensor("log_probs") - expected.log_probs).abs().max().item<double>(), 1e-6);
+  scheduler.shutdown();
+}
+
+// Issue 42.1: a streaming generate sends each prompt's group back as soon as its last
+// sample ends, before its reply: each part holds the groups that ended at one decode step
+// (all of a part's groups share their longest response, parts in increasing order), every
+// prompt comes once, the reply carries no rows, and the rows put back in prompt order are
+// exactly the unstreamed call's (same seed).
+TEST(RolloutWorker, StreamedGroupsArriveAsTheyEndAndMakeTheSameRows) {
+  torch::set_num_threads(1);
+  SchedulerConfig config = testing::scheduler_config("rollout-stream");
+  config.worker_timeout = 20000ms;
+  Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
+  scheduler.start();
+  auto& rollout = scheduler.group(Role::kRollout);
+  const int64_t max_new = 24, n = 2, B = 8, P = 6;
+  rollout.call_all(load_preset("tiny", 2, generation(max_new, n, B, {7, 19, 23, 31})));
+  auto ids = torch::randint(1, 250, {B, P}, torch::kInt64);
+  auto mask = torch::ones({B, P}, torch::kInt64);
+  const std::vector<NamedTensor> batch = {{"prompt_ids", ids},
+                                          {"prompt_mask", mask},
+                                          {"prompt_index", torch::arange(B, torch::kInt64)}};
+  const Message whole = rollout.scatter(sampling(1.0, 5, n), batch, B);
+  ops::Generate streamed = sampling(1.0, 5, n);
+  streamed.stream_groups = true;
+  std::vector<Message> parts;
+  const Message reply = rollout.scatter(streamed, batch, B, Dispatch::kLeastLoaded, std::nullopt,
+                                        [&](int64_t micro_batch, Message part) {
+                                          EXPECT_EQ(micro_batch, 0);
+                                          parts.push_back(std::move(part));
+                                        });
+  EXPECT_TRUE(reply.tensors.empty()) << "the rows went ahead as parts";
+  const auto lengths = whole.tensor("response_lengths").view({B, n}).amax(1);  // per group
+  std::set<int64_t> ends;
+  for (int64_t b = 0; b < B; ++b) ends.insert(lengths[b].item<int64_t>());
+  ASSERT_EQ(parts.size(), ends.size()) << "one part per decode step that ended groups";
+  std::vector<int> seen(B, 0);
+  int64_t last_end = 0;
+  for (const Message& part : parts) {
+    const auto prompts = part.tensor("prompt_index");
+    const int64_t end = lengths[prompts[0].item<int64_t>()].item<int64_t>();
+    EXPECT_GT(end, last_end);
+    last_end = end;
+    for (int64_t i = 0; i < prompts.size(0); ++i) {
+      const int64_t p = prompts[i].item<int64_t>();
+      ++seen[p];
+      EXPECT_EQ(lengths[p].item<int64_t>(), end) << "prompt " << p;
+      for (const char* name : {"sequences", "action_mask", "log_probs", "weight_versions"})
+        EXPECT_TRUE(torch::equal(part.tensor(name).narrow(0, i * n, n),
+                                 whole.tensor(name).narrow(0, p * n, n)))
+            << name << " of prompt " << p;
+    }
+  }
+  for (int64_t p = 0; p < B; ++p) EXPECT_EQ(seen[p], 1) << "prompt " << p;
   scheduler.shutdown();
 }
 
