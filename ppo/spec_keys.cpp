@@ -180,6 +180,12 @@ void check_ppo(SpecCheck& v) {
       envs::has_environment(v.resolved))
     v.problem("rollout.streaming",
               "streams single-turn rollouts only; an environment (env.*) makes them multi-turn");
+  if (v.ok({"rollout.streaming", "rollout.colocate_with"}) && v.flag("rollout.streaming") &&
+      !v.str("rollout.colocate_with").empty())
+    v.problem("rollout.streaming",
+              "scores while the rollout generates, so the scorers need devices of their own: "
+              "not with rollout.colocate_with " +
+                  v.str("rollout.colocate_with"));
   if (v.ok({"rollout.streaming", "algo.dynamic_sampling"}) && v.flag("rollout.streaming") &&
       v.flag("algo.dynamic_sampling"))
     v.problem("rollout.streaming",

@@ -171,7 +171,7 @@ void add_sync_keys(KeyTable& t) {
             "response ends, and scoring starts on it while generation goes on: the reference "
             "and reward model always, the actor's log-probs and the critic's values too with "
             "algo.max_staleness 0 (nothing trains meanwhile). Single-turn rollouts only, not with "
-            "algo.dynamic_sampling.");
+            "algo.dynamic_sampling or rollout.colocate_with.");
 }
 
 void check_rollout(SpecCheck& v) {

@@ -409,6 +409,28 @@ TEST(Spec, AsyncStepsIsADeprecatedMaxStaleness) {
       problems_of(tp.dump(), {"algo.max_staleness=1", "rollout.partial_rollout=false"}).empty());
 }
 
+// Issue 42.1: rollout.streaming is off by default, and refused, naming it, where its scorers
+// would share what generation uses (a colocated rollout) or would be called from two threads
+// (dynamic sampling scores its kept groups again at the step).
+TEST(Spec, StreamingNeedsScorersOfTheirOwn) {
+  EXPECT_FALSE(JobSpec::parse(base_spec().dump(), "job.json").get_bool("rollout.streaming"));
+  auto dapo =
+      problems_of(base_spec().dump(), {"rollout.streaming=true", "algo.dynamic_sampling=true",
+                                       "reward.model=", "reward.rule=letters"});
+  bool named = false;
+  for (const auto& p : dapo)
+    named |= p.path == "rollout.streaming" &&
+             p.message.find("not supported with algo.dynamic_sampling") != std::string::npos;
+  EXPECT_TRUE(named) << (dapo.empty() ? "accepted" : dapo[0].path + ": " + dapo[0].message);
+  json coloc = base_spec();
+  coloc.merge_patch(json::parse(R"({"rollout": {"devices": [], "colocate_with": "actor"}})"));
+  auto shared = problems_of(coloc.dump(), {"rollout.streaming=true"});
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_EQ(shared[0].path, "rollout.streaming");
+  EXPECT_NE(shared[0].message.find("not with rollout.colocate_with actor"), std::string::npos)
+      << shared[0].message;
+}
+
 // rollout.tensor_parallel_size: engines of t consecutive rollout workers. On cuda nodes each
 // engine stays on one node (its ranks all-reduce every layer); cpu slots of two nodes may form
 // one engine (the tests' hand-joined jobs). A colocated TP rollout is warned that its weight

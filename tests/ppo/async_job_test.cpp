@@ -93,11 +93,11 @@ TEST_F(PpoJob, StreamingScoresGroupsAsTheyComeAndMatchesTheUnstreamedRun) {
 }
 
 // Issue 42.6: nothing lost with the rollout drawing ahead. GRPO's example at max_staleness 4
-// with partial rollouts and a checkpoint every 2 steps; once step 5 is logged the rollout
+// with partial rollouts and a checkpoint every 2 steps; once step 3 is logged the rollout
 // worker is killed (SIGKILL) while it generates later steps' samples. The job stops naming
 // the rollout and its rank (exit 1, within 15 s); --resume continues from the newest
 // checkpoint and draws again the samples that were drawn ahead (they are not in it):
-// metrics.jsonl then holds every step 1..10 once, and step s has consumed 8 s prompts (none
+// metrics.jsonl then holds every step 1..20 once, and step s has consumed 8 s prompts (none
 // skipped, none taken twice).
 TEST_F(PpoJob, AKilledRolloutStopsTheStaleJobAndResumeRedrawsTheSamplesInFlight) {
   const std::vector<std::string> args = {
@@ -109,12 +109,16 @@ TEST_F(PpoJob, AKilledRolloutStopsTheStaleJobAndResumeRedrawsTheSamplesInFlight)
       "--set", "rollout.max_num_seqs=8",
       "--set", "ckpt.save_steps=2",
       "--set", "ckpt.export_hf=false",
-      "--set", "train.max_steps=10"};
+      "--set", "train.max_steps=20"};
   const fs::path metrics = run_dir("killed") / "metrics.jsonl";
   {
     testing::RlhfProcess job(args, (dir_ / "killed-process").string());
     ASSERT_TRUE(testing::poll_until(
-        [&] { return fs::exists(metrics) && read_metrics(metrics).size() >= 5; }, 120s))
+        [&] {  // whole lines only: the job may be writing the next one
+          const std::string text = fs::exists(metrics) ? slurp(metrics) : std::string();
+          return std::count(text.begin(), text.end(), '\n') >= 3;
+        },
+        120s))
         << job.err();
     int rollout_pid = -1;
     for (const auto& w : json::parse(slurp(run_dir("killed") / "workers.json")))
@@ -134,9 +138,10 @@ TEST_F(PpoJob, AKilledRolloutStopsTheStaleJobAndResumeRedrawsTheSamplesInFlight)
   std::smatch at;
   ASSERT_TRUE(std::regex_search(resumed.out, at, std::regex("resumed after step ([0-9]+)")))
       << resumed.out;
-  EXPECT_GE(std::stoi(at[1]), 4);
+  EXPECT_GE(std::stoi(at[1]), 2);
+  EXPECT_LT(std::stoi(at[1]), 20);
   const auto m = read_metrics(metrics);
-  ASSERT_EQ(m.size(), 10u);
+  ASSERT_EQ(m.size(), 20u);
   for (size_t i = 0; i < m.size(); ++i) {
     EXPECT_EQ(m[i]["step"].get<int64_t>(), static_cast<int64_t>(i) + 1);
     EXPECT_EQ(m[i]["prompts_consumed"].get<int64_t>(), 8 * (static_cast<int64_t>(i) + 1))
