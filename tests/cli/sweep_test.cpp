@@ -67,7 +67,7 @@ class Sweep : public testing::Test {
 // second step on every sample is at least one version behind) and the devices' busy share.
 TEST_F(Sweep, MaxStalenessIsSweptLikeAnyKey) {
   std::vector<std::string> args = {
-      "sweep", "examples/ppo_tiny.json", "--grid", "algo.max_staleness=0,2", "--steps", "4",
+      "sweep", "examples/ppo_tiny.json", "--grid", "algo.max_staleness=0,2", "--steps", "3",
       "--out", (dir_ / "stale").string()};
   for (const auto& a : models()) args.push_back(a);
   CliResult r = run_cli(args);
