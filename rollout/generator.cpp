@@ -14,6 +14,7 @@
 #include "core/timing.h"
 #include "kernels/kernels.h"
 #include "rollout/paged_engine.h"
+#include "rollout/paged_generation.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -115,6 +116,19 @@ GenerationOutput assemble_output(const torch::Tensor& prompt_ids, const torch::T
   result.response_lengths = lengths_cpu;
   result.prompt_length = prompt_ids.size(1);
   return result;
+}
+
+void Generator::hook(PagedBatcher& batcher, const torch::Tensor& prompt_ids,
+                     const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn) {
+  batcher.set_version_poll(weight_version_, between_steps_);
+  if (!on_groups_done_ || !single_turn) return;
+  const int64_t n = config_.n_samples_per_prompt, R = config_.max_new_tokens;
+  batcher.set_on_groups_done(
+      [this, &batcher, prompt_ids, prompt_mask, &d, n, R](const std::vector<int64_t>& prompts) {
+        on_groups_done_(select_groups(prompt_ids, prompt_mask, n, d, batcher.token_versions(R),
+                                      prompts, weight_version_),
+                        prompts);
+      });
 }
 
 int64_t newest_version(const GenerationOutput& out, int64_t fallback) {

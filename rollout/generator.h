@@ -135,7 +135,7 @@ class Generator {
                                   int64_t max_turns);
 
   // The in-flight version poll and (single-turn) the streaming of finished groups of a call,
-  // on its batcher (paged_generation.cpp).
+  // on its batcher.
   void hook(PagedBatcher& batcher, const torch::Tensor& prompt_ids,
             const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn);
 

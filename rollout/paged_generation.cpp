@@ -708,19 +708,6 @@ bool uses_padded_steps(const GenerationConfig& config, const torch::Device& devi
 
 }  // namespace
 
-void Generator::hook(PagedBatcher& batcher, const torch::Tensor& prompt_ids,
-                     const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn) {
-  batcher.set_version_poll(weight_version_, between_steps_);
-  if (!on_groups_done_ || !single_turn) return;
-  const int64_t n = config_.n_samples_per_prompt, R = config_.max_new_tokens;
-  batcher.set_on_groups_done(
-      [this, &batcher, prompt_ids, prompt_mask, &d, n, R](const std::vector<int64_t>& prompts) {
-        on_groups_done_(select_groups(prompt_ids, prompt_mask, n, d, batcher.token_versions(R),
-                                      prompts, weight_version_),
-                        prompts);
-      });
-}
-
 GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
                                            const torch::Tensor& prompt_mask, Sampler& sampler,
                                            int64_t first_row, TurnHandler* turns,

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <future>
+#include <memory>
 #include <set>
 
 #include "core/errors.h"
@@ -71,6 +72,21 @@ ops::Generate sampling(double temperature, uint64_t seed, int64_t n, double top_
   request.n_samples_per_prompt = n;
   return request;
 }
+
+// `ranks` rollout workers started through a real scheduler, run directory `name`.
+struct RolloutWorkers {
+  SchedulerConfig config;
+  std::unique_ptr<Scheduler> scheduler;
+  RolloutWorkers(const std::string& name, int ranks) : config(testing::scheduler_config(name)) {
+    torch::set_num_threads(1);
+    config.worker_timeout = 20000ms;  // heartbeats stay late on a loaded 2-core machine
+    scheduler =
+        std::make_unique<Scheduler>(config, testing::local_placement({{Role::kRollout, ranks}}));
+    scheduler->start();
+  }
+  ~RolloutWorkers() { scheduler->shutdown(); }
+  RoleGroup& group() { return scheduler->group(Role::kRollout); }
+};
 
 TEST(RolloutWorker, GeneratesThroughTheSchedulerWithWeightsSyncedFromTheActor) {
   torch::set_num_threads(1);
@@ -382,12 +398,10 @@ TEST(RolloutWorker, TensorParallelTwoRanksGenerateWhatOneWholeModelDoes) {
 // is exactly that of a local engine whose weights are replaced between the same two decode
 // steps with its KV cache kept (tokens equal, log-probs within 1e-6: same FP32 arithmetic).
 TEST(RolloutWorker, InFlightUpdateChangesTheWeightsBetweenTwoDecodeSteps) {
-  torch::set_num_threads(1);
-  SchedulerConfig config = testing::scheduler_config("rollout-in-flight");
-  config.worker_timeout = 20000ms;
-  Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
-  scheduler.start();
-  auto& rollout = scheduler.group(Role::kRollout);
+  RolloutWorkers workers("rollout-in-flight", 1);
+  Scheduler& scheduler = *workers.scheduler;
+  const SchedulerConfig& config = workers.config;
+  auto& rollout = workers.group();
   const int64_t max_new = 200, B = 4, P = 6;  // no stop token: every row runs max_new steps
   rollout.call_all(load_preset("tiny", 2, generation(max_new, 1, B)));
 
@@ -450,7 +464,6 @@ TEST(RolloutWorker, InFlightUpdateChangesTheWeightsBetweenTwoDecodeSteps) {
   EXPECT_TRUE(torch::equal(expected.token_versions, versions));
   EXPECT_TRUE(torch::equal(reply.tensor("sequences"), expected.sequences));
   EXPECT_LT((reply.tensor("log_probs") - expected.log_probs).abs().max().item<double>(), 1e-6);
-  scheduler.shutdown();
 }
 
 // Issue 42.1: a streaming generate sends each prompt's group back as soon as its last
@@ -459,12 +472,8 @@ TEST(RolloutWorker, InFlightUpdateChangesTheWeightsBetweenTwoDecodeSteps) {
 // prompt comes once, the reply carries no rows, and the rows put back in prompt order are
 // exactly the unstreamed call's (same seed).
 TEST(RolloutWorker, StreamedGroupsArriveAsTheyEndAndMakeTheSameRows) {
-  torch::set_num_threads(1);
-  SchedulerConfig config = testing::scheduler_config("rollout-stream");
-  config.worker_timeout = 20000ms;
-  Scheduler scheduler(config, testing::local_placement({{Role::kRollout, 1}}));
-  scheduler.start();
-  auto& rollout = scheduler.group(Role::kRollout);
+  RolloutWorkers workers("rollout-stream", 1);
+  auto& rollout = workers.group();
   const int64_t max_new = 24, n = 2, B = 8, P = 6;
   rollout.call_all(load_preset("tiny", 2, generation(max_new, n, B, {7, 19, 23, 31})));
   auto ids = torch::randint(1, 250, {B, P}, torch::kInt64);
@@ -504,7 +513,6 @@ TEST(RolloutWorker, StreamedGroupsArriveAsTheyEndAndMakeTheSameRows) {
     }
   }
   for (int64_t p = 0; p < B; ++p) EXPECT_EQ(seen[p], 1) << "prompt " << p;
-  scheduler.shutdown();
 }
 
 }  // namespace
