@@ -93,14 +93,14 @@ ExperienceMaker::ExperienceMaker(ExperienceSettings settings, RoleGroups groups,
       stream_(stream),
       kl_(kl) {}
 
-Rollout ExperienceMaker::generate(const PromptBatch& batch, int64_t step, int64_t refill) {
+uint64_t ExperienceMaker::sample_seed(int64_t step, int64_t refill) const {
   // Seeds follow the prompt's position in the step (prompt_index), not the micro batch, so
   // a step samples the same whatever the rollout group size. A refill batch (dynamic
   // sampling) draws with its own seed.
-  const uint64_t seed =
-      s_.seed * 7919 + static_cast<uint64_t>(step) + static_cast<uint64_t>(refill) * 1000003;
-  const int64_t n = s_.n_samples_per_prompt;
-  if (!s_.streaming) return generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates);
+  return s_.seed * 7919 + static_cast<uint64_t>(step) + static_cast<uint64_t>(refill) * 1000003;
+}
+
+std::map<Role, StreamScorer::Call> ExperienceMaker::early_calls() const {
   // rollout.streaming: the groups that may score while the rollout generates start on each
   // prompt group as it ends: the frozen ones always; the actor and critic only on-policy
   // (max_staleness 0: nothing trains meanwhile, and their weights are the samples' policy).
@@ -109,8 +109,20 @@ Rollout ExperienceMaker::generate(const PromptBatch& batch, int64_t step, int64_
     calls.erase(Role::kActor);
     calls.erase(Role::kCritic);
   }
-  StreamScorer early(std::move(calls), batch.prompt_ids.size(0) * n);
-  Rollout r = generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates, &early);
+  return calls;
+}
+
+Rollout ExperienceMaker::generate(const PromptBatch& batch, int64_t step, int64_t refill) {
+  const uint64_t seed = sample_seed(step, refill);
+  const int64_t n = s_.n_samples_per_prompt;
+  if (!s_.streaming) return generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates);
+  StreamScorer early(early_calls(), batch.prompt_ids.size(0) * n);
+  const GroupSink sink = [&](const torch::Tensor& prompts, const Message& part) {
+    early.add((prompts.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1}),
+              {{"sequences", part.tensor("sequences")},
+               {"attention_mask", part.tensor("attention_mask")}});
+  };
+  Rollout r = generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates, sink);
   r.early = early.finish(r.early_compute_s);
   return r;
 }
@@ -145,7 +157,8 @@ void merge_parts(Message& reply, const std::vector<Message>& parts, int64_t prom
 }  // namespace
 
 Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperature, int64_t n,
-                                       uint64_t seed, bool in_flight_updates, StreamScorer* early) {
+                                       uint64_t seed, bool in_flight_updates,
+                                       const GroupSink& on_group) {
   // Each micro batch goes to one engine: with tensor parallelism, the same request to each of
   // its ranks at once (RoleGroup replicas). n overrides the engine's samples per prompt.
   ops::Generate request;
@@ -155,7 +168,7 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
   request.sampling.seed = seed;
   request.n_samples_per_prompt = n;
   request.in_flight_updates = in_flight_updates;
-  request.stream_groups = early != nullptr;
+  request.stream_groups = static_cast<bool>(on_group);
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   if (s_.multi_turn) {
     // Each prompt's row for its environment's reset (indexed by prompt_index).
@@ -168,15 +181,12 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
     }
     request.rows = std::move(rows);
   }
-  // Streaming: each finished prompt group's rows to the early scorers as they come.
+  // Streaming: each finished prompt group's rows to `on_group` as they come.
   std::vector<Message> parts;
   RoleGroup::PartHandler on_part;
-  if (early)
+  if (on_group)
     on_part = [&](int64_t, Message part) {
-      const auto p = part.tensor("prompt_index").to(torch::kLong);
-      early->add((p.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1}),
-                 {{"sequences", part.tensor("sequences")},
-                  {"attention_mask", part.tensor("attention_mask")}});
+      on_group(part.tensor("prompt_index").to(torch::kLong), part);
       parts.push_back(std::move(part));
     };
   Message reply =
@@ -185,7 +195,7 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
                                 {"prompt_mask", batch.prompt_mask},
                                 {"prompt_index", index}},
                                s_.micro_batch_size, Dispatch::kLeastLoaded, std::nullopt, on_part);
-  if (early) merge_parts(reply, parts, batch.prompt_ids.size(0), n);
+  if (on_group) merge_parts(reply, parts, batch.prompt_ids.size(0), n);
   Rollout r;
   // Micro batches spread over the engines (an engine's TP ranks compute each one together).
   r.compute_s = scatter_compute(reply, groups_.rollout->replicas());
@@ -200,13 +210,21 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
     r.kv_peak_bytes = std::max(r.kv_peak_bytes, mb.kv_peak_bytes);
   }
   if (reply.has_tensor("env_rewards")) read_trajectories(r, reply);
-  for (int64_t i = 0; i < r.sequences.size(0); ++i) {
-    r.prompts.push_back(batch.texts[static_cast<size_t>(i / n)]);
-    r.labels.push_back(batch.labels[static_cast<size_t>(i / n)]);
-    if (rewards_.reads_rows()) r.columns.push_back(batch.columns[static_cast<size_t>(i / n)]);
-    r.responses.push_back(response_text(r, i));
-  }
+  std::vector<int64_t> prompt_of_row;
+  for (int64_t i = 0; i < r.sequences.size(0); ++i) prompt_of_row.push_back(i / n);
+  add_texts(r, batch, prompt_of_row);
   return r;
+}
+
+void ExperienceMaker::add_texts(Rollout& r, const PromptBatch& batch,
+                                const std::vector<int64_t>& prompt_of_row) const {
+  for (size_t i = 0; i < prompt_of_row.size(); ++i) {
+    const auto p = static_cast<size_t>(prompt_of_row[i]);
+    r.prompts.push_back(batch.texts[p]);
+    r.labels.push_back(batch.labels[p]);
+    if (rewards_.reads_rows()) r.columns.push_back(batch.columns[p]);
+    r.responses.push_back(response_text(r, static_cast<int64_t>(i)));
+  }
 }
 
 void ExperienceMaker::read_trajectories(Rollout& r, const Message& reply) const {
@@ -243,49 +261,6 @@ void ExperienceMaker::score_rewards(Rollout& r, const torch::Tensor& model_score
   // [0, B] when the environment is the only source.
   r.source_scores = rows.empty() ? torch::zeros({0, static_cast<int64_t>(r.responses.size())})
                                  : torch::stack(rows);
-}
-
-// DAPO dynamic sampling (algo.dynamic_sampling): groups whose samples all score the same are
-// dropped (groups_with_distinct_scores); up to rollout.max_refill_batches more batches of
-// rollout.batch_size prompts are generated until rollout.batch_size groups are kept, and
-// extra kept groups are left out (as veRL's DAPO). If none is kept, the first batch is
-// trained as it is: its group advantages are all 0.
-Rollout ExperienceMaker::sample(int64_t step) {
-  const auto start = Clock::now();
-  Rollout out = sample_groups(step);
-  out.consumed = stream_.consumed();
-  out.generate_s = seconds_since(start);
-  return out;
-}
-
-Rollout ExperienceMaker::sample_groups(int64_t step) {
-  Rollout first = generate(stream_.next(s_.batch_size), step);
-  if (!s_.dynamic_sampling) return first;
-  const int64_t n = s_.n_samples_per_prompt, want = s_.batch_size;
-  auto keep = [&](Rollout batch) {
-    score_rewards(batch);
-    torch::Tensor groups = groups_with_distinct_scores(batch.scores, n);
-    torch::Tensor rows = (groups.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1});
-    return select_rows(batch, rows);
-  };
-  score_rewards(first);
-  Rollout kept = keep(first);
-  double compute_s = first.compute_s;  // every generate call is on the step's critical path
-  int64_t refills = 0;
-  while (kept.sequences.size(0) < want * n && refills < s_.max_refill_batches) {
-    ++refills;
-    Rollout more = keep(generate(stream_.next(want), step, refills));
-    compute_s += more.compute_s;
-    kept = kept.sequences.size(0) == 0 ? more : concat_rollouts(kept, more, s_.pad_id);
-  }
-  const int64_t kept_groups = kept.sequences.size(0) / n;
-  Rollout out = kept_groups == 0 ? first : kept;
-  if (kept_groups > want) out = select_rows(out, torch::arange(want * n, torch::kLong));
-  out.compute_s = compute_s;
-  out.sampling = {{"groups_generated", want * (refills + 1)},
-                  {"groups_kept", std::min(kept_groups, want)},
-                  {"refill_batches", refills}};
-  return out;
 }
 
 std::string ExperienceMaker::response_text(const Rollout& r, int64_t row) const {

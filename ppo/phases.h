@@ -111,10 +111,11 @@ class ExperienceMaker {
   // One generate request for `batch` over the rollout group: `n` samples per prompt at
   // `temperature` (0: greedy), drawn from `seed`; the reply as a Rollout with its texts.
   // `in_flight_updates`: weight syncs may land between its decode steps.
-  // `early` (rollout.streaming): the rollout streams each finished prompt group back and
-  // its rows go to `early` at once.
+  // `on_group` (rollout.streaming): the rollout streams each finished prompt group back and
+  // its part of the reply goes to `on_group` at once, with its prompts' positions in `batch`.
+  using GroupSink = std::function<void(const torch::Tensor& prompts, const Message& part)>;
   Rollout generate_with(const PromptBatch& batch, double temperature, int64_t n, uint64_t seed,
-                        bool in_flight_updates = false, StreamScorer* early = nullptr);
+                        bool in_flight_updates = false, const GroupSink& on_group = {});
   // Scores r with every reward source (the reward model's scores passed in where there is
   // one): sets r.scores [B] and r.source_scores [S, B] unless already set.
   void score_rewards(Rollout& r, const torch::Tensor& model_scores = {}) const;
@@ -123,8 +124,19 @@ class ExperienceMaker {
   Experience score(Rollout& r);
 
  private:
+  uint64_t sample_seed(int64_t step, int64_t refill) const;
   Rollout generate(const PromptBatch& batch, int64_t step, int64_t refill = 0);
   Rollout sample_groups(int64_t step);  // sample() without its accounting
+  // DAPO's filter over the batches `draw(refill)` gives (sampling.cpp).
+  Rollout filter_groups(const std::function<Rollout(int64_t refill)>& draw);
+  // Dynamic sampling with rollout.streaming: each arriving group is scored by the reward
+  // sources and, if its scores differ, goes to the early scorers at once.
+  Rollout sample_streamed_groups(int64_t step);
+  // The scoring calls that may run while the rollout generates (rollout.streaming).
+  std::map<Role, StreamScorer::Call> early_calls() const;
+  // r's prompts, labels, rows and response texts: row i's prompt is batch's prompt_of_row[i].
+  void add_texts(Rollout& r, const PromptBatch& batch,
+                 const std::vector<int64_t>& prompt_of_row) const;
   // Each scoring group's call on rows' sequences (the actor's log-probs with entropy, and
   // the reference's with adapters off; the reference's; the critic's values; the reward
   // model's scores), by role.

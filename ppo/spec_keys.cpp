@@ -169,6 +169,17 @@ void map_async_steps(SpecCheck& v) {
 
 void check_ppo(SpecCheck& v) {
   map_async_steps(v);
+  // Plain PPO clips each sample's ratio around the policy that drew it: k versions behind,
+  // the trainer's policy has often left that trust region already and the clip cuts the
+  // gradient of the tokens it moved most. grpo_tiny, 30 steps, reward of the last 5: k = 0
+  // 0.49, k = 4 plain 0.24, k = 4 decoupled 0.39 (bench/RESULTS.md).
+  if (v.ok({"algo.max_staleness", "algo.rollout_correction"}) &&
+      v.integer("algo.max_staleness") >= 2 && v.str("algo.rollout_correction") == "none")
+    v.warnings.push_back(
+        "algo.max_staleness " + std::to_string(v.integer("algo.max_staleness")) +
+        " with algo.rollout_correction none clips each sample around the rollout's policy, up "
+        "to that many versions old, which slows learning: algo.rollout_correction decoupled "
+        "(AReaL's proximal policy) learns faster (bench/RESULTS.md)");
   if (v.ok({"algo.max_staleness", "rollout.partial_rollout", "rollout.tensor_parallel_size"}) &&
       v.integer("algo.max_staleness") > 0 && v.flag("rollout.partial_rollout") &&
       v.integer("rollout.tensor_parallel_size") > 1)
@@ -186,11 +197,6 @@ void check_ppo(SpecCheck& v) {
               "scores while the rollout generates, so the scorers need devices of their own: "
               "not with rollout.colocate_with " +
                   v.str("rollout.colocate_with"));
-  if (v.ok({"rollout.streaming", "algo.dynamic_sampling"}) && v.flag("rollout.streaming") &&
-      v.flag("algo.dynamic_sampling"))
-    v.problem("rollout.streaming",
-              "is not supported with algo.dynamic_sampling yet (its kept groups would be scored "
-              "again at the step): set one of them false");
   const double dual = v.real("actor.dual_clip");
   if (v.ok({"actor.dual_clip"}) && dual != 0 && dual <= 1)
     v.problem("actor.dual_clip",

@@ -3,6 +3,7 @@
 // and the weight sync; then the KL controller, the step's metrics record and console line,
 // held-out evaluation and checkpoints on their schedules.
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -34,11 +35,15 @@ json mismatch_json(RolloutCorrection mode, const RolloutMismatch& m) {
 
 // How many weight versions each sample lags the policy that trains it (issue 42.2): per
 // sample its oldest action token's, per token each one's; "histogram" counts the samples at
-// each staleness 0, 1, ... (TensorBoard's histogram of the step).
+// each staleness 0, 1, ... (TensorBoard's histogram of the step); "mixed" counts the samples
+// whose tokens came from two versions or more (a weight sync landed while they generated).
 json staleness_json(const Rollout& r, int64_t policy_version) {
   const auto mask = r.action_mask.to(torch::kBool);
   const auto lag = (policy_version - r.token_versions.narrow(1, 0, mask.size(1))).clamp_min(0);
   const auto per_sample = torch::where(mask, lag, torch::zeros_like(lag)).amax(1);  // [B]
+  const auto newest =
+      torch::where(mask, lag, torch::full_like(lag, std::numeric_limits<int64_t>::max())).amin(1);
+  const int64_t mixed = (mask.any(1) & (newest < per_sample)).sum().item<int64_t>();
   const auto tokens = lag.masked_select(mask).to(torch::kFloat64);
   json histogram = json::array();
   const int64_t most = per_sample.numel() ? per_sample.max().item<int64_t>() : 0;
@@ -46,6 +51,7 @@ json staleness_json(const Rollout& r, int64_t policy_version) {
   return {{"mean", per_sample.to(torch::kFloat64).mean().item<double>()},
           {"max", most},
           {"token_mean", tokens.numel() ? tokens.mean().item<double>() : 0.0},
+          {"mixed", mixed},
           {"histogram", std::move(histogram)}};
 }
 

@@ -170,8 +170,9 @@ void add_sync_keys(KeyTable& t) {
             "Each prompt's group of samples comes back from the rollout as soon as its last "
             "response ends, and scoring starts on it while generation goes on: the reference "
             "and reward model always, the actor's log-probs and the critic's values too with "
-            "algo.max_staleness 0 (nothing trains meanwhile). Single-turn rollouts only, not with "
-            "algo.dynamic_sampling or rollout.colocate_with.");
+            "algo.max_staleness 0 (nothing trains meanwhile). With algo.dynamic_sampling each "
+            "group is filtered as it arrives and only the kept ones are scored. Single-turn "
+            "rollouts only, not with rollout.colocate_with.");
 }
 
 void check_rollout(SpecCheck& v) {

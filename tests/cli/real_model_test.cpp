@@ -202,11 +202,12 @@ std::string easy_additions(const std::string& source, const std::string& name) {
   return write_temp(name, rows);
 }
 
-// The example's job, short (4 steps of 8 prompts x 8 samples, ~4 minutes on 2 cores), on the
-// easiest problems: held-out accuracy must rise. Measured on this machine (BF16, lr 5e-5):
-// 5/32 -> 21/32. Greedy evaluation is deterministic, so an actor that did not learn (or
-// learned the wrong way) scores the same or less; a rise of 5 problems of 32 is well inside
-// what was measured and far from an unchanged policy. Then transformers loads the export.
+// The example's job, short (3 steps of 8 prompts x 8 samples, ~3 minutes on 2 cores), on the
+// easiest problems: held-out accuracy must rise. Measured (lr 5e-5): 5/32 -> 21/32 after 4
+// steps on an AMD EPYC (BF16); 4/32 -> 25/32 after 3 steps on an Intel Xeon (FP32). Greedy
+// evaluation is deterministic, so an actor that did not learn (or learned the wrong way)
+// scores the same or less; a rise of 5 problems of 32 is well inside what was measured and
+// far from an unchanged policy. Then transformers loads the export.
 TEST_F(RealModel, ShortGrpoJobRaisesAccuracyOnTheEasiestProblemsAndExports) {
   const std::string runs =
       std::string(RLHF_BINARY_DIR) + "/test-runs/real-model-" + std::to_string(::getpid());
@@ -219,14 +220,14 @@ TEST_F(RealModel, ShortGrpoJobRaisesAccuracyOnTheEasiestProblemsAndExports) {
                           "--set", "data.eval_dataset=" + held_out,
                           "--set", "data.input_key=prompt",
                           "--set", "data.label_key=label",
-                          "--set", "train.max_steps=4",
+                          "--set", "train.max_steps=3",
                           "--set", "rollout.batch_size=8",
                           "--set", "rollout.micro_batch_size=8",
                           "--set", "rollout.max_new_tokens=32",
                           "--set", "train.batch_size=64",
                           "--set", "train.micro_batch_size=16",
                           "--set", "actor.adam.lr=5e-5",
-                          "--set", "eval.steps=4",
+                          "--set", "eval.steps=3",
                           "--set", "eval.max_samples=32",
                           "--set", "cluster.threads_per_worker=2"},
                          540);
@@ -235,13 +236,14 @@ TEST_F(RealModel, ShortGrpoJobRaisesAccuracyOnTheEasiestProblemsAndExports) {
   std::vector<json> evals, steps;
   for (auto& m : read_jsonl(dir + "/metrics.jsonl"))
     (m.value("split", "") == "eval" ? evals : steps).push_back(m);
-  ASSERT_EQ(steps.size(), 4u);
+  ASSERT_EQ(steps.size(), 3u);
   ASSERT_EQ(evals.size(), 2u);
   EXPECT_EQ(evals[0]["step"], 0);
-  EXPECT_EQ(evals[1]["step"], 4);
+  EXPECT_EQ(evals[1]["step"], 3);
   EXPECT_EQ(evals[0]["prompts"], 32);
   const int64_t before = evals[0]["correct"].get<int64_t>();
   const int64_t after = evals[1]["correct"].get<int64_t>();
+  std::cout << "held-out easy additions correct: " << before << " -> " << after << " of 32\n";
   EXPECT_GE(after, before + 5) << "held-out easy additions correct: " << before << " -> " << after
                                << " of 32";
   for (const auto& s : steps) {

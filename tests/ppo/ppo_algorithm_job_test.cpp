@@ -80,6 +80,7 @@ TEST_F(PpoJob, OneStepOffPolicyLearnsFromSamplesOneVersionBehind) {
     EXPECT_EQ(stale["mean"].get<double>(), lag) << "step " << i + 1;
     EXPECT_EQ(stale["max"].get<int64_t>(), static_cast<int64_t>(lag)) << "step " << i + 1;
     EXPECT_EQ(stale["token_mean"].get<double>(), lag) << "step " << i + 1;
+    EXPECT_EQ(stale["mixed"].get<int64_t>(), 0) << "a sync landed in a generate call";
   }
   // From step 2 on a step's "generate" is only its wait for the next step's samples, drawn
   // ("generate_ahead") beside its scoring and training. Overlapped, the wait is a small part of
@@ -198,8 +199,11 @@ TEST_F(PpoJob, DynamicSamplingDropsAndRefillsGroupsWithoutSignal) {
       "--set", "train.batch_size=4",       "--set", "train.micro_batch_size=4",
       "--set", "train.max_steps=3",        "--set", "algo.dynamic_sampling=true"};
   auto with = [&](const std::vector<std::string>& extra) { return concat(common, extra); };
-  Result r =
-      run("refill", with({"--set", "rollout.max_refill_batches=3"}), "examples/grpo_tiny.json");
+  // FP32 scorers: the streamed run below compares with this one.
+  const std::vector<std::string> refill = {"--set", "rollout.max_refill_batches=3",
+                                           "--set", "actor.dtype=fp32",
+                                           "--set", "ref.dtype=fp32"};
+  Result r = run("refill", with(refill), "examples/grpo_tiny.json");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   Result d = run("drop", with({}), "examples/grpo_tiny.json");
   ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
@@ -226,6 +230,40 @@ TEST_F(PpoJob, DynamicSamplingDropsAndRefillsGroupsWithoutSignal) {
     dropped += 8 - step["groups_kept"].get<int64_t>();
   }
   EXPECT_GT(dropped, 0);
+
+  // Issue 42.1, dynamic sampling on groups as they arrive: the refill run again with
+  // rollout.streaming. Each group is filtered when the rollout sends it back and only the
+  // kept ones go to the reference while generation goes on. Generation is untouched (same
+  // seeds), so every step keeps the same groups after the same refills, with the same
+  // rewards and lengths; the reference scored other batches, so KL and losses may differ by
+  // FP32 rounding only (1e-5, FP32 scorers in both runs). The groups scored early are those
+  // with distinct scores, at least the kept ones, and over the run fewer than those
+  // generated: a dropped group was never scored.
+  Result streamed =
+      run("refill-streamed", with(concat(refill, {"--set", "rollout.streaming=true"})),
+          "examples/grpo_tiny.json");
+  ASSERT_EQ(streamed.exit_code, 0) << streamed.out << streamed.err;
+  const auto a = read_metrics(run_dir("refill") / "metrics.jsonl");
+  const auto b = read_metrics(run_dir("refill-streamed") / "metrics.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  int64_t generated = 0, scored_early = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    for (const char* key : {"groups_generated", "groups_kept", "refill_batches"})
+      EXPECT_EQ(b[i][key].get<int64_t>(), a[i][key].get<int64_t>()) << key << " at step " << i + 1;
+    EXPECT_EQ(b[i]["reward_mean"].get<double>(), a[i]["reward_mean"].get<double>()) << i + 1;
+    EXPECT_EQ(b[i]["response_length"].get<double>(), a[i]["response_length"].get<double>());
+    for (const char* key : {"kl", "policy_loss", "entropy"})
+      EXPECT_NEAR(b[i][key].get<double>(), a[i][key].get<double>(), 1e-5)
+          << key << " at step " << i + 1;
+    EXPECT_FALSE(a[i].contains("groups_scored_early"));
+    const int64_t early = b[i]["groups_scored_early"].get<int64_t>();
+    EXPECT_GE(early, b[i]["groups_kept"].get<int64_t>()) << b[i].dump();
+    EXPECT_LE(early, b[i]["groups_generated"].get<int64_t>()) << b[i].dump();
+    generated += b[i]["groups_generated"].get<int64_t>();
+    scored_early += early;
+  }
+  EXPECT_LT(scored_early, generated) << "every generated group was scored";
 }
 
 }  // namespace
