@@ -6,6 +6,8 @@
 //   step_loop.cpp   the step loop (with algo.max_staleness k > 0, the next steps' samples
 //                   are drawn ahead while this step scores and trains: rollout_pipeline.h),
 //                   each step's metrics, checkpoints and resume
+//   sampling.cpp    a step's samples (DAPO's dynamic sampling, on arriving groups when
+//                   streamed; the scoring lanes of streaming: stream_scorer.h)
 //   experience.cpp, training.cpp, syncing.cpp, evaluation.cpp: the phases
 // Drivers call role groups through the scheduler's handles with typed requests; nothing
 // here includes actors/.
