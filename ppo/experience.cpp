@@ -1,7 +1,7 @@
 // Making experience: the rollout group generates (the step's sampling, with DAPO dynamic
-// sampling when on, is sampling.cpp), the samples fan out at once to the actor (old log-probs), reference, critic and reward model
-// while the rule, Python and remote reward sources score on the driver, and the KL-shaped
-// rewards and advantages are computed here. Training is training.cpp.
+// sampling when on, is sampling.cpp), the samples fan out at once to the actor (old log-probs),
+// reference, critic and reward model while the rule, Python and remote reward sources score on the
+// driver, and the KL-shaped rewards and advantages are computed here. Training is training.cpp.
 #include <algorithm>
 #include <future>
 #include <map>
