@@ -118,9 +118,8 @@ Rollout ExperienceMaker::generate(const PromptBatch& batch, int64_t step, int64_
   if (!s_.streaming) return generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates);
   StreamScorer early(early_calls(), batch.prompt_ids.size(0) * n);
   const GroupSink sink = [&](const torch::Tensor& prompts, const Message& part) {
-    early.add((prompts.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1}),
-              {{"sequences", part.tensor("sequences")},
-               {"attention_mask", part.tensor("attention_mask")}});
+    early.add(group_rows(prompts, n), {{"sequences", part.tensor("sequences")},
+                                       {"attention_mask", part.tensor("attention_mask")}});
   };
   Rollout r = generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates, sink);
   r.early = early.finish(r.early_compute_s);
@@ -138,7 +137,7 @@ void merge_parts(Message& reply, const std::vector<Message>& parts, int64_t prom
   int64_t count = 0;
   for (const Message& part : parts) {
     const auto p = part.tensor("prompt_index").to(torch::kLong);
-    rows.push_back((p.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1}));
+    rows.push_back(group_rows(p, n));
     count += p.numel();
   }
   if (count != prompts)

@@ -29,6 +29,10 @@ std::vector<NamedTensor> sequence_tensors(const Rollout& r) {
   return {{"sequences", r.sequences}, {"attention_mask", r.attention_mask}};
 }
 
+torch::Tensor group_rows(const torch::Tensor& groups, int64_t n) {
+  return (groups.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1});
+}
+
 Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
   Rollout out = r;
   out.early.clear();  // scored again for the rows kept

@@ -93,6 +93,9 @@ struct Experience {
   double compute_s = 0;            // slowest scoring group's worker time
 };
 
+// The rows of prompt groups `groups` [G] of n samples each, in order: [G * n].
+torch::Tensor group_rows(const torch::Tensor& groups, int64_t n);
+
 // The sequences and attention mask, as a scatter's tensors.
 std::vector<NamedTensor> sequence_tensors(const Rollout& r);
 // Rows `index` [k] of a rollout (their texts too).

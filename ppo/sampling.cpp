@@ -13,11 +13,6 @@ namespace rlhf::ppo::job {
 
 namespace {
 
-// The rows of groups `groups` [G] of n samples each: [G * n].
-torch::Tensor group_rows(const torch::Tensor& groups, int64_t n) {
-  return (groups.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1});
-}
-
 std::vector<int64_t> to_vector(const torch::Tensor& t) {
   const auto c = t.to(torch::kLong).contiguous();
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
