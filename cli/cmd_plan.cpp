@@ -15,6 +15,7 @@
 #include "core/text.h"
 #include "engine/memory_check.h"
 #include "engine/memory_plan.h"
+#include "models/param_layout.h"
 
 namespace rlhf::cli {
 namespace {
@@ -137,7 +138,25 @@ void print_collectives(const engine::MemoryPlan& plan, std::ostream& out) {
       << t.str();
 }
 
+// Each role's model: its type and parameters, and for a mixture of experts those one token
+// uses (the rest are experts the router does not pick).
+void print_models(const engine::MemoryPlan& plan, std::ostream& out) {
+  out << "\nModels:\n";
+  for (const auto& r : plan.roles) {
+    const models::ModelConfig& m = r.input.model;
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(2) << "  " << r.input.role << ": " << m.model_type
+         << ", " << static_cast<double>(m.num_parameters()) / 1e9 << "B parameters";
+    if (m.moe.num_experts > 0)
+      line << ", " << static_cast<double>(models::active_parameters(m)) / 1e9
+           << "B active per token (" << m.moe.num_experts_per_tok << " of " << m.moe.num_experts
+           << " experts per sparse layer)";
+    out << line.str() << '\n';
+  }
+}
+
 void print_memory(const engine::MemoryPlan& plan, std::ostream& out) {
+  print_models(plan, out);
   out << "\nMemory per rank (bytes each worker of the role holds, each term at its own peak; the\n"
          "transient terms peak in different phases of a step, so total = the largest phase of\n"
          "the table below; engine = what the trainer's tracker counts, reported as\n"

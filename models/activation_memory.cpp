@@ -10,6 +10,36 @@
 
 namespace rlhf::models {
 
+namespace {
+
+// A mixture-of-experts block per token (models/moe.cpp): the router's logits (e) and FP32
+// probabilities over E experts, the top-k weights (FP32, 8 k with their renormalised copy);
+// for each of its k experts the gathered input row (H), the expert's 4 I_e as a dense MLP's,
+// its output and the weighted output (2 H); the shared expert's 4 I_s, its output and its
+// gate's sigmoid.
+int64_t moe_saved_per_token(const models::ModelConfig& c, const MoeSpec& moe, int64_t e) {
+  const int64_t H = c.hidden_size;
+  int64_t bytes =
+      (e + 4) * moe.experts + 8 * moe.top_k + moe.top_k * e * (3 * H + 4 * moe.intermediate);
+  if (moe.shared_intermediate > 0) bytes += e * (4 * moe.shared_intermediate + H + 2);
+  return bytes;
+}
+
+// The widest MLP of any layer, in rows a token's forward holds at once: the dense
+// intermediate_size, an expert's (at worst every token routes to one expert) or the shared
+// expert's.
+int64_t widest_mlp(const models::ModelConfig& c) {
+  int64_t widest = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const MoeSpec moe = layer_spec(c, i).moe;
+    widest = std::max(widest, moe.sparse() ? std::max(moe.intermediate, moe.shared_intermediate)
+                                           : c.intermediate_size);
+  }
+  return widest;
+}
+
+}  // namespace
+
 // Bytes autograd keeps for backward in one decoder layer (models/decoder_layer.cpp), for
 // B sequences of T tokens with e-byte activations:
 //   two RMSNorms (four with Gemma's sandwich norms): the FP32 copy of x and the e-dtype
@@ -17,12 +47,19 @@ namespace rlhf::models {
 //   attention: q, rotate_half(q), rotated q, k, rotate_half(k), the K^T copy matmul makes,
 //     V (repeated to the query heads), the attention output before o_proj: 6 q + 2 kv;
 //   softmax: its FP32 output and the e-dtype probs PV reads: (4 + e) x heads x T x T;
-//   MLP: gate, silu(gate), up, and their product: 4 I.
+//   MLP: gate, silu(gate), up, and their product: 4 I; a mixture-of-experts block
+//     (moe_saved_per_token) instead on a sparse layer; the largest layer counts.
 int64_t layer_saved_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e) {
-  const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
+  const int64_t H = c.hidden_size, q = c.num_attention_heads * c.head_dim,
                 kv = c.num_key_value_heads * c.head_dim;
   const int64_t norms = layer_spec(c, 0).sandwich_norms ? 4 : 2;
-  const int64_t per_token = norms * (4 * H + e * H) + e * (6 * q + 2 * kv) + e * 4 * I;
+  int64_t mlp = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const MoeSpec moe = layer_spec(c, i).moe;
+    mlp =
+        std::max(mlp, moe.sparse() ? moe_saved_per_token(c, moe, e) : e * 4 * c.intermediate_size);
+  }
+  const int64_t per_token = norms * (4 * H + e * H) + e * (6 * q + 2 * kv) + mlp;
   return B * T * per_token + B * c.num_attention_heads * T * T * (4 + e);
 }
 
@@ -68,7 +105,9 @@ int64_t gpu_mask_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64
 int64_t inference_bytes(const models::ModelConfig& c, int64_t B, int64_t T, int64_t e,
                         DeviceKind kind, bool cached) {
   const int64_t mlp_tokens = std::min(B * T, kInferenceMlpChunkTokens);
-  const int64_t hidden = (B * T * 4 * c.hidden_size + mlp_tokens * 3 * c.intermediate_size) * e;
+  const int64_t router = c.moe.num_experts * (e + 4);  // per token: logits and FP32 probs
+  const int64_t hidden =
+      (B * T * 4 * c.hidden_size + mlp_tokens * 3 * widest_mlp(c)) * e + B * T * router;
   if (kind == DeviceKind::kCuda)
     return gpu_mask_bytes(c, B, T, e, cached) + attention_patterns(c) * 2 * B * T * c.head_dim * e +
            hidden;

@@ -17,6 +17,7 @@
 #include "models/family.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
+#include "models/moe.h"
 #include "models/paged_kv_cache.h"
 #include "transport/collective_group.h"
 
@@ -28,13 +29,23 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The layer's linear maps by their names inside the layer ("self_attn.q_proj"), in HF order.
+// A mixture-of-experts layer's are its experts' ("mlp.experts.3.gate_proj"), not the router.
 std::vector<std::pair<std::string, Linear>> layer_linears(DecoderLayerImpl& layer) {
   auto& a = *layer.self_attn;
+  std::vector<std::pair<std::string, Linear>> out = {{"self_attn.q_proj", a.q_proj},
+                                                     {"self_attn.k_proj", a.k_proj},
+                                                     {"self_attn.v_proj", a.v_proj},
+                                                     {"self_attn.o_proj", a.o_proj}};
+  if (layer.moe) {
+    const std::string block = layer.spec().moe.mixtral_names ? "block_sparse_moe." : "mlp.";
+    for (auto& [name, linear] : layer.moe->linears()) out.emplace_back(block + name, linear);
+    return out;
+  }
   auto& m = *layer.mlp;
-  return {{"self_attn.q_proj", a.q_proj}, {"self_attn.k_proj", a.k_proj},
-          {"self_attn.v_proj", a.v_proj}, {"self_attn.o_proj", a.o_proj},
-          {"mlp.gate_proj", m.gate_proj}, {"mlp.up_proj", m.up_proj},
-          {"mlp.down_proj", m.down_proj}};
+  out.insert(
+      out.end(),
+      {{"mlp.gate_proj", m.gate_proj}, {"mlp.up_proj", m.up_proj}, {"mlp.down_proj", m.down_proj}});
+  return out;
 }
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -465,7 +476,7 @@ void CausalLM::fuse_projections() {
   for (int64_t i = 0; i < num_layers(); ++i) {
     auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
     layer->self_attn->fuse();
-    layer->mlp->fuse();
+    if (layer->mlp) layer->mlp->fuse();  // an MoE layer's experts stay apart
   }
   fused_ = true;
 }

@@ -284,7 +284,7 @@ int64_t ModelConfig::num_parameters() const {
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "small", "100m"};
+  return {"tiny", "tiny-moe", "small", "100m"};
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -294,6 +294,17 @@ ModelConfig preset_config(const std::string& name) {
   c.pad_token_id = 256;
   c.torch_dtype = "bfloat16";
   if (name == "tiny") return c;
+  if (name == "tiny-moe") {  // tiny's shape as Qwen3-MoE: 8 experts of 88 rows, top-2, so a
+                             // token uses as many MLP rows (176) as tiny's dense MLP
+    c.model_type = "qwen3_moe";
+    c.architectures = {"Qwen3MoeForCausalLM"};
+    c.qk_norm = true;
+    c.moe.num_experts = 8;
+    c.moe.num_experts_per_tok = 2;
+    c.moe.moe_intermediate_size = 88;
+    c.moe.norm_topk_prob = true;
+    return c;
+  }
   if (name == "small") {  // ~3.5M parameters
     c.hidden_size = 256;
     c.intermediate_size = 688;
@@ -321,12 +332,15 @@ ModelConfig preset_config(const std::string& name) {
 }
 
 std::vector<std::string> architecture_names() {
-  return {"llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-32b", "mistral-7b", "gemma-3-1b"};
+  return {"llama-3-8b", "llama-3-70b", "qwen2.5-7b",    "qwen2.5-32b",
+          "mistral-7b", "gemma-3-1b",  "qwen3-30b-a3b", "mixtral-8x7b"};
 }
 
-ModelConfig architecture_config(const std::string& name) {
-  if (name == "gemma-3-1b") {  // google/gemma-3-1b-pt's config.json (its sizes and RoPE)
-    return ModelConfig::from_json_text(R"({"model_type": "gemma3_text",
+// Architectures given as their published config.json files (the families with fields of
+// their own: per-layer kinds, experts), read by the same reader as any model directory.
+const std::pair<const char*, const char*> kPublishedConfigs[] = {
+    // google/gemma-3-1b-pt's config.json (its sizes and RoPE)
+    {"gemma-3-1b", R"({"model_type": "gemma3_text",
         "architectures": ["Gemma3ForCausalLM"], "hidden_size": 1152, "intermediate_size": 6912,
         "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
         "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
@@ -334,9 +348,31 @@ ModelConfig architecture_config(const std::string& name) {
         "rope_scaling": null, "rms_norm_eps": 1e-06, "max_position_embeddings": 32768,
         "vocab_size": 262144, "hidden_activation": "gelu_pytorch_tanh",
         "attn_logit_softcapping": null, "final_logit_softcapping": null, "bos_token_id": 2,
-        "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "bfloat16"})",
-                                       "architecture " + name);
-  }
+        "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "bfloat16"})"},
+    // Qwen/Qwen3-30B-A3B's config.json: 128 experts, top-8
+    {"qwen3-30b-a3b", R"({"model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+        "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+        "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "head_dim": 128, "attention_bias": false, "rope_theta": 1000000.0, "rope_scaling": null,
+        "rms_norm_eps": 1e-06, "max_position_embeddings": 40960, "vocab_size": 151936,
+        "tie_word_embeddings": false, "use_sliding_window": false, "router_aux_loss_coef": 0.001,
+        "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16"})"},
+    // mistralai/Mixtral-8x7B-v0.1's config.json: 8 experts, top-2
+    {"mixtral-8x7b", R"({"model_type": "mixtral",
+        "architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-05, "max_position_embeddings": 32768, "vocab_size": 32000,
+        "sliding_window": null, "tie_word_embeddings": false, "router_aux_loss_coef": 0.02,
+        "router_jitter_noise": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+        "torch_dtype": "bfloat16"})"},
+};
+
+ModelConfig architecture_config(const std::string& name) {
+  for (const auto& [known, json_text] : kPublishedConfigs)
+    if (name == known) return ModelConfig::from_json_text(json_text, "architecture " + name);
   ModelConfig c;
   c.torch_dtype = "bfloat16";
   c.tie_word_embeddings = false;

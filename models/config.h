@@ -27,8 +27,25 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
+// A mixture-of-experts model's own fields (qwen3_moe, qwen2_moe, mixtral), as transformers
+// names them; what each layer is made of follows from them in its family's file
+// (MoeSpec, layer_spec.h). num_experts 0: a dense model.
+struct MoeConfig {
+  int64_t num_experts = 0;            // Qwen's num_experts, Mixtral's num_local_experts
+  int64_t num_experts_per_tok = 0;    // top-k
+  int64_t moe_intermediate_size = 0;  // each expert's (Mixtral: intermediate_size)
+  bool norm_topk_prob = false;        // renormalise the top-k weights (Mixtral: always)
+  // Qwen: layer i is sparse when (i + 1) % decoder_sparse_step == 0 and i is not in
+  // mlp_only_layers; the other layers have a dense MLP of intermediate_size.
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  int64_t shared_expert_intermediate_size = 0;  // qwen2_moe's shared expert
+  double router_aux_loss_coef = 0.001;          // the load-balancing loss's coefficient
+};
+
 struct ModelConfig {
-  std::string model_type = "llama";  // llama | mistral | qwen2 | qwen3 | gemma3_text
+  // llama | mistral | qwen2 | qwen3 | gemma3_text | qwen3_moe | qwen2_moe | mixtral
+  std::string model_type = "llama";
   std::vector<std::string> architectures = {"LlamaForCausalLM"};
   int64_t hidden_size = 64;
   int64_t intermediate_size = 176;
@@ -59,6 +76,7 @@ struct ModelConfig {
   int64_t bos_token_id = -1;  // -1: absent
   int64_t eos_token_id = -1;
   int64_t pad_token_id = -1;
+  MoeConfig moe;  // num_experts 0: dense
   HeadKind head = HeadKind::kLanguageModel;
   std::string value_head_prefix = "score";  // OpenRLHF's value_head_prefix
 

@@ -11,6 +11,7 @@
 
 #include "kernels/kernels.h"
 #include "models/kv_cache.h"
+#include "models/moe.h"
 
 namespace rlhf::models {
 
@@ -396,7 +397,14 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const LayerSpec& spec, 
                                    const TensorParallel* tp)
     : spec_(spec) {
   self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, spec, how, tp));
-  mlp = register_module("mlp", std::make_shared<MlpImpl>(c, spec, how, tp));
+  if (spec.moe.sparse()) {
+    TORCH_CHECK(tp == nullptr || !tp->enabled(),
+                "DecoderLayer: a mixture-of-experts layer has no tensor-parallel split");
+    moe = register_module(spec.moe.mixtral_names ? "block_sparse_moe" : "mlp",
+                          std::make_shared<SparseMoeImpl>(c, spec, how));
+  } else {
+    mlp = register_module("mlp", std::make_shared<MlpImpl>(c, spec, how, tp));
+  }
   // In HF's order (Gemma3DecoderLayer registers its extra two norms last).
   auto norm = [&](const char* name) {
     return register_module(name, std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how,
@@ -416,10 +424,14 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const AttentionI
     auto h = x + post_attention_layernorm->forward(
                      self_attn->forward(input_layernorm->forward(x), in, cache, layer_index));
     return h +
-           post_feedforward_layernorm->forward(mlp->forward(pre_feedforward_layernorm->forward(h)));
+           post_feedforward_layernorm->forward(feed_forward(pre_feedforward_layernorm->forward(h)));
   }
   auto h = x + self_attn->forward(input_layernorm->forward(x), in, cache, layer_index);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  return h + feed_forward(post_attention_layernorm->forward(h));
+}
+
+torch::Tensor DecoderLayerImpl::feed_forward(const torch::Tensor& x) {
+  return moe ? moe->forward(x) : mlp->forward(x);
 }
 
 }  // namespace rlhf::models

@@ -18,6 +18,7 @@
 namespace rlhf::models {
 
 class KvStore;
+class SparseMoeImpl;
 
 // The real tokens of a padded or packed [B, T] batch as variable-length sequences (one per
 // packed segment, or per row), for a fused attention kernel that takes them without a mask
@@ -189,17 +190,21 @@ class DecoderLayerImpl : public torch::nn::Module {
                    Materialize how = Materialize::kAllocate, const TensorParallel* tp = nullptr);
   // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)); with sandwich norms
   // (Gemma) x + post_attention(attn(input(x))), then h + post_feedforward(mlp(
-  // pre_feedforward(h))).
+  // pre_feedforward(h))). mlp is the MoE block on a sparse layer.
   torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in, KvStore* cache,
                         int64_t layer_index);
   const LayerSpec& spec() const { return spec_; }
   std::shared_ptr<AttentionImpl> self_attn;
+  // One of the two: the dense MLP ("mlp"), or with spec.moe.sparse() the mixture-of-experts
+  // block (models/moe.h; "mlp", Mixtral's "block_sparse_moe").
   std::shared_ptr<MlpImpl> mlp;
+  std::shared_ptr<SparseMoeImpl> moe;
   std::shared_ptr<RMSNormImpl> input_layernorm, post_attention_layernorm;
   // spec.sandwich_norms only; null otherwise.
   std::shared_ptr<RMSNormImpl> pre_feedforward_layernorm, post_feedforward_layernorm;
 
  private:
+  torch::Tensor feed_forward(const torch::Tensor& x);  // the MLP or the MoE block
   LayerSpec spec_;
 };
 

@@ -7,12 +7,16 @@ namespace rlhf::models {
 
 namespace {
 
-// Mixture-of-experts families transformers names; refused as such, not as unknown.
-const char* const kMoeModelTypes[] = {"qwen3_moe", "qwen2_moe", "mixtral"};
+// Mixture-of-experts types transformers names whose routing or attention rlhf does not
+// implement; refused as such, not as unknown.
+const char* const kOtherMoeModelTypes[] = {
+    "deepseek_v2", "deepseek_v3", "kimi_k2",  "olmoe",   "phimoe",  "granitemoe",    "dbrx",
+    "jamba",       "qwen3_next",  "glm4_moe", "gpt_oss", "minimax", "hunyuan_v1_moe"};
 
 const std::vector<const ModelFamily*>& families() {
   static const std::vector<const ModelFamily*> all = {
-      &llama_family(), &mistral_family(), &qwen2_family(), &qwen3_family(), &gemma3_family()};
+      &llama_family(),  &mistral_family(),   &qwen2_family(),     &qwen3_family(),
+      &gemma3_family(), &qwen3_moe_family(), &qwen2_moe_family(), &mixtral_family()};
   return all;
 }
 
@@ -27,11 +31,12 @@ std::string supported_list() {
 const ModelFamily& model_family(const std::string& model_type, const std::string& source) {
   for (const auto* f : families())
     if (f->model_type == model_type) return *f;
-  for (const char* t : kMoeModelTypes)
+  for (const char* t : kOtherMoeModelTypes)
     if (model_type == t)
       throw InputError(source + ": model_type \"" + model_type +
-                       "\" is a mixture-of-experts model; MoE is not supported yet (supported: "
-                       "the dense " +
+                       "\" is a mixture-of-experts model whose routing is not implemented "
+                       "(supported mixtures of experts: qwen3_moe, qwen2_moe, mixtral; all "
+                       "supported: " +
                        supported_list() + ")");
   throw InputError(source + ": model_type \"" + model_type +
                    "\" is not supported (supported: " + supported_list() + ")");

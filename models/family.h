@@ -2,9 +2,9 @@
 // of its own (models/families/NAME.cpp): the config.json fields it reads beyond the shared
 // ones (sizes, RoPE, token ids, dtype: models/config.cpp), what it writes back, its class
 // names, and what each decoder layer is made of (LayerSpec). Weight names are HF's Llama
-// names for every family here, plus Gemma's two extra norms (models/param_layout.cpp lays
-// them out from the LayerSpec).
-// A new dense family is a new file and one line in models/family.cpp.
+// names for every family here, plus Gemma's two extra norms and the mixture-of-experts blocks
+// (models/param_layout.cpp lays them out from the LayerSpec).
+// A new family is a new file and one line in models/family.cpp.
 #pragma once
 
 #include <cstdint>
@@ -64,8 +64,9 @@ struct ModelFamily {
   }
 };
 
-// The family of `model_type`; InputError naming `source` for a mixture-of-experts type (not
-// supported yet) or an unknown one, listing the supported types.
+// The family of `model_type`; InputError naming `source` for a mixture-of-experts type whose
+// routing rlhf does not implement (DeepSeek's, OLMoE's, ...) or an unknown one, listing the
+// supported types.
 const ModelFamily& model_family(const std::string& model_type, const std::string& source);
 std::vector<std::string> model_family_names();  // "llama", "mistral", ..., "gemma3_text"
 
@@ -75,6 +76,9 @@ const ModelFamily& mistral_family();
 const ModelFamily& qwen2_family();
 const ModelFamily& qwen3_family();
 const ModelFamily& gemma3_family();
+const ModelFamily& qwen3_moe_family();
+const ModelFamily& qwen2_moe_family();
+const ModelFamily& mixtral_family();
 
 // Every family here builds each layer alike from the config's flags: what layer() returns
 // for them.

@@ -15,6 +15,31 @@ enum class Activation {
   kGeluTanh,  // Gemma: gelu with the tanh approximation (transformers' gelu_pytorch_tanh)
 };
 
+// A sparse mixture-of-experts block in place of the dense MLP (models/moe.h): a router
+// (a linear map [experts, H] with no bias) scores each token, its top_k experts (each a gated
+// MLP of `intermediate` rows) run on it and their outputs are summed, weighted by the router.
+// What differs between families is data here, so the next family is a few fields, not a new
+// block: DeepSeek-V3's sigmoid scores with a bias-corrected, group-limited top-k would add a
+// `scoring` and two group sizes (docs/models.md says what it would take).
+struct MoeSpec {
+  int64_t experts = 0;       // 0: this layer's MLP is dense
+  int64_t top_k = 0;         // experts per token
+  int64_t intermediate = 0;  // each expert's intermediate size
+  // The top-k softmax probabilities renormalised to sum to 1 (Qwen's norm_topk_prob; Mixtral
+  // always); otherwise the softmax over all experts as it is.
+  bool norm_topk = false;
+  // The routing weights stay FP32 when they scale an expert's output, which is rounded after
+  // (Mixtral); otherwise they are rounded to the compute dtype first (Qwen).
+  bool fp32_weights = false;
+  // A shared expert (Qwen2-MoE): a gated MLP of this many rows on every token, its output
+  // scaled by sigmoid(shared_expert_gate(x)) and added. 0: none.
+  int64_t shared_intermediate = 0;
+  // Parameter names: Qwen's "mlp.gate", "mlp.experts.N.{gate,up,down}_proj"; Mixtral's
+  // "block_sparse_moe.gate", "block_sparse_moe.experts.N.{w1,w3,w2}".
+  bool mixtral_names = false;
+  bool sparse() const { return experts > 0; }
+};
+
 struct LayerSpec {
   bool qkv_bias = false;     // biases on the q, k and v projections
   bool o_proj_bias = false;  // a bias on the output projection
@@ -34,6 +59,8 @@ struct LayerSpec {
   bool local_attention = false;
   // The q.k scale; 0: 1 / sqrt(head_dim). Gemma 3: query_pre_attn_scalar^-0.5.
   double attention_scale = 0;
+  // A mixture-of-experts block instead of the dense MLP when moe.sparse().
+  MoeSpec moe;
 };
 
 // Layer `layer` (0-based) of a model of this config, as its family builds it.

@@ -1,10 +1,44 @@
 #include "models/param_layout.h"
 
+#include <functional>
+
 #include "models/layer_spec.h"
 
 namespace rlhf::models {
 
 namespace {
+
+using LinearFn = std::function<void(const std::string&, int64_t, int64_t, bool)>;
+
+// A gated MLP of I rows under `prefix` (gate_proj / up_proj / down_proj; Mixtral's experts
+// w1, w2, w3), in the order its module registers them (models/moe.cpp, decoder_layer.cpp).
+void gated_mlp(const std::string& prefix, int64_t H, int64_t I, bool bias, bool mixtral_names,
+               const LinearFn& linear) {
+  if (mixtral_names) {
+    linear(prefix + "w1", H, I, false);
+    linear(prefix + "w2", I, H, false);
+    linear(prefix + "w3", H, I, false);
+    return;
+  }
+  linear(prefix + "gate_proj", H, I, bias);
+  linear(prefix + "up_proj", H, I, bias);
+  linear(prefix + "down_proj", I, H, bias);
+}
+
+// A mixture-of-experts block (models/moe.h): the router, each expert, the shared expert and
+// its gate.
+void moe_shapes(const ModelConfig& c, const MoeSpec& moe, const LinearFn& linear) {
+  const int64_t H = c.hidden_size;
+  const std::string block = moe.mixtral_names ? "block_sparse_moe." : "mlp.";
+  linear(block + "gate", H, moe.experts, false);
+  for (int64_t e = 0; e < moe.experts; ++e)
+    gated_mlp(block + "experts." + std::to_string(e) + ".", H, moe.intermediate, false,
+              moe.mixtral_names, linear);
+  if (moe.shared_intermediate > 0) {
+    gated_mlp(block + "shared_expert.", H, moe.shared_intermediate, false, false, linear);
+    linear(block + "shared_expert_gate", H, 1, false);
+  }
+}
 
 // One decoder layer's parameters, names relative to "model.layers.N.", for the layer its
 // family builds (`spec`).
@@ -24,9 +58,10 @@ ShapeList layer_shapes(const ModelConfig& c, const LayerSpec& spec) {
     out.push_back({"self_attn.q_norm.weight", {D}});
     out.push_back({"self_attn.k_norm.weight", {D}});
   }
-  linear("mlp.gate_proj", H, I, spec.mlp_bias);
-  linear("mlp.up_proj", H, I, spec.mlp_bias);
-  linear("mlp.down_proj", I, H, spec.mlp_bias);
+  if (spec.moe.sparse())
+    moe_shapes(c, spec.moe, linear);
+  else
+    gated_mlp("mlp.", H, I, spec.mlp_bias, false, linear);
   out.push_back({"input_layernorm.weight", {H}});
   out.push_back({"post_attention_layernorm.weight", {H}});
   if (spec.sandwich_norms) {
@@ -63,6 +98,15 @@ ShapeList parameter_shapes(const ModelConfig& c) {
   for (auto& unit : parameter_units(c))
     for (auto& entry : unit) out.push_back(std::move(entry));
   return out;
+}
+
+int64_t active_parameters(const ModelConfig& c) {
+  int64_t idle = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const MoeSpec moe = layer_spec(c, i).moe;
+    if (moe.sparse()) idle += (moe.experts - moe.top_k) * 3 * c.hidden_size * moe.intermediate;
+  }
+  return numel_of(parameter_shapes(c)) - idle;
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {

@@ -21,6 +21,11 @@ ShapeList parameter_shapes(const ModelConfig& config);
 // The same, one list per unit: [0] the embeddings, [1 + i] layer i, [L + 1] norm and head.
 std::vector<ShapeList> parameter_units(const ModelConfig& config);
 
+// The parameters one token's forward uses: all of them, less the experts the router does not
+// pick (experts - top_k per sparse layer). Equal to numel_of(parameter_shapes) for a dense
+// model.
+int64_t active_parameters(const ModelConfig& config);
+
 int64_t numel_of(const std::vector<int64_t>& shape);
 int64_t numel_of(const ShapeList& shapes);
 

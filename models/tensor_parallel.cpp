@@ -24,6 +24,11 @@ void check_tensor_parallel(const ModelConfig& c, int tp_size, const std::string&
   if (c.head != HeadKind::kLanguageModel)
     throw InputError(what +
                      ": tensor parallelism is for an LM head (the rollout), not a value head");
+  if (c.moe.num_experts > 0)
+    throw InputError(what + ": tensor_parallel_size " + std::to_string(tp_size) + " with the " +
+                     c.model_type +
+                     " mixture of experts is not supported yet (its experts have no "
+                     "tensor-parallel split); use tensor_parallel_size 1");
   const std::pair<const char*, int64_t> sizes[] = {{"num_attention_heads", c.num_attention_heads},
                                                    {"num_key_value_heads", c.num_key_value_heads},
                                                    {"intermediate_size", c.intermediate_size},

@@ -699,11 +699,13 @@ void mark_environment_tokens(const PagedBatcher& batcher, int64_t N, GenerationO
 
 // Padded decode steps, CUDA graphs on a GPU (decode_graph.h), where the whole call runs on
 // the decode stream. Not under tensor parallelism: its all-reduces run outside any graph
-// (Gloo cannot be captured), so a TP rank decodes eagerly.
+// (Gloo cannot be captured), so a TP rank decodes eagerly. Nor for a mixture of experts: its
+// block reads each expert's token count on the host (models/moe.cpp), which a graph cannot.
 bool uses_padded_steps(const GenerationConfig& config, const torch::Device& device,
-                       bool tensor_parallel) {
+                       bool tensor_parallel, bool mixture_of_experts) {
   return config.decode_steps == DecodeSteps::kPadded ||
-         (config.decode_steps == DecodeSteps::kAuto && device.is_cuda() && !tensor_parallel);
+         (config.decode_steps == DecodeSteps::kAuto && device.is_cuda() && !tensor_parallel &&
+          !mixture_of_experts);
 }
 
 }  // namespace
@@ -723,7 +725,8 @@ GenerationOutput Generator::generate_paged(const torch::Tensor& prompt_ids,
       config_.max_num_seqs > 0 ? config_.max_num_seqs : config_.micro_batch_size * n;
   const int64_t check_every =
       config_.sync_interval > 0 ? config_.sync_interval : (device.is_cpu() ? 1 : 8);
-  const bool padded_steps = uses_padded_steps(config_, device, model.tensor_parallel().enabled());
+  const bool padded_steps = uses_padded_steps(config_, device, model.tensor_parallel().enabled(),
+                                              model.config().moe.num_experts > 0);
   DecodeStream on_decode_stream(padded_steps ? device : torch::Device(torch::kCPU));
   std::vector<std::vector<int64_t>> prompts = unpadded_prompts(prompt_ids, prompt_mask);
   // Multi-turn: rows may start from their environment's initial observation (openings).

@@ -18,6 +18,7 @@
 #include "engine/memory_check.h"
 #include "engine/trainer.h"
 #include "models/config.h"
+#include "models/param_layout.h"
 #include "test_paths.h"
 #include "tests/engine/tiny_job.h"
 #include "tests/engine/tiny_plan.h"
@@ -394,14 +395,21 @@ TEST(MemoryPlan, ShardedInferenceHoldsItsShareAndGathersOneUnit) {
 // The well-known architectures carry their published parameter counts (from the models'
 // config.json files; Hugging Face model cards list the same).
 TEST(MemoryPlan, ArchitecturePresetsHaveTheirPublishedSizes) {
-  const std::pair<const char*, int64_t> table[] = {{"llama-3-8b", 8030261248},
-                                                   {"llama-3-70b", 70553706496},
-                                                   {"qwen2.5-7b", 7615616512},
-                                                   {"qwen2.5-32b", 32763876352},
-                                                   {"mistral-7b", 7248023552}};
+  const std::pair<const char*, int64_t> table[] = {
+      {"llama-3-8b", 8030261248},   {"llama-3-70b", 70553706496}, {"qwen2.5-7b", 7615616512},
+      {"qwen2.5-32b", 32763876352}, {"mistral-7b", 7248023552},   {"qwen3-30b-a3b", 30532122624},
+      {"mixtral-8x7b", 46702792704}};
   for (const auto& [name, params] : table)
     EXPECT_EQ(rlhf::models::model_config_of(std::string("preset:") + name).num_parameters(), params)
         << name;
+  // The mixtures of experts' active parameters per token, as their model cards give them
+  // (3.3B of 30.5B; 12.9B of 46.7B): every weight but the experts the router does not pick.
+  EXPECT_EQ(rlhf::models::active_parameters(rlhf::models::model_config_of("preset:qwen3-30b-a3b")),
+            3353032704);
+  EXPECT_EQ(rlhf::models::active_parameters(rlhf::models::model_config_of("preset:mixtral-8x7b")),
+            12879925248);
+  EXPECT_EQ(rlhf::models::active_parameters(rlhf::models::model_config_of("preset:qwen2.5-7b")),
+            7615616512);
   EXPECT_THROW(rlhf::models::model_config_of("preset:llama-4"), rlhf::InputError);
 }
 

@@ -83,10 +83,10 @@ TEST(ModelConfig, UnsupportedOptionsAreErrorsNamingThem) {
   expect_error<InputError>(
       [] { ModelConfig::from_json_text(R"({"model_type": "gpt2"})", "cfg.json"); },
       {"cfg.json", "model_type \"gpt2\"", "llama, mistral, qwen2, qwen3"});
-  // Mixture-of-experts families are refused as such, not as unknown model types.
+  // Mixtures of experts rlhf does not implement are refused as such, not as unknown types.
   expect_error<InputError>(
-      [] { ModelConfig::from_json_text(R"({"model_type": "qwen3_moe"})", "moe.json"); },
-      {"moe.json", "model_type \"qwen3_moe\"", "MoE is not supported yet"});
+      [] { ModelConfig::from_json_text(R"({"model_type": "olmoe"})", "moe.json"); },
+      {"moe.json", "model_type \"olmoe\"", "mixture-of-experts", "routing is not implemented"});
   expect_error<InputError>(
       [] {
         ModelConfig::from_json_text(with(R"(, "architectures": ["LlamaForTokenClassification"])"),
@@ -219,22 +219,25 @@ TEST(ModelConfig, Qwen3AsQwen3ConfigReadsIt) {
 // that LayerSpec, named as transformers names the parameters.
 TEST(ModelFamily, EachFamilyBuildsItsLayersAsItsLayerSpecSays) {
   EXPECT_EQ(model_family_names(),
-            (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "gemma3_text"}));
+            (std::vector<std::string>{"llama", "mistral", "qwen2", "qwen3", "gemma3_text",
+                                      "qwen3_moe", "qwen2_moe", "mixtral"}));
   struct Expected {
     std::string type;
     LayerSpec spec;
   };
   // With attention_bias and mlp_bias both true in the file.
-  const std::vector<Expected> table = {{"llama", {true, true, true, false}},
-                                       {"mistral", {false, false, false, false}},
-                                       {"qwen2", {true, false, false, false}},
-                                       {"qwen3", {true, true, false, true}},
-                                       {"gemma3_text", {true, true, false, true}}};
+  const std::vector<Expected> table = {
+      {"llama", {true, true, true, false}},       {"mistral", {false, false, false, false}},
+      {"qwen2", {true, false, false, false}},     {"qwen3", {true, true, false, true}},
+      {"gemma3_text", {true, true, false, true}}, {"qwen3_moe", {true, true, false, true}},
+      {"qwen2_moe", {true, false, false, false}}, {"mixtral", {false, false, false, false}}};
   for (const auto& e : table) {
     const auto c = ModelConfig::from_json_text(
         R"({"model_type": ")" + e.type + R"(", "hidden_size": 32, "intermediate_size": 64,
             "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8, "vocab_size": 50,
-            "attention_bias": true, "mlp_bias": true})",
+            "attention_bias": true, "mlp_bias": true, "num_experts": 4, "num_local_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 24})",
         e.type);
     EXPECT_EQ(model_family(e.type, "t").causal_lm_class(), c.architectures.at(0));
     for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
@@ -262,14 +265,23 @@ TEST(ModelFamily, EachFamilyBuildsItsLayersAsItsLayerSpecSays) {
     EXPECT_EQ(has("self_attn.k_proj.bias"), e.spec.qkv_bias) << e.type;
     EXPECT_EQ(has("self_attn.o_proj.bias"), e.spec.o_proj_bias) << e.type;
     EXPECT_EQ(has("mlp.down_proj.bias"), e.spec.mlp_bias) << e.type;
+    // The mixtures of experts: every layer sparse here, each expert a tensor of its own.
+    EXPECT_EQ(layer_spec(c, 1).moe.sparse(),
+              e.type.find("moe") != std::string::npos || e.type == "mixtral")
+        << e.type;
+    EXPECT_EQ(has("mlp.experts.3.down_proj.weight"), e.type == "qwen3_moe" || e.type == "qwen2_moe")
+        << e.type;
+    EXPECT_EQ(has("block_sparse_moe.experts.3.w2.weight"), e.type == "mixtral") << e.type;
+    EXPECT_EQ(has("mlp.shared_expert_gate.weight"), e.type == "qwen2_moe") << e.type;
     EXPECT_EQ(has("pre_feedforward_layernorm.weight"), e.type == "gemma3_text") << e.type;
     EXPECT_EQ(has("post_feedforward_layernorm.weight"), e.type == "gemma3_text") << e.type;
   }
   expect_error<InputError>([] { model_family("gemma2", "m/config.json"); },
                            {"m/config.json", "\"gemma2\" is not supported",
                             "llama, mistral, qwen2, qwen3, gemma3_text"});
-  expect_error<InputError>([] { model_family("qwen3_moe", "m/config.json"); },
-                           {"mixture-of-experts", "llama, mistral, qwen2, qwen3, gemma3_text"});
+  expect_error<InputError>([] { model_family("deepseek_v3", "m/config.json"); },
+                           {"mixture-of-experts", "routing is not implemented",
+                            "qwen3_moe, qwen2_moe, mixtral", "llama, mistral"});
 }
 
 // Gemma 3's published config.json files predate transformers 5: rope_theta,
@@ -331,7 +343,7 @@ TEST(ModelConfig, JsonRoundTripKeepsEveryField) {
 }
 
 TEST(ModelConfig, PresetParameterCountsMatchTheModel) {
-  for (const auto& name : {"tiny", "small"}) {
+  for (const auto& name : {"tiny", "tiny-moe", "small"}) {
     ModelConfig c = preset_config(name);
     CausalLM model(c);
     int64_t n = 0;
@@ -353,7 +365,8 @@ TEST(ModelConfig, PresetParameterCountsMatchTheModel) {
   ModelConfig big = preset_config("100m");
   EXPECT_NEAR(static_cast<double>(big.num_parameters()), 100e6, 5e6);  // "~100M" as promised
   EXPECT_EQ(preset_config("tiny").vocab_size, 288);  // byte tokenizer: 259 ids, rounded up
-  expect_error<InputError>([] { preset_config("huge"); }, {"\"huge\"", "tiny, small, 100m"});
+  expect_error<InputError>([] { preset_config("huge"); },
+                           {"\"huge\"", "tiny, tiny-moe, small, 100m"});
 }
 
 }  // namespace

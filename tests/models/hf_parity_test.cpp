@@ -1,6 +1,7 @@
 // Parity with Hugging Face transformers itself (the PyPI package in RLHF_PYTHON): tiny random
-// Llama, Qwen2, Qwen3 and Mistral models written by transformers' save_pretrained (FP32), and HF's
-// own outputs for them (tests/models/hf_reference.py). rlhf must load those directories and
+// Llama, Qwen2, Qwen3, Mistral, Gemma 3 and the mixtures of experts Qwen3-MoE, Qwen2-MoE and
+// Mixtral, written by transformers' save_pretrained (FP32), and HF's own outputs for them
+// (tests/models/hf_reference.py). rlhf must load those directories and
 // give the same logits, log-probs, value-model scores and greedy tokens; an rlhf export after
 // a training step must load in transformers with the same logits; a config feature rlhf
 // does not implement must be refused by name at load.
@@ -27,12 +28,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/errors.h"
 #include "models/causal_lm.h"
+#include "models/decoder_layer.h"
 #include "models/layer_spec.h"
+#include "models/moe.h"
 #include "models/param_layout.h"
 #include "models/pretrained.h"
 #include "models/safetensors.h"
@@ -196,9 +200,12 @@ TEST_P(LogitsAndLogProbs, MatchTransformers) {
   }
 }
 
+const auto kMoeCases = ::testing::Values("qwen3-moe", "qwen3-moe-ties", "qwen2-moe", "mixtral");
+
 INSTANTIATE_TEST_SUITE_P(HfParity, LogitsAndLogProbs,
                          ::testing::Values("llama", "qwen2", "qwen3", "qwen3-bias", "mistral",
                                            "gemma3"));
+INSTANTIATE_TEST_SUITE_P(HfParityMoe, LogitsAndLogProbs, kMoeCases);
 
 TEST(HfParity, ReadsTheConfigsTransformers5Writes) {
   // transformers 5 keeps rope_theta and the scaling inside "rope_parameters" and the dtype
@@ -353,6 +360,143 @@ TEST(HfParity, Qwen3QkNormWeightsAreRead) {
   EXPECT_GT(error, 1e-2);
 }
 
+// ---- mixtures of experts ----------------------------------------------------------------
+
+// Router logits: max absolute error 1e-5 (kRouterTolerance). They are one [E, H] map of hidden
+// states that differ from HF's by ~1e-7 (summation order), logits of size ~1.
+constexpr double kRouterTolerance = 1e-5;
+
+class RouterMatchesTransformers : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RouterMatchesTransformers, LogitsAndSelectedExperts) {
+  // Every sparse layer's router logits and the experts it selects for each token, plain and
+  // padded batches. Selected experts are compared as sets (their order does not change the
+  // output); in qwen3-moe-ties layer 0 has exact ties (torch.topk on the same FP32 values in
+  // the same order breaks them alike on both sides) and layer 2 near-ties (1e-6 apart).
+  const std::string dir = case_dir(GetParam());
+  torch::NoGradGuard no_grad;
+  auto model = load_fp32(dir);
+  Reference ref(dir);
+  std::map<int64_t, std::vector<Routes>> seen;
+  for (int64_t i = 0; i < model->num_layers(); ++i) {
+    auto* layer = model->layers->ptr(i)->as<DecoderLayerImpl>();
+    if (layer->moe) layer->moe->record = &seen[i];
+  }
+  ASSERT_FALSE(seen.empty()) << "no sparse layer";
+  const auto plain = ref["plain_input_ids"];
+  const auto padded = ref["padded_input_ids"], mask = ref["padded_attention_mask"];
+  for (const auto& [kind, ids, m] :
+       {std::tuple{std::string("plain"), plain, torch::ones_like(plain)},
+        std::tuple{std::string("padded"), padded, mask}}) {
+    for (auto& [i, routes] : seen) routes.clear();
+    model->forward(ids, m);
+    const auto tokens = m.reshape({-1}) != 0;  // [B T]
+    for (auto& [i, routes] : seen) {
+      SCOPED_TRACE(kind + " layer " + std::to_string(i));
+      ASSERT_EQ(routes.size(), 1u);
+      const std::string at = "_" + std::to_string(i);
+      const double error =
+          max_abs_error(routes[0].logits, ref[kind + "_router_logits" + at], tokens.unsqueeze(-1));
+      const auto ours = std::get<0>(routes[0].experts.sort(-1));
+      const auto theirs = std::get<0>(ref[kind + "_router_experts" + at].sort(-1));
+      ASSERT_EQ(ours.sizes(), theirs.sizes());
+      const int64_t differ = (ours != theirs).any(-1).logical_and(tokens).sum().item<int64_t>();
+      report(GetParam() + " " + kind + " layer " + std::to_string(i) + " router logits", error);
+      std::cout << "[ measured ] " << GetParam() << " " << kind << " layer " << i << ": " << differ
+                << " of " << tokens.sum().item<int64_t>()
+                << " tokens routed to other experts than transformers'" << std::endl;
+      EXPECT_LE(error, kRouterTolerance);
+      EXPECT_EQ(differ, 0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HfParityMoe, RouterMatchesTransformers, kMoeCases);
+
+TEST(HfParity, MoeConfigsAndTheirLayoutsAreTheSavedFiles) {
+  // What each family file read from the config transformers wrote, and the parameter layout
+  // (loader, planner, ZeRO units): exactly the tensors of the saved file, one per expert.
+  struct Case {
+    const char* name;
+    std::vector<bool> sparse;  // per layer
+    int64_t experts, top_k, intermediate, shared;
+    bool norm_topk;
+    const char* expert_tensor;
+  };
+  const Case cases[] = {
+      {"qwen3-moe",
+       {true, false, true},
+       8,
+       2,
+       24,
+       0,
+       true,
+       "model.layers.2.mlp.experts.7.down_proj.weight"},
+      {"qwen2-moe",
+       {false, true, false},
+       16,
+       4,
+       16,
+       40,
+       false,
+       "model.layers.1.mlp.shared_expert_gate.weight"},
+      {"mixtral",
+       {true, true},
+       8,
+       2,
+       64,
+       0,
+       true,
+       "model.layers.1.block_sparse_moe.experts.7.w3.weight"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const std::string dir = case_dir(k.name);
+    const ModelConfig c = ModelConfig::from_json_file(dir);
+    ASSERT_EQ(static_cast<size_t>(c.num_hidden_layers), k.sparse.size());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const MoeSpec moe = layer_spec(c, i).moe;
+      EXPECT_EQ(moe.sparse(), k.sparse[i]) << "layer " << i;
+      if (!moe.sparse()) continue;
+      EXPECT_EQ(moe.experts, k.experts);
+      EXPECT_EQ(moe.top_k, k.top_k);
+      EXPECT_EQ(moe.intermediate, k.intermediate);
+      EXPECT_EQ(moe.shared_intermediate, k.shared);
+      EXPECT_EQ(moe.norm_topk, k.norm_topk);
+    }
+    CheckpointReader file(dir);
+    const std::vector<std::string> names = file.names();
+    std::set<std::string> saved(names.begin(), names.end()), laid_out;
+    int64_t saved_numel = 0;
+    for (const auto& name : names) saved_numel += numel_of(file.info(name).shape);
+    for (const auto& [name, shape] : parameter_shapes(c)) laid_out.insert(name);
+    EXPECT_EQ(laid_out, saved);
+    EXPECT_EQ(c.num_parameters(), saved_numel);
+    EXPECT_TRUE(saved.count(k.expert_tensor));
+    // What rlhf writes reads back as the same model.
+    const ModelConfig back = ModelConfig::from_json_text(c.to_json_text(), "round trip");
+    EXPECT_EQ(parameter_shapes(back), parameter_shapes(c));
+    EXPECT_EQ(back.moe.norm_topk_prob, c.moe.norm_topk_prob);
+  }
+}
+
+TEST(HfParity, CheckpointMissingAnExpertIsRefusedByName) {
+  const std::string dir = case_dir("qwen3-moe");
+  const fs::path copy = fs::path(RLHF_BINARY_DIR) / "test-runs" /
+                        ("moe-missing-expert-" + std::to_string(::getpid()));
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  fs::copy_file(fs::path(dir) / "config.json", copy / "config.json");
+  const std::string dropped = "model.layers.2.mlp.experts.5.up_proj.weight";
+  SafetensorsFile file((fs::path(dir) / "model.safetensors").string());
+  NamedTensors kept;
+  for (const auto& info : file.tensors())
+    if (info.name != dropped) kept.emplace_back(info.name, file.view(info.name));
+  save_safetensors((copy / "model.safetensors").string(), kept);
+  expect_error<InputError>([&] { load_pretrained(copy.string()); }, {"missing tensors", dropped});
+  fs::remove_all(copy);
+}
+
 // ---- value model -----------------------------------------------------------------------
 
 TEST(HfParity, ValueModelMatchesLlamaForSequenceClassification) {
@@ -410,6 +554,7 @@ TEST_P(GreedyGenerate, RlhfGenerateGivesTransformersTokens) {
 INSTANTIATE_TEST_SUITE_P(HfParity, GreedyGenerate,
                          ::testing::Values("llama", "qwen2", "qwen3", "qwen3-bias", "mistral",
                                            "gemma3"));
+INSTANTIATE_TEST_SUITE_P(HfParityMoe, GreedyGenerate, kMoeCases);
 
 // ---- export after training ---------------------------------------------------------------
 
@@ -479,7 +624,7 @@ TEST_P(ExportAfterATrainingStep, LoadsInTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HfParity, ExportAfterATrainingStep,
-                         ::testing::Values("qwen2", "qwen3", "gemma3"));
+                         ::testing::Values("qwen2", "qwen3", "gemma3", "qwen3-moe", "mixtral"));
 
 // ---- features rlhf does not implement ----------------------------------------------------
 
@@ -491,7 +636,10 @@ TEST(HfParity, UnimplementedFeaturesAreRefusedByName) {
       {"qwen2-sliding-window", {"use_sliding_window"}},
       {"qwen2-layer-types", {"layer_types[1]", "\"sliding_attention\""}},
       {"qwen3-sliding-window", {"use_sliding_window", "qwen3"}},
-      {"qwen3-moe", {"model_type \"qwen3_moe\"", "MoE is not supported yet"}},
+      {"deepseek-v3",
+       {"model_type \"deepseek_v3\"", "routing is not implemented", "qwen3_moe, qwen2_moe"}},
+      {"mixtral-jitter", {"router_jitter_noise"}},
+      {"qwen3-moe-top-k", {"num_experts_per_tok", "between 1 and num_local_experts (4), got 6"}},
       {"llama-yarn", {"rope_parameters type \"yarn\""}},
       {"llama-dynamic", {"rope_parameters type \"dynamic\""}},
       {"llama-partial-rotary", {"partial_rotary_factor"}},

@@ -1,11 +1,12 @@
 """Hugging Face `transformers` as the reference for rlhf's models (run by hf_parity_test.cpp).
 
-`make --out DIR --seed N` random-initialises tiny Llama, Qwen2, Qwen3, Mistral and Gemma 3 models with
-transformers itself, saves each with save_pretrained (FP32 safetensors, the byte tokenizer's
+`make --out DIR --seed N` random-initialises tiny Llama, Qwen2, Qwen3, Mistral and Gemma 3 models, and
+the mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral, with transformers itself, saves each with save_pretrained (FP32 safetensors, the byte tokenizer's
 tokenizer_config.json so `rlhf generate` and `rlhf run` can read text), and writes HF's own
 outputs next to them in DIR/<case>/reference.safetensors: logits and next-token log-probs
 for a plain and a padded batch, per-token values and pooled scores of the value model, and
-greedy `generate` tokens (DIR/<case>/greedy.json). It also writes config-only directories
+greedy `generate` tokens (DIR/<case>/greedy.json); for a mixture of experts also each sparse
+layer's router logits and selected experts. It also writes config-only directories
 under DIR/refuse/ with features rlhf does not implement, saved by transformers.
 
 `logits --model DIR --inputs FILE --out FILE` loads any HF directory (e.g. an rlhf export)
@@ -138,6 +139,68 @@ def cases():
                 )
             ),
         ),
+        # Qwen3-MoE: 8 experts, top-2 renormalised (norm_topk_prob), layer 1 dense
+        # (mlp_only_layers) between two sparse ones, per-head q/k norms.
+        "qwen3-moe": (
+            t.Qwen3MoeForCausalLM,
+            t.Qwen3MoeConfig(
+                **common(
+                    num_hidden_layers=3,
+                    head_dim=16,
+                    num_experts=8,
+                    num_experts_per_tok=2,
+                    moe_intermediate_size=24,
+                    norm_topk_prob=True,
+                    mlp_only_layers=[1],
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                )
+            ),
+        ),
+        # Qwen3-MoE whose routing has ties: randomise() makes experts 2i and 2i+1's router rows
+        # equal (exact ties) in layer 0 and 1e-6 apart (near-ties) in layer 2; 16 experts,
+        # top-3 (odd, so the third pick splits a tied pair and the tie-break decides which
+        # expert runs), weights not renormalised.
+        "qwen3-moe-ties": (
+            t.Qwen3MoeForCausalLM,
+            t.Qwen3MoeConfig(
+                **common(
+                    num_hidden_layers=3,
+                    head_dim=16,
+                    num_experts=16,
+                    num_experts_per_tok=3,
+                    moe_intermediate_size=16,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                )
+            ),
+        ),
+        # Qwen2-MoE: 16 experts, top-4 not renormalised, a sigmoid-gated shared expert,
+        # q/k/v biases; decoder_sparse_step 2 makes layer 1 of 3 the only sparse one.
+        "qwen2-moe": (
+            t.Qwen2MoeForCausalLM,
+            t.Qwen2MoeConfig(
+                **common(
+                    num_hidden_layers=3,
+                    num_experts=16,
+                    num_experts_per_tok=4,
+                    moe_intermediate_size=16,
+                    shared_expert_intermediate_size=40,
+                    decoder_sparse_step=2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                )
+            ),
+        ),
+        # Mixtral: 8 experts of intermediate_size, top-2 renormalised, FP32 routing weights,
+        # its own names (block_sparse_moe, w1/w2/w3).
+        "mixtral": (
+            t.MixtralForCausalLM,
+            t.MixtralConfig(
+                **common(
+                    num_local_experts=8,
+                    num_experts_per_tok=2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                )
+            ),
+        ),
         # A reward/critic model: LlamaForSequenceClassification with one label, llama3 RoPE,
         # attention and MLP biases.
         "llama-value": (
@@ -176,8 +239,14 @@ def refused_cases():
         "qwen3-sliding-window": t.Qwen3Config(
             **common(head_dim=8, use_sliding_window=True, sliding_window=4, max_window_layers=1)
         ),
-        "qwen3-moe": t.Qwen3MoeConfig(
-            **common(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+        "deepseek-v3": t.DeepseekV3Config(
+            **common(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16)
+        ),
+        "mixtral-jitter": t.MixtralConfig(
+            **common(num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.1)
+        ),
+        "qwen3-moe-top-k": t.Qwen3MoeConfig(
+            **common(num_experts=4, num_experts_per_tok=6, moe_intermediate_size=16)
         ),
         "llama-yarn": t.LlamaConfig(
             **common(
@@ -223,6 +292,18 @@ def randomise(model, generator):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=generator))
             elif name.endswith(".bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=generator))
+        if isinstance(model, transformers.Qwen3MoeForCausalLM) and model.config.num_experts == 16:
+            make_router_ties(model, generator)
+
+
+def make_router_ties(model, generator):
+    """Experts 2i and 2i+1 get the same router row in layer 0 (their probabilities tie
+    exactly, so torch.topk's tie-break decides) and rows 1e-6 apart in layer 2 (near-ties
+    that a different summation order could flip)."""
+    for layer, gap in ((0, 0.0), (2, 1e-6)):
+        w = model.model.layers[layer].mlp.gate.weight
+        noise = torch.randn(w[1::2].shape, generator=generator)
+        w[1::2] = w[0::2] + gap * noise
 
 
 def position_ids(mask):
@@ -242,6 +323,34 @@ def batches(generator):
     mask[3, T - 4 :] = 0  # right padding
     padded = padded.masked_fill(mask == 0, PAD)
     return plain, padded, mask
+
+
+def routers(model):
+    """{layer index: router module} of a mixture-of-experts model's sparse layers."""
+    out = {}
+    for i, layer in enumerate(model.model.layers):
+        block = getattr(layer, "block_sparse_moe", None) or getattr(layer, "mlp", None)
+        gate = getattr(block, "gate", None)
+        if gate is not None and not isinstance(gate, torch.nn.Linear):
+            out[i] = gate
+    return out
+
+
+@torch.no_grad()
+def router_outputs(model, ids, mask, kind):
+    """Each sparse layer's router logits [B T, E] and selected experts [B T, k] for one batch,
+    as `<kind>_router_logits_<layer>` / `<kind>_router_experts_<layer>`."""
+    seen, hooks = {}, []
+    for i, gate in routers(model).items():
+        hooks.append(gate.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(i, out)))
+    forward_logits(model, ids, mask)
+    for h in hooks:
+        h.remove()
+    ref = {}
+    for i, (logits, _scores, experts) in seen.items():
+        ref[f"{kind}_router_logits_{i}"] = logits.float()
+        ref[f"{kind}_router_experts_{i}"] = experts.long()
+    return ref
 
 
 @torch.no_grad()
@@ -319,6 +428,7 @@ def make(args):
                 logits = forward_logits(model, ids, m)
                 ref[kind + "_logits"] = logits
                 ref[kind + "_log_probs"] = next_token_log_probs(logits, ids)
+                ref.update(router_outputs(model, ids, m, kind))
             with open(os.path.join(out, "greedy.json"), "w") as f:
                 json.dump(greedy(model), f)
         ref = {k: v.contiguous() for k, v in ref.items()}

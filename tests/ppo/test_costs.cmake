@@ -3,3 +3,4 @@
 set_tests_properties(MultiTurnJob.SftOnToolTracesThenGrpoWithTheCalculator PROPERTIES COST 60)
 set_tests_properties(PpoJob.LearnsWithShardedScorersAndATensorParallelRollout PROPERTIES COST 35)
 set_tests_properties(MultiTurnJob.GuessTheNumberLearnsOverTheGamesTurns PROPERTIES COST 26)
+set_tests_properties(PpoJob.GrpoOnATinyMixtureOfExpertsLearnsAndItsExportLoadsInTransformers PROPERTIES COST 30)

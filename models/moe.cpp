@@ -1,0 +1,125 @@
+// The sparse mixture-of-experts block; see moe.h.
+#include "models/moe.h"
+
+#include "models/decoder_layer.h"
+
+namespace rlhf::models {
+
+namespace {
+
+torch::Tensor activate(Activation activation, const torch::Tensor& gate) {
+  return activation == Activation::kGeluTanh ? torch::gelu(gate, "tanh") : torch::silu(gate);
+}
+
+}  // namespace
+
+ExpertImpl::ExpertImpl(int64_t H, int64_t I, bool mixtral_names, Activation activation,
+                       Materialize how)
+    : mixtral_names_(mixtral_names), activation_(activation) {
+  // HF's registration order: Qwen2MoeMLP gate, up, down; Mixtral's expert w1, w2, w3.
+  if (mixtral_names) {
+    gate = register_module("w1", Linear(H, I, false, how));
+    down = register_module("w2", Linear(I, H, false, how));
+    up = register_module("w3", Linear(H, I, false, how));
+  } else {
+    gate = register_module("gate_proj", Linear(H, I, false, how));
+    up = register_module("up_proj", Linear(H, I, false, how));
+    down = register_module("down_proj", Linear(I, H, false, how));
+  }
+}
+
+torch::Tensor ExpertImpl::forward(const torch::Tensor& x) {
+  return down->forward(activate(activation_, gate->forward(x)) * up->forward(x));
+}
+
+std::vector<std::pair<std::string, Linear>> ExpertImpl::linears() const {
+  if (mixtral_names_) return {{"w1", gate}, {"w2", down}, {"w3", up}};
+  return {{"gate_proj", gate}, {"up_proj", up}, {"down_proj", down}};
+}
+
+SparseMoeImpl::SparseMoeImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how)
+    : spec_(spec.moe) {
+  const int64_t H = c.hidden_size;
+  TORCH_CHECK(spec_.sparse() && spec_.top_k >= 1 && spec_.top_k <= spec_.experts,
+              "SparseMoe: top_k ", spec_.top_k, " of ", spec_.experts, " experts");
+  // HF's registration order: Qwen2-MoE gate, experts, shared_expert, shared_expert_gate;
+  // Qwen3-MoE experts then gate; Mixtral gate then experts. One order here (the parameter
+  // layout follows it, param_layout.cpp); checkpoints are read by name.
+  gate = register_module("gate", Linear(H, spec_.experts, false, how));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < spec_.experts; ++e)
+    experts->push_back(Expert(H, spec_.intermediate, spec_.mixtral_names, spec.activation, how));
+  if (spec_.shared_intermediate > 0) {
+    ModelConfig shared = c;
+    shared.intermediate_size = spec_.shared_intermediate;
+    LayerSpec dense = spec;
+    dense.mlp_bias = false;
+    shared_expert = register_module("shared_expert", std::make_shared<MlpImpl>(shared, dense, how));
+    shared_expert_gate = register_module("shared_expert_gate", Linear(H, 1, false, how));
+  }
+}
+
+Routes SparseMoeImpl::route(const torch::Tensor& tokens) {
+  Routes r;
+  r.logits = gate->forward(tokens);                            // [N, E]
+  auto probs = torch::softmax(r.logits, -1, torch::kFloat32);  // FP32, as HF
+  auto [top, index] = probs.topk(spec_.top_k, /*dim=*/-1);     // [N, k] each
+  r.weights = spec_.norm_topk ? top / top.sum(-1, /*keepdim=*/true) : top;
+  r.experts = index;
+  return r;
+}
+
+torch::Tensor SparseMoeImpl::experts_forward(const torch::Tensor& tokens, const Routes& routes) {
+  const int64_t k = spec_.top_k;
+  // Each (token, slot) pair sorted by expert, so an expert's tokens are one contiguous run.
+  const torch::Tensor flat = routes.experts.reshape({-1});  // [N k]
+  const torch::Tensor order = flat.argsort(/*stable=*/true);
+  const torch::Tensor counts =
+      torch::bincount(flat, /*weights=*/{}, spec_.experts).to(torch::kCPU);  // one host sync
+  // Qwen rounds the weights to the compute dtype before scaling; Mixtral scales in FP32 and
+  // rounds the product.
+  const torch::Tensor weights = spec_.fp32_weights
+                                    ? routes.weights.reshape({-1})
+                                    : routes.weights.to(tokens.scalar_type()).reshape({-1});
+  torch::Tensor out = torch::zeros_like(tokens);
+  const auto* count = counts.data_ptr<int64_t>();
+  int64_t start = 0;
+  for (int64_t e = 0; e < spec_.experts; ++e) {
+    const int64_t n = count[e];
+    if (n == 0) continue;
+    const torch::Tensor pairs = order.narrow(0, start, n);
+    start += n;
+    const torch::Tensor rows = pairs.div(k, "floor");
+    auto h = experts[e]->as<ExpertImpl>()->forward(tokens.index_select(0, rows));
+    h = (h * weights.index_select(0, pairs).unsqueeze(-1)).to(tokens.scalar_type());
+    out.index_add_(0, rows, h);
+  }
+  return out;
+}
+
+torch::Tensor SparseMoeImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor tokens = x.reshape({-1, x.size(-1)});
+  Routes routes = route(tokens);
+  torch::Tensor out = experts_forward(tokens, routes);
+  if (record) record->push_back(routes);
+  if (shared_expert)  // Qwen2MoeSparseMoeBlock: sigmoid(gate(x)) * shared(x), added
+    out =
+        out + torch::sigmoid(shared_expert_gate->forward(tokens)) * shared_expert->forward(tokens);
+  return out.view(x.sizes());
+}
+
+std::vector<std::pair<std::string, Linear>> SparseMoeImpl::linears() {
+  std::vector<std::pair<std::string, Linear>> out;
+  for (int64_t e = 0; e < spec_.experts; ++e)
+    for (auto& [name, linear] : experts[e]->as<ExpertImpl>()->linears())
+      out.emplace_back("experts." + std::to_string(e) + "." + name, linear);
+  if (shared_expert)
+    for (const auto& [name, linear] :
+         {std::pair<std::string, Linear>{"gate_proj", shared_expert->gate_proj},
+          {"up_proj", shared_expert->up_proj},
+          {"down_proj", shared_expert->down_proj}})
+      out.emplace_back("shared_expert." + name, linear);
+  return out;
+}
+
+}  // namespace rlhf::models
