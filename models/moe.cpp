@@ -1,6 +1,8 @@
 // The sparse mixture-of-experts block; see moe.h.
 #include "models/moe.h"
 
+#include <tuple>
+
 #include "models/decoder_layer.h"
 
 namespace rlhf::models {
@@ -63,7 +65,17 @@ Routes SparseMoeImpl::route(const torch::Tensor& tokens) {
   Routes r;
   r.logits = gate->forward(tokens);                            // [N, E]
   auto probs = torch::softmax(r.logits, -1, torch::kFloat32);  // FP32, as HF
-  auto [top, index] = probs.topk(spec_.top_k, /*dim=*/-1);     // [N, k] each
+  torch::Tensor top, index;                                    // [N, k] each
+  if (replay.defined()) {  // routing replay: these experts, the current router's weights
+    TORCH_CHECK(
+        replay.dim() == 2 && replay.size(0) == tokens.size(0) && replay.size(1) == spec_.top_k,
+        "SparseMoe: replayed routes are ", replay.sizes(), ", expected [", tokens.size(0), ", ",
+        spec_.top_k, "]");
+    index = replay.to(probs.device(), torch::kInt64);
+    top = probs.gather(-1, index);
+  } else {
+    std::tie(top, index) = probs.topk(spec_.top_k, /*dim=*/-1);
+  }
   r.weights = spec_.norm_topk ? top / top.sum(-1, /*keepdim=*/true) : top;
   r.experts = index;
   return r;

@@ -65,6 +65,12 @@ class SparseMoeImpl : public torch::nn::Module {
   // When set, each forward appends its Routes here (the router logits a parity test compares;
   // what a rollout would record for routing replay). The caller owns the vector.
   std::vector<Routes>* record = nullptr;
+  // Routing replay (R3): when defined, [N, top_k] int64, the experts each of the N tokens of
+  // the next forwards uses instead of the router's top-k (what a rollout recorded for them).
+  // The weights are the current router's probabilities at those experts (renormalised as the
+  // family does), so the router still learns; a checkpointed layer's recompute sees the same
+  // tensor. The caller sets and clears it around each forward.
+  torch::Tensor replay;
 
   Linear gate{nullptr};  // the router: [experts, H], no bias
   torch::nn::ModuleList experts{nullptr};

@@ -1,0 +1,106 @@
+// The mixture-of-experts block beyond parity with transformers (hf_parity_test.cpp): its
+// gradients under per-layer checkpointing, and routing replay (SparseMoeImpl::replay).
+#include "models/moe.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "models/causal_lm.h"
+#include "models/decoder_layer.h"
+#include "test_util.h"
+
+namespace rlhf::models {
+namespace {
+
+using testing::relative_error;
+
+std::shared_ptr<CausalLM> tiny_moe(torch::Dtype dtype = torch::kFloat32) {
+  auto model = std::make_shared<CausalLM>(preset_config("tiny-moe"));
+  model->init_weights(5);
+  model->to(dtype);
+  return model;
+}
+
+torch::Tensor ids_of(int64_t B, int64_t T, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  return torch::randint(0, 256, {B, T}, gen, torch::kInt64);
+}
+
+std::vector<SparseMoeImpl*> blocks(CausalLM& model) {
+  std::vector<SparseMoeImpl*> out;
+  for (int64_t i = 0; i < model.num_layers(); ++i)
+    if (auto& moe = model.layers->ptr(i)->as<DecoderLayerImpl>()->moe) out.push_back(moe.get());
+  return out;
+}
+
+// Next-token loss over the batch and every parameter's gradient afterwards.
+std::vector<torch::Tensor> grads_of_loss(CausalLM& model, const torch::Tensor& ids) {
+  model.zero_grad();
+  auto lp = model.next_token_log_probs(model.forward(ids, torch::ones_like(ids)), ids, 4);
+  (-lp.sum()).backward();
+  std::vector<torch::Tensor> grads;
+  for (auto& p : model.parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+TEST(SparseMoe, CheckpointedGradientsEqualPlainOnes) {
+  // A checkpointed layer's recompute routes the same tokens again: the same experts, so the
+  // same gradients (FP32: 1e-6 of scale, summation order only), the router's included.
+  auto model = tiny_moe();
+  const auto ids = ids_of(2, 11, 1);
+  const auto plain = grads_of_loss(*model, ids);
+  model->set_checkpointing(Checkpointing::kPerLayer);
+  const auto ckpt = grads_of_loss(*model, ids);
+  ASSERT_EQ(plain.size(), ckpt.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_LT(relative_error(ckpt[i], plain[i]), 1e-6) << i;
+  EXPECT_GT(blocks(*model)[0]->gate->weight.grad().abs().max().item<double>(), 0.0)
+      << "the router learns";
+}
+
+TEST(SparseMoe, ReplayRoutesThroughTheGivenExpertsWithTheCurrentRoutersWeights) {
+  auto model = tiny_moe();
+  const auto ids = ids_of(2, 9, 2);
+  const auto mask = torch::ones_like(ids);
+  std::map<SparseMoeImpl*, std::vector<Routes>> seen;
+  for (auto* b : blocks(*model)) b->record = &seen[b];
+  torch::NoGradGuard no_grad;
+  const auto logits = model->logits(model->forward(ids, mask));
+  // Replaying the model's own routes is the same forward, to the bit.
+  for (auto* b : blocks(*model)) {
+    b->replay = seen[b].at(0).experts;
+    seen[b].clear();
+  }
+  EXPECT_TRUE(torch::equal(model->logits(model->forward(ids, mask)), logits));
+  // Other experts (each token's shifted by one): the recorded routes are the replayed ones,
+  // the weights the router's probabilities at them (renormalised: tiny-moe sets norm_topk_prob),
+  // and the output moves.
+  for (auto* b : blocks(*model)) {
+    b->replay = (seen[b].at(0).experts + 1).remainder(b->spec().experts);
+    seen[b].clear();
+  }
+  const auto replayed = model->logits(model->forward(ids, mask));
+  for (auto* b : blocks(*model)) {
+    const Routes& r = seen[b].at(0);
+    EXPECT_TRUE(torch::equal(r.experts, b->replay));
+    const auto probs = torch::softmax(r.logits, -1, torch::kFloat32).gather(-1, b->replay);
+    EXPECT_LT((r.weights - probs / probs.sum(-1, true)).abs().max().item<double>(), 1e-6);
+  }
+  const double moved = (replayed - logits).abs().max().item<double>();
+  std::cout << "[ measured ] replaying shifted experts moves the logits by " << moved << std::endl;
+  EXPECT_GT(moved, 1e-3);
+  // A replay whose shape is not [tokens, top_k] is refused naming both.
+  blocks(*model)[0]->replay = torch::zeros({3, 2}, torch::kInt64);
+  try {
+    model->forward(ids, mask);
+    ADD_FAILURE() << "a replay of 3 tokens for 18 was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("replayed routes are [3, 2], expected [18, 2]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace rlhf::models
