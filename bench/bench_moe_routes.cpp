@@ -8,7 +8,11 @@
 // tokens (mean |rollout - trainer|), in FP32 and in BF16; then the trainer's forward again
 // with routing replay (SparseMoeImpl::replay: the rollout's experts, the current router's
 // weights). The limit: 0 differing tokens, what replay gives by construction.
-// Usage: bench_moe_routes [--model DIR] [--batch 16] [--prompt 12] [--new 32] [--seed 0]
+// The model: --model DIR, or (the default) --random 64x8: a random Qwen3-MoE of 8 layers
+// (hidden 256) with 64 experts of 64 rows, top-8 renormalised, Qwen3-30B-A3B's routing at a
+// small size, written to a temporary directory first.
+// Usage: bench_moe_routes [--model DIR | --random 64x8] [--batch 16] [--prompt 12] [--new 32]
+//                         [--seed 0]
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -137,16 +141,39 @@ void compare(const std::string& dir, torch::Dtype dtype, int64_t B, int64_t P, i
   trainer_side(*trainer, ids, run, r_rec, t_rec, B, P, N, "replaying the rollout's routes");
 }
 
+// A random Qwen3-MoE of `experts` x top-k `top_k` (8 layers, hidden 256), saved under /tmp.
+std::string random_moe(int64_t experts, int64_t top_k, uint64_t seed) {
+  models::ModelConfig c = models::preset_config("tiny-moe");
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_hidden_layers = 8;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 4;
+  c.head_dim = 32;
+  c.moe.num_experts = experts;
+  c.moe.num_experts_per_tok = top_k;
+  c.moe.moe_intermediate_size = 64;
+  c.torch_dtype = "float32";
+  models::CausalLM model(c);
+  model.init_weights(seed);
+  const std::string dir = "/tmp/bench_moe_routes-" + std::to_string(experts) + "x" +
+                          std::to_string(top_k) + "-" + std::to_string(seed);
+  models::save_pretrained(model, dir);
+  return dir;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = "runs/models/tiny-moe";
+  std::string dir, random = "64x8";
   int64_t B = 16, P = 12, N = 32;
   uint64_t seed = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model")
       dir = value;
+    else if (flag == "--random")
+      random = value;
     else if (flag == "--batch")
       B = std::stoll(value);
     else if (flag == "--prompt")
@@ -161,6 +188,12 @@ int main(int argc, char** argv) {
     }
   }
   torch::set_num_threads(1);
+  if (dir.empty()) {
+    const auto x = random.find('x');
+    dir = random_moe(std::stoll(random.substr(0, x)), std::stoll(random.substr(x + 1)), seed);
+    std::printf("a random Qwen3-MoE, 8 layers, %s experts x top-k (%s)\n", random.c_str(),
+                dir.c_str());
+  }
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) compare(dir, dtype, B, P, N, seed);
   return 0;
 }

@@ -45,9 +45,10 @@ int cmd_init_model(const Argv& argv) {
            "bf16|fp32]\n\n"
            "Writes a randomly initialised Llama-style model in Hugging Face format: config.json,\n"
            "model.safetensors and the byte tokenizer's tokenizer_config.json. Presets:\n"
-           "  tiny   2 layers, hidden 64, 4 heads (2 kv), vocab 288: tests\n"
-           "  small  4 layers, hidden 256, 8 heads (4 kv), vocab 288\n"
-           "  100m   12 layers, hidden 768, 12 heads (4 kv), vocab 32000, tied: benchmarks\n\n"
+           "  tiny      2 layers, hidden 64, 4 heads (2 kv), vocab 288: tests\n"
+           "  tiny-moe  tiny as a Qwen3-MoE: 8 experts of 88 rows, top-2 (examples/grpo_moe_tiny)\n"
+           "  small     4 layers, hidden 256, 8 heads (4 kv), vocab 288\n"
+           "  100m      12 layers, hidden 768, 12 heads (4 kv), vocab 32000, tied: benchmarks\n\n"
         << format_options(options);
     return 0;
   }
