@@ -7,8 +7,10 @@
 
 #include <map>
 
+#include "core/errors.h"
 #include "models/causal_lm.h"
 #include "models/decoder_layer.h"
+#include "models/tensor_parallel.h"
 #include "test_util.h"
 
 namespace rlhf::models {
@@ -100,6 +102,15 @@ TEST(SparseMoe, ReplayRoutesThroughTheGivenExpertsWithTheCurrentRoutersWeights) 
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(SparseMoe, ATensorParallelRolloutOfAMixtureIsRefusedByName) {
+  // Its experts have no tensor-parallel split yet: refused when the job is checked (preflight
+  // and the planner call this), naming the key and the model type, never run differently.
+  testing::expect_error<InputError>(
+      [] { check_tensor_parallel(preset_config("tiny-moe"), 2, "rollout.tensor_parallel_size"); },
+      {"rollout.tensor_parallel_size", "tensor_parallel_size 2", "qwen3_moe", "not supported"});
+  check_tensor_parallel(preset_config("tiny-moe"), 1, "rollout.tensor_parallel_size");
 }
 
 }  // namespace

@@ -66,5 +66,34 @@ TEST_F(PpoJob, GrpoOnATinyMixtureOfExpertsLearnsAndItsExportLoadsInTransformers)
   EXPECT_LE(diff, kExportTolerance);
 }
 
+TEST_F(PpoJob, MixtureOfExpertsTrainsWithZero3OverTwoRanksAsPlanned) {
+  // Experts are parameters like any other to ZeRO: sharded over the actor's 2 ranks, gathered
+  // a layer at a time, an expert no token of a micro batch reached gets a zero gradient. Each
+  // rank's tracked tensor peak equals the plan's (the planner counts the experts).
+  const fs::path model = dir_ / "tiny-moe";
+  ASSERT_EQ(rlhf({"init-model", "--preset", "tiny-moe", "--out", model.string()}).exit_code, 0);
+  Result r =
+      rlhf({"run",   "examples/grpo_moe_tiny.json",
+            "--set", "actor.model=" + model.string(),
+            "--set", "logger.run_dir=" + (dir_ / "runs").string(),
+            "--set", "name=moe3",
+            "--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":4,"memory_gb":4}])",
+            "--set", "actor.devices=[0,1]",
+            "--set", "actor.zero_stage=3",
+            "--set", "ref.devices=[2]",
+            "--set", "rollout.devices=[3]",
+            "--set", "train.max_steps=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = read_metrics(run_dir("moe3") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 3u);
+  for (const auto& step : m) {
+    EXPECT_GT(step["grad_norm"].get<double>(), 0.0);
+    const auto& ranks = step["memory"]["actor"];
+    ASSERT_EQ(ranks.size(), 2u);
+    for (const auto& rank : ranks)
+      EXPECT_EQ(rank["peak_tensor_bytes"], rank["planned_tensor_bytes"]) << rank.dump();
+  }
+}
+
 }  // namespace
 }  // namespace rlhf::ppo::job_test
