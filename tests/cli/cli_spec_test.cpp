@@ -39,8 +39,9 @@ TEST(Cli, EverySubcommandHasHelp) {
 }
 
 TEST(Cli, ExamplesValidate) {
-  for (const char* example : {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "sft_tiny.json",
-                              "rm_tiny.json", "ppo_8gpu.json", "ppo_70b.json"}) {
+  for (const char* example :
+       {"ppo_tiny.json", "grpo_tiny.json", "dpo_tiny.json", "sft_tiny.json", "rm_tiny.json",
+        "ppo_8gpu.json", "ppo_70b.json", "grpo_moe_tiny.json", "grpo_qwen3_30b_a3b.json"}) {
     // --no-files: the examples' models (runs/models) and the 8-GPU job's files and GPUs
     // are not on every machine; checks_test.cpp covers what validate says about them.
     CliResult r = run_cli({"validate", std::string("examples/") + example, "--no-files"});

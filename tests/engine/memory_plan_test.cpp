@@ -602,6 +602,41 @@ TEST(MemoryPlan, FusedAttentionOnGpusKeepsNoScores) {
   EXPECT_GT(cpu, 2.5);
 }
 
+// examples/grpo_qwen3_30b_a3b.json: a mixture of experts on 8 x 80 GiB. The plan counts all
+// 30.5B parameters (ZeRO shards every expert; without expert parallelism each rank gathers
+// every expert of a layer): the actor fits with its AdamW states on the host and not without
+// (the first suggestion puts them there), the rollout holds the whole model (no
+// tensor-parallel MoE rollout yet). Mixtral-8x7B's 87 GiB of weights fit no 80 GiB rollout,
+// and tensor parallelism is not offered for it.
+TEST(MemoryPlan, MixturesOfExpertsOnEightGpus) {
+  const std::string example = std::string(RLHF_SOURCE_DIR) + "/examples/grpo_qwen3_30b_a3b.json";
+  std::vector<std::string> missing;
+  const auto s = rlhf::JobSpec::load(example);
+  const auto models = load_role_models(s, missing);
+  ASSERT_TRUE(missing.empty());
+  const MemoryPlan plan = plan_memory(s, models);
+  EXPECT_TRUE(plan.fits()) << plan.to_json().dump(2);
+  for (const auto& d : plan.devices)
+    EXPECT_LE(static_cast<double>(d.total) / d.capacity, 0.90) << d.node << ":" << d.device_id;
+  EXPECT_EQ(plan.role("rollout")->terms.weights, 2 * int64_t{30532122624});
+
+  const auto on_device = rlhf::JobSpec::load(example, {"actor.adam_offload=false"});
+  const MemoryPlan over = plan_memory(on_device, models);
+  ASSERT_FALSE(over.fits());
+  ASSERT_FALSE(over.suggestions.empty());
+  EXPECT_EQ(over.suggestions.front().change, "actor.adam_offload=true");
+  EXPECT_TRUE(over.suggestions.front().fits);
+
+  const auto mixtral = rlhf::JobSpec::load(example, {"actor.model=preset:mixtral-8x7b"});
+  const auto mixtral_models = load_role_models(mixtral, missing);
+  const MemoryPlan big = plan_memory(mixtral, mixtral_models);
+  ASSERT_FALSE(big.fits());
+  EXPECT_GT(big.role("rollout")->terms.weights, 80ll << 30);
+  for (const auto& suggestion : big.suggestions)
+    EXPECT_EQ(suggestion.change.find("tensor_parallel_size"), std::string::npos)
+        << suggestion.change;
+}
+
 // examples/ppo_70b.json: Llama-3-70B laid out as OpenRLHF ran it (actor 32 GPUs, critic 16,
 // ref 8, reward 8, rollout 8; 128 prompts x 4 samples, 1024 + 1024 tokens) fits 80 GiB per
 // GPU with a margin (no device above 90%), the rollout as 2 engines of tensor parallel size 4
