@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "models/causal_lm.h"
 #include "models/decoder_layer.h"
+#include "models/lora.h"
 #include "models/tensor_parallel.h"
 #include "test_util.h"
 
@@ -111,6 +112,58 @@ TEST(SparseMoe, ATensorParallelRolloutOfAMixtureIsRefusedByName) {
       [] { check_tensor_parallel(preset_config("tiny-moe"), 2, "rollout.tensor_parallel_size"); },
       {"rollout.tensor_parallel_size", "tensor_parallel_size 2", "qwen3_moe", "not supported"});
   check_tensor_parallel(preset_config("tiny-moe"), 1, "rollout.tensor_parallel_size");
+}
+
+TEST(SparseMoe, LoraAdaptersOnEveryExpertMergeAndUnmerge) {
+  // Qwen's expert maps are gate_proj / up_proj / down_proj like a dense MLP's, so those
+  // targets put an adapter on each expert of each sparse layer (the router stays frozen);
+  // Mixtral's w1 / w2 / w3 are taken by all-linear. A merged forward equals the unmerged one
+  // (FP32, 1e-5 of scale) and unmerging restores the base weights.
+  for (const bool mixtral : {false, true}) {
+    SCOPED_TRACE(mixtral ? "mixtral" : "qwen3_moe");
+    ModelConfig c = preset_config("tiny-moe");
+    if (mixtral) {
+      c.model_type = "mixtral";
+      c.architectures = {"MixtralForCausalLM"};
+      c.qk_norm = false;
+      c.moe.moe_intermediate_size = c.intermediate_size;
+    }
+    CausalLM model(c);
+    model.init_weights(7);
+    LoraConfig lora;
+    lora.rank = 4;
+    lora.target_modules = mixtral ? std::vector<std::string>{"all-linear"}
+                                  : std::vector<std::string>{"gate_proj", "up_proj", "down_proj"};
+    apply_lora(model, lora, 1, "actor.lora");
+    int64_t adapted = 0, experts = 0;
+    for (auto& [name, linear] : model.decoder_linears()) {
+      if (!linear->lora) continue;
+      ++adapted;
+      experts += name.find(".experts.") != std::string::npos;
+      linear->lora->B.data().normal_(0.0, 0.1);  // a trained adapter, not the zero start
+    }
+    EXPECT_EQ(experts, 2 * 8 * 3);                    // 2 sparse layers x 8 experts x 3 maps
+    EXPECT_EQ(adapted, experts + (mixtral ? 8 : 0));  // all-linear: q, k, v, o too
+    torch::NoGradGuard no_grad;
+    const auto ids = ids_of(2, 7, 3);
+    const auto before = model.logits(model.forward(ids, torch::ones_like(ids)));
+    const auto base = blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight.clone();
+    merge_adapters(model);
+    const auto merged = model.logits(model.forward(ids, torch::ones_like(ids)));
+    EXPECT_LT(relative_error(merged, before), 1e-5);
+    EXPECT_GT((blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight - base)
+                  .abs()
+                  .max()
+                  .item<double>(),
+              1e-4)
+        << "the merge reached the expert's weight";
+    unmerge_adapters(model);
+    EXPECT_LT((blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight - base)
+                  .abs()
+                  .max()
+                  .item<double>(),
+              1e-6);
+  }
 }
 
 }  // namespace
