@@ -65,7 +65,9 @@ void add_keys(KeyTable& t) {
            "tokens; seq_mean per sequence, then over sequences; token_sum_norm sums over "
            "tokens and divides by sequences x rollout.max_new_tokens (Dr. GRPO). auto: "
            "token_sum_norm for dr_grpo, token_mean otherwise.");
-  t.number("actor.entropy_coef", 0.0, 0, kUnbounded, "Entropy bonus coefficient.");
+  t.number("actor.entropy_coef", 0.0, 0, kUnbounded,
+           "Entropy bonus coefficient (OpenRLHF's entropy_loss_coef). Not applied yet: the "
+           "actor's loss has no entropy term, so a value other than 0 is refused.");
   t.boolean("actor.offload_optimizer_while_generating", false,
             "With rollout.colocate_with actor on cuda nodes: the actor's FP32 master weights, "
             "AdamW moments and gradient shards move to pinned host memory while the rollout "
@@ -197,6 +199,12 @@ void check_ppo(SpecCheck& v) {
               "scores while the rollout generates, so the scorers need devices of their own: "
               "not with rollout.colocate_with " +
                   v.str("rollout.colocate_with"));
+  // Refused rather than ignored: no loss reads it yet (entropy is logged, not trained on).
+  if (v.ok({"actor.entropy_coef"}) && v.real("actor.entropy_coef") != 0)
+    v.problem("actor.entropy_coef",
+              "the entropy bonus is not applied yet (the actor's loss has no entropy term); "
+              "leave it 0, found " +
+                  v.at("actor.entropy_coef").dump());
   const double dual = v.real("actor.dual_clip");
   if (v.ok({"actor.dual_clip"}) && dual != 0 && dual <= 1)
     v.problem("actor.dual_clip",

@@ -151,6 +151,8 @@ const std::vector<BadCase>& bad_cases() {
       {"missing_dpo_dataset", R"({"kind": "dpo"})", "data.dataset", "required for a dpo job"},
       {"dual_clip_range", R"({"actor": {"dual_clip": 0.5}})", "actor.dual_clip",
        "expected 0 (off) or a number > 1"},
+      {"entropy_bonus_not_applied", R"({"actor": {"entropy_coef": 0.01}})", "actor.entropy_coef",
+       "the entropy bonus is not applied yet"},
       {"save_steps_zero", R"({"ckpt": {"save_steps": 0}})", "ckpt.save_steps",
        "expected -1 (only at the end)"},
       {"clip_range_order", R"({"reward": {"clip_range": [5, -5]}})", "reward.clip_range",
