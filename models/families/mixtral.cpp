@@ -4,7 +4,6 @@
 // when they scale the experts' outputs; its own weight names (block_sparse_moe.gate,
 // block_sparse_moe.experts.N.w1 / w3 / w2 for gate / up / down).
 #include "models/config.h"
-#include "models/config_json.h"
 #include "models/families/moe_fields.h"
 #include "models/family.h"
 
@@ -12,16 +11,14 @@ namespace rlhf::models {
 
 namespace {
 
+// Mistral's own fields (its sliding window), then the experts'.
 void read(const nlohmann::json& j, ModelConfig& c, const std::string& source) {
-  c.sliding_window = config_json::get_or<int64_t>(j, "sliding_window", 0, source);
-  if (c.sliding_window < 0)
-    throw InputError(source + ": sliding_window must be positive or null, got " +
-                     std::to_string(c.sliding_window));
+  mistral_family().read(j, c, source);
   read_moe_fields(j, c, source, MoeFlavor::kMixtral);
 }
 
 void write(const ModelConfig& c, nlohmann::json& j) {
-  j["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
+  mistral_family().write(c, j);
   write_moe_fields(c, j, MoeFlavor::kMixtral);
 }
 

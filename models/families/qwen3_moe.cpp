@@ -5,25 +5,21 @@
 // shared expert, no router z-loss (Qwen3MoeForCausalLM's only extra loss is the
 // load-balancing one, router_aux_loss_coef).
 #include "models/config.h"
-#include "models/config_json.h"
 #include "models/families/moe_fields.h"
-#include "models/families/qwen_window.h"
 #include "models/family.h"
 
 namespace rlhf::models {
 
 namespace {
 
+// Qwen3's own fields (its attention), then the experts'.
 void read(const nlohmann::json& j, ModelConfig& c, const std::string& source) {
-  c.head_dim = config_json::get_or<int64_t>(j, "head_dim", 128, source);
-  c.qkv_bias = c.o_proj_bias = config_json::get_or<bool>(j, "attention_bias", false, source);
-  c.qk_norm = true;
-  refuse_qwen_sliding_window(j, c, source);
+  qwen3_family().read(j, c, source);
   read_moe_fields(j, c, source, MoeFlavor::kQwen3);
 }
 
 void write(const ModelConfig& c, nlohmann::json& j) {
-  j["attention_bias"] = c.qkv_bias;
+  qwen3_family().write(c, j);
   write_moe_fields(c, j, MoeFlavor::kQwen3);
 }
 
