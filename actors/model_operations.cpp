@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "actors/device.h"
@@ -15,6 +16,7 @@
 #include "engine/token_budget.h"
 #include "models/lora.h"
 #include "models/pretrained.h"
+#include "models/routes.h"
 #include "ppo/kl.h"
 #include "ppo/losses.h"
 #include "ppo/worker_ops.h"
@@ -223,6 +225,7 @@ struct Batch {
   torch::Tensor sequences;       // [B, T] int64 prompt + response ids
   torch::Tensor attention_mask;  // [B, T]
   int64_t action_len = 0;        // A: the last A positions are the response
+  torch::Tensor routes;          // [B, T, S, k] the rollout's routes, when sent
 };
 
 // The request's batch on `device` (the worker's), its last action_len positions the responses.
@@ -237,6 +240,13 @@ Batch read_batch(const Message& req, int64_t action_len, torch::Device device) {
   TORCH_CHECK(b.action_len >= 1 && b.action_len < b.sequences.size(1), req.op,
               ": action_len must be in [1, T), got ", b.action_len,
               " for T = ", b.sequences.size(1));
+  if (req.has_tensor("routes")) {
+    b.routes = req.tensor("routes").to(device);
+    TORCH_CHECK(b.routes.dim() == 4 && b.routes.size(0) == b.sequences.size(0) &&
+                    b.routes.size(1) == b.sequences.size(1),
+                req.op, ": expected routes [B, T, sparse layers, top_k] for sequences ",
+                b.sequences.sizes(), ", got ", b.routes.sizes());
+  }
   return b;
 }
 
@@ -247,7 +257,8 @@ torch::Tensor rows(const Message& req, const char* name, int64_t b0, int64_t b1,
 }
 
 Batch slice(const Batch& b, int64_t begin, int64_t end) {
-  return {b.sequences.slice(0, begin, end), b.attention_mask.slice(0, begin, end), b.action_len};
+  return {b.sequences.slice(0, begin, end), b.attention_mask.slice(0, begin, end), b.action_len,
+          b.routes.defined() ? b.routes.slice(0, begin, end) : torch::Tensor()};
 }
 
 // Hidden states [B, T, H] whose head outputs are the logits / temperature: the LM head is a
@@ -273,6 +284,34 @@ models::HeadLogProbs action_log_probs(models::CausalLM& model, const torch::Tens
   const int64_t t = hidden.size(1);
   return model.head_log_probs(at_temperature(hidden.narrow(1, t - 1 - a, a), temperature),
                               ids.narrow(1, t - a, a), entropy);
+}
+
+// One part of a log_probs request through the policy: its log-probs, its entropy when
+// asked, and with the rollout's routes the counts LogProbsReply names ([n] int64 each),
+// replaying the routes when asked.
+std::vector<torch::Tensor> policy_log_probs(models::CausalLM& model, const Batch& mb,
+                                            const ops::LogProbs& op, double temperature) {
+  std::optional<models::RouteRecorder> recorder;
+  models::RouteReplay replay(model);
+  if (mb.routes.defined()) {
+    recorder.emplace(model);
+    if (op.replay_routes) replay.set(models::forward_routes(mb.routes, mb.attention_mask, false));
+  }
+  auto head = action_log_probs(model, model.forward(mb.sequences, mb.attention_mask), mb.sequences,
+                               mb.action_len, temperature,
+                               op.entropy ? models::Entropy::kCompute : models::Entropy::kSkip);
+  std::vector<torch::Tensor> r = {head.log_probs};
+  if (op.entropy) r.push_back(head.entropy);
+  if (recorder) {
+    const models::RouteRecorder::Taken taken = recorder->take();
+    const torch::Tensor rollout = mb.routes.to(torch::kCPU);
+    auto [tokens, differ] =
+        models::count_route_differences(rollout, taken.used.view(rollout.sizes()));
+    r.push_back(tokens);
+    r.push_back(differ);
+    r.push_back(models::count_route_differences(rollout, taken.own.view(rollout.sizes())).second);
+  }
+  return r;
 }
 
 // Critic values [B, A] (FP32) of the states before each action.
@@ -420,8 +459,25 @@ Message train_actor(ModelRole& role, const ops::TrainActor& op, const Message& r
   const bool packed = op.batching.packing && op.batching.max_tokens > 0;
   const double temperature = request_temperature(op.temperature, op.kName);
   double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
+  // Routing replay: each part's routes stay set through its backward (checkpointed layers
+  // route again when they recompute); cleared when the step ends.
+  models::RouteReplay replay(*role.model);
+  if (op.replay_routes && !all.routes.defined())
+    throw InputError("train_actor: replay_routes without the rollout's \"routes\"");
+  // Mixtures of experts: the load-balancing loss of each part's forward, its gradient added
+  // in the part's backward (models::AuxLoss), weighted as the KL term (token share).
+  std::optional<models::AuxLossScope> aux;
+  if (op.aux_loss_coef > 0) aux.emplace(*role.model);
+  const bool balance = aux && aux->sparse();
+  double aux_sum = 0;
   auto metrics =
       train_in_parts(role, req, op.batching, all, begin, end, [&](const TrainPart& part) {
+        if (op.replay_routes)
+          replay.set(models::forward_routes(part.batch.routes, part.batch.attention_mask, packed));
+        if (balance)
+          aux->loss().begin(
+              packed ? torch::Tensor() : part.batch.attention_mask.reshape({-1}),
+              op.aux_loss_coef * part.token_share * role.trainer->backward_multiplier());
         // Each part's loss is its share of the micro batch's: tokens for token means, rows for
         // sequence means and token_sum_norm (a sum over rows x a constant); the KL term and the
         // metrics are token means.
@@ -448,13 +504,17 @@ Message train_actor(ModelRole& role, const ops::TrainActor& op, const Message& r
           loss = loss + kl_coef * part.token_share * kl_mean;
           kl_sum += part.token_share * kl_mean.item<double>();
         }
+        if (balance) {  // the forward is done: its counts are final before backward
+          aux->loss().seal();
+          aux_sum += part.token_share * aux->loss().value();
+        }
         clip_sum += part.token_share * r.clip_frac.item<double>();
         ppo_kl_sum += part.token_share * r.approx_kl.item<double>();
         return loss;
       });
   const double n = static_cast<double>(role.trainer->config().grad_accum_steps);
-  return reply_message(
-      ops::TrainActorReply{ops::step_figures(metrics), clip_sum / n, ppo_kl_sum / n, kl_sum / n});
+  return reply_message(ops::TrainActorReply{ops::step_figures(metrics), clip_sum / n,
+                                            ppo_kl_sum / n, kl_sum / n, aux_sum / n});
 }
 
 // train_critic: one optimizer step of the clipped value loss on this rank's rows.
@@ -543,11 +603,7 @@ void add_forward_operations(OperationRegistry& registry, const std::shared_ptr<M
     auto out = by_budget(
         *role, op.budget, b.sequences.size(0), b.sequences.size(1), [&](int64_t b0, int64_t b1) {
           Batch mb = slice(b, b0, b1);
-          auto head = action_log_probs(
-              model, model.forward(mb.sequences, mb.attention_mask), mb.sequences, b.action_len,
-              temperature, op.entropy ? models::Entropy::kCompute : models::Entropy::kSkip);
-          std::vector<torch::Tensor> r = {head.log_probs};
-          if (op.entropy) r.push_back(head.entropy);
+          std::vector<torch::Tensor> r = policy_log_probs(model, mb, op, temperature);
           if (op.reference) {
             const models::AdaptersOff base_model(model, true);
             r.push_back(action_log_probs(model, model.forward(mb.sequences, mb.attention_mask),
@@ -559,8 +615,12 @@ void add_forward_operations(OperationRegistry& registry, const std::shared_ptr<M
         });
     Message reply = reply_message(ops::LogProbsReply{});
     reply.add("log_probs", out[0].contiguous());
-    if (op.entropy) reply.add("entropy", out[1].contiguous());
-    if (op.reference) reply.add("ref_log_probs", out.back().contiguous());
+    size_t next = 1;
+    if (op.entropy) reply.add("entropy", out[next++].contiguous());
+    if (b.routes.defined())
+      for (const char* name : {"route_tokens", "route_differ", "router_differ"})
+        reply.add(name, out[next++].contiguous());
+    if (op.reference) reply.add("ref_log_probs", out[next].contiguous());
     return reply;
   });
   registry.add<ops::Values>([role](const ops::Values& op, const Message& req,

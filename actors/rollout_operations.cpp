@@ -258,6 +258,7 @@ void add_outputs(Message& m, const rollout::GenerationOutput& out, const rollout
   m.add("log_probs", padded.log_probs);
   m.add("response_lengths", padded.response_lengths);
   m.add("weight_versions", padded.token_versions);
+  if (padded.routes.defined()) m.add("routes", padded.routes);
 }
 
 // Streaming (Generate::stream_groups): each finished prompt group goes out as a partial reply
@@ -302,6 +303,7 @@ Message generate(RolloutState& state, const ops::Generate& a, const Message& req
   const int64_t configured_n = generator.config().n_samples_per_prompt;
   const int64_t n = a.n_samples_per_prompt;
   generator.set_samples_per_prompt(n);
+  generator.set_record_routes(a.record_routes);
   if (a.stream_groups && state.multi_turn)
     throw InputError("generate: stream_groups is for single-turn rollouts");
   const StreamedGroups streamed(generator, a.stream_groups, first_prompt);

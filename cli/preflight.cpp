@@ -152,6 +152,12 @@ void check_plan(const JobSpec& spec, std::vector<SpecProblem>& problems) {
     });
     if (problems.size() > before) return;
   }
+  if (spec.kind() == JobKind::kPpo && models.count(Role::kActor))
+    for (const char* key : {"algo.routing_replay", "algo.routing_stats"})
+      if (spec.get_bool(key) && models.at(Role::kActor).moe.num_experts == 0)
+        problems.push_back({key, "the actor's model " + spec.get_string("actor.model") +
+                                     " has no mixture-of-experts layers: there are no routes to "
+                                     "record"});
   if (!missing.empty()) return;
   check(problems, "", [&] { engine::plan_memory(spec, models, /*suggest=*/false); });
 }

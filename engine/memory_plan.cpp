@@ -305,7 +305,7 @@ void plan_generation(const RoleMemoryInput& in, int64_t numel, MemoryTerms& t) {
   };
   const int64_t capacity = in.prompt_len + in.max_new_tokens;
   auto gib = [](int64_t b) { return std::to_string(static_cast<double>(b) / (1ll << 30)); };
-  // Paged (rollout/paged_generation.cpp): one pool of blocks, the budget's or what
+  // Paged (rollout/paged_generate.cpp): one pool of blocks, the budget's or what
   // max_num_seqs full-length sequences fill; a prefill forward of at most mb prompts;
   // decode logits for max_num_seqs rows.
   const int64_t bs = in.kv_block_size;

@@ -98,16 +98,19 @@ void Trainer::after_unit_backward(int unit) {
   units_[unit]->release();
 }
 
+double Trainer::backward_multiplier() const {
+  // FP16: scaled so small gradients survive (loss_scaler.h).
+  const double scale = scaler_.enabled() ? scaler_.scale() : 1.0;
+  return scale / static_cast<double>(config_.grad_accum_steps);
+}
+
 void Trainer::backward(const torch::Tensor& loss, bool ends_micro_batch) {
   TORCH_CHECK(loss.defined() && loss.numel() == 1, "Trainer::backward: loss must be a scalar");
   restore_optimizer_state();
   if (micro_ == 0 && !part_open_) tracker_.reset_peak();
   open_traffic_window();
   std::fill(reduced_.begin(), reduced_.end(), false);
-  if (scaler_.enabled())  // FP16: scaled so small gradients survive (loss_scaler.h)
-    (loss * (scaler_.scale() / static_cast<double>(config_.grad_accum_steps))).backward();
-  else
-    (loss / static_cast<double>(config_.grad_accum_steps)).backward();
+  (loss * backward_multiplier()).backward();
   // Units the model did not signal (no checkpointing; embeddings and head), in unit order
   // on every rank so the collectives match.
   for (size_t u = 0; u < units_.size(); ++u) {

@@ -59,6 +59,9 @@ class Trainer {
   // the last: gradients and the reported loss add up, the micro batch counts once. At
   // ZeRO-3 every rank must make the same calls (each reduces every unit).
   void backward(const torch::Tensor& loss, bool ends_micro_batch = true);
+  // What backward() multiplies a loss by before its backward: 1 / grad_accum_steps, times the
+  // FP16 loss scale. A gradient a model adds by hand (models::AuxLoss) is scaled by it too.
+  double backward_multiplier() const;
   // The optimizer step after grad_accum_steps calls to backward(). Collective.
   StepMetrics step();
   // backward(loss_fn(i)) for i in [0, grad_accum_steps), then step().

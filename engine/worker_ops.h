@@ -42,12 +42,18 @@ struct ForwardBudget {
 };
 RLHF_WIRE_STRUCT(ForwardBudget, "budget", max_tokens, max_rows)
 
-struct LogProbsReply {};  // tensors "log_probs" [B, A], "entropy", "ref_log_probs" as asked
+// Tensors "log_probs" [B, A], "entropy", "ref_log_probs" as asked; with "routes" in the
+// request, per row "route_tokens" (tokens the rollout routed), "route_differ" (of those, the
+// ones this forward ran on other experts in some layer) and "router_differ" (the ones this
+// model's routers would pick otherwise, replayed or not), int64 [B].
+struct LogProbsReply {};
 RLHF_WIRE_EMPTY(LogProbsReply, "log_probs reply")
 
 // Per-action log-probs of the batch's responses at `temperature` (logits / T; 0 and 1 mean
 // none), with `entropy` also the policy's per-token entropy, with `reference` also the
-// base model's (LoRA adapters off: a LoRA actor is its own reference).
+// base model's (LoRA adapters off: a LoRA actor is its own reference). A mixture of experts
+// may get the rollout's routes (tensor "routes" [B, T, S, k], rollout/route_log.h): they are
+// compared with this forward's and, with `replay_routes`, replayed (routing replay, R3).
 struct LogProbs {
   static constexpr const char* kName = "log_probs";
   using Reply = LogProbsReply;
@@ -56,8 +62,10 @@ struct LogProbs {
   double temperature = 1.0;
   bool entropy = false;
   bool reference = false;
+  bool replay_routes = false;
 };
-RLHF_WIRE_STRUCT(LogProbs, "log_probs", action_len, budget, temperature, entropy, reference)
+RLHF_WIRE_STRUCT(LogProbs, "log_probs", action_len, budget, temperature, entropy, reference,
+                 replay_routes)
 
 struct ValuesReply {};  // tensor "values" [B, A]
 RLHF_WIRE_EMPTY(ValuesReply, "values reply")

@@ -398,10 +398,8 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const LayerSpec& spec, 
     : spec_(spec) {
   self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, spec, how, tp));
   if (spec.moe.sparse()) {
-    TORCH_CHECK(tp == nullptr || !tp->enabled(),
-                "DecoderLayer: a mixture-of-experts layer has no tensor-parallel split");
     moe = register_module(spec.moe.mixtral_names ? "block_sparse_moe" : "mlp",
-                          std::make_shared<SparseMoeImpl>(c, spec, how));
+                          std::make_shared<SparseMoeImpl>(c, spec, how, tp));
   } else {
     mlp = register_module("mlp", std::make_shared<MlpImpl>(c, spec, how, tp));
   }

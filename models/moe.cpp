@@ -1,7 +1,7 @@
 // The sparse mixture-of-experts block; see moe.h.
 #include "models/moe.h"
 
-#include <tuple>
+#include <torch/autograd.h>
 
 #include "models/decoder_layer.h"
 
@@ -13,7 +13,65 @@ torch::Tensor activate(Activation activation, const torch::Tensor& gate) {
   return activation == Activation::kGeluTanh ? torch::gelu(gate, "tanh") : torch::silu(gate);
 }
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The block's output unchanged; in backward, the AuxLoss's gradient for the block's
+// probability sums [E] (the AuxLoss outlives the graph: its scope ends after backward).
+class AuxGradient : public torch::autograd::Function<AuxGradient> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& out,
+                               const torch::Tensor& /*sums*/, int64_t aux) {
+    ctx->saved_data["aux"] = aux;
+    return out.clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* aux =
+        reinterpret_cast<const AuxLoss*>(static_cast<intptr_t>(ctx->saved_data["aux"].toInt()));
+    return {grads[0], aux->sums_grad(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+void AuxLoss::begin(torch::Tensor token_mask, double grad_scale) {
+  mask_ = token_mask.defined() ? token_mask.to(torch::kFloat32) : torch::Tensor();
+  grad_scale_ = grad_scale;
+  sealed_ = false;
+  counts_ = sums_ = rows_ = torch::Tensor();
+}
+
+double AuxLoss::value() const {
+  if (!rows_.defined()) return 0.0;
+  const auto R = rows_.clamp_min(1);
+  return (static_cast<double>(experts_) * ((counts_ / R) * (sums_ / R)).sum()).item<double>();
+}
+
+torch::Tensor AuxLoss::sums_grad() const {
+  TORCH_CHECK(sealed_, "AuxLoss: backward before seal()");
+  const auto R = rows_.clamp_min(1);
+  return counts_ * (grad_scale_ * static_cast<double>(experts_)) / (R * R);
+}
+
+torch::Tensor AuxLoss::attach(const torch::Tensor& out, const Routes& routes) {
+  const torch::Tensor probs = torch::softmax(routes.logits, -1, torch::kFloat32);  // [N, E]
+  const int64_t N = probs.size(0), k = routes.own.size(1);
+  const torch::Tensor mask =
+      mask_.defined() ? mask_.to(probs.device()) : torch::ones({N}, probs.options());
+  TORCH_CHECK(mask.size(0) == N, "AuxLoss: a token mask of ", mask.size(0), " for ", N, " tokens");
+  const torch::Tensor weighted = probs * mask.unsqueeze(-1);
+  if (!sealed_) {
+    const auto zeros = torch::zeros({experts_}, probs.options());
+    const auto counts = zeros.scatter_add(0, routes.own.reshape({-1}), mask.repeat_interleave(k));
+    const auto sums = weighted.detach().sum(0);
+    counts_ = counts_.defined() ? counts_ + counts : counts;
+    sums_ = sums_.defined() ? sums_ + sums : sums;
+    rows_ = rows_.defined() ? rows_ + mask.sum() : mask.sum();
+  }
+  if (!torch::GradMode::is_enabled() || grad_scale_ == 0.0) return out;
+  return AuxGradient::apply(out, weighted.sum(0),
+                            static_cast<int64_t>(reinterpret_cast<intptr_t>(this)));
+}
 
 ExpertImpl::ExpertImpl(int64_t H, int64_t I, bool mixtral_names, Activation activation,
                        Materialize how)
@@ -39,9 +97,11 @@ std::vector<std::pair<std::string, Linear>> ExpertImpl::linears() const {
   return {{"gate_proj", gate}, {"up_proj", up}, {"down_proj", down}};
 }
 
-SparseMoeImpl::SparseMoeImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how)
-    : spec_(spec.moe) {
+SparseMoeImpl::SparseMoeImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
+                             const TensorParallel* tp)
+    : spec_(spec.moe), tp_(tp) {
   const int64_t H = c.hidden_size;
+  const int64_t slices = tp ? tp->size : 1;  // each expert's intermediate rows split this way
   TORCH_CHECK(spec_.sparse() && spec_.top_k >= 1 && spec_.top_k <= spec_.experts,
               "SparseMoe: top_k ", spec_.top_k, " of ", spec_.experts, " experts");
   // HF's registration order: Qwen2-MoE gate, experts, shared_expert, shared_expert_gate;
@@ -50,13 +110,15 @@ SparseMoeImpl::SparseMoeImpl(const ModelConfig& c, const LayerSpec& spec, Materi
   gate = register_module("gate", Linear(H, spec_.experts, false, how));
   experts = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < spec_.experts; ++e)
-    experts->push_back(Expert(H, spec_.intermediate, spec_.mixtral_names, spec.activation, how));
+    experts->push_back(
+        Expert(H, spec_.intermediate / slices, spec_.mixtral_names, spec.activation, how));
   if (spec_.shared_intermediate > 0) {
     ModelConfig shared = c;
-    shared.intermediate_size = spec_.shared_intermediate;
+    shared.intermediate_size = spec_.shared_intermediate / slices;
     LayerSpec dense = spec;
     dense.mlp_bias = false;
-    shared_expert = register_module("shared_expert", std::make_shared<MlpImpl>(shared, dense, how));
+    shared_expert =
+        register_module("shared_expert", std::make_shared<MlpImpl>(shared, dense, how, tp));
     shared_expert_gate = register_module("shared_expert_gate", Linear(H, 1, false, how));
   }
 }
@@ -65,16 +127,16 @@ Routes SparseMoeImpl::route(const torch::Tensor& tokens) {
   Routes r;
   r.logits = gate->forward(tokens);                            // [N, E]
   auto probs = torch::softmax(r.logits, -1, torch::kFloat32);  // FP32, as HF
-  torch::Tensor top, index;                                    // [N, k] each
+  auto [top, index] = probs.topk(spec_.top_k, /*dim=*/-1);     // [N, k] each
+  r.own = index;
   if (replay.defined()) {  // routing replay: these experts, the current router's weights
     TORCH_CHECK(
         replay.dim() == 2 && replay.size(0) == tokens.size(0) && replay.size(1) == spec_.top_k,
         "SparseMoe: replayed routes are ", replay.sizes(), ", expected [", tokens.size(0), ", ",
         spec_.top_k, "]");
-    index = replay.to(probs.device(), torch::kInt64);
+    const torch::Tensor want = replay.to(probs.device(), torch::kInt64);
+    index = torch::where(want < 0, index, want);  // -1: not recorded, the router's own
     top = probs.gather(-1, index);
-  } else {
-    std::tie(top, index) = probs.topk(spec_.top_k, /*dim=*/-1);
   }
   r.weights = spec_.norm_topk ? top / top.sum(-1, /*keepdim=*/true) : top;
   r.experts = index;
@@ -114,6 +176,8 @@ torch::Tensor SparseMoeImpl::forward(const torch::Tensor& x) {
   Routes routes = route(tokens);
   torch::Tensor out = experts_forward(tokens, routes);
   if (record) record->push_back(routes);
+  if (tp_) tensor_parallel_all_reduce(*tp_, out);  // each rank's slices' partial sums
+  if (aux) out = aux->attach(out, routes);
   if (shared_expert)  // Qwen2MoeSparseMoeBlock: sigmoid(gate(x)) * shared(x), added
     out =
         out + torch::sigmoid(shared_expert_gate->forward(tokens)) * shared_expert->forward(tokens);

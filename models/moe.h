@@ -20,6 +20,7 @@
 #include "models/config.h"
 #include "models/layer_spec.h"
 #include "models/linear.h"
+#include "models/tensor_parallel.h"
 
 namespace rlhf::models {
 
@@ -30,6 +31,38 @@ struct Routes {
   torch::Tensor logits;   // [N, experts], the parameters' dtype
   torch::Tensor weights;  // [N, top_k] FP32 (renormalised when the family does)
   torch::Tensor experts;  // [N, top_k] int64, in descending order of probability
+  // [N, top_k] int64: the router's own top-k. `experts` itself unless a replay chose them.
+  torch::Tensor own;
+};
+
+// The load-balancing loss of one forward's sparse layers (Switch Transformer eqs. 4-6, as
+// transformers' load_balancing_loss_func computes it): aux = E * sum_e (C_e / R) * (S_e / R)
+// over every sparse layer's tokens, padding left out: C_e the router's top-k selections of
+// expert e, S_e its summed router probabilities, R the tokens times the sparse layers. C
+// carries no gradient, so d aux / d S_e = E C_e / R^2, known once the last layer ran: blocks
+// count during the forward, seal() closes the counts before backward, and each block's output
+// carries its S into the graph (attach), so backward adds grad_scale x that gradient, in a
+// checkpointed layer's recompute too (the recompute counts nothing: sealed).
+class AuxLoss {
+ public:
+  explicit AuxLoss(int64_t experts) : experts_(experts) {}
+  // A new forward: token_mask [N] (1 a token, 0 padding) for its N tokens, undefined for all
+  // tokens; grad_scale: d(the loss backward runs on) / d aux, 0 for no gradient.
+  void begin(torch::Tensor token_mask, double grad_scale);
+  void seal() { sealed_ = true; }
+  double value() const;  // aux of the forward since begin()
+  // A block's routes of the forward: counted until sealed; returns `out` (the block's output)
+  // carrying the gradient of its probability sums when grad mode is on and grad_scale != 0.
+  torch::Tensor attach(const torch::Tensor& out, const Routes& routes);
+  // d (grad_scale x aux) / d S_e, [E] FP32 (after seal()).
+  torch::Tensor sums_grad() const;
+
+ private:
+  int64_t experts_;
+  torch::Tensor mask_;  // [N] FP32 or undefined
+  double grad_scale_ = 0;
+  bool sealed_ = false;
+  torch::Tensor counts_, sums_, rows_;  // [E], [E], [] FP32
 };
 
 // One expert: down(act(gate(x)) * up(x)), under the family's names (gate_proj / up_proj /
@@ -51,7 +84,10 @@ TORCH_MODULE(Expert);
 
 class SparseMoeImpl : public torch::nn::Module {
  public:
-  SparseMoeImpl(const ModelConfig& config, const LayerSpec& spec, Materialize how);
+  // `tp`, when enabled: this rank's slice of every expert (tensor_parallel.h), the routed sum
+  // all-reduced over its group.
+  SparseMoeImpl(const ModelConfig& config, const LayerSpec& spec, Materialize how,
+                const TensorParallel* tp = nullptr);
   // [B, T, H] -> [B, T, H].
   torch::Tensor forward(const torch::Tensor& x);
   // The router's choice for tokens [N, H].
@@ -65,12 +101,16 @@ class SparseMoeImpl : public torch::nn::Module {
   // When set, each forward appends its Routes here (the router logits a parity test compares;
   // what a rollout would record for routing replay). The caller owns the vector.
   std::vector<Routes>* record = nullptr;
-  // Routing replay (R3): when defined, [N, top_k] int64, the experts each of the N tokens of
-  // the next forwards uses instead of the router's top-k (what a rollout recorded for them).
-  // The weights are the current router's probabilities at those experts (renormalised as the
+  // Routing replay (R3): when defined, [N, top_k] integers, the experts each of the N tokens
+  // of the next forwards uses instead of the router's top-k (what a rollout recorded for
+  // them); a row of -1 (a token the rollout never fed, padding) takes the router's own. The
+  // weights are the current router's probabilities at those experts (renormalised as the
   // family does), so the router still learns; a checkpointed layer's recompute sees the same
-  // tensor. The caller sets and clears it around each forward.
+  // tensor. The caller sets and clears it (models/routes.h does, for a whole model).
   torch::Tensor replay;
+  // When set, each forward adds its routes to this load-balancing loss (models/routes.h's
+  // AuxLossScope sets it on every sparse block of a model).
+  AuxLoss* aux = nullptr;
 
   Linear gate{nullptr};  // the router: [experts, H], no bias
   torch::nn::ModuleList experts{nullptr};
@@ -79,6 +119,7 @@ class SparseMoeImpl : public torch::nn::Module {
 
  private:
   MoeSpec spec_;
+  const TensorParallel* tp_ = nullptr;
 };
 
 }  // namespace rlhf::models

@@ -24,15 +24,14 @@ void check_tensor_parallel(const ModelConfig& c, int tp_size, const std::string&
   if (c.head != HeadKind::kLanguageModel)
     throw InputError(what +
                      ": tensor parallelism is for an LM head (the rollout), not a value head");
-  if (c.moe.num_experts > 0)
-    throw InputError(what + ": tensor_parallel_size " + std::to_string(tp_size) + " with the " +
-                     c.model_type +
-                     " mixture of experts is not supported yet (its experts have no "
-                     "tensor-parallel split); use tensor_parallel_size 1");
-  const std::pair<const char*, int64_t> sizes[] = {{"num_attention_heads", c.num_attention_heads},
-                                                   {"num_key_value_heads", c.num_key_value_heads},
-                                                   {"intermediate_size", c.intermediate_size},
-                                                   {"vocab_size", c.vocab_size}};
+  // A mixture of experts splits each expert (and the shared expert) as a dense MLP.
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"num_attention_heads", c.num_attention_heads},
+      {"num_key_value_heads", c.num_key_value_heads},
+      {"intermediate_size", c.intermediate_size},
+      {"vocab_size", c.vocab_size},
+      {"moe_intermediate_size", c.moe.num_experts > 0 ? c.moe.moe_intermediate_size : 0},
+      {"shared_expert_intermediate_size", c.moe.shared_expert_intermediate_size}};
   for (const auto& [name, value] : sizes)
     if (value % tp_size != 0)
       throw InputError(what + ": tensor_parallel_size " + std::to_string(tp_size) +
@@ -45,6 +44,8 @@ ModelConfig tensor_parallel_shard_config(const ModelConfig& config, int tp_size)
   c.num_attention_heads /= tp_size;
   c.num_key_value_heads /= tp_size;
   c.intermediate_size /= tp_size;
+  c.moe.moe_intermediate_size /= tp_size;
+  c.moe.shared_expert_intermediate_size /= tp_size;
   return c;
 }
 
@@ -52,14 +53,20 @@ int tensor_parallel_dim(const std::string& name) {
   // LoRA adapters (the rollout's adapters-only sync, issue 30.3): W + s B A keeps W's split
   // when a column-parallel layer splits B's rows (B [out, r]) and a row-parallel layer A's
   // columns (A [r, in]); the other factor is whole on every rank.
+  // A Mixtral expert's w1 / w3 are its gate / up maps (column-parallel), w2 its down map.
+  const bool mixtral_row = contains(name, ".experts.") && contains(name, ".w2.");
+  const bool mixtral_column =
+      contains(name, ".experts.") && (contains(name, ".w1.") || contains(name, ".w3."));
   if (contains(name, ".lora_B.") || contains(name, ".lora_A.")) {
-    const bool row = contains(name, "o_proj.") || contains(name, "down_proj.");
+    const bool row = contains(name, "o_proj.") || contains(name, "down_proj.") || mixtral_row;
     if (contains(name, ".lora_A.")) return row ? 1 : -1;
     return row ? -1 : 0;
   }
-  if (contains(name, "o_proj.weight") || contains(name, "down_proj.weight")) return 1;
+  if (contains(name, "o_proj.weight") || contains(name, "down_proj.weight") ||
+      (mixtral_row && contains(name, ".weight")))
+    return 1;
   if (contains(name, "q_proj.") || contains(name, "k_proj.") || contains(name, "v_proj.") ||
-      contains(name, "gate_proj.") || contains(name, "up_proj."))
+      contains(name, "gate_proj.") || contains(name, "up_proj.") || mixtral_column)
     return 0;
   if (ends_with(name, "embed_tokens.weight") || name == "lm_head.weight") return 0;
   return -1;  // norms, row-parallel biases (added once after the all-reduce)

@@ -10,6 +10,13 @@
 //     [r * V / tp, (r + 1) * V / tp); the embedding all-reduces, the head all-gathers its
 //     logits so every rank samples from the same full distribution;
 //   replicated: the norms.
+//   a mixture of experts: each expert as a dense MLP (gate/up_proj, Mixtral's w1/w3, by
+//     rows; down_proj, w2, by columns), its routed sum all-reduced once per layer; the router
+//     and Qwen2-MoE's shared_expert_gate replicated, its shared expert a dense MLP. Every rank
+//     routes the same tokens alike and runs every expert that has tokens on its slice, so the
+//     work stays even however the router skews, with no all-to-all (vLLM's MoE TP without
+//     enable_expert_parallel does the same; splitting the experts across ranks would need
+//     both the all-to-all and a balanced router).
 // Every size split must divide evenly (check_tensor_parallel says which does not).
 #pragma once
 

@@ -69,6 +69,8 @@ ExperienceSettings ExperienceSettings::from(const ppo::PpoConfig& c, const JobRo
   s.dispatch = std::move(dispatch);
   s.max_staleness = c.max_staleness;
   s.streaming = c.streaming;
+  s.record_routes = c.routing_stats;
+  s.routing_replay = c.routing_replay;
   s.in_flight_updates = c.max_staleness > 0 && c.partial_rollout;
   s.correction = c.policy.correction;
   s.max_new_tokens = c.max_new_tokens;
@@ -115,13 +117,15 @@ std::map<Role, StreamScorer::Call> ExperienceMaker::early_calls() const {
 Rollout ExperienceMaker::generate(const PromptBatch& batch, int64_t step, int64_t refill) {
   const uint64_t seed = sample_seed(step, refill);
   const int64_t n = s_.n_samples_per_prompt;
-  if (!s_.streaming) return generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates);
+  if (!s_.streaming) return generate_with(batch, s_.temperature, n, seed, /*training=*/true);
   StreamScorer early(early_calls(), batch.prompt_ids.size(0) * n);
   const GroupSink sink = [&](const torch::Tensor& prompts, const Message& part) {
-    early.add(group_rows(prompts, n), {{"sequences", part.tensor("sequences")},
-                                       {"attention_mask", part.tensor("attention_mask")}});
+    std::vector<NamedTensor> rows = {{"sequences", part.tensor("sequences")},
+                                     {"attention_mask", part.tensor("attention_mask")}};
+    if (part.has_tensor("routes")) rows.push_back({"routes", part.tensor("routes")});
+    early.add(group_rows(prompts, n), rows);
   };
-  Rollout r = generate_with(batch, s_.temperature, n, seed, s_.in_flight_updates, sink);
+  Rollout r = generate_with(batch, s_.temperature, n, seed, /*training=*/true, sink);
   r.early = early.finish(r.early_compute_s);
   return r;
 }
@@ -156,8 +160,7 @@ void merge_parts(Message& reply, const std::vector<Message>& parts, int64_t prom
 }  // namespace
 
 Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperature, int64_t n,
-                                       uint64_t seed, bool in_flight_updates,
-                                       const GroupSink& on_group) {
+                                       uint64_t seed, bool training, const GroupSink& on_group) {
   // Each micro batch goes to one engine: with tensor parallelism, the same request to each of
   // its ranks at once (RoleGroup replicas). n overrides the engine's samples per prompt.
   ops::Generate request;
@@ -166,7 +169,8 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
   request.sampling.top_k = s_.top_k;
   request.sampling.seed = seed;
   request.n_samples_per_prompt = n;
-  request.in_flight_updates = in_flight_updates;
+  request.in_flight_updates = training && s_.in_flight_updates;
+  request.record_routes = training && s_.record_routes;
   request.stream_groups = static_cast<bool>(on_group);
   torch::Tensor index = torch::arange(batch.prompt_ids.size(0), torch::kLong);
   if (s_.multi_turn) {
@@ -203,6 +207,7 @@ Rollout ExperienceMaker::generate_with(const PromptBatch& batch, double temperat
   r.action_mask = reply.tensor("action_mask").to(torch::kLong).contiguous();
   r.behaviour_log_probs = reply.tensor("log_probs").to(torch::kFloat32).contiguous();
   r.token_versions = reply.tensor("weight_versions").to(torch::kLong).contiguous();
+  if (reply.has_tensor("routes")) r.routes = reply.tensor("routes");
   for (const ops::GenerateReply& mb : micro_batch_replies<ops::Generate>(reply)) {
     r.weight_version = std::max(r.weight_version, mb.weight_version);
     r.preempted += mb.preempted;
@@ -290,16 +295,21 @@ std::map<Role, StreamScorer::Call> ExperienceMaker::scoring_calls(int64_t action
   std::map<Role, StreamScorer::Call> calls;
   auto add = [&](RoleGroup* group, auto request) {
     const Dispatch dispatch = s_.dispatch.at(group->role());
-    calls[group->role()] = [group, request, micro, dispatch](const std::vector<NamedTensor>& rows) {
+    calls[group->role()] = [group, request, micro, dispatch](std::vector<NamedTensor> rows) {
+      if (group->role() != Role::kActor)  // the rollout's routes are the actor's to replay
+        rows.erase(std::remove_if(rows.begin(), rows.end(),
+                                  [](const NamedTensor& t) { return t.name == "routes"; }),
+                   rows.end());
       Message reply = group->scatter(request, rows, micro, dispatch);
       const double compute = scatter_compute(reply, group->size());
       return std::make_pair(std::move(reply), compute);
     };
   };
   const JobRoles& has = s_.roles;
-  add(groups_.actor, ops::LogProbs{action_len, budget, s_.temperature, true, has.ref_from_actor});
+  add(groups_.actor, ops::LogProbs{action_len, budget, s_.temperature, true, has.ref_from_actor,
+                                   s_.routing_replay});
   if (has.ref && !has.ref_from_actor)
-    add(groups_.ref, ops::LogProbs{action_len, budget, s_.temperature, false, false});
+    add(groups_.ref, ops::LogProbs{action_len, budget, s_.temperature, false, false, false});
   if (has.critic) add(groups_.critic, ops::Values{action_len, budget});
   if (has.reward_model) add(groups_.reward, ops::Score{budget});
   return calls;
@@ -327,6 +337,14 @@ Experience ExperienceMaker::score(Rollout& r) {
   const torch::Tensor current = actor_reply.tensor("log_probs");
   set_old_log_probs(e, r, current);
   e.entropy = actor_reply.tensor("entropy");
+  if (actor_reply.has_tensor("route_tokens")) {  // the rollout's routes went along
+    const double tokens = actor_reply.tensor("route_tokens").sum().item<double>();
+    auto share = [&](const char* name) {
+      return tokens > 0 ? actor_reply.tensor(name).sum().item<double>() / tokens : 0.0;
+    };
+    e.route_differ_share = share("route_differ");
+    e.router_differ_share = share("router_differ");
+  }
   if (has.ref)
     e.log_probs_ref = has.ref_from_actor ? actor_reply.tensor("ref_log_probs")
                                          : take(Role::kRef).tensor("log_probs");

@@ -85,6 +85,10 @@ struct ExperienceSettings {
   int64_t max_staleness = 0;
   bool in_flight_updates = false;  // training samples' generate calls take weight syncs
   bool streaming = false;          // rollout.streaming: scoring starts on finished groups
+  // Mixtures of experts: the rollout records routes (algo.routing_stats), the actor's
+  // log-probs replay them (algo.routing_replay).
+  bool record_routes = false;
+  bool routing_replay = false;
   // Shaping (algo.*).
   RolloutCorrectionConfig correction;
   int64_t max_new_tokens = 0;
@@ -110,12 +114,13 @@ class ExperienceMaker {
   Rollout sample(int64_t step);
   // One generate request for `batch` over the rollout group: `n` samples per prompt at
   // `temperature` (0: greedy), drawn from `seed`; the reply as a Rollout with its texts.
-  // `in_flight_updates`: weight syncs may land between its decode steps.
+  // `training`: the step's samples, not an evaluation's: weight syncs may land between its
+  // decode steps (in_flight_updates) and the rollout records routes (record_routes) as set.
   // `on_group` (rollout.streaming): the rollout streams each finished prompt group back and
   // its part of the reply goes to `on_group` at once, with its prompts' positions in `batch`.
   using GroupSink = std::function<void(const torch::Tensor& prompts, const Message& part)>;
   Rollout generate_with(const PromptBatch& batch, double temperature, int64_t n, uint64_t seed,
-                        bool in_flight_updates = false, const GroupSink& on_group = {});
+                        bool training = false, const GroupSink& on_group = {});
   // Scores r with every reward source (the reward model's scores passed in where there is
   // one): sets r.scores [B] and r.source_scores [S, B] unless already set.
   void score_rewards(Rollout& r, const torch::Tensor& model_scores = {}) const;
@@ -171,6 +176,8 @@ struct TrainingSettings {
   KlEstimator kl_estimator = KlEstimator::kK1;
   double temperature = 1.0;
   double value_clip = 0.5;
+  bool routing_replay = false;  // the train requests carry the rollout's routes
+  double aux_loss_coef = 0;     // actor.aux_loss_coef
   JobRoles roles;
 
   static TrainingSettings from(const ppo::PpoConfig& c, const JobRoles& roles);

@@ -70,6 +70,9 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec) {
   c.partial_rollout = spec.get_bool("rollout.partial_rollout");
   c.streaming = spec.get_bool("rollout.streaming");
   c.max_refill_batches = spec.get_int("rollout.max_refill_batches");
+  c.routing_replay = spec.get_bool("algo.routing_replay");
+  c.aux_loss_coef = spec.get_float("actor.aux_loss_coef");
+  c.routing_stats = c.routing_replay || spec.get_bool("algo.routing_stats");
   return c;
 }
 

@@ -57,6 +57,9 @@ struct PpoConfig {
   bool streaming = false;          // rollout.streaming: scoring starts on finished groups
   bool dynamic_sampling = false;   // drop groups whose samples all score the same
   int64_t max_refill_batches = 0;  // extra batches generated to refill dropped groups
+  bool routing_replay = false;     // algo.routing_replay: the actor runs the rollout's experts
+  bool routing_stats = false;      // algo.routing_stats (or routing_replay): routes compared
+  double aux_loss_coef = 0;        // actor.aux_loss_coef: the MoE load-balancing loss's weight
   // (Checkpoints and logging are the job runtime's: runtime/job_runtime.h.)
 
   static PpoConfig from_spec(const JobSpec& spec);

@@ -26,7 +26,9 @@ json source_means(const torch::Tensor& source_scores, const std::vector<std::str
 }
 
 std::vector<NamedTensor> sequence_tensors(const Rollout& r) {
-  return {{"sequences", r.sequences}, {"attention_mask", r.attention_mask}};
+  std::vector<NamedTensor> out = {{"sequences", r.sequences}, {"attention_mask", r.attention_mask}};
+  if (r.routes.defined()) out.push_back({"routes", r.routes});
+  return out;
 }
 
 torch::Tensor group_rows(const torch::Tensor& groups, int64_t n) {
@@ -42,6 +44,7 @@ Rollout select_rows(const Rollout& r, const torch::Tensor& index) {
   out.behaviour_log_probs = r.behaviour_log_probs.index_select(0, index).contiguous();
   if (r.token_versions.defined())
     out.token_versions = r.token_versions.index_select(0, index).contiguous();
+  if (r.routes.defined()) out.routes = r.routes.index_select(0, index).contiguous();
   if (r.scores.defined()) out.scores = r.scores.index_select(0, index).contiguous();
   if (r.source_scores.defined())
     out.source_scores = r.source_scores.index_select(1, index).contiguous();
@@ -74,10 +77,11 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
   const int64_t pa = a.sequences.size(1) - aa, pb = b.sequences.size(1) - ab;
   const int64_t p = std::max(pa, pb), act = std::max(aa, ab);
   auto pad = [&](const torch::Tensor& t, int64_t prompt, int64_t value, bool prompt_part) {
-    // [B, prompt + A] -> [B, p + act]; the action mask has no prompt part.
-    const int64_t rows = t.size(0);
+    // [B, prompt + A, ...] -> [B, p + act, ...]; the action mask has no prompt part.
     const int64_t width = prompt_part ? p + act : act;
-    torch::Tensor out = torch::full({rows, width}, value, t.options());
+    std::vector<int64_t> shape = t.sizes().vec();
+    shape[1] = width;
+    torch::Tensor out = torch::full(shape, value, t.options());
     const int64_t a_len = prompt_part ? t.size(1) - prompt : t.size(1);
     if (prompt_part) out.slice(1, p - prompt, p).copy_(t.slice(1, 0, prompt));
     out.slice(1, width - act, width - act + a_len).copy_(t.slice(1, t.size(1) - a_len));
@@ -95,6 +99,8 @@ Rollout concat_rollouts(const Rollout& a, const Rollout& b, int64_t pad_id) {
   if (a.token_versions.defined() && b.token_versions.defined())
     out.token_versions = torch::cat({pad(a.token_versions, 0, a.weight_version, false),
                                      pad(b.token_versions, 0, b.weight_version, false)});
+  if (a.routes.defined() && b.routes.defined())
+    out.routes = torch::cat({pad(a.routes, pa, -1, true), pad(b.routes, pb, -1, true)});
   if (a.scores.defined()) out.scores = torch::cat({a.scores, b.scores});
   if (a.source_scores.defined())
     out.source_scores = torch::cat({a.source_scores, b.source_scores}, 1);

@@ -51,8 +51,11 @@ struct Rollout {
   nlohmann::json sampling;       // dynamic sampling's counts (null when off)
   int64_t weight_version = 0;    // the newest weights that sampled it
   torch::Tensor token_versions;  // [B, A] int64 the weight version that sampled each token
-  int64_t consumed = 0;          // prompts the stream had handed out once these were drawn
-  double generate_s = 0;         // wall time of drawing them (generate, refills)
+  // [B, T, S, k] int16: the experts each sparse layer ran for each token in the rollout
+  // (algo.routing_stats / routing_replay; -1 where none), rollout/route_log.h.
+  torch::Tensor routes;
+  int64_t consumed = 0;   // prompts the stream had handed out once these were drawn
+  double generate_s = 0;  // wall time of drawing them (generate, refills)
   // rollout.streaming: the scoring groups' replies made while the rollout generated, by role
   // (rows in this rollout's order), and their worker compute; score() calls the others.
   std::map<Role, Message> early;
@@ -86,6 +89,10 @@ struct Experience {
   // |rollout log-probs - actor log-probs| over action tokens: the synced weights and the two
   // engines agree (with algo.max_staleness > 0 it includes the updates the rollout lags by).
   double logprob_diff_mean = 0, logprob_diff_max = 0;
+  // Mixtures of experts with the rollout's routes: the share of the tokens it routed that the
+  // actor's log-prob forward ran on other experts in some layer (0 with routing replay), and
+  // that the actor's routers would have chosen otherwise. Negative when not measured.
+  double route_differ_share = -1, router_differ_share = -1;
   RolloutMismatch mismatch;        // k3 KL and algo.rollout_correction's weights over action tokens
   torch::Tensor overlong_penalty;  // [B] DAPO soft length penalty added to the scores (<= 0)
   torch::Tensor entropy;           // [B, A] policy entropy at each action position
@@ -96,7 +103,7 @@ struct Experience {
 // The rows of prompt groups `groups` [G] of n samples each, in order: [G * n].
 torch::Tensor group_rows(const torch::Tensor& groups, int64_t n);
 
-// The sequences and attention mask, as a scatter's tensors.
+// The sequences and attention mask (and the routes, when recorded), as a scatter's tensors.
 std::vector<NamedTensor> sequence_tensors(const Rollout& r);
 // Rows `index` [k] of a rollout (their texts too).
 Rollout select_rows(const Rollout& r, const torch::Tensor& index);

@@ -12,7 +12,8 @@ using nlohmann::json;
 
 namespace {
 
-void add_keys(KeyTable& t) {
+// The algorithm: advantages, KL, staleness, corrections, routing, sampling.
+void add_algo_keys(KeyTable& t) {
   t.choice("algo.advantage.estimator", "gae",
            {"gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "grpo", "dr_grpo"},
            "Advantage estimator; grpo is an alias of group_norm.");
@@ -47,11 +48,26 @@ void add_keys(KeyTable& t) {
            "untruncated. none: no weight, as before.");
   t.number("algo.rollout_correction_cap", 2.0, 1, kUnbounded,
            "tis: the cap C of the weight min(pi_old / pi_rollout, C) (veRL's default 2).");
+  t.boolean("algo.routing_replay", false,
+            "Mixtures of experts: rollout routing replay (R3, Ma et al. 2025; veRL's "
+            "router_replay mode R3): the rollout records the experts each sparse layer chose for "
+            "every token, they travel with the samples, and the actor's old log-probs and "
+            "training forwards (checkpointed recomputes and packed rows included) run those "
+            "experts, weighted by the current router's probabilities (so the router still "
+            "learns). Logs routing/differ_share (0) and routing/router_differ_share. The actor "
+            "must be a mixture of experts.");
+  t.boolean("algo.routing_stats", false,
+            "Mixtures of experts: record the rollout's routes and log routing/differ_share, the "
+            "share of the tokens it routed that the actor's old-log-prob forward runs on other "
+            "experts in some layer, without replaying them (on with algo.routing_replay).");
   t.boolean("algo.dynamic_sampling", false,
             "DAPO dynamic sampling: drop the prompts whose samples all got the same score (no "
             "group-relative signal), refilled up to rollout.max_refill_batches. Needs "
             "reward.rule or reward.remote_url and rollout.n_samples_per_prompt >= 2.");
+}
 
+// The actor's and critic's losses, and evaluation.
+void add_loss_keys(KeyTable& t) {
   t.number("actor.eps_clip", 0.2, 0, 10, "PPO ratio clip.", true);
   t.number("actor.eps_clip_low", 0.0, 0, 10, "Lower ratio clip (0: actor.eps_clip).");
   t.number("actor.eps_clip_high", 0.0, 0, 10, "Upper ratio clip (0: actor.eps_clip).");
@@ -68,6 +84,11 @@ void add_keys(KeyTable& t) {
   t.number("actor.entropy_coef", 0.0, 0, kUnbounded,
            "Entropy bonus coefficient (OpenRLHF's entropy_loss_coef). Not applied yet: the "
            "actor's loss has no entropy term, so a value other than 0 is refused.");
+  t.number("actor.aux_loss_coef", 0.0, 0, kUnbounded,
+           "Mixtures of experts: weight of the router's load-balancing loss in the actor's loss "
+           "(OpenRLHF's aux_loss_coef, default 0; transformers' load_balancing_loss_func over "
+           "every sparse layer, the model's router_aux_loss_coef is its usual value: 0.001 for "
+           "Qwen3-MoE, 0.02 for Mixtral). Logged as aux_loss. No effect on a dense model.");
   t.boolean("actor.offload_optimizer_while_generating", false,
             "With rollout.colocate_with actor on cuda nodes: the actor's FP32 master weights, "
             "AdamW moments and gradient shards move to pinned host memory while the rollout "
@@ -218,6 +239,11 @@ void check_ppo(SpecCheck& v) {
 std::string why_unused(const json& r, Role role) {
   return role == Role::kCritic && r.at("kind") == "ppo" ? "only the gae estimator uses a critic"
                                                         : "";
+}
+
+void add_keys(KeyTable& t) {
+  add_algo_keys(t);
+  add_loss_keys(t);
 }
 
 }  // namespace

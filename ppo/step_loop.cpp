@@ -208,6 +208,9 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
   if (c_.overlong_buffer_len > 0)
     rec["overlong_penalty"] = e.overlong_penalty.mean().item<double>();
   if (r.turns.defined()) rec.update(trajectory_metrics(r));
+  if (e.route_differ_share >= 0)  // the share of routed tokens whose experts differ
+    rec["routing"] = {{"differ_share", e.route_differ_share},
+                      {"router_differ_share", e.router_differ_share}};
   return rec;
 }
 

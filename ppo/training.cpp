@@ -26,6 +26,8 @@ TrainingSettings TrainingSettings::from(const ppo::PpoConfig& c, const JobRoles&
   s.kl_estimator = c.kl_estimator;
   s.temperature = c.temperature;
   s.value_clip = c.value_clip;
+  s.routing_replay = c.routing_replay;
+  s.aux_loss_coef = c.aux_loss_coef;
   s.roles = roles;
   return s;
 }
@@ -51,6 +53,8 @@ ops::TrainActor PolicyTrainer::actor_request(const Rollout& r) const {
   request.kl_loss_coef = s_.kl_use_loss && s_.roles.ref ? kl_.value() : 0.0;
   request.kl_estimator = s_.kl_estimator;
   request.temperature = s_.temperature;
+  request.replay_routes = s_.routing_replay;
+  request.aux_loss_coef = s_.aux_loss_coef;
   return request;
 }
 
@@ -68,6 +72,7 @@ json PolicyTrainer::train(const Rollout& r, const Experience& e, int64_t step,
   // Critic-less runs log no critic figures (rather than zeros for what does not exist).
   std::vector<const char*> averaged = {"policy_loss", "clip_frac", "approx_kl", "grad_norm"};
   if (critic_) averaged.insert(averaged.end(), {"value_loss", "critic_grad_norm"});
+  if (s_.aux_loss_coef > 0) averaged.push_back("aux_loss");
   json sums = {{"lr", 0.0}};
   for (const char* k : averaged) sums[k] = 0.0;
   int64_t updates = 0;
@@ -104,6 +109,7 @@ double PolicyTrainer::update(const Rollout& r, const Experience& e, const torch:
     actor_tensors.push_back({"log_probs_behaviour", pick(e.log_probs_behaviour)});
   if (s_.kl_use_loss && s_.roles.ref)
     actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
+  if (s_.routing_replay) actor_tensors.push_back({"routes", pick(r.routes)});
   std::future<std::vector<Answered<ops::TrainCriticReply>>> critic;
   if (critic_) {
     auto critic_tensors = common;
@@ -118,6 +124,7 @@ double PolicyTrainer::update(const Rollout& r, const Experience& e, const torch:
   sums["policy_loss"] = sums["policy_loss"].get<double>() + a.metrics.loss;
   sums["clip_frac"] = sums["clip_frac"].get<double>() + a.clip_frac;
   sums["approx_kl"] = sums["approx_kl"].get<double>() + a.approx_kl;
+  if (s_.aux_loss_coef > 0) sums["aux_loss"] = sums["aux_loss"].get<double>() + a.aux_loss;
   sums["grad_norm"] = sums["grad_norm"].get<double>() + a.metrics.grad_norm;
   sums["lr"] = a.metrics.lr;
   if (a.metrics.loss_scale != 1.0) {  // FP16: the scale this update used, overflows so far

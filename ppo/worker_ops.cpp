@@ -34,11 +34,10 @@ void from_json(const nlohmann::json& j, PolicyLossConfig& c) {
 namespace rlhf::ops {
 
 void to_json(nlohmann::json& j, const TrainActor& r) {
-  j = {{"batching", r.batching},
-       {"policy", r.policy},
-       {"kl_loss_coef", r.kl_loss_coef},
-       {"kl_estimator", ppo::kl_estimator_name(r.kl_estimator)},
-       {"temperature", r.temperature}};
+  j = {{"batching", r.batching},          {"policy", r.policy},
+       {"kl_loss_coef", r.kl_loss_coef},  {"kl_estimator", ppo::kl_estimator_name(r.kl_estimator)},
+       {"temperature", r.temperature},    {"replay_routes", r.replay_routes},
+       {"aux_loss_coef", r.aux_loss_coef}};
 }
 
 void from_json(const nlohmann::json& j, TrainActor& r) {
@@ -48,6 +47,8 @@ void from_json(const nlohmann::json& j, TrainActor& r) {
   f.read("kl_loss_coef", r.kl_loss_coef);
   r.kl_estimator = ppo::parse_kl_estimator(f.get<std::string>("kl_estimator"));
   f.read("temperature", r.temperature);
+  f.read("replay_routes", r.replay_routes);
+  f.read("aux_loss_coef", r.aux_loss_coef);
   f.finish();
 }
 

@@ -34,8 +34,10 @@ struct TrainActorReply {
   double clip_frac = 0;  // means over the micro batches
   double approx_kl = 0;
   double kl_loss = 0;
+  double aux_loss = 0;  // the load-balancing loss (mixtures of experts; 0 for a dense model)
 };
-RLHF_WIRE_STRUCT(TrainActorReply, "train_actor reply", metrics, clip_frac, approx_kl, kl_loss)
+RLHF_WIRE_STRUCT(TrainActorReply, "train_actor reply", metrics, clip_frac, approx_kl, kl_loss,
+                 aux_loss)
 
 // One optimizer step of the PPO policy loss over this rank's share of the global batch.
 // Tensors: "sequences", "attention_mask", "action_mask", "log_probs_old", "advantages",
@@ -50,6 +52,11 @@ struct TrainActor {
   double kl_loss_coef = 0;
   ppo::KlEstimator kl_estimator = ppo::KlEstimator::kK1;
   double temperature = 1.0;
+  // Routing replay: every forward (and checkpointed recompute) runs the rollout's experts,
+  // tensor "routes" [B, T, S, k] (models/routes.h).
+  bool replay_routes = false;
+  // Mixtures of experts: loss += aux_loss_coef x the load-balancing loss (models::AuxLoss).
+  double aux_loss_coef = 0;
 };
 void to_json(nlohmann::json& j, const TrainActor& r);
 void from_json(const nlohmann::json& j, TrainActor& r);

@@ -15,6 +15,7 @@
 #include "kernels/kernels.h"
 #include "rollout/paged_engine.h"
 #include "rollout/paged_generation.h"
+#include "rollout/route_log.h"
 
 namespace rlhf::rollout {
 namespace {
@@ -119,16 +120,23 @@ GenerationOutput assemble_output(const torch::Tensor& prompt_ids, const torch::T
 }
 
 void Generator::hook(PagedBatcher& batcher, const torch::Tensor& prompt_ids,
-                     const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn) {
+                     const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn,
+                     const RouteLog* routes) {
   batcher.set_version_poll(weight_version_, between_steps_);
   if (!on_groups_done_ || !single_turn) return;
   const int64_t n = config_.n_samples_per_prompt, R = config_.max_new_tokens;
-  batcher.set_on_groups_done(
-      [this, &batcher, prompt_ids, prompt_mask, &d, n, R](const std::vector<int64_t>& prompts) {
-        on_groups_done_(select_groups(prompt_ids, prompt_mask, n, d, batcher.token_versions(R),
-                                      prompts, weight_version_),
-                        prompts);
-      });
+  batcher.set_on_groups_done([this, &batcher, prompt_ids, prompt_mask, &d, n, R,
+                              routes](const std::vector<int64_t>& prompts) {
+    GenerationOutput part = select_groups(prompt_ids, prompt_mask, n, d, batcher.token_versions(R),
+                                          prompts, weight_version_);
+    if (routes) {
+      std::vector<int64_t> rows;
+      for (int64_t p : prompts)
+        for (int64_t s = 0; s < n; ++s) rows.push_back(p * n + s);
+      part.routes = routes->columns(rows, prompt_mask, n, part.attention_mask);
+    }
+    on_groups_done_(std::move(part), prompts);
+  });
 }
 
 int64_t newest_version(const GenerationOutput& out, int64_t fallback) {
@@ -182,13 +190,15 @@ GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int6
   out.response_lengths = torch::cat(lengths, 0);
   out.prompt_length = P;
   out.weight_version = parts[0].weight_version;
-  std::vector<torch::Tensor> versions;
+  std::vector<torch::Tensor> versions, routes;
   for (const auto& part : parts) {
     out.weight_version = std::max(out.weight_version, part.weight_version);
     const int64_t pad = response_length - part.action_mask.size(1);
     if (part.token_versions.defined())
       versions.push_back(at::constant_pad_nd(part.token_versions, {0, pad},
                                              static_cast<double>(part.weight_version)));
+    if (part.routes.defined())  // [N, P + R, S, k]: pad columns
+      routes.push_back(at::constant_pad_nd(part.routes, {0, 0, 0, 0, 0, pad}, -1));
     out.timings.prefill_seconds += part.timings.prefill_seconds;
     out.timings.decode_seconds += part.timings.decode_seconds;
     out.timings.decode_steps += part.timings.decode_steps;
@@ -198,6 +208,10 @@ GenerationOutput concat_outputs(const std::vector<GenerationOutput>& parts, int6
   }
   // Outputs assembled by hand (tests) may carry no versions.
   if (versions.size() == parts.size()) out.token_versions = torch::cat(versions, 0);
+  if (!routes.empty()) {
+    TORCH_CHECK(routes.size() == parts.size(), "concat_outputs: some parts carry no routes");
+    out.routes = torch::cat(routes, 0);
+  }
   if (parts[0].turns.defined()) {
     std::vector<torch::Tensor> turns;
     for (const auto& part : parts) turns.push_back(part.turns);

@@ -21,6 +21,7 @@
 namespace rlhf::rollout {
 
 class PagedBatcher;
+class RouteLog;
 
 class TurnHandler;
 
@@ -60,6 +61,10 @@ struct GenerationOutput {
   // the weights were updated in flight (set_between_steps): a row's later tokens then carry
   // the newer version (issue 42.3).
   torch::Tensor token_versions;
+  // Routing replay (set_record_routes): [N, P + R, S, k] int16, the experts each of S sparse
+  // layers chose for each sequence position (-1: none, the last token and padding); undefined
+  // otherwise (rollout/route_log.h).
+  torch::Tensor routes;
   int64_t prompt_length = 0;   // P
   int64_t weight_version = 0;  // the newest weights that produced it
   GenerationTimings timings;
@@ -93,6 +98,10 @@ class Generator {
   using GroupsDone =
       std::function<void(GenerationOutput part, const std::vector<int64_t>& prompts)>;
   void set_on_groups_done(GroupsDone done) { on_groups_done_ = std::move(done); }
+  // Routing replay (algo.routing_replay): the calls that follow record every token's routes
+  // (GenerationOutput::routes). Throws InputError for a model without sparse layers at the
+  // next call, or with padded decode steps (DecodeSteps::kPadded; a MoE's auto is eager).
+  void set_record_routes(bool on) { record_routes_ = on; }
 
   // prompt_ids, prompt_mask: [B, P] int64, left-padded (every row has >= 1 token). Returns
   // B * n_samples_per_prompt rows. These prompts are prompts [first_prompt, first_prompt + B)
@@ -129,7 +138,7 @@ class Generator {
                            torch::Device device) const;
 
   // The whole request through one paged KV pool with continuous batching
-  // (paged_generation.cpp); rows first_row.. of the request.
+  // (paged_generate.cpp); rows first_row.. of the request.
   GenerationOutput generate_paged(const torch::Tensor& prompt_ids, const torch::Tensor& prompt_mask,
                                   Sampler& sampler, int64_t first_row, TurnHandler* turns,
                                   int64_t max_turns);
@@ -137,9 +146,10 @@ class Generator {
   // The in-flight version poll and (single-turn) the streaming of finished groups of a call,
   // on its batcher.
   void hook(PagedBatcher& batcher, const torch::Tensor& prompt_ids,
-            const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn);
+            const torch::Tensor& prompt_mask, const DecodeState& d, bool single_turn,
+            const RouteLog* routes);
 
-  // The pool and graphs kept between calls (paged_generation.cpp).
+  // The pool and graphs kept between calls (paged_generate.cpp).
   struct PagedEngine;
   // The kept engine when it has at least these sizes, else a new one in its place.
   PagedEngine& paged_engine(int64_t num_blocks, int64_t max_batch, int64_t max_blocks);
@@ -149,6 +159,7 @@ class Generator {
   int64_t weight_version_ = 0;
   std::function<int64_t()> between_steps_;
   GroupsDone on_groups_done_;
+  bool record_routes_ = false;
   std::unique_ptr<PagedEngine> paged_engine_;
 };
 

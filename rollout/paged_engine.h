@@ -1,6 +1,6 @@
 // The KV pool and decode graphs a Generator keeps between paged generate calls on a GPU
 // (Generator::release_paged_engine drops them). Internal to rollout/: generator.cpp and
-// paged_generation.cpp.
+// paged_generate.cpp.
 #pragma once
 
 #include <cstdint>

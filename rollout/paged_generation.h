@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,7 @@
 namespace rlhf::rollout {
 
 class PagedDecoder;
+class RouteLog;
 
 class PagedBatcher {
  public:
@@ -96,6 +98,9 @@ class PagedBatcher {
   void set_on_groups_done(std::function<void(const std::vector<int64_t>& prompts)> done) {
     on_groups_done_ = std::move(done);
   }
+  // Routing replay: records each forward's routes into `log` (route_log.h) by row and
+  // position. Not with padded decode steps (`decoder`).
+  void set_route_log(RouteLog* log) { route_log_ = log; }
   // [N, R] int64: the version that sampled each output position (issue 42.3): a row's
   // positions from its token count at an update on carry the update's version.
   torch::Tensor token_versions(int64_t R) const;
@@ -140,6 +145,15 @@ class PagedBatcher {
     std::vector<std::pair<int64_t, int64_t>> env_spans;  // [start, length) of answer tokens
   };
 
+  // Row `row`'s prompt tokens; prompt `prompt`'s rows.
+  int64_t prompt_length(int64_t row) const {
+    return static_cast<int64_t>(prompts_[static_cast<size_t>(row / limits_.n_samples)].size());
+  }
+  std::vector<int64_t> row_range(int64_t prompt) const {
+    std::vector<int64_t> rows(static_cast<size_t>(limits_.n_samples));
+    std::iota(rows.begin(), rows.end(), prompt * limits_.n_samples);
+    return rows;
+  }
   // Tokens the item's sequence holds after its prefill.
   int64_t held_tokens(const Waiting& w) const;
   // Admits waiting items while sequences and blocks allow, one prefill per admissible().
@@ -227,6 +241,7 @@ class PagedBatcher {
   std::function<void(const std::vector<int64_t>&)> on_groups_done_;
   std::vector<int64_t> rows_ended_;
   std::vector<int64_t> groups_ended_;
+  RouteLog* route_log_ = nullptr;
 };
 
 }  // namespace rlhf::rollout

@@ -94,9 +94,10 @@ struct Generate {
   nlohmann::json rows = nlohmann::json::array();
   bool in_flight_updates = false;
   bool stream_groups = false;
+  bool record_routes = false;  // algo.routing_replay: the reply carries "routes"
 };
 RLHF_WIRE_STRUCT(Generate, "generate", sampling, n_samples_per_prompt, rows, in_flight_updates,
-                 stream_groups)
+                 stream_groups, record_routes)
 
 // One weight sync's figures (rollout::WeightSyncStats).
 struct SyncReply {

@@ -39,6 +39,7 @@
 #include "models/moe.h"
 #include "models/param_layout.h"
 #include "models/pretrained.h"
+#include "models/routes.h"
 #include "models/safetensors.h"
 #include "test_paths.h"
 #include "test_util.h"
@@ -409,6 +410,43 @@ TEST_P(RouterMatchesTransformers, LogitsAndSelectedExperts) {
       EXPECT_EQ(differ, 0);
     }
   }
+}
+
+TEST_P(RouterMatchesTransformers, LoadBalancingLossAndItsRouterGradient) {
+  // transformers' aux_loss (output_router_logits: load_balancing_loss_func over every sparse
+  // layer, padding masked) of the padded batch, and its gradient on each router's weight:
+  // rlhf's AuxLoss with per-layer checkpointing (the gradient comes from the recompute, with
+  // the counts the forward sealed). FP32: the loss within 1e-6 relative, gradients within
+  // 1e-4 relative (summation order only).
+  const std::string dir = case_dir(GetParam());
+  auto model = load_fp32(dir);
+  Reference ref(dir);
+  const auto ids = ref["padded_input_ids"], mask = ref["padded_attention_mask"];
+  model->set_checkpointing(Checkpointing::kPerLayer);
+  model->zero_grad();
+  AuxLossScope scope(*model);
+  ASSERT_TRUE(scope.sparse());
+  scope.loss().begin(mask.reshape({-1}), /*grad_scale=*/1.0);
+  const auto hidden = model->forward(ids, mask);
+  scope.loss().seal();
+  (hidden.sum() * 0).backward();  // only the aux loss's gradient is not zero
+  const double theirs = ref["padded_aux_loss"].item<double>();
+  const double ours = scope.loss().value();
+  std::cout << "[ measured ] " << GetParam() << " load-balancing loss: rlhf " << ours
+            << ", transformers " << theirs << std::endl;
+  EXPECT_LT(std::abs(ours - theirs), 1e-6 * std::abs(theirs));
+  int64_t layers = 0;
+  for (int64_t i = 0; i < model->num_layers(); ++i) {
+    auto* layer = model->layers->ptr(i)->as<DecoderLayerImpl>();
+    if (!layer->moe) continue;
+    ++layers;
+    const auto expected = ref["padded_aux_grad_" + std::to_string(i)];
+    const auto got = layer->moe->gate->weight.grad();
+    ASSERT_TRUE(got.defined()) << "layer " << i;
+    EXPECT_LT(testing::relative_error(got, expected), 1e-4) << "layer " << i;
+    EXPECT_GT(expected.abs().max().item<double>(), 0.0);
+  }
+  EXPECT_GT(layers, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(HfParityMoe, RouterMatchesTransformers, kMoeCases);

@@ -353,6 +353,21 @@ def router_outputs(model, ids, mask, kind):
     return ref
 
 
+def aux_outputs(model, ids, mask, kind):
+    """The load-balancing loss of a mixture of experts (output_router_logits: transformers'
+    load_balancing_loss_func over every sparse layer, padding masked) as `<kind>_aux_loss`, and
+    its gradient on each router's weight as `<kind>_aux_grad_<layer>`."""
+    model.zero_grad()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                output_router_logits=True)
+    out.aux_loss.backward()
+    ref = {f"{kind}_aux_loss": out.aux_loss.detach().float().reshape(1)}
+    for i, gate in routers(model).items():
+        ref[f"{kind}_aux_grad_{i}"] = gate.weight.grad.float().clone()
+    model.zero_grad()
+    return ref
+
+
 @torch.no_grad()
 def forward_logits(model, ids, mask):
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask))
@@ -429,6 +444,8 @@ def make(args):
                 ref[kind + "_logits"] = logits
                 ref[kind + "_log_probs"] = next_token_log_probs(logits, ids)
                 ref.update(router_outputs(model, ids, m, kind))
+                if routers(model):
+                    ref.update(aux_outputs(model, ids, m, kind))
             with open(os.path.join(out, "greedy.json"), "w") as f:
                 json.dump(greedy(model), f)
         ref = {k: v.contiguous() for k, v in ref.items()}

@@ -105,13 +105,21 @@ TEST(SparseMoe, ReplayRoutesThroughTheGivenExpertsWithTheCurrentRoutersWeights) 
   }
 }
 
-TEST(SparseMoe, ATensorParallelRolloutOfAMixtureIsRefusedByName) {
-  // Its experts have no tensor-parallel split yet: refused when the job is checked (preflight
-  // and the planner call this), naming the key and the model type, never run differently.
+TEST(SparseMoe, ATensorParallelSplitThatDoesNotDivideTheExpertsIsRefusedByName) {
+  // Each expert is split as a dense MLP (tensor_parallel.h): its intermediate size must divide
+  // by the TP size, refused when the job is checked (preflight and the planner call this),
+  // naming the key and the size.
+  ModelConfig c = preset_config("tiny-moe");
+  check_tensor_parallel(c, 2, "rollout.tensor_parallel_size");
+  c.moe.moe_intermediate_size = 87;
   testing::expect_error<InputError>(
-      [] { check_tensor_parallel(preset_config("tiny-moe"), 2, "rollout.tensor_parallel_size"); },
-      {"rollout.tensor_parallel_size", "tensor_parallel_size 2", "qwen3_moe", "not supported"});
-  check_tensor_parallel(preset_config("tiny-moe"), 1, "rollout.tensor_parallel_size");
+      [&] { check_tensor_parallel(c, 2, "rollout.tensor_parallel_size"); },
+      {"rollout.tensor_parallel_size", "tensor_parallel_size 2", "moe_intermediate_size (87)"});
+  c.moe.moe_intermediate_size = 88;
+  c.moe.shared_expert_intermediate_size = 31;
+  testing::expect_error<InputError>(
+      [&] { check_tensor_parallel(c, 2, "rollout.tensor_parallel_size"); },
+      {"shared_expert_intermediate_size (31)"});
 }
 
 TEST(SparseMoe, LoraAdaptersOnEveryExpertMergeAndUnmerge) {

@@ -32,6 +32,7 @@
 #include "rollout/generator.h"
 #include "rollout/trajectory.h"
 #include "test_paths.h"
+#include "tests/rollout/route_check.h"
 #include "tests/support/http_env_server.h"
 #include "tokenizer/prompt_format.h"
 #include "tokenizer/tokenizer.h"
@@ -167,12 +168,15 @@ struct Trajectories {
 
 Trajectories run_trajectories(const std::shared_ptr<models::CausalLM>& model,
                               const GenerationConfig& config, const torch::Tensor& ids,
-                              const torch::Tensor& mask, bool openings = false) {
+                              const torch::Tensor& mask, bool openings = false,
+                              bool routes = false) {
   SamplingParams params;  // temperature 1: the model's own distribution
   params.seed = 5;
   Trajectories r;
   r.turns = std::make_unique<ScriptedTurns>(ids.size(0) * config.n_samples_per_prompt, openings);
-  r.out = Generator(model, config).generate(ids, mask, params, 0, r.turns.get(), 3);
+  Generator generator(model, config);
+  generator.set_record_routes(routes);
+  r.out = generator.generate(ids, mask, params, 0, r.turns.get(), 3);
   return r;
 }
 
@@ -361,6 +365,31 @@ TEST(MultiTurn, PreemptionEvictionPaddingAndLateChecksChangeNothing) {
     std::cout << v.name << ": " << got.out.timings.preempted << " preempted, "
               << got.out.timings.recomputed_tokens << " recomputed, "
               << got.out.timings.extended_tokens << " extended\n";
+  }
+}
+
+// Routing replay: a mixture of experts' routes are recorded for every token the engine feeds,
+// the environment's answers (extends over the cache), openings and rows recomputed after
+// their blocks were taken included: each equals a fresh forward's (FP32).
+TEST(MultiTurn, RoutesCoverEveryFedTokenThroughExtendsOpeningsAndRecomputes) {
+  auto config = models::preset_config("tiny-moe");
+  config.initializer_range = 0.1;
+  auto model = std::make_shared<models::CausalLM>(config);
+  model->init_weights(9);
+  model->eval();
+  torch::manual_seed(1);
+  auto [ids, mask] = left_padded({4, 6, 2, 5});
+  GenerationConfig small_pool = multi_turn_config();
+  small_pool.kv_cache_bytes =
+      14 * models::PagedKvCache::block_bytes(model->config(), 4, torch::kFloat32);
+  for (const bool openings : {false, true}) {
+    for (const auto& c : {multi_turn_config(), small_pool}) {
+      const Trajectories r = run_trajectories(model, c, ids, mask, openings, /*routes=*/true);
+      EXPECT_GT(r.out.timings.extended_tokens, 0);
+      const int64_t compared = route_check::expect_routes_of_a_fresh_forward(*model, r.out);
+      std::cout << (openings ? "openings, " : "") << r.out.timings.preempted
+                << " preempted: " << compared << " routed tokens equal a fresh forward's\n";
+    }
   }
 }
 

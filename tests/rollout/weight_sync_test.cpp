@@ -454,15 +454,14 @@ TEST(TensorParallel, LoraAdaptersMergeIntoEachRanksSlices) {
   }
 }
 
-// Two TP ranks (processes) load their slices of a checkpoint and compute the whole model's
-// logits: every tensor a rank holds is exactly the checkpoint's slice (digests), the ranks'
-// logits are identical, and they match the whole model's within 1e-5 (FP32; the
-// row-parallel sums add in another order). Biases everywhere: column-parallel ones are split,
-// a row-parallel one is added once after the sum.
-TEST(TensorParallel, ShardsLoadTheirSlicesAndComputeTheWholeModelsLogits) {
-  const auto dir = fresh_dir("tp_logits");
-  models::ModelConfig config = models::preset_config("small");
-  config.qkv_bias = config.o_proj_bias = config.mlp_bias = true;
+// Two TP ranks (processes) load their slices of `config`'s random checkpoint and compute the
+// whole model's logits: every tensor a rank holds is exactly the checkpoint's slice
+// (digests), the ranks' logits are identical, and they match the whole model's within 1e-5
+// (FP32; the row-parallel sums add in another order).
+void expect_shards_compute_the_whole_logits(const models::ModelConfig& config,
+                                            const std::string& name) {
+  torch::set_num_threads(1);  // FP64 digests summed in the worker's order (one thread)
+  const auto dir = fresh_dir("tp_logits_" + name);
   models::CausalLM whole(config);
   whole.init_weights(5);
   {
@@ -516,6 +515,37 @@ TEST(TensorParallel, ShardsLoadTheirSlicesAndComputeTheWholeModelsLogits) {
   EXPECT_TRUE(torch::equal(logits[0], logits[1]));  // every rank samples from the same logits
   EXPECT_LT((logits[0] - expected).abs().max().item<double>(), 1e-5);
   fs::remove_all(dir);
+}
+
+// Biases everywhere: column-parallel ones are split, a row-parallel one is added once after
+// the sum.
+TEST(TensorParallel, ShardsLoadTheirSlicesAndComputeTheWholeModelsLogits) {
+  models::ModelConfig config = models::preset_config("small");
+  config.qkv_bias = config.o_proj_bias = config.mlp_bias = true;
+  expect_shards_compute_the_whole_logits(config, "dense");
+}
+
+// A mixture of experts' rollout under TP: each expert split as a dense MLP (Mixtral's w1 / w3
+// by rows, w2 by columns), the router and Qwen2-MoE's shared-expert gate whole on each rank,
+// the shared expert split; the same checks (slices bit for bit, equal logits on both ranks,
+// the whole model's within 1e-5).
+TEST(TensorParallel, MixtureOfExpertsShardsComputeTheWholeModelsLogits) {
+  for (const char* type : {"qwen3_moe", "qwen2_moe", "mixtral"}) {
+    SCOPED_TRACE(type);
+    models::ModelConfig c = models::preset_config("tiny-moe");
+    c.model_type = type;
+    if (c.model_type == "qwen2_moe") {
+      c.architectures = {"Qwen2MoeForCausalLM"};
+      c.qk_norm = false;
+      c.moe.norm_topk_prob = false;
+      c.moe.shared_expert_intermediate_size = 64;
+    } else if (c.model_type == "mixtral") {
+      c.architectures = {"MixtralForCausalLM"};
+      c.qk_norm = false;
+      c.moe.moe_intermediate_size = c.intermediate_size;
+    }
+    expect_shards_compute_the_whole_logits(c, type);
+  }
 }
 
 }  // namespace
