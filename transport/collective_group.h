@@ -49,22 +49,25 @@ struct CollectiveTraffic {
   int64_t all_reduce = 0;
   int64_t broadcast = 0;
   int64_t scatter = 0;
-  int64_t calls = 0;  // collectives of every kind, barriers included
+  int64_t all_to_all = 0;  // what this rank's inputs held (its own rows included)
+  int64_t calls = 0;       // collectives of every kind, barriers included
 
-  int64_t total() const { return all_gather + reduce_scatter + all_reduce + broadcast + scatter; }
+  int64_t total() const {
+    return all_gather + reduce_scatter + all_reduce + broadcast + scatter + all_to_all;
+  }
   CollectiveTraffic operator-(const CollectiveTraffic& before) const;
   CollectiveTraffic& operator+=(const CollectiveTraffic& more);
   bool operator==(const CollectiveTraffic& other) const;
 };
 RLHF_WIRE_STRUCT(CollectiveTraffic, "collectives", all_gather, reduce_scatter, all_reduce,
-                 broadcast, scatter, calls)
+                 broadcast, scatter, all_to_all, calls)
 
 // The bytes one rank sends for `t` in a group of `ranks` (and as many it receives), by the
 // algorithms each backend runs. NCCL, ring: all-gather and reduce-scatter (N-1)/N of the
 // payload, all-reduce 2 (N-1)/N, broadcast the whole tensor (a pipelined chain). Gloo as
 // GlooGroup runs it: all-gather and reduce-scatter are ring all-reduces of the whole buffer
 // (faster there than c10d Gloo's own, gloo_group.h), so 2 (N-1)/N each. Scatters: the root's
-// (N-1)/N. Zero for one rank.
+// (N-1)/N; all-to-all what leaves the rank, counted as (N-1)/N of its input. Zero for one rank.
 int64_t wire_bytes_per_rank(const CollectiveTraffic& t, int ranks, const std::string& backend);
 
 // Collectives on contiguous tensors of one dtype. A call returns when its result is ready for
@@ -96,6 +99,14 @@ class CollectiveGroup {
   // lands in root's own output); other ranks pass no inputs. What a rank receives is only
   // its own piece (a tensor-parallel weight sync: each rank gets its slices).
   void scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs, int root);
+  // Rows along dim 0 (the other dims alike on every rank): this rank sends input rows
+  // [sum(input_splits[:k]), + input_splits[k]) to rank k and receives rank k's rows for it
+  // into output rows [sum(output_splits[:k]), + output_splits[k]). Rank r's input_splits[k]
+  // must equal rank k's output_splits[r] (exchange the counts first: an all_to_all of [size]
+  // int64 with splits of 1). Expert parallelism's token dispatch.
+  void all_to_all(torch::Tensor& output, const torch::Tensor& input,
+                  const std::vector<int64_t>& output_splits,
+                  const std::vector<int64_t>& input_splits);
   void barrier();
 
   // Every collective this rank has run in the group so far (its calls are made from one
@@ -109,6 +120,9 @@ class CollectiveGroup {
   virtual void do_broadcast(torch::Tensor& tensor, int root) = 0;
   virtual void do_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
                           int root) = 0;
+  virtual void do_all_to_all(torch::Tensor& output, const torch::Tensor& input,
+                             const std::vector<int64_t>& output_splits,
+                             const std::vector<int64_t>& input_splits) = 0;
   virtual void do_barrier() = 0;
 
  private:

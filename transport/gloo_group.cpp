@@ -150,6 +150,35 @@ void GlooGroup::do_broadcast(torch::Tensor& tensor, int root) {
   run("broadcast", [&] { return group_->broadcast(tensors, options); });
 }
 
+void GlooGroup::do_all_to_all(torch::Tensor& output, const torch::Tensor& input,
+                              const std::vector<int64_t>& output_splits,
+                              const std::vector<int64_t>& input_splits) {
+  if (on_device(output) || on_device(input)) {
+    auto host = on_device(output) ? torch::empty_like(output, output.options().device(torch::kCPU))
+                                  : output;
+    do_all_to_all(host, staged(input), output_splits, input_splits);
+    if (on_device(output)) output.copy_(host);
+    return;
+  }
+  check_cpu_contiguous(output, "all_to_all output");
+  const torch::Tensor in = input.contiguous();
+  const int64_t row = in.size(0) > 0 ? in.nbytes() / in.size(0)
+                                     : (output.size(0) > 0 ? output.nbytes() / output.size(0) : 0);
+  std::vector<int64_t> out_bytes, in_bytes;
+  for (int64_t s : output_splits) out_bytes.push_back(s * row);
+  for (int64_t s : input_splits) in_bytes.push_back(s * row);
+  auto out_flat = output.view({-1}).view(torch::kByte);
+  auto in_flat = in.view({-1}).view(torch::kByte);
+  if (size_ == 1) {
+    out_flat.copy_(in_flat);
+    return;
+  }
+  c10d::AllToAllOptions options;
+  options.timeout = group_->getOptions()->timeout;
+  run("all_to_all",
+      [&] { return group_->alltoall_base(out_flat, in_flat, out_bytes, in_bytes, options); });
+}
+
 void GlooGroup::do_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
                            int root) {
   TORCH_CHECK(rank_ != root || static_cast<int>(inputs.size()) == size_, "gloo scatter: root ",

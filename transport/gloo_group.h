@@ -30,6 +30,10 @@ class GlooGroup final : public CollectiveGroup {
   void do_broadcast(torch::Tensor& tensor, int root) override;
   void do_scatter(torch::Tensor& output, const std::vector<torch::Tensor>& inputs,
                   int root) override;
+  // Raw bytes (any dtype): rows become row-bytes runs of one kByte tensor.
+  void do_all_to_all(torch::Tensor& output, const torch::Tensor& input,
+                     const std::vector<int64_t>& output_splits,
+                     const std::vector<int64_t>& input_splits) override;
   void do_barrier() override;
 
  private:

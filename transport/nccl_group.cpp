@@ -228,6 +228,27 @@ class NcclGroup final : public CollectiveGroup {
     });
   }
 
+  void do_all_to_all(torch::Tensor& output, const torch::Tensor& input,
+                     const std::vector<int64_t>& output_splits,
+                     const std::vector<int64_t>& input_splits) override {
+    if (on_host(output) || on_host(input)) {
+      auto out = on_host(output) ? output.to(device_) : output;
+      do_all_to_all(out, on_host(input) ? input.to(device_) : input, output_splits, input_splits);
+      if (on_host(output)) output.copy_(out);
+      check("all_to_all");
+      return;
+    }
+    check_cuda_contiguous(output, "all_to_all output");
+    run("all_to_all", [&] {
+      auto in = input.contiguous();
+      auto out_splits = output_splits;
+      auto in_splits = input_splits;
+      c10d::AllToAllOptions options;
+      options.asyncOp = false;
+      return pg_->alltoall_base(output, in, out_splits, in_splits, options);
+    });
+  }
+
   void do_barrier() override {
     // ProcessGroupNCCL's barrier is an all-reduce of one element; its Work's wait blocks the
     // host until the device has run it (a barrier must order host actions).

@@ -91,6 +91,14 @@ void run_group(int n, const std::vector<std::string>& store_args, const fs::path
     EXPECT_EQ(got["scatter"], scatter);
     EXPECT_EQ(got["bcast"], std::vector<double>(4, 100.0 + n - 1));
     EXPECT_EQ(got["scatter_from_root"], (std::vector<double>{double(r), 2.0 * r}));
+    // all_to_all: rank k sent this rank (2k + r) % 3 rows [k * 10 + r, j], in rank order.
+    std::vector<double> counts, a2a;
+    for (int k = 0; k < n; ++k) {
+      counts.push_back((2 * k + r) % 3);
+      for (int j = 0; j < (2 * k + r) % 3; ++j) a2a.insert(a2a.end(), {k * 10.0 + r, double(j)});
+    }
+    EXPECT_EQ(got["a2a_counts"], counts);
+    EXPECT_EQ(got["a2a"], a2a);
     if (nccl) {
       EXPECT_EQ(got["async"], (std::vector<double>{s, s, 1.0}));
     }

@@ -91,6 +91,29 @@ int main(int argc, char** argv) {
       for (int k = 0; k < n; ++k) pieces.push_back(torch::tensor({k, 2 * k}, torch::kLong));
     group->scatter(piece_of, pieces, n - 1);
     write(out, "scatter_from_root", piece_of);
+    // all_to_all with uneven splits (some 0), as expert dispatch runs it: rank r sends rank k
+    // (2r + k) % 3 rows of BF16 [r * 10 + k, j] (row j), the counts exchanged first.
+    std::vector<int64_t> ones(n, 1), send(n), recv(n);
+    auto counts = torch::empty({n}, torch::kLong);
+    for (int k = 0; k < n; ++k) counts[k] = send[k] = (2 * r + k) % 3;
+    auto got_counts = torch::empty({n}, torch::kLong);
+    group->all_to_all(got_counts, counts, ones, ones);
+    write(out, "a2a_counts", got_counts);
+    int64_t rows_in = 0, rows_out = 0;
+    for (int k = 0; k < n; ++k) {
+      recv[k] = got_counts[k].item<int64_t>();
+      rows_in += recv[k];
+      rows_out += send[k];
+    }
+    auto rows = torch::empty({rows_out, 2}, torch::kFloat);
+    for (int k = 0, at = 0; k < n; ++k)
+      for (int64_t j = 0; j < send[k]; ++j, ++at) {
+        rows[at][0] = r * 10 + k;
+        rows[at][1] = static_cast<double>(j);
+      }
+    auto received = torch::empty({rows_in, 2}, torch::kBFloat16);
+    group->all_to_all(received, rows.to(torch::kBFloat16), recv, send);
+    write(out, "a2a", received);
     if (nccl) {
       // rank r contributes r + 1 everywhere; a matmul queued behind it on the current stream
       // overlaps; after wait() the stream orders the read: every element is sum (r + 1).
