@@ -224,8 +224,7 @@ TEST_F(PpoJob, MixtureOfExpertsRolloutWithTensorParallelism) {
 
 TEST_F(PpoJob, RoutingReplayOfADenseActorIsRefusedByNameBeforeAnyWorkerStarts) {
   for (const char* key : {"algo.routing_replay", "algo.routing_stats"}) {
-    Result r = rlhf({"run", "examples/grpo_tiny.json", "--set", std::string(key) + "=true", "--set",
-                     "logger.run_dir=" + (dir_ / "runs").string()});
+    Result r = run("dense", {"--set", std::string(key) + "=true"}, "examples/grpo_tiny.json");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find(key), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("has no mixture-of-experts layers"), std::string::npos) << r.err;
