@@ -51,6 +51,18 @@ void StreamScorer::add(const torch::Tensor& index, const std::vector<NamedTensor
   changed_.notify_all();
 }
 
+namespace {
+
+// Whether two chunks' tensors have the same sizes past their rows.
+bool same_widths(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t t = 0; t < a.size(); ++t)
+    if (a[t].tensor.sizes().slice(1) != b[t].tensor.sizes().slice(1)) return false;
+  return true;
+}
+
+}  // namespace
+
 void StreamScorer::run(Lane& lane) {
   while (true) {
     std::vector<torch::Tensor> index;
@@ -68,18 +80,25 @@ void StreamScorer::run(Lane& lane) {
       chunks = std::exchange(lane.rows, {});
       lane.busy = true;
     }
-    // Every row that came while the last call ran, in one call.
-    std::vector<NamedTensor> rows;
-    for (size_t t = 0; t < chunks.front().size(); ++t) {
-      std::vector<torch::Tensor> parts;
-      for (const auto& c : chunks) parts.push_back(c[t].tensor);
-      rows.push_back({chunks.front()[t].name, torch::cat(parts, 0)});
-    }
     try {
-      auto [reply, compute] = lane.call(rows);
+      // Every row that came while the last call ran, in one call per run of chunks of one
+      // width (refill batches of dynamic sampling have their own prompt lengths).
+      for (size_t begin = 0, end = 0; begin < chunks.size(); begin = end) {
+        end = begin + 1;
+        while (end < chunks.size() && same_widths(chunks[end], chunks[begin])) ++end;
+        std::vector<NamedTensor> rows;
+        for (size_t t = 0; t < chunks[begin].size(); ++t) {
+          std::vector<torch::Tensor> parts;
+          for (size_t c = begin; c < end; ++c) parts.push_back(chunks[c][t].tensor);
+          rows.push_back({chunks[begin][t].name, torch::cat(parts, 0)});
+        }
+        auto [reply, compute] = lane.call(rows);
+        const auto rows_of = std::vector<torch::Tensor>(index.begin() + begin, index.begin() + end);
+        std::lock_guard<std::mutex> lock(mutex_);
+        lane.done.emplace_back(torch::cat(rows_of, 0), std::move(reply));
+        lane.compute_s += compute;
+      }
       std::lock_guard<std::mutex> lock(mutex_);
-      lane.done.emplace_back(torch::cat(index, 0), std::move(reply));
-      lane.compute_s += compute;
       lane.busy = false;
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
