@@ -605,9 +605,9 @@ TEST(MemoryPlan, FusedAttentionOnGpusKeepsNoScores) {
 // examples/grpo_qwen3_30b_a3b.json: a mixture of experts on 8 x 80 GiB. The plan counts all
 // 30.5B parameters (ZeRO shards every expert; without expert parallelism each rank gathers
 // every expert of a layer): the actor fits with its AdamW states on the host and not without
-// (the first suggestion puts them there), the rollout holds the whole model (no
-// tensor-parallel MoE rollout yet). Mixtral-8x7B's 87 GiB of weights fit no 80 GiB rollout,
-// and tensor parallelism is not offered for it.
+// (the first suggestion puts them there), the rollout holds the whole model on its one GPU.
+// Mixtral-8x7B's 87 GiB of weights fit no 80 GiB rollout; given two rollout GPUs, the
+// planner offers a tensor-parallel engine (each expert split as a dense MLP).
 TEST(MemoryPlan, MixturesOfExpertsOnEightGpus) {
   const std::string example = std::string(RLHF_SOURCE_DIR) + "/examples/grpo_qwen3_30b_a3b.json";
   std::vector<std::string> missing;
@@ -632,9 +632,14 @@ TEST(MemoryPlan, MixturesOfExpertsOnEightGpus) {
   const MemoryPlan big = plan_memory(mixtral, mixtral_models);
   ASSERT_FALSE(big.fits());
   EXPECT_GT(big.role("rollout")->terms.weights, 80ll << 30);
-  for (const auto& suggestion : big.suggestions)
-    EXPECT_EQ(suggestion.change.find("tensor_parallel_size"), std::string::npos)
-        << suggestion.change;
+  const auto two_gpus =
+      rlhf::JobSpec::load(example, {"actor.model=preset:mixtral-8x7b", "actor.devices=[0,1,2,3,4]",
+                                    "ref.devices=[5]", "rollout.devices=[6,7]"});
+  const MemoryPlan wider = plan_memory(two_gpus, load_role_models(two_gpus, missing));
+  bool offered = false;
+  for (const auto& suggestion : wider.suggestions)
+    offered = offered || suggestion.change == "rollout.tensor_parallel_size=2";
+  EXPECT_TRUE(offered) << wider.to_json()["suggestions"].dump();
 }
 
 // examples/ppo_70b.json: Llama-3-70B laid out as OpenRLHF ran it (actor 32 GPUs, critic 16,
