@@ -54,7 +54,7 @@ torch::Tensor AuxLoss::sums_grad() const {
 }
 
 torch::Tensor AuxLoss::attach(const torch::Tensor& out, const Routes& routes) {
-  const torch::Tensor probs = torch::softmax(routes.logits, -1, torch::kFloat32);  // [N, E]
+  const torch::Tensor& probs = routes.probs;  // [N, E] FP32
   const int64_t N = probs.size(0), k = routes.own.size(1);
   const torch::Tensor mask =
       mask_.defined() ? mask_.to(probs.device()) : torch::ones({N}, probs.options());
@@ -128,6 +128,7 @@ Routes SparseMoeImpl::route(const torch::Tensor& tokens) {
   r.logits = gate->forward(tokens);                            // [N, E]
   auto probs = torch::softmax(r.logits, -1, torch::kFloat32);  // FP32, as HF
   auto [top, index] = probs.topk(spec_.top_k, /*dim=*/-1);     // [N, k] each
+  r.probs = probs;
   r.own = index;
   if (replay.defined()) {  // routing replay: these experts, the current router's weights
     TORCH_CHECK(

@@ -29,6 +29,7 @@ class MlpImpl;
 // What the router chose for the N tokens of one forward.
 struct Routes {
   torch::Tensor logits;   // [N, experts], the parameters' dtype
+  torch::Tensor probs;    // [N, experts] FP32: the softmax of the logits
   torch::Tensor weights;  // [N, top_k] FP32 (renormalised when the family does)
   torch::Tensor experts;  // [N, top_k] int64, in descending order of probability
   // [N, top_k] int64: the router's own top-k. `experts` itself unless a replay chose them.

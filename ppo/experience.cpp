@@ -120,10 +120,7 @@ Rollout ExperienceMaker::generate(const PromptBatch& batch, int64_t step, int64_
   if (!s_.streaming) return generate_with(batch, s_.temperature, n, seed, /*training=*/true);
   StreamScorer early(early_calls(), batch.prompt_ids.size(0) * n);
   const GroupSink sink = [&](const torch::Tensor& prompts, const Message& part) {
-    std::vector<NamedTensor> rows = {{"sequences", part.tensor("sequences")},
-                                     {"attention_mask", part.tensor("attention_mask")}};
-    if (part.has_tensor("routes")) rows.push_back({"routes", part.tensor("routes")});
-    early.add(group_rows(prompts, n), rows);
+    early.add(group_rows(prompts, n), part_tensors(part));
   };
   Rollout r = generate_with(batch, s_.temperature, n, seed, /*training=*/true, sink);
   r.early = early.finish(r.early_compute_s);

@@ -31,6 +31,16 @@ std::vector<NamedTensor> sequence_tensors(const Rollout& r) {
   return out;
 }
 
+std::vector<NamedTensor> part_tensors(const Message& part, const torch::Tensor& keep) {
+  std::vector<NamedTensor> out;
+  for (const char* name : {"sequences", "attention_mask", "routes"}) {
+    if (!part.has_tensor(name)) continue;
+    const torch::Tensor t = part.tensor(name);
+    out.push_back({name, keep.defined() ? t.index_select(0, keep) : t});
+  }
+  return out;
+}
+
 torch::Tensor group_rows(const torch::Tensor& groups, int64_t n) {
   return (groups.unsqueeze(1) * n + torch::arange(n, torch::kLong)).reshape({-1});
 }

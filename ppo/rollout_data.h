@@ -105,6 +105,9 @@ torch::Tensor group_rows(const torch::Tensor& groups, int64_t n);
 
 // The sequences and attention mask (and the routes, when recorded), as a scatter's tensors.
 std::vector<NamedTensor> sequence_tensors(const Rollout& r);
+// The same of a streamed generate part (rollout.streaming), its rows `keep` (all when
+// undefined): what the early scorers take.
+std::vector<NamedTensor> part_tensors(const Message& part, const torch::Tensor& keep = {});
 // Rows `index` [k] of a rollout (their texts too).
 Rollout select_rows(const Rollout& r, const torch::Tensor& index);
 // `a` then `b`, re-padded to the longer prompt (left) and response (right) of the two.

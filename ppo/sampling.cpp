@@ -99,12 +99,7 @@ Rollout ExperienceMaker::sample_streamed_groups(int64_t step) {
       if (groups.numel() == 0) return;
       const torch::Tensor slots = prompts.index_select(0, groups) + refill * want;
       const torch::Tensor kept = group_rows(groups, n);
-      std::vector<NamedTensor> kept_rows = {
-          {"sequences", part.tensor("sequences").index_select(0, kept)},
-          {"attention_mask", part.tensor("attention_mask").index_select(0, kept)}};
-      if (part.has_tensor("routes"))
-        kept_rows.push_back({"routes", part.tensor("routes").index_select(0, kept)});
-      early.add(group_rows(slots, n), kept_rows);
+      early.add(group_rows(slots, n), part_tensors(part, kept));
       for (int64_t s : to_vector(slots)) streamed.push_back(s);
     };
     Rollout r = generate_with(batch, s_.temperature, n, sample_seed(step, refill),

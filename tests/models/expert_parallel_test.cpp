@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "models/causal_lm.h"
-#include "models/decoder_layer.h"
+#include "models/routes.h"
 #include "test_util.h"
 #include "transport/collective_group.h"
 
@@ -26,9 +26,7 @@ namespace fs = std::filesystem;
 using testing::relative_error;
 
 SparseMoeImpl& first_block(CausalLM& model) {
-  for (int64_t i = 0; i < model.num_layers(); ++i)
-    if (auto& moe = model.layers->ptr(i)->as<DecoderLayerImpl>()->moe) return *moe;
-  throw std::runtime_error("no sparse layer");
+  return *sparse_blocks(model).at(0);
 }
 
 struct Result {

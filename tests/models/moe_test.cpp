@@ -11,6 +11,7 @@
 #include "models/causal_lm.h"
 #include "models/decoder_layer.h"
 #include "models/lora.h"
+#include "models/routes.h"
 #include "models/tensor_parallel.h"
 #include "test_util.h"
 
@@ -29,13 +30,6 @@ std::shared_ptr<CausalLM> tiny_moe(torch::Dtype dtype = torch::kFloat32) {
 torch::Tensor ids_of(int64_t B, int64_t T, uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);
   return torch::randint(0, 256, {B, T}, gen, torch::kInt64);
-}
-
-std::vector<SparseMoeImpl*> blocks(CausalLM& model) {
-  std::vector<SparseMoeImpl*> out;
-  for (int64_t i = 0; i < model.num_layers(); ++i)
-    if (auto& moe = model.layers->ptr(i)->as<DecoderLayerImpl>()->moe) out.push_back(moe.get());
-  return out;
 }
 
 // Next-token loss over the batch and every parameter's gradient afterwards.
@@ -58,7 +52,7 @@ TEST(SparseMoe, CheckpointedGradientsEqualPlainOnes) {
   const auto ckpt = grads_of_loss(*model, ids);
   ASSERT_EQ(plain.size(), ckpt.size());
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_LT(relative_error(ckpt[i], plain[i]), 1e-6) << i;
-  EXPECT_GT(blocks(*model)[0]->gate->weight.grad().abs().max().item<double>(), 0.0)
+  EXPECT_GT(sparse_blocks(*model)[0]->gate->weight.grad().abs().max().item<double>(), 0.0)
       << "the router learns";
 }
 
@@ -67,11 +61,11 @@ TEST(SparseMoe, ReplayRoutesThroughTheGivenExpertsWithTheCurrentRoutersWeights) 
   const auto ids = ids_of(2, 9, 2);
   const auto mask = torch::ones_like(ids);
   std::map<SparseMoeImpl*, std::vector<Routes>> seen;
-  for (auto* b : blocks(*model)) b->record = &seen[b];
+  for (auto* b : sparse_blocks(*model)) b->record = &seen[b];
   torch::NoGradGuard no_grad;
   const auto logits = model->logits(model->forward(ids, mask));
   // Replaying the model's own routes is the same forward, to the bit.
-  for (auto* b : blocks(*model)) {
+  for (auto* b : sparse_blocks(*model)) {
     b->replay = seen[b].at(0).experts;
     seen[b].clear();
   }
@@ -79,12 +73,12 @@ TEST(SparseMoe, ReplayRoutesThroughTheGivenExpertsWithTheCurrentRoutersWeights) 
   // Other experts (each token's shifted by one): the recorded routes are the replayed ones,
   // the weights the router's probabilities at them (renormalised: tiny-moe sets norm_topk_prob),
   // and the output moves.
-  for (auto* b : blocks(*model)) {
+  for (auto* b : sparse_blocks(*model)) {
     b->replay = (seen[b].at(0).experts + 1).remainder(b->spec().experts);
     seen[b].clear();
   }
   const auto replayed = model->logits(model->forward(ids, mask));
-  for (auto* b : blocks(*model)) {
+  for (auto* b : sparse_blocks(*model)) {
     const Routes& r = seen[b].at(0);
     EXPECT_TRUE(torch::equal(r.experts, b->replay));
     const auto probs = torch::softmax(r.logits, -1, torch::kFloat32).gather(-1, b->replay);
@@ -94,7 +88,7 @@ TEST(SparseMoe, ReplayRoutesThroughTheGivenExpertsWithTheCurrentRoutersWeights) 
   std::cout << "[ measured ] replaying shifted experts moves the logits by " << moved << std::endl;
   EXPECT_GT(moved, 1e-3);
   // A replay whose shape is not [tokens, top_k] is refused naming both.
-  blocks(*model)[0]->replay = torch::zeros({3, 2}, torch::kInt64);
+  sparse_blocks(*model)[0]->replay = torch::zeros({3, 2}, torch::kInt64);
   try {
     model->forward(ids, mask);
     ADD_FAILURE() << "a replay of 3 tokens for 18 was accepted";
@@ -155,18 +149,18 @@ TEST(SparseMoe, LoraAdaptersOnEveryExpertMergeAndUnmerge) {
     torch::NoGradGuard no_grad;
     const auto ids = ids_of(2, 7, 3);
     const auto before = model.logits(model.forward(ids, torch::ones_like(ids)));
-    const auto base = blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight.clone();
+    const auto base = sparse_blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight.clone();
     merge_adapters(model);
     const auto merged = model.logits(model.forward(ids, torch::ones_like(ids)));
     EXPECT_LT(relative_error(merged, before), 1e-5);
-    EXPECT_GT((blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight - base)
+    EXPECT_GT((sparse_blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight - base)
                   .abs()
                   .max()
                   .item<double>(),
               1e-4)
         << "the merge reached the expert's weight";
     unmerge_adapters(model);
-    EXPECT_LT((blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight - base)
+    EXPECT_LT((sparse_blocks(model)[0]->experts[3]->as<ExpertImpl>()->up->weight - base)
                   .abs()
                   .max()
                   .item<double>(),
