@@ -160,6 +160,31 @@ void export_lora(ModelRole& role, const std::string& dir, const WorkerIdentity& 
   role.group->barrier();  // the export is complete on disk when any rank returns
 }
 
+// A trained role's expert parallelism (<role>.expert_parallel_size e > 1): world rank
+// w = g e + p joins EP group g as rank p and expert-data-parallel group p as rank g (stores
+// beside the role's own), in that order on every rank. Disabled otherwise.
+models::ExpertParallel expert_parallel(ModelRole& role, const WorkerIdentity& self,
+                                       const std::string& store_path) {
+  const int e = static_cast<int>(role.config.expert_parallel_size);
+  if (e <= 1 || !role.config.trainer) return {};
+  if (self.world_size % e != 0)
+    throw InputError(role.config.role + ".expert_parallel_size " + std::to_string(e) +
+                     " does not divide the role's " + std::to_string(self.world_size) + " workers");
+  transport::CollectiveConfig cc;
+  cc.backend =
+      on_cuda(self) ? transport::CollectiveBackend::kNccl : transport::CollectiveBackend::kGloo;
+  const int g = self.rank / e, p = self.rank % e;
+  cc.rank = p;
+  cc.size = e;
+  cc.store_path = store_path + ".ep" + std::to_string(g);
+  role.ep_group = transport::make_collective_group(cc);
+  cc.rank = g;
+  cc.size = self.world_size / e;
+  cc.store_path = store_path + ".edp" + std::to_string(p);
+  role.edp_group = transport::make_collective_group(cc);
+  return {p, e, role.ep_group};
+}
+
 // init (engine/worker_ops.h). Every role builds its model without weights (Materialize::kDeferred)
 // and fills it from the checkpoint as it will hold it: a trainer reads each rank's FP32 shard, a
 // ZeRO-3 reference or reward each rank's compute-dtype shard, an unsharded one the whole model in
@@ -176,10 +201,6 @@ Message init(ModelRole& role, const ops::Init& req, const WorkerIdentity& self) 
   load.head = role.config.head;
   load.value_head_prefix = role.config.value_head_prefix;
   const models::PretrainedSource source(role.config.model_dir, load);
-  role.model = std::make_shared<models::CausalLM>(source.config(), models::Materialize::kDeferred);
-  role.model->set_logits_chunk_tokens(role.config.logits_chunk_tokens);
-  role.config_json =
-      read_text((std::filesystem::path(role.config.model_dir) / "config.json").string());
   const bool sharded_inference = !trained && role.config.shard_weights && self.world_size > 1;
   if (trained || sharded_inference) {
     transport::CollectiveConfig cc;
@@ -191,6 +212,12 @@ Message init(ModelRole& role, const ops::Init& req, const WorkerIdentity& self) 
         on_cuda(self) ? transport::CollectiveBackend::kNccl : transport::CollectiveBackend::kGloo;
     role.group = transport::make_collective_group(cc);
   }
+  role.model = std::make_shared<models::CausalLM>(source.config(), models::Materialize::kDeferred,
+                                                  models::TensorParallel{},
+                                                  expert_parallel(role, self, req.store_path));
+  role.model->set_logits_chunk_tokens(role.config.logits_chunk_tokens);
+  role.config_json =
+      read_text((std::filesystem::path(role.config.model_dir) / "config.json").string());
   const bool tied = role.model->config().tie_word_embeddings;
   if (trained) {
     role.model->set_checkpointing(role.config.gradient_checkpointing
@@ -206,7 +233,9 @@ Message init(ModelRole& role, const ops::Init& req, const WorkerIdentity& self) 
       const models::AdapterSource adapters(source, trainable_start(role));
       role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group, &adapters);
     } else {
-      role.trainer = std::make_unique<engine::Trainer>(tc, *role.model, *role.group, &source);
+      role.trainer = std::make_unique<engine::Trainer>(
+          tc, *role.model, *role.group, &source,
+          engine::ExpertGroups{role.ep_group.get(), role.edp_group.get()});
     }
   } else if (sharded_inference) {
     role.sharded = std::make_unique<engine::ShardedInference>(*role.model, *role.group, source,
@@ -331,10 +360,11 @@ std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self,
   return {self.rank * per, (self.rank + 1) * per};
 }
 
-// True when each forward of this role all-gathers weights over its group (ZeRO-3 trainer
-// or sharded inference): its ranks must run the same number of forwards.
+// True when each forward of this role runs collectives over its group (a ZeRO-3 trainer or
+// sharded inference gathers weights; an expert-parallel model's tokens reach their experts
+// by all-to-all): its ranks must run the same number of forwards.
 bool forwards_gather(const ModelRole& role) {
-  return role.sharded ||
+  return role.sharded || role.ep_group ||
          (role.trainer && role.trainer->config().zero_stage == engine::ZeroStage::kParameters);
 }
 
@@ -365,8 +395,9 @@ std::vector<torch::Tensor> by_budget(const ModelRole& role, const ops::ForwardBu
 // The parts of training micro batch rows [b0, b1) under the request's token budget
 // (max_tokens, packing): rows of at most max_tokens (rows x padded length), or with packing
 // consecutive rows whose tokens fit the budget (forwarded packed into one row). Packed
-// parts depend on the data, so at ZeRO 2/3 (a reduce-scatter in every backward) every rank
-// pads to the group's largest count with empty parts (run with weight 0).
+// parts depend on the data, so at ZeRO 2/3 (a reduce-scatter in every backward) and with
+// expert parallelism (all-to-alls in every forward) every rank pads to the group's largest
+// count with empty parts (run with weight 0).
 std::vector<engine::RowRange> training_parts(const ModelRole& role,
                                              const ops::TrainBatching& batching, const Batch& all,
                                              int64_t b0, int64_t b1) {
@@ -375,7 +406,7 @@ std::vector<engine::RowRange> training_parts(const ModelRole& role,
     return engine::budget_ranges(b1 - b0, all.sequences.size(1), max_tokens, 0);
   auto parts = engine::token_groups(all.attention_mask.slice(0, b0, b1), max_tokens);
   if (role.group && role.group->size() > 1 &&
-      role.trainer->config().zero_stage != engine::ZeroStage::kOptimizer) {
+      (role.trainer->config().zero_stage != engine::ZeroStage::kOptimizer || role.ep_group)) {
     auto count = torch::tensor({static_cast<int64_t>(parts.size())}, torch::kLong);
     role.group->all_reduce(count, transport::ReduceOp::kMax);
     while (static_cast<int64_t>(parts.size()) < count.item<int64_t>())

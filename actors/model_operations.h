@@ -29,6 +29,10 @@ struct ModelRole {
   engine::ModelRoleConfig config;
   std::shared_ptr<models::CausalLM> model;
   std::unique_ptr<transport::CollectiveGroup> group;  // trained and sharded roles
+  // Expert parallelism (<role>.expert_parallel_size > 1): the ranks splitting the experts
+  // (the model holds it too) and those holding the same experts.
+  std::shared_ptr<transport::CollectiveGroup> ep_group;
+  std::unique_ptr<transport::CollectiveGroup> edp_group;
   std::unique_ptr<engine::Trainer> trainer;           // trained roles only
   std::unique_ptr<engine::ShardedInference> sharded;  // ZeRO-3 ref/reward only
   std::string config_json;                            // the model's config.json text (for export)

@@ -12,6 +12,7 @@
 #include "dpo/driver.h"
 #include "dpo/preference_dataset.h"
 #include "engine/memory_plan.h"
+#include "models/expert_parallel.h"
 #include "models/lora.h"
 #include "models/safetensors.h"
 #include "models/tensor_parallel.h"
@@ -149,6 +150,16 @@ void check_plan(const JobSpec& spec, std::vector<SpecProblem>& problems) {
     check(problems, key, [&] {
       models::check_tensor_parallel(models.at(Role::kRollout), static_cast<int>(spec.get_int(key)),
                                     "the rollout model " + spec.get_string("rollout.model"));
+    });
+    if (problems.size() > before) return;
+  }
+  for (Role r : {Role::kActor, Role::kCritic, Role::kReward}) {
+    const std::string role = role_name(r), key = role + ".expert_parallel_size";
+    if (!models.count(r) || spec.get_int(key) == 1) continue;
+    const size_t before = problems.size();
+    check(problems, key, [&] {
+      models::check_expert_parallel(models.at(r), static_cast<int>(spec.get_int(key)),
+                                    "the " + role + " model " + spec.get_string(role + ".model"));
     });
     if (problems.size() > before) return;
   }

@@ -15,6 +15,7 @@
 
 #include "core/errors.h"
 #include "engine/sharded_unit.h"
+#include "models/expert_parallel.h"
 #include "models/safetensors.h"
 
 namespace rlhf::engine {
@@ -57,8 +58,15 @@ json layout_of(const std::vector<std::unique_ptr<ShardedUnit>>& units) {
   json out = json::array();
   for (const auto& unit : units) {
     json params = json::array();
+    // An expert unit's names by local index: every EP rank's shard file has the same layout,
+    // and another expert_parallel_size (other unit sizes) does not match.
     for (const auto& slot : unit->slots())
-      params.push_back({{"name", slot.name}, {"shape", slot.shape}});
+      params.push_back(
+          {{"name", unit->expert_count() == 0
+                        ? slot.name
+                        : models::with_expert_index(
+                              slot.name, models::expert_index(slot.name) - unit->expert_first())},
+           {"shape", slot.shape}});
     out.push_back({{"name", unit->name()}, {"numel", unit->numel()}, {"params", params}});
   }
   return out;

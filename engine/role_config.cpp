@@ -110,6 +110,7 @@ json ModelRoleConfig::to_json() const {
             {"head", head == models::HeadKind::kValue ? "value" : "lm"},
             {"value_head_prefix", value_head_prefix},
             {"gradient_checkpointing", gradient_checkpointing},
+            {"expert_parallel_size", expert_parallel_size},
             {"logits_chunk_tokens", logits_chunk_tokens},
             {"seed", seed},
             {"shard_weights", shard_weights}};
@@ -131,6 +132,9 @@ ModelRoleConfig ModelRoleConfig::from_json(const json& j, const std::string& whe
   c.head = head == "value" ? models::HeadKind::kValue : models::HeadKind::kLanguageModel;
   c.value_head_prefix = f.get<std::string>("value_head_prefix");
   c.gradient_checkpointing = f.get<bool>("gradient_checkpointing");
+  c.expert_parallel_size = f.get<int64_t>("expert_parallel_size");
+  if (c.expert_parallel_size < 1)
+    throw InputError("role config: expert_parallel_size must be >= 1");
   c.logits_chunk_tokens = f.get<int64_t>("logits_chunk_tokens");
   if (c.logits_chunk_tokens < 0) throw InputError("role config: logits_chunk_tokens must be >= 0");
   c.seed = f.get<uint64_t>("seed");
@@ -169,6 +173,7 @@ ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64
     return c;
   }
   c.gradient_checkpointing = spec.get_bool(r + ".gradient_checkpointing");
+  c.expert_parallel_size = spec.get_int(r + ".expert_parallel_size");
   c.lora.rank = spec.get_int(r + ".lora.rank");
   c.lora.alpha = spec.get_float(r + ".lora.alpha");
   c.lora.dropout = spec.get_float(r + ".lora.dropout");

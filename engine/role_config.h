@@ -24,6 +24,9 @@ struct ModelRoleConfig {
   models::HeadKind head = models::HeadKind::kLanguageModel;
   std::string value_head_prefix = "score";
   bool gradient_checkpointing = true;
+  // Trained mixture-of-experts roles: each sparse layer's experts split over groups of this
+  // many consecutive ranks (<role>.expert_parallel_size; 1: every rank holds every expert).
+  int64_t expert_parallel_size = 1;
   // Tokens per chunk of the LM head's log-probs (train.logits_chunk_tokens; 0: the path
   // before chunking by tokens), in every role with an LM head.
   int64_t logits_chunk_tokens = models::kDefaultLogitsChunkTokens;

@@ -22,7 +22,10 @@ void free_data(torch::Tensor& param) {
 
 ShardedUnit::ShardedUnit(const models::ParamUnit& unit, const ShardContext& context,
                          const models::WeightSource* source)
-    : ctx_(context), name_(unit.name) {
+    : ctx_(context),
+      name_(unit.name),
+      expert_first_(unit.expert_first),
+      expert_count_(unit.expert_count) {
   torch::NoGradGuard no_grad;
   auto* group = ctx_.group;
   const int world = group->size();
@@ -265,11 +268,12 @@ void ShardedUnit::reduce_grads() {
 
 torch::Tensor ShardedUnit::finish_grads() {
   const int world = ctx_.group->size();
+  const int divisor = ctx_.grad_divisor > 0 ? ctx_.grad_divisor : world;
   if (ctx_.stage == ZeroStage::kOptimizer) {
     if (world > 1 && padded_ > 0) ctx_.group->all_reduce(grad_, transport::ReduceOp::kSum);
-    return grad_.narrow(0, ctx_.group->rank() * shard_, shard_).div_(world);
+    return grad_.narrow(0, ctx_.group->rank() * shard_, shard_).div_(divisor);
   }
-  return grad_.div_(world);
+  return grad_.div_(divisor);
 }
 
 void ShardedUnit::apply_adamw(const torch::Tensor& grad, const AdamWStep& hp) {

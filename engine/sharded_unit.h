@@ -25,6 +25,10 @@ struct ShardContext {
   torch::Dtype compute_dtype = torch::kBFloat16;
   torch::Device device = torch::kCPU;        // parameters, gradients, collectives
   torch::Device state_device = torch::kCPU;  // FP32 master and moments (host with offload)
+  // finish_grads divides the summed gradient by this: the ranks whose losses reached it (the
+  // whole data-parallel world; for an expert unit sharded over its expert-data-parallel group,
+  // still the world, as every rank's tokens reach the experts). 0: the group's size.
+  int grad_divisor = 0;
 };
 
 // A parameter's place in its unit's flat buffer.
@@ -59,6 +63,10 @@ class ShardedUnit {
   int64_t numel() const { return numel_; }                          // trainable elements
   int64_t padded_numel() const { return padded_; }
   int64_t shard_numel() const { return shard_; }
+  // An expert unit (expert parallelism): this rank's experts [first, first + count) of a layer.
+  int64_t expert_first() const { return expert_first_; }
+  int64_t expert_count() const { return expert_count_; }
+  transport::CollectiveGroup& group() const { return *ctx_.group; }
 
   // Stage 3: all-gather the parameters into full compute-dtype tensors (no-op if gathered
   // or at stage 1/2), the frozen ones too unless `with_frozen` is false (a sync of the
@@ -114,6 +122,7 @@ class ShardedUnit {
 
   ShardContext ctx_;
   std::string name_;
+  int64_t expert_first_ = 0, expert_count_ = 0;
   std::vector<ParamSlot> slots_;
   std::vector<ParamSlot> frozen_;
   int64_t numel_ = 0;

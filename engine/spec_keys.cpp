@@ -62,6 +62,13 @@ void add_trainer_keys(KeyTable& t, const std::string& role, double lr,
                 zero_note);
   t.boolean(role + ".gradient_checkpointing", true,
             "Recompute each decoder layer in backward instead of keeping its activations.");
+  t.integer(role + ".expert_parallel_size", 1, 1, kUnbounded,
+            "Mixture-of-experts models: the " + role +
+                "'s workers split each sparse layer's experts over groups of this many "
+                "consecutive ranks (Megatron's expert_model_parallel_size); tokens reach their "
+                "experts by all-to-all, the experts' ZeRO shards span the ranks holding the same "
+                "experts, the rest is sharded as before. Must divide the worker count and the "
+                "expert count; not with LoRA.");
   t.number(role + ".adam.lr", lr, 0, 1, "AdamW learning rate.", true);
   t.numbers(role + ".adam.betas", {0.9, 0.95}, "AdamW (beta1, beta2).");
   t.number(role + ".adam.eps", 1e-8, 0, 1, "AdamW epsilon.", true);
@@ -178,8 +185,37 @@ void check_lora(SpecCheck& v) {
   }
 }
 
+// role.expert_parallel_size e > 1: a trained role, e dividing its workers, no LoRA (the
+// expert count is the model's: cli/preflight.cpp checks it with the config).
+void check_expert_parallel(SpecCheck& v) {
+  for (Role r : {Role::kActor, Role::kCritic, Role::kReward}) {
+    const std::string role = role_name(r), key = role + ".expert_parallel_size";
+    if (!v.ok({key}) || v.integer(key) == 1) continue;
+    const int64_t e = v.integer(key);
+    if (!v.trains(r)) {
+      v.problem(key, "the " + role + " is not trained in a " + v.kind() +
+                         " job: expert parallelism splits a trained role's experts");
+      continue;
+    }
+    if (v.ok({role + ".lora.rank", role + ".lora.adapter"}) &&
+        (v.integer(role + ".lora.rank") > 0 || !v.str(role + ".lora.adapter").empty()))
+      v.problem(key, "not with " + role +
+                         ".lora: adapters on split experts are not supported; set 1 or drop "
+                         "the adapters");
+    if (v.group.count(role) && v.ok({role + ".devices", "cluster.nodes"})) {
+      const int64_t workers = v.group.at(role);
+      if (workers % e != 0)
+        v.problem(key, std::to_string(e) + " does not divide the " + role + "'s " +
+                           std::to_string(workers) + " worker" + (workers == 1 ? "" : "s") + " (" +
+                           role + ".devices): list a multiple of " + std::to_string(e) +
+                           " devices");
+    }
+  }
+}
+
 void check_engine(SpecCheck& v) {
   check_batches(v);
+  check_expert_parallel(v);
   if (v.ok({"ref.zero_stage"}) && v.integer("ref.zero_stage") != 0 &&
       v.integer("ref.zero_stage") != 3)
     v.problem("ref.zero_stage",

@@ -21,7 +21,12 @@
 #include "engine/sharded_unit.h"
 #include "engine/trainer_config.h"
 #include "models/layer_hooks.h"
+#include "models/param_layout.h"
 #include "transport/collective_group.h"
+
+namespace rlhf::models {
+class SafetensorsWriter;
+}
 
 namespace rlhf::engine {
 
@@ -36,6 +41,15 @@ struct StepMetrics {
   MemoryReport memory;        // this rank; peak over the step
 };
 
+// Expert parallelism (models/expert_parallel.h): the groups a model built with ExpertParallel
+// needs beside the trainer's. World rank w = g x EP + p is rank p of EP group g (the ranks that
+// split the experts) and rank g of expert-data-parallel group p (the ranks that hold the same
+// experts, over which the experts' ZeRO unit is sharded). Not owned.
+struct ExpertGroups {
+  transport::CollectiveGroup* ep = nullptr;
+  transport::CollectiveGroup* edp = nullptr;
+};
+
 class Trainer {
  public:
   // Shards `model`'s parameters over `group` (every rank of the group constructs its
@@ -46,8 +60,14 @@ class Trainer {
   // source only the constructor. At stage 3 the model's parameter tensors stay empty
   // outside the hooks (also after the Trainer is gone: a checkpoint or export_hf carries
   // the weights). Throws InputError for a bad config.
+  //
+  // A model unit that holds a rank's range of experts (ParamUnit::expert_count, an
+  // expert-parallel model) becomes two sharded units: its dense parameters over `group`, its
+  // experts over `experts.edp` (both needed then). Gradients of both are averaged over the
+  // whole group: every rank's tokens reached the experts through the all-to-all.
   Trainer(const TrainerConfig& config, models::ShardableModel& model,
-          transport::CollectiveGroup& group, const models::WeightSource* source = nullptr);
+          transport::CollectiveGroup& group, const models::WeightSource* source = nullptr,
+          ExpertGroups experts = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -80,8 +100,20 @@ class Trainer {
 
   // Every trainable parameter whole, by name, FP32 on the CPU, on every rank (one unit
   // gathered at a time): the few tensors of a LoRA run (adapters, a value head), for their
-  // export. Not for a full model (each rank would hold all of it). Collective.
+  // export. Not for a full model (each rank would hold all of it), nor expert-parallel.
+  // Collective.
   std::vector<std::pair<std::string, torch::Tensor>> gather_trainable();
+
+  // The model's units whole, one at a time (the weight sync's source): per model unit its
+  // parameters' HF names and full shapes (trainable, then frozen; with expert parallelism
+  // every rank's experts, in expert order), the same on every rank.
+  std::vector<models::ShapeList> unit_layout() const;
+  // Model unit `unit`'s tensors as unit_layout() lists them, in the compute dtype, valid
+  // until release_unit(unit): ZeRO-3 gathers the unit (the frozen ones too unless
+  // `with_frozen` is false: then none are returned), and an expert unit's experts are
+  // all-gathered over the EP group. Collective: every rank, in the same order.
+  std::vector<std::pair<std::string, torch::Tensor>> acquire_unit(int64_t unit, bool with_frozen);
+  void release_unit(int64_t unit);  // frees what acquire_unit gathered. Local.
 
   // The optimizer state (FP32 master shards except at stage 3, where gathers read them;
   // AdamW moments; gradient buffers) to host memory while another role needs the device,
@@ -112,6 +144,7 @@ class Trainer {
   int rank() const { return group_.rank(); }
   int world_size() const { return group_.size(); }
   const TrainerConfig& config() const { return config_; }
+  // The sharded units: each model unit's (its experts' unit after it, when expert-parallel).
   const std::vector<std::unique_ptr<ShardedUnit>>& units() const { return units_; }
 
  private:
@@ -120,14 +153,21 @@ class Trainer {
   void before_unit(int unit);
   void after_unit(int unit);
   void after_unit_backward(int unit);
-  void open_traffic_window();  // the step's collectives count from here
+  void open_traffic_window();                    // the step's collectives count from here
+  transport::CollectiveTraffic traffic() const;  // this rank's, over the trainer's groups
+  // export_hf's part for one sharded unit: gathered, written by rank 0, freed. Collective.
+  void export_unit(ShardedUnit& unit, models::SafetensorsWriter* writer, torch::Dtype dtype,
+                   int64_t heap_start);
 
   TrainerConfig config_;
   models::ShardableModel& model_;
   transport::CollectiveGroup& group_;
   LrSchedule schedule_;
   MemoryTracker tracker_;
+  ExpertGroups experts_;
   std::vector<std::unique_ptr<ShardedUnit>> units_;
+  std::vector<std::vector<size_t>> members_;  // per model unit, its indices into units_
+  std::vector<bool> acquired_;                // [units_] gathered by acquire_unit
   std::unique_ptr<Hooks> hooks_;
   std::vector<bool> reduced_;  // [units] grads already reduced in this micro batch
   int64_t step_ = 0;           // optimizer steps done

@@ -14,6 +14,7 @@
 
 #include "core/errors.h"
 #include "core/text.h"
+#include "models/expert_parallel.h"
 #include "models/family.h"
 #include "models/kv_cache.h"
 #include "models/log_probs.h"
@@ -195,9 +196,17 @@ class CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 
 }  // namespace
 
-CausalLM::CausalLM(ModelConfig config, Materialize how, TensorParallel tp)
-    : config_(std::move(config)), tp_(std::move(tp)) {
+CausalLM::CausalLM(ModelConfig config, Materialize how, TensorParallel tp, ExpertParallel ep)
+    : config_(std::move(config)), tp_(std::move(tp)), ep_(std::move(ep)) {
   config_.validate("CausalLM");
+  if (ep_.enabled()) {
+    check_expert_parallel(config_, ep_.size, "CausalLM");
+    if (!ep_.group || ep_.group->size() != ep_.size || ep_.group->rank() != ep_.rank)
+      throw InputError("CausalLM: expert parallel rank " + std::to_string(ep_.rank) + " of " +
+                       std::to_string(ep_.size) + " needs a group of that size and rank");
+    if (how != Materialize::kDeferred || tp_.enabled())
+      throw InputError("CausalLM: an expert-parallel model is built deferred, without TP");
+  }
   if (tp_.enabled()) {
     check_tensor_parallel(config_, tp_.size, "CausalLM");
     if (!tp_.group || tp_.group->size() != tp_.size || tp_.group->rank() != tp_.rank)
@@ -222,7 +231,7 @@ CausalLM::CausalLM(ModelConfig config, Materialize how, TensorParallel tp)
   layers = stack->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     layers->push_back(
-        std::make_shared<DecoderLayerImpl>(shard_config_, layer_spec(c, i), how, &tp_));
+        std::make_shared<DecoderLayerImpl>(shard_config_, layer_spec(c, i), how, &tp_, &ep_));
   norm = stack->register_module(
       "norm",
       std::make_shared<RMSNormImpl>(c.hidden_size, c.rms_norm_eps, how, family.norm_unit_offset));
@@ -463,6 +472,18 @@ void CausalLM::set_adapters_enabled(bool enabled) {
 std::vector<std::pair<std::string, torch::Tensor>> CausalLM::state_tensors() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   append_hf_tensors("", named_parameters(), shard_config_, out);
+  if (ep_.enabled()) {                     // this rank's experts under their global names
+    std::map<std::string, int64_t> first;  // "model.layers.N." -> the layer's first expert
+    for (int64_t i = 0; i < num_layers(); ++i)
+      if (const auto& moe = layers->ptr(i)->as<DecoderLayerImpl>()->moe)
+        first["model.layers." + std::to_string(i) + "."] = moe->first_expert();
+    for (auto& [name, t] : out) {
+      const int64_t e = expert_index(name);
+      if (e < 0) continue;
+      const std::string layer = name.substr(0, name.find('.', name.find("layers.") + 7) + 1);
+      name = with_expert_index(name, first.at(layer) + e);
+    }
+  }
   return out;
 }
 
@@ -489,6 +510,14 @@ std::vector<ParamUnit> CausalLM::param_units() {
     ParamUnit unit{"layers." + std::to_string(i), {}, {}};
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     append_hf_tensors(prefix, layers->ptr(i)->named_parameters(), shard_config_, unit.params);
+    const auto& moe = layers->ptr(i)->as<DecoderLayerImpl>()->moe;
+    if (ep_.enabled() && moe) {  // this rank's experts under their global names
+      unit.expert_first = moe->first_expert();
+      unit.expert_count = moe->local_experts();
+      for (auto& [name, param] : unit.params)
+        if (const int64_t e = expert_index(name); e >= 0)
+          name = with_expert_index(name, unit.expert_first + e);
+    }
     for (auto& [name, linear] : layer_linears(*layers->ptr(i)->as<DecoderLayerImpl>())) {
       if (!linear->lora) continue;
       unit.params.emplace_back(prefix + name + ".lora_A.weight", linear->lora->A);

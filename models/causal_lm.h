@@ -19,6 +19,7 @@
 #include "models/layer_hooks.h"
 #include "models/linear.h"
 #include "models/log_probs.h"
+#include "models/moe.h"
 #include "models/param_layout.h"
 #include "models/tensor_parallel.h"
 
@@ -45,8 +46,13 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // fills them, load_whole reads just the rank's slices), forwards run collectives over
   // tp.group in lockstep with the other ranks, and logits() returns the full vocabulary.
   // log_probs() and values() are not available on a shard.
+  //
+  // With `ep` of size > 1 (a trainer's expert parallelism, expert_parallel.h) each sparse
+  // layer holds only this rank's range of experts (kDeferred only), named by their global
+  // index in param_units() and state_tensors(); every forward runs all-to-alls over ep.group
+  // in lockstep with the other EP ranks.
   explicit CausalLM(ModelConfig config, Materialize how = Materialize::kAllocate,
-                    TensorParallel tp = {});
+                    TensorParallel tp = {}, ExpertParallel ep = {});
   // Not copyable: the layers point at this model's TensorParallel.
   CausalLM(const CausalLM&) = delete;
   CausalLM& operator=(const CausalLM&) = delete;
@@ -61,6 +67,7 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // intermediate size divided by the TP size (config() itself without TP).
   const ModelConfig& shard_config() const { return shard_config_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ExpertParallel& expert_parallel() const { return ep_; }
   torch::Dtype dtype() const;
   torch::Device device() const;
   int64_t num_layers() const { return config_.num_hidden_layers; }
@@ -189,6 +196,7 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
 
   ModelConfig config_;
   TensorParallel tp_;
+  ExpertParallel ep_;
   ModelConfig shard_config_;
   ShapeList shapes_;
   Checkpointing checkpointing_ = Checkpointing::kNone;

@@ -394,12 +394,12 @@ void MlpImpl::to(torch::Device device, bool non_blocking) {
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
-                                   const TensorParallel* tp)
+                                   const TensorParallel* tp, const ExpertParallel* ep)
     : spec_(spec) {
   self_attn = register_module("self_attn", std::make_shared<AttentionImpl>(c, spec, how, tp));
   if (spec.moe.sparse()) {
     moe = register_module(spec.moe.mixtral_names ? "block_sparse_moe" : "mlp",
-                          std::make_shared<SparseMoeImpl>(c, spec, how, tp));
+                          std::make_shared<SparseMoeImpl>(c, spec, how, tp, ep));
   } else {
     mlp = register_module("mlp", std::make_shared<MlpImpl>(c, spec, how, tp));
   }

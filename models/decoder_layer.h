@@ -19,6 +19,7 @@ namespace rlhf::models {
 
 class KvStore;
 class SparseMoeImpl;
+struct ExpertParallel;
 
 // The real tokens of a padded or packed [B, T] batch as variable-length sequences (one per
 // packed segment, or per row), for a fused attention kernel that takes them without a mask
@@ -187,7 +188,8 @@ class MlpImpl : public torch::nn::Module {
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const ModelConfig& config, const LayerSpec& spec,
-                   Materialize how = Materialize::kAllocate, const TensorParallel* tp = nullptr);
+                   Materialize how = Materialize::kAllocate, const TensorParallel* tp = nullptr,
+                   const ExpertParallel* ep = nullptr);
   // [B, T, H] -> [B, T, H]: x + attn(norm(x)), then h + mlp(norm(h)); with sandwich norms
   // (Gemma) x + post_attention(attn(input(x))), then h + post_feedforward(mlp(
   // pre_feedforward(h))). mlp is the MoE block on a sparse layer.

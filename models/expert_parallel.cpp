@@ -3,6 +3,8 @@
 
 #include <torch/autograd.h>
 
+#include "core/errors.h"
+#include "models/layer_spec.h"
 #include "transport/collective_group.h"
 
 namespace rlhf::models {
@@ -50,6 +52,53 @@ class AllToAllRows : public torch::autograd::Function<AllToAllRows> {
 };
 
 }  // namespace
+
+namespace {
+
+constexpr const char* kExperts = ".experts.";
+
+// [begin, end) of the expert index's digits in `name`, or npos.
+std::pair<size_t, size_t> index_digits(const std::string& name) {
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return {std::string::npos, std::string::npos};
+  const size_t begin = at + std::char_traits<char>::length(kExperts);
+  size_t end = begin;
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == begin || end >= name.size() || name[end] != '.')
+    return {std::string::npos, std::string::npos};
+  return {begin, end};
+}
+
+}  // namespace
+
+int64_t expert_index(const std::string& name) {
+  const auto [begin, end] = index_digits(name);
+  return begin == std::string::npos ? -1 : std::stoll(name.substr(begin, end - begin));
+}
+
+std::string with_expert_index(const std::string& name, int64_t expert) {
+  const auto [begin, end] = index_digits(name);
+  TORCH_CHECK(begin != std::string::npos, "with_expert_index: ", name, " names no expert");
+  return name.substr(0, begin) + std::to_string(expert) + name.substr(end);
+}
+
+void check_expert_parallel(const ModelConfig& config, int ep_size, const std::string& what) {
+  if (ep_size < 1) throw InputError(what + ": expert_parallel_size must be >= 1");
+  if (ep_size == 1) return;
+  bool sparse = false;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const MoeSpec moe = layer_spec(config, i).moe;
+    if (!moe.sparse()) continue;
+    sparse = true;
+    if (moe.experts % ep_size != 0)
+      throw InputError(what + ": expert_parallel_size " + std::to_string(ep_size) +
+                       " does not divide the model's " + std::to_string(moe.experts) +
+                       " experts (num_experts / num_local_experts)");
+  }
+  if (!sparse)
+    throw InputError(what + ": expert_parallel_size " + std::to_string(ep_size) + " on " +
+                     config.model_type + ", which has no mixture-of-experts layer");
+}
 
 torch::Tensor all_to_all_rows(const torch::Tensor& x, const std::vector<int64_t>& receive,
                               const std::vector<int64_t>& send, transport::CollectiveGroup& group) {

@@ -1,15 +1,15 @@
 // Expert parallelism (issue 43.2), the sparse block's half: each rank of a group holds a
 // contiguous range of a layer's experts, and each (token, slot) pair travels to the rank that
 // holds its expert and back by all-to-all (its row counts exchanged first), in forward and,
-// transposed, in backward. Built and tested against the single-rank block
-// (tests/models/expert_parallel_test.cpp); the trainer does not use it yet: building only a
-// rank's experts, their ZeRO unit over the expert-data-parallel group, checkpoints per expert
-// shard and the export are what remains (docs/ppo.md).
+// transposed, in backward. A model built with ExpertParallel (moe.h) builds only its range
+// and calls expert_parallel_forward in every sparse layer; the trainer (engine/trainer.h)
+// keeps those experts as their own ZeRO unit over the expert-data-parallel group.
 #pragma once
 
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "models/moe.h"
@@ -31,6 +31,16 @@ torch::Tensor all_to_all_rows(const torch::Tensor& x, const std::vector<int64_t>
 // ranks hold equal ranges in rank order and call it together (each with its own tokens, any
 // N, 0 included). `fp32_weights`: Mixtral scales in FP32 (SparseMoeImpl::experts_forward).
 // Differentiable in the tokens, the weights and the local experts' parameters.
+// The routed expert a parameter name belongs to ("model.layers.1.mlp.experts.5.up_proj.weight"
+// -> 5), or -1 (the router, a shared expert, anything else).
+int64_t expert_index(const std::string& name);
+// `name` with its expert index replaced by `expert` (expert_index(name) must be >= 0).
+std::string with_expert_index(const std::string& name, int64_t expert);
+
+// Throws InputError naming `what` when `ep_size` does not divide every sparse layer's experts
+// or the model has no sparse layer (nothing to split).
+void check_expert_parallel(const ModelConfig& config, int ep_size, const std::string& what);
+
 torch::Tensor expert_parallel_forward(const torch::Tensor& tokens, const Routes& routes,
                                       const std::vector<ExpertImpl*>& local, int64_t first,
                                       int64_t experts, bool fp32_weights,

@@ -17,6 +17,11 @@ struct ParamUnit {
   std::string name;                                           // "embed", "layers.3", "head"
   std::vector<std::pair<std::string, torch::Tensor>> params;  // HF names -> parameter
   std::vector<std::vector<int64_t>> shapes;  // params[i]'s full shape (its tensor may be empty)
+  // Expert parallelism (models/expert_parallel.h): this rank holds routed experts
+  // [expert_first, expert_first + expert_count) of the unit's sparse layer (params named by
+  // their global index; models::expert_index tells them apart). 0: every expert, or none.
+  int64_t expert_first = 0;
+  int64_t expert_count = 0;
 };
 
 // Where a model's initial values come from when no rank may hold the whole model: a

@@ -4,6 +4,7 @@
 #include <torch/autograd.h>
 
 #include "models/decoder_layer.h"
+#include "models/expert_parallel.h"
 
 namespace rlhf::models {
 
@@ -98,8 +99,8 @@ std::vector<std::pair<std::string, Linear>> ExpertImpl::linears() const {
 }
 
 SparseMoeImpl::SparseMoeImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
-                             const TensorParallel* tp)
-    : spec_(spec.moe), tp_(tp) {
+                             const TensorParallel* tp, const ExpertParallel* ep)
+    : spec_(spec.moe), tp_(tp), ep_(ep && ep->enabled() ? ep : nullptr) {
   const int64_t H = c.hidden_size;
   const int64_t slices = tp ? tp->size : 1;  // each expert's intermediate rows split this way
   TORCH_CHECK(spec_.sparse() && spec_.top_k >= 1 && spec_.top_k <= spec_.experts,
@@ -108,8 +109,15 @@ SparseMoeImpl::SparseMoeImpl(const ModelConfig& c, const LayerSpec& spec, Materi
   // Qwen3-MoE experts then gate; Mixtral gate then experts. One order here (the parameter
   // layout follows it, param_layout.cpp); checkpoints are read by name.
   gate = register_module("gate", Linear(H, spec_.experts, false, how));
+  int64_t local = spec_.experts;
+  if (ep_) {
+    TORCH_CHECK(spec_.experts % ep_->size == 0, "SparseMoe: ", spec_.experts,
+                " experts do not split over ", ep_->size, " expert-parallel ranks");
+    local = spec_.experts / ep_->size;
+    first_expert_ = local * ep_->rank;
+  }
   experts = register_module("experts", torch::nn::ModuleList());
-  for (int64_t e = 0; e < spec_.experts; ++e)
+  for (int64_t e = 0; e < local; ++e)
     experts->push_back(
         Expert(H, spec_.intermediate / slices, spec_.mixtral_names, spec.activation, how));
   if (spec_.shared_intermediate > 0) {
@@ -145,6 +153,7 @@ Routes SparseMoeImpl::route(const torch::Tensor& tokens) {
 }
 
 torch::Tensor SparseMoeImpl::experts_forward(const torch::Tensor& tokens, const Routes& routes) {
+  TORCH_CHECK(!ep_, "SparseMoe: an expert-parallel block computes its experts with its group");
   const int64_t k = spec_.top_k;
   // Each (token, slot) pair sorted by expert, so an expert's tokens are one contiguous run.
   const torch::Tensor flat = routes.experts.reshape({-1});  // [N k]
@@ -175,7 +184,15 @@ torch::Tensor SparseMoeImpl::experts_forward(const torch::Tensor& tokens, const 
 torch::Tensor SparseMoeImpl::forward(const torch::Tensor& x) {
   const torch::Tensor tokens = x.reshape({-1, x.size(-1)});
   Routes routes = route(tokens);
-  torch::Tensor out = experts_forward(tokens, routes);
+  torch::Tensor out;
+  if (ep_) {  // this rank's experts on every EP rank's pairs routed to them, and back
+    std::vector<ExpertImpl*> local;
+    for (int64_t e = 0; e < local_experts(); ++e) local.push_back(experts[e]->as<ExpertImpl>());
+    out = expert_parallel_forward(tokens, routes, local, first_expert_, spec_.experts,
+                                  spec_.fp32_weights, *ep_->group);
+  } else {
+    out = experts_forward(tokens, routes);
+  }
   if (record) record->push_back(routes);
   if (tp_) tensor_parallel_all_reduce(*tp_, out);  // each rank's slices' partial sums
   if (aux) out = aux->attach(out, routes);
@@ -187,9 +204,9 @@ torch::Tensor SparseMoeImpl::forward(const torch::Tensor& x) {
 
 std::vector<std::pair<std::string, Linear>> SparseMoeImpl::linears() {
   std::vector<std::pair<std::string, Linear>> out;
-  for (int64_t e = 0; e < spec_.experts; ++e)
+  for (int64_t e = 0; e < local_experts(); ++e)
     for (auto& [name, linear] : experts[e]->as<ExpertImpl>()->linears())
-      out.emplace_back("experts." + std::to_string(e) + "." + name, linear);
+      out.emplace_back("experts." + std::to_string(first_expert_ + e) + "." + name, linear);
   if (shared_expert)
     for (const auto& [name, linear] :
          {std::pair<std::string, Linear>{"gate_proj", shared_expert->gate_proj},

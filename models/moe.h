@@ -22,9 +22,23 @@
 #include "models/linear.h"
 #include "models/tensor_parallel.h"
 
+namespace rlhf::transport {
+class CollectiveGroup;
+}
+
 namespace rlhf::models {
 
 class MlpImpl;
+
+// Expert parallelism in training (expert_parallel.h): the group whose ranks split each sparse
+// layer's experts into equal contiguous ranges in rank order (this rank's: [rank E / size,
+// (rank + 1) E / size)); its tokens travel to their experts by all-to-all over `group`.
+struct ExpertParallel {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<transport::CollectiveGroup> group;  // size > 1: the EP group, in lockstep
+  bool enabled() const { return size > 1; }
+};
 
 // What the router chose for the N tokens of one forward.
 struct Routes {
@@ -86,15 +100,20 @@ TORCH_MODULE(Expert);
 class SparseMoeImpl : public torch::nn::Module {
  public:
   // `tp`, when enabled: this rank's slice of every expert (tensor_parallel.h), the routed sum
-  // all-reduced over its group.
+  // all-reduced over its group. `ep`, when enabled: only this rank's range of experts is built
+  // (experts[i] is expert first_expert() + i; linears() and the model name them globally) and
+  // the routed sum is computed by the EP group (expert_parallel_forward).
   SparseMoeImpl(const ModelConfig& config, const LayerSpec& spec, Materialize how,
-                const TensorParallel* tp = nullptr);
+                const TensorParallel* tp = nullptr, const ExpertParallel* ep = nullptr);
   // [B, T, H] -> [B, T, H].
   torch::Tensor forward(const torch::Tensor& x);
   // The router's choice for tokens [N, H].
   Routes route(const torch::Tensor& tokens);
-  // The routed experts' weighted sum for tokens [N, H] routed by `routes` (no shared expert).
+  // The routed experts' weighted sum for tokens [N, H] routed by `routes` (no shared expert),
+  // over this rank's experts (all of them unless expert-parallel).
   torch::Tensor experts_forward(const torch::Tensor& tokens, const Routes& routes);
+  int64_t first_expert() const { return first_expert_; }  // experts[0]'s global index
+  int64_t local_experts() const { return static_cast<int64_t>(experts->size()); }
   // Every linear map but the router's and the shared expert's gate, named relative to the
   // block ("experts.3.gate_proj", "shared_expert.up_proj"): the maps LoRA may target.
   std::vector<std::pair<std::string, Linear>> linears();
@@ -121,6 +140,8 @@ class SparseMoeImpl : public torch::nn::Module {
  private:
   MoeSpec spec_;
   const TensorParallel* tp_ = nullptr;
+  const ExpertParallel* ep_ = nullptr;
+  int64_t first_expert_ = 0;
 };
 
 }  // namespace rlhf::models

@@ -148,33 +148,20 @@ NamedTensors ModelWeights::acquire(int64_t unit) {
 
 std::vector<std::vector<TensorSpec>> TrainerWeights::layout() {
   std::vector<std::vector<TensorSpec>> layout;
-  for (const auto& unit : trainer_.units()) {
+  for (const auto& unit : trainer_.unit_layout()) {
     std::vector<TensorSpec> specs;
-    for (const auto* list : {&unit->slots(), &unit->frozen()}) {
-      for (const auto& slot : *list) specs.push_back({slot.name, slot.shape});
-    }
+    for (const auto& [name, shape] : unit) specs.push_back({name, shape});
     layout.push_back(std::move(specs));
   }
   return layout;
 }
 
 NamedTensors TrainerWeights::acquire(int64_t unit) {
-  const auto& units = trainer_.units();
-  TORCH_CHECK(unit >= 0 && unit < static_cast<int64_t>(units.size()), "TrainerWeights: unit ", unit,
-              " out of range");
-  auto& u = *units[static_cast<size_t>(unit)];
-  gathered_here_ = !u.gathered();
-  u.gather(with_frozen_);  // ZeRO-3: all-gather over the trainer's group; a no-op at stages 1-2
-  NamedTensors out;
-  for (const auto& slot : u.slots()) out.emplace_back(slot.name, slot.param.detach());
-  if (with_frozen_)
-    for (const auto& slot : u.frozen()) out.emplace_back(slot.name, slot.param.detach());
-  return out;
+  return trainer_.acquire_unit(unit, with_frozen_);
 }
 
 void TrainerWeights::release(int64_t unit) {
-  if (gathered_here_) trainer_.units()[static_cast<size_t>(unit)]->release();
-  gathered_here_ = false;
+  trainer_.release_unit(unit);
 }
 
 namespace {

@@ -83,7 +83,6 @@ class TrainerWeights final : public WeightSource {
  private:
   engine::Trainer& trainer_;
   bool with_frozen_ = true;
-  bool gathered_here_ = false;  // acquire() gathered the unit, so release() frees it
 };
 
 // A LoRA trainer's weights as the plain model the rollout holds (issue 30.3, its first
