@@ -242,7 +242,8 @@ void print_tensor_phases(const std::vector<engine::MemoryCheckRow>& rows) {
 // Trained roles: the collectives' payload per optimizer step, planned and counted in each
 // rank's group over its last logged step.
 void print_collectives_check(const std::vector<engine::MemoryCheckRow>& rows) {
-  TextTable t({"role", "rank", "planned per step", "counted per step", "error"});
+  TextTable t({"role", "rank", "planned per step", "counted per step", "error",
+               "all-to-all (not planned)"});
   bool any = false;
   for (const auto& r : rows) {
     if (r.planned_collectives < 0 || r.measured_collectives < 0) continue;
@@ -252,11 +253,12 @@ void print_collectives_check(const std::vector<engine::MemoryCheckRow>& rows) {
                                    static_cast<double>(r.measured_collectives)
                              : 0.0;
     t.add({r.role, std::to_string(r.rank), mib(r.planned_collectives), mib(r.measured_collectives),
-           percent(error)});
+           percent(error), r.measured_all_to_all > 0 ? mib(r.measured_all_to_all) : "-"});
   }
   if (!any) return;
   std::cout << "\nCollectives: payload bytes per optimizer step (all-gathers, reduce-scatters, "
-               "all-reduces), planned vs counted in the rank's group\n\n"
+               "all-reduces), planned vs counted in the rank's groups; expert parallelism's "
+               "all-to-alls apart\n(their bytes follow the routing)\n\n"
             << t.str();
 }
 
@@ -291,6 +293,7 @@ int check_run(const std::string& run_dir, bool as_json) {
                      {"cuda_error", r.cuda_error()},
                      {"planned_collective_bytes_per_step", r.planned_collectives},
                      {"measured_collective_bytes_per_step", r.measured_collectives},
+                     {"measured_all_to_all_bytes_per_step", r.measured_all_to_all},
                      {"phases", phases},
                      {"tensor_phases", tensor_phases}});
     }

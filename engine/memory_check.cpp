@@ -203,8 +203,10 @@ std::vector<MemoryCheckRow> check_run_memory(const std::string& run_dir) {
               std::max(r.measured_cuda, m["cuda_peak_allocated_bytes"].get<int64_t>());
         if (roles[role].contains("collectives_per_step"))
           r.planned_collectives = collective_bytes(roles[role]["collectives_per_step"]);
-        if (m.contains("step_collectives"))
-          r.measured_collectives = collective_bytes(m["step_collectives"]);
+        if (m.contains("step_collectives")) {
+          r.measured_all_to_all = m["step_collectives"].value("all_to_all", int64_t{0});
+          r.measured_collectives = collective_bytes(m["step_collectives"]) - r.measured_all_to_all;
+        }
         if (m.contains("cuda_phases"))
           add_measured_phases(planned_cuda_phases(roles[role]), m["cuda_phases"],
                               "peak_allocated_bytes", r.phases);

@@ -39,7 +39,10 @@ struct MemoryCheckRow {
   // Trained roles: collective payload bytes per optimizer step, plan (collectives_per_step)
   // and as the rank's group counted its last logged step (step_collectives); -1: none.
   int64_t planned_collectives = -1;
-  int64_t measured_collectives = -1;
+  int64_t measured_collectives = -1;  // all kinds but all-to-all (compared with the plan)
+  // Expert parallelism's all-to-all payload, counted (its bytes follow the routing: not
+  // planned); 0 without.
+  int64_t measured_all_to_all = 0;
   // (planned - measured) / measured; 0 when nothing was measured.
   double tensor_error() const;
   double rss_error() const;

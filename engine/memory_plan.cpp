@@ -17,6 +17,8 @@
 #include "engine/sharded_unit_memory.h"
 #include "models/activation_memory.h"
 #include "models/decoder_layer.h"
+#include "models/expert_parallel.h"
+#include "models/layer_spec.h"
 #include "models/lora.h"
 #include "models/paged_kv_cache.h"
 #include "models/param_layout.h"
@@ -379,6 +381,19 @@ EngineLayout trainer_layout(const RoleMemoryInput& in) {
     l.trained = lora_unit_numels(c, in.lora_rank, in.lora_targets);
   }
   l.world = static_cast<int>(in.group_size);
+  if (in.expert_parallel > 1 && in.lora_rank == 0) {
+    // Each sparse layer's routed experts: 1/ep of them on this rank, their own unit.
+    l.ep = in.expert_parallel;
+    l.edp = std::max(1, l.world / l.ep);
+    const auto units = models::parameter_units(c);
+    l.experts.assign(units.size(), 0);
+    for (size_t u = 0; u < units.size(); ++u) {
+      for (const auto& [name, shape] : units[u])
+        if (models::expert_index(name) >= 0) l.experts[u] += models::numel_of(shape);
+      l.trained[u] -= l.experts[u];
+      l.experts[u] /= l.ep;
+    }
+  }
   l.stage = std::clamp(in.zero_stage, 1, 3);
   l.e = in.compute_bytes;
   l.checkpointing = in.checkpointing;
@@ -391,9 +406,9 @@ void plan_trainer(const RoleMemoryInput& in, const EngineLayout& layout, MemoryT
   const models::ModelConfig& c = in.model;
   const std::vector<int64_t>& units = layout.trained;
   const int64_t frozen = layout.frozen_total();
-  int64_t numel = 0, largest_frozen = 0;
+  int64_t numel = 0, largest_frozen = 0;  // trained elements on this rank (its experts)
   for (size_t u = 0; u < units.size(); ++u) {
-    numel += units[u];
+    numel += units[u] + layout.experts_at(u);
     largest_frozen = std::max(largest_frozen, layout.frozen_at(u));
   }
   const int64_t e = in.compute_bytes;
@@ -411,7 +426,9 @@ void plan_trainer(const RoleMemoryInput& in, const EngineLayout& layout, MemoryT
   // The sharded load (ShardedUnit with a WeightSource): beside the states as they will
   // stay, one FP32 slice of one unit's shard read from the checkpoint.
   int64_t largest_shard = 0;
-  for (int64_t n : units) largest_shard = std::max(largest_shard, div_up(n, in.group_size));
+  for (size_t u = 0; u < units.size(); ++u)
+    largest_shard =
+        std::max({largest_shard, div_up(units[u], in.group_size), layout.expert_shard(u)});
   t.load = 4 * largest_shard;
   // ZeRO-3 reads a frozen base's shard a slice at a time in the compute dtype (at most the
   // unit's shard); stage 1/2 read each frozen parameter straight into its place.
@@ -422,8 +439,9 @@ void plan_trainer(const RoleMemoryInput& in, const EngineLayout& layout, MemoryT
   }
   // Compute-dtype .grad before the engine takes it: one layer at a time with checkpointing
   // (plus embeddings and head, reduced after backward), every parameter without.
-  const int64_t largest_layer =
-      units.size() > 2 ? *std::max_element(units.begin() + 1, units.end() - 1) : 0;
+  int64_t largest_layer = 0;
+  for (size_t u = 1; u + 1 < units.size(); ++u)
+    largest_layer = std::max(largest_layer, units[u] + layout.experts_at(u));
   const int64_t grads_in_flight = e * (units.front() + units.back() + largest_layer);
   t.param_grads = in.checkpointing ? grads_in_flight : e * numel;
   t.activations =
@@ -489,6 +507,14 @@ void plan_sync_and_save(const RoleMemoryInput& in, const EngineLayout& layout, i
     const int64_t full = 4 * div_up(units[u], in.group_size) * in.group_size;
     export_device = std::max(export_device, full + (copies ? e * params[u] : 0));
     export_tracked = std::max(export_tracked, full + e * params[u]);
+    if (layout.experts_at(u) == 0) continue;
+    // An expert unit (expert parallelism): this EP rank's experts gathered in FP32 over the
+    // EDP group, and one expert at a time broadcast to rank 0 (FP32) beside its conversion.
+    const int64_t experts = 4 * layout.expert_shard(u) * layout.edp;
+    const int64_t one = 4 * layout.experts_at(u) * layout.ep /
+                        models::layer_spec(c, static_cast<int64_t>(u) - 1).moe.experts;
+    export_device = std::max(export_device, experts + one + (copies ? e * params[u] : 0));
+    export_tracked = std::max(export_tracked, experts + one + e * params[u]);
   }
   if (frozen > 0) {
     // LoRA exports the adapters (actors/model_operations.cpp: export_lora): every unit's FP32
@@ -504,9 +530,15 @@ void plan_sync_and_save(const RoleMemoryInput& in, const EngineLayout& layout, i
     const std::vector<int64_t> base =
         frozen > 0 && !adapters_only ? unit_numels(c) : std::vector<int64_t>{};
     const int64_t merged = base.empty() ? 0 : e * *std::max_element(base.begin(), base.end());
+    int64_t sent = numel;  // the model's elements (every expert, with expert parallelism)
+    for (size_t u = 0; u < units.size(); ++u) sent += layout.experts_at(u) * (layout.ep - 1);
     const int64_t bucket =
-        std::min(in.sync_bucket_bytes, e * (frozen > 0 && !adapters_only ? frozen : numel));
-    t.sync = unit_gathered + bucket + merged;
+        std::min(in.sync_bucket_bytes, e * (frozen > 0 && !adapters_only ? frozen : sent));
+    // Expert parallelism: a layer's experts end to end and all-gathered over the EP group.
+    int64_t experts = 0;
+    for (size_t u = 0; u < units.size(); ++u)
+      experts = std::max(experts, e * layout.experts_at(u) * (layout.ep + 1));
+    t.sync = unit_gathered + bucket + merged + experts;
     t.sync_outside = in.sync_over_ipc && in.device_kind == DeviceKind::kCuda ? bucket : 0;
   }
   // What the trainer's MemoryTracker counts in each phase: the states (host ones too) in

@@ -52,6 +52,9 @@ struct RoleMemoryInput {
   std::vector<std::string> lora_targets;  // <role>.lora.target_modules ("all-linear", "q_proj")
   double lora_dropout = 0.0;              // > 0: each adapter saves its dropped input
   bool shard_weights = false;  // kInfer: ZeRO-3 inference over the group (ref/reward stage 3)
+  // Trained roles: <role>.expert_parallel_size (each sparse layer's experts split over this
+  // many ranks, sharded over the group_size / it that hold the same ones).
+  int expert_parallel = 1;
   // Generation only.
   int64_t rollout_micro_batch = 1;  // prompts per KV cache
   int64_t n_samples = 1;            // samples per prompt (the cache holds mb x n rows)

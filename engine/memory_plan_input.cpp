@@ -122,6 +122,7 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
     in.zero_stage = zero_stage_of(*config.trainer);
     in.adam_offload = config.trainer->optimizer_placement == OptimizerPlacement::kHost;
     in.checkpointing = config.gradient_checkpointing;
+    in.expert_parallel = static_cast<int>(config.expert_parallel_size);
     in.micro_batch = spec.get_int("train.micro_batch_size") * pair;
     // Micro batches per optimizer step on each rank, as the job runtime sets the trainer's
     // grad_accum_steps (runtime/job_runtime.cpp init_role).

@@ -15,7 +15,17 @@ int64_t div_up(int64_t a, int64_t b) {
 
 int64_t EngineLayout::gathered_bytes(size_t u, bool with_frozen) const {
   if (stage != 3) return 0;
-  return e * (div_up(trained[u], world) + (with_frozen ? div_up(frozen_at(u), world) : 0)) * world;
+  return e * (div_up(trained[u], world) + (with_frozen ? div_up(frozen_at(u), world) : 0)) * world +
+         e * expert_shard(u) * edp;
+}
+
+int64_t EngineLayout::expert_shard(size_t u) const {
+  return div_up(experts_at(u), edp);
+}
+
+int64_t EngineLayout::reduce_buffer_bytes(size_t u) const {
+  const int64_t shard = div_up(trained[u], world);
+  return std::max(4 * (shard * world + shard), 4 * (expert_shard(u) * edp + expert_shard(u)));
 }
 
 int64_t EngineLayout::frozen_total() const {
@@ -41,24 +51,27 @@ EnginePeak engine_peak(const EngineLayout& l, bool state_off_device) {
     gathered.push_back(l.gathered_bytes(u));
   }
   for (size_t u = 0; u < units.size(); ++u) {
-    p.master += 4 * shard[u];
-    p.optimizer += 8 * shard[u];
-    p.grads += 4 * (stage == 1 ? padded[u] : shard[u]);
+    const int64_t es = l.expert_shard(u);  // an expert unit's states, over the EDP group
+    p.master += 4 * (shard[u] + es);
+    p.optimizer += 8 * (shard[u] + es);
+    p.grads += 4 * (stage == 1 ? padded[u] + es * l.edp : shard[u] + es);
     if (stage < 3) {
-      p.weights += e * (units[u] + l.frozen_at(u));  // the model's own parameters, unpadded
+      // The model's own parameters, unpadded.
+      p.weights += e * (units[u] + l.frozen_at(u) + l.experts_at(u));
     } else {
-      p.weights += e * div_up(l.frozen_at(u), world);   // the frozen shard
-      if (state_off_device) p.weights += e * shard[u];  // cached compute shard
+      p.weights += e * div_up(l.frozen_at(u), world);          // the frozen shard
+      if (state_off_device) p.weights += e * (shard[u] + es);  // cached compute shards
     }
   }
   // Transient sets: {gathered, buffers}; the peak is the largest sum.
   std::vector<std::pair<int64_t, int64_t>> sets;
   const size_t head = units.size() - 1;
-  auto reduce_buffer = [&](size_t u) { return 4 * (padded[u] + shard[u]); };  // flat FP32 + shard
+  auto reduce_buffer = [&](size_t u) { return l.reduce_buffer_bytes(u); };  // flat FP32 + shard
   auto kept = [&](size_t u) { return l.kept_through_backward(u) ? gathered[u] : 0; };
   if (stage < 3) {
     for (size_t u = 0; u < units.size(); ++u) {
-      sets.push_back({0, e * padded[u]});                     // refresh_params all-gather
+      // refresh_params all-gathers (the experts' unit after the rest)
+      sets.push_back({0, e * std::max(padded[u], l.expert_shard(u) * l.edp)});
       if (stage == 2) sets.push_back({0, reduce_buffer(u)});  // reduce-scatter in backward
     }
   } else if (l.checkpointing) {
@@ -121,18 +134,24 @@ transport::CollectiveTraffic engine_collectives(const EngineLayout& l, int64_t b
       t.all_gather += (gathers + again) * l.e * padded(l.frozen_at(u));
       t.calls += gathers + again;
     }
-    if (l.trained[u] == 0) continue;  // ShardedUnit with no slots: no collective
-    if (stage == 1) {
-      if (world > 1) {
-        t.all_reduce += 4 * padded(l.trained[u]);  // finish_grads
-        t.calls += 1;
+    // The unit's trained states over the world, its experts' over their EDP group (the
+    // same calls there); a ShardedUnit with no slots runs no collective.
+    for (const auto& [n, ranks] : {std::pair<int64_t, int>{l.trained[u], world},
+                                   std::pair<int64_t, int>{l.experts_at(u), l.edp}}) {
+      if (n == 0) continue;
+      const int64_t full = div_up(n, ranks) * ranks;
+      if (stage == 1) {
+        if (ranks > 1) {
+          t.all_reduce += 4 * full;  // finish_grads
+          t.calls += 1;
+        }
+      } else {
+        t.reduce_scatter += backward_calls * 4 * full;  // reduce_grads, FP32
+        t.calls += backward_calls;
       }
-    } else {
-      t.reduce_scatter += backward_calls * 4 * padded(l.trained[u]);  // reduce_grads, FP32
-      t.calls += backward_calls;
+      t.all_gather += gathers * l.e * full;
+      t.calls += gathers;
     }
-    t.all_gather += gathers * l.e * padded(l.trained[u]);
-    t.calls += gathers;
   }
   t.all_reduce += 2 * 8;  // Trainer::step: [sum of g^2, loss] in FP64
   t.calls += 1;

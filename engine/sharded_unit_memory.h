@@ -18,8 +18,18 @@ struct EngineLayout {
   int64_t e = 2;  // bytes per compute-dtype element
   bool checkpointing = true;
   bool tied = false;  // the head reads unit 0's matrix (gathered with the head)
+  // Expert parallelism (Trainer: a sparse layer's routed experts as their own unit): per unit
+  // the expert elements this rank holds (the layer's / ep), sharded over the `edp` ranks that
+  // hold the same experts; `trained` then counts the rest. Empty: none.
+  std::vector<int64_t> experts;
+  int ep = 1, edp = 1;
 
   int64_t frozen_at(size_t u) const { return u < frozen.size() ? frozen[u] : 0; }
+  int64_t experts_at(size_t u) const { return u < experts.size() ? experts[u] : 0; }
+  int64_t expert_shard(size_t u) const;  // this rank's shard of unit u's experts
+  // The FP32 reduce-scatter buffers of unit u's backward (flat gradient and shard; its
+  // experts' after the rest, one set at a time: the larger).
+  int64_t reduce_buffer_bytes(size_t u) const;
   int64_t frozen_total() const;  // frozen elements over all units
   // Stage 3: the bytes gathering unit u holds (trainable and, unless `with_frozen` is false,
   // frozen flat buffers, each padded to a multiple of the world); 0 at stage 1/2.
@@ -57,7 +67,8 @@ int64_t engine_score_gathered(const EngineLayout& layout);
 //            and again for a checkpointed layer's recompute; with tied embeddings and a frozen
 //            embedding unit, the head gathers unit 0 once more;
 // and one all-reduce of two doubles (the gradient norm and the loss). Units with no trained
-// elements run no gradient collective.
+// elements run no gradient collective. An expert unit runs its unit's calls over its EDP
+// group; expert parallelism's all-to-alls (their bytes depend on the routing) are not here.
 transport::CollectiveTraffic engine_collectives(const EngineLayout& layout, int64_t backward_calls);
 
 }  // namespace rlhf::engine

@@ -61,13 +61,16 @@ Message RoleGroup::call(int rank, Message request, Timeout timeout) {
 }
 
 Dispatch dispatch_for(const JobSpec& spec, Role role) {
-  // Trained roles at stage 3, and the ZeRO-3 reference or reward (sharded inference): each
-  // forward all-gathers over the group, so every rank must make the same calls.
+  // Trained roles at stage 3 or expert-parallel, and the ZeRO-3 reference or reward (sharded
+  // inference): each forward runs collectives over the group, so every rank must make the
+  // same calls.
   const std::string r = role_name(role);
   const bool has_stage = spec.trains(role) || role == Role::kRef || role == Role::kReward;
   const bool sharded =
       has_stage && spec.get_int(r + ".zero_stage") == 3 && (spec.trains(role) || spec.uses(role));
-  return sharded ? Dispatch::kEqualPerRank : Dispatch::kLeastLoaded;
+  // Expert parallelism: every forward's tokens reach their experts by all-to-all.
+  const bool experts_split = spec.trains(role) && spec.get_int(r + ".expert_parallel_size") > 1;
+  return sharded || experts_split ? Dispatch::kEqualPerRank : Dispatch::kLeastLoaded;
 }
 
 std::map<Role, Dispatch> model_role_dispatch(const JobSpec& spec) {

@@ -34,8 +34,9 @@ enum class Dispatch {
   kEqualPerRank,
 };
 
-// The dispatch a role's forward operations need: kEqualPerRank when its weights are sharded
-// over the group (a trained role at ZeRO stage 3), kLeastLoaded otherwise.
+// The dispatch a role's forward operations need: kEqualPerRank when its forwards run
+// collectives over the group (a trained role at ZeRO stage 3 or with expert_parallel_size >
+// 1, a ZeRO-3 reference or reward), kLeastLoaded otherwise.
 Dispatch dispatch_for(const JobSpec& spec, Role role);
 // dispatch_for of every model role (actor, critic, ref, reward).
 std::map<Role, Dispatch> model_role_dispatch(const JobSpec& spec);
