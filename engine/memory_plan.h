@@ -169,6 +169,9 @@ std::vector<int64_t> largest_param_numels(const models::ModelConfig& config);
 std::vector<int64_t> lora_unit_numels(const models::ModelConfig& config, int64_t r,
                                       const std::vector<std::string>& targets);
 
+// The smallest KV budget a rollout rank can generate with: one full-length sequence's blocks.
+int64_t one_sequence_kv_bytes(const RoleMemoryInput& in);
+
 // One rank's terms for one role.
 MemoryTerms plan_role(const RoleMemoryInput& in);
 
