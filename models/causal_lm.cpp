@@ -497,7 +497,10 @@ void CausalLM::fuse_projections() {
   for (int64_t i = 0; i < num_layers(); ++i) {
     auto* layer = layers->ptr(i)->as<DecoderLayerImpl>();
     layer->self_attn->fuse();
-    if (layer->mlp) layer->mlp->fuse();  // an MoE layer's experts stay apart
+    if (layer->mlp) layer->mlp->fuse();
+    // An MoE layer's experts stay apart (an expert's gate and up are views of the stacks a
+    // GPU runs as grouped GEMMs).
+    if (layer->moe) layer->moe->use_grouped_gemm();
   }
   fused_ = true;
 }

@@ -150,7 +150,8 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // unfused model); named_parameters() shows the fused names. Call after loading: throws on
   // deferred weights. Not for a model a ZeRO trainer or ShardedInference owns (they set
   // parameters by name with set_data). Peak memory: the model plus one layer's q/k/v or
-  // gate/up. Idempotent.
+  // gate/up. Idempotent. On a GPU a sparse layer's experts become views of stacked weights
+  // run as grouped GEMMs (SparseMoeImpl::use_grouped_gemm); their names do not change.
   void fuse_projections();
   bool fused_projections() const { return fused_; }
 

@@ -100,7 +100,10 @@ std::vector<std::pair<std::string, Linear>> ExpertImpl::linears() const {
 
 SparseMoeImpl::SparseMoeImpl(const ModelConfig& c, const LayerSpec& spec, Materialize how,
                              const TensorParallel* tp, const ExpertParallel* ep)
-    : spec_(spec.moe), tp_(tp), ep_(ep && ep->enabled() ? ep : nullptr) {
+    : spec_(spec.moe),
+      tp_(tp),
+      ep_(ep && ep->enabled() ? ep : nullptr),
+      activation_(spec.activation) {
   const int64_t H = c.hidden_size;
   const int64_t slices = tp ? tp->size : 1;  // each expert's intermediate rows split this way
   TORCH_CHECK(spec_.sparse() && spec_.top_k >= 1 && spec_.top_k <= spec_.experts,
@@ -152,8 +155,76 @@ Routes SparseMoeImpl::route(const torch::Tensor& tokens) {
   return r;
 }
 
+void SparseMoeImpl::use_grouped_gemm(bool on_cpu) {
+  if (ep_ || (!on_cpu && !gate->weight.is_cuda()) || grouped_gemm()) return;
+  for (const auto& [name, linear] : linears())
+    if (linear->lora && !linear->lora->merged) return;  // the loop adds the adapter's term
+  stack_experts();
+}
+
+void SparseMoeImpl::stack_experts() {
+  torch::NoGradGuard no_grad;
+  const auto first = experts[0]->as<ExpertImpl>();
+  const int64_t E = local_experts(), I = first->gate->weight.size(0);
+  const int64_t H = first->gate->weight.size(1);
+  w13_ = torch::empty({E, 2 * I, H}, first->gate->weight.options());
+  w2_ = torch::empty({E, H, I}, first->down->weight.options());
+  for (int64_t e = 0; e < E; ++e) {
+    auto* x = experts[e]->as<ExpertImpl>();
+    w13_[e].narrow(0, 0, I).copy_(x->gate->weight);
+    w13_[e].narrow(0, I, I).copy_(x->up->weight);
+    w2_[e].copy_(x->down->weight);
+    x->gate->weight.set_data(w13_[e].narrow(0, 0, I));
+    x->up->weight.set_data(w13_[e].narrow(0, I, I));
+    x->down->weight.set_data(w2_[e]);
+  }
+}
+
+bool SparseMoeImpl::stacks_viewed() {
+  const int64_t I = w13_.size(1) / 2;
+  for (int64_t e = 0; e < local_experts(); ++e) {
+    const auto* x = experts[e]->as<ExpertImpl>();
+    if (x->gate->weight.data_ptr() != w13_[e].data_ptr() ||
+        x->up->weight.data_ptr() != w13_[e].narrow(0, I, I).data_ptr() ||
+        x->down->weight.data_ptr() != w2_[e].data_ptr())
+      return false;
+  }
+  return true;
+}
+
+// Every expert's pairs in two grouped GEMMs over the stacks: the pairs sorted by expert, the
+// groups' ends on the device (no host read).
+torch::Tensor SparseMoeImpl::grouped_forward(const torch::Tensor& tokens, const Routes& routes) {
+  if (!stacks_viewed()) stack_experts();
+  const int64_t k = spec_.top_k, I = w13_.size(1) / 2;
+  const torch::Tensor flat = routes.experts.reshape({-1});  // [N k]
+  const torch::Tensor order = flat.argsort(/*stable=*/true);
+  const torch::Tensor rows = order.div(k, "floor");
+  const torch::Tensor ends =
+      torch::bincount(flat, /*weights=*/{}, spec_.experts).cumsum(0).to(torch::kInt32);
+  const torch::Tensor x = tokens.index_select(0, rows);
+  const torch::Tensor h = at::_grouped_mm(x, w13_.transpose(1, 2), ends);  // [N k, 2 I]
+  const torch::Tensor a =
+      (activate(activation_, h.narrow(1, 0, I)) * h.narrow(1, I, I)).contiguous();
+  torch::Tensor out = at::_grouped_mm(a, w2_.transpose(1, 2), ends);  // [N k, H]
+  const torch::Tensor weights = spec_.fp32_weights
+                                    ? routes.weights.reshape({-1})
+                                    : routes.weights.to(tokens.scalar_type()).reshape({-1});
+  out = (out * weights.index_select(0, order).unsqueeze(-1)).to(tokens.scalar_type());
+  return torch::zeros_like(tokens).index_add_(0, rows, out);
+}
+
 torch::Tensor SparseMoeImpl::experts_forward(const torch::Tensor& tokens, const Routes& routes) {
   TORCH_CHECK(!ep_, "SparseMoe: an expert-parallel block computes its experts with its group");
+  if (grouped_gemm() && !grouped_refused_ && !torch::GradMode::is_enabled()) {
+    try {
+      return grouped_forward(tokens, routes);
+    } catch (const c10::Error& e) {
+      grouped_refused_ = true;  // e.g. a dtype or an alignment the kernel does not take
+      TORCH_WARN("SparseMoe: torch's grouped GEMM refused (", e.what_without_backtrace(),
+                 "); the experts run one GEMM each");
+    }
+  }
   const int64_t k = spec_.top_k;
   // Each (token, slot) pair sorted by expert, so an expert's tokens are one contiguous run.
   const torch::Tensor flat = routes.experts.reshape({-1});  // [N k]

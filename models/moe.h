@@ -112,7 +112,19 @@ class SparseMoeImpl : public torch::nn::Module {
   // The routed experts' weighted sum for tokens [N, H] routed by `routes` (no shared expert),
   // over this rank's experts (all of them unless expert-parallel).
   torch::Tensor experts_forward(const torch::Tensor& tokens, const Routes& routes);
-  int64_t first_expert() const { return first_expert_; }  // experts[0]'s global index
+  // Inference (the rollout engine, the scorers): every expert's gate and up weights stacked
+  // as one [E, 2 I, H] tensor and their down weights as [E, H, I], each expert's linears
+  // viewing their slices (a weight sync or LoRA merge writes through them), so that
+  // experts_forward runs all experts in two grouped GEMMs (torch's _grouped_mm: CUTLASS on
+  // sm90+ GPUs, a loop inside torch elsewhere) with no host read of the token counts. On the
+  // CPU, where the block's own loop is as fast, only with `on_cpu` (tests). Not with grad (a
+  // training forward runs the loop), LoRA adapters left unmerged or expert parallelism: then
+  // a no-op. The stacks are rebuilt when a parameter no longer views them (sleep mode moved
+  // the weights). If torch refuses the grouped GEMM (dtype, alignment), the loop runs.
+  void use_grouped_gemm(bool on_cpu = false);
+  bool grouped_gemm() const { return w13_.defined(); }
+  bool grouped_gemm_refused() const { return grouped_refused_; }  // torch threw: the loop runs
+  int64_t first_expert() const { return first_expert_; }          // experts[0]'s global index
   int64_t local_experts() const { return static_cast<int64_t>(experts->size()); }
   // Every linear map but the router's and the shared expert's gate, named relative to the
   // block ("experts.3.gate_proj", "shared_expert.up_proj"): the maps LoRA may target.
@@ -142,6 +154,12 @@ class SparseMoeImpl : public torch::nn::Module {
   const TensorParallel* tp_ = nullptr;
   const ExpertParallel* ep_ = nullptr;
   int64_t first_expert_ = 0;
+  Activation activation_;   // the experts'
+  torch::Tensor w13_, w2_;  // use_grouped_gemm: the stacked weights
+  bool grouped_refused_ = false;
+  void stack_experts();  // (re)builds w13_ / w2_ and points the linears at them
+  bool stacks_viewed();  // every expert weight still a view of its stack slice
+  torch::Tensor grouped_forward(const torch::Tensor& tokens, const Routes& routes);
 };
 
 }  // namespace rlhf::models
