@@ -85,8 +85,7 @@ Trainer::Trainer(const TrainerConfig& config, models::ShardableModel& model,
     members_.back().push_back(units_.size());
     units_.push_back(std::make_unique<ShardedUnit>(routed, expert_context, source));
     TORCH_CHECK(units_.back()->frozen().empty(),
-                "Trainer: frozen experts (LoRA) under expert "
-                "parallelism are not supported");
+                "Trainer: frozen experts (LoRA) under expert parallelism are not supported");
   }
   TORCH_CHECK(!units_.empty(), "Trainer: the model has no parameter units");
   reduced_.assign(units_.size(), false);

@@ -59,6 +59,7 @@ fs::path base_model(const fs::path& root) {
 }
 
 struct EpRun {
+  EpRun(int w, int e, ZeroStage s) : world(w), ep(e), stage(s) {}
   int world = 1, ep = 1;
   ZeroStage stage = ZeroStage::kParameters;
   std::string resume;      // a checkpoint to load before the steps (then one step only)

@@ -254,6 +254,48 @@ TEST_F(PpoJob, ExpertParallelismWithRoutingReplayLearns) {
   expect_learned(m);
 }
 
+TEST_F(PpoJob, ExpertParallelismInDpoAndForACritic) {
+  // The other trained roles take the key alike: a DPO actor, and a PPO critic built from the
+  // MoE checkpoint with a fresh value head, each on 2 ranks with EP 2 for 3 steps. Each rank
+  // exchanged tokens by all-to-all and its tracked peak equals the plan's.
+  const fs::path model = dir_ / "tiny-moe";
+  ASSERT_EQ(rlhf({"init-model", "--preset", "tiny-moe", "--out", model.string()}).exit_code, 0);
+  const std::string runs = "logger.run_dir=" + (dir_ / "runs").string();
+  Result dpo = rlhf({"run", "examples/dpo_tiny.json", "--set", "name=dpo_ep", "--set", runs,
+                     "--set", "actor.model=" + model.string(), "--set",
+                     R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":3,"memory_gb":4}])",
+                     "--set", "actor.devices=[0,1]", "--set", "ref.devices=[2]", "--set",
+                     "actor.expert_parallel_size=2", "--set", "train.max_steps=3"});
+  ASSERT_EQ(dpo.exit_code, 0) << dpo.out << dpo.err;
+  Result ppo =
+      rlhf({"run",   "examples/ppo_tiny.json",
+            "--set", "name=critic_ep",
+            "--set", runs,
+            "--set", "actor.model=" + model.string(),
+            "--set", "critic.model=" + model.string(),
+            "--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":6,"memory_gb":4}])",
+            "--set", "critic.devices=[1,2]",
+            "--set", "ref.devices=[3]",
+            "--set", "rollout.devices=[4]",
+            "--set", "critic.expert_parallel_size=2",
+            "--set", "train.max_steps=3"});
+  ASSERT_EQ(ppo.exit_code, 0) << ppo.out << ppo.err;
+  for (const auto& [name, role] :
+       {std::pair<std::string, std::string>{"dpo_ep", "actor"}, {"critic_ep", "critic"}}) {
+    int logged = 0;
+    for (const auto& step : read_metrics(run_dir(name) / "metrics.jsonl")) {
+      if (!step.contains("memory")) continue;  // DPO's evaluation records
+      ++logged;
+      ASSERT_EQ(step["memory"][role].size(), 2u) << name;
+      for (const auto& rank : step["memory"][role]) {
+        EXPECT_GT(rank["step_collectives"]["all_to_all"].get<int64_t>(), 0) << name;
+        EXPECT_EQ(rank["peak_tensor_bytes"], rank["planned_tensor_bytes"]) << name;
+      }
+    }
+    EXPECT_GT(logged, 0) << name;
+  }
+}
+
 TEST_F(PpoJob, BadExpertParallelismIsRefusedByNameBeforeAnyWorkerStarts) {
   const fs::path model = dir_ / "tiny-moe";
   ASSERT_EQ(rlhf({"init-model", "--preset", "tiny-moe", "--out", model.string()}).exit_code, 0);
