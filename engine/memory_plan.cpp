@@ -4,7 +4,6 @@
 #include "engine/memory_plan.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -51,13 +50,6 @@ constexpr int64_t kCublasWorkspace = 32ll << 20;
 // from NCCL's defaults, not yet measured here (no GPU has run a multi-rank NCCL group for
 // this figure); set NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS lower to shrink it.
 constexpr int64_t kNcclCommBytes = 280ll << 20;
-
-std::string format_gib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f",
-                static_cast<double>(bytes) / static_cast<double>(1ll << 30));
-  return buf;
-}
 
 int64_t div_up(int64_t a, int64_t b) {
   return (a + b - 1) / b;

@@ -472,18 +472,6 @@ void CausalLM::set_adapters_enabled(bool enabled) {
 std::vector<std::pair<std::string, torch::Tensor>> CausalLM::state_tensors() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   append_hf_tensors("", named_parameters(), shard_config_, out);
-  if (ep_.enabled()) {                     // this rank's experts under their global names
-    std::map<std::string, int64_t> first;  // "model.layers.N." -> the layer's first expert
-    for (int64_t i = 0; i < num_layers(); ++i)
-      if (const auto& moe = layers->ptr(i)->as<DecoderLayerImpl>()->moe)
-        first["model.layers." + std::to_string(i) + "."] = moe->first_expert();
-    for (auto& [name, t] : out) {
-      const int64_t e = expert_index(name);
-      if (e < 0) continue;
-      const std::string layer = name.substr(0, name.find('.', name.find("layers.") + 7) + 1);
-      name = with_expert_index(name, first.at(layer) + e);
-    }
-  }
   return out;
 }
 
@@ -514,12 +502,9 @@ std::vector<ParamUnit> CausalLM::param_units() {
     const std::string prefix = "model.layers." + std::to_string(i) + ".";
     append_hf_tensors(prefix, layers->ptr(i)->named_parameters(), shard_config_, unit.params);
     const auto& moe = layers->ptr(i)->as<DecoderLayerImpl>()->moe;
-    if (ep_.enabled() && moe) {  // this rank's experts under their global names
+    if (ep_.enabled() && moe) {  // this rank's experts (the block names them globally)
       unit.expert_first = moe->first_expert();
       unit.expert_count = moe->local_experts();
-      for (auto& [name, param] : unit.params)
-        if (const int64_t e = expert_index(name); e >= 0)
-          name = with_expert_index(name, unit.expert_first + e);
     }
     for (auto& [name, linear] : layer_linears(*layers->ptr(i)->as<DecoderLayerImpl>())) {
       if (!linear->lora) continue;

@@ -141,8 +141,7 @@ torch::Tensor expert_parallel_forward(const torch::Tensor& tokens, const Routes&
   }
   const torch::Tensor back = all_to_all_rows(done, send, receive, group);  // [N k, H], `order`
   const torch::Tensor weights =
-      fp32_weights ? routes.weights.reshape({-1}).index_select(0, order)
-                   : routes.weights.to(tokens.scalar_type()).reshape({-1}).index_select(0, order);
+      routing_scales(routes, fp32_weights, tokens.scalar_type()).index_select(0, order);
   const torch::Tensor scaled = (back * weights.unsqueeze(-1)).to(tokens.scalar_type());
   return torch::zeros_like(tokens).index_add(0, rows, scaled);
 }

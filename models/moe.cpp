@@ -35,6 +35,10 @@ class AuxGradient : public torch::autograd::Function<AuxGradient> {
 
 }  // namespace
 
+torch::Tensor routing_scales(const Routes& routes, bool fp32_weights, torch::Dtype dtype) {
+  return (fp32_weights ? routes.weights : routes.weights.to(dtype)).reshape({-1});
+}
+
 void AuxLoss::begin(torch::Tensor token_mask, double grad_scale) {
   mask_ = token_mask.defined() ? token_mask.to(torch::kFloat32) : torch::Tensor();
   grad_scale_ = grad_scale;
@@ -119,10 +123,11 @@ SparseMoeImpl::SparseMoeImpl(const ModelConfig& c, const LayerSpec& spec, Materi
     local = spec_.experts / ep_->size;
     first_expert_ = local * ep_->rank;
   }
-  experts = register_module("experts", torch::nn::ModuleList());
+  auto holder = register_module("experts", std::make_shared<torch::nn::Module>());
   for (int64_t e = 0; e < local; ++e)
-    experts->push_back(
-        Expert(H, spec_.intermediate / slices, spec_.mixtral_names, spec.activation, how));
+    experts.push_back(holder->register_module(
+        std::to_string(first_expert_ + e),
+        Expert(H, spec_.intermediate / slices, spec_.mixtral_names, spec.activation, how)));
   if (spec_.shared_intermediate > 0) {
     ModelConfig shared = c;
     shared.intermediate_size = spec_.shared_intermediate / slices;
@@ -207,9 +212,7 @@ torch::Tensor SparseMoeImpl::grouped_forward(const torch::Tensor& tokens, const 
   const torch::Tensor a =
       (activate(activation_, h.narrow(1, 0, I)) * h.narrow(1, I, I)).contiguous();
   torch::Tensor out = at::_grouped_mm(a, w2_.transpose(1, 2), ends);  // [N k, H]
-  const torch::Tensor weights = spec_.fp32_weights
-                                    ? routes.weights.reshape({-1})
-                                    : routes.weights.to(tokens.scalar_type()).reshape({-1});
+  const torch::Tensor weights = routing_scales(routes, spec_.fp32_weights, tokens.scalar_type());
   out = (out * weights.index_select(0, order).unsqueeze(-1)).to(tokens.scalar_type());
   return torch::zeros_like(tokens).index_add_(0, rows, out);
 }
@@ -231,11 +234,7 @@ torch::Tensor SparseMoeImpl::experts_forward(const torch::Tensor& tokens, const 
   const torch::Tensor order = flat.argsort(/*stable=*/true);
   const torch::Tensor counts =
       torch::bincount(flat, /*weights=*/{}, spec_.experts).to(torch::kCPU);  // one host sync
-  // Qwen rounds the weights to the compute dtype before scaling; Mixtral scales in FP32 and
-  // rounds the product.
-  const torch::Tensor weights = spec_.fp32_weights
-                                    ? routes.weights.reshape({-1})
-                                    : routes.weights.to(tokens.scalar_type()).reshape({-1});
+  const torch::Tensor weights = routing_scales(routes, spec_.fp32_weights, tokens.scalar_type());
   torch::Tensor out = torch::zeros_like(tokens);
   const auto* count = counts.data_ptr<int64_t>();
   int64_t start = 0;

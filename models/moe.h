@@ -50,6 +50,11 @@ struct Routes {
   torch::Tensor own;
 };
 
+// The weights [N k] that scale each (token, slot) pair's expert output: FP32 when
+// `fp32_weights` (Mixtral scales in FP32 and rounds the product), else rounded to the compute
+// dtype `dtype` first (Qwen).
+torch::Tensor routing_scales(const Routes& routes, bool fp32_weights, torch::Dtype dtype);
+
 // The load-balancing loss of one forward's sparse layers (Switch Transformer eqs. 4-6, as
 // transformers' load_balancing_loss_func computes it): aux = E * sum_e (C_e / R) * (S_e / R)
 // over every sparse layer's tokens, padding left out: C_e the router's top-k selections of
@@ -101,7 +106,7 @@ class SparseMoeImpl : public torch::nn::Module {
  public:
   // `tp`, when enabled: this rank's slice of every expert (tensor_parallel.h), the routed sum
   // all-reduced over its group. `ep`, when enabled: only this rank's range of experts is built
-  // (experts[i] is expert first_expert() + i; linears() and the model name them globally) and
+  // (experts[i] is expert first_expert() + i, registered under its global index) and
   // the routed sum is computed by the EP group (expert_parallel_forward).
   SparseMoeImpl(const ModelConfig& config, const LayerSpec& spec, Materialize how,
                 const TensorParallel* tp = nullptr, const ExpertParallel* ep = nullptr);
@@ -125,7 +130,7 @@ class SparseMoeImpl : public torch::nn::Module {
   bool grouped_gemm() const { return w13_.defined(); }
   bool grouped_gemm_refused() const { return grouped_refused_; }  // torch threw: the loop runs
   int64_t first_expert() const { return first_expert_; }          // experts[0]'s global index
-  int64_t local_experts() const { return static_cast<int64_t>(experts->size()); }
+  int64_t local_experts() const { return static_cast<int64_t>(experts.size()); }
   // Every linear map but the router's and the shared expert's gate, named relative to the
   // block ("experts.3.gate_proj", "shared_expert.up_proj"): the maps LoRA may target.
   std::vector<std::pair<std::string, Linear>> linears();
@@ -145,7 +150,9 @@ class SparseMoeImpl : public torch::nn::Module {
   AuxLoss* aux = nullptr;
 
   Linear gate{nullptr};  // the router: [experts, H], no bias
-  torch::nn::ModuleList experts{nullptr};
+  // This rank's experts (all of them unless expert-parallel): experts[i] is expert
+  // first_expert() + i, registered under that global index ("experts.5.up_proj.weight").
+  std::vector<Expert> experts;
   std::shared_ptr<MlpImpl> shared_expert;  // Qwen2-MoE; null otherwise
   Linear shared_expert_gate{nullptr};      // [1, H]
 

@@ -48,7 +48,7 @@ Result run_block(SparseMoeImpl& block, const torch::Tensor& x, const torch::Tens
   (r.out * probe).sum().backward();
   r.token_grad = tokens.grad();
   r.weight_grad = routes.weights.grad();
-  for (const auto& p : block.experts->parameters())
+  for (const auto& p : block.named_children()["experts"]->parameters())
     r.expert_grads.push_back(p.grad().defined() ? p.grad().reshape({-1})
                                                 : torch::zeros({p.numel()}));
   return r;
