@@ -66,7 +66,7 @@ OperationRegistry prepare(const WorkerIdentity& self) {
   OperationRegistry registry;
   add_builtin_operations(registry);
   const std::string& role = self.role;
-  if (role == "actor" || role == "critic" || role == "reward" || role == "ref")
+  if (role == "actor" || role == "critic" || role == "reward" || role == "ref" || role == "teacher")
     add_model_operations(registry);
   if (role == "rollout") add_rollout_operations(registry);
   return registry;

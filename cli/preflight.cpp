@@ -12,6 +12,7 @@
 #include "dpo/driver.h"
 #include "dpo/preference_dataset.h"
 #include "engine/memory_plan.h"
+#include "models/config.h"
 #include "models/expert_parallel.h"
 #include "models/lora.h"
 #include "models/safetensors.h"
@@ -21,6 +22,7 @@
 #include "rewards/format_reward.h"
 #include "rewards/rule_rewards.h"
 #include "rewards/spec_keys.h"
+#include "tokenizer/tokenizer.h"
 
 namespace rlhf::cli {
 namespace {
@@ -122,6 +124,31 @@ void check_lora_adapters(const JobSpec& spec, std::vector<SpecProblem>& problems
   }
 }
 
+// A teacher scores the actor's token ids: it must read them as the same text (one tokenizer)
+// and have a row for every id the actor can sample (its embedding at least as wide).
+void check_teacher(const JobSpec& spec, std::vector<SpecProblem>& problems) {
+  if (!spec.uses(Role::kTeacher)) return;
+  const std::string actor = spec.get_string("actor.model");
+  const std::string teacher = spec.get_string("teacher.model");
+  check(problems, "teacher.model", [&] {
+    const std::string why = tokenizer::tokenizer_difference(*tokenizer::load_tokenizer(actor),
+                                                            *tokenizer::load_tokenizer(teacher));
+    if (!why.empty())
+      throw InputError(teacher + " does not share the actor's tokenizer (" + actor + "): " + why +
+                       "; a teacher scores the actor's token ids, so both must use one "
+                       "tokenizer");
+    const auto config = [](const std::string& dir) { return models::model_config_of(dir); };
+    const int64_t va = config(actor).vocab_size, vt = config(teacher).vocab_size;
+    if (vt < va)
+      throw InputError(teacher + " has " + std::to_string(vt) +
+                       " embedding rows, fewer than the "
+                       "actor's " +
+                       std::to_string(va) +
+                       ": the actor may sample ids the "
+                       "teacher cannot score");
+  });
+}
+
 // Workers start on this machine: a cuda worker needs its GPU here.
 void check_devices(const JobSpec& spec, std::vector<SpecProblem>& problems) {
   const Placement placement = place(spec);
@@ -203,6 +230,7 @@ Preflight preflight(const JobSpec& spec, const PreflightOptions& options) {
     for (const auto& m : missing_inputs(spec)) problems.push_back(m);
     if (problems.empty()) check_model_files(spec, problems);
     if (problems.empty()) check_lora_adapters(spec, problems);
+    if (problems.empty()) check_teacher(spec, problems);
     check_devices(spec, problems);
   }
   if (problems.empty()) check_plan(spec, problems);

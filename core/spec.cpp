@@ -40,6 +40,8 @@ const char* role_name(Role role) {
       return "reward";
     case Role::kRef:
       return "ref";
+    case Role::kTeacher:
+      return "teacher";
     case Role::kRollout:
       return "rollout";
   }
@@ -49,7 +51,8 @@ const char* role_name(Role role) {
 Role parse_role(const std::string& name) {
   for (Role r : kAllRoles)
     if (name == role_name(r)) return r;
-  throw InputError("unknown role '" + name + "' (expected actor, critic, reward, ref or rollout)");
+  throw InputError("unknown role '" + name +
+                   "' (expected actor, critic, reward, ref, teacher or rollout)");
 }
 
 namespace {
@@ -146,10 +149,21 @@ void resolve_paths(json& node, const std::string& prefix, const std::filesystem:
     if (key && key->type == KeyType::kSources && value.is_array()) {
       // The fields of a source that name files are paths too.
       for (auto& src : value)
-        for (const std::string& field : key->path_fields)
-          if (src.is_object() && src.contains(field) && src[field].is_string() &&
-              !std::filesystem::path(src[field].get<std::string>()).is_absolute())
-            src[field] = (base / src[field].get<std::string>()).lexically_normal().string();
+        for (const std::string& field : key->path_fields) {
+          // "judge.template": a field of an object field.
+          json* holder = &src;
+          std::string name = field;
+          if (const auto dot = field.find('.'); dot != std::string::npos) {
+            const std::string outer = field.substr(0, dot);
+            holder = src.is_object() && src.contains(outer) ? &src[outer] : nullptr;
+            name = field.substr(dot + 1);
+          }
+          if (holder && holder->is_object() && holder->contains(name) &&
+              (*holder)[name].is_string() &&
+              !std::filesystem::path((*holder)[name].get<std::string>()).is_absolute())
+            (*holder)[name] =
+                (base / (*holder)[name].get<std::string>()).lexically_normal().string();
+        }
       continue;
     }
     if (!key || key->type != KeyType::kPath || !value.is_string()) continue;

@@ -18,10 +18,11 @@ namespace rlhf {
 enum class JobKind { kPpo, kDpo, kSft, kRm };
 const char* job_kind_name(JobKind kind);
 
-// The model roles, each on its own device group.
-enum class Role { kActor, kCritic, kReward, kRef, kRollout };
-constexpr Role kAllRoles[] = {Role::kActor, Role::kCritic, Role::kReward, Role::kRef,
-                              Role::kRollout};
+// The model roles, each on its own device group. The teacher scores the actor's samples for
+// on-policy distillation (algo.distill.coef), like the reference.
+enum class Role { kActor, kCritic, kReward, kRef, kTeacher, kRollout };
+constexpr Role kAllRoles[] = {Role::kActor, Role::kCritic,  Role::kReward,
+                              Role::kRef,   Role::kTeacher, Role::kRollout};
 const char* role_name(Role role);
 // Throws InputError for an unknown name.
 Role parse_role(const std::string& name);

@@ -99,8 +99,9 @@ std::vector<Candidate> candidate_changes(const JobSpec& spec, const MemoryPlan& 
     }
     generates |= r->input.work == RoleWork::kGenerate;
     infers |= r->input.work == RoleWork::kInfer;
-    if (r->input.work == RoleWork::kInfer && (name == "ref" || name == "reward") &&
-        !r->input.shard_weights && r->input.group_size > 1)
+    if (r->input.work == RoleWork::kInfer &&
+        (name == "ref" || name == "teacher" || name == "reward") && !r->input.shard_weights &&
+        r->input.group_size > 1)
       out.push_back({name + ".zero_stage=3", true});
   }
   const int64_t train_mb = spec.get_int("train.micro_batch_size");

@@ -148,7 +148,7 @@ ModelRoleConfig ModelRoleConfig::from_json(const json& j, const std::string& whe
 
 std::map<Role, ModelRoleConfig> model_role_configs(const JobSpec& spec, int64_t total_steps) {
   std::map<Role, ModelRoleConfig> out;
-  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kReward})
+  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kTeacher, Role::kReward})
     if (spec.uses(role)) out.emplace(role, ModelRoleConfig::from_spec(spec, role, total_steps, 1));
   return out;
 }
@@ -168,8 +168,8 @@ ModelRoleConfig ModelRoleConfig::from_spec(const JobSpec& spec, Role role, int64
   c.logits_chunk_tokens = spec.get_int("train.logits_chunk_tokens");
   if (!spec.trains(role)) {
     c.gradient_checkpointing = false;
-    c.shard_weights =
-        (role == Role::kRef || role == Role::kReward) && spec.get_int(r + ".zero_stage") == 3;
+    c.shard_weights = (role == Role::kRef || role == Role::kTeacher || role == Role::kReward) &&
+                      spec.get_int(r + ".zero_stage") == 3;
     return c;
   }
   c.gradient_checkpointing = spec.get_bool(r + ".gradient_checkpointing");

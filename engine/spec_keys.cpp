@@ -123,6 +123,13 @@ void add_keys(KeyTable& t) {
             "0: full weights on every ref worker (more workers serve more micro batches at "
             "once); 3: weights sharded over the ref workers, each layer all-gathered just "
             "before use (as DeepSpeed's stage-3 reference in OpenRLHF; 1 and 2 are refused).");
+  add_role_placement(t, "teacher",
+                     "Teacher model directory (ppo with algo.distill.coef > 0): scores the "
+                     "actor's sampled tokens for on-policy distillation. Any architecture or size, "
+                     "but the actor's tokenizer (checked before any worker starts).");
+  t.integer("teacher.zero_stage", 0, 0, 3,
+            "0: full weights on every teacher worker; 3: weights sharded over the teacher "
+            "workers, each layer all-gathered just before use (as ref.zero_stage).");
 
   t.file("ckpt.path", "", "Checkpoint directory (default: the run directory's ckpt/).");
   t.integer("ckpt.save_steps", -1, -1, kUnbounded, "Save every N steps (-1: only at the end).");
@@ -216,13 +223,15 @@ void check_expert_parallel(SpecCheck& v) {
 void check_engine(SpecCheck& v) {
   check_batches(v);
   check_expert_parallel(v);
-  if (v.ok({"ref.zero_stage"}) && v.integer("ref.zero_stage") != 0 &&
-      v.integer("ref.zero_stage") != 3)
-    v.problem("ref.zero_stage",
-              "expected 0 (full weights on every ref worker) or 3 (weights sharded over the "
-              "ref workers, one layer gathered at a time): stages 1 and 2 shard optimizer "
-              "state and gradients, which an untrained reference has none of; found " +
-                  v.at("ref.zero_stage").dump());
+  for (const std::string role : {"ref", "teacher"}) {
+    const std::string key = role + ".zero_stage";
+    if (v.ok({key}) && v.integer(key) != 0 && v.integer(key) != 3)
+      v.problem(key, "expected 0 (full weights on every " + role +
+                         " worker) or 3 (weights sharded over the " + role +
+                         " workers, one layer gathered at a time): stages 1 and 2 shard optimizer "
+                         "state and gradients, which an untrained " +
+                         role + " has none of; found " + v.at(key).dump());
+  }
   if (v.ok({"ckpt.save_steps"}) && v.integer("ckpt.save_steps") == 0)
     v.problem("ckpt.save_steps",
               "expected -1 (only at the end) or a number of steps >= 1, found 0");

@@ -79,6 +79,7 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
   roles_.ref = spec.uses(Role::kRef) || roles_.ref_from_actor;
   roles_.critic = spec.uses(Role::kCritic);
   roles_.reward_model = spec.uses(Role::kReward);
+  roles_.teacher = spec.uses(Role::kTeacher);
   {
     auto rc = rewards::RewardSourcesConfig::from_spec(spec);
     rc.python_log_path =
@@ -117,6 +118,7 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
   eval_.micro_batch_size = c_.rollout_micro_batch_size;
   if (roles_.reward_model) eval_.reward_dispatch = settings_.dispatch.at(Role::kReward);
   eval_.pad_id = pad_id_;
+  eval_.teacher = roles_.teacher;
   eval_.run_dir = runtime_.settings().run_dir;
 }
 

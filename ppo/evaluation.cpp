@@ -71,22 +71,29 @@ void Evaluator::evaluate(int64_t step, report::MetricsSink& metrics, std::ostrea
           : std::find(names.begin(), names.end(), s_.accuracy_source) - names.begin();
   auto correct = [&](const Rollout& r) { return (r.source_scores[source] >= 1.0 - 1e-9); };
   const Rollout greedy = rollout(batch, 0.0, 1);
-  const auto right = correct(greedy);
   json rec = {
       {"step", step},
       {"split", "eval"},
       {"prompts", count},
-      {"accuracy", right.to(torch::kFloat64).mean().item<double>()},
-      {"correct", right.sum().item<int64_t>()},
       {"reward", greedy.scores.mean().item<double>()},
       {"sources", source_means(greedy.source_scores, names)},
       {"response_length", greedy.action_mask.sum(1).to(torch::kFloat64).mean().item<double>()}};
+  // Pure distillation (a teacher, no reward source) has no accuracy to report.
+  const bool scored = !names.empty();
+  if (scored) {
+    const auto right = correct(greedy);
+    rec["accuracy"] = right.to(torch::kFloat64).mean().item<double>();
+    rec["correct"] = right.sum().item<int64_t>();
+  }
+  if (!greedy.judges.is_null()) rec["judge"] = greedy.judges;
+  if (s_.teacher)  // the held-out replies' reverse KL to the teacher (on-policy distillation)
+    rec["distill"] = {{"reverse_kl", maker_.teacher_reverse_kl(greedy)}};
   if (greedy.turns.defined()) {  // multi-turn: how the held-out trajectories used the tools
     rec["turns_mean"] = greedy.turns.to(torch::kFloat64).mean().item<double>();
     rec["tool_call_rate"] = (greedy.tool_calls > 0).to(torch::kFloat64).mean().item<double>();
     rec["tool_errors"] = greedy.tool_errors.sum().item<int64_t>();
   }
-  if (s_.n_samples > 0) {
+  if (s_.n_samples > 0 && scored) {
     const Rollout sampled = rollout(batch, s_.temperature, s_.n_samples);
     const auto ok = correct(sampled).to(torch::kFloat64).reshape({count, s_.n_samples});
     rec["accuracy_sampled"] = ok.mean().item<double>();  // mean over samples
@@ -103,11 +110,17 @@ void Evaluator::evaluate(int64_t step, report::MetricsSink& metrics, std::ostrea
                     {"reward", greedy.scores[i].item<double>()}});
   if (!rows.empty()) metrics.samples(step, rows);
   progress_.end();
-  out << "eval after step " << step << " | accuracy " << fixed(rec["accuracy"]) << " ("
-      << rec["correct"].get<int64_t>() << "/" << count << ")"
-      << (s_.n_samples > 0 ? " | sampled " + fixed(rec["accuracy_sampled"]) + ", pass@" +
-                                 std::to_string(s_.n_samples) + " " + fixed(rec["pass_at_n"])
-                           : std::string())
+  out << "eval after step " << step
+      << (scored ? " | accuracy " + fixed(rec["accuracy"]) + " (" +
+                       std::to_string(rec["correct"].get<int64_t>()) + "/" + std::to_string(count) +
+                       ")"
+                 : std::string())
+      << (rec.contains("distill") ? " | reverse kl " + fixed(rec["distill"]["reverse_kl"], 4)
+                                  : std::string())
+      << (rec.contains("accuracy_sampled")
+              ? " | sampled " + fixed(rec["accuracy_sampled"]) + ", pass@" +
+                    std::to_string(s_.n_samples) + " " + fixed(rec["pass_at_n"])
+              : std::string())
       << (rec.contains("tool_call_rate") ? " | tool calls " + fixed(rec["tool_call_rate"]) : "")
       << " | reward " << fixed(rec["reward"]) << " | len " << fixed(rec["response_length"], 1)
       << " | " << fixed(rec["time_s"], 1) << " s" << std::endl;

@@ -45,6 +45,9 @@ RoleGroups RoleGroups::of(Scheduler& s) {
       case Role::kReward:
         g.reward = group;
         break;
+      case Role::kTeacher:
+        g.teacher = group;
+        break;
     }
   }
   return g;
@@ -79,6 +82,7 @@ ExperienceSettings ExperienceSettings::from(const ppo::PpoConfig& c, const JobRo
   s.kl_use_loss = c.kl_use_loss;
   s.kl_estimator = c.kl_estimator;
   s.advantage = c.advantage;
+  s.distill_coef = c.distill_coef;
   s.eos_id = eos_id;
   s.pad_id = pad_id;
   return s;
@@ -257,8 +261,10 @@ void ExperienceMaker::score_rewards(Rollout& r, const torch::Tensor& model_score
   // A trajectory's environment rewards (its turns' sum) add to the reward sources' score.
   if (r.env_rewards.defined()) r.scores = r.scores + r.env_rewards;
   std::vector<torch::Tensor> rows;
-  for (const auto& s : got.sources)
+  for (const auto& s : got.sources) {
     rows.push_back(torch::tensor(s.scores, torch::kFloat64).to(torch::kFloat32));
+    if (s.unparsed >= 0) r.judges[s.name] = {{"votes", s.votes}, {"unparsed", s.unparsed}};
+  }
   // [0, B] when the environment is the only source.
   r.source_scores = rows.empty() ? torch::zeros({0, static_cast<int64_t>(r.responses.size())})
                                  : torch::stack(rows);
@@ -307,9 +313,31 @@ std::map<Role, StreamScorer::Call> ExperienceMaker::scoring_calls(int64_t action
                                    s_.routing_replay});
   if (has.ref && !has.ref_from_actor)
     add(groups_.ref, ops::LogProbs{action_len, budget, s_.temperature, false, false, false});
+  // The teacher scores at the sampling temperature too: the reverse KL compares the two
+  // models' distributions at the temperature the samples were drawn at.
+  if (has.teacher)
+    add(groups_.teacher, ops::LogProbs{action_len, budget, s_.temperature, false, false, false});
   if (has.critic) add(groups_.critic, ops::Values{action_len, budget});
   if (has.reward_model) add(groups_.reward, ops::Score{budget});
   return calls;
+}
+
+double ExperienceMaker::teacher_reverse_kl(const Rollout& r) const {
+  const int64_t micro = s_.micro_batch_size * s_.n_samples_per_prompt;
+  const ops::LogProbs request{r.action_mask.size(1),
+                              {s_.max_tokens_per_micro_batch, micro},
+                              s_.temperature,
+                              false,
+                              false,
+                              false};
+  const auto rows = sequence_tensors(r);
+  auto teacher = in_parallel([&] {
+    return groups_.teacher->scatter(request, rows, micro, s_.dispatch.at(Role::kTeacher));
+  });
+  const Message actor = groups_.actor->scatter(request, rows, micro, s_.dispatch.at(Role::kActor));
+  const auto kl = distill_reverse_kl(actor.tensor("log_probs"), teacher.get().tensor("log_probs"),
+                                     r.action_mask);
+  return sequence_mean_kl(kl, r.action_mask);
 }
 
 Experience ExperienceMaker::score(Rollout& r) {
@@ -345,6 +373,7 @@ Experience ExperienceMaker::score(Rollout& r) {
   if (has.ref)
     e.log_probs_ref = has.ref_from_actor ? actor_reply.tensor("ref_log_probs")
                                          : take(Role::kRef).tensor("log_probs");
+  if (has.teacher) e.log_probs_teacher = take(Role::kTeacher).tensor("log_probs");
   if (has.critic) e.values = take(Role::kCritic).tensor("values");
   if (has.reward_model) score_rewards(r, take(Role::kReward).tensor("scores"));
   e.scores = r.scores;
@@ -391,6 +420,11 @@ void ExperienceMaker::shape_rewards(Experience& e, const Rollout& r,
   const torch::Tensor reward_kl = s_.kl_use_loss ? torch::Tensor() : e.kl;
   e.adv = compute_advantages(s_.advantage, e.scores + e.overlong_penalty, reward_kl, kl_.value(),
                              e.values, r.action_mask);
+  if (s_.roles.teacher) {  // on-policy distillation: each token's reverse KL, after the estimator
+    e.reverse_kl = distill_reverse_kl(current, e.log_probs_teacher, r.action_mask);
+    e.reverse_kl_mean = sequence_mean_kl(e.reverse_kl, r.action_mask);
+    e.adv.advantages = e.adv.advantages + distill_advantage(e.reverse_kl, s_.distill_coef);
+  }
 }
 
 }  // namespace rlhf::ppo::job

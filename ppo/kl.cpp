@@ -54,6 +54,21 @@ double sequence_mean_kl(const torch::Tensor& kl, const torch::Tensor& action_mas
   return masked_mean_rows(kl.to(torch::kFloat32), action_mask).mean().item<double>();
 }
 
+torch::Tensor distill_reverse_kl(const torch::Tensor& log_probs,
+                                 const torch::Tensor& log_probs_teacher,
+                                 const torch::Tensor& action_mask) {
+  TORCH_CHECK(
+      log_probs.sizes() == log_probs_teacher.sizes() && log_probs.sizes() == action_mask.sizes(),
+      "distill_reverse_kl: expected [B, A] log-probs and mask alike, got ", log_probs.sizes(), ", ",
+      log_probs_teacher.sizes(), " and ", action_mask.sizes());
+  return (log_probs.to(torch::kFloat32) - log_probs_teacher.to(torch::kFloat32)) *
+         action_mask.to(torch::kFloat32);
+}
+
+torch::Tensor distill_advantage(const torch::Tensor& reverse_kl, double coef) {
+  return -coef * reverse_kl;
+}
+
 void KlController::update(double current_kl, int64_t n_samples) {
   if (target_ <= 0) return;
   double error = std::clamp(current_kl / target_ - 1.0, -0.2, 0.2);

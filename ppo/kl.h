@@ -26,6 +26,20 @@ torch::Tensor approx_kl(const torch::Tensor& log_probs, const torch::Tensor& log
 // the whole batch would weight long responses more. kl, action_mask [B, A] -> scalar.
 double sequence_mean_kl(const torch::Tensor& kl, const torch::Tensor& action_mask);
 
+// On-policy distillation (algo.distill.coef): the per-token reverse KL to the teacher on the
+// actor's own samples, k1 = log pi_actor(a_t) - log pi_teacher(a_t) with a_t ~ pi_actor (its
+// expectation is KL(pi_actor || pi_teacher) at that position), and the advantage it gives,
+//   A_t += -coef * k1_t,
+// each token's own term, not discounted over later tokens: Thinking Machines' on-policy
+// distillation (2025; Tinker's cookbook, discount 0), the reverse-KL case of GKD (Agarwal et
+// al. 2024, lambda = 1). With the policy-gradient loss (ratio 1) the expected gradient is
+// -coef x grad KL(pi_actor || pi_teacher) (tests/ppo/distill_test.cpp). log_probs,
+// log_probs_teacher, action_mask [B, A] -> [B, A] FP32, 0 off the mask.
+torch::Tensor distill_reverse_kl(const torch::Tensor& log_probs,
+                                 const torch::Tensor& log_probs_teacher,
+                                 const torch::Tensor& action_mask);
+torch::Tensor distill_advantage(const torch::Tensor& reverse_kl, double coef);
+
 // KL coefficient. Fixed when target == 0; otherwise the adaptive controller of Ziegler et
 // al. 2019 as OpenRLHF implements it:
 //   e = clip(current_kl / target - 1, -0.2, 0.2);  coef *= 1 + e * n_samples / horizon.

@@ -52,6 +52,7 @@ struct JobRoles {
   bool ref_from_actor = false;  // a LoRA actor with adapters off is the reference (issue 30.2)
   bool critic = false;
   bool reward_model = false;
+  bool teacher = false;  // on-policy distillation: teacher log-probs of the sampled tokens
 };
 
 // The role groups a phase calls; null where the job has no such role.
@@ -61,6 +62,7 @@ struct RoleGroups {
   RoleGroup* ref = nullptr;
   RoleGroup* critic = nullptr;
   RoleGroup* reward = nullptr;
+  RoleGroup* teacher = nullptr;
 
   static RoleGroups of(Scheduler& s);  // the groups s has workers for
 };
@@ -97,6 +99,7 @@ struct ExperienceSettings {
   bool kl_use_loss = false;
   KlEstimator kl_estimator = KlEstimator::kK1;
   AdvantageConfig advantage;
+  double distill_coef = 0;  // algo.distill.coef (ppo/kl.h distill_advantage)
   int64_t eos_id = -1, pad_id = 0;
 
   static ExperienceSettings from(const ppo::PpoConfig& c, const JobRoles& roles,
@@ -127,6 +130,10 @@ class ExperienceMaker {
   // The samples to the actor, reference, critic and reward model at once; rewards, KL and
   // advantages. Fills r's reward scores.
   Experience score(Rollout& r);
+  // On-policy distillation: the reverse KL to the teacher on r's responses, as
+  // distill/reverse_kl (sequence_mean_kl of ppo/kl.h distill_reverse_kl): what an evaluation
+  // reports. Needs a teacher.
+  double teacher_reverse_kl(const Rollout& r) const;
 
  private:
   uint64_t sample_seed(int64_t step, int64_t refill) const;
@@ -273,7 +280,8 @@ struct EvalSettings {
   int64_t micro_batch_size = 1;            // rollout.micro_batch_size (prompts)
   Dispatch reward_dispatch = Dispatch::kLeastLoaded;
   int64_t pad_id = 0;
-  std::string run_dir;  // where metrics.jsonl is
+  std::string run_dir;   // where metrics.jsonl is
+  bool teacher = false;  // distill/reverse_kl of the greedy replies (on-policy distillation)
 };
 
 class Evaluator {

@@ -50,6 +50,7 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec) {
   c.kl_target = spec.get_float("algo.kl.target");
   c.kl_horizon = spec.get_int("algo.kl.horizon");
   c.kl_use_loss = spec.get_bool("algo.kl.use_loss");
+  c.distill_coef = spec.get_float("algo.distill.coef");
   const double eps = spec.get_float("actor.eps_clip");
   const double low = spec.get_float("actor.eps_clip_low"),
                high = spec.get_float("actor.eps_clip_high");

@@ -45,6 +45,7 @@ struct PpoConfig {
   double kl_target = 0.0;
   int64_t kl_horizon = 10000;
   bool kl_use_loss = false;
+  double distill_coef = 0;  // algo.distill.coef: the teacher's per-token reverse-KL weight
   // actor.policy_loss, eps_clip*, dual_clip, loss_agg (resolved: never "auto"; the critic's
   // loss follows it), algo.rollout_correction and its cap.
   PolicyLossConfig policy;

@@ -48,6 +48,7 @@ struct Rollout {
   std::vector<nlohmann::json> columns;  // [B] the rows' other columns for Python rewards
   torch::Tensor scores;          // [B] reward-source total when dynamic sampling needed it early
   torch::Tensor source_scores;   // [S, B] each source's scores, with `scores`
+  nlohmann::json judges;         // judge sources: {NAME: {"votes", "unparsed"}} (null: none)
   nlohmann::json sampling;       // dynamic sampling's counts (null when off)
   int64_t weight_version = 0;    // the newest weights that sampled it
   torch::Tensor token_versions;  // [B, A] int64 the weight version that sampled each token
@@ -86,6 +87,11 @@ struct Experience {
   torch::Tensor values;               // [B, A] critic values (undefined without a critic)
   torch::Tensor kl;    // [B, A] policy-vs-reference KL estimate (zeros without a ref)
   double kl_mean = 0;  // sequence_mean_kl(kl): logged and fed to the KL controller
+  // On-policy distillation (a teacher): its log-probs of the sampled tokens and the per-token
+  // reverse KL log pi_actor - log pi_teacher (ppo/kl.h); undefined without a teacher.
+  torch::Tensor log_probs_teacher;  // [B, A]
+  torch::Tensor reverse_kl;         // [B, A], 0 off the action mask
+  double reverse_kl_mean = 0;       // sequence_mean_kl(reverse_kl): distill/reverse_kl
   // |rollout log-probs - actor log-probs| over action tokens: the synced weights and the two
   // engines agree (with algo.max_staleness > 0 it includes the updates the rollout lags by).
   double logprob_diff_mean = 0, logprob_diff_max = 0;

@@ -26,6 +26,13 @@ void add_algo_keys(KeyTable& t) {
   t.number("algo.kl.target", 0.0, 0, kUnbounded, "Adaptive KL target (0: fixed coefficient).");
   t.integer("algo.kl.horizon", 10000, 1, kUnbounded, "Adaptive KL controller horizon.");
   t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
+  t.number("algo.distill.coef", 0.0, 0, kUnbounded,
+           "On-policy distillation from teacher.model (0: off): each sampled token's advantage "
+           "gains -coef x (log pi_actor - log pi_teacher), the per-token reverse KL to the "
+           "teacher on the actor's own samples, not discounted (Agarwal et al. 2024, GKD; "
+           "Thinking Machines' on-policy distillation). With no reward source it is pure "
+           "distillation; with sources it adds to their advantages. Logged as "
+           "distill/reverse_kl.");
   t.integer("algo.max_staleness", 0, 0, 64,
             "Bounded staleness k of an asynchronous pipeline (issue 42): the rollout group "
             "keeps generating the next steps' samples while the actor and critic train, and a "
@@ -117,7 +124,8 @@ AdvantageEstimator estimator(const json& r) {
 }
 
 // Roles of a ppo job, in start-up order: actor, critic (gae), reward (a reward model
-// source), ref (a KL term, unless the LoRA actor is its own reference), rollout.
+// source), ref (a KL term, unless the LoRA actor is its own reference), teacher (on-policy
+// distillation), rollout.
 std::optional<RoleUse> roles(const json& r) {
   if (r.at("kind") != "ppo") return std::nullopt;
   RoleUse use{{Role::kActor}, {Role::kActor}};
@@ -130,6 +138,7 @@ std::optional<RoleUse> roles(const json& r) {
   if ((kl > 0 || r.at(spec_pointer("algo.kl.use_loss")).get<bool>()) &&
       !engine::actor_is_reference(r))
     use.used.push_back(Role::kRef);
+  if (r.at(spec_pointer("algo.distill.coef")).get<double>() > 0) use.used.push_back(Role::kTeacher);
   use.used.push_back(Role::kRollout);
   return use;
 }
@@ -139,11 +148,14 @@ std::optional<RoleUse> roles(const json& r) {
 void check_samples(SpecCheck& v) {
   std::vector<SpecProblem> problems;
   const json sources = rewards::reward_sources(v.resolved, &problems);
-  // An environment (env.*) may be the only source: its rewards are summed per trajectory.
-  if (sources.empty() && problems.empty() && !envs::has_environment(v.resolved))
+  // An environment (env.*) may be the only source: its rewards are summed per trajectory; a
+  // teacher alone (algo.distill.coef) is pure on-policy distillation.
+  if (sources.empty() && problems.empty() && !envs::has_environment(v.resolved) &&
+      !(v.ok({"algo.distill.coef"}) && v.real("algo.distill.coef") > 0))
     v.problem("reward",
               "a ppo job needs a reward source: reward.model, reward.rule, reward.python, "
-              "reward.remote_url, reward.sources or an environment (env.*)");
+              "reward.remote_url, reward.sources, an environment (env.*) or a teacher to distil "
+              "from (algo.distill.coef > 0 with teacher.model)");
   const int64_t n = v.integer("rollout.n_samples_per_prompt");
   const int64_t rb = v.integer("rollout.batch_size"), train_bs = v.integer("train.batch_size");
   if (v.ok({"train.batch_size", "train.micro_batch_size", "rollout.batch_size",

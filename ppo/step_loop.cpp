@@ -77,8 +77,9 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
       metrics.write(rec);
       write_samples(step, o);
       out << "step " << step << "/" << total_steps_ << " | reward " << fixed(rec["reward_mean"])
-          << " +- " << fixed(rec["reward_std"]) << " | kl " << fixed(kl_mean, 4) << " | policy "
-          << fixed(rec["policy_loss"])
+          << " +- " << fixed(rec["reward_std"]) << " | kl " << fixed(kl_mean, 4)
+          << (roles_.teacher ? " | reverse kl " + fixed(o.e.reverse_kl_mean, 4) : std::string())
+          << " | policy " << fixed(rec["policy_loss"])
           << (roles_.critic ? " | value " + fixed(rec["value_loss"]) : std::string()) << " | len "
           << fixed(rec["response_length"], 1) << " | " << fixed(o.t_step, 2) << " s (gen "
           << static_cast<int>(100 * o.t_gen / o.t_step) << "%) | " << fixed(rec["samples_per_s"], 1)
@@ -211,8 +212,37 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
   if (e.route_differ_share >= 0)  // the share of routed tokens whose experts differ
     rec["routing"] = {{"differ_share", e.route_differ_share},
                       {"router_differ_share", e.router_differ_share}};
+  if (roles_.teacher) rec["distill"] = {{"reverse_kl", e.reverse_kl_mean}};
+  if (!r.judges.is_null()) rec["judge"] = r.judges;  // judge/<name>/unparsed
   return rec;
 }
+
+namespace {
+
+// A logged sample's distillation details: the sequence's token ids (padding dropped) and, for
+// each response token, the actor's and the teacher's log-probs and their difference (what a
+// user reads to see where the teacher disagrees; `rlhf logprobs` of the teacher on input_ids
+// gives the same teacher numbers).
+json distill_row(const Rollout& r, const Experience& e, int64_t i) {
+  const int64_t t = r.sequences.size(1), a = r.action_mask.size(1);
+  const auto seq = r.sequences[i], attention = r.attention_mask[i];
+  json ids = json::array(), actor = json::array(), teacher = json::array();
+  for (int64_t j = 0; j < t; ++j)
+    if (attention[j].item<int64_t>() != 0) ids.push_back(seq[j].item<int64_t>());
+  for (int64_t j = 0; j < a; ++j) {
+    if (r.action_mask[i][j].item<double>() == 0) continue;
+    const double lp_teacher = e.log_probs_teacher[i][j].item<double>();
+    teacher.push_back(lp_teacher);
+    actor.push_back(lp_teacher + e.reverse_kl[i][j].item<double>());
+  }
+  return {{"input_ids", ids},
+          {"actor_log_probs", actor},
+          {"teacher_log_probs", teacher},
+          {"reverse_kl", e.reverse_kl[i].sum().item<double>() /
+                             std::max(1.0, r.action_mask[i].sum().item<double>())}};
+}
+
+}  // namespace
 
 // A few generations of the step, spread over its prompts, to read beside the numbers.
 void PpoJob::write_samples(int64_t step, const StepOutcome& o) {
@@ -232,6 +262,7 @@ void PpoJob::write_samples(int64_t step, const StepOutcome& o) {
       row["conversation"] = std::move(turns);
       row["env_reward"] = r.env_rewards[static_cast<int64_t>(i)].item<double>();
     }
+    if (roles_.teacher) row["distill"] = distill_row(r, o.e, static_cast<int64_t>(i));
     rows.push_back(std::move(row));
   }
   runtime_.metrics().samples(step, rows);

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "rewards/http_client.h"
+
 namespace rlhf::rewards {
 
 struct RemoteRewardConfig {
@@ -31,7 +33,7 @@ class RemoteReward {
 
  private:
   RemoteRewardConfig config_;
-  std::string host_, port_, target_;
+  HttpUrl url_;
 };
 
 }  // namespace rlhf::rewards

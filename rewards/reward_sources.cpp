@@ -6,6 +6,7 @@
 #include "core/python_ref.h"
 #include "pyhost/python_pool.h"
 #include "rewards/format_reward.h"
+#include "rewards/judge.h"
 #include "rewards/remote_reward.h"
 #include "rewards/rule_rewards.h"
 #include "rewards/spec_keys.h"
@@ -32,6 +33,7 @@ struct RewardSources::Source {
   std::unique_ptr<FormatReward> format;
   std::unique_ptr<pyhost::PythonFunctionPool> python;
   std::unique_ptr<RemoteReward> remote;
+  std::unique_ptr<Judge> judge;
 };
 
 RewardSources::RewardSources(RewardSourcesConfig c) {
@@ -60,6 +62,9 @@ RewardSources::RewardSources(RewardSourcesConfig c) {
     } else if (src->kind == "remote") {
       src->remote = std::make_unique<RemoteReward>(
           RemoteRewardConfig{s.at("remote_url").get<std::string>(), c.remote_timeout_s});
+    } else if (src->kind == "judge") {
+      src->judge = std::make_unique<Judge>(
+          JudgeConfig::from_json(s.at("judge"), src->name, c.remote_timeout_s));
     } else if (src->kind != "model") {
       throw InputError("reward source \"" + src->name + "\": unknown kind \"" + src->kind + "\"");
     }
@@ -95,7 +100,9 @@ RewardScores RewardSources::score(const std::vector<std::string>& prompts,
   RewardScores out;
   out.total.assign(b, 0.0);
   for (const auto& src : sources_) {
-    SourceScores s{src->name, src->weight, {}};
+    SourceScores s;
+    s.name = src->name;
+    s.weight = src->weight;
     if (src->rule) {
       for (size_t i = 0; i < b; ++i) {
         try {
@@ -111,6 +118,12 @@ RewardScores RewardSources::score(const std::vector<std::string>& prompts,
       s.scores = src->python->call(prompts, responses, labels, rows);
     } else if (src->remote) {
       s.scores = src->remote->score(prompts, responses, labels);
+    } else if (src->judge) {
+      JudgeScores verdicts = src->judge->score(prompts, responses, labels);
+      s.scores = std::move(verdicts.scores);
+      s.votes = verdicts.votes;
+      s.unparsed = verdicts.unparsed;
+      s.replies = std::move(verdicts.replies);
     } else {
       if (model_scores.size() != b)
         throw RuntimeError("reward source \"" + src->name + "\": expected " + std::to_string(b) +

@@ -1,6 +1,7 @@
 // The reward sources of a PPO-family job and their weighted sum (TRL's reward_funcs +
 // reward_weights): rules (rule_rewards.h, format_reward.h), Python functions in a supervised
-// process pool (pyhost/), remote HTTP verifiers (remote_reward.h), and the reward model,
+// process pool (pyhost/), remote HTTP verifiers (remote_reward.h), generative judges behind a
+// chat-completions endpoint (judge.h), and the reward model,
 // whose scores the reward role group computes and the caller passes in. Each source's scores
 // are kept apart so they can be logged as reward/<name>. Not thread-safe: one caller.
 #pragma once
@@ -31,6 +32,10 @@ struct SourceScores {
   std::string name;
   double weight = 1;
   std::vector<double> scores;  // [B]; NaN where a Python function returned None
+  // A judge's (rewards/judge.h): its replies read and those scored the default (-1 for other
+  // kinds), and the replies themselves [B][votes].
+  int64_t votes = -1, unparsed = -1;
+  std::vector<std::vector<std::string>> replies;
 };
 
 struct RewardScores {

@@ -18,13 +18,62 @@ namespace {
 using Problem = std::function<void(const std::string& path, const std::string& message)>;
 
 // The kinds of source, as a reward.sources entry names them (one each).
-const char* const kKinds[] = {"rule", "python", "remote_url", "model"};
+const char* const kKinds[] = {"rule", "python", "remote_url", "model", "judge"};
+
+// A judge entry's object ({"judge": {...}}, rewards/judge.h), field by field.
+void check_judge(const json& judge, const std::string& at, const Problem& problem) {
+  const std::string where = at + ".judge";
+  const std::vector<std::string> texts = {"url", "template", "score", "model"};
+  const std::vector<std::string> counts = {"votes", "max_tokens", "concurrency"};
+  const std::vector<std::string> numbers = {"temperature", "default"};
+  for (const auto& [field, value] : judge.items()) {
+    const auto in = [&](const std::vector<std::string>& list) {
+      return std::find(list.begin(), list.end(), field) != list.end();
+    };
+    if (in(texts) && !(value.is_string() && !value.get<std::string>().empty()))
+      problem("reward.sources",
+              where + "." + field + ": expected a non-empty string, found " + value.dump());
+    else if (in(counts) && !(value.is_number_integer() && value.get<int64_t>() >= 1))
+      problem("reward.sources",
+              where + "." + field + ": expected an integer >= 1, found " + value.dump());
+    else if (in(numbers) && !value.is_number())
+      problem("reward.sources", where + "." + field + ": expected a number, found " + value.dump());
+    else if (!in(texts) && !in(counts) && !in(numbers)) {
+      std::vector<std::string> all = texts;
+      all.insert(all.end(), counts.begin(), counts.end());
+      all.insert(all.end(), numbers.begin(), numbers.end());
+      const std::string hint = closest_match(field, all);
+      problem("reward.sources", where + "." + field + ": unknown field" +
+                                    (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+    }
+  }
+  if (!judge.contains("url"))
+    problem("reward.sources",
+            where +
+                ".url: required: the judge's OpenAI-compatible chat-completions endpoint "
+                "(http://host:port/v1/chat/completions; a judge on rlhf's own engine is not "
+                "built yet: serve the model with vLLM, SGLang or bench/judge_server.py)");
+  for (const char* key : {"template", "score"})
+    if (!judge.contains(key))
+      problem("reward.sources",
+              where + "." + key + ": required (" +
+                  (std::string(key) == "template"
+                       ? "a file with {{ prompt }}, {{ response }} and {{ label }})"
+                       : "a regular expression whose first group is the score, or "
+                         "\"choice:A,B\")"));
+  if (judge.contains("votes") && judge["votes"].is_number_integer() &&
+      judge["votes"].get<int64_t>() > 1 && judge.contains("temperature") &&
+      judge["temperature"].is_number() && judge["temperature"].get<double>() == 0)
+    problem("reward.sources", where + ".votes: " + judge["votes"].dump() +
+                                  " votes of a greedy judge (temperature 0) are all the same: "
+                                  "set a temperature > 0 or one vote");
+}
 
 // One reward.sources entry, checked field by field: {"kind", its field, "weight", ...}, or
 // null after a problem.
 json listed_source(const json& g, const std::string& at, const Problem& problem) {
-  const std::vector<std::string> fields = {"rule",   "python", "remote_url", "model",
-                                           "weight", "name",   "pattern"};
+  const std::vector<std::string> fields = {"rule",  "python", "remote_url", "model",
+                                           "judge", "weight", "name",       "pattern"};
   json src = json::object();
   int found = 0;
   for (const auto& [field, value] : g.items()) {
@@ -39,6 +88,19 @@ json listed_source(const json& g, const std::string& at, const Problem& problem)
         problem("reward.sources", at + ".weight: expected a number, found " + value.dump());
       continue;
     }
+    if (field == "judge") {
+      if (!value.is_object()) {
+        problem("reward.sources", at +
+                                      ".judge: expected an object {\"url\", \"template\", "
+                                      "\"score\", ...}, found " +
+                                      value.dump());
+        continue;
+      }
+      check_judge(value, at, problem);
+      ++found;
+      src["kind"] = "judge";
+      continue;
+    }
     if (!value.is_string() || value.get<std::string>().empty()) {
       problem("reward.sources",
               at + "." + field + ": expected a non-empty string, found " + value.dump());
@@ -50,14 +112,14 @@ json listed_source(const json& g, const std::string& at, const Problem& problem)
     }
   }
   if (found != 1) {
-    problem(
-        "reward.sources",
-        at + ": expected exactly one of \"rule\", \"python\", \"remote_url\", \"model\", found " +
-            std::to_string(found));
+    problem("reward.sources", at +
+                                  ": expected exactly one of \"rule\", \"python\", "
+                                  "\"remote_url\", \"model\", \"judge\", found " +
+                                  std::to_string(found));
     return nullptr;
   }
   for (const auto& [field, value] : g.items())
-    if (field != "weight" && value.is_string()) src[field] = value;
+    if (field != "weight" && (value.is_string() || field == "judge")) src[field] = value;
   src["weight"] = g.contains("weight") && g["weight"].is_number() ? g["weight"] : json(1.0);
   return src;
 }
@@ -201,10 +263,12 @@ SpecSection spec_section() {
         "reward.sources", KeyType::kSources, json::array(),
         "Several reward sources, summed with weights (TRL's reward_funcs + reward_weights): "
         "a list of {\"rule\": NAME} | {\"python\": \"FILE.py:FUNCTION\"} | {\"remote_url\": URL} "
-        "| {\"model\": DIR}, each with optional \"weight\" (default 1), \"name\" and, for the "
-        "format rule, \"pattern\". Each is logged as reward/<name>. Instead of the single-source "
-        "keys reward.rule, reward.python, reward.remote_url, reward.model.");
-    sources.path_fields = {"python", "model"};
+        "| {\"model\": DIR} | {\"judge\": {\"url\", \"template\", \"score\", ...}} (a generative "
+        "judge behind an OpenAI-compatible endpoint, docs/rewards.md), each with optional "
+        "\"weight\" (default 1), \"name\" and, for the format rule, \"pattern\". Each is logged "
+        "as reward/<name>. Instead of the single-source keys reward.rule, reward.python, "
+        "reward.remote_url, reward.model.");
+    sources.path_fields = {"python", "model", "judge.template"};
     t.string("reward.python_interpreter", "python3",
              "Interpreter of the Python reward processes (a venv's python for your packages).");
     t.integer("reward.python_workers", 2, 1, 256,

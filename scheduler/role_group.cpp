@@ -65,7 +65,8 @@ Dispatch dispatch_for(const JobSpec& spec, Role role) {
   // inference): each forward runs collectives over the group, so every rank must make the
   // same calls.
   const std::string r = role_name(role);
-  const bool has_stage = spec.trains(role) || role == Role::kRef || role == Role::kReward;
+  const bool has_stage =
+      spec.trains(role) || role == Role::kRef || role == Role::kTeacher || role == Role::kReward;
   const bool sharded =
       has_stage && spec.get_int(r + ".zero_stage") == 3 && (spec.trains(role) || spec.uses(role));
   // Expert parallelism: every forward's tokens reach their experts by all-to-all.
@@ -75,7 +76,7 @@ Dispatch dispatch_for(const JobSpec& spec, Role role) {
 
 std::map<Role, Dispatch> model_role_dispatch(const JobSpec& spec) {
   std::map<Role, Dispatch> out;
-  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kReward})
+  for (Role role : {Role::kActor, Role::kCritic, Role::kRef, Role::kTeacher, Role::kReward})
     out.emplace(role, dispatch_for(spec, role));
   return out;
 }

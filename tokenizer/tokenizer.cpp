@@ -65,6 +65,42 @@ std::vector<std::vector<TokenId>> encode_batch(const Tokenizer& tokenizer,
   return out;
 }
 
+namespace {
+
+std::string id_text(std::optional<TokenId> id) {
+  return id ? std::to_string(*id) : std::string("none");
+}
+
+// One id's text, or the error decoding it alone raises (both tokenizers should agree on that).
+std::string token_text(const Tokenizer& t, TokenId id) {
+  try {
+    return t.decode({id}, SkipSpecial::kNo);
+  } catch (const InputError& e) {
+    return std::string("error: ") + e.what();
+  }
+}
+
+}  // namespace
+
+std::string tokenizer_difference(const Tokenizer& a, const Tokenizer& b) {
+  if (a.vocab_size() != b.vocab_size())
+    return "vocabularies of " + std::to_string(a.vocab_size()) + " and " +
+           std::to_string(b.vocab_size()) + " tokens";
+  if (a.kind() != b.kind()) return "a " + a.kind() + " and a " + b.kind() + " tokenizer";
+  const SpecialIds &sa = a.special_ids(), &sb = b.special_ids();
+  const std::pair<const char*, std::pair<std::optional<TokenId>, std::optional<TokenId>>>
+      specials[] = {
+          {"BOS", {sa.bos, sb.bos}}, {"EOS", {sa.eos, sb.eos}}, {"PAD", {sa.pad, sb.pad}}};
+  for (const auto& [name, ids] : specials)
+    if (ids.first != ids.second)
+      return std::string(name) + " ids " + id_text(ids.first) + " and " + id_text(ids.second);
+  for (TokenId id = 0; id < static_cast<TokenId>(a.vocab_size()); ++id) {
+    const std::string ta = token_text(a, id), tb = token_text(b, id);
+    if (ta != tb) return "token " + std::to_string(id) + " is \"" + ta + "\" and \"" + tb + "\"";
+  }
+  return "";
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const fs::path dir(model_dir);
   if (!fs::is_directory(dir))

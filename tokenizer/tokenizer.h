@@ -55,6 +55,12 @@ std::vector<std::vector<TokenId>> encode_batch(const Tokenizer& tokenizer,
                                                const std::vector<std::string>& texts,
                                                AddSpecial add_special, unsigned threads);
 
+// Why ids from `a` would not mean the same text to `b` ("" when they would): the vocabulary
+// sizes, the special ids, the kinds, then every id's text (decoded alone, specials kept) in
+// order, naming the first that differs. For a model that scores another's tokens (a teacher
+// in on-policy distillation).
+std::string tokenizer_difference(const Tokenizer& a, const Tokenizer& b);
+
 // Loads the tokenizer of a model directory. In order of preference:
 //   tokenizer_config.json with "tokenizer_class": "RlhfByteTokenizer" -> the byte tokenizer;
 //   tokenizer.json (HF tokenizers format: BPE, byte-level or Metaspace/byte-fallback);

@@ -1,0 +1,105 @@
+// A generative judge end to end (issue 44.2): grpo_tiny with a judge source beside its letters
+// rule, the judge a real chat-completions server in this process; every sample is judged once
+// per step, the judge's scores reach the reward as weighted, and its unparsed replies are
+// counted in metrics.jsonl; `rlhf reward --verbose` shows the raw verdicts; a judge entry
+// without its endpoint is refused by name.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+
+#include "tests/ppo/ppo_job.h"
+#include "tests/support/chat_server.h"
+
+namespace rlhf::ppo::job_test {
+namespace {
+
+// The server's rule, on the rendered prompt (the template is the bare response): "yes" for an
+// even length, "no" for an odd one, an unreadable reply for an empty response. It counts its
+// verdicts, so the test knows what the job must have logged.
+struct Verdicts {
+  std::atomic<int64_t> yes{0}, no{0}, unreadable{0};
+  std::vector<std::string> operator()(const std::string& response, int64_t n) {
+    const char* verdict = response.empty()           ? "I cannot tell."
+                          : response.size() % 2 == 0 ? "yes"
+                                                     : "no";
+    (response.empty() ? unreadable : response.size() % 2 == 0 ? yes : no) += n;
+    return std::vector<std::string>(static_cast<size_t>(n), verdict);
+  }
+};
+
+class JudgeJob : public PpoJob {
+ protected:
+  void SetUp() override {
+    PpoJob::SetUp();
+    std::ofstream(dir_ / "judge.jinja") << "{{ response }}";
+  }
+  std::string sources(const std::string& url) const {
+    return R"(reward.sources=[{"rule": "letters"}, {"name": "parity", "weight": 0.5, "judge": )"
+           R"({"url": ")" +
+           url + R"(", "template": ")" + (dir_ / "judge.jinja").string() +
+           R"(", "score": "choice:yes,no"}}])";
+  }
+};
+
+TEST_F(JudgeJob, EverySampleIsJudgedAndUnparsedRepliesAreCounted) {
+  Verdicts verdicts;
+  test::ChatServer server([&](const std::string& c, int64_t n) { return verdicts(c, n); });
+  Result r =
+      run("judged",
+          {"--set", "reward.rule=", "--set", sources(server.url()), "--set", "train.max_steps=3"},
+          "examples/grpo_tiny.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = read_metrics(run_dir("judged") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 3u);
+  double yes = 0;
+  int64_t unparsed = 0;
+  for (const json& step : m) {
+    // 8 prompts x 8 samples, one vote each.
+    EXPECT_EQ(step["judge"]["parity"]["votes"], 64) << step.dump();
+    unparsed += step["judge"]["parity"]["unparsed"].get<int64_t>();
+    yes += step["reward"]["parity"].get<double>() * 64;
+    // The reward is letters + 0.5 x the judge's score.
+    EXPECT_NEAR(
+        step["reward_mean"].get<double>(),
+        step["reward"]["letters"].get<double>() + 0.5 * step["reward"]["parity"].get<double>(),
+        1e-5);
+  }
+  EXPECT_EQ(verdicts.yes + verdicts.no + verdicts.unreadable, 3 * 64);
+  EXPECT_NEAR(yes, static_cast<double>(verdicts.yes), 1e-3);
+  EXPECT_EQ(unparsed, verdicts.unreadable.load());
+}
+
+TEST_F(JudgeJob, RlhfRewardShowsTheVerdictsAndAMissingEndpointIsNamed) {
+  Verdicts verdicts;
+  test::ChatServer server([&](const std::string& c, int64_t n) { return verdicts(c, n); });
+  const fs::path rows = dir_ / "rows.jsonl";
+  std::ofstream(rows) << R"({"prompt": "p", "response": "ab", "label": ""})"
+                      << "\n"
+                      << R"({"prompt": "p", "response": "", "label": ""})"
+                      << "\n";
+  Result r = rlhf({"reward", "examples/grpo_tiny.json", "--set", "reward.rule=", "--set",
+                   sources(server.url()), "--input", rows.string(), "--verbose"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<json> lines;
+  std::istringstream out(r.out);
+  for (std::string line; std::getline(out, line);) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["sources"]["parity"], 1.0);
+  EXPECT_EQ(lines[0]["judges"]["parity"], json::array({"yes"}));
+  EXPECT_EQ(lines[1]["sources"]["parity"], 0.0);  // unreadable: the default
+  EXPECT_EQ(lines[1]["judges"]["parity"], json::array({"I cannot tell."}));
+  EXPECT_NE(r.err.find("judge \"parity\": 1 of 2 replies did not parse"), std::string::npos)
+      << r.err;
+
+  Result bad =
+      rlhf({"validate", "examples/grpo_tiny.json", "--no-files", "--set", "reward.rule=", "--set",
+            R"(reward.sources=[{"judge": {"template": "t.jinja", "score": "x"}}])"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("reward.sources: reward.sources[0].judge.url: required"),
+            std::string::npos)
+      << bad.err;
+}
+
+}  // namespace
+}  // namespace rlhf::ppo::job_test
