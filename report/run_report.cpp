@@ -48,14 +48,15 @@ std::vector<json> read_lines(const fs::path& path, ReadMode mode) {
   return rows;
 }
 
+// A record's number at `key`, a nested one as "distill/reverse_kl"; NaN where there is none.
 double number(const json& record, const std::string& key) {
-  const auto it = record.find(key);
-  return it != record.end() && it->is_number() ? it->get<double>() : NAN;
+  const json::json_pointer at("/" + key);
+  return record.contains(at) && record.at(at).is_number() ? record.at(at).get<double>() : NAN;
 }
 
 bool any_has(const std::vector<json>& records, const std::string& key) {
   for (const auto& r : records)
-    if (r.contains(key) && r[key].is_number()) return true;
+    if (std::isfinite(number(r, key))) return true;
   return false;
 }
 
@@ -82,7 +83,12 @@ const std::vector<ChartDef>& chart_defs() {
       {"chart-reward", "Reward", "", {"reward_mean", "return_mean"}, {}},
       // PPO-family held-out evaluation (data.eval_dataset): the verifier's accuracy.
       {"chart-eval", "Held-out accuracy", "", {}, {"accuracy", "accuracy_sampled", "pass_at_n"}},
-      {"chart-kl", "KL (nats)", "nats", {"kl", "approx_kl"}, {}},
+      // With a teacher (on-policy distillation) also the reverse KL to it.
+      {"chart-kl",
+       "KL (nats)",
+       "nats",
+       {"kl", "approx_kl", "distill/reverse_kl"},
+       {"distill/reverse_kl"}},
       {"chart-loss", "Losses", "", {"policy_loss", "value_loss", "loss"}, {"eval_loss"}},
       {"chart-accuracy", "Preference accuracy", "", {"accuracy"}, {"eval_accuracy"}},
       {"chart-margin", "Reward margin", "", {"margin"}, {"eval_margin"}},

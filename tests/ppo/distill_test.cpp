@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "ppo/kl.h"
 #include "ppo/losses.h"
@@ -157,6 +158,12 @@ TEST_F(DistillJob, TheTeachersLogProbsAreItsOwnAndTheReverseKlIsLogged) {
   EXPECT_LE(worst, 1e-4);
   std::cout << "[ measured ] teacher log-probs in the experience vs rlhf logprobs: max abs "
             << worst << " over " << logged.size() << " samples" << std::endl;
+
+  // The dashboard draws the reverse KL beside the reference KL.
+  ASSERT_EQ(rlhf({"report", run_dir("distill").string()}).exit_code, 0);
+  std::ifstream html(run_dir("distill") / "report.html");
+  const std::string page((std::istreambuf_iterator<char>(html)), std::istreambuf_iterator<char>());
+  EXPECT_NE(page.find("distill/reverse_kl"), std::string::npos);
 
   // The plan counted the teacher on its device.
   const json plan = read_json(run_dir("distill") / "plan.json");
