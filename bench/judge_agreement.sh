@@ -51,7 +51,9 @@ for _ in $(seq 120); do grep -q "judge_server:" "$out/server.log" && break; slee
 for template in judge judge_label; do
   sources='[{"rule": "math", "name": "correct"}, {"name": "judge", "weight": 0, "judge": {"url": "http://127.0.0.1:'$port'/v1/chat/completions", "template": "'$out/$template.jinja'", "score": "choice:yes,no", "max_tokens": 8, "concurrency": 1}}]'
   start=$(date +%s)
+  # A 135M judge on a busy 2-core CPU answers in seconds; the timeout is per request.
   "$rlhf" reward examples/grpo_smollm2_arith.json --set actor.model="$judge" --set reward.sources="$sources" \
+    --set reward.remote_timeout_s=600 \
     --input "$out/rows.jsonl" --verbose > "$out/$template.scores.jsonl" 2> "$out/$template.err"
   seconds=$(( $(date +%s) - start ))
   "$py" - "$out/$template.scores.jsonl" "$template" "$seconds" "$out/$template.err" <<'EOF'

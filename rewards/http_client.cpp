@@ -6,6 +6,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <sstream>
 
 #include "core/errors.h"
 
@@ -78,8 +79,8 @@ std::string post_json(const HttpUrl& url, const std::string& body, double timeou
   ioc.run_for(deadline + std::chrono::seconds(1));
   const std::string where = who + " " + url.text + ": ";
   if (failure == beast::error::timeout || !ioc.stopped())
-    throw RuntimeError(where + "no reply within " + std::to_string(timeout_s) + " s (" +
-                       timeout_key + ") during " + stage);
+    throw RuntimeError(where + "no reply within " + (std::ostringstream() << timeout_s).str() +
+                       " s (" + timeout_key + ") during " + stage);
   if (failure) throw RuntimeError(where + stage + " failed: " + failure.message());
   if (res.result() != http::status::ok)
     throw RuntimeError(where + "HTTP " + std::to_string(res.result_int()) + ": " +
