@@ -311,25 +311,24 @@ std::map<Role, StreamScorer::Call> ExperienceMaker::scoring_calls(int64_t action
   const JobRoles& has = s_.roles;
   add(groups_.actor, ops::LogProbs{action_len, budget, s_.temperature, true, has.ref_from_actor,
                                    s_.routing_replay});
-  if (has.ref && !has.ref_from_actor)
-    add(groups_.ref, ops::LogProbs{action_len, budget, s_.temperature, false, false, false});
-  // The teacher scores at the sampling temperature too: the reverse KL compares the two
-  // models' distributions at the temperature the samples were drawn at.
-  if (has.teacher)
-    add(groups_.teacher, ops::LogProbs{action_len, budget, s_.temperature, false, false, false});
+  if (has.ref && !has.ref_from_actor) add(groups_.ref, frozen_log_probs(action_len));
+  if (has.teacher) add(groups_.teacher, frozen_log_probs(action_len));
   if (has.critic) add(groups_.critic, ops::Values{action_len, budget});
   if (has.reward_model) add(groups_.reward, ops::Score{budget});
   return calls;
 }
 
+ops::LogProbs ExperienceMaker::frozen_log_probs(int64_t action_len) const {
+  // The reference's and the teacher's log-probs at the sampling temperature too: the KL and the
+  // reverse KL compare the distributions the samples were drawn from. No entropy, no routes.
+  const int64_t micro = s_.micro_batch_size * s_.n_samples_per_prompt;
+  return ops::LogProbs{
+      action_len, {s_.max_tokens_per_micro_batch, micro}, s_.temperature, false, false, false};
+}
+
 double ExperienceMaker::teacher_reverse_kl(const Rollout& r) const {
   const int64_t micro = s_.micro_batch_size * s_.n_samples_per_prompt;
-  const ops::LogProbs request{r.action_mask.size(1),
-                              {s_.max_tokens_per_micro_batch, micro},
-                              s_.temperature,
-                              false,
-                              false,
-                              false};
+  const ops::LogProbs request = frozen_log_probs(r.action_mask.size(1));
   const auto rows = sequence_tensors(r);
   auto teacher = in_parallel([&] {
     return groups_.teacher->scatter(request, rows, micro, s_.dispatch.at(Role::kTeacher));

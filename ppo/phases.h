@@ -153,6 +153,9 @@ class ExperienceMaker {
   // the reference's with adapters off; the reference's; the critic's values; the reward
   // model's scores), by role.
   std::map<Role, StreamScorer::Call> scoring_calls(int64_t action_len) const;
+  // The log-probs request of a frozen scorer (the reference, the teacher; the actor's in an
+  // evaluation's reverse KL): at the sampling temperature, without entropy or routes.
+  ops::LogProbs frozen_log_probs(int64_t action_len) const;
   // From the actor's current log-probs [B, A]: the ratio's denominator, the rollout
   // mismatch and the log-prob difference.
   void set_old_log_probs(Experience& e, const Rollout& r, const torch::Tensor& current) const;
