@@ -224,22 +224,22 @@ namespace {
 // user reads to see where the teacher disagrees; `rlhf logprobs` of the teacher on input_ids
 // gives the same teacher numbers).
 json distill_row(const Rollout& r, const Experience& e, int64_t i) {
-  const int64_t t = r.sequences.size(1), a = r.action_mask.size(1);
-  const auto seq = r.sequences[i], attention = r.attention_mask[i];
-  json ids = json::array(), actor = json::array(), teacher = json::array();
-  for (int64_t j = 0; j < t; ++j)
-    if (attention[j].item<int64_t>() != 0) ids.push_back(seq[j].item<int64_t>());
-  for (int64_t j = 0; j < a; ++j) {
-    if (r.action_mask[i][j].item<double>() == 0) continue;
-    const double lp_teacher = e.log_probs_teacher[i][j].item<double>();
-    teacher.push_back(lp_teacher);
-    actor.push_back(lp_teacher + e.reverse_kl[i][j].item<double>());
-  }
-  return {{"input_ids", ids},
+  const auto values = [](const torch::Tensor& row, const torch::Tensor& keep) {
+    const auto kept = row.masked_select(keep != 0).to(torch::kFloat64).contiguous();
+    return std::vector<double>(kept.data_ptr<double>(), kept.data_ptr<double>() + kept.numel());
+  };
+  const auto mask = r.action_mask[i];
+  const auto ids = r.sequences[i].masked_select(r.attention_mask[i] != 0).contiguous();
+  const auto teacher = values(e.log_probs_teacher[i], mask);
+  const auto kl = values(e.reverse_kl[i], mask);
+  std::vector<double> actor(teacher.size());
+  for (size_t t = 0; t < teacher.size(); ++t) actor[t] = teacher[t] + kl[t];
+  return {{"input_ids",
+           std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel())},
           {"actor_log_probs", actor},
           {"teacher_log_probs", teacher},
-          {"reverse_kl", e.reverse_kl[i].sum().item<double>() /
-                             std::max(1.0, r.action_mask[i].sum().item<double>())}};
+          {"reverse_kl",
+           e.reverse_kl[i].sum().item<double>() / std::max(1.0, mask.sum().item<double>())}};
 }
 
 }  // namespace
