@@ -10,15 +10,15 @@
 #include <sstream>
 
 #include "actors/device.h"
+#include "actors/model_batch.h"
 #include "actors/offline_operations.h"
+#include "actors/train_operations.h"
 #include "core/errors.h"
 #include "core/timing.h"
 #include "engine/token_budget.h"
 #include "models/lora.h"
 #include "models/pretrained.h"
 #include "models/routes.h"
-#include "ppo/kl.h"
-#include "ppo/losses.h"
 #include "ppo/worker_ops.h"
 #include "rollout/weight_sync.h"
 #include "rollout/worker_ops.h"
@@ -33,6 +33,12 @@ models::CausalLM& ModelRole::checked_model(const std::string& op) const {
 }
 
 namespace {
+
+using model_ops::at_temperature;
+using model_ops::Batch;
+using model_ops::read_batch;
+using model_ops::request_temperature;
+using model_ops::slice;
 
 int64_t peak_rss_bytes() {
   rusage usage{};
@@ -250,60 +256,6 @@ Message init(ModelRole& role, const ops::Init& req, const WorkerIdentity& self) 
   return reply_message(ops::InitReply{role.model->config().num_parameters(), memory_reply(role)});
 }
 
-struct Batch {
-  torch::Tensor sequences;       // [B, T] int64 prompt + response ids
-  torch::Tensor attention_mask;  // [B, T]
-  int64_t action_len = 0;        // A: the last A positions are the response
-  torch::Tensor routes;          // [B, T, S, k] the rollout's routes, when sent
-};
-
-// The request's batch on `device` (the worker's), its last action_len positions the responses.
-Batch read_batch(const Message& req, int64_t action_len, torch::Device device) {
-  Batch b;
-  b.sequences = req.tensor("sequences").to(device, torch::kLong);
-  b.attention_mask = req.tensor("attention_mask").to(device, torch::kLong);
-  b.action_len = action_len;
-  TORCH_CHECK(b.sequences.dim() == 2 && b.sequences.sizes() == b.attention_mask.sizes(), req.op,
-              ": expected sequences and attention_mask [B, T], got ", b.sequences.sizes(), " and ",
-              b.attention_mask.sizes());
-  TORCH_CHECK(b.action_len >= 1 && b.action_len < b.sequences.size(1), req.op,
-              ": action_len must be in [1, T), got ", b.action_len,
-              " for T = ", b.sequences.size(1));
-  if (req.has_tensor("routes")) {
-    b.routes = req.tensor("routes").to(device);
-    TORCH_CHECK(b.routes.dim() == 4 && b.routes.size(0) == b.sequences.size(0) &&
-                    b.routes.size(1) == b.sequences.size(1),
-                req.op, ": expected routes [B, T, sparse layers, top_k] for sequences ",
-                b.sequences.sizes(), ", got ", b.routes.sizes());
-  }
-  return b;
-}
-
-// Rows [b0, b1) of the request's tensor `name`, on `device`.
-torch::Tensor rows(const Message& req, const char* name, int64_t b0, int64_t b1,
-                   torch::Device device) {
-  return req.tensor(name).slice(0, b0, b1).to(device);
-}
-
-Batch slice(const Batch& b, int64_t begin, int64_t end) {
-  return {b.sequences.slice(0, begin, end), b.attention_mask.slice(0, begin, end), b.action_len,
-          b.routes.defined() ? b.routes.slice(0, begin, end) : torch::Tensor()};
-}
-
-// Hidden states [B, T, H] whose head outputs are the logits / temperature: the LM head is a
-// linear map without bias (Llama, Qwen2), so (h / T) W^T = (h W^T) / T. Log-probs and
-// entropy for the PPO ratio and KL are taken at the sampling temperature, as OpenRLHF
-// (logits.div_(temperature) in Actor.forward) and veRL do. A request's temperature 1 or 0
-// (greedy sampling) leaves the logits as they are.
-double request_temperature(double t, const char* op) {
-  if (!(t >= 0.0))
-    throw InputError(std::string(op) + ": temperature must be >= 0, got " + std::to_string(t));
-  return t == 0.0 ? 1.0 : t;
-}
-torch::Tensor at_temperature(const torch::Tensor& hidden, double temperature) {
-  return temperature == 1.0 ? hidden : hidden / temperature;
-}
-
 // Log-probs [B, A] (FP32) of the last A tokens of `ids` [B, T] and, with Entropy::kCompute,
 // the policy's entropy [B, A] before each: the head runs on the action positions alone
 // (hidden [B, T, H] at T-1-A .. T-2), train.logits_chunk_tokens tokens at a time.
@@ -316,8 +268,8 @@ models::HeadLogProbs action_log_probs(models::CausalLM& model, const torch::Tens
 }
 
 // One part of a log_probs request through the policy: its log-probs, its entropy when
-// asked, and with the rollout's routes the counts LogProbsReply names ([n] int64 each),
-// replaying the routes when asked.
+// asked, its top_k tokens' log-probs and ids when asked, and with the rollout's routes the
+// counts LogProbsReply names ([n] int64 each), replaying the routes when asked.
 std::vector<torch::Tensor> policy_log_probs(models::CausalLM& model, const Batch& mb,
                                             const ops::LogProbs& op, double temperature) {
   std::optional<models::RouteRecorder> recorder;
@@ -326,11 +278,19 @@ std::vector<torch::Tensor> policy_log_probs(models::CausalLM& model, const Batch
     recorder.emplace(model);
     if (op.replay_routes) replay.set(models::forward_routes(mb.routes, mb.attention_mask, false));
   }
-  auto head = action_log_probs(model, model.forward(mb.sequences, mb.attention_mask), mb.sequences,
-                               mb.action_len, temperature,
+  const torch::Tensor hidden = model.forward(mb.sequences, mb.attention_mask);
+  auto head = action_log_probs(model, hidden, mb.sequences, mb.action_len, temperature,
                                op.entropy ? models::Entropy::kCompute : models::Entropy::kSkip);
   std::vector<torch::Tensor> r = {head.log_probs};
   if (op.entropy) r.push_back(head.entropy);
+  if (op.top_k > 0) {  // a GKD teacher: the same states' k most likely tokens
+    const int64_t t = hidden.size(1), a = mb.action_len;
+    auto top =
+        model.head_top_k(at_temperature(hidden.narrow(1, t - 1 - a, a), temperature), op.top_k);
+    r.push_back(top.log_probs);
+    r.push_back(top.ids);
+    r.push_back(top.rest);
+  }
   if (recorder) {
     const models::RouteRecorder::Taken taken = recorder->take();
     const torch::Tensor rollout = mb.routes.to(torch::kCPU);
@@ -348,16 +308,6 @@ torch::Tensor action_values(models::CausalLM& model, const Batch& b) {
   torch::Tensor v = model.values(model.forward(b.sequences, b.attention_mask));  // [B, T]
   const int64_t t = v.size(1);
   return v.slice(1, t - 1 - b.action_len, t - 1);
-}
-
-// This rank's rows of a global batch of `rows` split evenly over the group.
-std::pair<int64_t, int64_t> rank_rows(int64_t rows, const WorkerIdentity& self,
-                                      const std::string& op) {
-  if (rows % self.world_size != 0)
-    throw InputError(op + ": " + std::to_string(rows) + " rows do not split over " +
-                     std::to_string(self.world_size) + " ranks");
-  int64_t per = rows / self.world_size;
-  return {self.rank * per, (self.rank + 1) * per};
 }
 
 // True when each forward of this role runs collectives over its group (a ZeRO-3 trainer or
@@ -391,189 +341,6 @@ std::vector<torch::Tensor> by_budget(const ModelRole& role, const ops::ForwardBu
   }
   return out;
 }
-
-// The parts of training micro batch rows [b0, b1) under the request's token budget
-// (max_tokens, packing): rows of at most max_tokens (rows x padded length), or with packing
-// consecutive rows whose tokens fit the budget (forwarded packed into one row). Packed
-// parts depend on the data, so at ZeRO 2/3 (a reduce-scatter in every backward) and with
-// expert parallelism (all-to-alls in every forward) every rank pads to the group's largest
-// count with empty parts (run with weight 0).
-std::vector<engine::RowRange> training_parts(const ModelRole& role,
-                                             const ops::TrainBatching& batching, const Batch& all,
-                                             int64_t b0, int64_t b1) {
-  const int64_t max_tokens = batching.max_tokens;
-  if (!(batching.packing && max_tokens > 0))
-    return engine::budget_ranges(b1 - b0, all.sequences.size(1), max_tokens, 0);
-  auto parts = engine::token_groups(all.attention_mask.slice(0, b0, b1), max_tokens);
-  if (role.group && role.group->size() > 1 &&
-      (role.trainer->config().zero_stage != engine::ZeroStage::kOptimizer || role.ep_group)) {
-    auto count = torch::tensor({static_cast<int64_t>(parts.size())}, torch::kLong);
-    role.group->all_reduce(count, transport::ReduceOp::kMax);
-    while (static_cast<int64_t>(parts.size()) < count.item<int64_t>())
-      parts.push_back({b1 - b0, b1 - b0});
-  }
-  return parts;
-}
-
-// Per-action results [n, A] of rows `b` through `f` (hidden [B, T, H] -> next-token results
-// [B, T - 1]), forwarded as padded rows or, with `packed`, end to end in one row.
-template <typename F>
-torch::Tensor per_action(models::CausalLM& model, const Batch& b, const torch::Tensor& action_mask,
-                         bool packed, F f) {
-  if (!packed) {
-    torch::Tensor r = f(model.forward(b.sequences, b.attention_mask), b.sequences);
-    return r.slice(1, r.size(1) - b.action_len, r.size(1));
-  }
-  const auto rows = engine::pack_rows(b.sequences, b.attention_mask, b.action_len);
-  return engine::unpack_actions(f(model.forward(rows.ids, rows.segments), rows.ids), rows,
-                                action_mask);
-}
-
-// One part of a training micro batch (all of it without a token budget).
-struct TrainPart {
-  int64_t begin = 0, end = 0;  // rows of the request
-  Batch batch;                 // those rows
-  torch::Tensor action_mask;   // [n, A] on the device
-  // Its action tokens (rows) over the micro batch's: a part's loss times its share adds up
-  // to the micro batch's loss. 0 for a padding part (row 0 run for the collectives only).
-  double token_share = 1.0;
-  double row_share = 1.0;
-};
-
-// One optimizer step over this rank's rows [begin, end): micro batches of
-// batching.micro_batch_size, each in training_parts, trainer.backward(loss_fn(part)) for each.
-template <typename F>
-engine::StepMetrics train_in_parts(ModelRole& role, const Message& req,
-                                   const ops::TrainBatching& batching, const Batch& all,
-                                   int64_t begin, int64_t end, F loss_fn) {
-  const int64_t micro = batching.micro_batch_size;
-  auto& trainer = *role.trainer;
-  for (int64_t i = 0; i < trainer.config().grad_accum_steps; ++i) {
-    const int64_t b0 = begin + i * micro, b1 = std::min(end, b0 + micro);
-    TORCH_CHECK(b0 < b1, req.op, ": micro batch ", i, " is empty: the batch holds ", end - begin,
-                " rows for this rank, fewer than grad_accum_steps x micro_batch_size");
-    const torch::Tensor mask = rows(req, "action_mask", b0, b1, all.sequences.device());
-    const auto parts = training_parts(role, batching, all, b0, b1);
-    const double tokens = parts.size() == 1 ? 0.0 : mask.sum().item<double>();
-    for (size_t k = 0; k < parts.size(); ++k) {
-      const bool empty = parts[k].first == parts[k].second;
-      TrainPart part;
-      const int64_t p0 = empty ? 0 : parts[k].first, p1 = empty ? 1 : parts[k].second;
-      part.begin = b0 + p0;
-      part.end = b0 + p1;
-      part.batch = slice(all, part.begin, part.end);
-      part.action_mask = mask.slice(0, p0, p1);
-      if (empty) {
-        part.token_share = part.row_share = 0.0;
-      } else if (parts.size() > 1) {
-        part.row_share = static_cast<double>(p1 - p0) / static_cast<double>(b1 - b0);
-        part.token_share =
-            tokens == 0 ? part.row_share : part.action_mask.sum().item<double>() / tokens;
-      }
-      trainer.backward(loss_fn(part), k + 1 == parts.size());
-    }
-  }
-  return trainer.step();
-}
-
-// train_actor (ppo/worker_ops.h): one optimizer step of the PPO policy loss (plus the KL
-// loss term when asked) over this rank's share of the global batch.
-Message train_actor(ModelRole& role, const ops::TrainActor& op, const Message& req,
-                    const WorkerIdentity& self) {
-  if (!role.trainer) throw RuntimeError("train_actor: this worker's role is not trained");
-  Batch all = read_batch(req, op.batching.action_len, role.device);
-  auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
-  const ppo::PolicyLossConfig& pc = op.policy;
-  const bool corrected = pc.correction.mode != ppo::RolloutCorrection::kNone;
-  const double kl_coef = op.kl_loss_coef;
-  const bool kl_loss = kl_coef > 0 && req.has_tensor("log_probs_ref");
-  const bool packed = op.batching.packing && op.batching.max_tokens > 0;
-  const double temperature = request_temperature(op.temperature, op.kName);
-  double clip_sum = 0, kl_sum = 0, ppo_kl_sum = 0;
-  // Routing replay: each part's routes stay set through its backward (checkpointed layers
-  // route again when they recompute); cleared when the step ends.
-  models::RouteReplay replay(*role.model);
-  if (op.replay_routes && !all.routes.defined())
-    throw InputError("train_actor: replay_routes without the rollout's \"routes\"");
-  // Mixtures of experts: the load-balancing loss of each part's forward, its gradient added
-  // in the part's backward (models::AuxLoss), weighted as the KL term (token share).
-  std::optional<models::AuxLossScope> aux;
-  if (op.aux_loss_coef > 0) aux.emplace(*role.model);
-  const bool balance = aux && aux->sparse();
-  double aux_sum = 0;
-  auto metrics =
-      train_in_parts(role, req, op.batching, all, begin, end, [&](const TrainPart& part) {
-        if (op.replay_routes)
-          replay.set(models::forward_routes(part.batch.routes, part.batch.attention_mask, packed));
-        if (balance)
-          aux->loss().begin(
-              packed ? torch::Tensor() : part.batch.attention_mask.reshape({-1}),
-              op.aux_loss_coef * part.token_share * role.trainer->backward_multiplier());
-        // Each part's loss is its share of the micro batch's: tokens for token means, rows for
-        // sequence means and token_sum_norm (a sum over rows x a constant); the KL term and the
-        // metrics are token means.
-        const double share =
-            pc.aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
-        const torch::Tensor& m = part.action_mask;
-        torch::Tensor lp = per_action(*role.model, part.batch, m, packed,
-                                      [&](const torch::Tensor& hidden, const torch::Tensor& ids) {
-                                        return role.model->next_token_log_probs(
-                                            at_temperature(hidden, temperature), ids);
-                                      });
-        auto r = ppo::policy_loss(
-            pc, lp, rows(req, "log_probs_old", part.begin, part.end, role.device),
-            rows(req, "advantages", part.begin, part.end, role.device), m,
-            corrected ? rows(req, "log_probs_behaviour", part.begin, part.end, role.device)
-                      : torch::Tensor());
-        torch::Tensor loss = share == 1.0 ? r.loss : r.loss * share;
-        if (kl_loss) {
-          // OpenRLHF use_kl_loss: loss += kl_coef * masked_mean(kl(log_probs, log_probs_ref)).
-          torch::Tensor kl = ppo::approx_kl(
-              lp, rows(req, "log_probs_ref", part.begin, part.end, role.device), op.kl_estimator);
-          torch::Tensor mf = m.to(torch::kFloat32);
-          torch::Tensor kl_mean = (kl * mf).sum() / mf.sum().clamp_min(1);
-          loss = loss + kl_coef * part.token_share * kl_mean;
-          kl_sum += part.token_share * kl_mean.item<double>();
-        }
-        if (balance) {  // the forward is done: its counts are final before backward
-          aux->loss().seal();
-          aux_sum += part.token_share * aux->loss().value();
-        }
-        clip_sum += part.token_share * r.clip_frac.item<double>();
-        ppo_kl_sum += part.token_share * r.approx_kl.item<double>();
-        return loss;
-      });
-  const double n = static_cast<double>(role.trainer->config().grad_accum_steps);
-  return reply_message(ops::TrainActorReply{ops::step_figures(metrics), clip_sum / n,
-                                            ppo_kl_sum / n, kl_sum / n, aux_sum / n});
-}
-
-// train_critic: one optimizer step of the clipped value loss on this rank's rows.
-Message train_critic(ModelRole& role, const ops::TrainCritic& op, const Message& req,
-                     const WorkerIdentity& self) {
-  if (!role.trainer) throw RuntimeError("train_critic: this worker's role is not trained");
-  Batch all = read_batch(req, op.batching.action_len, role.device);
-  auto [begin, end] = rank_rows(all.sequences.size(0), self, req.op);
-  const bool packed = op.batching.packing && op.batching.max_tokens > 0;
-  auto metrics =
-      train_in_parts(role, req, op.batching, all, begin, end, [&](const TrainPart& part) {
-        torch::Tensor v = per_action(*role.model, part.batch, part.action_mask, packed,
-                                     [&](const torch::Tensor& hidden, const torch::Tensor&) {
-                                       torch::Tensor values = role.model->values(hidden);  // [B, T]
-                                       return values.narrow(1, 0, values.size(1) - 1);
-                                     });
-        torch::Tensor loss =
-            ppo::value_loss(v, rows(req, "values_old", part.begin, part.end, role.device),
-                            rows(req, "returns", part.begin, part.end, role.device),
-                            part.action_mask, op.value_clip, op.aggregation, op.norm_len);
-        // The part's share of the micro batch: of its tokens for a token mean, else of its rows.
-        const double share =
-            op.aggregation == ppo::LossAggregation::kTokenMean ? part.token_share : part.row_share;
-        return share == 1.0 ? loss : loss * share;
-      });
-  return reply_message(ops::TrainCriticReply{ops::step_figures(metrics)});
-}
-
 // push_weights (rollout/worker_ops.h): the actor's side of the weight sync; rollout rank r
 // is rank r + 1 of the sync group, actor rank 0 its rank 0 (the rollout merges a LoRA
 // actor's adapters into its base).
@@ -648,6 +415,11 @@ void add_forward_operations(OperationRegistry& registry, const std::shared_ptr<M
     reply.add("log_probs", out[0].contiguous());
     size_t next = 1;
     if (op.entropy) reply.add("entropy", out[next++].contiguous());
+    if (op.top_k > 0) {
+      reply.add("top_log_probs", out[next++].contiguous());
+      reply.add("top_ids", out[next++].contiguous());
+      reply.add("top_rest", out[next++].contiguous());
+    }
     if (b.routes.defined())
       for (const char* name : {"route_tokens", "route_differ", "router_differ"})
         reply.add(name, out[next++].contiguous());
@@ -721,14 +493,7 @@ std::shared_ptr<ModelRole> add_model_operations(OperationRegistry& registry) {
     return init(*role, req, self);
   });
   add_forward_operations(registry, role);
-  registry.add<ops::TrainActor>(
-      [role](const ops::TrainActor& op, const Message& req, const WorkerIdentity& self) {
-        return train_actor(*role, op, req, self);
-      });
-  registry.add<ops::TrainCritic>(
-      [role](const ops::TrainCritic& op, const Message& req, const WorkerIdentity& self) {
-        return train_critic(*role, op, req, self);
-      });
+  add_train_operations(registry, role);
   add_checkpoint_operations(registry, role);
   registry.add<ops::PushWeights>(
       [role](const ops::PushWeights& op, const Message&, const WorkerIdentity& self) {

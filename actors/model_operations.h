@@ -1,7 +1,8 @@
-// The operations of a worker that holds one role's model (actor, critic, reward, ref; their
-// requests and replies: engine/, ppo/, rollout/ and dpo/worker_ops.h): `init` (load the model and,
-// for trained roles, join the role's collective group and build the sharded trainer), `log_probs`,
-// `values`, `score`, `train_actor` (PPO policy loss), `train_critic` (value loss), `save`, `load`,
+// The operations of a worker that holds one role's model (actor, critic, reward, ref, teacher;
+// their requests and replies: engine/, ppo/, rollout/ and dpo/worker_ops.h): `init` (load the
+// model and, for trained roles, join the role's collective group and build the sharded trainer),
+// `log_probs` (with a teacher's top-k when asked), `values`, `score`, `train_actor` (PPO policy
+// loss) and `train_critic` (value loss) (in train_operations.cpp), `save`, `load`,
 // `export_hf`, `memory`, `push_weights` (the actor's side of the weight sync to the rollout group,
 // in buckets) and `offload_optimizer` / `restore_optimizer` (the trainer's optimizer state to host
 // memory while a colocated rollout generates, and back). Generation lives with the rollout role.

@@ -226,7 +226,8 @@ void check_role_models(SpecCheck& v, const SpecSchema& schema) {
         r == Role::kCritic
             ? "a value-model directory (it defaults to reward.model, which is not set)"
         : r == Role::kTeacher
-            ? "the model to distil from (algo.distill.coef > 0), sharing the actor's tokenizer"
+            ? "the model to distil from (algo.distill.coef or algo.distill.gkd.coef > 0), "
+              "sharing the actor's tokenizer"
             : "a Hugging Face model directory (rlhf init-model makes one)";
     v.problem(role + ".model", "required for a " + kind + " job: " + what);
   }

@@ -124,8 +124,9 @@ void add_keys(KeyTable& t) {
             "once); 3: weights sharded over the ref workers, each layer all-gathered just "
             "before use (as DeepSpeed's stage-3 reference in OpenRLHF; 1 and 2 are refused).");
   add_role_placement(t, "teacher",
-                     "Teacher model directory (ppo with algo.distill.coef > 0): scores the "
-                     "actor's sampled tokens for on-policy distillation. Any architecture or size, "
+                     "Teacher model directory (ppo with algo.distill.coef or .gkd.coef > 0): "
+                     "scores the actor's sampled tokens for on-policy distillation (GKD: its top-k "
+                     "next tokens too). Any architecture or size, "
                      "but the actor's tokenizer (checked before any worker starts).");
   t.integer("teacher.zero_stage", 0, 0, 3,
             "0: full weights on every teacher worker; 3: weights sharded over the teacher "

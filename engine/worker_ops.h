@@ -63,9 +63,14 @@ struct LogProbs {
   bool entropy = false;
   bool reference = false;
   bool replay_routes = false;
+  // > 0 (a GKD teacher): also each action position's top_k most likely tokens and their
+  // log-probs (models::head_top_k), tensors "top_ids" [B, A, k] int64, "top_log_probs"
+  // [B, A, k] FP32 and "top_rest" [B, A] FP32 (the log mass of the other tokens), k capped at
+  // the vocabulary.
+  int64_t top_k = 0;
 };
 RLHF_WIRE_STRUCT(LogProbs, "log_probs", action_len, budget, temperature, entropy, reference,
-                 replay_routes)
+                 replay_routes, top_k)
 
 struct ValuesReply {};  // tensor "values" [B, A]
 RLHF_WIRE_EMPTY(ValuesReply, "values reply")

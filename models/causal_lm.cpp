@@ -423,6 +423,17 @@ torch::Tensor CausalLM::next_token_log_probs(const torch::Tensor& hidden,
   return log_probs(hidden.narrow(1, 0, T - 1), input_ids.narrow(1, 1, T - 1), chunk);
 }
 
+HeadTopK CausalLM::head_top_k(const torch::Tensor& hidden, int64_t k) {
+  TORCH_CHECK(config_.head == HeadKind::kLanguageModel,
+              "CausalLM::head_top_k needs an LM head; this model has a value head");
+  TORCH_CHECK(!tp_.enabled(), "CausalLM::head_top_k: not available on a tensor-parallel shard");
+  const int head_unit = static_cast<int>(num_layers()) + 1;
+  before(head_unit);
+  auto out = models::head_top_k(hidden, head_weight(), k, logits_chunk_tokens_);
+  after(head_unit);
+  return out;
+}
+
 torch::Tensor CausalLM::logits(const torch::Tensor& hidden) {
   TORCH_CHECK(config_.head == HeadKind::kLanguageModel,
               "CausalLM::logits needs an LM head; this model has a value head");

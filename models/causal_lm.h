@@ -113,6 +113,9 @@ class CausalLM : public torch::nn::Module, public ShardableModel {
   // (OpenRLHF's action log-probs before the action mask).
   torch::Tensor next_token_log_probs(const torch::Tensor& hidden, const torch::Tensor& input_ids,
                                      int64_t chunk = kModelChunk);
+  // The k most likely tokens at each position and their log-probs (head_top_k in
+  // log_probs.h, logits_chunk_tokens at a time): hidden [B, T, H] -> [B, T, k] each.
+  HeadTopK head_top_k(const torch::Tensor& hidden, int64_t k);
   // Full logits in the compute dtype, [B, T, H] -> [B, T, V]: for sampling a few positions.
   torch::Tensor logits(const torch::Tensor& hidden);
   // Value head: [B, T, H] -> [B, T] FP32.

@@ -7,6 +7,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -25,9 +26,11 @@ void check_head_inputs(const char* what, const torch::Tensor& hidden, const torc
   TORCH_CHECK(weight.scalar_type() == hidden.scalar_type(), what,
               ": weight and hidden must share a dtype, got ", weight.scalar_type(), " and ",
               hidden.scalar_type());
-  TORCH_CHECK(
-      labels.dim() == 2 && labels.size(0) == hidden.size(0) && labels.size(1) == hidden.size(1),
-      what, ": labels must be [B, T] = ", hidden.sizes().slice(0, 2), ", got ", labels.sizes());
+  TORCH_CHECK((labels.dim() == 2 || labels.dim() == 3) && labels.size(0) == hidden.size(0) &&
+                  labels.size(1) == hidden.size(1),
+              what,
+              ": labels must be [B, T] or [B, T, K] with [B, T] = ", hidden.sizes().slice(0, 2),
+              ", got ", labels.sizes());
   TORCH_CHECK(labels.scalar_type() == torch::kInt64, what, ": labels must be int64");
   if (labels.numel() > 0) {
     TORCH_CHECK(labels.min().item<int64_t>() >= 0 && labels.max().item<int64_t>() < weight.size(0),
@@ -90,24 +93,25 @@ torch::Tensor logits_fp32(const torch::Tensor& h, const torch::Tensor& weight) {
 // log p = (z - shift) - log_sum, as log_softmax rounds it (z - logsumexp(z) would round the
 // sum of two large terms first: ~1 ulp of the largest logit more error in every log p).
 struct ChunkForward {
-  torch::Tensor log_probs;  // [n] log p(y)
+  torch::Tensor log_probs;  // [n, K] log p(y)
   torch::Tensor shift;      // [n] max_v z
   torch::Tensor log_sum;    // [n] log sum_v exp(z - shift)
   torch::Tensor entropy;    // [n] (undefined unless asked)
 };
 
 // Everything in place on the chunk's one FP32 [n, V] buffer: z - max, exp, (entropy) / sum.
+// y: [n, K] labels per token.
 ChunkForward forward_chunk(const torch::Tensor& h, const torch::Tensor& weight,
                            const torch::Tensor& y, bool entropy) {
-  torch::Tensor z = logits_fp32(h, weight);                       // [n, V]
-  torch::Tensor picked = z.gather(1, y.unsqueeze(1)).squeeze(1);  // [n]
-  torch::Tensor m = torch::amax(z, {1}, /*keepdim=*/true);        // [n, 1]
+  torch::Tensor z = logits_fp32(h, weight);                 // [n, V]
+  torch::Tensor picked = z.gather(1, y);                    // [n, K]
+  torch::Tensor m = torch::amax(z, {1}, /*keepdim=*/true);  // [n, 1]
   z.sub_(m).exp_();
   torch::Tensor s = z.sum(1, /*keepdim=*/true);  // [n, 1]
   ChunkForward out;
   out.shift = m.squeeze(1);
   out.log_sum = s.log().squeeze(1);
-  out.log_probs = (picked - out.shift) - out.log_sum;
+  out.log_probs = (picked - m) - out.log_sum.unsqueeze(1);
   if (entropy) {
     z.div_(s);                   // p
     at::special_entr_out(z, z);  // -p log p (0 where p underflowed to 0)
@@ -116,23 +120,25 @@ ChunkForward forward_chunk(const torch::Tensor& h, const torch::Tensor& weight,
   return out;
 }
 
-// d loss / d logits of one chunk in the compute dtype, [n, V]: g_lp (onehot(y) - p) -
-// g_ent p (log p + H), from the logits recomputed. g_lp or g_ent may be undefined (zero).
+// d loss / d logits of one chunk in the compute dtype, [n, V]: sum_k g_lp[k] (onehot(y[k]) - p)
+// - g_ent p (log p + H), from the logits recomputed. y, g_lp: [n, K]; g_lp or g_ent may be
+// undefined (zero).
 torch::Tensor logits_grad(const torch::Tensor& h, const torch::Tensor& weight,
                           const torch::Tensor& y, const torch::Tensor& shift,
                           const torch::Tensor& log_sum, const torch::Tensor& g_lp,
                           const torch::Tensor& entropy, const torch::Tensor& g_ent) {
   torch::Tensor z = logits_fp32(h, weight);
-  z.sub_(shift.unsqueeze(1)).sub_(log_sum.unsqueeze(1));  // log p
+  z.sub_(shift.unsqueeze(1)).sub_(log_sum.unsqueeze(1));            // log p
+  const torch::Tensor g_sum = g_lp.defined() ? g_lp.sum(1) : g_lp;  // [n]: p's weight
   if (g_ent.defined()) {
     torch::Tensor p = z.exp();  // the entropy's gradient needs p and log p at once
     z.add_(entropy.unsqueeze(1)).mul_(g_ent.unsqueeze(1));
-    if (g_lp.defined()) z.add_(g_lp.unsqueeze(1));
+    if (g_lp.defined()) z.add_(g_sum.unsqueeze(1));
     z.mul_(p).neg_();
   } else {
-    z.exp_().mul_(-g_lp.unsqueeze(1));
+    z.exp_().mul_(-g_sum.unsqueeze(1));
   }
-  if (g_lp.defined()) z.scatter_add_(1, y.unsqueeze(1), g_lp.unsqueeze(1));
+  if (g_lp.defined()) z.scatter_add_(1, y, g_lp);
   return z.scalar_type() == h.scalar_type() ? z : z.to(h.scalar_type());
 }
 
@@ -161,13 +167,14 @@ class WeightGrad {
 
 class ChunkedHeadLogProbs : public torch::autograd::Function<ChunkedHeadLogProbs> {
  public:
-  // {log_probs [B, T], entropy [B, T] (or [0] when not asked)}, both FP32.
+  // {log_probs [B, T, K], entropy [B, T] (or [0] when not asked)}, both FP32; labels
+  // [B, T, K].
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& labels,
                                int64_t chunk, bool entropy) {
     const int64_t B = hidden.size(0), T = hidden.size(1), N = B * T;
     const auto f32 = hidden.options().dtype(torch::kFloat32);
-    auto log_probs = torch::empty({B, T}, f32), shift = torch::empty({B, T}, f32),
+    auto log_probs = torch::empty({B, T, labels.size(2)}, f32), shift = torch::empty({B, T}, f32),
          log_sum = torch::empty({B, T}, f32);
     auto ent = torch::empty({entropy ? B : 0, entropy ? T : 0}, f32);
     for (const auto& [t0, n] : chunk_ranges(N, chunk)) {
@@ -304,14 +311,17 @@ HeadLogProbs head_log_probs(const torch::Tensor& hidden, const torch::Tensor& we
   check_head_inputs("head_log_probs", hidden, weight, labels);
   TORCH_CHECK(chunk_tokens >= 0, "head_log_probs: chunk_tokens must be >= 0, got ", chunk_tokens);
   const bool with_entropy = entropy == Entropy::kCompute;
+  const bool per_token = labels.dim() == 2;
+  if (!per_token && chunk_tokens == 0) chunk_tokens = kLegacyLogProbChunk;  // no legacy K path
   HeadLogProbs out;
   if (chunk_tokens == 0) {
     out.log_probs = PositionChunkedLogProbs::apply(hidden, weight, labels, kLegacyLogProbChunk);
     if (with_entropy) out.entropy = entropy_by_positions(hidden, weight);
     return out;
   }
-  auto r = ChunkedHeadLogProbs::apply(hidden, weight, labels, chunk_tokens, with_entropy);
-  out.log_probs = r[0];
+  auto r = ChunkedHeadLogProbs::apply(hidden, weight, per_token ? labels.unsqueeze(2) : labels,
+                                      chunk_tokens, with_entropy);
+  out.log_probs = per_token ? r[0].squeeze(2) : r[0];
   if (with_entropy) out.entropy = r[1];
   return out;
 }
@@ -321,7 +331,8 @@ HeadLogProbs full_logits_log_probs(const torch::Tensor& hidden, const torch::Ten
   check_head_inputs("full_logits_log_probs", hidden, weight, labels);
   auto logp = torch::log_softmax(torch::matmul(hidden, weight.t()).to(torch::kFloat32), -1);
   HeadLogProbs out;
-  out.log_probs = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1);
+  out.log_probs = labels.dim() == 2 ? logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+                                    : logp.gather(-1, labels);
   if (entropy == Entropy::kCompute) out.entropy = -(logp.exp() * logp).sum(-1);
   return out;
 }
@@ -329,8 +340,37 @@ HeadLogProbs full_logits_log_probs(const torch::Tensor& hidden, const torch::Ten
 torch::Tensor chunked_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
                                 const torch::Tensor& labels, int64_t chunk) {
   check_head_inputs("chunked_log_probs", hidden, weight, labels);
+  TORCH_CHECK(labels.dim() == 2, "chunked_log_probs: labels must be [B, T]");
   TORCH_CHECK(chunk > 0, "chunked_log_probs: chunk must be positive");
   return PositionChunkedLogProbs::apply(hidden, weight, labels, chunk);
+}
+
+HeadTopK head_top_k(const torch::Tensor& hidden, const torch::Tensor& weight, int64_t k,
+                    int64_t chunk_tokens) {
+  TORCH_CHECK(hidden.dim() == 3 && weight.dim() == 2 && weight.size(1) == hidden.size(2) &&
+                  weight.scalar_type() == hidden.scalar_type(),
+              "head_top_k: expected hidden [B, T, H] and weight [V, H] of one dtype, got ",
+              hidden.sizes(), " and ", weight.sizes());
+  TORCH_CHECK(k >= 1, "head_top_k: k must be >= 1, got ", k);
+  torch::NoGradGuard no_grad;
+  k = std::min(k, weight.size(0));
+  const int64_t B = hidden.size(0), T = hidden.size(1);
+  HeadTopK out;
+  out.log_probs = torch::empty({B, T, k}, hidden.options().dtype(torch::kFloat32));
+  out.ids = torch::empty({B, T, k}, hidden.options().dtype(torch::kInt64));
+  out.rest = torch::empty({B, T}, hidden.options().dtype(torch::kFloat32));
+  const int64_t chunk = chunk_tokens > 0 ? chunk_tokens : kDefaultLogitsChunkTokens;
+  for (const auto& [t0, n] : chunk_ranges(B * T, chunk)) {
+    torch::Tensor logp = torch::log_softmax(logits_fp32(token_range(hidden, t0, n), weight), 1);
+    auto [values, ids] = logp.topk(k, 1);  // sorted, largest first
+    set_token_range(out.log_probs, t0, values);
+    set_token_range(out.ids, t0, ids);
+    // The rest's mass summed from its own terms, not as 1 - the top's (which loses it to
+    // rounding when it is small).
+    set_token_range(out.rest, t0,
+                    logp.scatter_(1, ids, -std::numeric_limits<float>::infinity()).logsumexp(1));
+  }
+  return out;
 }
 
 }  // namespace rlhf::models

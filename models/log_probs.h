@@ -23,7 +23,7 @@ enum class Entropy {
 };
 
 struct HeadLogProbs {
-  torch::Tensor log_probs;  // [B, T] FP32 log p(labels[b, t] | hidden[b, t])
+  torch::Tensor log_probs;  // [B, T] (or [B, T, K]) FP32 log p(labels[b, t] | hidden[b, t])
   torch::Tensor entropy;    // [B, T] FP32 -sum_v p_v log p_v; undefined with Entropy::kSkip
 };
 
@@ -39,10 +39,28 @@ struct HeadLogProbs {
 // chunk_tokens == 0: the path before issue 28 (train.logits_chunk_tokens = 0): log-probs
 // by chunked_log_probs in chunks of kLegacyLogProbChunk positions over all B rows, entropy
 // 16 positions at a time without a graph.
+// labels may be [B, T, K]: K tokens' log-probs at each position, [B, T, K] (the entropy stays
+// [B, T]); the gradient of all K flows through the same recomputed logits (GKD's student
+// log-probs at the teacher's top-K tokens). With chunk_tokens == 0 such labels take the
+// token-chunked path in chunks of kLegacyLogProbChunk tokens.
 // Throws c10::Error on mismatched shapes or dtypes, labels outside [0, V), chunk_tokens < 0.
 HeadLogProbs head_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
                             const torch::Tensor& labels, int64_t chunk_tokens,
                             Entropy entropy = Entropy::kSkip);
+
+// The K most likely next tokens of each position and their log-probs (FP32, of the whole
+// vocabulary's softmax), without a graph, `chunk_tokens` tokens at a time (0: the default
+// chunk): what a teacher sends for GKD (ppo/kl.h gkd_divergence). k is capped at V; k = V
+// is the whole distribution, sorted. hidden [B, T, H], weight [V, H] -> [B, T, k] each, and
+// the log of the mass outside the top k [B, T] (summed from those tokens' own terms; -inf at
+// k = V).
+struct HeadTopK {
+  torch::Tensor log_probs;  // [B, T, k] FP32, largest first
+  torch::Tensor ids;        // [B, T, k] int64
+  torch::Tensor rest;       // [B, T] FP32 log sum of the other tokens' probabilities
+};
+HeadTopK head_top_k(const torch::Tensor& hidden, const torch::Tensor& weight, int64_t k,
+                    int64_t chunk_tokens);
 
 // The plain reference: the whole [B, T, V] logits through autograd's own ops
 // (log_softmax, gather), as HF/TRL compute them. For tests and benchmarks.

@@ -83,6 +83,7 @@ ExperienceSettings ExperienceSettings::from(const ppo::PpoConfig& c, const JobRo
   s.kl_estimator = c.kl_estimator;
   s.advantage = c.advantage;
   s.distill_coef = c.distill_coef;
+  s.gkd_top_k = c.gkd_coef > 0 ? c.gkd_top_k : 0;
   s.eos_id = eos_id;
   s.pad_id = pad_id;
   return s;
@@ -312,7 +313,11 @@ std::map<Role, StreamScorer::Call> ExperienceMaker::scoring_calls(int64_t action
   add(groups_.actor, ops::LogProbs{action_len, budget, s_.temperature, true, has.ref_from_actor,
                                    s_.routing_replay});
   if (has.ref && !has.ref_from_actor) add(groups_.ref, frozen_log_probs(action_len));
-  if (has.teacher) add(groups_.teacher, frozen_log_probs(action_len));
+  if (has.teacher) {
+    ops::LogProbs teacher = frozen_log_probs(action_len);
+    teacher.top_k = s_.gkd_top_k;  // GKD: the teacher's distribution as its top-k
+    add(groups_.teacher, teacher);
+  }
   if (has.critic) add(groups_.critic, ops::Values{action_len, budget});
   if (has.reward_model) add(groups_.reward, ops::Score{budget});
   return calls;
@@ -372,7 +377,15 @@ Experience ExperienceMaker::score(Rollout& r) {
   if (has.ref)
     e.log_probs_ref = has.ref_from_actor ? actor_reply.tensor("ref_log_probs")
                                          : take(Role::kRef).tensor("log_probs");
-  if (has.teacher) e.log_probs_teacher = take(Role::kTeacher).tensor("log_probs");
+  if (has.teacher) {
+    const Message teacher = take(Role::kTeacher);
+    e.log_probs_teacher = teacher.tensor("log_probs");
+    if (s_.gkd_top_k > 0) {
+      e.teacher_top_log_probs = teacher.tensor("top_log_probs");
+      e.teacher_top_ids = teacher.tensor("top_ids");
+      e.teacher_top_rest = teacher.tensor("top_rest");
+    }
+  }
   if (has.critic) e.values = take(Role::kCritic).tensor("values");
   if (has.reward_model) score_rewards(r, take(Role::kReward).tensor("scores"));
   e.scores = r.scores;

@@ -40,6 +40,24 @@ torch::Tensor distill_reverse_kl(const torch::Tensor& log_probs,
                                  const torch::Tensor& action_mask);
 torch::Tensor distill_advantage(const torch::Tensor& reverse_kl, double coef);
 
+// GKD's generalised Jensen-Shannon divergence (Agarwal et al. 2024, "On-Policy Distillation
+// of Language Models", eq. for JSD(beta); TRL's GKDTrainer.generalized_jsd_loss), per
+// position, between the teacher's next-token distribution P and the student's Q (both at the
+// sampling temperature):
+//   beta = 0: KL(P || Q) (forward);   beta = 1: KL(Q || P) (reverse);
+//   otherwise, with M = beta P + (1 - beta) Q: beta KL(P || M) + (1 - beta) KL(Q || M).
+// The teacher sends its top-k tokens only (algo.distill.gkd.top_k): teacher_top [.., k] are
+// their log-probs (of its whole softmax), teacher_rest [..] the log of its mass on all other
+// tokens (models::HeadTopK::rest; undefined: log(1 - the top's sum)), and student_top [.., k]
+// the student's log-probs of the same tokens (its rest is 1 - their sum). Both distributions
+// are lumped onto k + 1 outcomes, the k tokens and "any other token", and the divergence is
+// that of the lumped distributions: exact when k >= vocab_size (no other token; the rest is
+// dropped), and otherwise never above the whole-vocabulary value (KL and JSD are
+// f-divergences, which lumping outcomes cannot increase). Computed in FP64 (the rest as 1 -
+// a sum); the gradient reaches the student through student_top. Returns [..] FP32.
+torch::Tensor gkd_divergence(const torch::Tensor& student_top, const torch::Tensor& teacher_top,
+                             const torch::Tensor& teacher_rest, double beta, int64_t vocab_size);
+
 // KL coefficient. Fixed when target == 0; otherwise the adaptive controller of Ziegler et
 // al. 2019 as OpenRLHF implements it:
 //   e = clip(current_kl / target - 1, -0.2, 0.2);  coef *= 1 + e * n_samples / horizon.

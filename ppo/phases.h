@@ -100,6 +100,7 @@ struct ExperienceSettings {
   KlEstimator kl_estimator = KlEstimator::kK1;
   AdvantageConfig advantage;
   double distill_coef = 0;  // algo.distill.coef (ppo/kl.h distill_advantage)
+  int64_t gkd_top_k = 0;    // GKD: the teacher's top-k tokens per position (0: not asked)
   int64_t eos_id = -1, pad_id = 0;
 
   static ExperienceSettings from(const ppo::PpoConfig& c, const JobRoles& roles,
@@ -186,8 +187,9 @@ struct TrainingSettings {
   KlEstimator kl_estimator = KlEstimator::kK1;
   double temperature = 1.0;
   double value_clip = 0.5;
-  bool routing_replay = false;  // the train requests carry the rollout's routes
-  double aux_loss_coef = 0;     // actor.aux_loss_coef
+  bool routing_replay = false;          // the train requests carry the rollout's routes
+  double aux_loss_coef = 0;             // actor.aux_loss_coef
+  double gkd_coef = 0, gkd_beta = 0.5;  // algo.distill.gkd.coef and .beta (0: no GKD term)
   JobRoles roles;
 
   static TrainingSettings from(const ppo::PpoConfig& c, const JobRoles& roles);

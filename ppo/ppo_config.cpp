@@ -51,6 +51,9 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec) {
   c.kl_horizon = spec.get_int("algo.kl.horizon");
   c.kl_use_loss = spec.get_bool("algo.kl.use_loss");
   c.distill_coef = spec.get_float("algo.distill.coef");
+  c.gkd_coef = spec.get_float("algo.distill.gkd.coef");
+  c.gkd_beta = spec.get_float("algo.distill.gkd.beta");
+  c.gkd_top_k = spec.get_int("algo.distill.gkd.top_k");
   const double eps = spec.get_float("actor.eps_clip");
   const double low = spec.get_float("actor.eps_clip_low"),
                high = spec.get_float("actor.eps_clip_high");

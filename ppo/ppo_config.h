@@ -46,6 +46,10 @@ struct PpoConfig {
   int64_t kl_horizon = 10000;
   bool kl_use_loss = false;
   double distill_coef = 0;  // algo.distill.coef: the teacher's per-token reverse-KL weight
+  // algo.distill.gkd.*: GKD's divergence weight in the actor's loss (0: off), its beta, and
+  // the teacher's tokens per position (ppo/kl.h gkd_divergence).
+  double gkd_coef = 0, gkd_beta = 0.5;
+  int64_t gkd_top_k = 64;
   // actor.policy_loss, eps_clip*, dual_clip, loss_agg (resolved: never "auto"; the critic's
   // loss follows it), algo.rollout_correction and its cap.
   PolicyLossConfig policy;

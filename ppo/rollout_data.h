@@ -92,6 +92,10 @@ struct Experience {
   torch::Tensor log_probs_teacher;  // [B, A]
   torch::Tensor reverse_kl;         // [B, A], 0 off the action mask
   double reverse_kl_mean = 0;       // sequence_mean_kl(reverse_kl): distill/reverse_kl
+  // GKD: the teacher's top-k tokens at each action position and their log-probs.
+  torch::Tensor teacher_top_log_probs;  // [B, A, k] FP32
+  torch::Tensor teacher_top_ids;        // [B, A, k] int64
+  torch::Tensor teacher_top_rest;       // [B, A] FP32 log mass of the other tokens
   // |rollout log-probs - actor log-probs| over action tokens: the synced weights and the two
   // engines agree (with algo.max_staleness > 0 it includes the updates the rollout lags by).
   double logprob_diff_mean = 0, logprob_diff_max = 0;

@@ -33,6 +33,22 @@ void add_algo_keys(KeyTable& t) {
            "Thinking Machines' on-policy distillation). With no reward source it is pure "
            "distillation; with sources it adds to their advantages. Logged as "
            "distill/reverse_kl.");
+  t.number("algo.distill.gkd.coef", 0.0, 0, kUnbounded,
+           "GKD from teacher.model (0: off; Agarwal et al. 2024, TRL's GKDTrainer): the actor's "
+           "loss gains coef x the token mean, on its own samples, of the generalised "
+           "Jensen-Shannon divergence between the teacher's and the actor's next-token "
+           "distributions at the sampling temperature. With no reward source it is pure "
+           "GKD. Logged as distill/gkd.");
+  t.number("algo.distill.gkd.beta", 0.5, 0, 1,
+           "GKD's JSD interpolation as TRL's beta: 0 is KL(teacher || actor) (forward), 1 is "
+           "KL(actor || teacher) (reverse), between them beta KL(teacher || M) + (1 - beta) "
+           "KL(actor || M) with M = beta teacher + (1 - beta) actor.");
+  t.integer("algo.distill.gkd.top_k", 64, 1, 1 << 20,
+            "Tokens of the teacher's distribution sent per position: its top k and their "
+            "log-probs, never its whole logits. The divergence is taken between the two "
+            "distributions lumped onto those k tokens and one 'any other token' outcome: "
+            "exact at k >= the vocabulary, otherwise never above the whole-vocabulary value "
+            "(docs/distill.md gives its error).");
   t.integer("algo.max_staleness", 0, 0, 64,
             "Bounded staleness k of an asynchronous pipeline (issue 42): the rollout group "
             "keeps generating the next steps' samples while the actor and critic train, and a "
@@ -138,7 +154,9 @@ std::optional<RoleUse> roles(const json& r) {
   if ((kl > 0 || r.at(spec_pointer("algo.kl.use_loss")).get<bool>()) &&
       !engine::actor_is_reference(r))
     use.used.push_back(Role::kRef);
-  if (r.at(spec_pointer("algo.distill.coef")).get<double>() > 0) use.used.push_back(Role::kTeacher);
+  if (r.at(spec_pointer("algo.distill.coef")).get<double>() > 0 ||
+      r.at(spec_pointer("algo.distill.gkd.coef")).get<double>() > 0)
+    use.used.push_back(Role::kTeacher);
   use.used.push_back(Role::kRollout);
   return use;
 }
@@ -149,13 +167,14 @@ void check_samples(SpecCheck& v) {
   std::vector<SpecProblem> problems;
   const json sources = rewards::reward_sources(v.resolved, &problems);
   // An environment (env.*) may be the only source: its rewards are summed per trajectory; a
-  // teacher alone (algo.distill.coef) is pure on-policy distillation.
+  // teacher alone (algo.distill.coef or .gkd.coef) is pure distillation.
   if (sources.empty() && problems.empty() && !envs::has_environment(v.resolved) &&
-      !(v.ok({"algo.distill.coef"}) && v.real("algo.distill.coef") > 0))
+      !(v.ok({"algo.distill.coef"}) && v.real("algo.distill.coef") > 0) &&
+      !(v.ok({"algo.distill.gkd.coef"}) && v.real("algo.distill.gkd.coef") > 0))
     v.problem("reward",
               "a ppo job needs a reward source: reward.model, reward.rule, reward.python, "
               "reward.remote_url, reward.sources, an environment (env.*) or a teacher to distil "
-              "from (algo.distill.coef > 0 with teacher.model)");
+              "from (algo.distill.coef or algo.distill.gkd.coef > 0 with teacher.model)");
   const int64_t n = v.integer("rollout.n_samples_per_prompt");
   const int64_t rb = v.integer("rollout.batch_size"), train_bs = v.integer("train.batch_size");
   if (v.ok({"train.batch_size", "train.micro_batch_size", "rollout.batch_size",

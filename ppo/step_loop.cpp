@@ -79,6 +79,7 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
       out << "step " << step << "/" << total_steps_ << " | reward " << fixed(rec["reward_mean"])
           << " +- " << fixed(rec["reward_std"]) << " | kl " << fixed(kl_mean, 4)
           << (roles_.teacher ? " | reverse kl " + fixed(o.e.reverse_kl_mean, 4) : std::string())
+          << (c_.gkd_coef > 0 ? " | gkd " + fixed(rec["distill"]["gkd"], 4) : std::string())
           << " | policy " << fixed(rec["policy_loss"])
           << (roles_.critic ? " | value " + fixed(rec["value_loss"]) : std::string()) << " | len "
           << fixed(rec["response_length"], 1) << " | " << fixed(o.t_step, 2) << " s (gen "
@@ -212,7 +213,13 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
   if (e.route_differ_share >= 0)  // the share of routed tokens whose experts differ
     rec["routing"] = {{"differ_share", e.route_differ_share},
                       {"router_differ_share", e.router_differ_share}};
-  if (roles_.teacher) rec["distill"] = {{"reverse_kl", e.reverse_kl_mean}};
+  if (roles_.teacher) {  // distill/reverse_kl, and GKD's divergence as distill/gkd
+    rec["distill"] = {{"reverse_kl", e.reverse_kl_mean}};
+    if (rec.contains("gkd_loss")) {
+      rec["distill"]["gkd"] = rec["gkd_loss"];
+      rec.erase("gkd_loss");
+    }
+  }
   if (!r.judges.is_null()) rec["judge"] = r.judges;  // judge/<name>/unparsed
   return rec;
 }

@@ -28,6 +28,8 @@ TrainingSettings TrainingSettings::from(const ppo::PpoConfig& c, const JobRoles&
   s.value_clip = c.value_clip;
   s.routing_replay = c.routing_replay;
   s.aux_loss_coef = c.aux_loss_coef;
+  s.gkd_coef = c.gkd_coef;
+  s.gkd_beta = c.gkd_beta;
   s.roles = roles;
   return s;
 }
@@ -55,6 +57,8 @@ ops::TrainActor PolicyTrainer::actor_request(const Rollout& r) const {
   request.temperature = s_.temperature;
   request.replay_routes = s_.routing_replay;
   request.aux_loss_coef = s_.aux_loss_coef;
+  request.gkd_coef = s_.gkd_coef;
+  request.gkd_beta = s_.gkd_beta;
   return request;
 }
 
@@ -73,6 +77,7 @@ json PolicyTrainer::train(const Rollout& r, const Experience& e, int64_t step,
   std::vector<const char*> averaged = {"policy_loss", "clip_frac", "approx_kl", "grad_norm"};
   if (critic_) averaged.insert(averaged.end(), {"value_loss", "critic_grad_norm"});
   if (s_.aux_loss_coef > 0) averaged.push_back("aux_loss");
+  if (s_.gkd_coef > 0) averaged.push_back("gkd_loss");
   json sums = {{"lr", 0.0}};
   for (const char* k : averaged) sums[k] = 0.0;
   int64_t updates = 0;
@@ -110,6 +115,11 @@ double PolicyTrainer::update(const Rollout& r, const Experience& e, const torch:
   if (s_.kl_use_loss && s_.roles.ref)
     actor_tensors.push_back({"log_probs_ref", pick(e.log_probs_ref)});
   if (s_.routing_replay) actor_tensors.push_back({"routes", pick(r.routes)});
+  if (s_.gkd_coef > 0) {
+    actor_tensors.push_back({"teacher_top_ids", pick(e.teacher_top_ids)});
+    actor_tensors.push_back({"teacher_top_log_probs", pick(e.teacher_top_log_probs)});
+    actor_tensors.push_back({"teacher_top_rest", pick(e.teacher_top_rest)});
+  }
   std::future<std::vector<Answered<ops::TrainCriticReply>>> critic;
   if (critic_) {
     auto critic_tensors = common;
@@ -125,6 +135,7 @@ double PolicyTrainer::update(const Rollout& r, const Experience& e, const torch:
   sums["clip_frac"] = sums["clip_frac"].get<double>() + a.clip_frac;
   sums["approx_kl"] = sums["approx_kl"].get<double>() + a.approx_kl;
   if (s_.aux_loss_coef > 0) sums["aux_loss"] = sums["aux_loss"].get<double>() + a.aux_loss;
+  if (s_.gkd_coef > 0) sums["gkd_loss"] = sums["gkd_loss"].get<double>() + a.gkd_loss;
   sums["grad_norm"] = sums["grad_norm"].get<double>() + a.metrics.grad_norm;
   sums["lr"] = a.metrics.lr;
   if (a.metrics.loss_scale != 1.0) {  // FP16: the scale this update used, overflows so far

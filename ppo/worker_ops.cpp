@@ -34,10 +34,15 @@ void from_json(const nlohmann::json& j, PolicyLossConfig& c) {
 namespace rlhf::ops {
 
 void to_json(nlohmann::json& j, const TrainActor& r) {
-  j = {{"batching", r.batching},          {"policy", r.policy},
-       {"kl_loss_coef", r.kl_loss_coef},  {"kl_estimator", ppo::kl_estimator_name(r.kl_estimator)},
-       {"temperature", r.temperature},    {"replay_routes", r.replay_routes},
-       {"aux_loss_coef", r.aux_loss_coef}};
+  j = {{"batching", r.batching},
+       {"policy", r.policy},
+       {"kl_loss_coef", r.kl_loss_coef},
+       {"kl_estimator", ppo::kl_estimator_name(r.kl_estimator)},
+       {"temperature", r.temperature},
+       {"replay_routes", r.replay_routes},
+       {"aux_loss_coef", r.aux_loss_coef},
+       {"gkd_coef", r.gkd_coef},
+       {"gkd_beta", r.gkd_beta}};
 }
 
 void from_json(const nlohmann::json& j, TrainActor& r) {
@@ -49,6 +54,8 @@ void from_json(const nlohmann::json& j, TrainActor& r) {
   f.read("temperature", r.temperature);
   f.read("replay_routes", r.replay_routes);
   f.read("aux_loss_coef", r.aux_loss_coef);
+  f.read("gkd_coef", r.gkd_coef);
+  f.read("gkd_beta", r.gkd_beta);
   f.finish();
 }
 

@@ -1,5 +1,5 @@
 // PPO's train steps as typed requests and replies (transport/operation.h); the worker side
-// is actors/model_operations.cpp. The loss settings travel whole (ppo::PolicyLossConfig).
+// is actors/train_operations.cpp. The loss settings travel whole (ppo::PolicyLossConfig).
 #pragma once
 
 #include <cstdint>
@@ -35,9 +35,10 @@ struct TrainActorReply {
   double approx_kl = 0;
   double kl_loss = 0;
   double aux_loss = 0;  // the load-balancing loss (mixtures of experts; 0 for a dense model)
+  double gkd_loss = 0;  // GKD's divergence, token mean (0 without gkd_coef)
 };
 RLHF_WIRE_STRUCT(TrainActorReply, "train_actor reply", metrics, clip_frac, approx_kl, kl_loss,
-                 aux_loss)
+                 aux_loss, gkd_loss)
 
 // One optimizer step of the PPO policy loss over this rank's share of the global batch.
 // Tensors: "sequences", "attention_mask", "action_mask", "log_probs_old", "advantages",
@@ -57,6 +58,12 @@ struct TrainActor {
   bool replay_routes = false;
   // Mixtures of experts: loss += aux_loss_coef x the load-balancing loss (models::AuxLoss).
   double aux_loss_coef = 0;
+  // GKD (algo.distill.gkd.*): loss += gkd_coef x the token mean of ppo::gkd_divergence with
+  // gkd_beta, against the teacher's top-k: tensors "teacher_top_ids" [B, A, k] int64,
+  // "teacher_top_log_probs" [B, A, k] FP32 and "teacher_top_rest" [B, A] FP32 (the teacher's
+  // LogProbs with top_k).
+  double gkd_coef = 0;
+  double gkd_beta = 0.5;
 };
 void to_json(nlohmann::json& j, const TrainActor& r);
 void from_json(const nlohmann::json& j, TrainActor& r);

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "actors/device.h"
@@ -106,6 +108,125 @@ INSTANTIATE_TEST_SUITE_P(ChunkTokens, ModelOperationsChunks, ::testing::Values(-
                            return info.param < 0 ? std::string("Default")
                                                  : "Chunk" + std::to_string(info.param);
                          });
+
+// The whole-vocabulary generalised JSD per position from logits [.., V], in FP64, written as
+// TRL's generalized_jsd_loss (beta 0: KL(teacher || student), 1: KL(student || teacher)).
+torch::Tensor whole_jsd(const torch::Tensor& student_logits, const torch::Tensor& teacher_logits,
+                        double beta) {
+  const auto q = torch::log_softmax(student_logits.to(torch::kFloat64), -1);
+  const auto p = torch::log_softmax(teacher_logits.to(torch::kFloat64), -1);
+  const auto kl = [](const torch::Tensor& x, const torch::Tensor& y) {
+    return (x.exp() * (x - y)).sum(-1);
+  };
+  if (beta == 0.0) return kl(p, q);
+  if (beta == 1.0) return kl(q, p);
+  const auto m = torch::log(beta * p.exp() + (1 - beta) * q.exp());
+  return beta * kl(p, m) + (1 - beta) * kl(q, m);
+}
+
+// train_actor's GKD loss on a fresh FP32 actor (the Llama fixture, one rank, ZeRO 1) for the
+// teacher's top-k reply `top`, its rows padded or packed (3 rows' tokens per packed row).
+double actor_gkd_loss(const Message& top, const torch::Tensor& seq, const torch::Tensor& mask,
+                      const torch::Tensor& action_mask, bool packed, double beta,
+                      double temperature) {
+  static int calls = 0;
+  OperationRegistry actor_ops;
+  add_model_operations(actor_ops);
+  engine::ModelRoleConfig ac = fixture_config("actor");
+  ac.gradient_checkpointing = false;
+  ac.trainer = engine::TrainerConfig{};
+  ac.trainer->zero_stage = engine::ZeroStage::kOptimizer;
+  const std::string store =
+      (std::filesystem::temp_directory_path() /
+       ("gkd-store-" + std::to_string(::getpid()) + "-" + std::to_string(++calls)))
+          .string();
+  const WorkerIdentity self{"actor", 0, 1, "cpu:0", "local"};
+  call(actor_ops, message(ops::Init{ac, store}), self);
+  const int64_t b = seq.size(0), t = seq.size(1), a = action_mask.size(1);
+  ops::TrainActor train;
+  train.batching = {a, b, packed ? 3 * t : 0, packed};
+  train.temperature = temperature;
+  train.gkd_coef = 1.0;
+  train.gkd_beta = beta;
+  const Message reply = call(actor_ops,
+                             message(train, {{"sequences", seq},
+                                             {"attention_mask", mask},
+                                             {"action_mask", action_mask},
+                                             {"log_probs_old", torch::zeros({b, a})},
+                                             {"advantages", torch::zeros({b, a})},
+                                             {"teacher_top_ids", top.tensor("top_ids")},
+                                             {"teacher_top_log_probs", top.tensor("top_log_probs")},
+                                             {"teacher_top_rest", top.tensor("top_rest")}}),
+                             self);
+  std::filesystem::remove(store);
+  return reply_of<ops::TrainActor>(reply).gkd_loss;
+}
+
+// GKD across two workers' operations: a teacher of another architecture (the Qwen2 fixture,
+// the Llama one's 64-token vocabulary) sends its top k at each action position; the actor's
+// train_actor reports the token mean of the divergence to them. With k >= V that is the
+// whole-vocabulary JSD of the two models' logits computed directly, padded or packed rows
+// alike; with k < V it is below it.
+TEST(ModelOperations, GkdLossWithTheWholeVocabularyIsTheDirectJsd) {
+  torch::set_num_threads(1);
+  const std::string teacher_dir =
+      std::string(RLHF_SOURCE_DIR) + "/tests/fixtures/llama_tiny/qwen2_tied_bias";
+  OperationRegistry teacher_ops;
+  add_model_operations(teacher_ops);
+  engine::ModelRoleConfig tc = fixture_config("teacher");
+  tc.model_dir = teacher_dir;
+  tc.logits_chunk_tokens = 5;  // chunks that span rows
+  call(teacher_ops, message(ops::Init{tc, ""}), {"teacher", 0, 1, "cpu:0", "local"});
+
+  torch::manual_seed(1);
+  const int64_t b = 4, t = 9, a = 5;
+  const double temperature = 0.8;
+  torch::Tensor seq = torch::randint(0, 64, {b, t}, torch::kLong);
+  torch::Tensor mask = torch::ones({b, t}, torch::kLong);
+  mask[1][0] = 0;  // a left-padded prompt
+  torch::Tensor action_mask = torch::ones({b, a}, torch::kLong);
+  action_mask[2][a - 1] = 0;  // a response that ended early
+  auto teacher_top = [&](int64_t k) {
+    ops::LogProbs request{a, {}, temperature, false, false};
+    request.top_k = k;
+    return call(teacher_ops, message(request, {{"sequences", seq}, {"attention_mask", mask}}),
+                {"teacher", 0, 1, "cpu:0", "local"});
+  };
+
+  // Directly: both models' whole logits / T at the states before each action.
+  models::LoadOptions fp32;
+  fp32.dtype = torch::kFloat32;
+  torch::Tensor zs, zt;
+  {
+    torch::NoGradGuard no_grad;
+    auto student = models::load_pretrained(kModel, fp32);
+    auto teacher = models::load_pretrained(teacher_dir, fp32);
+    zs = student->logits(student->forward(seq, mask)).slice(1, t - 1 - a, t - 1) / temperature;
+    zt = teacher->logits(teacher->forward(seq, mask)).slice(1, t - 1 - a, t - 1) / temperature;
+  }
+  const torch::Tensor mf = action_mask.to(torch::kFloat64);
+  auto token_mean = [&](const torch::Tensor& d) {
+    return ((d * mf).sum() / mf.sum()).item<double>();
+  };
+
+  for (const bool packed : {false, true}) {
+    for (const double beta : {0.0, 0.5, 1.0}) {
+      for (const int64_t k : {int64_t{100}, int64_t{8}}) {  // 100: capped at V = 64
+        const Message top = teacher_top(k);
+        ASSERT_EQ(top.tensor("top_ids").size(2), std::min<int64_t>(k, 64));
+        const double got = actor_gkd_loss(top, seq, mask, action_mask, packed, beta, temperature);
+        const double whole = token_mean(whole_jsd(zs, zt, beta));
+        ASSERT_GT(whole, 1e-3);  // the two models differ
+        const std::string at = std::string(packed ? "packed" : "padded") + " beta " +
+                               std::to_string(beta) + " k " + std::to_string(k);
+        if (k >= 64)  // FP32 logits through two reduction orders: 1e-5 of the value
+          EXPECT_NEAR(got, whole, 1e-5 * whole) << at;
+        else
+          EXPECT_LT(got, whole) << at;
+      }
+    }
+  }
+}
 
 // Issue 40.1: a worker given a request without a field, or with one it does not know, fails
 // naming the operation and the field, before it runs anything; a whole request runs.

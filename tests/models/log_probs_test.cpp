@@ -8,6 +8,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 
@@ -120,6 +121,59 @@ TEST(HeadLogProbs, OnlyTheUsedOutputsCarryGradient) {
   auto e_grads = torch::autograd::grad({(out_e.entropy * c.g_ent).sum()}, {c.hidden, c.weight});
   EXPECT_LT(relative_error(e_grads[0], ref_e_grads[0]), 1e-6);
   EXPECT_LT(relative_error(e_grads[1], ref_e_grads[1]), 1e-6);
+}
+
+TEST(HeadLogProbs, SeveralLabelsPerPositionEqualWholeLogits) {
+  // GKD's student side: K = 5 tokens' log-probs at each position ([B, T, K] labels) with the
+  // entropy, values and gradients against the whole-logits gather, for chunks that do and do
+  // not divide the 21 tokens, and for chunk 0 (which takes the token-chunked path).
+  torch::set_num_threads(1);
+  const Case c = make_case(torch::kFloat32, 4);
+  auto gen = at::detail::createCPUGenerator(40);
+  const auto labels = torch::randint(0, 1000, {3, 7, 5}, gen, torch::kInt64);
+  const auto g = torch::randn({3, 7, 5}, gen);
+  const auto loss_grads = [&](const HeadLogProbs& r) {
+    auto loss = (r.log_probs * g).sum() + (r.entropy * c.g_ent).sum();
+    return torch::autograd::grad({loss}, {c.hidden, c.weight});
+  };
+  const auto ref = full_logits_log_probs(c.hidden, c.weight, labels, Entropy::kCompute);
+  const auto ref_grads = loss_grads(ref);
+  for (int64_t chunk : {0, 5, 8, 64}) {
+    const auto out = head_log_probs(c.hidden, c.weight, labels, chunk, Entropy::kCompute);
+    ASSERT_EQ(out.log_probs.sizes(), labels.sizes());
+    const auto grads = loss_grads(out);
+    // Rounding only (the same FP32 formula in another order): 1e-6 of each tensor's scale.
+    EXPECT_LT(relative_error(out.log_probs.detach(), ref.log_probs.detach()), 1e-6) << chunk;
+    EXPECT_LT(relative_error(grads[0], ref_grads[0]), 1e-6) << chunk;
+    EXPECT_LT(relative_error(grads[1], ref_grads[1]), 1e-6) << chunk;
+  }
+}
+
+TEST(HeadLogProbs, TopKIsTheWholeSoftmaxsLargestEntries) {
+  // The teacher's side of GKD: the k most likely tokens per position and their log-probs of
+  // the whole vocabulary's softmax, chunk by chunk; k = V is the whole distribution sorted.
+  torch::set_num_threads(1);
+  const Case c = make_case(torch::kFloat32, 5);
+  torch::NoGradGuard no_grad;
+  const auto logp = torch::log_softmax(torch::matmul(c.hidden, c.weight.t()), -1);
+  for (int64_t k : {1, 64, 1000, 5000}) {
+    const auto top = head_top_k(c.hidden, c.weight, k, 8);
+    const int64_t kk = std::min<int64_t>(k, 1000);
+    ASSERT_EQ(top.ids.sizes(), (std::vector<int64_t>{3, 7, kk}));
+    auto [values, ids] = logp.topk(kk, -1);
+    EXPECT_LT((top.log_probs - values).abs().max().item<double>(), 1e-5) << k;
+    // The ids hold the values they claim (ties aside, the same ids).
+    EXPECT_LT((logp.gather(-1, top.ids) - top.log_probs).abs().max().item<double>(), 1e-5) << k;
+    EXPECT_TRUE(torch::equal(top.ids.select(2, 0), ids.select(2, 0))) << k;
+    // The rest: the others' mass, summed from their own terms (-inf when there are none).
+    const auto others = logp.scatter(-1, top.ids, -std::numeric_limits<float>::infinity());
+    if (kk < 1000)
+      EXPECT_LT((top.rest - others.logsumexp(-1)).abs().max().item<double>(), 1e-5) << k;
+    else
+      EXPECT_TRUE(torch::isinf(top.rest).all().item<bool>()) << k;
+  }
+  const auto all = head_top_k(c.hidden, c.weight, 1000, 8);
+  EXPECT_NEAR(all.log_probs.exp().sum(-1).min().item<double>(), 1.0, 1e-5);
 }
 
 TEST(HeadLogProbs, ChunkZeroIsThePathBeforeChunkingByTokens) {
