@@ -61,7 +61,9 @@ SpecSection spec_section() {
     t.string("data.prompt_key", "prompt", "JSON key of the prompt in preference and SFT data.");
     t.string("data.chosen_key", "chosen", "JSON key of the preferred response.");
     t.string("data.rejected_key", "rejected", "JSON key of the dispreferred response.");
-    t.string("data.output_key", "output", "JSON key of the target response in SFT data.");
+    t.string("data.output_key", "output",
+             "JSON key of the target response in SFT data, and in a PPO job's prompt dataset "
+             "with algo.distill.gkd.lambda < 1 (GKD's dataset responses).");
     t.boolean("data.multiturn", false,
               "SFT on whole conversations (OpenRLHF's --multiturn): data.prompt_key holds a list "
               "of {role, content} messages (system, user, assistant, tool) and the loss covers "

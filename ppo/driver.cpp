@@ -147,6 +147,13 @@ std::vector<TokenizedPrompt> PpoJob::tokenize_prompts(const JobSpec& spec,
     }
     p.ids.assign(ids.begin(), ids.end());
     p.label = row.label;
+    if (!source.output_key.empty()) {  // GKD's dataset response: its tokens, then EOS
+      const auto r = tokenizer_->encode(row.response, tokenizer::AddSpecial::kNo);
+      p.response_ids.assign(r.begin(), r.end());
+      p.response_ids.push_back(eos_id_);
+      if (static_cast<int64_t>(p.response_ids.size()) > c_.max_new_tokens)
+        p.response_ids.resize(static_cast<size_t>(c_.max_new_tokens));
+    }
     if (rewards_->reads_rows() || !c_.environment.is_null()) p.columns = row.columns;
     out.push_back(std::move(p));
   }

@@ -84,6 +84,7 @@ ExperienceSettings ExperienceSettings::from(const ppo::PpoConfig& c, const JobRo
   s.advantage = c.advantage;
   s.distill_coef = c.distill_coef;
   s.gkd_top_k = c.gkd_coef > 0 ? c.gkd_top_k : 0;
+  s.gkd_lambda = c.gkd_coef > 0 ? c.gkd_lambda : 1.0;
   s.eos_id = eos_id;
   s.pad_id = pad_id;
   return s;
@@ -364,6 +365,8 @@ Experience ExperienceMaker::score(Rollout& r) {
   };
   const Message actor_reply = take(Role::kActor);
   const torch::Tensor current = actor_reply.tensor("log_probs");
+  // A dataset step was not sampled: the actor's own log-probs stand for the sampler's.
+  if (r.from_dataset) r.behaviour_log_probs = current.clone();
   set_old_log_probs(e, r, current);
   e.entropy = actor_reply.tensor("entropy");
   if (actor_reply.has_tensor("route_tokens")) {  // the rollout's routes went along
@@ -437,6 +440,9 @@ void ExperienceMaker::shape_rewards(Experience& e, const Rollout& r,
     e.reverse_kl_mean = sequence_mean_kl(e.reverse_kl, r.action_mask);
     e.adv.advantages = e.adv.advantages + distill_advantage(e.reverse_kl, s_.distill_coef);
   }
+  // GKD's dataset step: only the GKD term trains (no policy gradient on responses the actor
+  // did not sample).
+  if (r.from_dataset) e.adv.advantages = torch::zeros_like(e.adv.advantages);
 }
 
 }  // namespace rlhf::ppo::job

@@ -101,6 +101,7 @@ struct ExperienceSettings {
   AdvantageConfig advantage;
   double distill_coef = 0;  // algo.distill.coef (ppo/kl.h distill_advantage)
   int64_t gkd_top_k = 0;    // GKD: the teacher's top-k tokens per position (0: not asked)
+  double gkd_lambda = 1.0;  // GKD: the share of on-policy steps (the rest: dataset responses)
   int64_t eos_id = -1, pad_id = 0;
 
   static ExperienceSettings from(const ppo::PpoConfig& c, const JobRoles& roles,
@@ -140,6 +141,12 @@ class ExperienceMaker {
   uint64_t sample_seed(int64_t step, int64_t refill) const;
   Rollout generate(const PromptBatch& batch, int64_t step, int64_t refill = 0);
   Rollout sample_groups(int64_t step);  // sample() without its accounting
+  // GKD's lambda (algo.distill.gkd.lambda): whether `step` trains on the actor's own samples,
+  // drawn from (train.seed, step) with that probability, so a resumed run draws the same.
+  bool on_policy_step(int64_t step) const;
+  // GKD's dataset step: `batch`'s dataset responses as a rollout, each repeated
+  // n_samples_per_prompt times (PromptBatch::response_ids; Rollout::from_dataset).
+  Rollout dataset_rollout(const PromptBatch& batch) const;
   // DAPO's filter over the batches `draw(refill)` gives (sampling.cpp).
   Rollout filter_groups(const std::function<Rollout(int64_t refill)>& draw);
   // Dynamic sampling with rollout.streaming: each arriving group is scored by the reward

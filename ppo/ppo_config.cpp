@@ -54,6 +54,7 @@ PpoConfig PpoConfig::from_spec(const JobSpec& spec) {
   c.gkd_coef = spec.get_float("algo.distill.gkd.coef");
   c.gkd_beta = spec.get_float("algo.distill.gkd.beta");
   c.gkd_top_k = spec.get_int("algo.distill.gkd.top_k");
+  c.gkd_lambda = spec.get_float("algo.distill.gkd.lambda");
   const double eps = spec.get_float("actor.eps_clip");
   const double low = spec.get_float("actor.eps_clip_low"),
                high = spec.get_float("actor.eps_clip_high");

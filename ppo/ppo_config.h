@@ -48,7 +48,7 @@ struct PpoConfig {
   double distill_coef = 0;  // algo.distill.coef: the teacher's per-token reverse-KL weight
   // algo.distill.gkd.*: GKD's divergence weight in the actor's loss (0: off), its beta, and
   // the teacher's tokens per position (ppo/kl.h gkd_divergence).
-  double gkd_coef = 0, gkd_beta = 0.5;
+  double gkd_coef = 0, gkd_beta = 0.5, gkd_lambda = 1.0;
   int64_t gkd_top_k = 64;
   // actor.policy_loss, eps_clip*, dual_clip, loss_agg (resolved: never "auto"; the critic's
   // loss follows it), algo.rollout_correction and its cap.

@@ -43,6 +43,7 @@ PromptBatch PromptStream::next(int64_t count) {
     b.texts.push_back(picked[static_cast<size_t>(i)]->text);
     b.labels.push_back(picked[static_cast<size_t>(i)]->label);
     b.columns.push_back(picked[static_cast<size_t>(i)]->columns);
+    b.response_ids.push_back(picked[static_cast<size_t>(i)]->response_ids);
   }
   return b;
 }

@@ -20,6 +20,9 @@ struct TokenizedPrompt {
   std::string text;  // the formatted prompt
   std::string label;
   nlohmann::json columns;  // PromptRow::columns; null when no reward source reads them
+  // The dataset's response, tokenized with EOS and cut to rollout.max_new_tokens (GKD's
+  // dataset steps, algo.distill.gkd.lambda < 1); empty otherwise.
+  std::vector<int64_t> response_ids;
 };
 
 struct PromptBatch {
@@ -28,6 +31,7 @@ struct PromptBatch {
   std::vector<std::string> texts;
   std::vector<std::string> labels;
   std::vector<nlohmann::json> columns;  // [b] the rows' other columns (TokenizedPrompt::columns)
+  std::vector<std::vector<int64_t>> response_ids;  // [b] TokenizedPrompt::response_ids
 };
 
 class PromptStream {

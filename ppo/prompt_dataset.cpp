@@ -22,6 +22,8 @@ PromptDataConfig PromptDataConfig::from_spec(const JobSpec& spec, bool eval) {
   c.max_samples = spec.get_int(eval ? "eval.max_samples" : "data.max_samples");
   c.bad_lines = parse_bad_line_policy(spec.get_string("data.bad_lines"));
   c.seed = static_cast<uint64_t>(spec.get_int("train.seed"));
+  if (!eval && spec.kind() == JobKind::kPpo && spec.get_float("algo.distill.gkd.lambda") < 1)
+    c.output_key = spec.get_string("data.output_key");
   return c;
 }
 
@@ -196,6 +198,10 @@ std::vector<PromptRow> synthetic_prompts(const std::string& name, int64_t count,
 PromptDataset load_prompts(const PromptDataConfig& c) {
   PromptDataset out;
   const std::string prefix = "synthetic:";
+  if (c.source.rfind(prefix, 0) == 0 && !c.output_key.empty())
+    throw InputError("data.prompt_dataset: " + c.source +
+                     " has no responses, which algo.distill.gkd.lambda < 1 trains on: use a "
+                     "JSONL or Parquet dataset with a data.output_key column");
   if (c.source.rfind(prefix, 0) == 0) {
     out.rows = synthetic_prompts(c.source.substr(prefix.size()),
                                  c.max_samples > 0 ? c.max_samples : 1024, c.seed);
@@ -217,6 +223,14 @@ PromptDataset load_prompts(const PromptDataConfig& c) {
         throw InputError("missing key \"" + c.label_key + "\" (data.label_key)");
       p.label = l->is_string() ? l->get<std::string>() : l->dump();
       if (c.label_from == "gsm8k") p.label = gsm8k_label(p.label);
+    }
+    if (!c.output_key.empty()) {
+      const json* r = find_key(row, c.output_key);
+      if (!r || !r->is_string())
+        throw InputError(
+            "missing string key \"" + c.output_key +
+            "\" (data.output_key: GKD's dataset response, algo.distill.gkd.lambda < 1)");
+      p.response = r->get<std::string>();
     }
     out.rows.push_back(std::move(p));
   };

@@ -20,6 +20,7 @@ struct PromptDataConfig {
   std::string input_key = "input";
   std::string label_key;             // "" for none
   std::string label_from = "field";  // "field" | "gsm8k"
+  std::string output_key;            // the response column (GKD's dataset responses); "": none
   int64_t max_samples = 0;           // 0: all
   BadLinePolicy bad_lines = BadLinePolicy::kFatal;
   uint64_t seed = 42;
@@ -37,6 +38,7 @@ struct PromptRow {
   // as TRL passes dataset columns): Python reward functions get them as **row keywords.
   // Columns named prompts, completions or labels are dropped (those keywords are ours).
   nlohmann::json columns = nlohmann::json::object();
+  std::string response;  // the dataset's response (PromptDataConfig::output_key), else ""
 };
 
 struct PromptDataset {

@@ -46,11 +46,14 @@ struct Rollout {
   torch::Tensor behaviour_log_probs;  // [B, A] FP32 log-probs the rollout sampled from
   std::vector<std::string> prompts, responses, labels;  // [B]
   std::vector<nlohmann::json> columns;  // [B] the rows' other columns for Python rewards
-  torch::Tensor scores;          // [B] reward-source total when dynamic sampling needed it early
-  torch::Tensor source_scores;   // [S, B] each source's scores, with `scores`
-  nlohmann::json judges;         // judge sources: {NAME: {"votes", "unparsed"}} (null: none)
-  nlohmann::json sampling;       // dynamic sampling's counts (null when off)
-  int64_t weight_version = 0;    // the newest weights that sampled it
+  torch::Tensor scores;         // [B] reward-source total when dynamic sampling needed it early
+  torch::Tensor source_scores;  // [S, B] each source's scores, with `scores`
+  nlohmann::json judges;        // judge sources: {NAME: {"votes", "unparsed"}} (null: none)
+  nlohmann::json sampling;      // dynamic sampling's counts (null when off)
+  int64_t weight_version = 0;   // the newest weights that sampled it
+  // GKD's dataset step (algo.distill.gkd.lambda < 1): the prompts' dataset responses, not
+  // sampled (behaviour log-probs are the actor's own, advantages 0, no staleness).
+  bool from_dataset = false;
   torch::Tensor token_versions;  // [B, A] int64 the weight version that sampled each token
   // [B, T, S, k] int16: the experts each sparse layer ran for each token in the rollout
   // (algo.routing_stats / routing_replay; -1 where none), rollout/route_log.h.

@@ -1,10 +1,13 @@
 // A step's samples (ExperienceMaker::sample): the prompt stream's next batch generated, or
 // DAPO's dynamic sampling over a batch and its refills; with rollout.streaming the filter
 // runs on each prompt group as the rollout sends it back, and only the groups it keeps go on
-// to the scorers while the rollout still generates.
+// to the scorers while the rollout still generates. GKD's dataset steps (algo.distill.gkd
+// .lambda < 1) take the batch's dataset responses instead of generating.
 #include <algorithm>
+#include <random>
 #include <vector>
 
+#include "core/errors.h"
 #include "core/timing.h"
 #include "ppo/phases.h"
 #include "ppo/reward_shaping.h"
@@ -28,7 +31,42 @@ Rollout ExperienceMaker::sample(int64_t step) {
   return out;
 }
 
+bool ExperienceMaker::on_policy_step(int64_t step) const {
+  if (s_.gkd_lambda >= 1.0) return true;
+  std::mt19937_64 rng(s_.seed * 1000003ull + static_cast<uint64_t>(step));
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng) < s_.gkd_lambda;
+}
+
+Rollout ExperienceMaker::dataset_rollout(const PromptBatch& batch) const {
+  const int64_t prompts = batch.prompt_ids.size(0), n = s_.n_samples_per_prompt;
+  size_t longest = 1;
+  for (const auto& ids : batch.response_ids) longest = std::max(longest, ids.size());
+  const auto a = static_cast<int64_t>(longest);
+  torch::Tensor response = torch::full({prompts, a}, s_.pad_id, torch::kLong);
+  torch::Tensor mask = torch::zeros({prompts, a}, torch::kLong);
+  for (int64_t i = 0; i < prompts; ++i) {
+    const auto& ids = batch.response_ids[static_cast<size_t>(i)];
+    if (ids.empty()) throw RuntimeError("GKD dataset step: a prompt without its response");
+    const auto len = static_cast<int64_t>(ids.size());
+    response[i].narrow(0, 0, len).copy_(torch::tensor(ids, torch::kLong));
+    mask[i].narrow(0, 0, len).fill_(1);
+  }
+  const torch::Tensor rows = torch::arange(prompts, torch::kLong).repeat_interleave(n);
+  Rollout r;
+  r.from_dataset = true;
+  r.sequences = torch::cat({batch.prompt_ids, response}, 1).index_select(0, rows).contiguous();
+  r.attention_mask = torch::cat({batch.prompt_mask, mask}, 1).index_select(0, rows).contiguous();
+  r.action_mask = mask.index_select(0, rows).contiguous();
+  r.behaviour_log_probs = torch::zeros({prompts * n, a}, torch::kFloat32);  // set when scored
+  r.token_versions = torch::zeros({prompts * n, a}, torch::kLong);
+  std::vector<int64_t> prompt_of_row;
+  for (int64_t i = 0; i < prompts * n; ++i) prompt_of_row.push_back(i / n);
+  add_texts(r, batch, prompt_of_row);
+  return r;
+}
+
 Rollout ExperienceMaker::sample_groups(int64_t step) {
+  if (!on_policy_step(step)) return dataset_rollout(stream_.next(s_.batch_size));
   if (!s_.dynamic_sampling) return generate(stream_.next(s_.batch_size), step);
   if (s_.streaming) return sample_streamed_groups(step);
   return filter_groups(

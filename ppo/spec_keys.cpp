@@ -49,6 +49,12 @@ void add_algo_keys(KeyTable& t) {
             "distributions lumped onto those k tokens and one 'any other token' outcome: "
             "exact at k >= the vocabulary, otherwise never above the whole-vocabulary value "
             "(docs/distill.md gives its error).");
+  t.number("algo.distill.gkd.lambda", 1.0, 0, 1,
+           "GKD's share of on-policy steps (TRL's lmbda): each step is, with this probability "
+           "(drawn from train.seed and the step), the actor's own samples, and otherwise the "
+           "prompts' dataset responses (data.output_key, each repeated "
+           "rollout.n_samples_per_prompt times), on which only the GKD term trains (their "
+           "advantages are 0). Logged as distill/on_policy.");
   t.integer("algo.max_staleness", 0, 0, 64,
             "Bounded staleness k of an asynchronous pipeline (issue 42): the rollout group "
             "keeps generating the next steps' samples while the actor and critic train, and a "
@@ -251,6 +257,16 @@ void check_ppo(SpecCheck& v) {
               "scores while the rollout generates, so the scorers need devices of their own: "
               "not with rollout.colocate_with " +
                   v.str("rollout.colocate_with"));
+  if (v.ok({"algo.distill.gkd.lambda", "algo.distill.gkd.coef"}) &&
+      v.real("algo.distill.gkd.lambda") < 1) {
+    if (v.real("algo.distill.gkd.coef") <= 0)
+      v.problem("algo.distill.gkd.lambda",
+                "mixes dataset responses into GKD: it needs algo.distill.gkd.coef > 0");
+    if (envs::has_environment(v.resolved))
+      v.problem("algo.distill.gkd.lambda",
+                "dataset responses are single-turn; an environment (env.*) makes the rollouts "
+                "multi-turn: leave it 1");
+  }
   // Refused rather than ignored: no loss reads it yet (entropy is logged, not trained on).
   if (v.ok({"actor.entropy_coef"}) && v.real("actor.entropy_coef") != 0)
     v.problem("actor.entropy_coef",

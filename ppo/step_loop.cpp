@@ -80,7 +80,8 @@ void PpoJob::run_steps(Scheduler& s, int64_t step, std::ostream& out) {
           << " +- " << fixed(rec["reward_std"]) << " | kl " << fixed(kl_mean, 4)
           << (roles_.teacher ? " | reverse kl " + fixed(o.e.reverse_kl_mean, 4) : std::string())
           << (c_.gkd_coef > 0 ? " | gkd " + fixed(rec["distill"]["gkd"], 4) : std::string())
-          << " | policy " << fixed(rec["policy_loss"])
+          << (o.r.from_dataset ? " (dataset responses)" : "") << " | policy "
+          << fixed(rec["policy_loss"])
           << (roles_.critic ? " | value " + fixed(rec["value_loss"]) : std::string()) << " | len "
           << fixed(rec["response_length"], 1) << " | " << fixed(o.t_step, 2) << " s (gen "
           << static_cast<int>(100 * o.t_gen / o.t_step) << "%) | " << fixed(rec["samples_per_s"], 1)
@@ -203,6 +204,7 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
       {"rollout_logprob_diff", {{"mean", e.logprob_diff_mean}, {"max", e.logprob_diff_max}}},
       {"rollout_mismatch", mismatch_json(c_.policy.correction.mode, e.mismatch)},
       {"memory", runtime_.memory(s)}};
+  if (r.from_dataset) rec.erase("staleness");  // not sampled by any weights
   rec.update(o.busy);
   if (!sync_->offload().empty()) rec["offload"] = sync_->offload();
   rec.update(o.losses);
@@ -215,6 +217,7 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
                       {"router_differ_share", e.router_differ_share}};
   if (roles_.teacher) {  // distill/reverse_kl, and GKD's divergence as distill/gkd
     rec["distill"] = {{"reverse_kl", e.reverse_kl_mean}};
+    if (c_.gkd_lambda < 1) rec["distill"]["on_policy"] = r.from_dataset ? 0 : 1;
     if (rec.contains("gkd_loss")) {
       rec["distill"]["gkd"] = rec["gkd_loss"];
       rec.erase("gkd_loss");

@@ -7,8 +7,12 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "models/pretrained.h"
@@ -226,6 +230,69 @@ TEST_F(GkdJob, PackedRowsGiveThePaddedRowsLoss) {
   const double pa = a[0]["distill"]["gkd"].get<double>(), pb = b[0]["distill"]["gkd"].get<double>();
   EXPECT_GT(pa, 1e-3);  // an untrained student and teacher differ
   EXPECT_NEAR(pa, pb, 1e-5 * pa);
+}
+
+TEST_F(GkdJob, ALambdaShareOfStepsTrainsOnTheDatasetsResponses) {
+  // TRL's lmbda 0.5: each step is, by a draw from (train.seed, step), the student's own
+  // samples or the prompts' dataset responses (data.output_key), here lowercase words that
+  // the letters criterion scores 1. A dataset step's samples are those responses, not
+  // sampled (no staleness, the actor's own log-probs as the sampler's), and GKD alone trains.
+  const fs::path teacher = dir_ / "teacher";
+  ASSERT_EQ(rlhf({"init-model", "--preset", "small", "--out", teacher.string(), "--seed", "5",
+                  "--dtype", "fp32"})
+                .exit_code,
+            0);
+  const fs::path data = dir_ / "letters.jsonl";
+  std::map<std::string, std::string> response_of;
+  {
+    std::ofstream f(data);
+    const char* words[] = {"abc", "hello", "world", "tiny", "model", "letters", "gkd", "teach"};
+    for (int i = 0; i < 64; ++i) {
+      const std::string prompt = std::string(words[i % 8]) + std::to_string(i) + ":";
+      response_of[prompt] = words[(i + 3) % 8];
+      f << json{{"input", prompt}, {"output", response_of[prompt]}}.dump() << "\n";
+    }
+  }
+  Result r = gkd("mixed", teacher,
+                 {"--set", "data.prompt_dataset=" + data.string(), "--set", "train.max_steps=8",
+                  "--set", "algo.distill.gkd.lambda=0.5"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = read_metrics(run_dir("mixed") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 8u);
+  std::set<int64_t> dataset_steps;
+  for (const json& step : m) {
+    const int64_t on = step["distill"]["on_policy"].get<int64_t>();
+    EXPECT_GT(step["distill"]["gkd"].get<double>(), 0.0);
+    if (on == 1) {
+      EXPECT_TRUE(step.contains("staleness"));
+      EXPECT_LT(step["reward"]["letters"].get<double>(), 1.0);  // an untrained student's bytes
+      continue;
+    }
+    dataset_steps.insert(step["step"].get<int64_t>());
+    EXPECT_FALSE(step.contains("staleness")) << step["step"];
+    EXPECT_EQ(step["rollout_logprob_diff"]["mean"].get<double>(), 0.0);
+    EXPECT_EQ(step["reward"]["letters"].get<double>(), 1.0);  // the dataset's own words
+  }
+  // Both kinds occur in these 8 draws (the seed fixes them).
+  EXPECT_GT(dataset_steps.size(), 0u);
+  EXPECT_LT(dataset_steps.size(), 8u);
+  EXPECT_NE(r.out.find("(dataset responses)"), std::string::npos);
+  for (const json& row : test::read_jsonl((run_dir("mixed") / "samples.jsonl").string()))
+    if (dataset_steps.count(row["step"].get<int64_t>()))
+      EXPECT_EQ(row["response"], response_of.at(row["prompt"].get<std::string>())) << row.dump();
+
+  // A synthetic dataset has no responses; a row without one is named with its line.
+  Result synthetic = gkd("synthetic", teacher, {"--set", "algo.distill.gkd.lambda=0.5"});
+  EXPECT_EQ(synthetic.exit_code, 2);
+  EXPECT_NE(synthetic.err.find("synthetic:letters has no responses"), std::string::npos)
+      << synthetic.err;
+  Result missing = gkd("missing", teacher,
+                       {"--set", "data.prompt_dataset=" + data.string(), "--set",
+                        "algo.distill.gkd.lambda=0.5", "--set", "data.output_key=answer"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find(":1: missing string key \"answer\" (data.output_key"),
+            std::string::npos)
+      << missing.err;
 }
 
 }  // namespace
