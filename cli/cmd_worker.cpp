@@ -68,7 +68,7 @@ OperationRegistry prepare(const WorkerIdentity& self) {
   const std::string& role = self.role;
   if (role == "actor" || role == "critic" || role == "reward" || role == "ref" || role == "teacher")
     add_model_operations(registry);
-  if (role == "rollout") add_rollout_operations(registry);
+  if (role == "rollout" || role == "judge") add_rollout_operations(registry);
   return registry;
 }
 

@@ -42,6 +42,8 @@ const char* role_name(Role role) {
       return "ref";
     case Role::kTeacher:
       return "teacher";
+    case Role::kJudge:
+      return "judge";
     case Role::kRollout:
       return "rollout";
   }
@@ -52,7 +54,7 @@ Role parse_role(const std::string& name) {
   for (Role r : kAllRoles)
     if (name == role_name(r)) return r;
   throw InputError("unknown role '" + name +
-                   "' (expected actor, critic, reward, ref, teacher or rollout)");
+                   "' (expected actor, critic, reward, ref, teacher, judge or rollout)");
 }
 
 namespace {

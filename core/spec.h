@@ -19,11 +19,18 @@ enum class JobKind { kPpo, kDpo, kSft, kRm };
 const char* job_kind_name(JobKind kind);
 
 // The model roles, each on its own device group. The teacher scores the actor's samples for
-// on-policy distillation (algo.distill.coef), like the reference.
-enum class Role { kActor, kCritic, kReward, kRef, kTeacher, kRollout };
-constexpr Role kAllRoles[] = {Role::kActor, Role::kCritic,  Role::kReward,
-                              Role::kRef,   Role::kTeacher, Role::kRollout};
+// on-policy distillation (algo.distill.coef), like the reference; the judge is a generative
+// judge reward source's engine (rollout operations, the paged engine), when a reward.sources
+// judge has no url.
+enum class Role { kActor, kCritic, kReward, kRef, kTeacher, kJudge, kRollout };
+constexpr Role kAllRoles[] = {Role::kActor,   Role::kCritic, Role::kReward, Role::kRef,
+                              Role::kTeacher, Role::kJudge,  Role::kRollout};
 const char* role_name(Role role);
+// The roles whose workers run rlhf's paged engine (the rollout operations: load_model,
+// generate) rather than a model role's (init, log_probs, train_*, memory).
+inline bool runs_engine(Role role) {
+  return role == Role::kRollout || role == Role::kJudge;
+}
 // Throws InputError for an unknown name.
 Role parse_role(const std::string& name);
 

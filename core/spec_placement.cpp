@@ -228,6 +228,8 @@ void check_role_models(SpecCheck& v, const SpecSchema& schema) {
         : r == Role::kTeacher
             ? "the model to distil from (algo.distill.coef or algo.distill.gkd.coef > 0), "
               "sharing the actor's tokenizer"
+        : r == Role::kJudge
+            ? "the generative judge's model (a reward.sources judge without a url runs on it)"
             : "a Hugging Face model directory (rlhf init-model makes one)";
     v.problem(role + ".model", "required for a " + kind + " job: " + what);
   }

@@ -78,8 +78,9 @@ void add_role_placement(KeyTable& t, const std::string& role, const std::string&
         "Devices of the " + role +
             " group: [0, 1] on the first node, or {\"node\": [0, 1], ...}; one worker per "
             "device. Empty: one free device is chosen (or the colocated role's devices).");
-  t.choice(role + ".colocate_with", "",
-           {"", "actor", "critic", "reward", "ref", "teacher", "rollout"},
+  std::vector<std::string> roles = {""};
+  for (Role r : kAllRoles) roles.push_back(role_name(r));
+  t.choice(role + ".colocate_with", "", std::move(roles),
            "Share the devices of this role (only when asked: roles are disjoint otherwise).");
   t.integers(role + ".cpu_affinity", {}, 0,
              "CPU cores every " + role +

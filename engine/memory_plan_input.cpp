@@ -72,7 +72,7 @@ void set_phase_flags(const JobSpec& spec, Role role, const Placement& placement,
     in.generates_while_training = settings.async;
     const int64_t tp = spec.get_int("rollout.tensor_parallel_size");
     in.nccl_communicators = (cuda && tp > 1 ? 1 : 0) + (sync_over_nccl ? 1 : 0);
-  } else if (cuda && in.group_size > 1 &&
+  } else if (cuda && in.group_size > 1 && role != Role::kJudge &&
              (spec.trains(role) ||
               spec.get_int(std::string(role_name(role)) + ".zero_stage") == 3)) {
     in.nccl_communicators = 1;
@@ -131,10 +131,11 @@ RoleMemoryInput role_memory_input(const JobSpec& spec, Role role, const Placemen
                (spec.get_int("train.micro_batch_size") * static_cast<int64_t>(in.group_size)));
     set_lora_input(config, in);
     if (ppo) in.infer_micro_batch = in.rollout_micro_batch * in.n_samples;
-  } else if (role == Role::kRollout) {
+  } else if (runs_engine(role)) {  // the rollout, or a judge on the rollout's engine settings
     in.work = RoleWork::kGenerate;
     in.micro_batch = in.rollout_micro_batch * in.n_samples;
-    in.tensor_parallel = static_cast<int>(spec.get_int("rollout.tensor_parallel_size"));
+    in.tensor_parallel =
+        role == Role::kRollout ? static_cast<int>(spec.get_int("rollout.tensor_parallel_size")) : 1;
   } else {
     in.work = RoleWork::kInfer;
     in.shard_weights = config.shard_weights;

@@ -18,7 +18,7 @@
 namespace rlhf::engine {
 
 struct ModelRoleConfig {
-  std::string role;            // "actor", "critic", "reward", "ref", "teacher", "rollout"
+  std::string role;            // "actor", "critic", "reward", "ref", "teacher" (model roles)
   std::string model_dir;       // HF directory
   std::string dtype = "bf16";  // compute dtype: bf16 | fp32
   models::HeadKind head = models::HeadKind::kLanguageModel;

@@ -131,6 +131,12 @@ void add_keys(KeyTable& t) {
   t.integer("teacher.zero_stage", 0, 0, 3,
             "0: full weights on every teacher worker; 3: weights sharded over the teacher "
             "workers, each layer all-gathered just before use (as ref.zero_stage).");
+  add_role_placement(
+      t, "judge",
+      "Generative judge model directory (ppo with a reward.sources judge without "
+      "a url): served by rlhf's paged engine on the judge group (one engine per "
+      "device, the rollout section's KV cache settings), its replies parsed into "
+      "the judge's scores. Its own tokenizer and chat template (plain text without one).");
 
   t.file("ckpt.path", "", "Checkpoint directory (default: the run directory's ckpt/).");
   t.integer("ckpt.save_steps", -1, -1, kUnbounded, "Save every N steps (-1: only at the end).");

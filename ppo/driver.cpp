@@ -80,6 +80,10 @@ PpoJob::PpoJob(const JobSpec& spec, PpoDriverOptions options)
   roles_.critic = spec.uses(Role::kCritic);
   roles_.reward_model = spec.uses(Role::kReward);
   roles_.teacher = spec.uses(Role::kTeacher);
+  if (spec.uses(Role::kJudge)) {
+    judge_model_ = spec.get_string("judge.model");
+    judge_dtype_ = spec.get_string("judge.dtype");
+  }
   {
     auto rc = rewards::RewardSourcesConfig::from_spec(spec);
     rc.python_log_path =
@@ -199,10 +203,24 @@ void PpoJob::start_roles(Scheduler& s, std::ostream& out) {
   runtime_.start_roles(
       s,
       [&](RoleGroup& g) -> runtime::RoleStart {
+        std::string workers = std::to_string(g.size()) + " worker" + (g.size() == 1 ? "" : "s");
+        if (g.role() == Role::kJudge) {  // the judge's engines, one per device
+          judge_ =
+              std::make_unique<LocalJudge>(g, judge_model_, c_.rollout_micro_batch_size, c_.seed);
+          rewards_->set_judge_engine(
+              [this](const std::vector<std::string>& contents, const rewards::JudgeConfig& c) {
+                return (*judge_)(contents, c);
+              });
+          ops::LoadModel engine = settings_.rollout;  // the rollout section's engine settings
+          engine.generation.kv_cache_bytes =
+              static_cast<int64_t>(settings_.kv_cache_gb * static_cast<double>(int64_t{1} << 30));
+          const ops::LoadModel request =
+              judge_->load_request(engine, judge_dtype_, rewards_->local_judge_max_tokens());
+          return {workers, [&g, request] { g.call_all(request); }};
+        }
         if (g.role() != Role::kRollout)
           return runtime_.init_role(s, g, settings_.roles, c_.train_batch_size,
                                     c_.train_micro_batch_size);
-        std::string workers = std::to_string(g.size()) + " worker" + (g.size() == 1 ? "" : "s");
         ops::LoadModel request = rollout_load_request(s, workers);
         return {workers, [&g, request] { g.call_all(request); }};
       },

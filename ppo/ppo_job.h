@@ -9,6 +9,7 @@
 //   sampling.cpp    a step's samples (DAPO's dynamic sampling, on arriving groups when
 //                   streamed; the scoring lanes of streaming: stream_scorer.h)
 //   experience.cpp, training.cpp, syncing.cpp, evaluation.cpp: the phases
+//   judge_engine.cpp  a generative judge on the job's own judge group
 // Drivers call role groups through the scheduler's handles with typed requests; nothing
 // here includes actors/.
 #pragma once
@@ -25,6 +26,7 @@
 #include "core/spec.h"
 #include "engine/role_config.h"
 #include "ppo/driver.h"
+#include "ppo/judge_engine.h"
 #include "ppo/kl.h"
 #include "ppo/phases.h"
 #include "ppo/ppo_config.h"
@@ -122,6 +124,10 @@ class PpoJob {
   KlController kl_;
   std::unique_ptr<rewards::RewardSources> rewards_;
   JobRoles roles_;
+  // A reward.sources judge without a url: the judge group's engine (judge_engine.h), built in
+  // start_roles.
+  std::unique_ptr<LocalJudge> judge_;
+  std::string judge_model_, judge_dtype_;
   // The phases (phases.h), built in `run` once the workers are up.
   std::unique_ptr<ExperienceMaker> experience_;
   std::unique_ptr<PolicyTrainer> trainer_;

@@ -12,20 +12,8 @@ using nlohmann::json;
 
 namespace {
 
-// The algorithm: advantages, KL, staleness, corrections, routing, sampling.
-void add_algo_keys(KeyTable& t) {
-  t.choice("algo.advantage.estimator", "gae",
-           {"gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "grpo", "dr_grpo"},
-           "Advantage estimator; grpo is an alias of group_norm.");
-  t.number("algo.advantage.gamma", 1.0, 0, 1, "Discount factor.");
-  t.number("algo.advantage.lambd", 0.95, 0, 1, "GAE lambda.");
-  t.number("algo.kl.init_coef", 0.01, 0, kUnbounded,
-           "Initial KL coefficient (0: no reference model).");
-  t.choice("algo.kl.estimator", "k1", {"k1", "k2", "k3"},
-           "KL estimator on log_probs - log_probs_ref.");
-  t.number("algo.kl.target", 0.0, 0, kUnbounded, "Adaptive KL target (0: fixed coefficient).");
-  t.integer("algo.kl.horizon", 10000, 1, kUnbounded, "Adaptive KL controller horizon.");
-  t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
+// Distillation from a teacher: the reverse-KL advantage term and GKD.
+void add_distill_keys(KeyTable& t) {
   t.number("algo.distill.coef", 0.0, 0, kUnbounded,
            "On-policy distillation from teacher.model (0: off): each sampled token's advantage "
            "gains -coef x (log pi_actor - log pi_teacher), the per-token reverse KL to the "
@@ -55,6 +43,22 @@ void add_algo_keys(KeyTable& t) {
            "prompts' dataset responses (data.output_key, each repeated "
            "rollout.n_samples_per_prompt times), on which only the GKD term trains (their "
            "advantages are 0). Logged as distill/on_policy.");
+}
+
+// The algorithm: advantages, KL, staleness, corrections, routing, sampling.
+void add_algo_keys(KeyTable& t) {
+  t.choice("algo.advantage.estimator", "gae",
+           {"gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "grpo", "dr_grpo"},
+           "Advantage estimator; grpo is an alias of group_norm.");
+  t.number("algo.advantage.gamma", 1.0, 0, 1, "Discount factor.");
+  t.number("algo.advantage.lambd", 0.95, 0, 1, "GAE lambda.");
+  t.number("algo.kl.init_coef", 0.01, 0, kUnbounded,
+           "Initial KL coefficient (0: no reference model).");
+  t.choice("algo.kl.estimator", "k1", {"k1", "k2", "k3"},
+           "KL estimator on log_probs - log_probs_ref.");
+  t.number("algo.kl.target", 0.0, 0, kUnbounded, "Adaptive KL target (0: fixed coefficient).");
+  t.integer("algo.kl.horizon", 10000, 1, kUnbounded, "Adaptive KL controller horizon.");
+  t.boolean("algo.kl.use_loss", false, "KL as a loss term instead of a per-token reward penalty.");
   t.integer("algo.max_staleness", 0, 0, 64,
             "Bounded staleness k of an asynchronous pipeline (issue 42): the rollout group "
             "keeps generating the next steps' samples while the actor and critic train, and a "
@@ -147,7 +151,7 @@ AdvantageEstimator estimator(const json& r) {
 
 // Roles of a ppo job, in start-up order: actor, critic (gae), reward (a reward model
 // source), ref (a KL term, unless the LoRA actor is its own reference), teacher (on-policy
-// distillation), rollout.
+// distillation), judge (a reward.sources judge without a url), rollout.
 std::optional<RoleUse> roles(const json& r) {
   if (r.at("kind") != "ppo") return std::nullopt;
   RoleUse use{{Role::kActor}, {Role::kActor}};
@@ -163,6 +167,7 @@ std::optional<RoleUse> roles(const json& r) {
   if (r.at(spec_pointer("algo.distill.coef")).get<double>() > 0 ||
       r.at(spec_pointer("algo.distill.gkd.coef")).get<double>() > 0)
     use.used.push_back(Role::kTeacher);
+  if (rewards::uses_local_judge(r)) use.used.push_back(Role::kJudge);
   use.used.push_back(Role::kRollout);
   return use;
 }
@@ -290,6 +295,7 @@ std::string why_unused(const json& r, Role role) {
 
 void add_keys(KeyTable& t) {
   add_algo_keys(t);
+  add_distill_keys(t);
   add_loss_keys(t);
 }
 

@@ -42,7 +42,7 @@ std::string sweep_charts_svg(const std::vector<SweepFigures>& variants) {
     out += grouped_bars_svg(speed);
   }
   std::vector<std::string> roles;
-  for (const char* r : {"actor", "rollout", "ref", "teacher", "reward", "critic"})
+  for (const char* r : {"actor", "rollout", "ref", "teacher", "judge", "reward", "critic"})
     for (const auto& v : variants)
       if (v.memory.count(r)) {
         roles.push_back(r);

@@ -26,7 +26,7 @@ JudgeConfig JudgeConfig::from_json(const json& judge, const std::string& name, d
     }
     return judge.at(key).get<std::string>();
   };
-  c.url = text("url", true);
+  c.url = text("url", false);
   c.model = text("model", false);
   c.template_path = text("template", true);
   c.score = text("score", true);
@@ -157,8 +157,10 @@ std::optional<double> VerdictParser::parse(const std::string& reply) const {
 Judge::Judge(JudgeConfig config)
     : config_(std::move(config)),
       template_(JudgeTemplate::load(config_.template_path)),
-      parser_(config_.score),
-      url_(parse_http_url(config_.url, "reward source \"" + config_.name + "\": judge.url")) {}
+      parser_(config_.score) {
+  if (!config_.url.empty())
+    url_ = parse_http_url(config_.url, "reward source \"" + config_.name + "\": judge.url");
+}
 
 std::vector<std::string> Judge::ask(const std::string& content) const {
   json body = {{"messages", json::array({{{"role", "user"}, {"content", content}}})},
@@ -192,6 +194,20 @@ std::vector<std::string> Judge::ask(const std::string& content) const {
 JudgeScores Judge::score(const std::vector<std::string>& prompts,
                          const std::vector<std::string>& responses,
                          const std::vector<std::string>& labels) const {
+  if (config_.url.empty()) {  // the job's judge group
+    if (!engine_)
+      throw RuntimeError("reward source \"" + config_.name +
+                         "\": a judge without a url needs the job's judge group (judge.model)");
+    std::vector<std::string> contents;
+    for (size_t i = 0; i < responses.size(); ++i)
+      contents.push_back(template_.render(prompts[i], responses[i], labels[i]));
+    auto replies = engine_(contents, config_);
+    if (replies.size() != responses.size())
+      throw RuntimeError("judge \"" + config_.name + "\": the judge group answered " +
+                         std::to_string(replies.size()) + " of " +
+                         std::to_string(responses.size()) + " prompts");
+    return verdicts(std::move(replies));
+  }
   std::vector<std::vector<std::string>> replies(responses.size());
   const size_t step = static_cast<size_t>(std::max<int64_t>(1, config_.concurrency));
   for (size_t from = 0; from < responses.size(); from += step) {

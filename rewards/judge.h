@@ -3,7 +3,8 @@
 // verdict is parsed into a number. `n` votes per sample (sampled) are averaged; a vote that
 // does not parse scores the stated default and is counted (the run logs judge/<name>/unparsed).
 // The judge is served behind an OpenAI-compatible chat-completions endpoint (vLLM, SGLang,
-// bench/judge_server.py): one request per sample asks for all its votes ("n").
+// bench/judge_server.py; one request per sample asks for all its votes, "n"), or without a
+// url by the job's own judge group on rlhf's paged engine (judge.model, a JudgeEngine).
 //
 // A reward.sources entry: {"judge": {"url": URL, "template": FILE, "score": REGEX or
 // "choice:A,B,...", "model": NAME, "votes": N, "temperature": T, "max_tokens": M,
@@ -11,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <regex>
@@ -69,6 +71,12 @@ class VerdictParser {
   std::optional<std::regex> pattern_;
 };
 
+// A judge served by the job's own judge group (a judge without a url): the user messages
+// `contents` [B] in, `config.votes` replies of at most `config.max_tokens` tokens at
+// `config.temperature` for each, [B][votes], out (ppo/judge_engine.h).
+using JudgeEngine = std::function<std::vector<std::vector<std::string>>(
+    const std::vector<std::string>& contents, const JudgeConfig& config)>;
+
 struct JudgeScores {
   std::vector<double> scores;                     // [B] the mean of each sample's votes
   int64_t votes = 0;                              // replies read
@@ -88,6 +96,8 @@ class Judge {
   // Replies [B][votes] to scores: each parsed, the unparsed at the default, averaged.
   JudgeScores verdicts(std::vector<std::vector<std::string>> replies) const;
   const JudgeConfig& config() const { return config_; }
+  // A judge without a url asks `engine` (the job's judge group) instead of an endpoint.
+  void set_engine(JudgeEngine engine) { engine_ = std::move(engine); }
 
  private:
   std::vector<std::string> ask(const std::string& content) const;  // one request's n replies
@@ -95,7 +105,8 @@ class Judge {
   JudgeConfig config_;
   JudgeTemplate template_;
   VerdictParser parser_;
-  HttpUrl url_;
+  HttpUrl url_;         // with a url
+  JudgeEngine engine_;  // without one
 };
 
 }  // namespace rlhf::rewards

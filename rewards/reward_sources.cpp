@@ -1,5 +1,6 @@
 #include "rewards/reward_sources.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/errors.h"
@@ -81,6 +82,25 @@ bool RewardSources::has_model() const {
   for (const auto& s : sources_)
     if (s->kind == "model") return true;
   return false;
+}
+
+bool RewardSources::has_local_judge() const {
+  for (const auto& s : sources_)
+    if (s->judge && s->judge->config().url.empty()) return true;
+  return false;
+}
+
+int64_t RewardSources::local_judge_max_tokens() const {
+  int64_t most = 0;
+  for (const auto& s : sources_)
+    if (s->judge && s->judge->config().url.empty())
+      most = std::max(most, s->judge->config().max_tokens);
+  return most;
+}
+
+void RewardSources::set_judge_engine(const JudgeEngine& engine) {
+  for (const auto& s : sources_)
+    if (s->judge && s->judge->config().url.empty()) s->judge->set_engine(engine);
 }
 
 bool RewardSources::reads_rows() const {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/spec.h"
+#include "rewards/judge.h"
 
 namespace rlhf::rewards {
 
@@ -54,6 +55,11 @@ class RewardSources {
 
   bool has_model() const;   // a reward-model source: score() needs its scores
   bool reads_rows() const;  // a Python source: score() passes `rows` on as **row keywords
+  // Judges without a url (rewards/judge.h): they run on the job's judge group, through
+  // `engine` once set; the longest verdict any of them asks for.
+  bool has_local_judge() const;
+  int64_t local_judge_max_tokens() const;
+  void set_judge_engine(const JudgeEngine& engine);
   const std::vector<std::string>& names() const { return names_; }
 
   // Scores B samples. `rows`: each sample's dataset row (its other columns, for Python

@@ -47,12 +47,11 @@ void check_judge(const json& judge, const std::string& at, const Problem& proble
                                     (hint.empty() ? "" : " (did you mean " + hint + "?)"));
     }
   }
-  if (!judge.contains("url"))
+  if (!judge.contains("url") && judge.contains("model"))
     problem("reward.sources",
             where +
-                ".url: required: the judge's OpenAI-compatible chat-completions endpoint "
-                "(http://host:port/v1/chat/completions; a judge on rlhf's own engine is not "
-                "built yet: serve the model with vLLM, SGLang or bench/judge_server.py)");
+                ".model: names the endpoint's model, but this judge has no url: a judge "
+                "without a url runs judge.model on the job's judge group (judge.devices)");
   for (const char* key : {"template", "score"})
     if (!judge.contains(key))
       problem("reward.sources",
@@ -190,6 +189,12 @@ json reward_sources(const json& r, std::vector<SpecProblem>* problems) {
 bool uses_reward_model(const json& resolved) {
   for (const auto& src : reward_sources(resolved))
     if (src["kind"] == "model") return true;
+  return false;
+}
+
+bool uses_local_judge(const json& resolved) {
+  for (const auto& src : reward_sources(resolved))
+    if (src["kind"] == "judge" && !src["judge"].contains("url")) return true;
   return false;
 }
 

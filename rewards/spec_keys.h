@@ -21,5 +21,7 @@ nlohmann::json reward_sources(const nlohmann::json& resolved,
                               std::vector<SpecProblem>* problems = nullptr);
 // True when one of them is a reward model (the reward group serves it).
 bool uses_reward_model(const nlohmann::json& resolved);
+// A reward.sources judge without a url: it runs on the job's judge group (judge.model).
+bool uses_local_judge(const nlohmann::json& resolved);
 
 }  // namespace rlhf::rewards

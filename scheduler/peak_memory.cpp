@@ -12,7 +12,7 @@ nlohmann::json peak_memory_by_role(Scheduler& s, const nlohmann::json& planned_r
     RoleGroup& g = s.group(role);
     const auto infos = g.call_all(ops::Info{});
     std::vector<Answered<ops::MemoryReply>> tensors;
-    if (role != Role::kRollout) tensors = g.call_all(ops::Memory{});  // model roles only
+    if (!runs_engine(role)) tensors = g.call_all(ops::Memory{});  // model roles only
     nlohmann::json ranks = nlohmann::json::array();
     for (int rank = 0; rank < g.size(); ++rank) {
       const ops::InfoReply& info = infos[rank].reply;

@@ -23,8 +23,8 @@ SpecSection toy_section() {
   SpecSection s;
   s.owner = "toy";
   s.keys = [](KeyTable& t) {
-    for (const char* role : {"actor", "critic", "reward", "ref", "teacher", "rollout"})
-      add_role_placement(t, role, "A model directory of the toy job.");
+    for (Role role : kAllRoles)
+      add_role_placement(t, role_name(role), "A model directory of the toy job.");
     t.integer("toy.level", 1, 0, 10, "How hard the toy job is (a rule caps it at 3).");
   };
   s.roles = [](const json& r) -> std::optional<RoleUse> {

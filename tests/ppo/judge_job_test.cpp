@@ -5,8 +5,11 @@
 // without its endpoint is refused by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <fstream>
+#include <iostream>
 
 #include "tests/ppo/ppo_job.h"
 #include "tests/support/chat_server.h"
@@ -92,13 +95,77 @@ TEST_F(JudgeJob, RlhfRewardShowsTheVerdictsAndAMissingEndpointIsNamed) {
   EXPECT_NE(r.err.find("judge \"parity\": 1 of 2 replies did not parse"), std::string::npos)
       << r.err;
 
+  // Without a url the judge runs on the job's judge group: judge.model is then required, and
+  // "model" (the endpoint's model name) means nothing.
   Result bad =
       rlhf({"validate", "examples/grpo_tiny.json", "--no-files", "--set", "reward.rule=", "--set",
-            R"(reward.sources=[{"judge": {"template": "t.jinja", "score": "x"}}])"});
+            R"(reward.sources=[{"judge": {"template": "t.jinja", "score": "x", "model": "m"}}])"});
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_NE(bad.err.find("reward.sources: reward.sources[0].judge.url: required"),
+  EXPECT_NE(bad.err.find("judge.model: required for a ppo job: the generative judge's model"),
             std::string::npos)
       << bad.err;
+  EXPECT_NE(bad.err.find("reward.sources[0].judge.model: names the endpoint's model, but this "
+                         "judge has no url"),
+            std::string::npos)
+      << bad.err;
+}
+
+TEST_F(JudgeJob, AJudgeWithoutAUrlRunsOnTheJobsJudgeGroup) {
+  // The tiny model judges on a fourth device through rlhf's paged engine, greedily: its verdict
+  // is the first digit it writes (a number 0-9; none: the default 0, counted). The letters rule
+  // is measured at weight 0, so each logged sample's reward is the judge's score, which `rlhf
+  // generate` of the same model on the same text (greedy, FP32, the same 8 tokens) reproduces.
+  // The template shows the judge the prompt: an untrained actor's responses are arbitrary bytes,
+  // which samples.jsonl stores with invalid UTF-8 replaced, so they could not be re-judged.
+  const fs::path tiny = dir_ / "tiny";
+  std::ofstream(dir_ / "prompt.jinja") << "Is this a word? {{ prompt }}";
+  Result r =
+      run("local",
+          {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":4,"memory_gb":4}])",
+           "--set", "judge.model=" + tiny.string(), "--set", "judge.devices=[3]", "--set",
+           "judge.dtype=fp32", "--set", "reward.rule=", "--set",
+           R"(reward.sources=[{"rule": "letters", "weight": 0}, {"name": "digit", "judge": )"
+           R"({"template": ")" +
+               (dir_ / "prompt.jinja").string() + R"J(", "score": "([0-9])", "max_tokens": 8}}])J",
+           "--set", "train.max_steps=2", "--set", "logger.samples_per_step=64"},
+          "examples/grpo_tiny.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto m = read_metrics(run_dir("local") / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 2u);
+  for (const json& step : m) {
+    EXPECT_EQ(step["judge"]["digit"]["votes"], 64) << step.dump();  // 8 prompts x 8 samples
+    EXPECT_LE(step["judge"]["digit"]["unparsed"].get<int64_t>(), 64);
+    EXPECT_EQ(step["memory"]["judge"].size(), 1u) << step["memory"].dump();
+  }
+  // The logged samples' rewards against the same model's greedy replies via `rlhf generate`.
+  std::vector<json> rows;
+  {
+    std::ofstream in(dir_ / "judge_prompts.jsonl");
+    for (const json& row : test::read_jsonl((run_dir("local") / "samples.jsonl").string())) {
+      if (row.value("split", "") == "eval") continue;
+      rows.push_back(row);
+      in << json{{"prompt", "Is this a word? " + row["prompt"].get<std::string>()}}.dump() << "\n";
+    }
+  }
+  ASSERT_FALSE(rows.empty());
+  Result g =
+      rlhf({"generate", "--model", tiny.string(), "--input",
+            (dir_ / "judge_prompts.jsonl").string(), "--temperature", "0", "--max-new-tokens", "8",
+            "--dtype", "fp32", "--output", (dir_ / "verdicts.jsonl").string()});
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  const auto replies = test::read_jsonl((dir_ / "verdicts.jsonl").string());
+  ASSERT_EQ(replies.size(), rows.size());
+  int parsed = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string reply = replies[i]["response"].get<std::string>();
+    const auto digit = std::find_if(reply.begin(), reply.end(), ::isdigit);
+    const double want = digit == reply.end() ? 0.0 : static_cast<double>(*digit - '0');
+    parsed += digit != reply.end();
+    EXPECT_NEAR(rows[i]["reward"].get<double>(), want, 1e-6) << rows[i].dump() << " " << reply;
+  }
+  std::cout << "[ measured ] local judge: " << parsed << " of " << rows.size()
+            << " logged verdicts held a digit" << std::endl;
+  EXPECT_GT(parsed, 0);  // some verdicts parse, so the scores are not all the default
 }
 
 }  // namespace
