@@ -10,6 +10,7 @@
 #include <cctype>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "tests/ppo/ppo_job.h"
 #include "tests/support/chat_server.h"
@@ -119,16 +120,25 @@ TEST_F(JudgeJob, AJudgeWithoutAUrlRunsOnTheJobsJudgeGroup) {
   // which samples.jsonl stores with invalid UTF-8 replaced, so they could not be re-judged.
   const fs::path tiny = dir_ / "tiny";
   std::ofstream(dir_ / "prompt.jinja") << "Is this a word? {{ prompt }}";
-  Result r =
-      run("local",
-          {"--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":4,"memory_gb":4}])",
-           "--set", "judge.model=" + tiny.string(), "--set", "judge.devices=[3]", "--set",
-           "judge.dtype=fp32", "--set", "reward.rule=", "--set",
-           R"(reward.sources=[{"rule": "letters", "weight": 0}, {"name": "digit", "judge": )"
-           R"({"template": ")" +
-               (dir_ / "prompt.jinja").string() + R"J(", "score": "([0-9])", "max_tokens": 8}}])J",
-           "--set", "train.max_steps=2", "--set", "logger.samples_per_step=64"},
-          "examples/grpo_tiny.json");
+  const std::vector<std::string> judged = {
+      "--set",
+      R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":4,"memory_gb":4}])",
+      "--set",
+      "judge.model=" + tiny.string(),
+      "--set",
+      "judge.devices=[3]",
+      "--set",
+      "judge.dtype=fp32",
+      "--set",
+      "reward.rule=",
+      "--set",
+      R"(reward.sources=[{"rule": "letters", "weight": 0}, {"name": "digit", "judge": )"
+      R"({"template": ")" +
+          (dir_ / "prompt.jinja").string() + R"J(", "score": "([0-9])", "max_tokens": 8}}])J"};
+  auto run_args = judged;
+  run_args.insert(run_args.end(),
+                  {"--set", "train.max_steps=2", "--set", "logger.samples_per_step=64"});
+  Result r = run("local", run_args, "examples/grpo_tiny.json");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto m = read_metrics(run_dir("local") / "metrics.jsonl");
   ASSERT_EQ(m.size(), 2u);
@@ -166,6 +176,28 @@ TEST_F(JudgeJob, AJudgeWithoutAUrlRunsOnTheJobsJudgeGroup) {
   std::cout << "[ measured ] local judge: " << parsed << " of " << rows.size()
             << " logged verdicts held a digit" << std::endl;
   EXPECT_GT(parsed, 0);  // some verdicts parse, so the scores are not all the default
+
+  // `rlhf reward --verbose` runs the same judge in its own process: the same replies.
+  {
+    std::ofstream in(dir_ / "reward_rows.jsonl");
+    for (const json& row : rows)
+      in << json{{"prompt", row["prompt"]}, {"response", "x"}}.dump() << "\n";
+  }
+  std::vector<std::string> reward_args = {"reward", "examples/grpo_tiny.json"};
+  reward_args.insert(reward_args.end(), judged.begin(), judged.end());
+  reward_args.insert(reward_args.end(),
+                     {"--input", (dir_ / "reward_rows.jsonl").string(), "--verbose"});
+  Result scored = rlhf(reward_args);
+  ASSERT_EQ(scored.exit_code, 0) << scored.err;
+  std::istringstream lines(scored.out);
+  size_t i = 0;
+  for (std::string line; std::getline(lines, line); ++i) {
+    ASSERT_LT(i, rows.size());
+    const json j = json::parse(line);
+    EXPECT_EQ(j["judges"]["digit"], json::array({replies[i]["response"]})) << line;
+    EXPECT_NEAR(j["sources"]["digit"].get<double>(), rows[i]["reward"].get<double>(), 1e-6);
+  }
+  EXPECT_EQ(i, rows.size());
 }
 
 }  // namespace
