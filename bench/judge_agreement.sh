@@ -4,7 +4,7 @@
 # answers through rlhf's judge reward source (`rlhf reward --verbose`), with and without the
 # reference answer in its template; the verifier's verdict is the truth.
 #
-#   bench/judge_agreement.sh ANSWERER_MODEL [OUT_DIR]
+#   [JUDGE=local] bench/judge_agreement.sh ANSWERER_MODEL [OUT_DIR]
 #
 # ANSWERER_MODEL writes the answers (greedy, SmolLM2's chat template), e.g. the arithmetic GRPO
 # example's export (runs/grpo_smollm2_arith/export/actor), so that right and wrong answers both
@@ -43,17 +43,29 @@ printf '%s\n\nAnswer: {{ response }}\n\nIs this answer correct? Reply yes or no.
 printf '%s\n\nAnswer: {{ response }}\n\nThe correct answer is {{ label }}. %s' \
   'Problem: {{ prompt }}' 'Is this answer correct? Reply yes or no.' > "$out/judge_label.jinja"
 
-OMP_NUM_THREADS=2 "$py" bench/judge_server.py --model "$judge" --port "$port" > "$out/server.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 120); do grep -q "judge_server:" "$out/server.log" && break; sleep 1; done
+# JUDGE=local: the judge without a url, judge.model on rlhf's own engine (`rlhf reward` runs it
+# in its process, as a job runs it on its judge group); otherwise behind bench/judge_server.py.
+local_judge=$([ "${JUDGE:-server}" = local ] && echo 1 || echo 0)
+if [ "$local_judge" = 0 ]; then
+  OMP_NUM_THREADS=2 "$py" bench/judge_server.py --model "$judge" --port "$port" > "$out/server.log" 2>&1 &
+  server=$!
+  trap 'kill $server 2>/dev/null || true' EXIT
+  for _ in $(seq 120); do grep -q "judge_server:" "$out/server.log" && break; sleep 1; done
+fi
 
 for template in judge judge_label; do
-  sources='[{"rule": "math", "name": "correct"}, {"name": "judge", "weight": 0, "judge": {"url": "http://127.0.0.1:'$port'/v1/chat/completions", "template": "'$out/$template.jinja'", "score": "choice:yes,no", "max_tokens": 8, "concurrency": 1}}]'
+  if [ "$local_judge" = 1 ]; then
+    endpoint=''
+    where=(--set judge.model="$judge" --set judge.dtype=fp32 --set judge.colocate_with=rollout)
+  else
+    endpoint='"url": "http://127.0.0.1:'$port'/v1/chat/completions", "concurrency": 1, '
+    where=()
+  fi
+  sources='[{"rule": "math", "name": "correct"}, {"name": "judge", "weight": 0, "judge": {'$endpoint'"template": "'$out/$template.jinja'", "score": "choice:yes,no", "max_tokens": 8}}]'
   start=$(date +%s)
   # A 135M judge on a busy 2-core CPU answers in seconds; the timeout is per request.
   "$rlhf" reward examples/grpo_smollm2_arith.json --set actor.model="$judge" --set reward.sources="$sources" \
-    --set reward.remote_timeout_s=600 \
+    --set reward.remote_timeout_s=600 "${where[@]}" \
     --input "$out/rows.jsonl" --verbose > "$out/$template.scores.jsonl" 2> "$out/$template.err"
   seconds=$(( $(date +%s) - start ))
   "$py" - "$out/$template.scores.jsonl" "$template" "$seconds" "$out/$template.err" <<'EOF'
