@@ -19,6 +19,7 @@
 #include "models/pretrained.h"
 #include "ppo/worker_ops.h"
 #include "test_paths.h"
+#include "tests/support/jsd_reference.h"
 #include "transport/worker_ops.h"
 
 namespace rlhf {
@@ -108,21 +109,6 @@ INSTANTIATE_TEST_SUITE_P(ChunkTokens, ModelOperationsChunks, ::testing::Values(-
                            return info.param < 0 ? std::string("Default")
                                                  : "Chunk" + std::to_string(info.param);
                          });
-
-// The whole-vocabulary generalised JSD per position from logits [.., V], in FP64, written as
-// TRL's generalized_jsd_loss (beta 0: KL(teacher || student), 1: KL(student || teacher)).
-torch::Tensor whole_jsd(const torch::Tensor& student_logits, const torch::Tensor& teacher_logits,
-                        double beta) {
-  const auto q = torch::log_softmax(student_logits.to(torch::kFloat64), -1);
-  const auto p = torch::log_softmax(teacher_logits.to(torch::kFloat64), -1);
-  const auto kl = [](const torch::Tensor& x, const torch::Tensor& y) {
-    return (x.exp() * (x - y)).sum(-1);
-  };
-  if (beta == 0.0) return kl(p, q);
-  if (beta == 1.0) return kl(q, p);
-  const auto m = torch::log(beta * p.exp() + (1 - beta) * q.exp());
-  return beta * kl(p, m) + (1 - beta) * kl(q, m);
-}
 
 // train_actor's GKD loss on a fresh FP32 actor (the Llama fixture, one rank, ZeRO 1) for the
 // teacher's top-k reply `top`, its rows padded or packed (3 rows' tokens per packed row).
@@ -215,7 +201,7 @@ TEST(ModelOperations, GkdLossWithTheWholeVocabularyIsTheDirectJsd) {
         const Message top = teacher_top(k);
         ASSERT_EQ(top.tensor("top_ids").size(2), std::min<int64_t>(k, 64));
         const double got = actor_gkd_loss(top, seq, mask, action_mask, packed, beta, temperature);
-        const double whole = token_mean(whole_jsd(zs, zt, beta));
+        const double whole = token_mean(test::whole_jsd(zs, zt, beta));
         ASSERT_GT(whole, 1e-3);  // the two models differ
         const std::string at = std::string(packed ? "packed" : "padded") + " beta " +
                                std::to_string(beta) + " k " + std::to_string(k);

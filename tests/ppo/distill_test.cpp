@@ -62,29 +62,12 @@ TEST(Distill, ExpectedPolicyGradientOfTheTermIsTheReverseKlGradient) {
   EXPECT_GT(grad_kl.abs().max().item<double>(), 1e-2);  // not a vanishing case
 }
 
-class DistillJob : public PpoJob {
+class DistillJob : public TeacherJob {
  protected:
-  // grpo_tiny with a teacher on a fourth device, FP32 everywhere (the CPU's auto dtype may be
-  // BF16 on another machine), sampled at temperature 1 (what `rlhf logprobs` scores at).
-  Result distill(const std::string& name, const fs::path& teacher, std::vector<std::string> extra) {
-    std::vector<std::string> args = {
-        "--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":4,"memory_gb":4}])",
-        "--set", "teacher.model=" + teacher.string(),
-        "--set", "teacher.devices=[3]",
-        "--set", "algo.distill.coef=1",
-        "--set", "rollout.temperature=1.0"};
-    for (const char* role : {"actor", "ref", "rollout", "teacher"})
-      args.insert(args.end(), {"--set", std::string(role) + ".dtype=fp32"});
-    args.insert(args.end(), extra.begin(), extra.end());
-    return run(name, args, "examples/grpo_tiny.json");
-  }
-  fs::path init_model(const std::string& preset, const std::string& name) {
-    const fs::path out = dir_ / name;
-    EXPECT_EQ(rlhf({"init-model", "--preset", preset, "--out", out.string(), "--seed", "5",
-                    "--dtype", "fp32"})
-                  .exit_code,
-              0);
-    return out;
+  // The teacher's reverse KL in the advantage (algo.distill.coef 1).
+  Result distill(const std::string& name, const fs::path& teacher,
+                 const std::vector<std::string>& extra) {
+    return with_teacher(name, teacher, concat({"--set", "algo.distill.coef=1"}, extra));
   }
 };
 
@@ -171,13 +154,6 @@ TEST_F(DistillJob, TheTeachersLogProbsAreItsOwnAndTheReverseKlIsLogged) {
   for (const json& device : plan["memory"]["devices"])
     for (const json& role : device["roles"]) planned |= role.get<std::string>() == "teacher[0]";
   EXPECT_TRUE(planned) << plan["memory"].dump();
-}
-
-// The mean of `path` ("reward.letters", "distill.reverse_kl") over records [from, to).
-double mean_of(const std::vector<json>& m, const json::json_pointer& path, size_t from, size_t to) {
-  double sum = 0;
-  for (size_t i = from; i < to; ++i) sum += m[i].at(path).get<double>();
-  return sum / static_cast<double>(to - from);
 }
 
 TEST_F(DistillJob, PureDistillationFromAGrpoTeacherTeachesTheTaskWithoutAReward) {

@@ -18,25 +18,10 @@
 #include "models/pretrained.h"
 #include "ppo/kl.h"
 #include "tests/ppo/ppo_job.h"
+#include "tests/support/jsd_reference.h"
 
 namespace rlhf::ppo::job_test {
 namespace {
-
-// The generalised JSD per position over the whole vocabulary from logits [.., V], in FP64,
-// written as TRL's GKDTrainer.generalized_jsd_loss computes it (beta 0: KL(teacher ||
-// student), 1: KL(student || teacher), else the mixture M = beta teacher + (1 - beta) student).
-torch::Tensor whole_jsd(const torch::Tensor& student_logits, const torch::Tensor& teacher_logits,
-                        double beta) {
-  const auto q = torch::log_softmax(student_logits.to(torch::kFloat64), -1);
-  const auto p = torch::log_softmax(teacher_logits.to(torch::kFloat64), -1);
-  const auto kl = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return (a.exp() * (a - b)).sum(-1);
-  };
-  if (beta == 0.0) return kl(p, q);
-  if (beta == 1.0) return kl(q, p);
-  const auto m = torch::log(beta * p.exp() + (1 - beta) * q.exp());
-  return beta * kl(p, m) + (1 - beta) * kl(q, m);
-}
 
 // gkd_divergence as the job computes it: the teacher's top k tokens, their log-probs and the
 // log mass of the others (as models::head_top_k sends them), the student's log-probs of the
@@ -57,7 +42,7 @@ TEST(Gkd, EqualsTheWholeVocabularyFormulaAtKEqualsV) {
   for (double beta : {0.0, 0.1, 0.5, 0.9, 1.0}) {
     const auto ours = top_k_jsd(zs, zt, 11, beta);
     const auto zs64 = zs.detach().to(torch::kFloat64).requires_grad_();
-    const auto whole = whole_jsd(zs64, zt, beta);
+    const auto whole = test::whole_jsd(zs64, zt, beta);
     EXPECT_GT(whole.min().item<double>(), 1e-3) << beta;  // not a vanishing case
     // FP32 log-probs against FP64 ones: 1e-6 of the largest divergence (0.5-5 here).
     const double scale = whole.abs().max().item<double>();
@@ -67,7 +52,7 @@ TEST(Gkd, EqualsTheWholeVocabularyFormulaAtKEqualsV) {
     EXPECT_LT((g - g_whole).abs().max().item<double>(), 1e-6 * scale) << beta;
   }
   // The symmetric JSD is at most log 2.
-  EXPECT_LE(whole_jsd(zs.detach(), zt, 0.5).max().item<double>(), std::log(2.0));
+  EXPECT_LE(test::whole_jsd(zs.detach(), zt, 0.5).max().item<double>(), std::log(2.0));
 }
 
 TEST(Gkd, LumpingTheTeachersTailNeverRaisesTheDivergence) {
@@ -76,7 +61,7 @@ TEST(Gkd, LumpingTheTeachersTailNeverRaisesTheDivergence) {
   torch::manual_seed(8);
   const auto zs = torch::randn({4, 6, 50}) * 3, zt = torch::randn({4, 6, 50}) * 3;
   for (double beta : {0.0, 0.5, 1.0}) {
-    const auto whole = whole_jsd(zs, zt, beta);
+    const auto whole = test::whole_jsd(zs, zt, beta);
     torch::Tensor previous = torch::zeros_like(whole);
     for (int64_t k : {1, 5, 20, 49, 50}) {
       const auto lumped = top_k_jsd(zs, zt, k, beta).to(torch::kFloat64);
@@ -91,31 +76,18 @@ TEST(Gkd, LumpingTheTeachersTailNeverRaisesTheDivergence) {
   EXPECT_LT(top_k_jsd(zt, zt, 5, 0.5).abs().max().item<double>(), 1e-6);
 }
 
-class GkdJob : public PpoJob {
+class GkdJob : public TeacherJob {
  protected:
-  // grpo_tiny with a GKD teacher on a fourth device, FP32, sampled at temperature 1; the
-  // letters rule is measured with weight 0 (no reward reaches the advantages).
-  Result gkd(const std::string& name, const fs::path& teacher, std::vector<std::string> extra) {
-    std::vector<std::string> args = {
-        "--set", R"(cluster.nodes=[{"name":"local","kind":"cpu","devices":4,"memory_gb":4}])",
-        "--set", "teacher.model=" + teacher.string(),
-        "--set", "teacher.devices=[3]",
-        "--set", "algo.distill.gkd.coef=1",
-        "--set", "rollout.temperature=1.0",
-        "--set", "reward.rule=",
-        "--set", R"(reward.sources=[{"rule": "letters", "weight": 0}])"};
-    for (const char* role : {"actor", "ref", "rollout", "teacher"})
-      args.insert(args.end(), {"--set", std::string(role) + ".dtype=fp32"});
-    args.insert(args.end(), extra.begin(), extra.end());
-    return run(name, args, "examples/grpo_tiny.json");
+  // GKD (algo.distill.gkd.coef 1) alone: the letters rule is measured with weight 0 (no reward
+  // reaches the advantages).
+  Result gkd(const std::string& name, const fs::path& teacher,
+             const std::vector<std::string>& extra) {
+    return with_teacher(name, teacher,
+                        concat({"--set", "algo.distill.gkd.coef=1", "--set", "reward.rule=",
+                                "--set", R"(reward.sources=[{"rule": "letters", "weight": 0}])"},
+                               extra));
   }
 };
-
-double mean_of(const std::vector<json>& m, const json::json_pointer& path, size_t from, size_t to) {
-  double sum = 0;
-  for (size_t i = from; i < to; ++i) sum += m[i].at(path).get<double>();
-  return sum / static_cast<double>(to - from);
-}
 
 // Logits [1, T, V] of `model` on one sequence.
 torch::Tensor logits_of(models::CausalLM& model, const std::vector<int64_t>& ids) {
@@ -146,7 +118,7 @@ Approximation measure_top_k(const fs::path& student_dir, const fs::path& teacher
     // The states before each response token: positions T-1-n .. T-2.
     const auto zs = logits_of(*student, ids).narrow(1, t - 1 - n, n);
     const auto zt = logits_of(*teacher, ids).narrow(1, t - 1 - n, n);
-    a.whole += whole_jsd(zs, zt, 0.5).sum().item<double>();
+    a.whole += test::whole_jsd(zs, zt, 0.5).sum().item<double>();
     for (size_t i = 0; i < ks.size(); ++i)
       a.top[i] += top_k_jsd(zs, zt, std::min(ks[i], zt.size(-1)), 0.5).sum().item<double>();
     positions += n;
@@ -207,11 +179,7 @@ TEST_F(GkdJob, PackedRowsGiveThePaddedRowsLoss) {
   // train.packing_samples forwards the rows end to end; the teacher's top-k ids go to each
   // action's place in the packed row. Step 1's GKD loss (the same samples and weights) is
   // the padded rows' within FP32 summation order.
-  const fs::path teacher = dir_ / "teacher";
-  ASSERT_EQ(rlhf({"init-model", "--preset", "small", "--out", teacher.string(), "--seed", "5",
-                  "--dtype", "fp32"})
-                .exit_code,
-            0);
+  const fs::path teacher = init_model("small", "teacher");
   // One update per step (train.batch_size = the 64 samples): step 1's loss is the initial
   // weights' on both.
   const std::vector<std::string> two = {
@@ -237,11 +205,7 @@ TEST_F(GkdJob, ALambdaShareOfStepsTrainsOnTheDatasetsResponses) {
   // samples or the prompts' dataset responses (data.output_key), here lowercase words that
   // the letters criterion scores 1. A dataset step's samples are those responses, not
   // sampled (no staleness, the actor's own log-probs as the sampler's), and GKD alone trains.
-  const fs::path teacher = dir_ / "teacher";
-  ASSERT_EQ(rlhf({"init-model", "--preset", "small", "--out", teacher.string(), "--seed", "5",
-                  "--dtype", "fp32"})
-                .exit_code,
-            0);
+  const fs::path teacher = init_model("small", "teacher");
   const fs::path data = dir_ / "letters.jsonl";
   std::map<std::string, std::string> response_of;
   {
