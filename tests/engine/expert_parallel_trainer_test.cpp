@@ -152,9 +152,14 @@ Result run_ranks(const EpRun& run, const fs::path& model_dir, const std::string&
       }
     });
   for (auto& t : threads) t.join();
+  // Every rank's error: a rank that fails first makes its peers' rendezvous fail too, and which
+  // of them reports first is a race.
+  std::string failed;
   for (int r = 0; r < run.world; ++r)
     if (!errors[static_cast<size_t>(r)].empty())
-      throw std::runtime_error("rank " + std::to_string(r) + ": " + errors[static_cast<size_t>(r)]);
+      failed += (failed.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": ") +
+                errors[static_cast<size_t>(r)];
+  if (!failed.empty()) throw std::runtime_error(failed);
   fs::remove_all(dir);
   return results[0];
 }
