@@ -346,7 +346,9 @@ std::vector<torch::Tensor> by_budget(const ModelRole& role, const ops::ForwardBu
 // actor's adapters into its base).
 Message push_weights(ModelRole& role, const ops::PushWeights& req, const WorkerIdentity& self) {
   if (!role.trainer) throw RuntimeError("push_weights: this worker's role is not trained");
-  if (self.rank == 0 && !role.sync_group) {
+  if (self.rank == 0 && (!role.sync_group || role.sync_store != req.store_path)) {
+    role.sync_group.reset();
+    role.sync_store = req.store_path;
     transport::CollectiveConfig cc;
     cc.rank = 0;
     cc.size = req.sync_size;
@@ -368,8 +370,9 @@ Message push_weights(ModelRole& role, const ops::PushWeights& req, const WorkerI
   options.path = rollout::parse_sync_path(req.path);
   options.device = role.device;
   options.tensor_parallel_size = req.tensor_parallel_size;
+  if (!req.again) ++role.weight_version;
   auto stats = rollout::send_weights(*source, self.rank == 0 ? role.sync_group.get() : nullptr,
-                                     ++role.weight_version, options);
+                                     role.weight_version, options);
   return reply_message(ops::sync_reply(stats));
 }
 

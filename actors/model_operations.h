@@ -39,6 +39,7 @@ struct ModelRole {
   std::string config_json;                            // the model's config.json text (for export)
   torch::Device device = torch::kCPU;                 // the worker's: cuda:0 on a GPU node
   std::unique_ptr<transport::CollectiveGroup> sync_group;  // actor rank 0 -> rollout ranks
+  std::string sync_store;                                  // where sync_group met
   int64_t weight_version = 0;                              // pushes done so far
   // Per operation name, the largest tracked-tensor peak over its calls (the trainer's or
   // the sharded inference's MemoryTracker, from the operation's start; an unsharded

@@ -36,6 +36,7 @@ struct RolloutState {
   std::recursive_mutex mutex;
   std::unique_ptr<rollout::Generator> generator;
   std::unique_ptr<transport::CollectiveGroup> sync_group;
+  std::string sync_store;      // where sync_group met
   engine::HostOffload asleep;  // the model's weights while in host memory (sleep)
   rollout::LoraMerge lora;     // the base copies when a LoRA actor sends only its adapters
   // Multi-turn rollouts (load_model's "env"): the environment (TP rank 0 only), the tokenizer
@@ -337,13 +338,15 @@ Message generate(RolloutState& state, const ops::Generate& a, const Message& req
 Message sync_weights(RolloutState& state, const ops::SyncWeights& request,
                      const WorkerIdentity& self) {
   auto& generator = awake(state, "sync_weights");
-  if (!state.sync_group) {
+  if (!state.sync_group || state.sync_store != request.store_path) {
+    state.sync_group.reset();
     transport::CollectiveConfig config;
     config.store_path = request.store_path;
-    config.rank = self.rank + 1;
-    config.size = self.world_size + 1;
+    config.rank = request.alone ? 1 : self.rank + 1;
+    config.size = request.alone ? 2 : self.world_size + 1;
     config.backend = transport::collective_backend(request.backend);
     state.sync_group = transport::make_collective_group(config);
+    state.sync_store = request.store_path;
   }
   const auto stats = rollout::receive_weights(generator.model(), *state.sync_group, &state.lora);
   generator.set_weight_version(stats.version);

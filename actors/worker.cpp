@@ -21,6 +21,7 @@
 #include "core/placement.h"
 #include "core/timing.h"
 #include "transport/channel.h"
+#include "transport/collective_group.h"
 
 namespace rlhf {
 namespace {
@@ -172,6 +173,13 @@ void serve_operations(zmq::context_t& context, const OperationRegistry& registry
       std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
                 << std::endl;
       reply = make_error(id, op, e.what_without_backtrace());
+    } catch (const transport::CollectiveFailure& e) {
+      // A peer died or hung: this rank's group is unusable. The driver treats it as a lost
+      // rank (scheduler/role_group.cpp).
+      std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
+                << std::endl;
+      reply = make_error(id, op, e.what());
+      reply.args = {{"collective_failed", true}};
     } catch (const InputError& e) {
       std::cerr << me << "operation \"" << op << "\" (id " << id << ") failed: " << e.what()
                 << std::endl;

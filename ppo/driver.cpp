@@ -216,15 +216,51 @@ void PpoJob::start_roles(Scheduler& s, std::ostream& out) {
               static_cast<int64_t>(settings_.kv_cache_gb * static_cast<double>(int64_t{1} << 30));
           const ops::LoadModel request =
               judge_->load_request(engine, judge_dtype_, rewards_->local_judge_max_tokens());
-          return {workers, [&g, request] { g.call_all(request); }};
+          return {workers, [&g, request] { g.call_all(request); },
+                  [&g, request](int rank) { g.call(rank, request); }};
         }
-        if (g.role() != Role::kRollout)
-          return runtime_.init_role(s, g, settings_.roles, c_.train_batch_size,
-                                    c_.train_micro_batch_size);
-        ops::LoadModel request = rollout_load_request(s, workers);
-        return {workers, [&g, request] { g.call_all(request); }};
+        runtime::RoleStart started;
+        if (g.role() != Role::kRollout) {
+          started = runtime_.init_role(s, g, settings_.roles, c_.train_batch_size,
+                                       c_.train_micro_batch_size);
+        } else {
+          ops::LoadModel request = rollout_load_request(s, workers);
+          started = {workers, [&g, request] { g.call_all(request); },
+                     [&g, request](int rank) { g.call(rank, request); }};
+        }
+        reloads_[g.role()] = started.reload;
+        return started;
       },
       out);
+}
+
+// Fault tolerance (fault.max_restarts): the roles whose lost workers are relaunched and catch
+// up alone, each with its load request again and a rollout engine with the weights the
+// others hold. Anything else lost (an actor or critic rank, a sharded scorer, a
+// tensor-parallel engine) fails the run, which rlhf run restarts from its last checkpoint.
+void PpoJob::allow_restarts(Scheduler& s, std::ostream& out) {
+  if (s.config().max_restarts <= 0) return;
+  std::vector<std::string> alone;
+  for (const auto& [role, reload] : reloads_) {
+    if (!reload) continue;
+    RoleGroup& g = s.group(role);
+    if (role == Role::kRollout) {
+      if (!sync_->revivable(settings_.dispatch.at(Role::kActor) == Dispatch::kLeastLoaded))
+        continue;
+      g.set_revive([this, reload = reload](int rank) {
+        reload(rank);
+        sync_->resend(rank);
+      });
+    } else {
+      g.set_revive(reload);
+    }
+    alone.push_back(role_name(role));
+  }
+  out << "ppo: fault: " << (alone.empty() ? "no role" : join(alone, ", "))
+      << " workers are relaunched alone when lost (at most " << s.config().max_restarts
+      << " per role within fault.restart_window_s); any other lost worker restarts the job from "
+         "its last checkpoint"
+      << std::endl;
 }
 
 void PpoJob::build_phases(Scheduler& s, std::ostream& out) {
@@ -234,9 +270,11 @@ void PpoJob::build_phases(Scheduler& s, std::ostream& out) {
       *tokenizer_, *rewards_, *stream_, kl_);
   trainer_ = std::make_unique<PolicyTrainer>(TrainingSettings::from(c_, roles_), *groups.actor,
                                              groups.critic, kl_, s.progress());
-  sync_ = std::make_unique<WeightSync>(settings_.sync, *groups.actor, *groups.rollout,
-                                       [&s] { return s.rendezvous("weight_sync"); });
+  sync_ =
+      std::make_unique<WeightSync>(settings_.sync, *groups.actor, *groups.rollout,
+                                   [&s](const std::string& name) { return s.rendezvous(name); });
   sync_->choose(out);
+  allow_restarts(s, out);
   evaluator_ = std::make_unique<Evaluator>(eval_, eval_prompts_, *experience_, rewards_->names(),
                                            groups.reward, s.progress());
 }

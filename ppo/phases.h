@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
@@ -246,9 +247,9 @@ struct SyncSettings {
 
 class WeightSync {
  public:
-  // `rendezvous`: a fresh store for each sync's collective group.
+  // `rendezvous`: where the sync's collective group named so meets (Scheduler::rendezvous).
   WeightSync(SyncSettings settings, RoleGroup& actor, RoleGroup& rollout,
-             std::function<std::string()> rendezvous);
+             std::function<std::string(const std::string&)> rendezvous);
   // The route and the sleep mode, from both groups' "info" (the same phase policy the
   // memory planner planned with, engine/phase_policy.h); says so when colocated.
   void choose(std::ostream& out);
@@ -260,6 +261,15 @@ class WeightSync {
   double before_generating();  // actor optimizer to host, rollout awake
   // After a checkpoint brought the optimizer state back to the device.
   void offload_optimizer_again();
+  // A relaunched rollout rank (its engine loaded again) gets the weights the others hold, in a
+  // group of the actor's rank 0 and itself; the next sync forms the whole group anew. Only
+  // where revivable() (fault.max_restarts).
+  void resend(int rank);
+  // Whether a relaunched rollout engine can be brought back without the rest: one rank per
+  // engine, no sleep mode, and an actor whose weight push runs no collectives among its ranks
+  // (`actor_pushes_alone`: not ZeRO-3 or expert-parallel), so it cannot interleave with the
+  // actor's other calls.
+  bool revivable(bool actor_pushes_alone) const;
 
   const nlohmann::json& last_sync() const { return last_sync_; }  // actor rank 0's reply
   // The weight version the rollout holds after the last sync (0: the weights it loaded);
@@ -271,7 +281,9 @@ class WeightSync {
   SyncSettings s_;
   RoleGroup& actor_;
   RoleGroup& rollout_;
-  std::function<std::string()> rendezvous_;
+  std::function<std::string(const std::string&)> rendezvous_;
+  std::mutex mutex_;      // the group names below
+  int64_t regroups_ = 0;  // resend()s so far: each sync group after one meets at a new name
   SyncRoute route_;
   bool sleep_rollout_ = false;      // rollout.offload_while_training, where it applies
   bool offload_optimizer_ = false;  // actor.offload_optimizer_while_generating, where it applies

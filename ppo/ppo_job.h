@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -95,6 +96,8 @@ class PpoJob {
   ops::LoadModel rollout_load_request(Scheduler& s, std::string& workers) const;
   // The phases, once the workers are up.
   void build_phases(Scheduler& s, std::ostream& out);
+  // The roles whose lost workers come back alone (fault.max_restarts), from reloads_.
+  void allow_restarts(Scheduler& s, std::ostream& out);
 
   // The step loop (step_loop.cpp): steps after `step` up to total_steps_.
   void run_steps(Scheduler& s, int64_t step, std::ostream& out);
@@ -133,6 +136,8 @@ class PpoJob {
   std::unique_ptr<PolicyTrainer> trainer_;
   std::unique_ptr<WeightSync> sync_;
   std::unique_ptr<Evaluator> evaluator_;
+  // Each role's reload of one relaunched rank (null: it cannot be loaded alone).
+  std::map<Role, std::function<void(int)>> reloads_;
 };
 
 }  // namespace rlhf::ppo::job

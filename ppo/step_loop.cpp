@@ -203,7 +203,8 @@ json PpoJob::step_record(Scheduler& s, int64_t step, const StepOutcome& o, doubl
       {"weight_sync", sync_->last_sync()},
       {"rollout_logprob_diff", {{"mean", e.logprob_diff_mean}, {"max", e.logprob_diff_max}}},
       {"rollout_mismatch", mismatch_json(c_.policy.correction.mode, e.mismatch)},
-      {"memory", runtime_.memory(s)}};
+      {"memory", runtime_.memory(s)},
+      {"restarts", s.fault_counts()}};
   if (r.from_dataset) rec.erase("staleness");  // not sampled by any weights
   rec.update(o.busy);
   if (!sync_->offload().empty()) rec["offload"] = sync_->offload();

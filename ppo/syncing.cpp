@@ -39,7 +39,7 @@ SyncRoute sync_route(const std::vector<Answered<ops::InfoReply>>& actor,
 }
 
 WeightSync::WeightSync(SyncSettings settings, RoleGroup& actor, RoleGroup& rollout,
-                       std::function<std::string()> rendezvous)
+                       std::function<std::string(const std::string&)> rendezvous)
     : s_(std::move(settings)),
       actor_(actor),
       rollout_(rollout),
@@ -65,7 +65,13 @@ void WeightSync::choose(std::ostream& out) {
 }
 
 double WeightSync::sync() {
-  const std::string store = rendezvous_();
+  rollout_.ready();  // a relaunched engine first catches up alone (resend)
+  std::string store;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    store =
+        rendezvous_(regroups_ == 0 ? "weight_sync" : "weight_sync." + std::to_string(regroups_));
+  }
   auto receive = in_parallel([&] {
     return rollout_.call_all(ops::SyncWeights{store, route_.backend});
   });
@@ -133,6 +139,31 @@ double WeightSync::before_generating() {
 
 void WeightSync::offload_optimizer_again() {
   if (offload_optimizer_) actor_.call_all(ops::OffloadOptimizer{});
+}
+
+bool WeightSync::revivable(bool actor_pushes_alone) const {
+  return actor_pushes_alone && s_.tensor_parallel_size == 1 && !sleep_rollout_;
+}
+
+void WeightSync::resend(int rank) {
+  std::string store;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    store = rendezvous_("weight_sync.revive" + std::to_string(++regroups_));
+  }
+  // On this thread (the revival's): the rank's calls go straight to it.
+  const auto receive =
+      rollout_.send(rank, RoleGroup::message_of(ops::SyncWeights{store, route_.backend, true}));
+  ops::PushWeights push;
+  push.store_path = store;
+  push.sync_size = 2;
+  push.backend = route_.backend;
+  push.path = route_.path;
+  push.bucket_bytes = s_.bucket_bytes;
+  push.lora_sync = s_.lora_sync;
+  push.again = true;
+  actor_.call_all(push);
+  rollout_.wait(receive);
 }
 
 }  // namespace rlhf::ppo::job

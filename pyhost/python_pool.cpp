@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iostream>
 #include <optional>
 #include <utility>
 
@@ -99,11 +100,34 @@ PythonFunctionPool::PythonFunctionPool(PythonPoolConfig config, std::string file
                      std::to_string(config_.timeout_s) + " and " +
                      std::to_string(config_.start_timeout_s));
   }
-  workers_ = start_workers(config_, name_, kRunner, file_, function_);
+  start();
+}
 
+void PythonFunctionPool::start() {
+  workers_ = start_workers(config_, name_, kRunner, file_, function_);
   const auto hellos = exchange(std::vector<std::string>(workers_.size()), config_.start_timeout_s,
                                [](size_t) { return std::string("while starting"); });
   for (const auto& hello : hellos) check_ready(hello, name_);
+}
+
+std::vector<double> PythonFunctionPool::call(const std::vector<std::string>& prompts,
+                                             const std::vector<std::string>& completions,
+                                             const std::vector<std::string>& labels,
+                                             const std::vector<json>& extra) {
+  while (true) {
+    try {
+      return call_once(prompts, completions, labels, extra);
+    } catch (const RuntimeError& e) {
+      if (!died_ || restarts_ >= config_.max_restarts) throw;
+      ++restarts_;
+      std::cerr << "rlhf: fault: " << e.what() << "; starting the pool again and scoring the "
+                << "batch again (restart " << restarts_ << " of " << config_.max_restarts << ")"
+                << std::endl;
+      died_ = false;
+      stopped_because_.clear();
+      start();
+    }
+  }
 }
 
 PythonFunctionPool::~PythonFunctionPool() {
@@ -161,6 +185,7 @@ std::vector<json> PythonFunctionPool::exchange(const std::vector<std::string>& r
   std::vector<size_t> polled;  // fds[k] is worker polled[k]
 
   auto died = [&](size_t i) {
+    died_ = true;
     const pid_t pid = workers_[i]->pid();
     const int status = workers_[i]->stop(Clock::now() + std::chrono::seconds(1));
     fail_and_stop(name_ + ": Python worker pid " + std::to_string(pid) + " " +
@@ -267,10 +292,10 @@ std::string chunk_request(const std::vector<std::string>& prompts,
 
 }  // namespace
 
-std::vector<double> PythonFunctionPool::call(const std::vector<std::string>& prompts,
-                                             const std::vector<std::string>& completions,
-                                             const std::vector<std::string>& labels,
-                                             const std::vector<json>& extra) {
+std::vector<double> PythonFunctionPool::call_once(const std::vector<std::string>& prompts,
+                                                  const std::vector<std::string>& completions,
+                                                  const std::vector<std::string>& labels,
+                                                  const std::vector<json>& extra) {
   if (!stopped_because_.empty()) {
     throw RuntimeError(name_ + ": the pool was stopped by an earlier failure: " + stopped_because_);
   }

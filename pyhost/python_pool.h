@@ -26,6 +26,9 @@ struct PythonPoolConfig {
   double timeout_s = 60;                // limit on each call (all chunks together)
   double start_timeout_s = 120;         // limit on starting: interpreter and the file's import
   std::string log_path;                 // workers' stderr, appended; empty: inherit ours
+  // A worker that dies during a call (fault.max_restarts): every worker starts again (the file
+  // imported anew) and the call is made again, at most this many times in the pool's life.
+  int max_restarts = 0;
 };
 
 class PythonWorker;
@@ -56,12 +59,14 @@ class PythonFunctionPool {
   // RuntimeError "FILE:FUNCTION raised ..." with the traceback and the chunk's first row, or
   // "FILE:FUNCTION returned ..." for anything but a list of that many finite numbers or None
   // (the pool stays usable after those two); RuntimeError when a worker dies or does not
-  // answer within timeout_s: then every worker is killed and later calls throw.
+  // answer within timeout_s: then every worker is killed and later calls throw (after a death,
+  // config.max_restarts times the pool starts again and the call is made again instead).
   // One call at a time: the pool is not thread-safe.
   std::vector<double> call(const std::vector<std::string>& prompts,
                            const std::vector<std::string>& completions,
                            const std::vector<std::string>& labels,
                            const std::vector<nlohmann::json>& extra = {});
+  int restarts() const { return restarts_; }  // times the pool started again after a death
 
   const std::string& name() const { return name_; }  // "FILE:FUNCTION"
   std::vector<pid_t> worker_pids() const;            // live workers' pids (for supervision)
@@ -72,6 +77,11 @@ class PythonFunctionPool {
   // or the timeout, stops the pool and throws, naming what worker i was doing: doing(i).
   std::vector<nlohmann::json> exchange(const std::vector<std::string>& requests, double timeout_s,
                                        const std::function<std::string(size_t)>& doing);
+  void start();  // every worker, until each has imported the function
+  std::vector<double> call_once(const std::vector<std::string>& prompts,
+                                const std::vector<std::string>& completions,
+                                const std::vector<std::string>& labels,
+                                const std::vector<nlohmann::json>& extra);
   [[noreturn]] void fail_and_stop(const std::string& message);
   std::optional<nlohmann::json> read_reply(size_t i, int fd,
                                            const std::function<void(size_t)>& died,
@@ -83,6 +93,8 @@ class PythonFunctionPool {
   std::string name_;
   std::vector<std::unique_ptr<PythonWorker>> workers_;
   std::string stopped_because_;  // set after a crash or timeout: the pool refuses to call
+  bool died_ = false;            // the last failure was a worker's death
+  int restarts_ = 0;
 };
 
 }  // namespace rlhf::pyhost

@@ -22,6 +22,7 @@ RewardSourcesConfig RewardSourcesConfig::from_spec(const JobSpec& spec) {
   c.python_interpreter = spec.get_string("reward.python_interpreter");
   c.python_workers = static_cast<int>(spec.get_int("reward.python_workers"));
   c.python_timeout_s = spec.get_float("reward.python_timeout_s");
+  c.python_max_restarts = static_cast<int>(spec.get_int("fault.max_restarts"));
   c.remote_timeout_s = spec.get_float("reward.remote_timeout_s");
   return c;
 }
@@ -59,6 +60,7 @@ RewardSources::RewardSources(RewardSourcesConfig c) {
       pc.workers = c.python_workers;
       pc.timeout_s = c.python_timeout_s;
       pc.log_path = c.python_log_path;
+      pc.max_restarts = c.python_max_restarts;
       src->python = std::make_unique<pyhost::PythonFunctionPool>(pc, ref->file, ref->name);
     } else if (src->kind == "remote") {
       src->remote = std::make_unique<RemoteReward>(

@@ -23,8 +23,9 @@ struct RewardSourcesConfig {
   std::string python_interpreter = "python3";  // reward.python_interpreter
   int python_workers = 2;                      // reward.python_workers
   double python_timeout_s = 300;               // reward.python_timeout_s
-  double remote_timeout_s = 30;                // reward.remote_timeout_s
-  std::string python_log_path;                 // Python workers' stderr ("" inherits ours)
+  int python_max_restarts = 0;   // fault.max_restarts: a pool whose worker died starts again
+  double remote_timeout_s = 30;  // reward.remote_timeout_s
+  std::string python_log_path;   // Python workers' stderr ("" inherits ours)
 
   static RewardSourcesConfig from_spec(const JobSpec& spec);
 };

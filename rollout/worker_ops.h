@@ -110,20 +110,24 @@ struct SyncReply {
 };
 RLHF_WIRE_STRUCT(SyncReply, "sync reply", weight_version, bytes, buckets, tensors, seconds, path)
 
-// Rollout side: the first call joins the sync group at store_path over `backend` ("nccl"
-// when the actor's rank 0 and every rollout rank have a GPU of their own, else "gloo"):
-// rollout rank r is rank r + 1 of the rollout's size + 1 (the actor's rank 0 is rank 0).
-// Every call receives one sync.
+// Rollout side: the first call with a store_path joins the sync group there over `backend`
+// ("nccl" when the actor's rank 0 and every rollout rank have a GPU of their own, else
+// "gloo"): rollout rank r is rank r + 1 of the rollout's size + 1 (the actor's rank 0 is rank
+// 0); another store_path forms the group again (after a worker was relaunched). `alone`: a
+// group of the actor's rank 0 and this rank only (a relaunched engine catching up). Every
+// call receives one sync.
 struct SyncWeights {
   static constexpr const char* kName = "sync_weights";
   using Reply = SyncReply;
   std::string store_path;
   std::string backend;
+  bool alone = false;
 };
-RLHF_WIRE_STRUCT(SyncWeights, "sync_weights", store_path, backend)
+RLHF_WIRE_STRUCT(SyncWeights, "sync_weights", store_path, backend, alone)
 
 // Actor side: every actor rank calls it (ZeRO-3 gathers one unit at a time); actor rank 0
-// also joins, once, the sync group of sync_size ranks at store_path over `backend` and sends
+// also joins the sync group of sync_size ranks at store_path (again when the path changes)
+// over `backend` and sends
 // the buckets of bucket_bytes by `path` ("gloo", "nccl" or "cuda_ipc"). The rollout's
 // tensor_parallel_size > 1 scatters each rollout rank only its slices. A LoRA actor sends
 // its merged weights or, with lora_sync "adapters", only its adapters.
@@ -137,9 +141,12 @@ struct PushWeights {
   int64_t bucket_bytes = 0;
   int tensor_parallel_size = 1;
   std::string lora_sync;  // "merged" or "adapters"
+  // The weights the rollout holds already, under the same version (a relaunched engine
+  // catching up), not a new version.
+  bool again = false;
 };
 RLHF_WIRE_STRUCT(PushWeights, "push_weights", store_path, sync_size, backend, path, bucket_bytes,
-                 tensor_parallel_size, lora_sync)
+                 tensor_parallel_size, lora_sync, again)
 
 SyncReply sync_reply(const rollout::WeightSyncStats& stats);
 

@@ -102,8 +102,11 @@ RoleStart JobRuntime::init_role(Scheduler& s, RoleGroup& g,
   if (request.config.trainer)  // micro batches per optimizer step on each rank
     request.config.trainer->grad_accum_steps =
         std::max<int64_t>(1, global_batch / (micro_batch * g.size()));
+  const bool alone = !request.config.trainer && !(request.config.shard_weights && g.size() > 1);
+  std::function<void(int)> reload;
+  if (alone) reload = [&g, request](int rank) { g.call(rank, request); };
   return {std::to_string(g.size()) + " worker" + (g.size() == 1 ? "" : "s"),
-          [&g, request] { g.call_all(request); }};
+          [&g, request] { g.call_all(request); }, reload};
 }
 
 bool JobRuntime::logs_at(int64_t step, int64_t total_steps) const {

@@ -50,10 +50,13 @@ struct RuntimeSettings {
 };
 
 // One role group's start-up: how its workers are described on the console ("2 workers") and
-// the call that loads them (run on the group's own thread).
+// the call that loads them (run on the group's own thread); `reload`, where one rank can be
+// loaded alone (no collective group among the ranks), loads a relaunched rank the same way
+// (RoleGroup::set_revive, fault.max_restarts).
 struct RoleStart {
   std::string workers;
   std::function<void()> load;
+  std::function<void(int rank)> reload;
 };
 
 class JobRuntime {
@@ -81,7 +84,8 @@ class JobRuntime {
                    std::ostream& out) const;
   // A model role's start-up: its `init` with `roles`' config for it and, on a trained role,
   // the micro batches each rank accumulates per optimizer step: global_batch / (micro x ranks),
-  // at least 1. Throws RuntimeError when `roles` has no config for the group.
+  // at least 1; a reload for an untrained, unsharded role. Throws RuntimeError when `roles`
+  // has no config for the group.
   RoleStart init_role(Scheduler& s, RoleGroup& g,
                       const std::map<Role, engine::ModelRoleConfig>& roles, int64_t global_batch,
                       int64_t micro_batch) const;

@@ -4,14 +4,54 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <deque>
+#include <future>
 #include <map>
 
 #include "scheduler/scheduler.h"
+#include "scheduler/worker_process.h"
 
 namespace rlhf {
+namespace {
+// The group whose revive this thread runs: its calls inside go straight to the worker.
+thread_local const RoleGroup* reviving = nullptr;
+}  // namespace
 
 RoleGroup::RoleGroup(Scheduler& scheduler, Role role, std::vector<size_t> worker_indices)
-    : scheduler_(scheduler), role_(role), workers_(std::move(worker_indices)) {}
+    : scheduler_(scheduler),
+      role_(role),
+      workers_(std::move(worker_indices)),
+      revived_(workers_.size(), 0) {}
+
+void RoleGroup::set_revive(Revive revive) {
+  revive_ = std::move(revive);
+  if (revive_) scheduler_.allow_restarts(role_);
+}
+
+void RoleGroup::ready() {
+  for (int rank = 0; rank < size(); ++rank) ready(rank, deadline(std::nullopt));
+}
+
+void RoleGroup::ready(int rank, std::chrono::steady_clock::time_point until, bool lost) {
+  if (!revive_ || reviving == this) return;
+  const size_t index = workers_[static_cast<size_t>(rank)];
+  std::lock_guard<std::mutex> lock(*revive_mutex_);
+  uint64_t& done = revived_[static_cast<size_t>(rank)];
+  const uint64_t target = std::max(scheduler_.incarnation(index), done + (lost ? 1 : 0));
+  if (target == done) return;
+  scheduler_.await_serving(index, target, until);
+  const uint64_t now = scheduler_.incarnation(index);
+  reviving = this;
+  try {
+    revive_(rank);
+  } catch (...) {
+    reviving = nullptr;
+    throw;
+  }
+  reviving = nullptr;
+  done = now;
+  scheduler_.note_ready(index);
+}
 
 std::chrono::steady_clock::time_point RoleGroup::deadline(Timeout timeout) const {
   const auto limit = timeout.value_or(scheduler_.config().request_timeout);
@@ -23,6 +63,11 @@ Message RoleGroup::checked(const Message& reply, int rank) const {
   if (reply.kind != MessageKind::kError) return reply;
   const std::string what = std::string(role_name(role_)) + "[" + std::to_string(rank) +
                            "] operation \"" + reply.op + "\" failed: " + reply.error;
+  // A lost worker, or a rank whose collective failed (a peer died or hung): a failure of the
+  // job's workers, which rlhf run may restart from a checkpoint (fault.max_restarts).
+  if (is_worker_lost(reply) ||
+      (reply.args.is_object() && reply.args.value("collective_failed", false)))
+    throw WorkerFailure(what + "\n");
   // The worker's bad input (a corrupt checkpoint, a model that does not match) is the
   // user's to fix, as the same error in the driver would be: exit 2, not 1.
   if (reply.args.is_object() && reply.args.value("bad_input", false)) throw InputError(what);
@@ -34,6 +79,7 @@ std::vector<Message> RoleGroup::call_all(const std::string& op, const nlohmann::
   const auto until = deadline(timeout);
   std::vector<uint64_t> ids;
   std::map<uint64_t, int> rank_of;
+  for (int rank = 0; rank < size(); ++rank) ready(rank, until);
   for (int rank = 0; rank < size(); ++rank) {
     Message request;
     request.op = op;
@@ -55,9 +101,18 @@ std::vector<Message> RoleGroup::call_all(const std::string& op, const nlohmann::
 }
 
 Message RoleGroup::call(int rank, Message request, Timeout timeout) {
+  return wait(send(rank, std::move(request), timeout));
+}
+
+RoleGroup::Sent RoleGroup::send(int rank, Message request, Timeout timeout) {
   TORCH_CHECK(rank >= 0 && rank < size(), role_name(role_), " has no rank ", rank);
-  const uint64_t id = scheduler_.submit(workers_[rank], std::move(request));
-  return checked(scheduler_.await_any({id}, deadline(timeout)).second, rank);
+  const auto until = deadline(timeout);
+  ready(rank, until);
+  return {rank, scheduler_.submit(workers_[rank], std::move(request)), until};
+}
+
+Message RoleGroup::wait(const Sent& sent) {
+  return checked(scheduler_.await_any({sent.id}, sent.until).second, sent.rank);
 }
 
 Dispatch dispatch_for(const JobSpec& spec, Role role) {
@@ -195,6 +250,12 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
   std::map<int64_t, int> answered;                     // call -> replies received
   std::vector<Message> results(chunks);
   int64_t next = 0, done = 0;
+  // Lost workers (set_revive): their calls run again, first, on the replicas that serve; a
+  // lost replica is revived on its own thread meanwhile.
+  const bool retries = revive_ && per == 1 && dispatch == Dispatch::kLeastLoaded;
+  std::deque<int64_t> again;
+  std::map<int, std::future<void>> down;  // replica -> its revival
+  std::map<int64_t, int> parts_sent;      // call -> partial replies handed on
   const auto submit = [&](int64_t call, int replica) {
     const Message request =
         micro_batch_request(op, args, batch, std::min(call, chunks - 1), micro_batch_size);
@@ -206,11 +267,19 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
   while (done < calls) {
     // Dispatch while some replica is below its in-flight bound.
     if (dispatch == Dispatch::kLeastLoaded) {
-      while (next < calls) {
-        const int u =
-            static_cast<int>(std::min_element(inflight.begin(), inflight.end()) - inflight.begin());
-        if (inflight[u] >= max_inflight) break;
-        submit(next++, u);
+      while (!again.empty() || next < calls) {
+        int u = -1;
+        for (int r = 0; r < units; ++r)
+          if (!down.count(r) && (u < 0 || inflight[r] < inflight[u])) u = r;
+        if (u < 0 || inflight[u] >= max_inflight) break;
+        int64_t call = next;
+        if (again.empty()) {
+          ++next;
+        } else {
+          call = again.front();
+          again.pop_front();
+        }
+        submit(call, u);
       }
     } else {
       for (int u = 0; u < units; ++u) {
@@ -222,14 +291,46 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
     }
     std::vector<uint64_t> waiting;
     for (const auto& [id, where] : owner) waiting.push_back(id);
-    auto [id, reply, partial] = scheduler_.await_progress(waiting, until);
+    std::optional<Scheduler::Progress> got;
+    if (down.empty()) {
+      got = scheduler_.await_progress(waiting, until);
+    } else {  // look at the revivals every 50 ms
+      got = scheduler_.poll_progress(waiting, std::min(until, std::chrono::steady_clock::now() +
+                                                                  std::chrono::milliseconds(50)));
+      for (auto it = down.begin(); it != down.end();) {
+        if (it->second.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+          ++it;
+          continue;
+        }
+        it->second.get();  // a revival that failed fails the call
+        it = down.erase(it);
+      }
+      if (!got) {
+        if (std::chrono::steady_clock::now() >= until)
+          throw RuntimeError("scatter \"" + op + "\" on " + role_name(role_) +
+                             ": a lost worker did not come back before the deadline");
+        continue;
+      }
+    }
+    auto& [id, reply, partial] = *got;
     if (partial) {  // without a handler, or from another rank of the replica: not needed
       const Owner& o = owner.at(id);
-      if (on_part && o.member == 0 && o.call < chunks) on_part(o.call, std::move(reply));
+      if (on_part && o.member == 0 && o.call < chunks) {
+        ++parts_sent[o.call];
+        on_part(o.call, std::move(reply));
+      }
       continue;
     }
     const Owner o = owner.at(id);
     owner.erase(id);
+    if (retries && is_worker_lost(reply) && !parts_sent.count(o.call)) {
+      --inflight[o.replica];
+      again.push_back(o.call);
+      if (!down.count(o.replica))
+        down[o.replica] =
+            std::async(std::launch::async, [this, r = o.replica, until] { ready(r, until, true); });
+      continue;
+    }
     const int first_rank = o.replica * per;
     replies_of[o.call][o.member] = checked(reply, first_rank + o.member);
     if (++answered[o.call] < per) continue;

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,6 +89,39 @@ class RoleGroup {
   }
   // One request to one rank.
   Message call(int rank, Message request, Timeout timeout = std::nullopt);
+  template <typename Request>
+  Message call(int rank, const Request& request, Timeout timeout = std::nullopt) {
+    return call(rank, message_of(request), timeout);
+  }
+  // call() in two halves, for a request whose reply needs another group's call meanwhile:
+  // send() now, wait() for its reply (checked as call's).
+  struct Sent {
+    int rank = 0;
+    uint64_t id = 0;
+    std::chrono::steady_clock::time_point until;
+  };
+  Sent send(int rank, Message request, Timeout timeout = std::nullopt);
+  Message wait(const Sent& sent);
+  template <typename Request>
+  static Message message_of(const Request& request) {
+    Message m;
+    m.op = Request::kName;
+    m.args = request_args(request);
+    return m;
+  }
+
+  // Fault tolerance (fault.max_restarts). `revive` brings the relaunched worker of rank `rank`
+  // back to where the driver left it (its load request again; a rollout engine also the
+  // weights it served), calling this group's ranks as usual. Setting it lets the scheduler
+  // relaunch this role's lost workers (Scheduler::allow_restarts). From then on every call
+  // first revives a rank that came back (ready()), and scatter() runs a lost micro batch again,
+  // on the other replicas meanwhile or on the revived one, when a replica is one rank and the
+  // dispatch is kLeastLoaded. Anywhere else a lost worker fails the call with WorkerFailure.
+  using Revive = std::function<void(int rank)>;
+  void set_revive(Revive revive);
+  bool revives() const { return static_cast<bool>(revive_); }
+  // Revives every rank relaunched since its last revival (waiting for it to register first).
+  void ready();
 
   // Splits every tensor of `batch` along dim 0 (all must have the same size B > 0) into
   // micro batches of `micro_batch_size` rows (the last may be smaller), sends each to a
@@ -125,10 +160,17 @@ class RoleGroup {
   // `first_rank`) of the same replica (see scatter).
   void check_same_reply(const Message& first, int first_rank, const Message& other, int rank) const;
 
+  // Revives `rank` when the scheduler relaunched it since its last revival; `lost`: a request
+  // of it came back lost, so a relaunch is coming if it has not registered yet.
+  void ready(int rank, std::chrono::steady_clock::time_point until, bool lost = false);
+
   Scheduler& scheduler_;
   Role role_;
   std::vector<size_t> workers_;  // scheduler worker index per rank
   int ranks_per_replica_ = 1;
+  Revive revive_;
+  std::unique_ptr<std::mutex> revive_mutex_ = std::make_unique<std::mutex>();
+  std::vector<uint64_t> revived_;  // per rank: the incarnation last revived (guarded by it)
 };
 
 }  // namespace rlhf

@@ -14,11 +14,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "core/host.h"
+#include "core/timing.h"
 #include "scheduler/role_group.h"
+#include "scheduler/scheduler_io.h"
 #include "scheduler/slurm_launcher.h"
 #include "scheduler/worker_process.h"
 #include "transport/channel.h"
@@ -94,28 +97,6 @@ std::string as_string(const zmq::message_t& m) {
 }
 
 }  // namespace
-
-struct Scheduler::Io {
-  struct Slot {
-    std::optional<std::string> routing_id;  // set once registered
-    Clock::time_point last_seen;
-    Clock::time_point launched;
-    bool exited = false;
-  };
-  zmq::context_t context{1};
-  std::unique_ptr<Channel> router;  // workers
-  std::unique_ptr<Channel> inbox;   // PULL: driver requests, [index, header, tensors...]
-  std::unique_ptr<Channel> outbox;  // PUSH: the driver side of inbox (send_mutex_)
-  std::vector<std::unique_ptr<WorkerProcess>> processes;
-  std::vector<Slot> slots;
-  std::map<std::string, size_t> by_routing_id;
-  boost::asio::io_context asio;
-  std::unique_ptr<boost::asio::signal_set> signals;
-  int signal_received = 0;
-  Clock::time_point next_heartbeat;
-  Clock::time_point last_pass;  // the previous supervise(): see credit_stall
-  std::string ipc_path;
-};
 
 Scheduler::Scheduler(SchedulerConfig config, Placement placement)
     : config_(std::move(config)), placement_(std::move(placement)) {}
@@ -214,15 +195,19 @@ void Scheduler::launch_workers(const std::filesystem::path& logs) {
         {kEnvScheduler, ipc_endpoint_},
         {kEnvToken, token_},
         {kEnvRunDir, config_.run_dir},
-        {transport::kEnvCollectiveHost, w.host}};
+        {transport::kEnvCollectiveHost, w.host},
+        {transport::kEnvCollectiveTimeout, std::to_string(config_.collective_timeout.count())}};
     if (config_.curve) env.emplace_back("RLHF_CURVE_SERVER_KEY", curve_public_);
+    Io::Slot slot{std::nullopt, Clock::now(), Clock::now(), false, {}, {}, env};
     if (config_.launcher == LauncherKind::kLocal) {
       if (!is_local_host(w.host))
         throw RuntimeError("worker " + w.label() + " is placed on host " + w.host +
                            ": cluster.launcher \"local\" starts workers on this host only "
                            "(use \"slurm\" or \"manual\")");
-      io_->processes.push_back(std::make_unique<WorkerProcess>(w, config_.worker_program,
-                                                               config_.worker_args, env, log));
+      slot.program = config_.worker_program;
+      slot.args = config_.worker_args;
+      io_->processes.push_back(
+          std::make_unique<WorkerProcess>(w, slot.program, slot.args, env, log));
     } else if (config_.launcher == LauncherKind::kSlurm) {
       if (std::find(allocation.begin(), allocation.end(), w.host) == allocation.end())
         throw InputError("worker " + w.label() + " is placed on host " + w.host +
@@ -232,17 +217,21 @@ void Scheduler::launch_workers(const std::filesystem::path& logs) {
       for (const auto& node : placement_.nodes)
         if (node.name == w.node) node_gpus = node.devices;
       const SlurmStep step = slurm_step(w, node_gpus, config_.worker_program, tcp_endpoint_);
+      slot.env = env;
+      slot.program = step.program;
+      slot.args = step.args;
       io_->processes.push_back(
           std::make_unique<WorkerProcess>(w, step.program, step.args, env, log));
     } else {
       io_->processes.push_back(nullptr);  // started by hand: only heartbeats tell it lives
     }
-    io_->slots.push_back(Io::Slot{std::nullopt, Clock::now(), Clock::now(), false});
+    io_->slots.push_back(std::move(slot));
     infos_.push_back({w, io_->processes.back() ? io_->processes.back()->pid() : -1, log});
     members[w.role].push_back(infos_.size() - 1);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       busy_.resize(infos_.size());
+      incarnation_.resize(infos_.size(), 0);
     }
   }
   if (config_.launcher == LauncherKind::kManual)
@@ -286,6 +275,7 @@ void Scheduler::start() {
   write_worker_listing();
   io_->next_heartbeat = Clock::now() + config_.heartbeat_interval;
   io_->last_pass = Clock::now();
+  started_at_ = last_progress_ = Clock::now();
   io_thread_ = std::thread([this] { io_loop(); });
   std::unique_lock<std::mutex> lock(mutex_);
   changed_.wait(lock, [&] { return registered_ == infos_.size() || failure_ || stopped_; });
@@ -353,9 +343,12 @@ uint64_t Scheduler::submit(size_t index, Message request) {
     if (failure_) rethrow_failure_locked();
     if (stopped_ || !io_) throw RuntimeError("the scheduler is not running");
     id = next_id_++;
+    const auto now = Clock::now();
+    if (pending_.empty()) last_progress_ = now;  // idle time is not a hang
     pending_[id] = index;
     pending_op_[id] = request.op;
-    busy_.started(index, Clock::now());
+    pending_since_[id] = now;
+    busy_.started(index, now);
   }
   request.kind = MessageKind::kRequest;
   request.id = id;
@@ -368,17 +361,23 @@ uint64_t Scheduler::submit(size_t index, Message request) {
 
 std::pair<uint64_t, Message> Scheduler::await_any(const std::vector<uint64_t>& ids,
                                                   Clock::time_point deadline) {
-  Progress p = await(ids, deadline, false);
+  Progress p = *await(ids, deadline, false, true);
   return {p.id, std::move(p.message)};
 }
 
 Scheduler::Progress Scheduler::await_progress(const std::vector<uint64_t>& ids,
                                               Clock::time_point deadline) {
-  return await(ids, deadline, true);
+  return *await(ids, deadline, true, true);
 }
 
-Scheduler::Progress Scheduler::await(const std::vector<uint64_t>& ids, Clock::time_point deadline,
-                                     bool partials) {
+std::optional<Scheduler::Progress> Scheduler::poll_progress(const std::vector<uint64_t>& ids,
+                                                            Clock::time_point deadline) {
+  return await(ids, deadline, true, false);
+}
+
+std::optional<Scheduler::Progress> Scheduler::await(const std::vector<uint64_t>& ids,
+                                                    Clock::time_point deadline, bool partials,
+                                                    bool throw_at_deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     if (partials)
@@ -404,6 +403,7 @@ Scheduler::Progress Scheduler::await(const std::vector<uint64_t>& ids, Clock::ti
       changed_.wait(lock);
     } else if (changed_.wait_until(lock, deadline) == std::cv_status::timeout &&
                Clock::now() >= deadline) {
+      if (!throw_at_deadline) return std::nullopt;
       const uint64_t id = ids.empty() ? 0 : ids.front();
       std::string who = pending_.count(id) ? infos_[pending_[id]].placement.label() : "?";
       throw RuntimeError("operation \"" + pending_op_[id] + "\" on " + who + " (request " +
@@ -433,6 +433,7 @@ void Scheduler::io_loop() {
   }
   try {
     stop_workers();
+    record_unfinished_restarts();
   } catch (const std::exception& e) {
     std::cerr << "rlhf scheduler: while stopping workers: " << e.what() << std::endl;
   }
@@ -461,6 +462,7 @@ void Scheduler::on_incoming(Frames&& frames) {
   if (m.kind == MessageKind::kPartial) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (pending_.count(m.id)) {
+      last_progress_ = Clock::now();
       partials_[m.id].push_back(std::move(m));
       changed_.notify_all();
     }
@@ -469,6 +471,8 @@ void Scheduler::on_incoming(Frames&& frames) {
   if (m.kind != MessageKind::kReply && m.kind != MessageKind::kError) return;  // heartbeat
   std::lock_guard<std::mutex> lock(mutex_);
   if (pending_.erase(m.id)) {
+    pending_since_.erase(m.id);
+    last_progress_ = Clock::now();
     busy_.finished(index, Clock::now());
     replies_[m.id] = std::move(m);
     changed_.notify_all();
@@ -502,6 +506,7 @@ void Scheduler::accept_registration(size_t i, const std::string& routing_id, int
   nlohmann::json env = nlohmann::json::object();
   for (const auto& [name, value] : p.env) env[name] = value;
   env[transport::kEnvCollectiveHost] = p.host;
+  env[transport::kEnvCollectiveTimeout] = std::to_string(config_.collective_timeout.count());
   env[kEnvRunDir] = config_.run_dir;
   ok.args["env"] = env;
   Frames out = encode(ok);
@@ -509,6 +514,15 @@ void Scheduler::accept_registration(size_t i, const std::string& routing_id, int
   io_->router->send(std::move(out));
   std::lock_guard<std::mutex> lock(mutex_);
   ++registered_;
+  if (auto r = restart_of_.find(i);
+      r != restart_of_.end() && restarts_[r->second].registered_s < 0) {
+    WorkerRestart& back = restarts_[r->second];
+    back.registered_s = seconds_since(started_at_) - back.lost_at_s;
+    ++incarnation_[i];
+    std::cerr << "rlhf run: fault: " << p.label() << " registered again after " << std::fixed
+              << std::setprecision(2) << back.registered_s << " s (pid " << infos_[i].pid << ")"
+              << std::defaultfloat << std::endl;
+  }
   changed_.notify_all();
 }
 
@@ -604,8 +618,11 @@ void Scheduler::forward_request(Frames&& frames) {
     const uint64_t id = peek_request_id(frames[1]);
     std::lock_guard<std::mutex> lock(mutex_);
     if (pending_.erase(id)) {
+      pending_since_.erase(id);
       busy_.finished(index, Clock::now());
-      replies_[id] = make_error(id, "", infos_[index].placement.label() + " is not serving");
+      replies_[id] =
+          lost_reply(id, pending_op_[id],
+                     infos_[index].placement.label() + " is not serving (being restarted)");
       changed_.notify_all();
     }
     return;
@@ -628,6 +645,10 @@ void Scheduler::credit_stall(Clock::time_point now) {
   for (auto& slot : io_->slots) {
     slot.last_seen = std::min(now, slot.last_seen + gap);
     slot.launched = std::min(now, slot.launched + gap);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_progress_ = std::min(now, last_progress_ + gap);
   }
   if (gap >= std::chrono::seconds(1))
     std::cerr << "rlhf scheduler: did not run for "
@@ -659,7 +680,11 @@ bool Scheduler::supervise() {
     if (auto status = process ? process->poll_exit() : std::nullopt) {
       slot.exited = true;
       const bool step = config_.launcher == LauncherKind::kSlurm;
-      fail(report(i, (step ? "(its srun step) " : "") + describe_wait_status(*status)), false);
+      const std::string cause = (step ? "(its srun step) " : "") + describe_wait_status(*status);
+      const std::string text = report(i, cause);  // before a relaunch truncates nothing: the log
+      const auto refused = relaunch(i, cause);
+      if (!refused) continue;
+      fail(text + *refused, false);
       return false;
     }
     if (!slot.routing_id) {
@@ -687,10 +712,13 @@ bool Scheduler::supervise() {
     }
     if (config_.worker_timeout.count() > 0 && now - slot.last_seen > config_.worker_timeout) {
       if (process) process->signal(SIGKILL);
-      fail(report(i, "stopped answering: no message for " +
-                         std::to_string(config_.worker_timeout.count()) + " ms" +
-                         (process ? " (killed)" : "")),
-           false);
+      const std::string cause = "stopped answering: no message for " +
+                                std::to_string(config_.worker_timeout.count()) + " ms" +
+                                (process ? " (killed)" : "");
+      const std::string text = report(i, cause);
+      const auto refused = relaunch(i, cause);
+      if (!refused) continue;
+      fail(text + *refused, false);
       return false;
     }
     if (beat) {
@@ -701,7 +729,7 @@ bool Scheduler::supervise() {
       io_->router->send(std::move(out));
     }
   }
-  return true;
+  return !hung(now);
 }
 
 void Scheduler::stop_workers() {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,20 @@ struct SchedulerConfig {
   std::chrono::milliseconds stop_grace{3000};          // shutdown message -> SIGTERM -> SIGKILL
   int max_inflight = 2;                                // requests in flight per worker
   MessageLimits limits;
+  // fault.*: a lost worker of a role given allow_restarts() is relaunched on its device, at
+  // most max_restarts times per role within restart_window; past that, or for any other role,
+  // the job fails as before.
+  int max_restarts = 0;
+  std::chrono::milliseconds restart_window{3600000};
+  // Given to every worker (RLHF_COLLECTIVE_TIMEOUT_MS): how long one collective may take.
+  std::chrono::milliseconds collective_timeout{300000};
+  // fault.step_timeout_s: requests in flight and none answered for this long is a hang (each
+  // worker's operation in hand is reported); 0: never.
+  std::chrono::milliseconds progress_timeout{0};
+  // Restarts before this scheduler (rlhf run restarted every worker from a checkpoint): the
+  // whole job's, and each role's relaunched workers', for fault_counts().
+  int job_restarts = 0;
+  std::map<std::string, int> earlier_worker_restarts;
 
   // From a validated spec (cluster.interface, logger.run_dir + name, scheduler.*).
   static SchedulerConfig from_spec(const JobSpec& spec, std::string worker_program);
@@ -62,9 +77,23 @@ struct SchedulerConfig {
 // One worker as drivers and tests see it.
 struct WorkerInfo {
   WorkerPlacement placement;
-  int pid = -1;
+  int pid = -1;  // the current process's (a relaunched worker's is new)
   std::string log_path;
 };
+
+// A worker the scheduler relaunched (fault.max_restarts).
+struct WorkerRestart {
+  Role role = Role::kActor;
+  int rank = 0;
+  std::string cause;         // "killed by signal 9 (SIGKILL)", "stopped answering: ..."
+  double lost_at_s = 0;      // seconds since start()
+  double registered_s = -1;  // loss -> the new process registered (-1: not yet)
+  double ready_s = -1;       // loss -> its role group revived it (-1: not yet)
+};
+
+// Whether `reply` is the error a request gets when its worker was lost (RoleGroup retries it
+// or fails).
+bool is_worker_lost(const Message& reply);
 
 class Scheduler {
  public:
@@ -110,6 +139,24 @@ class Scheduler {
   // Registration attempts refused so far (wrong token, unknown role/rank, duplicate).
   int refused_registrations() const { return refused_.load(); }
 
+  // Fault tolerance. From now on a worker of `role` that dies or falls silent is relaunched
+  // (SchedulerConfig::max_restarts): its requests in flight are answered with a "worker lost"
+  // error (is_worker_lost), a new process starts with the same identity and device, and its
+  // incarnation() goes up once it has registered. Its role group must bring it back to its
+  // state before sending it work (RoleGroup::set_revive, which calls this).
+  void allow_restarts(Role role);
+  // How many times worker `index` was relaunched and registered again so far; +1 while a
+  // relaunch has not registered yet (the incarnation to wait for).
+  uint64_t incarnation(size_t index) const;
+  // Waits until worker `index` serves in incarnation `at_least` or later. Throws as await_any.
+  void await_serving(size_t index, uint64_t at_least, Clock::time_point deadline);
+  // Worker `index`'s relaunch is done: its role group brought it back after a loss.
+  void note_ready(size_t index);
+  std::vector<WorkerRestart> restarts() const;
+  // {"job": restarts of the whole job, "worker": {role: relaunched workers}} since rlhf run
+  // started, for the step records.
+  nlohmann::json fault_counts() const;
+
   // For RoleGroup: sends `request` (its id is assigned here and returned) to worker `index`
   // (into workers()). Throws when the job has failed or stopped.
   uint64_t submit(size_t index, Message request);
@@ -126,9 +173,13 @@ class Scheduler {
     bool partial = false;
   };
   Progress await_progress(const std::vector<uint64_t>& ids, Clock::time_point deadline);
+  // await_progress, but nullopt instead of an error at the deadline.
+  std::optional<Progress> poll_progress(const std::vector<uint64_t>& ids,
+                                        Clock::time_point deadline);
 
  private:
-  Progress await(const std::vector<uint64_t>& ids, Clock::time_point deadline, bool partials);
+  std::optional<Progress> await(const std::vector<uint64_t>& ids, Clock::time_point deadline,
+                                bool partials, bool throw_at_deadline);
   struct Io;  // sockets, processes and registration state: I/O thread only
   void io_loop();
   // start()'s parts, in order.
@@ -141,6 +192,13 @@ class Scheduler {
   void on_registration(const std::string& routing_id, Frames&& frames);
   void forward_request(Frames&& frames);
   bool supervise();  // false once the job has failed or been interrupted
+  // Worker `index` was lost (`cause`): relaunches it when its role may restart; otherwise
+  // returns why not ("" when the role is not restartable at all).
+  std::optional<std::string> relaunch(size_t index, const std::string& cause);
+  bool hung(Clock::time_point now);  // fault.step_timeout_s passed with nothing answered
+  void append_restart_record(const WorkerRestart& r) const;  // <run_dir>/restarts.jsonl
+  // When the job stops: the records of relaunches that never served again (ready_s -1).
+  void record_unfinished_restarts();
   void credit_stall(std::chrono::steady_clock::time_point now);
   void stop_workers();
   void write_join_file() const;  // <run_dir>/join.json: endpoint, token, CURVE key (0600)
@@ -176,7 +234,15 @@ class Scheduler {
   std::map<uint64_t, std::string> pending_op_;
   std::map<uint64_t, Message> replies_;
   std::map<uint64_t, std::deque<Message>> partials_;  // kPartial messages not yet awaited
-  BusyClock busy_;  // per worker: requests outstanding and busy seconds
+  std::map<uint64_t, Clock::time_point> pending_since_;
+  Clock::time_point last_progress_;  // the last reply or partial (or first request in flight)
+  Clock::time_point started_at_;
+  std::set<Role> restartable_;
+  std::vector<uint64_t> incarnation_;  // per worker: relaunches that registered
+  std::vector<WorkerRestart> restarts_;
+  std::map<size_t, size_t> restart_of_;  // worker index -> its latest entry in restarts_
+  std::set<size_t> recorded_;            // entries of restarts_ in restarts.jsonl
+  BusyClock busy_;                       // per worker: requests outstanding and busy seconds
   size_t registered_ = 0;
   std::optional<std::string> failure_;  // first failure report
   bool interrupted_ = false;

@@ -37,6 +37,10 @@ SchedulerConfig SchedulerConfig::from_spec(const JobSpec& spec, std::string work
   c.worker_timeout = seconds_key(spec, "scheduler.worker_timeout_s");
   c.request_timeout = seconds_key(spec, "scheduler.request_timeout_s");
   c.max_inflight = static_cast<int>(spec.get_int("scheduler.max_inflight"));
+  c.max_restarts = static_cast<int>(spec.get_int("fault.max_restarts"));
+  c.restart_window = seconds_key(spec, "fault.restart_window_s");
+  c.collective_timeout = seconds_key(spec, "fault.collective_timeout_s");
+  c.progress_timeout = seconds_key(spec, "fault.step_timeout_s");
   return c;
 }
 

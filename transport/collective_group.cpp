@@ -1,6 +1,8 @@
 // make_collective_group: picks the backend named in the config.
 #include "transport/collective_group.h"
 
+#include <cstdlib>
+
 #include "core/errors.h"
 #include "transport/gloo_group.h"
 #include "transport/nccl_group.h"
@@ -107,6 +109,15 @@ void CollectiveGroup::scatter(torch::Tensor& output, const std::vector<torch::Te
 void CollectiveGroup::barrier() {
   ++traffic_.calls;
   do_barrier();
+}
+
+std::chrono::milliseconds default_collective_timeout() {
+  if (const char* ms = std::getenv(kEnvCollectiveTimeout)) {
+    char* end = nullptr;
+    const long long v = std::strtoll(ms, &end, 10);
+    if (end && *end == '\0' && v > 0) return std::chrono::milliseconds(v);
+  }
+  return std::chrono::minutes(5);
 }
 
 CollectiveBackend collective_backend(const std::string& name) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/errors.h"
 #include "core/json_fields.h"
 
 namespace rlhf::transport {
@@ -24,6 +25,17 @@ enum class StoreKind { kFile, kTcp };
 // (the scheduler) that every rank connects to.
 enum class StoreHost { kRank0, kExternal };
 
+// A collective that failed in flight: a peer died or hung past the timeout. The group is
+// unusable afterwards; a worker reports it as a failure of its rank (actors/worker.cpp).
+class CollectiveFailure : public RuntimeError {
+ public:
+  using RuntimeError::RuntimeError;
+};
+
+// RLHF_COLLECTIVE_TIMEOUT_MS (fault.collective_timeout_s) when the scheduler set it, else 5
+// minutes.
+std::chrono::milliseconds default_collective_timeout();
+
 struct CollectiveConfig {
   CollectiveBackend backend = CollectiveBackend::kGloo;
   int rank = 0;
@@ -35,7 +47,7 @@ struct CollectiveConfig {
   std::string host = "127.0.0.1";  // kTcp: store host; the Gloo device binds here too
   uint16_t port = 0;               // kTcp: store port (must be set: peers need to know it)
   StoreHost store_host = StoreHost::kRank0;
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // every collective and wait
+  std::chrono::milliseconds timeout = default_collective_timeout();  // every collective and wait
   int cuda_device = 0;  // kNccl: the device this rank's tensors live on
 };
 

@@ -46,8 +46,8 @@ GlooGroup::GlooGroup(const CollectiveConfig& config) : rank_(config.rank), size_
     options->threads = 1;  // one collective at a time: the trainer issues them in order
     group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank_, size_, options);
   } catch (const std::exception& e) {
-    throw RuntimeError("gloo group: rank " + std::to_string(rank_) + "/" + std::to_string(size_) +
-                       ": rendezvous failed: " + message_of(e));
+    throw CollectiveFailure("gloo group: rank " + std::to_string(rank_) + "/" +
+                            std::to_string(size_) + ": rendezvous failed: " + message_of(e));
   }
 }
 
@@ -58,8 +58,8 @@ void GlooGroup::run(const char* operation, StartWork&& start) {
   try {
     wait_if_any(start());
   } catch (const std::exception& e) {
-    throw RuntimeError(std::string("gloo ") + operation + ": rank " + std::to_string(rank_) + "/" +
-                       std::to_string(size_) + ": " + message_of(e));
+    throw CollectiveFailure(std::string("gloo ") + operation + ": rank " + std::to_string(rank_) +
+                            "/" + std::to_string(size_) + ": " + message_of(e));
   }
 }
 

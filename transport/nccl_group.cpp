@@ -9,7 +9,7 @@
 // died). It runs here in CleanUpOnly mode (TORCH_NCCL_ASYNC_ERROR_HANDLING=2 unless the
 // environment says otherwise): the process lives and the next call through this group
 // aborts it (check(): else torch's heartbeat monitor ends the process minutes later) and
-// throws RuntimeError naming rank and operation. Calls that hand a result to the host (CPU
+// throws CollectiveFailure naming rank and operation. Calls that hand a result to the host (CPU
 // tensors staged through the GPU, barrier) wait for it and check once more.
 // Built only with RLHF_HAVE_NCCL; runs only where there is a GPU.
 #include "transport/nccl_group.h"
@@ -89,7 +89,7 @@ class NcclGroup final : public CollectiveGroup {
       pg_->setBoundDeviceId(device_);
       pg_->eagerConnectSingleDevice(device_);  // rendezvous now, not at the first collective
     } catch (const std::exception& e) {
-      throw RuntimeError(where("join") + e.what());
+      throw CollectiveFailure(where("join") + e.what());
     }
   }
 
@@ -135,7 +135,7 @@ class NcclGroup final : public CollectiveGroup {
       options.asyncOp = true;  // on NCCL's stream, after the current stream's work so far
       return std::make_unique<NcclPending>(*this, pg_->allreduce(tensors, options));
     } catch (const std::exception& e) {
-      throw RuntimeError(where("all_reduce_async") + e.what());
+      throw CollectiveFailure(where("all_reduce_async") + e.what());
     }
   }
 
@@ -275,8 +275,8 @@ class NcclGroup final : public CollectiveGroup {
       } catch (...) {  // already aborted by the watchdog
       }
     }
-    throw RuntimeError(where(what) + error_name(error) +
-                       "; the communicators were aborted and the group is unusable");
+    throw CollectiveFailure(where(what) + error_name(error) +
+                            "; the communicators were aborted and the group is unusable");
   }
 
   std::string where(const char* what) const {
@@ -293,7 +293,7 @@ class NcclGroup final : public CollectiveGroup {
     try {
       wait_if_any(launch());
     } catch (const std::exception& e) {
-      throw RuntimeError(where(what) + e.what());
+      throw CollectiveFailure(where(what) + e.what());
     }
   }
 
@@ -309,7 +309,7 @@ void NcclPending::wait() {
   try {
     wait_if_any(work_);  // the current stream waits for NCCL's; the host does not
   } catch (const std::exception& e) {
-    throw RuntimeError(group_.where("all_reduce_async wait") + e.what());
+    throw CollectiveFailure(group_.where("all_reduce_async wait") + e.what());
   }
 }
 

@@ -40,6 +40,9 @@ c10::intrusive_ptr<c10d::Store> open_store(const CollectiveConfig& config);
 // (the worker's node host, for groups that span nodes), else `fallback`.
 std::string collective_host(const std::string& fallback);
 inline constexpr const char* kEnvCollectiveHost = "RLHF_COLLECTIVE_HOST";
+// How long one collective may take, in ms (fault.collective_timeout_s, set by the scheduler):
+// the default of CollectiveConfig::timeout in a worker.
+inline constexpr const char* kEnvCollectiveTimeout = "RLHF_COLLECTIVE_TIMEOUT_MS";
 
 // The server of a job's rendezvous store: an AuthStoreServer listening on `host` only (an
 // address or name of this machine; "0.0.0.0" for every interface) at the first free port in

@@ -96,8 +96,9 @@ TEST_F(PpoJob, StreamingScoresGroupsAsTheyComeAndMatchesTheUnstreamedRun) {
 
 // Issue 42.6: nothing lost with the rollout drawing ahead. GRPO's example at max_staleness 4
 // with partial rollouts and a checkpoint every 2 steps; once step 3 is logged the rollout
-// worker is killed (SIGKILL) while it generates later steps' samples. The job stops naming
-// the rollout and its rank (exit 1, within 15 s); --resume continues from the newest
+// worker is killed (SIGKILL) while it generates later steps' samples. Without restarts
+// (fault.max_restarts 0) the job stops naming the rollout and its rank (exit 1, within 15 s);
+// --resume continues from the newest
 // checkpoint and draws again the samples that were drawn ahead (they are not in it):
 // metrics.jsonl then holds every step 1..14 once, and step s has consumed 8 s prompts (none
 // skipped, none taken twice).
@@ -111,7 +112,8 @@ TEST_F(PpoJob, AKilledRolloutStopsTheStaleJobAndResumeRedrawsTheSamplesInFlight)
       "--set", "rollout.max_num_seqs=8",
       "--set", "ckpt.save_steps=2",
       "--set", "ckpt.export_hf=false",
-      "--set", "train.max_steps=14"};
+      "--set", "train.max_steps=14",
+      "--set", "fault.max_restarts=0"};
   const fs::path metrics = run_dir("killed") / "metrics.jsonl";
   {
     testing::RlhfProcess job(args, (dir_ / "killed-process").string());

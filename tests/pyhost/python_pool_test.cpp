@@ -309,6 +309,33 @@ def segfaults(prompts, completions, labels, **columns):
   EXPECT_NE(m.find("killed by signal 11"), std::string::npos) << m;
 }
 
+// Issue 45: with max_restarts, a worker that dies mid-call (here: the first call only, a
+// marker file says so) makes the pool start again, import the file anew and score the same
+// batch again; the caller gets the scores, and the dead pool's processes are gone.
+TEST_F(PythonPoolTest, AWorkerThatDiesIsStartedAgainAndTheBatchScoredAgain) {
+  const std::string marker = (dir_ / "died-once").string();
+  const std::string file = write("dies_once.py", R"PY(
+import os
+def score(prompts, completions, labels, **columns):
+    if not os.path.exists(")PY" + marker + R"PY("):
+        open(")PY" + marker + R"PY(", "w").close()
+        os._exit(9)
+    return [float(len(c)) for c in completions]
+)PY");
+  PythonPoolConfig c = config(2);
+  c.max_restarts = 1;
+  PythonFunctionPool pool(c, file, "score");
+  const auto before = pool.worker_pids();
+  EXPECT_EQ(pool.call({"p", "p", "p"}, {"a", "bb", "ccc"}, {}), (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(pool.restarts(), 1);
+  for (pid_t pid : before) EXPECT_FALSE(pid_alive(pid)) << pid;
+  for (pid_t pid : pool.worker_pids()) EXPECT_TRUE(pid_alive(pid)) << pid;
+  // The next death is past the budget: the pool stops as without restarts.
+  fs::remove(marker);
+  const std::string m = message_of<RuntimeError>([&] { pool.call({"p"}, {"a"}, {}); });
+  EXPECT_NE(m.find("exited with status 9"), std::string::npos) << m;
+}
+
 TEST_F(PythonPoolTest, TimeoutKillsTheWorkerAndWhatItStarted) {
   const std::string pid_file = (dir_ / "grandchild.pid").string();
   const std::string file = write("sleeps.py", R"PY(

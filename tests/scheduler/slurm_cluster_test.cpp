@@ -300,8 +300,42 @@ TEST_F(SlurmJob, PpoJobWithRolesOnTwoNodesLearns) {
   expect_nothing_left();
 }
 
+// The rollout worker on n2 (an srun step) killed: it is started again on n2 by the same step
+// command, catches up with the actor's weights over the veth, and the job ends with every step
+// once (issue 45).
+TEST_F(SlurmJob, AWorkerKilledOnTheSecondNodeIsStartedAgainThereAndTheJobEnds) {
+  auto run = salloc_run("relaunched");
+  const std::string dir = models_ + "/runs/relaunched";
+  ASSERT_TRUE(
+      poll_until([&] { return test::read_jsonl(dir + "/metrics.jsonl").size() >= 2; }, 120s))
+      << run->err();
+  int rollout = -1;
+  for (const auto& [pid, cmd] : cluster_->strays())
+    if (comm_of(pid) == "rlhf" && cmd.find("--role rollout") != std::string::npos) rollout = pid;
+  ASSERT_GT(rollout, 0) << "no rollout worker in n2's namespace";
+  ASSERT_EQ(::kill(rollout, SIGKILL), 0);
+  const auto status = run->wait(180s);
+  ASSERT_TRUE(status) << "salloc rlhf run did not end: " << run->err();
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << run->out() << run->err();
+  const auto metrics = test::read_jsonl(dir + "/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 30u);
+  for (size_t i = 0; i < metrics.size(); ++i) EXPECT_EQ(metrics[i]["step"], i + 1);
+  const auto restarts = test::read_jsonl(dir + "/restarts.jsonl");
+  ASSERT_FALSE(restarts.empty()) << run->err();
+  EXPECT_EQ(restarts[0]["role"], "rollout") << restarts[0].dump();
+  EXPECT_EQ(restarts[0]["cause"].get<std::string>().rfind("(its srun step) ", 0), 0u)
+      << restarts[0].dump();
+  EXPECT_GT(restarts[0]["ready_s"].get<double>(), 0) << "it served again";
+  const auto listing = json::parse(testing::read_file(dir + "/workers.json"), nullptr, false);
+  ASSERT_TRUE(listing.is_array()) << listing.dump();
+  for (const auto& w : listing)
+    if (w.at("role") == "rollout") EXPECT_EQ(w.at("host"), "n2") << "started again on its node";
+  EXPECT_NE(run->err().find("rlhf run: fault: rollout[0]"), std::string::npos) << run->err();
+  expect_nothing_left();
+}
+
 TEST_F(SlurmJob, AWorkerKilledOnTheSecondNodeStopsTheJobNamingItsHost) {
-  auto run = salloc_run("killed");
+  auto run = salloc_run("killed", {"--set", "fault.max_restarts=0"});
   const std::string metrics = models_ + "/runs/killed/metrics.jsonl";
   ASSERT_TRUE(poll_until([&] { return test::read_jsonl(metrics).size() >= 2; }, 120s))
       << run->err();

@@ -11,8 +11,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/errors.h"
@@ -243,6 +245,45 @@ TEST(CollectiveGroup, MissingPeerTimesOutWithRankInError) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0/2"), std::string::npos) << e.what();
   }
+}
+
+// Issue 45.3: a collective whose peer joined but hangs fails at fault.collective_timeout_s,
+// which the scheduler hands every worker as RLHF_COLLECTIVE_TIMEOUT_MS (the default of
+// CollectiveConfig::timeout), as a CollectiveFailure naming the rank and the operation.
+TEST(CollectiveGroup, AHungPeerFailsTheCollectiveAtTheTimeoutTheSchedulerSet) {
+  fs::path dir = fresh_dir("hung-peer");
+  ::setenv(rlhf::transport::kEnvCollectiveTimeout, "1200", 1);
+  rlhf::transport::CollectiveConfig config;
+  ::unsetenv(rlhf::transport::kEnvCollectiveTimeout);
+  EXPECT_EQ(config.timeout, std::chrono::milliseconds(1200));
+  EXPECT_EQ(rlhf::transport::CollectiveConfig{}.timeout, std::chrono::minutes(5)) << "unset";
+  config.size = 2;
+  config.store_path = (dir / "store").string();
+  std::promise<void> joined, release;
+  std::thread peer([&, config]() mutable {
+    config.rank = 1;
+    auto group = rlhf::transport::make_collective_group(config);
+    joined.set_value();
+    release.get_future().wait();  // never calls the all-reduce: a hang
+  });
+  config.rank = 0;
+  auto group = rlhf::transport::make_collective_group(config);
+  joined.get_future().wait();
+  auto t = torch::ones({4});
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    group->all_reduce(t, rlhf::transport::ReduceOp::kSum);
+    ADD_FAILURE() << "an all-reduce without its peer returned";
+  } catch (const rlhf::transport::CollectiveFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("gloo all_reduce: rank 0/2"), std::string::npos)
+        << e.what();
+  }
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(waited, 1.0);
+  EXPECT_LT(waited, 30.0) << "the timeout, not the 5-minute default";
+  release.set_value();
+  peer.join();
 }
 
 TEST(CollectiveGroup, BadRankIsInputError) {
