@@ -156,18 +156,23 @@ def main():
     for r in restarts:
         if r["kind"] == "worker":
             kind = f"{r['role']} ({'stopped' if r['cause'].startswith('stopped') else 'killed'})"
-            by_role.setdefault(kind, []).append(r["ready_s"])
-    for kind, ready in sorted(by_role.items()):
-        ok = [x for x in ready if x >= 0]
-        mean = sum(ok) / len(ok) if ok else float("nan")
-        print(f"  relaunched {kind}: {len(ready)}, serving again after {mean:.2f} s on average"
-              f" ({len(ready) - len(ok)} lost again before they served)")
+            by_role.setdefault(kind, []).append(r)
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    for kind, rs in sorted(by_role.items()):
+        ok = [r for r in rs if r["ready_s"] >= 0]
+        print(f"  relaunched {kind}: {len(rs)}; on average registered again"
+              f" {mean([r['registered_s'] for r in ok]):.2f} s after the loss was noticed,"
+              f" revived (reload, weights) in {mean([r.get('revive_s', -1) for r in ok]):.2f} s,"
+              f" serving {mean([r['ready_s'] for r in ok]):.2f} s after the loss (with any wait"
+              f" for its group's next call); {len(rs) - len(ok)} lost again before they served")
     jobs = [r for r in restarts if r["kind"] == "job"]
     first, back = [], []
     for e in events:
         if e["role"] not in ("actor", "critic") or e["signal"] != "SIGKILL":
             continue
-        after = [(s, t) for s, ts in arrivals.items() for t in ts if t > e["t"]]
+        # 0.1 s after the signal: the watcher may see the record that triggered it late; no
+        # restart brings a step back that fast.
+        after = [(s, t) for s, ts in arrivals.items() for t in ts if t > e["t"] + 0.1]
         if after:
             first.append(min(t for s, t in after) - e["t"])
             past = [t for s, t in after if s > e["step"]]
@@ -183,17 +188,19 @@ def main():
     if first:
         print(f"  after a killed trainer rank: first step {sum(first) / len(first):.2f} s, back where"
               f" it was {sum(back) / max(1, len(back)):.2f} s on average ({len(first)} kills)")
-    calm = {r["step"]: r for r in lines(os.path.join(a.out, "calm", "metrics.jsonl"))}
     chaos_records = lines(os.path.join(a.out, "chaos", "metrics.jsonl"))
     chaos = {r["step"]: r for r in chaos_records}
     once = len(chaos) == len(chaos_records)
-    same = sum(1 for s in calm if s in chaos and chaos[s]["reward_mean"] == calm[s]["reward_mean"])
-    print(f"  steps logged {len(chaos_records)} ({'each once' if once else 'SOME TWICE'}), "
-          f"{same} of {len(calm)} with the calm run's reward to the bit")
-    last = sorted(calm)[-10:]
-    if all(s in chaos for s in last):
-        m = lambda d: sum(d[s]["reward_mean"] for s in last) / len(last)
-        print(f"  last 10 steps' mean reward: chaos {m(chaos):.4f}, calm {m(calm):.4f}")
+    print(f"  steps logged {len(chaos_records)} ({'each once' if once else 'SOME TWICE'})")
+    if not a.no_calm:
+        calm = {r["step"]: r for r in lines(os.path.join(a.out, "calm", "metrics.jsonl"))}
+        same = sum(1 for s in calm
+                   if s in chaos and chaos[s]["reward_mean"] == calm[s]["reward_mean"])
+        print(f"  {same} of {len(calm)} steps with the calm run's reward to the bit")
+        last = sorted(calm)[-10:]
+        if last and all(s in chaos for s in last):
+            m = lambda d: sum(d[s]["reward_mean"] for s in last) / len(last)
+            print(f"  last 10 steps' mean reward: chaos {m(chaos):.4f}, calm {m(calm):.4f}")
     time.sleep(1)
     left = []
     for pid in pids:

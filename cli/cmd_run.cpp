@@ -140,6 +140,27 @@ Ended supervise(Scheduler& scheduler, JobDriver& driver, const JobSpec& spec,
 // fault.max_restarts for the whole job: a run whose worker failed (an actor or critic rank, or
 // any worker its role could not bring back alone) starts again in this process from its newest
 // complete checkpoint, while restarts are left in fault.restart_window_s.
+// Before the first attempt: the live dashboard (logger.dashboard_port: -1 any free port, 0
+// none; it reads the run directory from a thread of this process until the job ends), an
+// earlier run's outputs set aside (unless resuming), and plan.json (planned beside measured).
+std::unique_ptr<report::Dashboard> prepare_run_directory(const JobSpec& spec,
+                                                         const Scheduler& scheduler, bool resume) {
+  std::unique_ptr<report::Dashboard> dashboard;
+  if (const int64_t port = spec.get_int("logger.dashboard_port"); port != 0) {
+    dashboard = std::make_unique<report::Dashboard>(scheduler.config().run_dir,
+                                                    port < 0 ? 0 : static_cast<int>(port));
+    std::cout << "rlhf run: dashboard at " << dashboard->url() << " (while the job runs; `rlhf "
+              << "report " << scheduler.config().run_dir << "` writes it as a file)" << std::endl;
+  }
+  if (!resume) {
+    if (auto kept = set_aside_previous_run(spec))
+      std::cout << "rlhf run: an earlier run's metrics, plan and checkpoints were moved to "
+                << *kept << std::endl;
+  }
+  engine::write_run_plan(spec, scheduler.config().run_dir);
+  return dashboard;
+}
+
 class JobRestarts {
  public:
   explicit JobRestarts(const JobSpec& spec)
@@ -267,24 +288,7 @@ int cmd_run(const Argv& argv) {
     scheduler_config.job_restarts = restarts.count();
     scheduler_config.earlier_worker_restarts = worker_restarts;
     Scheduler scheduler(std::move(scheduler_config), placement);
-    if (first) {
-      // The live dashboard reads the run directory from a thread of this process until the
-      // job ends (logger.dashboard_port: -1 any free port, 0 none).
-      if (const int64_t port = spec.get_int("logger.dashboard_port"); !smoke && port != 0) {
-        dashboard = std::make_unique<report::Dashboard>(scheduler.config().run_dir,
-                                                        port < 0 ? 0 : static_cast<int>(port));
-        std::cout << "rlhf run: dashboard at " << dashboard->url()
-                  << " (while the job runs; `rlhf report " << scheduler.config().run_dir
-                  << "` writes it as a file)" << std::endl;
-      }
-      if (!smoke && !resume) {
-        if (auto kept = set_aside_previous_run(spec))
-          std::cout << "rlhf run: an earlier run's metrics, plan and checkpoints were moved to "
-                    << *kept << std::endl;
-      }
-      if (!smoke)
-        engine::write_run_plan(spec, scheduler.config().run_dir);  // planned beside measured
-    }
+    if (first && !smoke) dashboard = prepare_run_directory(spec, scheduler, resume);
     scheduler.progress().attach(std::cout);
     const Ended ended = supervise(scheduler, driver, spec, args.values("--set"), smoke);
     for (const auto& r : scheduler.restarts()) ++worker_restarts[role_name(r.role)];

@@ -41,6 +41,7 @@ void RoleGroup::ready(int rank, std::chrono::steady_clock::time_point until, boo
   if (target == done) return;
   scheduler_.await_serving(index, target, until);
   const uint64_t now = scheduler_.incarnation(index);
+  const auto started = std::chrono::steady_clock::now();
   reviving = this;
   try {
     revive_(rank);
@@ -50,7 +51,8 @@ void RoleGroup::ready(int rank, std::chrono::steady_clock::time_point until, boo
   }
   reviving = nullptr;
   done = now;
-  scheduler_.note_ready(index);
+  scheduler_.note_ready(
+      index, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
 
 std::chrono::steady_clock::time_point RoleGroup::deadline(Timeout timeout) const {
@@ -171,7 +173,71 @@ void RoleGroup::check_same_reply(const Message& first, int first_rank, const Mes
   }
 }
 
+std::optional<Scheduler::Progress> RoleGroup::next_progress(
+    const std::string& op, const std::vector<uint64_t>& waiting,
+    std::map<int, std::future<void>>& down, std::chrono::steady_clock::time_point until) {
+  if (down.empty()) return scheduler_.await_progress(waiting, until);
+  // Revivals under way: look at them every 50 ms.
+  auto got = scheduler_.poll_progress(
+      waiting, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(50)));
+  for (auto it = down.begin(); it != down.end();) {
+    if (it->second.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      ++it;
+      continue;
+    }
+    it->second.get();  // a revival that failed fails the call
+    it = down.erase(it);
+  }
+  if (!got && std::chrono::steady_clock::now() >= until)
+    throw RuntimeError("scatter \"" + op + "\" on " + role_name(role_) +
+                       ": a lost worker did not come back before the deadline");
+  return got;
+}
+
 namespace {
+
+// Which call of a scatter goes to which replica next, within max_inflight per replica: with
+// kLeastLoaded the lost calls first (`again`), then new ones, to the least-loaded replica not
+// being revived (`down`); with kEqualPerRank replica u makes calls u, u + U, ...
+struct Dispatcher {
+  Dispatcher(Dispatch d, int units, int64_t calls, int max_inflight)
+      : dispatch(d), calls(calls), max_inflight(max_inflight), inflight(units, 0), next_of(units) {
+    for (int u = 0; u < units; ++u) next_of[u] = u;
+  }
+  // The calls to send now, as (call, replica), counted in flight.
+  std::vector<std::pair<int64_t, int>> take() {
+    std::vector<std::pair<int64_t, int>> out;
+    const int units = static_cast<int>(inflight.size());
+    if (dispatch == Dispatch::kEqualPerRank) {
+      for (int u = 0; u < units; ++u)
+        for (; inflight[u] < max_inflight && next_of[u] < calls; next_of[u] += units, ++inflight[u])
+          out.emplace_back(next_of[u], u);
+      return out;
+    }
+    while (!again.empty() || next < calls) {
+      int u = -1;
+      for (int r = 0; r < units; ++r)
+        if (!down.count(r) && (u < 0 || inflight[r] < inflight[u])) u = r;
+      if (u < 0 || inflight[u] >= max_inflight) break;
+      if (again.empty()) {
+        out.emplace_back(next++, u);
+      } else {
+        out.emplace_back(again.front(), u);
+        again.pop_front();
+      }
+      ++inflight[u];
+    }
+    return out;
+  }
+  Dispatch dispatch;
+  int64_t calls;
+  int max_inflight;
+  std::vector<int> inflight;              // calls in flight per replica
+  std::vector<int64_t> next_of;           // kEqualPerRank: each replica's next call
+  int64_t next = 0;                       // kLeastLoaded: the next new call
+  std::deque<int64_t> again;              // lost calls to send again
+  std::map<int, std::future<void>> down;  // replica -> its revival
+};
 
 // The rows every tensor of a scattered batch has (the same for all; > 0).
 int64_t batch_rows(const std::string& op, const std::vector<NamedTensor>& batch) {
@@ -236,10 +302,7 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
   // is one request to every rank of its replica.
   const int64_t calls =
       dispatch == Dispatch::kEqualPerRank ? (chunks + units - 1) / units * units : chunks;
-  const int max_inflight = std::max(1, scheduler_.config().max_inflight);
-  std::vector<int> inflight(units, 0);
-  std::vector<int64_t> next_call_of(units);  // kEqualPerRank: replica u makes calls u, u + U, ...
-  for (int u = 0; u < units; ++u) next_call_of[u] = u;
+  Dispatcher d(dispatch, units, calls, std::max(1, scheduler_.config().max_inflight));
   struct Owner {
     int64_t call;
     int replica;
@@ -249,69 +312,23 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
   std::map<int64_t, std::vector<Message>> replies_of;  // call -> its ranks' replies so far
   std::map<int64_t, int> answered;                     // call -> replies received
   std::vector<Message> results(chunks);
-  int64_t next = 0, done = 0;
+  int64_t done = 0;
   // Lost workers (set_revive): their calls run again, first, on the replicas that serve; a
   // lost replica is revived on its own thread meanwhile.
   const bool retries = revive_ && per == 1 && dispatch == Dispatch::kLeastLoaded;
-  std::deque<int64_t> again;
-  std::map<int, std::future<void>> down;  // replica -> its revival
-  std::map<int64_t, int> parts_sent;      // call -> partial replies handed on
-  const auto submit = [&](int64_t call, int replica) {
-    const Message request =
-        micro_batch_request(op, args, batch, std::min(call, chunks - 1), micro_batch_size);
-    replies_of[call].resize(per);
-    for (int m = 0; m < per; ++m)
-      owner[scheduler_.submit(workers_[replica * per + m], request)] = {call, replica, m};
-    ++inflight[replica];
-  };
+  std::map<int64_t, int> parts_sent;  // call -> partial replies handed on
   while (done < calls) {
-    // Dispatch while some replica is below its in-flight bound.
-    if (dispatch == Dispatch::kLeastLoaded) {
-      while (!again.empty() || next < calls) {
-        int u = -1;
-        for (int r = 0; r < units; ++r)
-          if (!down.count(r) && (u < 0 || inflight[r] < inflight[u])) u = r;
-        if (u < 0 || inflight[u] >= max_inflight) break;
-        int64_t call = next;
-        if (again.empty()) {
-          ++next;
-        } else {
-          call = again.front();
-          again.pop_front();
-        }
-        submit(call, u);
-      }
-    } else {
-      for (int u = 0; u < units; ++u) {
-        while (inflight[u] < max_inflight && next_call_of[u] < calls) {
-          submit(next_call_of[u], u);
-          next_call_of[u] += units;
-        }
-      }
+    for (const auto& [call, replica] : d.take()) {  // while a replica is below its bound
+      const Message request =
+          micro_batch_request(op, args, batch, std::min(call, chunks - 1), micro_batch_size);
+      replies_of[call].resize(per);
+      for (int m = 0; m < per; ++m)
+        owner[scheduler_.submit(workers_[replica * per + m], request)] = {call, replica, m};
     }
     std::vector<uint64_t> waiting;
     for (const auto& [id, where] : owner) waiting.push_back(id);
-    std::optional<Scheduler::Progress> got;
-    if (down.empty()) {
-      got = scheduler_.await_progress(waiting, until);
-    } else {  // look at the revivals every 50 ms
-      got = scheduler_.poll_progress(waiting, std::min(until, std::chrono::steady_clock::now() +
-                                                                  std::chrono::milliseconds(50)));
-      for (auto it = down.begin(); it != down.end();) {
-        if (it->second.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-          ++it;
-          continue;
-        }
-        it->second.get();  // a revival that failed fails the call
-        it = down.erase(it);
-      }
-      if (!got) {
-        if (std::chrono::steady_clock::now() >= until)
-          throw RuntimeError("scatter \"" + op + "\" on " + role_name(role_) +
-                             ": a lost worker did not come back before the deadline");
-        continue;
-      }
-    }
+    std::optional<Scheduler::Progress> got = next_progress(op, waiting, d.down, until);
+    if (!got) continue;
     auto& [id, reply, partial] = *got;
     if (partial) {  // without a handler, or from another rank of the replica: not needed
       const Owner& o = owner.at(id);
@@ -324,10 +341,10 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
     const Owner o = owner.at(id);
     owner.erase(id);
     if (retries && is_worker_lost(reply) && !parts_sent.count(o.call)) {
-      --inflight[o.replica];
-      again.push_back(o.call);
-      if (!down.count(o.replica))
-        down[o.replica] =
+      --d.inflight[o.replica];
+      d.again.push_back(o.call);
+      if (!d.down.count(o.replica))
+        d.down[o.replica] =
             std::async(std::launch::async, [this, r = o.replica, until] { ready(r, until, true); });
       continue;
     }
@@ -338,7 +355,7 @@ Message RoleGroup::scatter(const std::string& op, const std::vector<NamedTensor>
     replies_of.erase(o.call);
     answered.erase(o.call);
     for (int m = 1; m < per; ++m) check_same_reply(all[0], first_rank, all[m], first_rank + m);
-    --inflight[o.replica];
+    --d.inflight[o.replica];
     if (o.call < chunks) results[o.call] = std::move(all[0]);
     ++done;
     scheduler_.progress().count(std::string(role_name(role_)) + " " + op, done, calls);

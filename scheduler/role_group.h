@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/spec.h"
+#include "scheduler/scheduler.h"
 #include "transport/message.h"
 #include "transport/operation.h"
 
@@ -160,6 +162,13 @@ class RoleGroup {
   // `first_rank`) of the same replica (see scatter).
   void check_same_reply(const Message& first, int first_rank, const Message& other, int rank) const;
 
+  // scatter's wait: the next reply or part of `waiting`; while `down` holds revivals (replica
+  // -> its revival), polls them every 50 ms (a failed one throws) and returns nullopt when no
+  // reply came meanwhile. Throws at `until`.
+  std::optional<Scheduler::Progress> next_progress(const std::string& op,
+                                                   const std::vector<uint64_t>& waiting,
+                                                   std::map<int, std::future<void>>& down,
+                                                   std::chrono::steady_clock::time_point until);
   // Revives `rank` when the scheduler relaunched it since its last revival; `lost`: a request
   // of it came back lost, so a relaunch is coming if it has not registered yet.
   void ready(int rank, std::chrono::steady_clock::time_point until, bool lost = false);

@@ -88,7 +88,9 @@ struct WorkerRestart {
   std::string cause;         // "killed by signal 9 (SIGKILL)", "stopped answering: ..."
   double lost_at_s = 0;      // seconds since start()
   double registered_s = -1;  // loss -> the new process registered (-1: not yet)
-  double ready_s = -1;       // loss -> its role group revived it (-1: not yet)
+  double ready_s = -1;       // loss -> its role group revived it (-1: not yet), any wait for
+                             // the group's next call included
+  double revive_s = -1;      // the revival itself: its load replayed, a rollout's weights
 };
 
 // Whether `reply` is the error a request gets when its worker was lost (RoleGroup retries it
@@ -150,8 +152,9 @@ class Scheduler {
   uint64_t incarnation(size_t index) const;
   // Waits until worker `index` serves in incarnation `at_least` or later. Throws as await_any.
   void await_serving(size_t index, uint64_t at_least, Clock::time_point deadline);
-  // Worker `index`'s relaunch is done: its role group brought it back after a loss.
-  void note_ready(size_t index);
+  // Worker `index`'s relaunch is done: its role group brought it back after a loss, the
+  // revival (reload, weights) taking `revive_s`.
+  void note_ready(size_t index, double revive_s);
   std::vector<WorkerRestart> restarts() const;
   // {"job": restarts of the whole job, "worker": {role: relaunched workers}} since rlhf run
   // started, for the step records.

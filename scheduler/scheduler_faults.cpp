@@ -50,7 +50,7 @@ void Scheduler::await_serving(size_t index, uint64_t at_least, Clock::time_point
   }
 }
 
-void Scheduler::note_ready(size_t index) {
+void Scheduler::note_ready(size_t index, double revive_s) {
   WorkerRestart done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -58,12 +58,13 @@ void Scheduler::note_ready(size_t index) {
     if (r == restart_of_.end() || restarts_[r->second].ready_s >= 0) return;
     WorkerRestart& back = restarts_[r->second];
     back.ready_s = seconds_since(started_at_) - back.lost_at_s;
+    back.revive_s = revive_s;
     done = back;
     recorded_.insert(r->second);
   }
   std::cerr << "rlhf run: fault: " << infos_[index].placement.label() << " serves again, "
-            << std::fixed << std::setprecision(2) << done.ready_s << " s after it was lost"
-            << std::defaultfloat << std::endl;
+            << std::fixed << std::setprecision(2) << done.ready_s << " s after it was lost ("
+            << done.revive_s << " s to reload it)" << std::defaultfloat << std::endl;
   append_restart_record(done);
 }
 
@@ -94,10 +95,10 @@ void Scheduler::record_unfinished_restarts() {
 void Scheduler::append_restart_record(const WorkerRestart& r) const {
   // lost_at_s counts from this scheduler's start: after job restart k (job_restart), from
   // that attempt's.
-  const nlohmann::json line = {{"kind", "worker"},         {"role", role_name(r.role)},
-                               {"rank", r.rank},           {"cause", r.cause},
-                               {"lost_at_s", r.lost_at_s}, {"registered_s", r.registered_s},
-                               {"ready_s", r.ready_s},     {"job_restart", config_.job_restarts}};
+  const nlohmann::json line = {
+      {"kind", "worker"},     {"role", role_name(r.role)}, {"rank", r.rank},
+      {"cause", r.cause},     {"lost_at_s", r.lost_at_s},  {"registered_s", r.registered_s},
+      {"ready_s", r.ready_s}, {"revive_s", r.revive_s},    {"job_restart", config_.job_restarts}};
   std::ofstream(std::filesystem::path(config_.run_dir) / "restarts.jsonl", std::ios::app)
       << line.dump() << '\n';
 }
@@ -139,7 +140,7 @@ std::optional<std::string> Scheduler::relaunch(size_t i, const std::string& caus
       busy_.finished(i, now);
       it = pending_.erase(it);
     }
-    restarts_.push_back({p.role, p.rank, cause, at, -1, -1});
+    restarts_.push_back({p.role, p.rank, cause, at, -1, -1, -1});
     restart_of_[i] = restarts_.size() - 1;
     changed_.notify_all();
   }

@@ -3,12 +3,15 @@
 // finishes every step, metrics.jsonl holds each step once, every step's reward equals an
 // undisturbed run's with the same seed (the lost micro batches are generated again with their
 // rows' own sampling streams, and a restart resumes exactly from its checkpoint), every
-// restart is in restarts.jsonl and the step records with its cause, and no process is left.
+// restart is in restarts.jsonl and the step records with its cause, TensorBoard shows each
+// step once, and no process is left.
 #include <signal.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <thread>
@@ -32,7 +35,7 @@ class FaultJob : public PpoJob {
          "--set", "rollout.devices=[2,3]", "--set", "rollout.micro_batch_size=4", "--set",
          "train.max_steps=" + std::to_string(steps), "--set", "ckpt.save_steps=5", "--set",
          "fault.max_restarts=20", "--set", "scheduler.worker_timeout_s=2", "--set",
-         "logger.dashboard_port=0"},
+         "logger.dashboard_port=0", "--set", "logger.tensorboard=true"},
         "examples/grpo_tiny.json");
   }
 };
@@ -153,6 +156,20 @@ TEST_F(FaultJob, GrpoSurvivesKilledAndStoppedWorkersAndTrainsAsAnUndisturbedRun)
   for (const auto& [role, n] : worker_restarts)
     EXPECT_EQ(counts.at("worker").value(role, 0), n) << role;
   EXPECT_NE(chaos.err.find("rlhf run: fault: "), std::string::npos);
+  // TensorBoard's own reader (tests/cli/read_tensorboard.py) sees each step once, too.
+  const fs::path board = run_dir("chaos") / "board.json";
+  const std::string read = std::string("'") + RLHF_PYTHON + "' '" + RLHF_SOURCE_DIR +
+                           "/tests/cli/read_tensorboard.py' '" +
+                           (run_dir("chaos") / "tensorboard").string() + "' > '" + board.string() +
+                           "'";
+  ASSERT_EQ(std::system(read.c_str()), 0) << read;
+  std::vector<int64_t> board_steps;
+  const json read_back = json::parse(test::slurp(board.string()));
+  for (const auto& point : read_back.at("scalars").at("reward_mean"))
+    board_steps.push_back(point[0].get<int64_t>());
+  std::vector<int64_t> each_once(kSteps);
+  std::iota(each_once.begin(), each_once.end(), 1);
+  EXPECT_EQ(board_steps, each_once);
   // No process of the run is left, the stopped one included.
   for (int pid : killer.pids())
     EXPECT_TRUE(testing::poll_until([&] { return !testing::pid_alive(pid); }, 5s)) << pid;
