@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,6 +19,7 @@
 #include "envs/environment.h"
 #include "models/config.h"
 #include "models/pretrained.h"
+#include "pyhost/python_process.h"
 #include "rollout/generator.h"
 #include "rollout/trajectory.h"
 #include "rollout/weight_sync.h"
@@ -363,11 +366,20 @@ void add_rollout_operations(OperationRegistry& registry) {
         std::lock_guard<std::recursive_mutex> lock(state->mutex);
         return load_model(*state, request, self);
       });
-  registry.add<ops::Generate>(
-      [state](const ops::Generate& request, const Message& message, const WorkerIdentity&) {
-        std::lock_guard<std::recursive_mutex> lock(state->mutex);
-        return generate(*state, request, message);
-      });
+  registry.add<ops::Generate>([state](const ops::Generate& request, const Message& message,
+                                      const WorkerIdentity& self) {
+    std::lock_guard<std::recursive_mutex> lock(state->mutex);
+    try {
+      return generate(*state, request, message);
+    } catch (const pyhost::WorkerDied& e) {
+      // The environment's interpreter died with its episodes: this worker ends, as if it
+      // had died itself, so the job starts it again with a fresh environment and runs the
+      // micro batch again (fault.max_restarts), or stops naming it.
+      std::cerr << "[rollout " << self.rank << "] " << e.what()
+                << "; ending this worker (exit code " << kEnvironmentLostExit << ")" << std::endl;
+      std::_Exit(kEnvironmentLostExit);
+    }
+  });
   registry.add<ops::SyncWeights>(
       [state](const ops::SyncWeights& request, const Message&, const WorkerIdentity& self) {
         std::lock_guard<std::recursive_mutex> lock(state->mutex);

@@ -11,6 +11,9 @@
 namespace rlhf {
 
 // Registers the operations; they share one model per worker process.
+// The exit code of a rollout worker whose environment's Python interpreter died mid-generate.
+inline constexpr int kEnvironmentLostExit = 75;
+
 void add_rollout_operations(OperationRegistry& registry);
 
 }  // namespace rlhf

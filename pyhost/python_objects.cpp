@@ -153,9 +153,10 @@ std::vector<pid_t> PythonObjectPool::worker_pids() const {
   return live_pids(workers_);
 }
 
-void PythonObjectPool::fail_and_stop(const std::string& message) {
+void PythonObjectPool::fail_and_stop(const std::string& message, bool died) {
   stopped_because_ = message;
   stop_workers(workers_, 0);
+  if (died) throw WorkerDied(message);
   throw RuntimeError(message);
 }
 
@@ -185,7 +186,9 @@ std::vector<std::pair<size_t, json>> PythonObjectPool::receive(
     const pid_t pid = workers_[i]->pid();
     const int status = workers_[i]->stop(Clock::now() + std::chrono::seconds(1));
     fail_and_stop(name_ + ": Python worker pid " + std::to_string(pid) + " " +
-                  describe_exit(status) + " " + doing(i) + log_hint + "; every worker was killed");
+                      describe_exit(status) + " " + doing(i) + log_hint +
+                      "; every worker was killed",
+                  /*died=*/true);
   };
   auto take_lines = [&](size_t i) {
     std::string& inbox = workers_[i]->inbox();

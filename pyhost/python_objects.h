@@ -61,7 +61,8 @@ class PythonObjectPool {
   void interrupt(size_t worker);
 
   // Kills every worker, remembers `message` (later calls throw it) and throws it.
-  [[noreturn]] void fail_and_stop(const std::string& message);
+  // Stops every worker and throws `message`: a WorkerDied when `died`, else a RuntimeError.
+  [[noreturn]] void fail_and_stop(const std::string& message, bool died = false);
 
   size_t size() const { return workers_.size(); }
   const std::string& name() const { return name_; }  // "FILE:FACTORY"

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/errors.h"
 #include "pyhost/python_pool.h"
 
 namespace rlhf::pyhost {
@@ -56,6 +57,13 @@ class Fd {
 
 // "exited with status 3", "was killed by signal 11 (Segmentation fault)".
 std::string describe_exit(int status);
+
+// A pool's Python worker process died (exited or was killed) during a call; the pool is
+// stopped. What a caller may recover from by starting the pool again.
+class WorkerDied : public RuntimeError {
+ public:
+  using RuntimeError::RuntimeError;
+};
 
 // The source of a worker's runner, `python -u -c SOURCE FILE NAME`: a prelude every runner
 // shares, then `body`. The prelude sets `path, name` from argv; keeps the protocol's

@@ -33,6 +33,7 @@ using nlohmann::json;
 // (SIGINT interrupts it), "deaf" sleeps with SIGINT ignored.
 constexpr const char* kEnvPy = R"(import os, signal, time
 MODE = os.environ.get("RLHF_TEST_ENV_MODE", "")
+DIED = os.environ.get("RLHF_TEST_ENV_DIED", "")
 
 class Game:
     def __init__(self, pids):
@@ -53,6 +54,9 @@ class Game:
             raise ValueError("boom in step")
         if MODE in ("hang", "deaf"):
             time.sleep(600)
+        if MODE == "die_once" and not os.path.exists(DIED):
+            open(DIED, "w").close()
+            os._exit(3)
         self.turns += 1
         right = "1" in action
         return ("right" if right else "try again", 1.0 if right else 0.0,
@@ -347,6 +351,30 @@ TEST_F(MultiTurnJob, PythonEnvironmentRunsTheJob) {
     }
   }
   EXPECT_GT(truncated, 0);
+  expect_python_processes_gone();
+}
+
+// Issue 45: the environment's interpreter dies in a step (once): its rollout worker ends
+// (exit 75), is started again with a fresh environment and generates the micro batch again;
+// the job ends with every step once.
+TEST_F(MultiTurnJob, ADeadEnvironmentInterpreterRestartsItsRolloutWorker) {
+  const fs::path died = dir_ / "died-once";
+  fs::remove(died);
+  setenv("RLHF_TEST_ENV_DIED", died.c_str(), 1);
+  auto extra = python_env("die_once");
+  extra.insert(extra.end(), {"--set", "train.max_steps=3"});
+  test::CliResult r = run("env_died", extra);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(died)) << "the environment never died";
+  const auto m = metrics("env_died");
+  ASSERT_EQ(m.size(), 3u);
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i]["step"], i + 1);
+  const auto restarts = test::read_jsonl((dir_ / "runs" / "env_died" / "restarts.jsonl").string());
+  ASSERT_EQ(restarts.size(), 1u) << r.err;
+  EXPECT_EQ(restarts[0]["role"], "rollout");
+  EXPECT_EQ(restarts[0]["cause"], "exit code 75") << restarts[0].dump();
+  EXPECT_GT(restarts[0]["ready_s"].get<double>(), 0);
+  EXPECT_EQ(m.back()["restarts"]["worker"]["rollout"], 1);
   expect_python_processes_gone();
 }
 
