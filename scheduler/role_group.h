@@ -121,7 +121,6 @@ class RoleGroup {
   // dispatch is kLeastLoaded. Anywhere else a lost worker fails the call with WorkerFailure.
   using Revive = std::function<void(int rank)>;
   void set_revive(Revive revive);
-  bool revives() const { return static_cast<bool>(revive_); }
   // Revives every rank relaunched since its last revival (waiting for it to register first).
   void ready();
 

@@ -195,8 +195,8 @@ class Scheduler {
   void on_registration(const std::string& routing_id, Frames&& frames);
   void forward_request(Frames&& frames);
   bool supervise();  // false once the job has failed or been interrupted
-  // Worker `index` was lost (`cause`): relaunches it when its role may restart; otherwise
-  // returns why not ("" when the role is not restartable at all).
+  // Worker `index` was lost (`cause`): relaunches it (nullopt) when its role may restart;
+  // otherwise returns why not, for the failure report ("" when the role is not restartable).
   std::optional<std::string> relaunch(size_t index, const std::string& cause);
   bool hung(Clock::time_point now);  // fault.step_timeout_s passed with nothing answered
   void append_restart_record(const WorkerRestart& r) const;  // <run_dir>/restarts.jsonl
