@@ -80,16 +80,23 @@ std::string resume_hint(const JobSpec& spec, const std::vector<std::string>& set
 // A resumed run: the settings it continues with although they changed, and the records of
 // the steps after the checkpoint dropped (they run again, so each step appears once in
 // metrics.jsonl, and TensorBoard is told to drop their earlier events).
+// The steps after `step` run again: their earlier records go, so each step appears once in
+// metrics.jsonl and samples.jsonl, and TensorBoard is told to drop their earlier events.
+// Returns the metrics records dropped.
+int64_t drop_records_after(const JobSpec& spec, int64_t step) {
+  const fs::path dir = run_directory(spec);
+  const int64_t dropped = report::drop_records_after((dir / "metrics.jsonl").string(), step);
+  report::drop_records_after((dir / "samples.jsonl").string(), step);
+  report::mark_resumed_after((dir / "tensorboard").string(), step);
+  return dropped;
+}
+
 void announce_resume(const JobSpec& spec, const engine::DriverState& from) {
   for (const auto& c :
        engine::changed_settings(from.data.value("settings", nlohmann::json()), spec))
     std::cout << "rlhf run: --resume-changed: " << c << '\n';
-  // The steps after the checkpoint run again: their earlier records go, so each step
-  // appears once in metrics.jsonl, and TensorBoard is told to drop their earlier events.
   const std::string metrics = (fs::path(run_directory(spec)) / "metrics.jsonl").string();
-  const int64_t dropped = report::drop_records_after(metrics, from.step);
-  report::drop_records_after((fs::path(run_directory(spec)) / "samples.jsonl").string(), from.step);
-  report::mark_resumed_after((fs::path(run_directory(spec)) / "tensorboard").string(), from.step);
+  const int64_t dropped = drop_records_after(spec, from.step);
   std::cout << "rlhf run: resuming after step " << from.step << " from " << from.file;
   if (dropped > 0)
     std::cout << "; " << dropped << " metrics record" << (dropped == 1 ? "" : "s")
@@ -190,17 +197,15 @@ class JobRestarts {
     at_.push_back(now);
     ++count_;
     // The workers' logs of this attempt stay beside the next one's.
-    const fs::path logs = fs::path(run_directory(spec)) / "logs";
+    const fs::path run = run_directory(spec);
+    const fs::path logs = run / "logs";
     std::error_code ec;
     fs::rename(logs, logs.string() + ".before-restart-" + std::to_string(count_), ec);
     const auto state =
         engine::latest_driver_state(checkpoint_directory(spec), engine::checkpointed_role(spec));
     resume = state.has_value();
     if (!resume) {  // no checkpoint yet: from the start, each step once in the records
-      const fs::path dir = run_directory(spec);
-      report::drop_records_after((dir / "metrics.jsonl").string(), 0);
-      report::drop_records_after((dir / "samples.jsonl").string(), 0);
-      report::mark_resumed_after((dir / "tensorboard").string(), 0);
+      drop_records_after(spec, 0);
     }
     std::cout << "rlhf run: fault: restarting every worker (job restart " << at_.size() << " of "
               << max_ << " within " << window_ << " s) "
@@ -212,8 +217,7 @@ class JobRestarts {
                                  {"cause", ended.cause},
                                  {"lost_at_s", now},
                                  {"resume_step", resume ? state->step : 0}};
-    std::ofstream(fs::path(run_directory(spec)) / "restarts.jsonl", std::ios::app)
-        << line.dump() << '\n';
+    std::ofstream(run / "restarts.jsonl", std::ios::app) << line.dump() << '\n';
     return true;
   }
   int count() const { return count_; }

@@ -117,13 +117,12 @@ std::vector<double> PythonFunctionPool::call(const std::vector<std::string>& pro
   while (true) {
     try {
       return call_once(prompts, completions, labels, extra);
-    } catch (const RuntimeError& e) {
-      if (!died_ || restarts_ >= config_.max_restarts) throw;
+    } catch (const WorkerDied& e) {
+      if (restarts_ >= config_.max_restarts) throw;
       ++restarts_;
       std::cerr << "rlhf: fault: " << e.what() << "; starting the pool again and scoring the "
                 << "batch again (restart " << restarts_ << " of " << config_.max_restarts << ")"
                 << std::endl;
-      died_ = false;
       stopped_because_.clear();
       start();
     }
@@ -138,9 +137,10 @@ std::vector<pid_t> PythonFunctionPool::worker_pids() const {
   return live_pids(workers_);
 }
 
-void PythonFunctionPool::fail_and_stop(const std::string& message) {
+void PythonFunctionPool::fail_and_stop(const std::string& message, bool died) {
   stopped_because_ = message;
   stop_workers(workers_, 0);
+  if (died) throw WorkerDied(message);
   throw RuntimeError(message);
 }
 
@@ -185,11 +185,11 @@ std::vector<json> PythonFunctionPool::exchange(const std::vector<std::string>& r
   std::vector<size_t> polled;  // fds[k] is worker polled[k]
 
   auto died = [&](size_t i) {
-    died_ = true;
     const pid_t pid = workers_[i]->pid();
     const int status = workers_[i]->stop(Clock::now() + std::chrono::seconds(1));
     fail_and_stop(name_ + ": Python worker pid " + std::to_string(pid) + " " +
-                  describe_exit(status) + " " + doing(i) + log_hint + "; the pool is stopped");
+                      describe_exit(status) + " " + doing(i) + log_hint + "; the pool is stopped",
+                  /*died=*/true);
   };
 
   while (answered < n) {

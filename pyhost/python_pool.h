@@ -82,7 +82,9 @@ class PythonFunctionPool {
                                 const std::vector<std::string>& completions,
                                 const std::vector<std::string>& labels,
                                 const std::vector<nlohmann::json>& extra);
-  [[noreturn]] void fail_and_stop(const std::string& message);
+  // Stops every worker and throws `message`: a WorkerDied when `died` (what call() may recover
+  // from by starting again), else a RuntimeError.
+  [[noreturn]] void fail_and_stop(const std::string& message, bool died = false);
   std::optional<nlohmann::json> read_reply(size_t i, int fd,
                                            const std::function<void(size_t)>& died,
                                            const std::function<std::string(size_t)>& doing);
@@ -93,7 +95,6 @@ class PythonFunctionPool {
   std::string name_;
   std::vector<std::unique_ptr<PythonWorker>> workers_;
   std::string stopped_because_;  // set after a crash or timeout: the pool refuses to call
-  bool died_ = false;            // the last failure was a worker's death
   int restarts_ = 0;
 };
 

@@ -55,6 +55,14 @@ SchedulerConfig fault_config(const std::string& name, int max_restarts) {
   return c;
 }
 
+// `role`'s group of started scheduler `s`, its revivals counted by `revivals`.
+RoleGroup& revived_group(Scheduler& s, Role role, Revivals& revivals) {
+  s.start();
+  RoleGroup& g = s.group(role);
+  g.set_revive(revivals.on(g));
+  return g;
+}
+
 int listed_pid(const Scheduler& s, size_t index) {
   std::ifstream in(std::filesystem::path(s.config().run_dir) / "workers.json");
   return nlohmann::json::parse(in).at(index).at("pid").get<int>();
@@ -71,10 +79,8 @@ void wait_registered(const Scheduler& s, size_t index) {
 
 TEST(Faults, AKilledWorkerIsRelaunchedAndItsMicroBatchesRunAgainInBatchOrder) {
   Scheduler s(fault_config("fault-kill", 3), testing::local_placement({{Role::kRollout, 3}}));
-  s.start();
-  RoleGroup& g = s.group(Role::kRollout);
   Revivals revivals;
-  g.set_revive(revivals.on(g));
+  RoleGroup& g = revived_group(s, Role::kRollout, revivals);
   const int old_pid = s.workers()[1].pid;
   const std::string log = s.workers()[1].log_path;
   wait_registered(s, 1);
@@ -117,10 +123,8 @@ TEST(Faults, AStoppedWorkerIsKilledAndRelaunchedAfterTheHeartbeatTimeout) {
   auto config = fault_config("fault-stop", 3);
   config.worker_timeout = 1500ms;
   Scheduler s(config, testing::local_placement({{Role::kRef, 2}}));
-  s.start();
-  RoleGroup& g = s.group(Role::kRef);
   Revivals revivals;
-  g.set_revive(revivals.on(g));
+  RoleGroup& g = revived_group(s, Role::kRef, revivals);
   const int stopped = s.workers()[0].pid;
   wait_registered(s, 0);
   ASSERT_EQ(::kill(stopped, SIGSTOP), 0);  // alive, answering nothing: a hang
@@ -137,10 +141,8 @@ TEST(Faults, AStoppedWorkerIsKilledAndRelaunchedAfterTheHeartbeatTimeout) {
 
 TEST(Faults, RestartsPastTheBudgetStopTheJobNamingEveryRestart) {
   Scheduler s(fault_config("fault-budget", 1), testing::local_placement({{Role::kRollout, 2}}));
-  s.start();
-  RoleGroup& g = s.group(Role::kRollout);
   Revivals revivals;
-  g.set_revive(revivals.on(g));
+  RoleGroup& g = revived_group(s, Role::kRollout, revivals);
   const auto pids_before = std::vector<int>{s.workers()[0].pid, s.workers()[1].pid};
   wait_registered(s, 0);
   ASSERT_EQ(::kill(s.workers()[0].pid, SIGKILL), 0);

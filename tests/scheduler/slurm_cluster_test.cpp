@@ -266,6 +266,13 @@ class SlurmJob : public ::testing::Test {
                                      models_ + "/salloc-" + name);
   }
 
+  // The rollout worker's own pid in n2's namespace (-1: none).
+  int rollout_worker() const {
+    for (const auto& [pid, cmd] : cluster_->strays())
+      if (comm_of(pid) == "rlhf" && cmd.find("--role rollout") != std::string::npos) return pid;
+    return -1;
+  }
+
   // Waits up to 15 s for every process but the daemons to leave the nodes' namespaces.
   void expect_nothing_left() {
     std::map<int, std::string> left;
@@ -309,9 +316,7 @@ TEST_F(SlurmJob, AWorkerKilledOnTheSecondNodeIsStartedAgainThereAndTheJobEnds) {
   ASSERT_TRUE(
       poll_until([&] { return test::read_jsonl(dir + "/metrics.jsonl").size() >= 2; }, 120s))
       << run->err();
-  int rollout = -1;
-  for (const auto& [pid, cmd] : cluster_->strays())
-    if (comm_of(pid) == "rlhf" && cmd.find("--role rollout") != std::string::npos) rollout = pid;
+  const int rollout = rollout_worker();
   ASSERT_GT(rollout, 0) << "no rollout worker in n2's namespace";
   ASSERT_EQ(::kill(rollout, SIGKILL), 0);
   const auto status = run->wait(180s);
@@ -339,9 +344,7 @@ TEST_F(SlurmJob, AWorkerKilledOnTheSecondNodeStopsTheJobNamingItsHost) {
   const std::string metrics = models_ + "/runs/killed/metrics.jsonl";
   ASSERT_TRUE(poll_until([&] { return test::read_jsonl(metrics).size() >= 2; }, 120s))
       << run->err();
-  int rollout = -1;
-  for (const auto& [pid, cmd] : cluster_->strays())
-    if (comm_of(pid) == "rlhf" && cmd.find("--role rollout") != std::string::npos) rollout = pid;
+  const int rollout = rollout_worker();
   ASSERT_GT(rollout, 0) << "no rollout worker in n2's namespace";
   ASSERT_EQ(::kill(rollout, SIGKILL), 0);
   const auto killed = testing::Clock::now();
